@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian packages pipedec builds and tests with. Idempotent: does
+# nothing when everything is present. Needs root (or sudo) only to install.
+# usage: scripts/setup.sh
+set -euo pipefail
+
+PKGS=(build-essential cmake pkg-config
+      libopenmpi-dev openmpi-bin
+      libhwloc-dev hwloc
+      libopenblas-dev
+      check libsubunit-dev
+      libcjson-dev
+      python3)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "setup: installing ${missing[*]}" >&2
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The README's test command: installs what is missing, builds, and runs every
+# test (Check unit suites, MPI suites, end-to-end scripts) through ctest.
+# usage: scripts/test.sh [BUILD_DIR]        (default: build)
+# env:   PD_TEST_LABEL=unit|mpi|e2e to run one kind only
+set -euo pipefail
+src="$(cd "$(dirname "$0")/.." && pwd)"
+build="${1:-$src/build}"
+"$src/scripts/setup.sh"
+"$src/scripts/build.sh" "$build" -DPD_WERROR=ON
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+args=(--test-dir "$build" --output-on-failure -j "$(nproc)")
+[ -n "${PD_TEST_LABEL:-}" ] && args+=(-L "$PD_TEST_LABEL")
+ctest "${args[@]}"

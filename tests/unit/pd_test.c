@@ -1,0 +1,38 @@
+/* main() for every Check suite, and the test RNG. */
+#include "pd_test.h"
+
+#include <stdlib.h>
+
+uint64_t pd_rng_next(pd_rng *r)
+{
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+float pd_rng_uniform(pd_rng *r, float lo, float hi)
+{
+    double u = (double)(pd_rng_next(r) >> 11) / 9007199254740992.0;
+    return (float)(lo + (hi - lo) * u);
+}
+
+uint32_t pd_rng_below(pd_rng *r, uint32_t n)
+{
+    return n ? (uint32_t)(pd_rng_next(r) % n) : 0;
+}
+
+void pd_rng_fill(pd_rng *r, float *dst, size_t n, float lo, float hi)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = pd_rng_uniform(r, lo, hi);
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(pd_test_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

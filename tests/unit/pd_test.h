@@ -1,0 +1,26 @@
+/* Shared scaffolding for the Check suites: each tests/unit/test_<module>.c
+ * defines `Suite *pd_test_suite(void)`; pd_test.c supplies main(), which runs
+ * it and exits non-zero on any failure. Also a deterministic RNG so every
+ * randomized test is reproducible from its seed. */
+#ifndef PD_TEST_H
+#define PD_TEST_H
+
+#include <check.h>
+#include <stdint.h>
+
+Suite *pd_test_suite(void);
+
+/* splitmix64: a tiny deterministic generator for test data. */
+typedef struct pd_rng {
+    uint64_t s;
+} pd_rng;
+
+uint64_t pd_rng_next(pd_rng *r);
+/* Uniform in [lo, hi). */
+float pd_rng_uniform(pd_rng *r, float lo, float hi);
+/* Uniform integer in [0, n). */
+uint32_t pd_rng_below(pd_rng *r, uint32_t n);
+/* Fills dst[0..n) with uniform values in [lo, hi). */
+void pd_rng_fill(pd_rng *r, float *dst, size_t n, float lo, float hi);
+
+#endif
