@@ -1,0 +1,249 @@
+/* The R-SWA ring cache of one (stream, layer) (seed: franken_ocr rswa.rs).
+ *
+ * The whole prefill is a read-only REFERENCE block; generated tokens live in a
+ * W-slot RING per KV head (warm-up append, then overwrite slot ring_pos).
+ * Decode attends reference ++ ring in age order with no causal mask, through
+ * attn_run (attn.h), the project's one reduction. Speculative verify runs
+ * without copying the cache: up to max_drafts draft rows sit in spill slots
+ * beside the ring, each draft attends what the matching sequential step would
+ * see, and accepted drafts are committed into the ring in order. O(1)
+ * checkpoint / rollback is guarded by cache identity and lineage epoch.
+ *
+ * Everything (rows, optional int8 mirror, attention scratch) is allocated at
+ * creation from the layer's pd_alloc; prefill, decode, verify, commit,
+ * checkpoint and rollback never allocate.
+ *
+ * Row layout of every K/V input: token-major, one token's row is
+ * [n_kv_heads x head_dim] (KV head h at offset h * head_dim); a prefill chunk
+ * of n rows is [n x n_kv_heads x head_dim]. Queries and outputs are
+ * [n_kv_heads * group x head_dim]: Q head j reads KV head j / group.
+ * RoPE is the caller's (true absolute positions); the layer only counts
+ * positions (position = ref_rows + writes).
+ *
+ * Thread safety: mutators need exclusive access. Attend calls that pass their
+ * own scratch may run concurrently on one layer; with scratch == NULL they use
+ * the layer's owned scratch and must not overlap. */
+#ifndef PD_RING_LAYER_H
+#define PD_RING_LAYER_H
+
+#include "cache/alloc.h"
+#include "cache/status.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ring_layer ring_layer;
+
+/* Geometry and policy, fixed at creation. */
+typedef struct ring_layer_config {
+    uint32_t n_kv_heads;   /* >= 1 */
+    uint32_t head_dim;     /* >= 1 */
+    uint32_t window;       /* W ring slots per KV head, >= 1 */
+    uint32_t ref_capacity; /* max reference (prefill) rows, >= 1 */
+    uint32_t max_drafts;   /* K_max spill slots for verify rows, may be 0 */
+    int int8_mirror;       /* keep a symmetric per-row int8 copy; attention reads it */
+    const pd_alloc *alloc; /* borrowed, must outlive the layer; NULL = pd_alloc_default() */
+    uint32_t max_group;    /* Q heads per KV head the OWNED scratch serves (0 = 1);
+                              larger groups need caller scratch */
+} ring_layer_config;
+
+/* Creates an empty layer (no rows, not decoding, fresh identity).
+ * On success *out is owned by the caller, free with ring_layer_free.
+ * PD_ERR_ARG for a zero dimension, PD_ERR_NOMEM for overflow or allocation
+ * failure; nothing is created on failure. */
+pd_status ring_layer_new(const ring_layer_config *cfg, ring_layer **out, pd_err *err);
+
+/* Releases everything the layer owns. ring_layer_free(NULL) is a no-op. */
+void ring_layer_free(ring_layer *r);
+
+/* The configuration the layer was created with (alloc resolved, max_group >= 1). */
+void ring_layer_config_get(const ring_layer *r, ring_layer_config *out);
+
+/* ---- reference block (prefill) ---------------------------------------- */
+
+/* Appends n prefill rows (k, v: [n x n_kv_heads x head_dim]) to the reference.
+ * Chunked prefill: call repeatedly until decoding starts; the result is the
+ * same bytes as one call with all rows. n == 0 is a no-op.
+ * Refused (target unchanged): PD_ERR_ARG null rows; PD_ERR_RANGE beyond
+ * ref_capacity; PD_ERR_REFUSED once decoding started (reference sealed) or
+ * while drafts are pending. */
+pd_status ring_layer_prefill(ring_layer *r, const float *k, const float *v, uint32_t n,
+                             pd_err *err);
+
+/* ---- attention ---------------------------------------------------------- */
+
+/* What the queries of one call look like. Fill with designated initializers. */
+typedef struct ring_attend_opts {
+    uint32_t group;      /* Q heads per KV head (GQA), 0 = 1 */
+    float scale;         /* score scale; 0 = 1 / sqrtf(head_dim) */
+    float softcap;       /* 0 = off (attn.h) */
+    const float *sinks;  /* learned sink logit per Q head [n_kv_heads * group] or NULL */
+} ring_attend_opts;
+
+/* Floats of caller scratch any attend call of this layer needs for `group`
+ * Q heads per KV head (0 = 1). */
+size_t ring_layer_scratch_floats(const ring_layer *r, uint32_t group);
+
+/* Prefill row `row` (< ref_rows) attends reference rows [0, row] (attend_upto):
+ * the same bits whether the reference was appended in one call or in chunks.
+ * q, out: [n_kv_heads * group x head_dim]. scratch: NULL = owned scratch
+ * (needs group <= max_group), else ring_layer_scratch_floats(r, group) floats.
+ * PD_ERR_RANGE for row >= ref_rows or group beyond the owned scratch;
+ * PD_ERR_ARG for null q/out. out is written only on success. */
+pd_status ring_layer_attend_prefill(const ring_layer *r, uint32_t row, const float *q,
+                                    const ring_attend_opts *opts, float *out, float *scratch,
+                                    pd_err *err);
+
+/* Decode attend: reference ++ ring in age order (oldest ring row first), no
+ * causal mask, via attn_run with segments [reference, ring older part, ring
+ * newer part] (int8 rows when the mirror is on). Pending drafts are not seen.
+ * Same arguments and errors as ring_layer_attend_prefill; PD_ERR_RANGE when no
+ * row is held. */
+pd_status ring_layer_attend(const ring_layer *r, const float *q, const ring_attend_opts *opts,
+                            float *out, float *scratch, pd_err *err);
+
+/* ---- decode writes ------------------------------------------------------ */
+
+/* Writes one generated token's K/V ([n_kv_heads x head_dim] each) into the
+ * ring and seals the reference: warm-up appends at slot ring_len; a full ring
+ * overwrites slot ring_pos; then ring_pos = (ring_pos + 1) % W. *slot (may be
+ * NULL) receives the physical slot written.
+ * Refused (unchanged): PD_ERR_ARG null rows; PD_ERR_RANGE empty reference;
+ * PD_ERR_REFUSED while drafts are pending. */
+pd_status ring_layer_write(ring_layer *r, const float *k, const float *v, uint32_t *slot,
+                           pd_err *err);
+
+/* ---- speculative verify without cloning --------------------------------- */
+
+/* Puts the next draft row (index ring_layer_drafts(r) before the call) into a
+ * spill slot. The ring, cursors and write count do not change.
+ * Refused (unchanged): PD_ERR_ARG null rows; PD_ERR_RANGE empty reference or
+ * max_drafts reached. */
+pd_status ring_layer_draft_put(ring_layer *r, const float *k, const float *v, pd_err *err);
+
+/* Pending draft rows. */
+uint32_t ring_layer_drafts(const ring_layer *r);
+
+/* Draft i (< drafts) attends reference ++ (ring minus the slots that i + 1
+ * sequential writes would have overwritten, in age order) ++ drafts[0..i]
+ * (only the last W of ring ++ drafts when i + 1 > W): bit-identical to
+ * writing drafts 0..i sequentially and then calling ring_layer_attend, at
+ * every fill level including a full, wrapped ring. Arguments and errors as
+ * ring_layer_attend; PD_ERR_RANGE for i >= drafts. */
+pd_status ring_layer_draft_attend(const ring_layer *r, uint32_t i, const float *q,
+                                  const ring_attend_opts *opts, float *out, float *scratch,
+                                  pd_err *err);
+
+/* Commits drafts [0, a) into the ring in order, exactly as a sequential
+ * ring_layer_write calls would (write count, cursors, int8 mirror, sealing),
+ * and discards drafts [a, drafts). PD_ERR_RANGE (unchanged) for a > drafts. */
+pd_status ring_layer_draft_commit(ring_layer *r, uint32_t a, pd_err *err);
+
+/* Drops every pending draft; leaves no trace in the readable state. */
+void ring_layer_draft_discard(ring_layer *r);
+
+/* ---- checkpoint / rollback ---------------------------------------------- */
+
+/* A copyable O(1) snapshot of the write cursors. Plain data: no K/V. */
+typedef struct ring_checkpoint {
+    uint64_t cache_id; /* identity of the issuing layer (never 0) */
+    uint64_t epoch;    /* lineage epoch at checkpoint time */
+    uint64_t writes;   /* committed decode writes */
+    uint32_t ref_rows; /* reference rows */
+    uint32_t ring_len;
+    uint32_t ring_pos;
+} ring_checkpoint;
+
+/* Captures the current cursors. Pending drafts are not part of a checkpoint. */
+ring_checkpoint ring_layer_checkpoint(const ring_layer *r);
+
+/* Restores the state at cp, discarding the writes made since, in O(1).
+ * Refuses WITHOUT MUTATING, checked in this order:
+ *   PD_ERR_MISMATCH "foreign checkpoint"  cp.cache_id is another layer's;
+ *   PD_ERR_MISMATCH "prefill differs"     cp.ref_rows != ref_rows;
+ *   PD_ERR_REFUSED  "stale checkpoint"    cp.epoch != epoch (taken on a branch
+ *                                         abandoned by an earlier rollback);
+ *   PD_ERR_RANGE    "future checkpoint"   cp.writes > writes;
+ *   PD_ERR_REFUSED  "not lossless"        a discarded write overwrote a slot
+ *                                         live at cp (cp.ring_len + discarded > W).
+ * A checkpoint whose epoch matches but whose cursors disagree with its write
+ * count is refused as PD_ERR_MISMATCH "corrupt checkpoint".
+ * On success pending drafts are dropped and, when writes were discarded, the
+ * epoch advances (every checkpoint of the old epoch becomes stale). */
+pd_status ring_layer_rollback(ring_layer *r, const ring_checkpoint *cp, pd_err *err);
+
+/* ---- state view and install (the CMFS wire) ----------------------------- */
+
+/* The readable state. Pending drafts are not part of it (speculation never
+ * migrates). The int8 mirror is not carried: it is a deterministic function
+ * of the f32 rows (quant_sym_row) and is recomputed on install.
+ * INV of a valid state: ring_len == min(writes, window), ring_pos == writes %
+ * window; decoding == 0 implies writes == 0; live ring rows are slots
+ * [0, ring_len) (all slots once full); the bytes of dead slots are stale and
+ * must not be read or exported. */
+typedef struct ring_state {
+    uint32_t n_kv_heads, head_dim, window;
+    uint32_t ref_rows;
+    uint32_t ring_len, ring_pos;
+    uint64_t writes;
+    int decoding; /* reference sealed */
+    int int8_mirror;
+    const float *const *ref_k, *const *ref_v;   /* per head [ref_rows x head_dim] */
+    const float *const *ring_k, *const *ring_v; /* per head [window x head_dim], slot order */
+} ring_state;
+
+/* Fills *out with a view of r. Borrowed: valid until the next mutation of r
+ * (or ring_layer_swap / ring_layer_free). */
+void ring_layer_state(const ring_layer *r, ring_state *out);
+
+/* Builds a fresh layer (NEW identity, no drafts) holding state s, after
+ * validating everything: geometry and int8_mirror against cfg
+ * (PD_ERR_MISMATCH), ref_rows <= ref_capacity, cursors within the window and
+ * consistent with writes, decoding flag vs writes, ref_rows >= 1 when writes
+ * > 0 (PD_ERR_RANGE / PD_ERR_FORMAT), null row pointers (PD_ERR_ARG). err names
+ * the field. s is only read; on failure nothing is created. On success *out is
+ * owned by the caller (ring_layer_free). */
+pd_status ring_layer_new_from_state(const ring_layer_config *cfg, const ring_state *s,
+                                    ring_layer **out, pd_err *err);
+
+/* Exchanges the whole states (rows, cursors, identity, epoch, drafts, storage)
+ * of a and b; each handle stays valid. Used by import: build with
+ * ring_layer_new_from_state, swap into the live handle, free the other. */
+void ring_layer_swap(ring_layer *a, ring_layer *b);
+
+/* ---- bookkeeping -------------------------------------------------------- */
+
+/* Process-unique identity (never 0). */
+uint64_t ring_layer_id(const ring_layer *r);
+
+/* Absolute position count: ref_rows + committed writes. */
+uint64_t ring_layer_position(const ring_layer *r);
+
+/* Exact memory figures.
+ * storage = Σ over the regions below of round_up(bytes, 64), with
+ *   C = ref_capacity, W = window, K = max_drafts, H = n_kv_heads, D = head_dim:
+ *   f32 K and V of reference, ring, drafts: 2 * H * (C, W, K) * D * 4 each;
+ *   int8 mirror (when on), for reference, ring, drafts: K and V rows
+ *     H * rows * D bytes each, K and V scales H * rows * 4 bytes each;
+ *   scratch: attn_scratch_floats(max_group, D, C + W + K) * 4;
+ *   per-head row pointers: 4 * H * sizeof(float *).
+ *   (zero-byte regions take nothing)
+ * handle = bytes of the handle (allocated separately).
+ * allocated = storage + handle: every byte asked of the allocator.
+ * live = H * (ref_rows + ring_len + drafts) * per-row bytes, per-row bytes =
+ *   2 * D * 4 (+ 2 * D + 2 * 4 with the int8 mirror). */
+typedef struct ring_layer_mem {
+    size_t allocated;
+    size_t storage;
+    size_t handle;
+    size_t live;
+} ring_layer_mem;
+
+void ring_layer_mem_get(const ring_layer *r, ring_layer_mem *out);
+
+/* Validates every invariant (see the INV comments in ring_layer.c, including
+ * the int8 mirror matching the f32 rows). PD_OK, or PD_ERR_FORMAT naming the
+ * broken invariant. Tests call it after every mutation. */
+pd_status ring_layer_check(const ring_layer *r, pd_err *err);
+
+#endif
