@@ -1,0 +1,324 @@
+/* kv_layer: the per-(stream, layer) KV cache (seed: cortiq LayerKvCache).
+ *
+ * Owns, for one stream and one transformer layer: head-major K/V rows (one
+ * contiguous [rows x head_dim] block per alive KV head, f32 or q8_2f int8 with
+ * scales and a per-channel field), the attention importance of every stored
+ * row, the sliding-tail bookkeeping (base, tail window), and two opaque
+ * recurrent records the CMFS wire carries (a linear-recurrent f32 vector and a
+ * bounded ring). All attention goes through attn_run (attn.h).
+ *
+ * Rows and positions. Stored row 0 is absolute position `base`; only the
+ * sliding-tail trim advances base. pos_len = base + rows is the depth, the
+ * position the next append will hold. Windows, upto and evictions index
+ * stored rows, never positions.
+ *
+ * Speculation. truncate_last(n) is the rollback of rejected draft rows.
+ * kv_layer_confirm(pos) promises that rows before absolute position pos are
+ * final. As long as a rollback does not go past the last confirm point (and
+ * not deeper than spec_depth query positions), the layer after truncate_last(n)
+ * is byte-identical (every storage, field, importance; not the generation) to
+ * a layer that never appended those n rows nor attended from them:
+ *   - importance mass is logged per query position for the most recent
+ *     spec_depth positions and folded into the stored importance in position
+ *     order when a position ages out of that window, is confirmed, or the
+ *     importance is consumed (eviction); the mass of rolled-back query
+ *     positions is dropped with them;
+ *   - the q8 field freeze keeps a snapshot of the rows it requantized until
+ *     the freeze rows are confirmed (or aged out by spec_depth appended rows);
+ *     a rollback below the freeze point restores them and unfreezes, so the
+ *     field is frozen only from rows that survived verify.
+ * Importance bits do not depend on the call order of attends as long as every
+ * attend of a query position happens while that position is among the
+ * spec_depth most recent logged positions (a prefill chunk longer than
+ * spec_depth attends position-major: all heads of row i, then row i + 1).
+ *
+ * Threading: a kv_layer is used by one thread at a time. The only shared state
+ * is the process-wide generation source (an atomic counter, see
+ * kv_layer_generation). */
+#ifndef PD_KV_LAYER_H
+#define PD_KV_LAYER_H
+
+#include "cache/alloc.h"
+#include "cache/status.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Channels per K scale in q8 storage (V has one scale per row). */
+#define KV_K_GROUP 32u
+/* Defaults for kv_layer_config fields left 0. */
+#define KV_FREEZE_ROWS_DEFAULT 64u
+#define KV_SPEC_DEPTH_DEFAULT 16u
+
+/* Storage mode: bit 0 = K stored as int8, bit 1 = V stored as int8. */
+typedef enum kv_mode {
+    KV_MODE_F32 = 0,
+    KV_MODE_Q8K = 1,
+    KV_MODE_Q8V = 2,
+    KV_MODE_Q8 = 3,
+    KV_MODE_COUNT
+} kv_mode;
+
+typedef struct kv_layer kv_layer;
+
+/* Creation parameters (fill with designated initializers; 0 = default). */
+typedef struct kv_layer_config {
+    uint32_t n_kv_heads;    /* >= 1 */
+    uint32_t head_dim;      /* >= 1 */
+    kv_mode mode;
+    const uint8_t *alive;   /* [n_kv_heads], nonzero = alive; NULL = all alive.
+                               Copied: fixed for the layer's life. Dead heads
+                               store nothing and cost nothing. */
+    uint32_t capacity_rows; /* rows preallocated; beyond it storage grows
+                               geometrically through alloc */
+    uint32_t freeze_rows;   /* q8: the field freezes when an append starts
+                               with >= freeze_rows rows stored; 0 = 64 */
+    uint32_t spec_depth;    /* query positions whose importance stays
+                               undoable (also rows after the freeze during
+                               which it stays undoable); 0 = 16 */
+    const pd_alloc *alloc;  /* borrowed, must outlive the layer; NULL = malloc */
+    uint32_t max_q_per_kv;  /* Q heads per KV head the layer's own attend
+                               scratch serves; 0 = 1. Larger groups pass
+                               their own scratch (kv_attend.scratch). */
+} kv_layer_config;
+
+/* Creates an empty layer. Returns owned in *out (free with kv_layer_free).
+ * PD_ERR_ARG on bad geometry or mode, PD_ERR_NOMEM on allocation failure
+ * (then *out is left unchanged). */
+pd_status kv_layer_new(const kv_layer_config *cfg, kv_layer **out, pd_err *err);
+
+/* Frees the layer and everything it owns; NULL is a no-op. */
+void kv_layer_free(kv_layer *l);
+
+/* ---- appending ---------------------------------------------------------- */
+
+/* Appends one position. k and v are [n_kv_heads x head_dim]; dead heads'
+ * slices are not read. In q8 modes the field is frozen first when the layer
+ * holds >= freeze_rows rows and is not frozen yet (all stored rows are then
+ * requantized against it; the generation changes). No allocation while rows
+ * < capacity; beyond it storage grows geometrically: PD_ERR_NOMEM (layer
+ * unchanged) when that fails, PD_ERR_RANGE past 2^32 - 2 rows. */
+pd_status kv_layer_append(kv_layer *l, const float *k, const float *v, pd_err *err);
+
+/* Appends n positions (k, v: [n x n_kv_heads x head_dim]) exactly as n
+ * kv_layer_append calls would. On failure the rows appended before the
+ * failing one stay (err says how many). */
+pd_status kv_layer_append_rows(kv_layer *l, uint32_t n, const float *k, const float *v,
+                               pd_err *err);
+
+/* ---- attending ---------------------------------------------------------- */
+
+/* One attend call: the Q heads [q_head0, q_head0 + n_q) that share kv_head.
+ * n_q = 1 is the per-head attend, n_q = fan-out the grouped attend; both give
+ * the same bits for every head (attn_run's order). */
+typedef struct kv_attend {
+    uint32_t kv_head;
+    uint32_t q_head0;     /* global index of the first Q head (selects sinks) */
+    uint32_t n_q;         /* Q heads in q; >= 1 */
+    const float *q;       /* [n_q x head_dim] */
+    float scale;          /* score scale; 0 = 1/sqrtf(head_dim) */
+    float softcap;        /* 0 = off */
+    uint32_t first;       /* first visible stored row (window) */
+    uint32_t upto;        /* only the first upto stored rows; 0 = all */
+    int track_imp;        /* accumulate importance for this query position */
+    float *out;           /* [n_q x head_dim], written */
+    float *probs;         /* optional [n_q x span] (attn_run's probs) */
+    float *scratch;       /* optional caller scratch; NULL = the layer's own */
+    size_t scratch_floats;/* floats at scratch */
+} kv_attend;
+
+/* Floats of scratch an attend of n_q heads over the current rows needs. */
+size_t kv_layer_scratch_floats(const kv_layer *l, uint32_t n_q);
+
+/* Runs the attend. The query position is base + min(upto, rows) - 1 (the
+ * newest visible row): importance mass (track_imp) is logged under it.
+ * Learned sinks set with kv_layer_set_sinks join every head's softmax.
+ * Visible rows [first, upto) are clamped as in attn_run; with no row stored
+ * the output is zeros. Returns the span used in *span_out (may be NULL).
+ * PD_ERR_ARG / PD_ERR_RANGE (layer and out unchanged) on a bad head, missing
+ * sinks for the Q heads, or too small scratch. Never allocates. */
+pd_status kv_layer_attend(kv_layer *l, const kv_attend *a, uint32_t *span_out, pd_err *err);
+
+/* Learned per-Q-head sink logits (weights of the layer): copied; NULL or
+ * n_q_heads == 0 removes them. Kept by clear, truncate, eviction and import
+ * (kv_layer_swap does not move them). PD_ERR_NOMEM on allocation failure. */
+pd_status kv_layer_set_sinks(kv_layer *l, const float *sinks, uint32_t n_q_heads, pd_err *err);
+
+/* ---- importance, speculation -------------------------------------------- */
+
+/* Writes the importance of every stored row to out[0..rows): the stored
+ * importance with the pending log folded in position order, i.e. exactly
+ * what the stored importance will be once everything is confirmed. Does not
+ * change the layer. */
+void kv_layer_importance(const kv_layer *l, float *out);
+
+/* Promises rows before absolute position pos are final: folds the pending
+ * importance of query positions < pos and drops the freeze undo snapshot
+ * once pos covers the freeze rows. pos beyond pos_len is clamped. */
+void kv_layer_confirm(kv_layer *l, uint64_t pos);
+
+/* Rolls back the last n rows of every storage (and their query positions'
+ * pending importance; a freeze that read any of them is undone while its
+ * snapshot is kept). PD_ERR_RANGE when n > rows (layer unchanged). The
+ * recurrent records (linear vector, bounded ring) are not touched. */
+pd_status kv_layer_truncate_last(kv_layer *l, uint64_t n, pd_err *err);
+
+/* Empties the per-position storage, importance, field, base and the
+ * recurrent records (the bounded ring is zeroed in place, keeping its
+ * window). Keeps sinks, the tail window and capacity. */
+void kv_layer_clear(kv_layer *l);
+
+/* ---- eviction and sliding tail ------------------------------------------ */
+
+/* Keeps the last keep_last rows. No-op on a trimmed (tail) layer, on a layer
+ * holding a bounded ring, or when rows <= keep_last. Eviction consumes the
+ * importance (folds the pending log) and drops undo data: a confirm point.
+ * Returns the rows dropped. */
+uint64_t kv_layer_evict_recent(kv_layer *l, uint64_t keep_last);
+
+/* Keeps the `sinks` oldest rows, the `recent` newest rows (both clamped to
+ * budget, sinks first) and fills the rest of budget with the middle rows of
+ * highest importance (ties: the older row), all in original order; never
+ * more than budget rows. Every storage is gathered independently with the
+ * same kept-row list. Same no-op cases and confirm effect as evict_recent.
+ * Returns the rows dropped. */
+uint64_t kv_layer_evict_importance(kv_layer *l, uint64_t budget, uint64_t sinks,
+                                   uint64_t recent);
+
+/* Sliding-window tail (seed trim_window): sets the tail window to w, then,
+ * once more than 2w rows are stored, drops front rows down to w + slack,
+ * the cut rounded down to an absolute position that is a multiple of align
+ * (align 0 = 1). No-op when w == 0, with a bounded ring, on a q8 layer whose
+ * field is not frozen yet or whose freeze can still be undone. Returns the
+ * rows dropped. */
+uint64_t kv_layer_trim_window(kv_layer *l, uint64_t w, uint64_t slack, uint64_t align);
+
+/* trim_window whose cut never passes anchor - w - slack (keeps every row a
+ * rollback to anchor - slack still reads); UINT64_MAX = the plain trim. */
+uint64_t kv_layer_trim_window_anchored(kv_layer *l, uint64_t w, uint64_t slack, uint64_t align,
+                                       uint64_t anchor);
+
+/* ---- recurrent records (state the wire carries) -------------------------- */
+
+/* Sets the linear-recurrent vector (copied; n == 0 removes it). Counted as
+ * recurrent bytes. PD_ERR_NOMEM on allocation failure (layer unchanged). */
+pd_status kv_layer_set_linear(kv_layer *l, const float *x, uint64_t n, pd_err *err);
+
+/* Installs a zeroed bounded ring of `window` slots per KV head (every head,
+ * dead ones included: [n_kv_heads x window x head_dim] K and V), len = 0,
+ * replacing any previous ring. PD_ERR_ARG for window 0, PD_ERR_NOMEM. */
+pd_status kv_layer_install_bounded(kv_layer *l, uint32_t window, pd_err *err);
+
+/* Inserts one position into the bounded ring: k, v [n_kv_heads x head_dim]
+ * go to slot len mod window; len += 1; head = len mod window (the next slot
+ * to overwrite). PD_ERR_ARG without a ring. */
+pd_status kv_layer_bounded_insert(kv_layer *l, const float *k, const float *v, pd_err *err);
+
+/* ---- accessors ----------------------------------------------------------- */
+
+uint64_t kv_layer_rows(const kv_layer *l);
+uint64_t kv_layer_base(const kv_layer *l);
+uint64_t kv_layer_pos_len(const kv_layer *l);    /* base + rows */
+uint64_t kv_layer_tail_window(const kv_layer *l); /* 0 = not a tail layer */
+kv_mode kv_layer_mode(const kv_layer *l);
+int kv_layer_frozen(const kv_layer *l);
+
+/* Storage generation: a process-unique value refreshed on every mutation
+ * other than append (truncate, evict, trim, clear, freeze, install, import,
+ * restore, set_linear). Device mirrors key their copies on (generation,
+ * rows). The source is one process-wide atomic counter: uniqueness across
+ * every layer of the process is the point, and it carries no answer-relevant
+ * state. */
+uint64_t kv_layer_generation(const kv_layer *l);
+
+/* Exact memory figures in bytes.
+ *   attention: bytes used by stored rows of every storage (f32 K/V, int8 K/V,
+ *              K scales, V scales, importance) plus frozen fields:
+ *              rows * (4 [imp] + alive * per_row) + frozen * alive * field
+ *              with per_row = K: 4*hd or hd + 4*ceil(hd/32); V: 4*hd or hd + 4
+ *              and field = 4*hd per quantized component.
+ *   recurrent: 4 * n_linear + (ring ? 2 * 4 * n_kv_heads * window * hd : 0)
+ *   allocated: every byte the layer holds from its allocator (capacity of
+ *              all storages, undo log and snapshot, scratch, sinks, records). */
+typedef struct kv_memory {
+    uint64_t attention;
+    uint64_t recurrent;
+    uint64_t allocated;
+} kv_memory;
+void kv_layer_memory(const kv_layer *l, kv_memory *out);
+
+/* Validates every invariant (aborts through CHECK on a broken one): lengths
+ * per storage vs rows, dead heads empty, field present iff frozen, base and
+ * pos_len, capacity, pending log and snapshot bounds. Tests call it after
+ * every mutation. */
+void kv_layer_check(const kv_layer *l);
+
+/* ---- state view / install (for the CMFS wire) ----------------------------- */
+
+/* One KV head's storage. NULL for what the mode or alive mask does not hold;
+ * kcol / vcol NULL until frozen. Layouts (rows = kv_state.rows):
+ *   k, v   [rows x head_dim] f32      kq, vq [rows x head_dim] int8
+ *   ks     [rows x ceil(head_dim / k_group)]   vs [rows] (one per row)
+ *   kcol, vcol [head_dim] */
+typedef struct kv_head_state {
+    const float *k, *v;
+    const int8_t *kq, *vq;
+    const float *ks, *vs;
+    const float *kcol, *vcol;
+} kv_head_state;
+
+/* A bounded ring: len = inserts so far (the seed's `seen`), head = len mod
+ * window (the next slot an insert overwrites). k, v [n_kv_heads x window x
+ * head_dim]; slot s of head h at (h * window + s) * head_dim. */
+typedef struct kv_bounded_state {
+    uint32_t window;
+    uint64_t len;
+    uint32_t head;
+    const float *k, *v;
+} kv_bounded_state;
+
+/* The whole layer state (everything but sinks, which are weights, and undo
+ * data). imp_pending counts query positions whose importance is still in
+ * the pending log and NOT in imp: a complete export needs imp_pending == 0
+ * (kv_layer_confirm(l, kv_layer_pos_len(l)) first); new_from_state requires
+ * it. n_imp is 0 or rows. */
+typedef struct kv_state {
+    uint32_t n_kv_heads, head_dim, k_group, freeze_rows;
+    kv_mode mode;
+    const uint8_t *alive; /* [n_kv_heads], 1 = alive */
+    uint64_t rows, base;
+    uint32_t tail_window; /* 0 = none */
+    int frozen;
+    const float *imp;
+    uint64_t n_imp;
+    const float *linear;
+    uint64_t n_linear;
+    int has_bounded;
+    kv_bounded_state bounded;
+    const kv_head_state *heads; /* [n_kv_heads] */
+    uint32_t imp_pending;
+} kv_state;
+
+/* Fills *out and heads[0..n_kv_heads) (a caller array) with borrowed
+ * pointers into l, valid until the next mutation of l. */
+void kv_layer_state(const kv_layer *l, kv_state *out, kv_head_state *heads);
+
+/* Builds a fresh layer (cfg: geometry, mode, alive, capacity, alloc) holding
+ * state s, copied. Validates everything first: geometry and mode equal cfg,
+ * k_group, freeze_rows, alive mask, rows and base vs overflow, storages
+ * present exactly as mode and alive say, importance length 0 or rows, field
+ * only when frozen (and only for q8 components), an unfrozen q8 layer holds
+ * <= freeze_rows rows, bounded cursors within the window, imp_pending == 0.
+ * On failure nothing is created and err names the field. The new layer is
+ * fully confirmed (no undo data) and has a fresh generation. */
+pd_status kv_layer_new_from_state(const kv_layer_config *cfg, const kv_state *s, kv_layer **out,
+                                  pd_err *err);
+
+/* Exchanges the states (storage, importance, undo data, records, base, tail,
+ * generation, capacity, allocator) of two layers of the same geometry and
+ * mode; the sinks stay with the object they were set on. An import decodes
+ * into a fresh layer and swaps on success. Both layers get a fresh
+ * generation. Mismatched geometry is an internal error (CHECK). */
+void kv_layer_swap(kv_layer *a, kv_layer *b);
+
+#endif
