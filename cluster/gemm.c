@@ -1,0 +1,409 @@
+/* The batch-invariant GEMM (see gemm.h for the contract) and the opt-in
+ * OpenBLAS backend. Owns the packed weight panels. Holds both the portable
+ * fmaf micro-kernel and the AVX2/FMA one: same tiling, same per-lane FMA
+ * order, so the same bits. */
+#include "cluster/gemm.h"
+
+#include "cache/check.h"
+#include "cache/cpu.h"
+#include "cache/fp16.h"
+
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+/* Rows per micro-tile (MR) and the M block a task walks over all its panels
+ * before moving to the next rows (keeps that block of A hot in L2 while each
+ * panel is re-read from L2 for every tile). */
+#define GEMM_MR 6u
+#define GEMM_MC 96u
+
+/* Panel layout (one panel = GEMM_NR = 16 consecutive output columns j):
+ *   F32:       [k][16] f32
+ *   F16, BF16: [k][16] u16 (stored bits)
+ *   Q8_0:      per 32-k block: [16] f16 scales d (little-endian), then
+ *              [32][16] int8 q; 32 + 512 = 544 bytes per block.
+ * Source Q8_0 block (GGUF): f16 d, 32 int8 = 34 bytes. */
+#define GEMM_Q8_SRC_BLOCK 34u
+#define GEMM_Q8_SCALES 32u
+#define GEMM_Q8_PANEL_BLOCK (GEMM_Q8_SCALES + GEMM_Q8_0_BLOCK * GEMM_NR)
+
+/* One micro-tile: C[mr x ncols] = A[mr x k] * panel, from zero. */
+typedef struct gemm_tile {
+    gemm_wtype type;
+    const uint8_t *panel; /* the panel's first byte */
+    uint32_t k;
+    const float *a;       /* row 0 of the tile, rows lda apart */
+    size_t lda;
+    uint32_t mr;          /* 1 .. GEMM_MR rows */
+    float *c;             /* C[row 0][col 0 of the panel], rows ldc apart */
+    size_t ldc;
+    uint32_t ncols;       /* 1 .. 16 valid columns */
+} gemm_tile;
+
+/* INV: n >= 1, k >= 1, n_panels == ceil(n / GEMM_NR); type < GEMM_W_COUNT,
+ *      be < GEMM_BACKEND_COUNT; Q8_0 => k % 32 == 0.
+ * INV: invariant backend: data holds n_panels panels of panel_bytes bytes
+ *      (layout above); the columns of the last panel beyond n are zero
+ *      (zero scales for Q8_0). OpenBLAS backend: data is f32 [n x k].
+ * INV: bytes == n_panels * panel_bytes (invariant) or n * k * 4 (OpenBLAS). */
+struct gemm_w {
+    gemm_backend be;
+    gemm_wtype type;
+    uint32_t n, k;
+    uint32_t n_panels;
+    size_t panel_bytes;
+    size_t bytes;
+    void *data;
+    pd_alloc alloc; /* copy of the allocator the memory came from */
+};
+
+const char *gemm_wtype_name(gemm_wtype t)
+{
+    switch (t) {
+    case GEMM_W_F32: return "f32";
+    case GEMM_W_F16: return "f16";
+    case GEMM_W_BF16: return "bf16";
+    case GEMM_W_Q8_0: return "q8_0";
+    default: return "unknown";
+    }
+}
+
+const char *gemm_backend_name(gemm_backend b)
+{
+    switch (b) {
+    case GEMM_BACKEND_INVARIANT: return "invariant";
+    case GEMM_BACKEND_OPENBLAS: return "openblas";
+    default: return "unknown";
+    }
+}
+
+size_t gemm_row_bytes(gemm_wtype type, uint32_t k)
+{
+    switch (type) {
+    case GEMM_W_F32: return (size_t)k * 4;
+    case GEMM_W_F16:
+    case GEMM_W_BF16: return (size_t)k * 2;
+    case GEMM_W_Q8_0:
+        return k % GEMM_Q8_0_BLOCK ? 0 : (size_t)(k / GEMM_Q8_0_BLOCK) * GEMM_Q8_SRC_BLOCK;
+    default: return 0;
+    }
+}
+
+/* Packed bytes of one panel of k values, or 0 on a bad type. */
+static size_t gemm_panel_bytes(gemm_wtype type, uint32_t k)
+{
+    switch (type) {
+    case GEMM_W_F32: return (size_t)k * GEMM_NR * 4;
+    case GEMM_W_F16:
+    case GEMM_W_BF16: return (size_t)k * GEMM_NR * 2;
+    case GEMM_W_Q8_0: return (size_t)(k / GEMM_Q8_0_BLOCK) * GEMM_Q8_PANEL_BLOCK;
+    default: return 0;
+    }
+}
+
+static uint16_t gemm_rd16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+/* Source row j of w as stored (GGUF layout). */
+static const uint8_t *gemm_src_row(const void *w, gemm_wtype type, uint32_t k, uint32_t j)
+{
+    return (const uint8_t *)w + (size_t)j * gemm_row_bytes(type, k);
+}
+
+/* The exact f32 value of weight (j, kk) of a source row: the value every
+ * path multiplies with. */
+static float gemm_src_value(const uint8_t *row, gemm_wtype type, uint32_t kk)
+{
+    switch (type) {
+    case GEMM_W_F32: {
+        float v;
+        memcpy(&v, row + (size_t)kk * 4, 4);
+        return v;
+    }
+    case GEMM_W_F16: return pd_f16_to_f32(gemm_rd16(row + (size_t)kk * 2));
+    case GEMM_W_BF16: return pd_bf16_to_f32(gemm_rd16(row + (size_t)kk * 2));
+    case GEMM_W_Q8_0: {
+        const uint8_t *blk = row + (size_t)(kk / GEMM_Q8_0_BLOCK) * GEMM_Q8_SRC_BLOCK;
+        float d = pd_f16_to_f32(gemm_rd16(blk));
+        return (float)(int8_t)blk[2 + kk % GEMM_Q8_0_BLOCK] * d;
+    }
+    default: CHECK(0); return 0.0f;
+    }
+}
+
+/* Writes the panel holding columns [col0, col0 + 16) of w. */
+static void gemm_pack_panel(const void *w, gemm_wtype type, uint32_t n, uint32_t k, uint32_t col0,
+                            uint8_t *dst)
+{
+    uint32_t cols = n - col0 < GEMM_NR ? n - col0 : GEMM_NR;
+    switch (type) {
+    case GEMM_W_F32:
+    case GEMM_W_F16:
+    case GEMM_W_BF16: {
+        size_t es = type == GEMM_W_F32 ? 4 : 2;
+        memset(dst, 0, (size_t)k * GEMM_NR * es);
+        for (uint32_t l = 0; l < cols; l++) {
+            const uint8_t *row = gemm_src_row(w, type, k, col0 + l);
+            for (uint32_t kk = 0; kk < k; kk++)
+                memcpy(dst + ((size_t)kk * GEMM_NR + l) * es, row + (size_t)kk * es, es);
+        }
+        break;
+    }
+    case GEMM_W_Q8_0: {
+        uint32_t nb = k / GEMM_Q8_0_BLOCK;
+        memset(dst, 0, (size_t)nb * GEMM_Q8_PANEL_BLOCK);
+        for (uint32_t l = 0; l < cols; l++) {
+            const uint8_t *row = gemm_src_row(w, type, k, col0 + l);
+            for (uint32_t b = 0; b < nb; b++) {
+                const uint8_t *src = row + (size_t)b * GEMM_Q8_SRC_BLOCK;
+                uint8_t *blk = dst + (size_t)b * GEMM_Q8_PANEL_BLOCK;
+                memcpy(blk + 2 * l, src, 2); /* f16 scale, little-endian */
+                for (uint32_t kk = 0; kk < GEMM_Q8_0_BLOCK; kk++)
+                    blk[GEMM_Q8_SCALES + kk * GEMM_NR + l] = src[2 + kk];
+            }
+        }
+        break;
+    }
+    default: CHECK(0);
+    }
+}
+
+pd_status gemm_pack(const void *w, gemm_wtype type, uint32_t n, uint32_t k, gemm_backend be,
+                    const pd_alloc *alloc, gemm_w **out, pd_err *err)
+{
+    if (!w || !out)
+        return pd_err_set(err, PD_ERR_ARG, "gemm_pack: NULL %s", !w ? "weights" : "out");
+    if ((unsigned)type >= GEMM_W_COUNT)
+        return pd_err_set(err, PD_ERR_ARG, "gemm_pack: unknown weight type %d", (int)type);
+    if ((unsigned)be >= GEMM_BACKEND_COUNT)
+        return pd_err_set(err, PD_ERR_ARG, "gemm_pack: unknown backend %d", (int)be);
+    if (n == 0 || k == 0)
+        return pd_err_set(err, PD_ERR_ARG, "gemm_pack: empty matrix %u x %u", n, k);
+    if (type == GEMM_W_Q8_0 && k % GEMM_Q8_0_BLOCK != 0)
+        return pd_err_set(err, PD_ERR_ARG, "gemm_pack: q8_0 needs k %% 32 == 0, k = %u", k);
+    if (be == GEMM_BACKEND_OPENBLAS && (n > INT_MAX || k > INT_MAX))
+        return pd_err_set(err, PD_ERR_RANGE, "gemm_pack: %u x %u exceeds cblas int sizes", n, k);
+    uint32_t n_panels = (uint32_t)(((uint64_t)n + GEMM_NR - 1) / GEMM_NR);
+    size_t panel_bytes = gemm_panel_bytes(type, k);
+    size_t bytes;
+    if (be == GEMM_BACKEND_INVARIANT) {
+        /* panel_bytes <= k * 64 < 2^38: only the product can overflow */
+        if (panel_bytes > SIZE_MAX / n_panels)
+            return pd_err_set(err, PD_ERR_NOMEM, "gemm_pack: %u x %u %s overflows", n, k,
+                              gemm_wtype_name(type));
+        bytes = panel_bytes * n_panels;
+    } else {
+        if ((size_t)k > SIZE_MAX / 4 / n)
+            return pd_err_set(err, PD_ERR_NOMEM, "gemm_pack: %u x %u f32 overflows", n, k);
+        bytes = (size_t)n * k * 4;
+    }
+    const pd_alloc *al = alloc ? alloc : pd_alloc_default();
+    gemm_w *g = pd_alloc_bytes(al, sizeof *g);
+    void *data = g ? pd_alloc_bytes(al, bytes) : NULL;
+    if (!data) {
+        pd_free_bytes(al, g, sizeof *g);
+        return pd_err_set(err, PD_ERR_NOMEM, "gemm_pack: cannot allocate %zu bytes for %u x %u %s",
+                          bytes, n, k, gemm_wtype_name(type));
+    }
+    *g = (gemm_w){.be = be, .type = type, .n = n, .k = k, .n_panels = n_panels,
+                  .panel_bytes = panel_bytes, .bytes = bytes, .data = data, .alloc = *al};
+    if (be == GEMM_BACKEND_INVARIANT) {
+        for (uint32_t pnl = 0; pnl < n_panels; pnl++)
+            gemm_pack_panel(w, type, n, k, pnl * GEMM_NR, (uint8_t *)data + pnl * panel_bytes);
+    } else {
+        float *f = data;
+        for (uint32_t j = 0; j < n; j++) {
+            const uint8_t *row = gemm_src_row(w, type, k, j);
+            if (type == GEMM_W_F32)
+                memcpy(f + (size_t)j * k, row, (size_t)k * 4);
+            else
+                for (uint32_t kk = 0; kk < k; kk++)
+                    f[(size_t)j * k + kk] = gemm_src_value(row, type, kk);
+        }
+    }
+    *out = g;
+    return PD_OK;
+}
+
+void gemm_free(gemm_w *w)
+{
+    if (!w)
+        return;
+    pd_alloc al = w->alloc;
+    pd_free_bytes(&al, w->data, w->bytes);
+    pd_free_bytes(&al, w, sizeof *w);
+}
+
+uint32_t gemm_rows_n(const gemm_w *w) { return w->n; }
+uint32_t gemm_cols_k(const gemm_w *w) { return w->k; }
+gemm_wtype gemm_get_wtype(const gemm_w *w) { return w->type; }
+gemm_backend gemm_get_backend(const gemm_w *w) { return w->be; }
+size_t gemm_bytes(const gemm_w *w) { return w->bytes; }
+
+void gemm_check(const gemm_w *w)
+{
+    CHECK(w != NULL);
+    CHECK((unsigned)w->type < GEMM_W_COUNT && (unsigned)w->be < GEMM_BACKEND_COUNT);
+    CHECK(w->n >= 1 && w->k >= 1 && w->data != NULL);
+    CHECK(w->n_panels == (w->n + GEMM_NR - 1) / GEMM_NR);
+    CHECK(w->type != GEMM_W_Q8_0 || w->k % GEMM_Q8_0_BLOCK == 0);
+    if (w->be == GEMM_BACKEND_OPENBLAS) {
+        CHECK(w->bytes == (size_t)w->n * w->k * 4);
+        return;
+    }
+    CHECK(w->panel_bytes == gemm_panel_bytes(w->type, w->k));
+    CHECK(w->bytes == w->panel_bytes * w->n_panels);
+    /* padding columns of the last panel are zero */
+    uint32_t cols = w->n - (w->n_panels - 1) * GEMM_NR;
+    const uint8_t *last = (const uint8_t *)w->data + (size_t)(w->n_panels - 1) * w->panel_bytes;
+    if (w->type == GEMM_W_Q8_0) {
+        for (uint32_t b = 0; b < w->k / GEMM_Q8_0_BLOCK; b++) {
+            const uint8_t *blk = last + (size_t)b * GEMM_Q8_PANEL_BLOCK;
+            for (uint32_t l = cols; l < GEMM_NR; l++) {
+                CHECK(gemm_rd16(blk + 2 * l) == 0);
+                for (uint32_t kk = 0; kk < GEMM_Q8_0_BLOCK; kk++)
+                    CHECK(blk[GEMM_Q8_SCALES + kk * GEMM_NR + l] == 0);
+            }
+        }
+    } else {
+        size_t es = w->type == GEMM_W_F32 ? 4 : 2;
+        for (uint32_t kk = 0; kk < w->k; kk++)
+            for (size_t byte = cols * es; byte < GEMM_NR * es; byte++)
+                CHECK(last[(size_t)kk * GEMM_NR * es + byte] == 0);
+    }
+}
+
+/* ---- portable kernel: the reference order, lane by lane with fmaf ---- */
+
+/* The 16 f32 weights of row kk of a panel. */
+static void gemm_panel_row(gemm_wtype type, const uint8_t *panel, uint32_t kk, float wv[GEMM_NR])
+{
+    switch (type) {
+    case GEMM_W_F32:
+        memcpy(wv, panel + (size_t)kk * GEMM_NR * 4, GEMM_NR * 4);
+        break;
+    case GEMM_W_F16:
+    case GEMM_W_BF16: {
+        const uint8_t *r = panel + (size_t)kk * GEMM_NR * 2;
+        for (uint32_t l = 0; l < GEMM_NR; l++)
+            wv[l] = type == GEMM_W_F16 ? pd_f16_to_f32(gemm_rd16(r + 2 * l))
+                                       : pd_bf16_to_f32(gemm_rd16(r + 2 * l));
+        break;
+    }
+    case GEMM_W_Q8_0: {
+        const uint8_t *blk = panel + (size_t)(kk / GEMM_Q8_0_BLOCK) * GEMM_Q8_PANEL_BLOCK;
+        const uint8_t *q = blk + GEMM_Q8_SCALES + (kk % GEMM_Q8_0_BLOCK) * GEMM_NR;
+        for (uint32_t l = 0; l < GEMM_NR; l++)
+            wv[l] = (float)(int8_t)q[l] * pd_f16_to_f32(gemm_rd16(blk + 2 * l));
+        break;
+    }
+    default: CHECK(0);
+    }
+}
+
+static void gemm_scalar_tile(const gemm_tile *t)
+{
+    float acc[GEMM_MR][GEMM_NR];
+    float wv[GEMM_NR];
+    for (uint32_t i = 0; i < t->mr; i++)
+        for (uint32_t l = 0; l < GEMM_NR; l++)
+            acc[i][l] = 0.0f;
+    for (uint32_t kk = 0; kk < t->k; kk++) {
+        gemm_panel_row(t->type, t->panel, kk, wv);
+        for (uint32_t i = 0; i < t->mr; i++) {
+            float av = t->a[(size_t)i * t->lda + kk];
+            for (uint32_t l = 0; l < GEMM_NR; l++)
+                acc[i][l] = fmaf(av, wv[l], acc[i][l]);
+        }
+    }
+    for (uint32_t i = 0; i < t->mr; i++)
+        memcpy(t->c + (size_t)i * t->ldc, acc[i], (size_t)t->ncols * sizeof(float));
+}
+
+/* ---- tiling and threads ---- */
+
+typedef struct gemm_job {
+    const gemm_w *w;
+    const float *a;
+    size_t lda;
+    uint32_t m;
+    float *c;
+    size_t ldc;
+    uint32_t panels_per_task;
+    void (*tile)(const gemm_tile *t);
+} gemm_job;
+
+/* A task: a contiguous range of panels, for all m rows, M block by M block. */
+static void gemm_task(void *ctxp, uint32_t task, uint32_t thread)
+{
+    const gemm_job *j = ctxp;
+    const gemm_w *w = j->w;
+    uint32_t p0 = task * j->panels_per_task;
+    uint32_t p1 = p0 + j->panels_per_task < w->n_panels ? p0 + j->panels_per_task : w->n_panels;
+    for (uint32_t mb = 0; mb < j->m; mb += GEMM_MC) {
+        uint32_t me = j->m - mb < GEMM_MC ? j->m : mb + GEMM_MC;
+        for (uint32_t pnl = p0; pnl < p1; pnl++) {
+            uint32_t col0 = pnl * GEMM_NR;
+            gemm_tile t = {
+                .type = w->type,
+                .panel = (const uint8_t *)w->data + (size_t)pnl * w->panel_bytes,
+                .k = w->k,
+                .lda = j->lda,
+                .ldc = j->ldc,
+                .ncols = w->n - col0 < GEMM_NR ? w->n - col0 : GEMM_NR,
+            };
+            for (uint32_t i = mb; i < me; i += GEMM_MR) {
+                t.mr = me - i < GEMM_MR ? me - i : GEMM_MR;
+                t.a = j->a + (size_t)i * j->lda;
+                t.c = j->c + (size_t)i * j->ldc + col0;
+                j->tile(&t);
+            }
+        }
+    }
+}
+
+static void gemm_run_openblas(const gemm_w *w, const float *a, size_t lda, uint32_t m, float *c,
+                              size_t ldc, pool *p)
+{
+    CHECK(m <= INT_MAX && lda <= INT_MAX && ldc <= INT_MAX);
+    int threads = (int)pool_threads(p);
+    if (openblas_get_num_threads() != threads)
+        openblas_set_num_threads(threads);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)w->n, (int)w->k, 1.0f, a,
+                (int)lda, (const float *)w->data, (int)w->k, 0.0f, c, (int)ldc);
+}
+
+void gemm_run_ld(const gemm_w *w, const float *a, size_t lda, uint32_t m, float *c, size_t ldc,
+                 pool *p)
+{
+    CHECK(w != NULL);
+    if (m == 0)
+        return;
+    CHECK(a != NULL && c != NULL && lda >= w->k && ldc >= w->n);
+    if (w->be == GEMM_BACKEND_OPENBLAS) {
+        gemm_run_openblas(w, a, lda, m, c, ldc, p);
+        return;
+    }
+    uint32_t threads = pool_threads(p);
+    /* A few tasks per thread so a thread the OS delays does not hold up the
+     * rest; each task streams contiguous panels. */
+    uint32_t want = threads == 1 ? 1 : threads * 4;
+    uint32_t ppt = (w->n_panels + want - 1) / want;
+    gemm_job job = {
+        .w = w, .a = a, .lda = lda, .m = m, .c = c, .ldc = ldc,
+        .panels_per_task = ppt,
+        .tile = gemm_scalar_tile,
+    };
+    uint32_t n_tasks = (w->n_panels + ppt - 1) / ppt;
+    pool_run(threads == 1 ? NULL : p, n_tasks, gemm_task, &job);
+}
+
+void gemm_run(const gemm_w *w, const float *a, uint32_t m, float *c, pool *p)
+{
+    CHECK(w != NULL);
+    gemm_run_ld(w, a, w->k, m, c, w->n, p);
+}
