@@ -1,0 +1,64 @@
+/* stage: one pipeline stage — a contiguous layer range, the per-stream caches
+ * of those layers, and the forward pass of a micro-batch through them.
+ *
+ * With one rank the stage holds every layer (head and tail are the same
+ * process). Each stream gets, per layer, a kv_layer (full / window policies)
+ * or a ring_layer (rswa) at admission; caches come from the stage's allocator
+ * (a NUMA arena in the cluster). All scratch is sized at creation from
+ * max_rows: stage_forward never allocates.
+ *
+ * Exactness: rows of many streams share each GEMM (row-invariant kernel);
+ * attention runs per stream against its own cache; a prefill chunk's row i
+ * attends exactly the first i + 1 rows. So a stream's hidden states never
+ * depend on which other rows share the micro-batch or how its prefill was
+ * chunked. */
+#ifndef PD_STAGE_H
+#define PD_STAGE_H
+
+#include "cache/status.h"
+#include "cluster/model.h"
+#include "cluster/policy.h"
+#include "cluster/pool.h"
+#include "comm/batch.h"
+
+#include <stdint.h>
+
+typedef struct stage stage;
+
+typedef struct stage_config {
+    const model *m;           /* borrowed: the layers this stage runs */
+    cache_policy policy;
+    uint32_t max_rows;        /* rows per micro-batch */
+    uint32_t max_streams;     /* streams alive at once */
+    pool *pool;               /* borrowed, may be NULL (single thread) */
+    const pd_alloc *cache_alloc; /* borrowed: cache memory (NULL = malloc) */
+} stage_config;
+
+pd_status stage_new(const stage_config *cfg, stage **out, pd_err *err);
+void stage_free(stage *s);
+
+/* Creates the stream's caches for every layer of the stage.
+ * PD_ERR_RANGE when max_streams are alive, PD_ERR_ARG for a duplicate id. */
+pd_status stage_admit(stage *s, const mb_admit *a, pd_err *err);
+/* Frees the stream's caches; unknown ids are ignored. */
+void stage_retire(stage *s, uint64_t stream);
+uint32_t stage_streams(const stage *s);
+
+/* Runs rows [n] with hidden states x [n x hidden] (overwritten with the
+ * output of the stage's last layer). Validates the rows first (known
+ * streams, contiguous increasing positions, no position beyond what the
+ * stage holds): PD_ERR_FORMAT naming the row, nothing changed. */
+pd_status stage_forward(stage *s, const mb_row *rows, uint32_t n, float *x, pd_err *err);
+
+/* Cache bytes of every alive stream (attention state + recurrent state). */
+typedef struct stage_mem {
+    uint64_t cache_bytes;     /* bytes the caches hold from the allocator */
+    uint64_t attention_bytes; /* bytes of live rows */
+} stage_mem;
+void stage_memory(const stage *s, stage_mem *out);
+
+/* Bytes one stream's caches take at admission (for admission budgets). */
+uint64_t stage_stream_bytes_estimate(const model_hparams *hp, const cache_policy *p,
+                                     uint32_t n_layers, uint32_t prefill_rows, uint32_t max_new);
+
+#endif
