@@ -1,6 +1,8 @@
-/* The attention reduction (see attn.h for the exact order every path keeps).
- * This file holds the portable reference; ISA-specific paths must match it
- * bit for bit (tests/unit/test_attn.c checks). */
+/* The attention reduction (see attn.h for the exact order every path keeps)
+ * and the project's exponential. This file holds the portable reference and
+ * its AVX2+FMA twin; the twin computes the very same operations in the very
+ * same order per result element, so the two agree bit for bit for every input
+ * (tests/unit/test_attn.c checks across randomized configurations). */
 #include "cache/attn.h"
 
 #include "cache/check.h"
@@ -9,15 +11,33 @@
 #include <math.h>
 #include <string.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+/* Rows per block in the AVX2 path: int8 rows are dequantized a block at a
+ * time into scratch, and the value pass keeps its accumulators in registers
+ * across a block. The scratch size below reserves room for one block. */
+#define ATTN_RB 16u
+
+/* pd_expf's range: below LO the result is 0, above HI (~ln FLT_MAX) +inf. */
+#define PD_EXPF_LO (-87.0f)
+#define PD_EXPF_HI 88.72283935546875f
+#define PD_EXPF_LOG2E 1.44269504088896341f
+
+/* ------------------------------------------------------------------------ */
+/* Portable reference                                                        */
+/* ------------------------------------------------------------------------ */
+
 float pd_expf(float x)
 {
     if (x != x)
         return x;
-    if (x < -87.0f)
+    if (x < PD_EXPF_LO)
         return 0.0f;
-    if (x > 88.5f)
-        x = 88.5f; /* exp(88.5) ~ 2.7e38 still finite; beyond saturates */
-    float n = rintf(x * 1.44269504088896341f);
+    if (x > PD_EXPF_HI)
+        return INFINITY;
+    float n = rintf(x * PD_EXPF_LOG2E);
     float r = fmaf(n, -0.693359375f, x);
     r = fmaf(n, 2.12194440e-4f, r);
     float p = 1.9875691500e-4f;
@@ -29,6 +49,10 @@ float pd_expf(float x)
     float r2 = r * r;
     float y = fmaf(p, r2, r) + 1.0f;
     int32_t ni = (int32_t)n;
+    if (ni > 127) { /* x near ln(FLT_MAX): 2^128 is no float, so double y first (exact) */
+        y = y + y;
+        ni = 127;
+    }
     uint32_t bits = (uint32_t)(ni + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
@@ -45,8 +69,23 @@ float attn_dot8(const float *a, const float *b, uint32_t n)
 
 size_t attn_scratch_floats(uint32_t n_heads, uint32_t head_dim, uint32_t span)
 {
-    /* scores [n_heads x span] + qc [n_heads x head_dim] + one dequantized row */
-    return (size_t)n_heads * span + (size_t)n_heads * head_dim + head_dim + 64;
+    /* scores [n_heads x span] + qc [n_heads x head_dim] + one block of
+     * ATTN_RB dequantized rows (the reference uses the first row of it) */
+    return (size_t)n_heads * span + (size_t)n_heads * head_dim + (size_t)ATTN_RB * head_dim + 64;
+}
+
+/* Clamps [q->first, q->upto) to the rows held. Returns the span (0 when no row
+ * is held) and the first visible logical row in *first. */
+static uint32_t attn_visible(const attn_kv *kv, const attn_query *q, uint32_t *first)
+{
+    uint64_t total = 0;
+    for (uint32_t s = 0; s < kv->n_segs; s++)
+        total += kv->segs[s].rows;
+    uint32_t upto = q->upto < total ? q->upto : (uint32_t)total;
+    if (upto == 0)
+        return *first = 0, 0;
+    *first = q->first < upto ? q->first : upto - 1;
+    return upto - *first;
 }
 
 /* Pointer to logical row r's key (or value) as f32: either the stored row or
@@ -64,21 +103,23 @@ static const float *attn_row(const attn_seg *s, uint32_t i, uint32_t hd, int wan
     return buf;
 }
 
-uint32_t attn_run(const attn_kv *kv, const attn_query *q, float *out, float *probs, float *imp,
-                  float *scratch)
+/* Logit softcap; both paths call this one scalar function (libm tanhf). */
+static float attn_softcap(float s, float cap)
+{
+    return cap * tanhf(s / cap);
+}
+
+static uint32_t attn_run_scalar(const attn_kv *kv, const attn_query *q, float *out, float *probs,
+                                float *imp, float *scratch)
 {
     const uint32_t hd = kv->head_dim, nh = q->n_heads;
-    CHECK(hd > 0 && nh > 0);
-    uint64_t total = 0;
-    for (uint32_t s = 0; s < kv->n_segs; s++)
-        total += kv->segs[s].rows;
-    uint32_t upto = q->upto < total ? q->upto : (uint32_t)total;
-    if (upto == 0) {
+    uint32_t first;
+    uint32_t span = attn_visible(kv, q, &first);
+    if (span == 0) {
         memset(out, 0, sizeof(float) * nh * hd);
         return 0;
     }
-    uint32_t first = q->first < upto ? q->first : upto - 1;
-    uint32_t span = upto - first;
+    uint32_t upto = first + span;
 
     float *scores = scratch;
     float *qc = scores + (size_t)nh * span;
@@ -105,7 +146,7 @@ uint32_t attn_run(const attn_kv *kv, const attn_query *q, float *out, float *pro
 
     if (q->softcap > 0.0f)
         for (size_t j = 0; j < (size_t)nh * span; j++)
-            scores[j] = q->softcap * tanhf(scores[j] / q->softcap);
+            scores[j] = attn_softcap(scores[j], q->softcap);
 
     for (uint32_t h = 0; h < nh; h++) {
         float *sc = scores + (size_t)h * span;
@@ -156,4 +197,351 @@ uint32_t attn_run(const attn_kv *kv, const attn_query *q, float *out, float *pro
     if (probs)
         memcpy(probs, scores, sizeof(float) * nh * span);
     return span;
+}
+
+/* ------------------------------------------------------------------------ */
+/* AVX2 + FMA twin                                                          */
+/* ------------------------------------------------------------------------ */
+#if defined(__x86_64__)
+#define ATTN_AVX2 __attribute__((target("avx2,fma")))
+
+/* pd_expf on 8 lanes: the same operations, constants, clamps and selects. */
+ATTN_AVX2 static inline __m256 attn_expf8(__m256 x)
+{
+    __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(PD_EXPF_LO), _CMP_LT_OQ);
+    __m256 over = _mm256_cmp_ps(x, _mm256_set1_ps(PD_EXPF_HI), _CMP_GT_OQ);
+    /* rintf: round in the current mode (nearest-even by default), like the reference */
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(PD_EXPF_LOG2E)),
+                               _MM_FROUND_CUR_DIRECTION);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 r2 = _mm256_mul_ps(r, r);
+    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0f));
+    __m256i ni = _mm256_cvtps_epi32(n); /* n is integral: exact */
+    __m256i big = _mm256_cmpgt_epi32(ni, _mm256_set1_epi32(127));
+    y = _mm256_blendv_ps(y, _mm256_add_ps(y, y), _mm256_castsi256_ps(big));
+    ni = _mm256_min_epi32(ni, _mm256_set1_epi32(127));
+    __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(ni, _mm256_set1_epi32(127)), 23));
+    __m256 res = _mm256_mul_ps(y, scale);
+    res = _mm256_blendv_ps(res, _mm256_set1_ps(INFINITY), over);
+    res = _mm256_blendv_ps(res, _mm256_setzero_ps(), under);
+    return _mm256_blendv_ps(res, x, nan);
+}
+
+ATTN_AVX2 static void attn_expf_n_avx2(const float *x, float *y, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, attn_expf8(_mm256_loadu_ps(x + i)));
+    for (; i < n; i++)
+        y[i] = pd_expf(x[i]);
+}
+
+/* All-ones in lanes [0, rem), rem in 1..8. */
+ATTN_AVX2 static inline __m256i attn_mask(uint32_t rem)
+{
+    static const int32_t m[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    return _mm256_loadu_si256((const __m256i *)(m + 8 - rem));
+}
+
+/* dot8's final combine: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)). */
+ATTN_AVX2 static inline float attn_hsum8(__m256 a)
+{
+    __m128 t = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t)); /* u0 = (l0+l4)+(l2+l6), u1 = (l1+l5)+(l3+l7) */
+    return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));
+}
+
+/* dot8(qh, k_i, hd) for four rows at once: four independent chains, each
+ * lane exactly the reference's fmaf chain. In the last partial block the
+ * lanes at or beyond hd keep their value (blend), as the reference never
+ * touches them: a padded fma would turn -0.0 into +0.0. */
+ATTN_AVX2 static inline void attn_dot8x4(const float *qh, const float *k0, const float *k1,
+                                          const float *k2, const float *k3, uint32_t hd,
+                                          float dots[4])
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    uint32_t d = 0;
+    for (; d + 8 <= hd; d += 8) {
+        __m256 qv = _mm256_loadu_ps(qh + d);
+        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
+        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
+        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), a2);
+        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), a3);
+    }
+    if (d < hd) {
+        __m256i m = attn_mask(hd - d);
+        __m256 mf = _mm256_castsi256_ps(m);
+        __m256 qv = _mm256_maskload_ps(qh + d, m);
+        a0 = _mm256_blendv_ps(a0, _mm256_fmadd_ps(qv, _mm256_maskload_ps(k0 + d, m), a0), mf);
+        a1 = _mm256_blendv_ps(a1, _mm256_fmadd_ps(qv, _mm256_maskload_ps(k1 + d, m), a1), mf);
+        a2 = _mm256_blendv_ps(a2, _mm256_fmadd_ps(qv, _mm256_maskload_ps(k2 + d, m), a2), mf);
+        a3 = _mm256_blendv_ps(a3, _mm256_fmadd_ps(qv, _mm256_maskload_ps(k3 + d, m), a3), mf);
+    }
+    dots[0] = attn_hsum8(a0);
+    dots[1] = attn_hsum8(a1);
+    dots[2] = attn_hsum8(a2);
+    dots[3] = attn_hsum8(a3);
+}
+
+/* n int8 rows -> f32 rows in dst: dst[d] = (float)q[d] * sc[d / group], one
+ * rounding per element exactly as the reference's attn_row. */
+ATTN_AVX2 static void attn_dequant_rows(const int8_t *q, const float *sc, uint32_t hd,
+                                        uint32_t group, uint32_t n, float *dst)
+{
+    CHECK(group > 0);
+    const uint32_t ng = (hd + group - 1) / group;
+    for (uint32_t r = 0; r < n; r++) {
+        const int8_t *qr = q + (size_t)r * hd;
+        const float *sr = sc + (size_t)r * ng;
+        float *o = dst + (size_t)r * hd;
+        uint32_t d = 0;
+        if (group % 8 == 0) /* a block of 8 channels shares one scale */
+            for (; d + 8 <= hd; d += 8) {
+                __m128i b = _mm_loadl_epi64((const __m128i *)(qr + d));
+                __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+                _mm256_storeu_ps(o + d, _mm256_mul_ps(f, _mm256_broadcast_ss(sr + d / group)));
+            }
+        for (; d < hd; d++)
+            o[d] = (float)qr[d] * sr[d / group];
+    }
+}
+
+/* The value pass over a block of n rows (row r at v + r*hd, probability
+ * p[r]) for channels [0, 8*NB) of one head: out's accumulators stay in
+ * registers across the block; each lane is the reference's fmaf chain
+ * continued in row order. NB is a constant at every call site. */
+#define ATTN_VACC(c) \
+    do { if (NB > (c)) a##c = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vr + 8 * (c)), a##c); } while (0)
+#define ATTN_VLOAD(c) __m256 a##c = NB > (c) ? _mm256_loadu_ps(o + 8 * (c)) : _mm256_setzero_ps()
+#define ATTN_VSTORE(c) do { if (NB > (c)) _mm256_storeu_ps(o + 8 * (c), a##c); } while (0)
+
+ATTN_AVX2 static inline __attribute__((always_inline)) void
+attn_vblock(float *o, const float *v, uint32_t hd, const float *p, uint32_t n, const int NB)
+{
+    ATTN_VLOAD(0); ATTN_VLOAD(1); ATTN_VLOAD(2); ATTN_VLOAD(3);
+    ATTN_VLOAD(4); ATTN_VLOAD(5); ATTN_VLOAD(6); ATTN_VLOAD(7);
+    for (uint32_t r = 0; r < n; r++) {
+        const float *vr = v + (size_t)r * hd;
+        __m256 pv = _mm256_broadcast_ss(p + r);
+        ATTN_VACC(0); ATTN_VACC(1); ATTN_VACC(2); ATTN_VACC(3);
+        ATTN_VACC(4); ATTN_VACC(5); ATTN_VACC(6); ATTN_VACC(7);
+    }
+    ATTN_VSTORE(0); ATTN_VSTORE(1); ATTN_VSTORE(2); ATTN_VSTORE(3);
+    ATTN_VSTORE(4); ATTN_VSTORE(5); ATTN_VSTORE(6); ATTN_VSTORE(7);
+}
+
+/* The last rem (< 8) channels: lanes beyond hd are neither loaded nor stored. */
+ATTN_AVX2 static void attn_vtail(float *o, const float *v, uint32_t hd, const float *p, uint32_t n,
+                                 uint32_t rem)
+{
+    __m256i m = attn_mask(rem);
+    __m256 a = _mm256_maskload_ps(o, m);
+    for (uint32_t r = 0; r < n; r++)
+        a = _mm256_fmadd_ps(_mm256_broadcast_ss(p + r), _mm256_maskload_ps(v + (size_t)r * hd, m), a);
+    _mm256_maskstore_ps(o, m, a);
+}
+
+ATTN_AVX2 static void attn_vrows(float *o, const float *v, uint32_t hd, const float *p, uint32_t n)
+{
+    uint32_t d = 0;
+    for (; d + 64 <= hd; d += 64)
+        attn_vblock(o + d, v + d, hd, p, n, 8);
+    if (d + 32 <= hd) {
+        attn_vblock(o + d, v + d, hd, p, n, 4);
+        d += 32;
+    }
+    if (d + 16 <= hd) {
+        attn_vblock(o + d, v + d, hd, p, n, 2);
+        d += 16;
+    }
+    if (d + 8 <= hd) {
+        attn_vblock(o + d, v + d, hd, p, n, 1);
+        d += 8;
+    }
+    if (d < hd)
+        attn_vtail(o + d, v + d, hd, p, n, hd - d);
+}
+
+/* One head's scores -> probabilities, in place: vector max (ignoring NaN
+ * scores like fmaxf; the sign of a zero max cannot change s - max's exp),
+ * vector exp, the row-order sum kept sequential (it is the definition),
+ * vector division. */
+ATTN_AVX2 static void attn_softmax_avx2(float *sc, uint32_t span, const float *sink)
+{
+    __m256 m8 = _mm256_set1_ps(-INFINITY);
+    uint32_t j = 0;
+    for (; j + 8 <= span; j += 8)
+        m8 = _mm256_max_ps(_mm256_loadu_ps(sc + j), m8); /* NaN score: keeps m8 */
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float mx = _mm_cvtss_f32(m4);
+    for (; j < span; j++)
+        mx = fmaxf(mx, sc[j]);
+    if (sink)
+        mx = fmaxf(mx, *sink);
+
+    __m256 mv = _mm256_set1_ps(mx);
+    for (j = 0; j + 8 <= span; j += 8)
+        _mm256_storeu_ps(sc + j, attn_expf8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mv)));
+    for (; j < span; j++)
+        sc[j] = pd_expf(sc[j] - mx);
+    float sum = 0.0f;
+    for (j = 0; j < span; j++)
+        sum += sc[j];
+    if (sink)
+        sum += pd_expf(*sink - mx);
+
+    __m256 sv = _mm256_set1_ps(sum);
+    for (j = 0; j + 8 <= span; j += 8)
+        _mm256_storeu_ps(sc + j, _mm256_div_ps(_mm256_loadu_ps(sc + j), sv));
+    for (; j < span; j++)
+        sc[j] = sc[j] / sum;
+}
+
+ATTN_AVX2 static uint32_t attn_run_avx2(const attn_kv *kv, const attn_query *q, float *out,
+                                        float *probs, float *imp, float *scratch)
+{
+    const uint32_t hd = kv->head_dim, nh = q->n_heads;
+    uint32_t first;
+    uint32_t span = attn_visible(kv, q, &first);
+    if (span == 0) {
+        memset(out, 0, sizeof(float) * nh * hd);
+        return 0;
+    }
+    const uint32_t upto = first + span;
+    /* groups only matter (and must be > 0) for int8 segments */
+    const uint32_t ngk = kv->k_group ? (hd + kv->k_group - 1) / kv->k_group : 0;
+    const uint32_t ngv = kv->v_group ? (hd + kv->v_group - 1) / kv->v_group : 0;
+
+    float *scores = scratch;
+    float *qc = scores + (size_t)nh * span;
+    float *buf = qc + (size_t)nh * hd; /* ATTN_RB rows */
+
+    for (uint32_t h = 0; h < nh; h++)
+        for (uint32_t d = 0; d < hd; d++)
+            qc[h * hd + d] = kv->kcol ? q->q[h * hd + d] * kv->kcol[d] : q->q[h * hd + d];
+
+    /* score pass: a block of K rows, read once, serves every head */
+    uint32_t r0 = 0;
+    for (uint32_t s = 0; s < kv->n_segs; r0 += kv->segs[s].rows, s++) {
+        const attn_seg *seg = &kv->segs[s];
+        uint32_t lo = first > r0 ? first - r0 : 0;
+        uint32_t hi = upto - r0 < seg->rows ? upto - r0 : seg->rows;
+        if (upto <= r0 || lo >= hi)
+            continue;
+        for (uint32_t i = lo; i < hi; i += ATTN_RB) {
+            uint32_t n = hi - i < ATTN_RB ? hi - i : ATTN_RB;
+            const float *k = seg->k ? seg->k + (size_t)i * hd : buf;
+            if (!seg->k)
+                attn_dequant_rows(seg->kq + (size_t)i * hd, seg->ks + (size_t)i * ngk, hd,
+                                  kv->k_group, n, buf);
+            float *dst = scores + (r0 + i - first);
+            for (uint32_t h = 0; h < nh; h++) {
+                const float *qh = qc + (size_t)h * hd;
+                for (uint32_t t = 0; t < n; t += 4) {
+                    /* a short last group repeats its last row; extra dots are dropped */
+                    const float *kr[4];
+                    for (uint32_t u = 0; u < 4; u++)
+                        kr[u] = k + (size_t)(t + u < n ? t + u : n - 1) * hd;
+                    float dots[4];
+                    attn_dot8x4(qh, kr[0], kr[1], kr[2], kr[3], hd, dots);
+                    for (uint32_t u = 0; u < 4 && t + u < n; u++)
+                        dst[(size_t)h * span + t + u] = dots[u] * q->scale;
+                }
+            }
+        }
+    }
+
+    if (q->softcap > 0.0f)
+        for (size_t j = 0; j < (size_t)nh * span; j++)
+            scores[j] = attn_softcap(scores[j], q->softcap);
+
+    for (uint32_t h = 0; h < nh; h++)
+        attn_softmax_avx2(scores + (size_t)h * span, span, q->sinks ? q->sinks + h : NULL);
+
+    /* value pass: a block of V rows, read once, serves every head */
+    memset(out, 0, sizeof(float) * nh * hd);
+    r0 = 0;
+    for (uint32_t s = 0; s < kv->n_segs; r0 += kv->segs[s].rows, s++) {
+        const attn_seg *seg = &kv->segs[s];
+        uint32_t lo = first > r0 ? first - r0 : 0;
+        uint32_t hi = upto - r0 < seg->rows ? upto - r0 : seg->rows;
+        if (upto <= r0 || lo >= hi)
+            continue;
+        for (uint32_t i = lo; i < hi; i += ATTN_RB) {
+            uint32_t n = hi - i < ATTN_RB ? hi - i : ATTN_RB;
+            const float *v = seg->v ? seg->v + (size_t)i * hd : buf;
+            if (!seg->v)
+                attn_dequant_rows(seg->vq + (size_t)i * hd, seg->vs + (size_t)i * ngv, hd,
+                                  kv->v_group, n, buf);
+            for (uint32_t h = 0; h < nh; h++)
+                attn_vrows(out + (size_t)h * hd, v, hd, scores + (size_t)h * span + (r0 + i - first), n);
+        }
+    }
+    if (kv->vcol)
+        for (uint32_t h = 0; h < nh; h++)
+            for (uint32_t d = 0; d < hd; d++)
+                out[(size_t)h * hd + d] *= kv->vcol[d];
+
+    if (imp) {
+        uint32_t j = 0;
+        for (; j + 8 <= span; j += 8) {
+            __m256 a = _mm256_loadu_ps(imp + first + j);
+            for (uint32_t h = 0; h < nh; h++)
+                a = _mm256_add_ps(a, _mm256_loadu_ps(scores + (size_t)h * span + j));
+            _mm256_storeu_ps(imp + first + j, a);
+        }
+        for (; j < span; j++)
+            for (uint32_t h = 0; h < nh; h++)
+                imp[first + j] += scores[(size_t)h * span + j];
+    }
+    if (probs)
+        memcpy(probs, scores, sizeof(float) * nh * span);
+    return span;
+}
+#endif /* __x86_64__ */
+
+/* ------------------------------------------------------------------------ */
+/* Dispatch                                                                  */
+/* ------------------------------------------------------------------------ */
+
+uint32_t attn_run(const attn_kv *kv, const attn_query *q, float *out, float *probs, float *imp,
+                  float *scratch)
+{
+    CHECK(kv->head_dim > 0 && q->n_heads > 0);
+    CHECK(kv->n_segs == 0 || kv->segs != NULL);
+    for (uint32_t s = 0; s < kv->n_segs; s++) {
+        const attn_seg *g = &kv->segs[s];
+        if (g->rows == 0)
+            continue;
+        CHECK((g->k != NULL) != (g->kq != NULL) && (g->v != NULL) != (g->vq != NULL));
+        CHECK(!g->kq || (g->ks && kv->k_group > 0));
+        CHECK(!g->vq || (g->vs && kv->v_group > 0));
+    }
+#if defined(__x86_64__)
+    if (pd_cpu_isa() == PD_ISA_AVX2)
+        return attn_run_avx2(kv, q, out, probs, imp, scratch);
+#endif
+    return attn_run_scalar(kv, q, out, probs, imp, scratch);
+}
+
+void pd_expf_n(const float *x, float *y, size_t n)
+{
+#if defined(__x86_64__)
+    if (pd_cpu_isa() == PD_ISA_AVX2) {
+        attn_expf_n_avx2(x, y, n);
+        return;
+    }
+#endif
+    for (size_t i = 0; i < n; i++)
+        y[i] = pd_expf(x[i]);
 }

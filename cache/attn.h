@@ -84,8 +84,13 @@ uint32_t attn_run(const attn_kv *kv, const attn_query *q, float *out, float *pro
 
 /* The exponential every softmax in the project uses (also outside attention,
  * e.g. sampling): a fixed fmaf polynomial, identical in every ISA path.
- * Accurate to ~2 ulp on [-87, 88]; returns 0 below -87.0f. */
+ * Accurate to ~2 ulp on [-87, 88.72]; returns 0 below -87.0f, +inf above
+ * ln(FLT_MAX) ~ 88.7228f, and NaN (the same bits) for NaN. */
 float pd_expf(float x);
+
+/* y[i] = pd_expf(x[i]) for i < n, bit-identical to the scalar call in every
+ * ISA path (vectorized where pd_cpu_isa() allows). x and y may be equal. */
+void pd_expf_n(const float *x, float *y, size_t n);
 
 /* dot8 as defined above, exposed for other row-local kernels and tests. */
 float attn_dot8(const float *a, const float *b, uint32_t n);
