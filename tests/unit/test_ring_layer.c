@@ -303,7 +303,7 @@ START_TEST(ring_prefill_refusals_leave_layer_unchanged)
     write_ok(r, k, v);
     pd_err_clear(&e);
     snap sealed = snap_take(r);
-    ck_assert_int_eq(ring_layer_prefill(r, k, v, 0 + 1, &e), PD_ERR_REFUSED);
+    ck_assert_int_eq(ring_layer_prefill(r, k, v, 1, &e), PD_ERR_REFUSED);
     ck_assert_ptr_nonnull(strstr(e.msg, "sealed"));
     snap after = snap_take(r);
     snap_eq(&sealed, &after, 1, "after sealed prefill");
@@ -957,23 +957,26 @@ START_TEST(ring_rollback_refuses_eviction_in_steady_state_without_mutation)
     write_ok(r, tk, tk); /* overwrites slot 0, live at cp */
     expect_refusal(r, &cp, PD_ERR_REFUSED, "not lossless");
     ring_layer_free(r);
-    /* warm-up variant: cp at ring_len 2, W - 2 + 1 discarded writes wrap */
+    /* warm-up variant: cp at ring_len 2; W - 2 discarded writes only append
+     * (lossless), one more wraps onto slot 0, live at cp */
     r = build_history(2, 4, W, 3, 0, 0, 1, 8, 2, tk, tv);
     cp = ring_layer_checkpoint(r);
-    for (uint32_t i = 0; i < W - 2; i++)
+    for (uint32_t i = 0; i < W - 2 + 1; i++)
         write_ok(r, tk, tk);
-    snap before = snap_take(r);
-    ring_checkpoint edge = cp; /* exactly W - cp.ring_len discarded: still lossless */
-    write_ok(r, tk, tk);
     expect_refusal(r, &cp, PD_ERR_REFUSED, "not lossless");
     ring_layer_free(r);
     r = build_history(2, 4, W, 3, 0, 0, 1, 8, 2, tk, tv);
-    edge = ring_layer_checkpoint(r);
+    ring_layer *ctl = build_history(2, 4, W, 3, 0, 0, 1, 8, 2, tk, tv);
+    cp = ring_layer_checkpoint(r);
     for (uint32_t i = 0; i < W - 2; i++)
         write_ok(r, tk, tk);
     pd_err e = {0};
-    ck_assert_int_eq(ring_layer_rollback(r, &edge, &e), PD_OK);
-    snap_free(&before);
+    ck_assert_int_eq(ring_layer_rollback(r, &cp, &e), PD_OK);
+    snap a = snap_take(r), b = snap_take(ctl);
+    snap_eq(&a, &b, 0, "edge rollback");
+    snap_free(&a);
+    snap_free(&b);
+    ring_layer_free(ctl);
     ring_layer_free(r);
 }
 END_TEST
