@@ -1,0 +1,594 @@
+/* arena: NUMA-bound memory behind the pd_alloc interface.
+ * Owns the regions it obtains (hwloc_alloc_membind, or aligned_alloc in the
+ * unbound fallback), a table of them for freeing and verification, and the
+ * small-block pool carved from chunk regions. Rules are in arena.h. */
+#include "cache/arena.h"
+
+#include "cache/check.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define ARENA_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ARENA_ASAN 1
+#endif
+#endif
+
+#ifdef ARENA_ASAN
+#include <sanitizer/asan_interface.h>
+#define ARENA_POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define ARENA_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define ARENA_POISON(p, n) ((void)(p), (void)(n))
+#define ARENA_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+/* Small classes: 64 << c bytes for c in [0, ARENA_CLASSES). */
+#define ARENA_CLASSES 9
+_Static_assert(((size_t)ARENA_ALIGN << (ARENA_CLASSES - 1)) == ARENA_SMALL_MAX,
+               "the largest small class is ARENA_SMALL_MAX");
+_Static_assert(ARENA_CHUNK_BYTES % ARENA_SMALL_MAX == 0, "chunks hold whole largest blocks");
+/* Pages are queried in spans of this size; a span on several nodes is
+ * re-queried page by page, so counts are exact while most calls cover 2 MiB. */
+#define ARENA_VERIFY_SPAN ((size_t)2 << 20)
+
+/* One region obtained from the system: a chunk of small blocks or one large
+ * block. Kept in a chained hash keyed by address. */
+typedef struct arena_region {
+    struct arena_region *next;
+    void *p;
+    size_t len;
+    bool chunk;
+} arena_region;
+
+/* INV: every region in `buckets` is held from the system; their lens sum to
+ *      st.bytes_placed and their count is st.regions;
+ *      chunks * ARENA_CHUNK_BYTES == free-list bytes + small_used + bump_left;
+ *      large_held == st.bytes_placed - chunks * ARENA_CHUNK_BYTES;
+ *      bump .. bump + bump_left lies inside the newest chunk;
+ *      bound == (nodeset != NULL).
+ * All fields below `mu` are guarded by it. */
+struct arena {
+    numa_topo *topo;
+    hwloc_topology_t t;
+    unsigned node;
+    bool bound;
+    hwloc_nodeset_t nodeset;  /* the node's nodeset when bound, else NULL */
+    bool can_query;           /* hwloc_get_area_memlocation works here */
+    size_t page;              /* system page size, for first touch */
+    char placement[160];
+    pd_alloc iface;
+
+    pthread_mutex_t mu;
+    arena_region **buckets;   /* nbuckets chains, nbuckets a power of two */
+    unsigned bucket_shift;    /* 64 - log2(nbuckets) */
+    size_t nbuckets;
+    void *free_list[ARENA_CLASSES];
+    char *bump;               /* unused remainder of the newest chunk */
+    size_t bump_left;
+    size_t chunks;
+    size_t small_used;        /* class bytes of live small blocks */
+    size_t large_held;        /* rounded bytes of live large blocks */
+    arena_stats st;
+};
+
+static unsigned arena_class_of(size_t bytes)
+{
+    unsigned c = 0;
+    while (((size_t)ARENA_ALIGN << c) < bytes)
+        c++;
+    return c;
+}
+
+static size_t arena_class_size(unsigned c)
+{
+    return (size_t)ARENA_ALIGN << c;
+}
+
+static size_t arena_hash(const arena *a, const void *p)
+{
+    uint64_t x = (uint64_t)(uintptr_t)p >> 6;
+    return (size_t)((x * 0x9e3779b97f4a7c15ull) >> a->bucket_shift);
+}
+
+/* ---- system regions ---------------------------------------------------- */
+
+static void *arena_sys_alloc(arena *a, size_t len)
+{
+    void *p;
+    if (a->bound)
+        p = hwloc_alloc_membind(a->t, len, a->nodeset, HWLOC_MEMBIND_BIND,
+                                HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_STRICT);
+    else
+        p = aligned_alloc(ARENA_ALIGN, len); /* len is a multiple of 64 */
+    if (!p)
+        return NULL;
+    /* First touch (see arena.h): one write per page places every page now. */
+    volatile char *v = p;
+    for (size_t off = 0; off < len; off += a->page)
+        v[off] = 0;
+    v[len - 1] = 0; /* the last page, when p is not page-aligned (fallback) */
+    return p;
+}
+
+static void arena_sys_free(arena *a, void *p, size_t len)
+{
+    /* Manual poison must not outlive the mapping: a later mmap could reuse
+     * the addresses. */
+    ARENA_UNPOISON(p, len);
+    if (a->bound)
+        hwloc_free(a->t, p, len);
+    else
+        free(p);
+}
+
+static bool arena_grow_table(arena *a)
+{
+    size_t n = a->nbuckets * 2;
+    arena_region **nb = calloc(n, sizeof *nb);
+    if (!nb)
+        return false;
+    arena_region **old = a->buckets;
+    size_t oldn = a->nbuckets;
+    a->buckets = nb;
+    a->nbuckets = n;
+    a->bucket_shift--;
+    for (size_t i = 0; i < oldn; i++) {
+        arena_region *r = old[i];
+        while (r) {
+            arena_region *next = r->next;
+            size_t h = arena_hash(a, r->p);
+            r->next = nb[h];
+            nb[h] = r;
+            r = next;
+        }
+    }
+    free(old);
+    return true;
+}
+
+/* Obtains a region of len bytes and records it; NULL on failure. */
+static void *arena_region_add(arena *a, size_t len, bool chunk)
+{
+    if (a->st.regions >= a->nbuckets && !arena_grow_table(a))
+        return NULL;
+    arena_region *r = malloc(sizeof *r);
+    if (!r)
+        return NULL;
+    void *p = arena_sys_alloc(a, len);
+    if (!p) {
+        free(r);
+        return NULL;
+    }
+    size_t h = arena_hash(a, p);
+    *r = (arena_region){.next = a->buckets[h], .p = p, .len = len, .chunk = chunk};
+    a->buckets[h] = r;
+    a->st.regions++;
+    a->st.bytes_placed += len;
+    if (a->st.bytes_placed > a->st.peak_placed)
+        a->st.peak_placed = a->st.bytes_placed;
+    return p;
+}
+
+/* Unlinks and returns the region starting at p, or NULL. */
+static arena_region *arena_region_take(arena *a, void *p)
+{
+    arena_region **link = &a->buckets[arena_hash(a, p)];
+    for (arena_region *r = *link; r; link = &r->next, r = r->next) {
+        if (r->p == p) {
+            *link = r->next;
+            a->st.regions--;
+            a->st.bytes_placed -= r->len;
+            return r;
+        }
+    }
+    return NULL;
+}
+
+/* ---- small blocks ------------------------------------------------------ */
+
+static void arena_push(arena *a, unsigned c, void *p)
+{
+    ARENA_UNPOISON(p, sizeof(void *));
+    memcpy(p, &a->free_list[c], sizeof(void *));
+    a->free_list[c] = p;
+    ARENA_POISON(p, arena_class_size(c));
+}
+
+static void *arena_pop(arena *a, unsigned c)
+{
+    void *p = a->free_list[c];
+    if (!p)
+        return NULL;
+    ARENA_UNPOISON(p, sizeof(void *));
+    memcpy(&a->free_list[c], p, sizeof(void *));
+    return p;
+}
+
+/* Splits the newest chunk's remainder into free blocks of the largest
+ * classes that fit, so switching chunks loses nothing. */
+static void arena_retire_bump(arena *a)
+{
+    while (a->bump_left >= ARENA_ALIGN) {
+        unsigned c = ARENA_CLASSES - 1;
+        while (arena_class_size(c) > a->bump_left)
+            c--;
+        arena_push(a, c, a->bump);
+        a->bump += arena_class_size(c);
+        a->bump_left -= arena_class_size(c);
+    }
+    CHECK(a->bump_left == 0);
+}
+
+static void *arena_small_alloc(arena *a, size_t bytes)
+{
+    unsigned c = arena_class_of(bytes);
+    size_t size = arena_class_size(c);
+    void *p = arena_pop(a, c);
+    if (!p) {
+        if (a->bump_left < size) {
+            char *chunk = arena_region_add(a, ARENA_CHUNK_BYTES, true);
+            if (!chunk)
+                return NULL;
+            ARENA_POISON(chunk, ARENA_CHUNK_BYTES);
+            arena_retire_bump(a);
+            a->chunks++;
+            a->bump = chunk;
+            a->bump_left = ARENA_CHUNK_BYTES;
+        }
+        p = a->bump;
+        a->bump += size;
+        a->bump_left -= size;
+    }
+    a->small_used += size;
+    /* Only the bytes asked for are addressable: the class slack stays poisoned. */
+    ARENA_POISON(p, size);
+    ARENA_UNPOISON(p, bytes);
+    return p;
+}
+
+static void arena_small_free(arena *a, void *p, size_t bytes)
+{
+    unsigned c = arena_class_of(bytes);
+    CHECKF(((uintptr_t)p & (ARENA_ALIGN - 1)) == 0, "arena: free of unaligned small block %p", p);
+#ifdef ARENA_ASAN
+    CHECKF(!__asan_address_is_poisoned(p), "arena: double free of small block %p", p);
+#endif
+    CHECK(a->small_used >= arena_class_size(c));
+    a->small_used -= arena_class_size(c);
+    arena_push(a, c, p);
+}
+
+/* ---- the pd_alloc interface -------------------------------------------- */
+
+static void *arena_iface_alloc(void *ctx, size_t bytes)
+{
+    arena *a = ctx;
+    if (bytes == 0)
+        return NULL;
+    pthread_mutex_lock(&a->mu);
+    void *p = NULL;
+    if (bytes <= ARENA_SMALL_MAX) {
+        p = arena_small_alloc(a, bytes);
+    } else {
+        size_t len = (bytes + (ARENA_LARGE_ROUND - 1)) & ~(size_t)(ARENA_LARGE_ROUND - 1);
+        if (len >= bytes) {
+            p = arena_region_add(a, len, false);
+            if (p) {
+                a->large_held += len;
+                ARENA_POISON((char *)p + bytes, len - bytes);
+            }
+        }
+    }
+    if (p) {
+        a->st.blocks++;
+        a->st.bytes_live += bytes;
+        if (a->st.bytes_live > a->st.peak_live)
+            a->st.peak_live = a->st.bytes_live;
+    } else {
+        a->st.alloc_failures++;
+    }
+    pthread_mutex_unlock(&a->mu);
+    return p;
+}
+
+static void arena_iface_free(void *ctx, void *p, size_t bytes)
+{
+    arena *a = ctx;
+    if (!p)
+        return;
+    pthread_mutex_lock(&a->mu);
+    CHECKF(bytes > 0 && a->st.blocks > 0 && a->st.bytes_live >= bytes,
+           "arena: free of %zu bytes at %p that were never allocated", bytes, p);
+    if (bytes <= ARENA_SMALL_MAX) {
+        arena_small_free(a, p, bytes);
+    } else {
+        arena_region *r = arena_region_take(a, p);
+        CHECKF(r && !r->chunk, "arena: free of %zu bytes at %p: no such large block", bytes, p);
+        CHECKF(r->len - bytes < ARENA_LARGE_ROUND,
+               "arena: block at %p was %zu bytes, freed as %zu", p, r->len, bytes);
+        a->large_held -= r->len;
+        arena_sys_free(a, r->p, r->len);
+        free(r);
+    }
+    a->st.blocks--;
+    a->st.bytes_live -= bytes;
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* ---- life cycle -------------------------------------------------------- */
+
+static void arena_fallback(arena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void arena_fallback(arena *a, const char *fmt, ...)
+{
+    char why[128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    a->bound = false;
+    if (a->nodeset) {
+        hwloc_bitmap_free(a->nodeset);
+        a->nodeset = NULL;
+    }
+    snprintf(a->placement, sizeof a->placement, "unbound (%s)", why);
+}
+
+pd_status arena_new(numa_topo *topo, unsigned node, unsigned flags, arena **out, pd_err *err)
+{
+    if (!topo || !out)
+        return pd_err_set(err, PD_ERR_ARG, "arena: needs a topology and an output pointer");
+    if (flags & ~(unsigned)ARENA_UNBOUND)
+        return pd_err_set(err, PD_ERR_ARG, "arena: unknown flags 0x%x", flags);
+    unsigned nodes = numa_topo_nodes(topo);
+    if (node >= nodes)
+        return pd_err_set(err, PD_ERR_RANGE, "arena: numa node %u out of range (%u nodes)", node,
+                          nodes);
+    hwloc_topology_t t = numa_topo_hwloc(topo);
+    hwloc_obj_t obj = hwloc_get_obj_by_type(t, HWLOC_OBJ_NUMANODE, node);
+    CHECK(obj && obj->nodeset);
+
+    arena *a = calloc(1, sizeof *a);
+    if (!a)
+        return pd_err_set(err, PD_ERR_NOMEM, "arena: out of memory");
+    long page = sysconf(_SC_PAGESIZE);
+    *a = (arena){.topo = topo, .t = t, .node = node, .page = page > 0 ? (size_t)page : 4096,
+                 .nbuckets = 64, .bucket_shift = 64 - 6};
+    a->iface = (pd_alloc){.alloc = arena_iface_alloc, .free = arena_iface_free, .ctx = a};
+    a->buckets = calloc(a->nbuckets, sizeof *a->buckets);
+    if (!a->buckets || pthread_mutex_init(&a->mu, NULL) != 0) {
+        free(a->buckets);
+        free(a);
+        return pd_err_set(err, PD_ERR_NOMEM, "arena: out of memory");
+    }
+
+    const struct hwloc_topology_support *sup = hwloc_topology_get_support(t);
+    bool this_system = numa_topo_is_this_system(topo);
+    a->can_query = this_system && sup->membind->get_area_memlocation;
+    if (flags & ARENA_UNBOUND) {
+        arena_fallback(a, "requested");
+    } else if (!this_system) {
+        arena_fallback(a, "synthetic or XML topology");
+    } else if (!sup->membind->alloc_membind) {
+        arena_fallback(a, "hwloc cannot allocate bound memory here");
+    } else if (!(a->nodeset = hwloc_bitmap_dup(obj->nodeset))) {
+        pthread_mutex_destroy(&a->mu);
+        free(a->buckets);
+        free(a);
+        return pd_err_set(err, PD_ERR_NOMEM, "arena: out of memory");
+    } else {
+        a->bound = true;
+        /* Support flags do not tell whether the kernel (or a container's
+         * seccomp policy) lets mbind through: probe with one page. */
+        void *probe = hwloc_alloc_membind(t, a->page, a->nodeset, HWLOC_MEMBIND_BIND,
+                                          HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_STRICT);
+        if (probe)
+            hwloc_free(t, probe, a->page);
+        else
+            arena_fallback(a, "binding to numa node %u failed: %s", node, strerror(errno));
+    }
+    if (a->bound)
+        snprintf(a->placement, sizeof a->placement, "bound to numa node %u (os %u)", node,
+                 obj->os_index);
+    *out = a;
+    return PD_OK;
+}
+
+void arena_free(arena *a)
+{
+    if (!a)
+        return;
+    for (size_t i = 0; i < a->nbuckets; i++) {
+        arena_region *r = a->buckets[i];
+        while (r) {
+            arena_region *next = r->next;
+            arena_sys_free(a, r->p, r->len);
+            free(r);
+            r = next;
+        }
+    }
+    free(a->buckets);
+    hwloc_bitmap_free(a->nodeset);
+    pthread_mutex_destroy(&a->mu);
+    free(a);
+}
+
+const pd_alloc *arena_alloc_iface(arena *a)
+{
+    return &a->iface;
+}
+
+bool arena_is_bound(const arena *a)
+{
+    return a->bound;
+}
+
+const char *arena_placement(const arena *a)
+{
+    return a->placement;
+}
+
+unsigned arena_node(const arena *a)
+{
+    return a->node;
+}
+
+void arena_stats_get(arena *a, arena_stats *out)
+{
+    pthread_mutex_lock(&a->mu);
+    *out = a->st;
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* ---- verification ------------------------------------------------------ */
+
+typedef struct arena_tally {
+    size_t on, wrong, unknown;
+} arena_tally;
+
+static pd_status arena_locate(arena *a, const char *p, size_t len, hwloc_bitmap_t where,
+                              hwloc_const_bitmap_t want, int *verdict, pd_err *err)
+{
+    if (hwloc_get_area_memlocation(a->t, p, len, where, HWLOC_MEMBIND_BYNODESET) != 0)
+        return pd_err_set(err, PD_ERR_TOPOLOGY,
+                          "arena: cannot query the placement of %zu bytes at %p: %s", len,
+                          (const void *)p, strerror(errno));
+    if (hwloc_bitmap_iszero(where))
+        *verdict = 0; /* not resident */
+    else if (hwloc_bitmap_isequal(where, want))
+        *verdict = 1; /* all on the node */
+    else if (!hwloc_bitmap_intersects(where, want))
+        *verdict = 2; /* all elsewhere */
+    else
+        *verdict = 3; /* mixed */
+    return PD_OK;
+}
+
+static pd_status arena_verify_region(arena *a, const char *p, size_t len, hwloc_bitmap_t where,
+                                     hwloc_const_bitmap_t want, arena_tally *tally, pd_err *err)
+{
+    for (size_t off = 0; off < len; off += ARENA_VERIFY_SPAN) {
+        size_t n = len - off < ARENA_VERIFY_SPAN ? len - off : ARENA_VERIFY_SPAN;
+        int v;
+        pd_status st = arena_locate(a, p + off, n, where, want, &v, err);
+        if (st != PD_OK)
+            return st;
+        if (v != 3) {
+            size_t *slot = v == 0 ? &tally->unknown : v == 1 ? &tally->on : &tally->wrong;
+            *slot += n;
+            continue;
+        }
+        /* Mixed span: page by page (a page lives on exactly one node). */
+        for (size_t q = 0; q < n;) {
+            uintptr_t at = (uintptr_t)(p + off + q);
+            size_t step = a->page - (size_t)(at % a->page);
+            if (step > n - q)
+                step = n - q;
+            if ((st = arena_locate(a, p + off + q, step, where, want, &v, err)) != PD_OK)
+                return st;
+            size_t *slot = v == 0 ? &tally->unknown : v == 1 ? &tally->on : &tally->wrong;
+            *slot += step;
+            q += step;
+        }
+    }
+    return PD_OK;
+}
+
+pd_status arena_verify(arena *a, arena_verdict *out, pd_err *err)
+{
+    if (!a || !out)
+        return pd_err_set(err, PD_ERR_ARG, "arena: verify needs an arena and a verdict");
+    arena_verdict v = {.verified = false};
+    if (!a->can_query) {
+        snprintf(v.reason, sizeof v.reason, "placement cannot be queried: %s", a->placement);
+        pthread_mutex_lock(&a->mu);
+        a->st.bytes_verified = 0;
+        pthread_mutex_unlock(&a->mu);
+        *out = v;
+        return PD_OK;
+    }
+    hwloc_bitmap_t where = hwloc_bitmap_alloc();
+    hwloc_obj_t obj = hwloc_get_obj_by_type(a->t, HWLOC_OBJ_NUMANODE, a->node);
+    if (!where)
+        return pd_err_set(err, PD_ERR_NOMEM, "arena: out of memory");
+    arena_tally tally = {0};
+    pd_status st = PD_OK;
+    pthread_mutex_lock(&a->mu);
+    for (size_t i = 0; i < a->nbuckets && st == PD_OK; i++)
+        for (arena_region *r = a->buckets[i]; r && st == PD_OK; r = r->next)
+            st = arena_verify_region(a, r->p, r->len, where, obj->nodeset, &tally, err);
+    if (st == PD_OK) {
+        v.bytes_checked = tally.on + tally.wrong + tally.unknown;
+        CHECK(v.bytes_checked == a->st.bytes_placed);
+        v.bytes_on_node = tally.on;
+        v.bytes_wrong = tally.wrong;
+        v.bytes_unknown = tally.unknown;
+        a->st.bytes_verified = tally.on;
+        bool all_on = tally.wrong == 0 && tally.unknown == 0;
+        v.verified = a->bound && all_on;
+        if (!a->bound)
+            snprintf(v.reason, sizeof v.reason, "%s; %zu of %zu bytes happen to be on node %u",
+                     a->placement, tally.on, v.bytes_checked, a->node);
+        else if (!all_on)
+            snprintf(v.reason, sizeof v.reason,
+                     "%zu bytes on another node, %zu bytes not resident, of %zu", tally.wrong,
+                     tally.unknown, v.bytes_checked);
+    }
+    pthread_mutex_unlock(&a->mu);
+    hwloc_bitmap_free(where);
+    if (st == PD_OK)
+        *out = v;
+    return st;
+}
+
+void arena_check(arena *a)
+{
+    pthread_mutex_lock(&a->mu);
+    CHECK(a->bound == (a->nodeset != NULL));
+    CHECK(a->nbuckets >= 64 && (a->nbuckets & (a->nbuckets - 1)) == 0);
+    size_t regions = 0, bytes = 0, chunks = 0, large = 0;
+    for (size_t i = 0; i < a->nbuckets; i++) {
+        for (arena_region *r = a->buckets[i]; r; r = r->next) {
+            CHECK(arena_hash(a, r->p) == i);
+            CHECK(((uintptr_t)r->p & (ARENA_ALIGN - 1)) == 0);
+            regions++;
+            bytes += r->len;
+            if (r->chunk) {
+                CHECK(r->len == ARENA_CHUNK_BYTES);
+                chunks++;
+            } else {
+                CHECK(r->len > ARENA_SMALL_MAX && r->len % ARENA_LARGE_ROUND == 0);
+                large += r->len;
+            }
+        }
+    }
+    CHECK(regions == a->st.regions && bytes == a->st.bytes_placed);
+    CHECK(chunks == a->chunks && large == a->large_held);
+    size_t free_bytes = 0;
+    for (unsigned c = 0; c < ARENA_CLASSES; c++) {
+        for (void *p = a->free_list[c]; p;) {
+            CHECK(((uintptr_t)p & (ARENA_ALIGN - 1)) == 0);
+            free_bytes += arena_class_size(c);
+            void *next;
+            ARENA_UNPOISON(p, sizeof next);
+            memcpy(&next, p, sizeof next);
+            ARENA_POISON(p, sizeof next);
+            p = next;
+        }
+    }
+    CHECKF(chunks * ARENA_CHUNK_BYTES == free_bytes + a->small_used + a->bump_left,
+           "chunks %zu, free %zu, used %zu, remainder %zu", chunks, free_bytes, a->small_used,
+           a->bump_left);
+    CHECK(a->st.bytes_live <= a->st.peak_live && a->st.bytes_placed <= a->st.peak_placed);
+    CHECK((a->st.blocks == 0) == (a->st.bytes_live == 0));
+    pthread_mutex_unlock(&a->mu);
+}
