@@ -25,7 +25,6 @@ typedef struct sched_slot {
     mb_row *rows;
     float *x;
     mb_admit *admit;
-    uint64_t *admit_key;
     uint64_t *retire;
     uint32_t *logit_stream; /* [max_rows] stream slot of each logits row */
     uint32_t *members;      /* stream slots in this batch */
@@ -67,7 +66,6 @@ void sched_free(sched *s)
         free(sl->rows);
         free(sl->x);
         free(sl->admit);
-        free(sl->admit_key);
         free(sl->retire);
         free(sl->logit_stream);
         free(sl->members);
@@ -101,11 +99,10 @@ pd_status sched_new(const sched_config *cfg, uint32_t max_inflight, sched **out,
         sl->rows = calloc(cfg->max_rows, sizeof *sl->rows);
         sl->x = malloc((size_t)cfg->max_rows * s->hidden * sizeof(float));
         sl->admit = calloc(cfg->max_streams, sizeof *sl->admit);
-        sl->admit_key = calloc(cfg->max_streams, sizeof *sl->admit_key);
         sl->retire = calloc(cfg->max_streams, sizeof *sl->retire);
         sl->logit_stream = calloc(cfg->max_rows, sizeof *sl->logit_stream);
         sl->members = calloc(cfg->max_streams, sizeof *sl->members);
-        ok = sl->rows && sl->x && sl->admit && sl->admit_key && sl->retire && sl->logit_stream && sl->members;
+        ok = sl->rows && sl->x && sl->admit && sl->retire && sl->logit_stream && sl->members;
     }
     if (!ok) {
         sched_free(s);
@@ -225,14 +222,16 @@ pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
             return pd_err_set(err, PD_ERR_NOMEM, "sched: out of memory for page \"%s\"", pg->id);
         sl->admit[na] = (mb_admit){.stream = st->id,
                                    .prefill_rows = (uint32_t)st->prefill_rows,
-                                   .max_new = st->max_new};
-        sl->admit_key[na] = sched_page_key(pg->id);
+                                   .max_new = st->max_new,
+                                   .sample_key = sched_page_key(pg->id)};
         na++;
         s->prog.prefill_rows += st->prefill_rows;
     }
 
-    /* decode rows: the last sampled token of every decoding stream */
-    for (uint32_t i = 0; i < s->cfg.max_streams && nr < R; i++) {
+    /* decode rows: the last sampled token of decoding streams; with several
+     * micro-batches in flight each takes its share so every stage is busy */
+    uint32_t decode_cap = (s->cfg.max_streams + s->n_slots - 1) / s->n_slots;
+    for (uint32_t i = 0; i < s->cfg.max_streams && nr < R && nr < decode_cap; i++) {
         sched_stream *st = &s->streams[i];
         if (!st->used || st->in_flight || st->fed < st->prefill_rows)
             continue;
@@ -280,7 +279,6 @@ pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
                        .slot = slot_i,
                        .n_admit = na,
                        .admit = sl->admit,
-                       .admit_key = sl->admit_key,
                        .n_retire = n_retire,
                        .retire = sl->retire,
                        .n_rows = nr,

@@ -55,7 +55,6 @@ typedef struct sched_batch {
     uint32_t slot;            /* the sched's buffer slot (internal) */
     uint32_t n_admit;
     const mb_admit *admit;
-    const uint64_t *admit_key;/* [n_admit] sampling key of each admitted stream's page */
     uint32_t n_retire;
     const uint64_t *retire;
     uint32_t n_rows;

@@ -29,6 +29,7 @@ typedef struct mb_admit {
     uint64_t stream;
     uint32_t prefill_rows; /* reference rows (ring capacity) */
     uint32_t max_new;      /* generated tokens at most */
+    uint64_t sample_key;   /* the page's sampling key (the tail seeds per (seed, key, token index)) */
 } mb_admit;
 
 #endif
