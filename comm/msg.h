@@ -1,0 +1,76 @@
+/* msg: the pipeline's MPI messages, encoded field by field little-endian and
+ * decoded through the bounds-checked reader (rd.h). Never a raw struct.
+ *
+ * Every message starts with a 16-byte header:
+ *   0   magic "PDMB"
+ *   4   u16 version = 1
+ *   6   u8  kind: 1 batch, 2 results, 3 stop
+ *   7   u8  dtype of hidden states: 0 f32, 1 f16 (0 for non-batch kinds)
+ *   8   u64 seq (micro-batch number)
+ * batch (kind 1), head -> next stage -> ... -> tail:
+ *   16  u32 n_admit, u32 n_retire, u32 n_rows, u32 hidden
+ *   32  n_admit x (u64 stream, u32 prefill_rows, u32 max_new, u64 sample_key)   24 B each
+ *       n_retire x u64 stream
+ *       n_rows x (u64 stream, u64 pos, u8 role, u8 wants_logits, u16 reserved 0) 20 B each
+ *       n_rows x hidden x (f32 | f16)
+ * results (kind 2), tail -> head:
+ *   16  u32 n_tokens, u32 reserved 0
+ *   24  n_tokens x u32 token (the sampled token of each wants_logits row, in row order)
+ * stop (kind 3): the header only; travels head -> ... -> tail when the run ends.
+ * The decoder checks magic, version, kind, dtype, every count against the
+ * bytes that remain and against the receiver's limits, roles, flags,
+ * reserved bytes, hidden size, and trailing bytes. */
+#ifndef PD_COMM_MSG_H
+#define PD_COMM_MSG_H
+
+#include "cache/status.h"
+#include "comm/batch.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MSG_VERSION 1u
+#define MSG_HEADER_BYTES 16u
+
+typedef enum msg_kind { MSG_KIND_BATCH = 1, MSG_KIND_RESULTS = 2, MSG_KIND_STOP = 3 } msg_kind;
+typedef enum msg_dtype { MSG_DTYPE_F32 = 0, MSG_DTYPE_F16 = 1, MSG_DTYPE_COUNT } msg_dtype;
+
+/* A batch message's content. For encoding the arrays are read; for decoding
+ * they are caller-preallocated with the capacities in msg_limits. */
+typedef struct msg_batch {
+    uint64_t seq;
+    msg_dtype dtype;
+    uint32_t hidden;
+    uint32_t n_admit, n_retire, n_rows;
+    mb_admit *admit;
+    uint64_t *retire;
+    mb_row *rows;
+    float *x; /* [n_rows x hidden] */
+} msg_batch;
+
+typedef struct msg_limits {
+    uint32_t max_admit, max_retire, max_rows, max_tokens;
+    uint32_t hidden; /* the receiver's hidden size: must match */
+} msg_limits;
+
+/* Exact encoded size of a batch / results message. */
+size_t msg_batch_bytes(const msg_batch *b);
+size_t msg_results_bytes(uint32_t n_tokens);
+
+/* Encode into buf[0..cap) (cap >= the size above); returns bytes written in *len. */
+pd_status msg_encode_batch(const msg_batch *b, void *buf, size_t cap, size_t *len, pd_err *err);
+pd_status msg_encode_results(uint64_t seq, const uint32_t *tokens, uint32_t n, void *buf, size_t cap,
+                             size_t *len, pd_err *err);
+pd_status msg_encode_stop(uint64_t seq, void *buf, size_t cap, size_t *len, pd_err *err);
+
+/* Reads the header (magic, version, kind, dtype) only. */
+pd_status msg_peek(const void *buf, size_t len, msg_kind *kind, uint64_t *seq, pd_err *err);
+
+/* Full decoders: the whole message is validated before *out is written
+ * (arrays are filled only on success). */
+pd_status msg_decode_batch(const void *buf, size_t len, const msg_limits *lim, msg_batch *out,
+                           pd_err *err);
+pd_status msg_decode_results(const void *buf, size_t len, const msg_limits *lim, uint64_t *seq,
+                             uint32_t *tokens, uint32_t *n, pd_err *err);
+
+#endif
