@@ -1,0 +1,115 @@
+/* pipe: checked MPI point-to-point transport for pipeline messages. */
+#include "comm/pipe.h"
+
+#include <stdlib.h>
+
+#define PIPE_TAG 0x5044 /* "PD" */
+
+struct pipe_link {
+    MPI_Comm comm;
+    int rank, size;
+};
+
+static pd_status pipe_mpi_fail(pd_err *err, int rc, const char *what)
+{
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS)
+        len = 0;
+    msg[len] = '\0';
+    return pd_err_set(err, PD_ERR_MPI, "%s failed: %s", what, msg);
+}
+
+#define PIPE_CALL(call, what)                                                                      \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != MPI_SUCCESS)                                                                    \
+            return pipe_mpi_fail(err, rc_, what);                                                  \
+    } while (0)
+
+pd_status pipe_open(MPI_Comm parent, pipe_link **out, pd_err *err)
+{
+    pipe_link *p = calloc(1, sizeof *p);
+    if (!p)
+        return pd_err_set(err, PD_ERR_NOMEM, "pipe: out of memory");
+    int rc = MPI_Comm_dup(parent, &p->comm);
+    if (rc != MPI_SUCCESS) {
+        free(p);
+        return pipe_mpi_fail(err, rc, "MPI_Comm_dup");
+    }
+    if ((rc = MPI_Comm_set_errhandler(p->comm, MPI_ERRORS_RETURN)) != MPI_SUCCESS ||
+        (rc = MPI_Comm_rank(p->comm, &p->rank)) != MPI_SUCCESS ||
+        (rc = MPI_Comm_size(p->comm, &p->size)) != MPI_SUCCESS) {
+        MPI_Comm_free(&p->comm);
+        free(p);
+        return pipe_mpi_fail(err, rc, "MPI communicator set-up");
+    }
+    *out = p;
+    return PD_OK;
+}
+
+void pipe_close(pipe_link *p)
+{
+    if (!p)
+        return;
+    MPI_Comm_free(&p->comm);
+    free(p);
+}
+
+int pipe_rank(const pipe_link *p) { return p->rank; }
+int pipe_size(const pipe_link *p) { return p->size; }
+MPI_Comm pipe_comm(const pipe_link *p) { return p->comm; }
+
+pd_status pipe_isend(pipe_link *p, int dest, const void *buf, size_t len, MPI_Request *req, pd_err *err)
+{
+    if (len > (size_t)0x7fffffff)
+        return pd_err_set(err, PD_ERR_RANGE, "pipe: message of %zu bytes exceeds the MPI count limit", len);
+    PIPE_CALL(MPI_Isend(buf, (int)len, MPI_BYTE, dest, PIPE_TAG, p->comm, req), "MPI_Isend");
+    return PD_OK;
+}
+
+pd_status pipe_wait(pipe_link *p, MPI_Request *req, double *waited, pd_err *err)
+{
+    (void)p;
+    if (*req == MPI_REQUEST_NULL)
+        return PD_OK;
+    double t0 = MPI_Wtime();
+    PIPE_CALL(MPI_Wait(req, MPI_STATUS_IGNORE), "MPI_Wait");
+    if (waited)
+        *waited += MPI_Wtime() - t0;
+    return PD_OK;
+}
+
+pd_status pipe_recv(pipe_link *p, int src, void *buf, size_t cap, size_t *len, int *from,
+                    double *waited, pd_err *err)
+{
+    MPI_Status stt;
+    double t0 = MPI_Wtime();
+    PIPE_CALL(MPI_Probe(src, PIPE_TAG, p->comm, &stt), "MPI_Probe");
+    if (waited)
+        *waited += MPI_Wtime() - t0;
+    int count = 0;
+    PIPE_CALL(MPI_Get_count(&stt, MPI_BYTE, &count), "MPI_Get_count");
+    if (count < 0 || (size_t)count > cap) {
+        /* drain it so the sender is not left hanging, then report */
+        char *tmp = malloc(count > 0 ? (size_t)count : 1);
+        if (tmp)
+            MPI_Recv(tmp, count, MPI_BYTE, stt.MPI_SOURCE, PIPE_TAG, p->comm, MPI_STATUS_IGNORE);
+        free(tmp);
+        return pd_err_set(err, PD_ERR_RANGE, "pipe: message of %d bytes from rank %d exceeds the %zu-byte buffer",
+                          count, stt.MPI_SOURCE, cap);
+    }
+    PIPE_CALL(MPI_Recv(buf, count, MPI_BYTE, stt.MPI_SOURCE, PIPE_TAG, p->comm, MPI_STATUS_IGNORE),
+              "MPI_Recv");
+    *len = (size_t)count;
+    if (from)
+        *from = stt.MPI_SOURCE;
+    return PD_OK;
+}
+
+pd_status pipe_agree(pipe_link *p, pd_status local, pd_err *err)
+{
+    int mine = (int)local, worst = 0;
+    PIPE_CALL(MPI_Allreduce(&mine, &worst, 1, MPI_INT, MPI_MAX, p->comm), "MPI_Allreduce");
+    return (pd_status)worst;
+}

@@ -1,0 +1,41 @@
+/* pipe: the MPI transport of the pipeline — a communicator duplicated from
+ * the caller's, every call checked, failures turned into statuses carrying
+ * MPI_Error_string (STYLE.md habit 6). Messages are byte buffers encoded by
+ * msg.h; pipe knows nothing of their content. */
+#ifndef PD_COMM_PIPE_H
+#define PD_COMM_PIPE_H
+
+#include "cache/status.h"
+
+#include <mpi.h>
+#include <stddef.h>
+
+typedef struct pipe_link pipe_link;
+
+/* Duplicates parent (errors return instead of aborting on the duplicate).
+ * Returns owned *out (pipe_close). */
+pd_status pipe_open(MPI_Comm parent, pipe_link **out, pd_err *err);
+void pipe_close(pipe_link *p);
+
+int pipe_rank(const pipe_link *p);
+int pipe_size(const pipe_link *p);
+MPI_Comm pipe_comm(const pipe_link *p);
+
+/* Starts sending buf[0..len) to dest; buf must stay untouched until
+ * pipe_wait(req) returns. */
+pd_status pipe_isend(pipe_link *p, int dest, const void *buf, size_t len, MPI_Request *req, pd_err *err);
+/* Completes a send (no-op for MPI_REQUEST_NULL); adds the seconds spent
+ * waiting to *waited when not NULL. */
+pd_status pipe_wait(pipe_link *p, MPI_Request *req, double *waited, pd_err *err);
+
+/* Receives the next message from src (MPI_ANY_SOURCE allowed) into
+ * buf[0..cap). A message larger than cap is received into nothing and
+ * reported (PD_ERR_RANGE), never truncated silently. *from gets the sender. */
+pd_status pipe_recv(pipe_link *p, int src, void *buf, size_t cap, size_t *len, int *from,
+                    double *waited, pd_err *err);
+
+/* Agreement: every rank passes its local status; returns the worst status
+ * of all ranks (PD_OK only when every rank is PD_OK). Collective. */
+pd_status pipe_agree(pipe_link *p, pd_status local, pd_err *err);
+
+#endif
