@@ -1,0 +1,114 @@
+/* State bundles: many CMFS records (one per page-stream) of one layer in one
+ * container, for checkpoint files and migration messages.
+ *
+ * A bundle is validated whole (header CRC, every entry's length and CRC, every
+ * record's structure, identity and layer, duplicate stream ids, count against
+ * bytes, trailing bytes) before anything is installed; bundle_install then
+ * decodes every record into a fresh layer and swaps them all in only when all
+ * succeeded.
+ *
+ * Byte layout (little-endian; docs/wire.md):
+ *
+ *   off size field
+ *   0   4    magic "CMFB"
+ *   4   4    u32 version = 1            (any other: PD_ERR_VERSION)
+ *   8   8    u64 identity               model identity every record carries
+ *   16  4    u32 layer                  layer every record names
+ *   20  4    u32 reserved = 0
+ *   24  8    u64 stream count
+ *   32  4    u32 CRC32C of bytes [0, 32)
+ *   36  ...  stream count entries:
+ *              u64 stream id
+ *              u64 record length L
+ *              L   record bytes (a CMFS record, wire.h)
+ *              u32 CRC32C of (stream id, length, record): the 16 + L bytes before it
+ *
+ * Every byte is covered by a CRC (the header by its own, each entry by its
+ * own), so any single corrupted byte is detected.
+ *
+ * Streaming write: the writer emits the header, then for each stream computes
+ * the record's exact size (wire_record_size), writes id and length, and
+ * encodes the record straight into a sink with a running CRC: a bundle of
+ * large states is never held in memory, let alone twice. */
+#ifndef PD_COMM_BUNDLE_H
+#define PD_COMM_BUNDLE_H
+
+#include "cache/status.h"
+#include "comm/rd.h"
+#include "comm/wire.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define BUNDLE_MAGIC "CMFB"
+#define BUNDLE_VERSION 1u
+#define BUNDLE_HEADER_BYTES 36u
+#define BUNDLE_ENTRY_OVERHEAD 20u /* id + length + CRC */
+
+/* One validated entry. record points into the parsed buffer (borrowed). */
+typedef struct bundle_entry {
+    uint64_t stream;
+    const uint8_t *record;
+    size_t len;
+    size_t offset;  /* of the record's first byte in the bundle */
+    wire_info info; /* what the record says (wire_inspect) */
+} bundle_entry;
+
+/* A validated bundle. Owned; free with bundle_view_free. Entries borrow the
+ * buffer given to bundle_parse, which must outlive the view. */
+typedef struct bundle_view {
+    uint32_t version;
+    uint64_t identity;
+    uint32_t layer;
+    uint64_t n_streams;
+    bundle_entry *entries; /* [n_streams], in file order */
+    size_t bytes;
+} bundle_view;
+
+/* Validates buf[0..len) as a whole bundle. On success *out is owned by the
+ * caller. On failure nothing is returned and err names the byte offset. */
+pd_status bundle_parse(const void *buf, size_t len, bundle_view **out, pd_err *err);
+void bundle_view_free(bundle_view *v);
+
+/* Maps a stream id to the layer its record goes to (fills *ref). A failure
+ * aborts the install before anything is swapped. */
+typedef pd_status (*bundle_resolve_fn)(void *ctx, uint64_t stream, wire_layer_ref *ref,
+                                       pd_err *err);
+
+/* Installs every entry of v: prepares all (decode + validate into fresh
+ * layers, wire_import_prepare) and commits all only when every one
+ * succeeded. On failure no layer changed. Two entries must not resolve to
+ * the same layer. */
+pd_status bundle_install(const bundle_view *v, bundle_resolve_fn resolve, void *ctx, pd_err *err);
+
+/* ---- streaming writer ---------------------------------------------------- */
+
+typedef struct bundle_writer bundle_writer;
+
+/* Starts a bundle of exactly n_streams entries written to sink (ctx is the
+ * sink's, e.g. a FILE* with wr_sink_file). Writes the header. Owned; free
+ * with bundle_writer_free (after bundle_writer_finish, or to abandon). */
+pd_status bundle_writer_new(wr_sink_fn sink, void *sink_ctx, uint64_t identity, uint32_t layer,
+                            uint64_t n_streams, bundle_writer **out, pd_err *err);
+
+/* Appends stream `stream` with ref's layer encoded as a record (f16 K/V
+ * payloads when f16). ref's identity and layer must equal the bundle's
+ * (PD_ERR_MISMATCH); a repeated stream id or one entry too many is
+ * PD_ERR_ARG. Refusals of wire_encode pass through. A sink failure leaves
+ * the output incomplete: abandon it. */
+pd_status bundle_writer_add(bundle_writer *bw, uint64_t stream, const wire_layer_ref *ref, int f16,
+                            pd_err *err);
+
+/* Appends an already encoded record (validated with wire_inspect first). */
+pd_status bundle_writer_add_record(bundle_writer *bw, uint64_t stream, const void *record,
+                                   size_t len, pd_err *err);
+
+/* Checks that every announced stream was written and flushes the sink. */
+pd_status bundle_writer_finish(bundle_writer *bw, pd_err *err);
+
+/* Bytes emitted so far. */
+uint64_t bundle_writer_bytes(const bundle_writer *bw);
+
+void bundle_writer_free(bundle_writer *bw);
+
+#endif
