@@ -1137,6 +1137,38 @@ pd_status gguf_get_u64(const gguf_file *f, const char *key, uint64_t *out, pd_er
     return PD_OK;
 }
 
+pd_status gguf_get_i64(const gguf_file *f, const char *key, int64_t *out, pd_err *err)
+{
+    const gg_kv *kv = NULL;
+    pd_status s = gg_lookup(f, key, &kv, "an integer", acc_int, err);
+    if (s != PD_OK)
+        return s;
+    gg_int v = gg_int_of(kv);
+    if (!v.neg && v.u > (uint64_t)INT64_MAX)
+        return gg_range_fail(kv, v, "int64", err);
+    if (out)
+        *out = v.neg ? v.s : (int64_t)v.u;
+    return PD_OK;
+}
+
+pd_status gguf_get_f64(const gguf_file *f, const char *key, double *out, pd_err *err)
+{
+    const gg_kv *kv = NULL;
+    pd_status s = gg_lookup(f, key, &kv, "float32 or float64", acc_float, err);
+    if (s != PD_OK)
+        return s;
+    double d;
+    if (kv->info.type == GGUF_VTYPE_FLOAT32) {
+        d = gguf_arr_f32_at(kv->val, 0);
+    } else {
+        uint64_t bits = ld_u64(kv->val);
+        memcpy(&d, &bits, sizeof d);
+    }
+    if (out)
+        *out = d;
+    return PD_OK;
+}
+
 pd_status gguf_get_f32(const gguf_file *f, const char *key, float *out, pd_err *err)
 {
     const gg_kv *kv = NULL;

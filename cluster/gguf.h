@@ -191,12 +191,15 @@ int64_t gguf_find_key(const gguf_file *f, const char *key);
  * (PD_ERR_FORMAT: "gguf: key 'x' is missing"), has the wrong type
  * (PD_ERR_MISMATCH, naming the key and its actual type) or a value that does
  * not fit (PD_ERR_RANGE).
- *   u32/i32/u64: any integer type (UINT8..INT64) whose value fits.
+ *   u32/i32/u64/i64: any integer type (UINT8..INT64) whose value fits.
  *   f32: FLOAT32, or FLOAT64 whose value is within float range (rounded).
+ *   f64: FLOAT32 or FLOAT64 (exact).
  *   bool: BOOL only.  str: STRING only. */
 pd_status gguf_get_u32(const gguf_file *f, const char *key, uint32_t *out, pd_err *err);
 pd_status gguf_get_i32(const gguf_file *f, const char *key, int32_t *out, pd_err *err);
 pd_status gguf_get_u64(const gguf_file *f, const char *key, uint64_t *out, pd_err *err);
+pd_status gguf_get_i64(const gguf_file *f, const char *key, int64_t *out, pd_err *err);
+pd_status gguf_get_f64(const gguf_file *f, const char *key, double *out, pd_err *err);
 pd_status gguf_get_f32(const gguf_file *f, const char *key, float *out, pd_err *err);
 pd_status gguf_get_bool(const gguf_file *f, const char *key, bool *out, pd_err *err);
 /* *s is a NUL-terminated copy owned by f; *len is the exact byte length (the

@@ -390,11 +390,24 @@ START_TEST(roundtrip_every_kv_type)
     ck_assert(u64 == UINT64_MAX - 5);
     ck_assert_int_eq(gguf_get_f32(f, "t.f64", &f32, &err), PD_OK);
     ck_assert(f32 == (float)0.1);
+    int64_t i64 = 0;
+    double f64 = 0;
+    ck_assert_int_eq(gguf_get_i64(f, "t.i64", &i64, &err), PD_OK);
+    ck_assert(i64 == INT64_MIN + 7);
+    ck_assert_int_eq(gguf_get_i64(f, "t.u8", &i64, &err), PD_OK);
+    ck_assert(i64 == 200);
+    ck_assert_int_eq(gguf_get_f64(f, "t.f64", &f64, &err), PD_OK);
+    ck_assert(f64 == 0.1);
+    ck_assert_int_eq(gguf_get_f64(f, "t.f32", &f64, &err), PD_OK);
+    ck_assert(f64 == (double)1.5e-3f);
     ck_assert_int_eq(err.status, PD_OK);
     /* t.i64 is negative: no unsigned getter takes it, and the value stays put */
     u64 = 42;
     ck_assert_int_eq(gguf_get_u64(f, "t.i64", &u64, &err), PD_ERR_RANGE);
     ck_assert_uint_eq(u64, 42);
+    pd_err_clear(&err);
+    ck_assert_int_eq(gguf_get_i64(f, "t.u64", &i64, &err), PD_ERR_RANGE);
+    ck_assert(i64 == 200);
     pd_err_clear(&err);
 
     gguf_vtype et;
