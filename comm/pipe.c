@@ -113,3 +113,31 @@ pd_status pipe_agree(pipe_link *p, pd_status local, pd_err *err)
     PIPE_CALL(MPI_Allreduce(&mine, &worst, 1, MPI_INT, MPI_MAX, p->comm), "MPI_Allreduce");
     return (pd_status)worst;
 }
+
+pd_status pipe_node_local(pipe_link *p, int *local_rank, int *local_size, pd_err *err)
+{
+    MPI_Comm node;
+    PIPE_CALL(MPI_Comm_split_type(p->comm, MPI_COMM_TYPE_SHARED, p->rank, MPI_INFO_NULL, &node),
+              "MPI_Comm_split_type");
+    int rc = MPI_Comm_rank(node, local_rank);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Comm_size(node, local_size);
+    MPI_Comm_free(&node);
+    if (rc != MPI_SUCCESS)
+        return pipe_mpi_fail(err, rc, "node-local rank");
+    return PD_OK;
+}
+
+pd_status pipe_gather(pipe_link *p, const void *mine, size_t len, void *all, pd_err *err)
+{
+    if (len > (size_t)0x7fffffff)
+        return pd_err_set(err, PD_ERR_RANGE, "pipe: gather of %zu bytes per rank", len);
+    PIPE_CALL(MPI_Gather(mine, (int)len, MPI_BYTE, all, (int)len, MPI_BYTE, 0, p->comm), "MPI_Gather");
+    return PD_OK;
+}
+
+pd_status pipe_max_double(pipe_link *p, double mine, double *out, pd_err *err)
+{
+    PIPE_CALL(MPI_Allreduce(&mine, out, 1, MPI_DOUBLE, MPI_MAX, p->comm), "MPI_Allreduce");
+    return PD_OK;
+}

@@ -38,4 +38,14 @@ pd_status pipe_recv(pipe_link *p, int src, void *buf, size_t cap, size_t *len, i
  * of all ranks (PD_OK only when every rank is PD_OK). Collective. */
 pd_status pipe_agree(pipe_link *p, pd_status local, pd_err *err);
 
+/* Rank and size among the ranks sharing this node (MPI_COMM_TYPE_SHARED). */
+pd_status pipe_node_local(pipe_link *p, int *local_rank, int *local_size, pd_err *err);
+
+/* Gathers `len` bytes from every rank into all[size x len] on rank 0 (all may
+ * be NULL elsewhere). Collective. */
+pd_status pipe_gather(pipe_link *p, const void *mine, size_t len, void *all, pd_err *err);
+
+/* The maximum of a double over all ranks, on every rank. Collective. */
+pd_status pipe_max_double(pipe_link *p, double mine, double *out, pd_err *err);
+
 #endif
