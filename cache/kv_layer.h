@@ -18,15 +18,21 @@
  * not deeper than spec_depth query positions), the layer after truncate_last(n)
  * is byte-identical (every storage, field, importance; not the generation) to
  * a layer that never appended those n rows nor attended from them:
- *   - importance mass is logged per query position for the most recent
- *     spec_depth positions and folded into the stored importance in position
- *     order when a position ages out of that window, is confirmed, or the
- *     importance is consumed (eviction); the mass of rolled-back query
- *     positions is dropped with them;
+ *   - importance mass is logged per query position (at most spec_depth
+ *     pending positions) and folded into the stored importance in position
+ *     order when the position is confirmed, when the log is full and a newer
+ *     position needs a slot (the oldest ages out), or when the importance is
+ *     consumed (eviction); the mass of rolled-back query positions is dropped
+ *     with them. The stored state is exact when at most spec_depth query
+ *     positions are unconfirmed; kv_layer_importance (the folded view) is
+ *     exact whenever the rolled-back positions were still pending;
  *   - the q8 field freeze keeps a snapshot of the rows it requantized until
- *     the freeze rows are confirmed (or aged out by spec_depth appended rows);
- *     a rollback below the freeze point restores them and unfreezes, so the
- *     field is frozen only from rows that survived verify.
+ *     the freezing append is confirmed (or a trim finds it more than
+ *     spec_depth rows deep, or an eviction / clear); a rollback of that
+ *     append restores them and unfreezes, so the field is frozen only from
+ *     rows that survived verify. While the snapshot is kept, an attend whose
+ *     upto is at most freeze_rows reads the pre-freeze rows, so a prefill or
+ *     verify chunk straddling the freeze equals the sequential steps.
  * Importance bits do not depend on the call order of attends as long as every
  * attend of a query position happens while that position is among the
  * spec_depth most recent logged positions (a prefill chunk longer than
@@ -73,9 +79,9 @@ typedef struct kv_layer_config {
                                geometrically through alloc */
     uint32_t freeze_rows;   /* q8: the field freezes when an append starts
                                with >= freeze_rows rows stored; 0 = 64 */
-    uint32_t spec_depth;    /* query positions whose importance stays
-                               undoable (also rows after the freeze during
-                               which it stays undoable); 0 = 16 */
+    uint32_t spec_depth;    /* pending (undoable) query positions of the
+                               importance log; also how deep past the freeze
+                               a trim still keeps its undo; 0 = 16 */
     const pd_alloc *alloc;  /* borrowed, must outlive the layer; NULL = malloc */
     uint32_t max_q_per_kv;  /* Q heads per KV head the layer's own attend
                                scratch serves; 0 = 1. Larger groups pass
@@ -152,6 +158,11 @@ pd_status kv_layer_set_sinks(kv_layer *l, const float *sinks, uint32_t n_q_heads
  * change the layer. */
 void kv_layer_importance(const kv_layer *l, float *out);
 
+/* Adds mass[r] (r < rows) to the stored importance, as already-confirmed
+ * mass (the seed's accumulate_imp: a caller that computed attention
+ * probabilities elsewhere). Not undone by truncate_last. */
+pd_status kv_layer_add_importance(kv_layer *l, const float *mass, pd_err *err);
+
 /* Promises rows before absolute position pos are final: folds the pending
  * importance of query positions < pos and drops the freeze undo snapshot
  * once pos covers the freeze rows. pos beyond pos_len is clamped. */
@@ -189,8 +200,9 @@ uint64_t kv_layer_evict_importance(kv_layer *l, uint64_t budget, uint64_t sinks,
  * once more than 2w rows are stored, drops front rows down to w + slack,
  * the cut rounded down to an absolute position that is a multiple of align
  * (align 0 = 1). No-op when w == 0, with a bounded ring, on a q8 layer whose
- * field is not frozen yet or whose freeze can still be undone. Returns the
- * rows dropped. */
+ * field is not frozen yet, or whose freeze can still be undone and lies
+ * within spec_depth rows of the newest (beyond that the trim drops the undo
+ * snapshot and proceeds). Returns the rows dropped. */
 uint64_t kv_layer_trim_window(kv_layer *l, uint64_t w, uint64_t slack, uint64_t align);
 
 /* trim_window whose cut never passes anchor - w - slack (keeps every row a
@@ -206,7 +218,8 @@ pd_status kv_layer_set_linear(kv_layer *l, const float *x, uint64_t n, pd_err *e
 
 /* Installs a zeroed bounded ring of `window` slots per KV head (every head,
  * dead ones included: [n_kv_heads x window x head_dim] K and V), len = 0,
- * replacing any previous ring. PD_ERR_ARG for window 0, PD_ERR_NOMEM. */
+ * replacing any previous ring. PD_ERR_ARG for window 0, PD_ERR_RANGE past
+ * 2^30 floats per buffer, PD_ERR_NOMEM (layer unchanged on every failure). */
 pd_status kv_layer_install_bounded(kv_layer *l, uint32_t window, pd_err *err);
 
 /* Inserts one position into the bounded ring: k, v [n_kv_heads x head_dim]
@@ -315,10 +328,11 @@ pd_status kv_layer_new_from_state(const kv_layer_config *cfg, const kv_state *s,
                                   pd_err *err);
 
 /* Exchanges the states (storage, importance, undo data, records, base, tail,
- * generation, capacity, allocator) of two layers of the same geometry and
- * mode; the sinks stay with the object they were set on. An import decodes
- * into a fresh layer and swaps on success. Both layers get a fresh
- * generation. Mismatched geometry is an internal error (CHECK). */
+ * capacity, the allocator they came from) of two layers of the same geometry,
+ * mode and alive mask; the sinks stay with the object they were set on. An
+ * import decodes into a fresh layer and swaps on success, so a failed import
+ * leaves the target untouched. Both layers then get a fresh generation (new
+ * storage for each). Mismatched geometry is an internal error (CHECK). */
 void kv_layer_swap(kv_layer *a, kv_layer *b);
 
 #endif
