@@ -1,0 +1,516 @@
+/* Tests for cluster/sample.h: greedy ties, the (seed, page id, index) random
+ * stream, top-k / top-p against a brute-force reference and at their exact
+ * boundaries, the windowed no-repeat n-gram ban, and the CLI parsers. */
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/attn.h"
+#include "cluster/sample.h"
+#include "pd_test.h"
+
+static sampler *make(uint32_t V, sample_params p, const sample_ngram *ng, uint64_t seed)
+{
+    sampler *s = NULL;
+    pd_err err = {0};
+    ck_assert_msg(sampler_new(V, &p, ng, seed, &s, &err) == PD_OK, "%s", err.msg);
+    return s;
+}
+
+static int32_t next(sampler *s, const float *l, const int32_t *h, size_t nh, const char *id,
+                    uint64_t idx)
+{
+    int32_t t = -7;
+    pd_err err = {0};
+    ck_assert_msg(sampler_next(s, l, h, nh, id, idx, &t, &err) == PD_OK, "%s", err.msg);
+    sampler_check(s);
+    return t;
+}
+
+static const sample_params GREEDY = {.mode = SAMPLE_GREEDY};
+
+START_TEST(sample_greedy_picks_the_max_and_the_lowest_index_on_ties)
+{
+    float l[6] = {0.5f, 2.0f, -1.0f, 2.0f, 1.0f, 2.0f};
+    sampler *s = make(6, GREEDY, NULL, 1);
+    ck_assert_int_eq(next(s, l, NULL, 0, "p", 0), 1);
+    float z[3] = {-0.0f, 0.0f, -INFINITY};
+    sampler *s3 = make(3, GREEDY, NULL, 1);
+    ck_assert_int_eq(next(s3, z, NULL, 0, "p", 0), 0);
+    float z2[3] = {-INFINITY, 0.0f, -0.0f};
+    ck_assert_int_eq(next(s3, z2, NULL, 0, "p", 0), 1);
+    sampler_free(s);
+    sampler_free(s3);
+    sampler_free(NULL);
+}
+END_TEST
+
+START_TEST(sample_uniform_is_a_pure_function_of_seed_id_and_index)
+{
+    ck_assert(sample_uniform(7, "page-1", 3) == sample_uniform(7, "page-1", 3));
+    int same_id = 0, same_seed = 0, same_index = 0;
+    double mean = 0;
+    int buckets[10] = {0};
+    for (uint64_t i = 0; i < 4000; i++) {
+        float u = sample_uniform(7, "page-1", i);
+        ck_assert(u >= 0.0f && u < 1.0f);
+        mean += u;
+        buckets[(int)(u * 10)]++;
+        same_id += u == sample_uniform(7, "page-2", i);
+        same_seed += u == sample_uniform(8, "page-1", i);
+        same_index += u == sample_uniform(7, "page-1", i + 1);
+    }
+    /* Different ids / seeds / indices: independent streams (a 24-bit value
+     * repeats by chance about 4000 / 2^24 times). */
+    ck_assert_int_le(same_id, 2);
+    ck_assert_int_le(same_seed, 2);
+    ck_assert_int_le(same_index, 2);
+    mean /= 4000;
+    ck_assert(fabs(mean - 0.5) < 0.02);
+    for (int b = 0; b < 10; b++)
+        ck_assert_int_gt(buckets[b], 320);
+    /* The bytes of the id count, not the pointer. */
+    char a[] = "abc", b[] = "abc";
+    ck_assert(sample_uniform(1, a, 5) == sample_uniform(1, b, 5));
+    ck_assert(sample_uniform(1, "ab", 5) != sample_uniform(1, "abc", 5));
+}
+END_TEST
+
+START_TEST(sample_tokens_do_not_depend_on_call_order_or_sampler)
+{
+    enum { V = 64, STEPS = 50 };
+    sample_params p = {.mode = SAMPLE_TEMP, .temperature = 0.9f, .top_p = 0.95f, .top_k = 40};
+    pd_rng r = {.s = 5};
+    static float logits[STEPS][V];
+    for (int i = 0; i < STEPS; i++)
+        pd_rng_fill(&r, logits[i], V, -4, 4);
+    int32_t a[STEPS], b[STEPS], c[STEPS];
+    sampler *s1 = make(V, p, NULL, 99), *s2 = make(V, p, NULL, 99);
+    for (int i = 0; i < STEPS; i++)
+        a[i] = next(s1, logits[i], NULL, 0, "page-A", (uint64_t)i);
+    /* Interleaved with another page, in reverse order, on another sampler. */
+    for (int i = STEPS - 1; i >= 0; i--) {
+        (void)next(s2, logits[STEPS - 1 - i], NULL, 0, "page-B", (uint64_t)i);
+        b[i] = next(s2, logits[i], NULL, 0, "page-A", (uint64_t)i);
+    }
+    ck_assert_mem_eq(a, b, sizeof a);
+    int diff = 0;
+    for (int i = 0; i < STEPS; i++) {
+        c[i] = next(s1, logits[i], NULL, 0, "page-C", (uint64_t)i);
+        diff += c[i] != a[i];
+    }
+    ck_assert_int_gt(diff, 10); /* a different page draws differently */
+    sampler_free(s1);
+    sampler_free(s2);
+}
+END_TEST
+
+/* ---- brute-force reference ------------------------------------------------ */
+
+typedef struct cand {
+    float l;
+    int32_t i;
+} cand;
+
+static int cand_cmp(const void *x, const void *y)
+{
+    const cand *a = x, *b = y;
+    if (a->l > b->l)
+        return -1;
+    if (a->l < b->l)
+        return 1;
+    return (a->i > b->i) - (a->i < b->i);
+}
+
+/* The documented algorithm, written plainly (qsort, no pruning). */
+static int32_t reference(const float *l, uint32_t V, const sample_params *p, uint64_t seed,
+                         const char *id, uint64_t index)
+{
+    cand *c = malloc(V * sizeof *c);
+    float *cum = malloc(V * sizeof *cum);
+    size_t m = 0;
+    for (uint32_t i = 0; i < V; i++)
+        if (l[i] != -INFINITY)
+            c[m++] = (cand){.l = l[i] == 0.0f ? 0.0f : l[i], .i = (int32_t)i};
+    qsort(c, m, sizeof *c, cand_cmp);
+    size_t kept = p->top_k && p->top_k < m ? p->top_k : m;
+    float z0 = c[0].l / p->temperature, sum = 0;
+    for (size_t j = 0; j < kept; j++) {
+        sum += pd_expf(c[j].l / p->temperature - z0);
+        cum[j] = sum;
+    }
+    size_t L = kept;
+    if (p->top_p < 1.0f) {
+        float thr = p->top_p * sum;
+        for (L = 0; L < kept; L++)
+            if (cum[L] >= thr)
+                break;
+        L = L < kept ? L + 1 : kept;
+    }
+    float target = sample_uniform(seed, id, index) * cum[L - 1];
+    int32_t t = -1;
+    for (size_t j = 0; j < L && t < 0; j++)
+        if (cum[j] > target)
+            t = c[j].i;
+    if (t < 0) {
+        size_t j = L - 1;
+        while (j > 0 && cum[j] == cum[j - 1])
+            j--;
+        t = c[j].i;
+    }
+    free(c);
+    free(cum);
+    return t;
+}
+
+START_TEST(sample_top_k_top_p_match_a_brute_force_reference)
+{
+    pd_rng r = {.s = 2024};
+    const sample_params ps[] = {
+        {.mode = SAMPLE_TEMP, .temperature = 1.0f, .top_p = 1.0f, .top_k = 0},
+        {.mode = SAMPLE_TEMP, .temperature = 0.7f, .top_p = 0.9f, .top_k = 0},
+        {.mode = SAMPLE_TEMP, .temperature = 1.3f, .top_p = 1.0f, .top_k = 5},
+        {.mode = SAMPLE_TEMP, .temperature = 0.5f, .top_p = 0.5f, .top_k = 20},
+        {.mode = SAMPLE_TEMP, .temperature = 2.0f, .top_p = 0.01f, .top_k = 0},
+        {.mode = SAMPLE_TEMP, .temperature = 1.0f, .top_p = 1.0f, .top_k = 1},
+        {.mode = SAMPLE_TEMP, .temperature = 0.05f, .top_p = 0.99f, .top_k = 100000},
+    };
+    for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) {
+        for (int it = 0; it < 60; it++) {
+            uint32_t V = 2 + pd_rng_below(&r, 400);
+            float *l = malloc(V * sizeof *l);
+            for (uint32_t i = 0; i < V; i++) {
+                uint32_t kind = pd_rng_below(&r, 10);
+                /* coarse values make many exact ties; some -inf; a few far below */
+                l[i] = kind == 0   ? -INFINITY
+                       : kind < 5 ? (float)pd_rng_below(&r, 8) * 0.5f
+                       : kind == 5 ? -200.0f
+                                   : pd_rng_uniform(&r, -6, 6);
+            }
+            l[pd_rng_below(&r, V)] = 3.0f; /* at least one finite */
+            sampler *s = make(V, ps[k], NULL, 31337);
+            for (uint64_t idx = 0; idx < 8; idx++) {
+                int32_t got = next(s, l, NULL, 0, "ref", idx * 977 + (uint64_t)it);
+                int32_t want = reference(l, V, &ps[k], 31337, "ref", idx * 977 + (uint64_t)it);
+                ck_assert_msg(got == want, "params %zu it %d V %u idx %lu: got %d want %d", k, it,
+                              V, (unsigned long)idx, got, want);
+            }
+            sampler_free(s);
+            free(l);
+        }
+    }
+}
+END_TEST
+
+/* Which tokens are ever drawn over many steps. */
+static void drawn_set(const float *l, uint32_t V, sample_params p, bool *seen)
+{
+    sampler *s = make(V, p, NULL, 4);
+    memset(seen, 0, V);
+    for (uint64_t i = 0; i < 2000; i++)
+        seen[next(s, l, NULL, 0, "set", i)] = true;
+    sampler_free(s);
+}
+
+START_TEST(sample_top_k_boundary_breaks_ties_by_index)
+{
+    float l[5] = {1.0f, 3.0f, 3.0f, 3.0f, 2.0f};
+    bool seen[5];
+    drawn_set(l, 5, (sample_params){.mode = SAMPLE_TEMP, .temperature = 1, .top_p = 1, .top_k = 2},
+              seen);
+    ck_assert(!seen[0] && seen[1] && seen[2] && !seen[3] && !seen[4]);
+    drawn_set(l, 5, (sample_params){.mode = SAMPLE_TEMP, .temperature = 1, .top_p = 1, .top_k = 4},
+              seen);
+    ck_assert(!seen[0] && seen[1] && seen[2] && seen[3] && seen[4]);
+    drawn_set(l, 5, (sample_params){.mode = SAMPLE_TEMP, .temperature = 1, .top_p = 1, .top_k = 1},
+              seen);
+    ck_assert(!seen[0] && seen[1] && !seen[2] && !seen[3] && !seen[4]);
+}
+END_TEST
+
+START_TEST(sample_top_p_boundary_is_inclusive)
+{
+    /* Four equal logits: e = 1 each, cum = 1, 2, 3, 4 exactly. top_p 0.5 ->
+     * threshold 2.0 is reached by the second token: exactly two are kept. */
+    float l[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+    bool seen[4];
+    drawn_set(l, 4, (sample_params){.mode = SAMPLE_TEMP, .temperature = 1, .top_p = 0.5f}, seen);
+    ck_assert(seen[0] && seen[1] && !seen[2] && !seen[3]);
+    drawn_set(l, 4, (sample_params){.mode = SAMPLE_TEMP, .temperature = 1, .top_p = 0.5000001f},
+              seen);
+    ck_assert(seen[0] && seen[1] && seen[2] && !seen[3]);
+    drawn_set(l, 4, (sample_params){.mode = SAMPLE_TEMP, .temperature = 1, .top_p = 0.25f}, seen);
+    ck_assert(seen[0] && !seen[1] && !seen[2] && !seen[3]);
+    drawn_set(l, 4, (sample_params){.mode = SAMPLE_TEMP, .temperature = 1, .top_p = 1.0f}, seen);
+    ck_assert(seen[0] && seen[1] && seen[2] && seen[3]);
+}
+END_TEST
+
+START_TEST(sample_frequencies_follow_the_softmax)
+{
+    float l[4] = {1.0f, 0.0f, -1.0f, 2.0f};
+    sample_params p = {.mode = SAMPLE_TEMP, .temperature = 1.0f, .top_p = 1.0f};
+    sampler *s = make(4, p, NULL, 77);
+    int cnt[4] = {0};
+    enum { N = 20000 };
+    for (uint64_t i = 0; i < N; i++)
+        cnt[next(s, l, NULL, 0, "freq", i)]++;
+    double z = exp(1.0) + 1 + exp(-1.0) + exp(2.0);
+    double want[4] = {exp(1.0) / z, 1 / z, exp(-1.0) / z, exp(2.0) / z};
+    for (int i = 0; i < 4; i++)
+        ck_assert_msg(fabs(cnt[i] / (double)N - want[i]) < 0.015, "token %d: %f vs %f", i,
+                      cnt[i] / (double)N, want[i]);
+    sampler_free(s);
+    /* A tiny temperature is greedy. */
+    sampler *cold = make(4, (sample_params){.mode = SAMPLE_TEMP, .temperature = 0.01f, .top_p = 1},
+                         NULL, 77);
+    for (uint64_t i = 0; i < 200; i++)
+        ck_assert_int_eq(next(cold, l, NULL, 0, "cold", i), 3);
+    sampler_free(cold);
+}
+END_TEST
+
+/* ---- no-repeat n-gram ---------------------------------------------------------- */
+
+static bool banned_has(const int32_t *b, size_t n, int32_t t)
+{
+    for (size_t i = 0; i < n; i++)
+        if (b[i] == t)
+            return true;
+    return false;
+}
+
+START_TEST(sample_ngram_ban_examples)
+{
+    int32_t out[64];
+    sample_ngram ng = {.n = 3, .window = 8};
+    int32_t h1[] = {1, 2, 3, 1, 2};
+    size_t k = sample_ngram_ban(&ng, h1, 5, out, 64);
+    ck_assert_uint_eq(k, 1);
+    ck_assert_int_eq(out[0], 3);
+    int32_t h2[] = {1, 2, 3, 1, 2, 4, 1, 2};
+    k = sample_ngram_ban(&ng, h2, 8, out, 64);
+    ck_assert_uint_eq(k, 2);
+    ck_assert(banned_has(out, k, 3) && banned_has(out, k, 4));
+    /* The n-gram must lie entirely inside the last WINDOW tokens. */
+    int32_t h3[] = {1, 2, 3, 9, 9, 9, 9, 9, 9, 1, 2};
+    ck_assert_uint_eq(sample_ngram_ban(&ng, h3, 11, out, 64), 0);
+    ng.window = 10; /* starts at index 1: [1 2 3] at index 0 still outside */
+    ck_assert_uint_eq(sample_ngram_ban(&ng, h3, 11, out, 64), 0);
+    ng.window = 11;
+    k = sample_ngram_ban(&ng, h3, 11, out, 64);
+    ck_assert_uint_eq(k, 1);
+    ck_assert_int_eq(out[0], 3);
+    /* Fewer than n tokens: nothing. n = 1: every token of the window. */
+    ck_assert_uint_eq(sample_ngram_ban(&ng, h1, 2, out, 64), 0);
+    sample_ngram one = {.n = 1, .window = 3};
+    k = sample_ngram_ban(&one, h2, 8, out, 64);
+    ck_assert_uint_eq(k, 3);
+    ck_assert(banned_has(out, k, 4) && banned_has(out, k, 1) && banned_has(out, k, 2));
+    ck_assert(!banned_has(out, k, 3));
+    /* cap bounds the writes. */
+    ck_assert_uint_eq(sample_ngram_ban(&one, h2, 8, out, 2), 2);
+    sample_ngram off = {0};
+    ck_assert_uint_eq(sample_ngram_ban(&off, h2, 8, out, 64), 0);
+}
+END_TEST
+
+START_TEST(sample_ngram_ban_matches_brute_force)
+{
+    pd_rng r = {.s = 9};
+    int32_t h[300], out[300];
+    for (int it = 0; it < 400; it++) {
+        size_t L = pd_rng_below(&r, 300);
+        for (size_t i = 0; i < L; i++)
+            h[i] = (int32_t)pd_rng_below(&r, 3);
+        sample_ngram ng = {.n = 1 + pd_rng_below(&r, 6)};
+        ng.window = ng.n + pd_rng_below(&r, 60);
+        size_t k = sample_ngram_ban(&ng, h, L, out, 300);
+        for (int32_t t = 0; t < 3; t++) {
+            /* t is banned iff the last n-1 tokens ++ [t] equals some n-gram
+             * h[i .. i+n) with L - window <= i and i + n <= L. */
+            bool want = false;
+            for (size_t i = 0; L >= ng.n && i + ng.n <= L; i++) {
+                if (i + ng.window < L)
+                    continue;
+                bool eq = h[i + ng.n - 1] == t;
+                for (size_t j = 0; eq && j + 1 < ng.n; j++)
+                    eq = h[i + j] == h[L - (ng.n - 1) + j];
+                want |= eq;
+            }
+            ck_assert_msg(banned_has(out, k, t) == want, "it %d token %d", it, t);
+        }
+    }
+}
+END_TEST
+
+START_TEST(sample_ngram_ban_applies_before_sampling)
+{
+    /* The OCR setting 35:128 on a loop: after a 35-token phrase and 34 tokens
+     * of its repeat, the token that would complete the repeat is banned. */
+    enum { V = 100 };
+    sample_ngram ng = {.n = 35, .window = 128};
+    int32_t h[69];
+    for (int i = 0; i < 69; i++)
+        h[i] = (int32_t)(i % 35);
+    float l[V];
+    for (int i = 0; i < V; i++)
+        l[i] = -(float)i * 0.01f;
+    l[34] = 5.0f; /* the loop's next token is the favourite */
+    l[50] = 4.0f;
+    sampler *g = make(V, GREEDY, &ng, 1);
+    ck_assert_int_eq(next(g, l, h, 69, "loop", 69), 50);
+    ck_assert_int_eq(next(g, l, h, 68, "loop", 68), 34); /* 34-token repeat: no full n-gram yet */
+    /* Temperature sampling never draws a banned token. */
+    sampler *t = make(V, (sample_params){.mode = SAMPLE_TEMP, .temperature = 1, .top_p = 1, .top_k = 2},
+                      &ng, 1);
+    int n50 = 0;
+    for (uint64_t i = 0; i < 300; i++) {
+        int32_t k = next(t, l, h, 69, "loop", i); /* top 2 after the ban: 50 and 0 */
+        ck_assert(k == 50 || k == 0);
+        n50 += k == 50;
+    }
+    ck_assert_int_gt(n50, 250); /* e^4 : e^0 */
+    /* Nothing allowed -> refused, scratch still clean. */
+    float only[V];
+    for (int i = 0; i < V; i++)
+        only[i] = -INFINITY;
+    only[34] = 1.0f;
+    int32_t tok = -5;
+    pd_err err = {0};
+    ck_assert_int_eq(sampler_next(g, only, h, 69, "loop", 69, &tok, &err), PD_ERR_RANGE);
+    ck_assert_str_eq(err.msg, "sampler: page \"loop\" step 69: no token allowed (all logits -inf "
+                              "or banned)");
+    ck_assert_int_eq(tok, -5);
+    sampler_check(g);
+    sampler_free(g);
+    sampler_free(t);
+}
+END_TEST
+
+START_TEST(sample_refuses_nan_and_positive_infinity)
+{
+    float l[3] = {0, NAN, 1};
+    sampler *s = make(3, GREEDY, NULL, 1);
+    int32_t t = -3;
+    pd_err err = {0};
+    ck_assert_int_eq(sampler_next(s, l, NULL, 0, "x", 0, &t, &err), PD_ERR_RANGE);
+    ck_assert_str_eq(err.msg, "sampler: logit 1 is NaN");
+    l[1] = INFINITY;
+    pd_err_clear(&err);
+    ck_assert_int_eq(sampler_next(s, l, NULL, 0, "x", 0, &t, &err), PD_ERR_RANGE);
+    ck_assert_str_eq(err.msg, "sampler: logit 1 is +inf");
+    ck_assert_int_eq(t, -3);
+    sampler_free(s);
+}
+END_TEST
+
+/* ---- parsers ------------------------------------------------------------------- */
+
+START_TEST(sample_parse_accepts_the_cli_forms)
+{
+    sample_params p;
+    pd_err err = {0};
+    ck_assert_int_eq(sample_parse("greedy", &p, &err), PD_OK);
+    ck_assert_int_eq(p.mode, SAMPLE_GREEDY);
+    ck_assert_int_eq(sample_parse("temp:0.7", &p, &err), PD_OK);
+    ck_assert_int_eq(p.mode, SAMPLE_TEMP);
+    ck_assert(p.temperature == 0.7f && p.top_p == 1.0f && p.top_k == 0);
+    ck_assert_int_eq(sample_parse("temp:0.7,top_p:0.9,top_k:40", &p, &err), PD_OK);
+    ck_assert(p.temperature == 0.7f && p.top_p == 0.9f && p.top_k == 40);
+    ck_assert_int_eq(sample_parse("top_k:5,temp:1e0", &p, &err), PD_OK);
+    ck_assert(p.temperature == 1.0f && p.top_k == 5);
+    sample_ngram ng;
+    ck_assert_int_eq(sample_parse_ngram("35:128", &ng, &err), PD_OK);
+    ck_assert(ng.n == 35 && ng.window == 128);
+    ck_assert_int_eq(sample_parse_ngram("off", &ng, &err), PD_OK);
+    ck_assert_uint_eq(ng.n, 0);
+}
+END_TEST
+
+START_TEST(sample_parse_refuses_with_clear_errors)
+{
+    struct {
+        const char *s, *msg;
+    } bad[] = {
+        {"", "sampling \"\": expected \"greedy\" or \"temp:T[,top_p:P][,top_k:K]\""},
+        {"Greedy", "sampling \"Greedy\": expected \"greedy\" or \"temp:T[,top_p:P][,top_k:K]\""},
+        {"temp", "sampling \"temp\": expected \"greedy\" or \"temp:T[,top_p:P][,top_k:K]\""},
+        {"temp:0", "sampling \"temp:0\": temp 0 must be in (0, 100] (use \"greedy\" for "
+                   "argmax)"},
+        {"temp:-1", "sampling \"temp:-1\": temp -1 must be in (0, 100] (use \"greedy\" "
+                    "for argmax)"},
+        {"temp:abc", "sampling \"temp:abc\": temp \"abc\" is not a number"},
+        {"temp:nan", "sampling \"temp:nan\": temp \"nan\" is not a number"},
+        {"temp:1,top_p:0", "sampling \"temp:1,top_p:0\": top_p 0 must be in (0, 1]"},
+        {"temp:1,top_p:1.5", "sampling \"temp:1,top_p:1.5\": top_p 1.5 must be in (0, 1]"},
+        {"temp:1,top_k:-1", "sampling \"temp:1,top_k:-1\": top_k \"-1\" is not an integer in "
+                            "[0, 4294967295]"},
+        {"temp:1,top_k:1.5", "sampling \"temp:1,top_k:1.5\": top_k \"1.5\" is not an integer in "
+                             "[0, 4294967295]"},
+        {"temp:1,topk:3", "sampling \"temp:1,topk:3\": unknown key \"topk\"; expected \"greedy\" or "
+                          "\"temp:T[,top_p:P][,top_k:K]\""},
+        {"temp:1,temp:2", "sampling \"temp:1,temp:2\": \"temp\" given twice"},
+        {"top_p:0.5", "sampling \"top_p:0.5\": temp is required; expected \"greedy\" or "
+                      "\"temp:T[,top_p:P][,top_k:K]\""},
+        {"temp:1,", "sampling \"temp:1,\": expected \"greedy\" or \"temp:T[,top_p:P][,top_k:K]\""},
+        {"temp: 1", "sampling \"temp: 1\": temp \" 1\" is not a number"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        sample_params p = {.mode = SAMPLE_TEMP, .temperature = 42};
+        pd_err err = {0};
+        ck_assert_msg(sample_parse(bad[i].s, &p, &err) != PD_OK, "case %zu accepted", i);
+        ck_assert_msg(!strcmp(err.msg, bad[i].msg), "case %zu:\n got  %s\n want %s", i, err.msg,
+                      bad[i].msg);
+        ck_assert(p.temperature == 42); /* untouched */
+    }
+    struct {
+        const char *s, *msg;
+    } badng[] = {
+        {"35", "no-repeat n-gram \"35\": expected N:WINDOW (e.g. 35:128) or off"},
+        {"a:b", "no-repeat n-gram \"a:b\": expected N:WINDOW (e.g. 35:128) or off"},
+        {"35:128:1", "no-repeat n-gram \"35:128:1\": expected N:WINDOW (e.g. 35:128) or off"},
+        {"0:5", "no-repeat n-gram \"0:5\": N must be >= 1 (or \"off\")"},
+        {"5:3", "no-repeat n-gram \"5:3\": window 3 must be in [n = 5, 1048576]"},
+        {"5:2000000", "no-repeat n-gram \"5:2000000\": window 2000000 must be in [n = 5, 1048576]"},
+    };
+    for (size_t i = 0; i < sizeof badng / sizeof badng[0]; i++) {
+        sample_ngram ng = {.n = 9, .window = 9};
+        pd_err err = {0};
+        ck_assert_msg(sample_parse_ngram(badng[i].s, &ng, &err) != PD_OK, "ng case %zu", i);
+        ck_assert_msg(!strcmp(err.msg, badng[i].msg), "ng case %zu:\n got  %s\n want %s", i,
+                      err.msg, badng[i].msg);
+        ck_assert(ng.n == 9 && ng.window == 9);
+    }
+    /* Programmatic params are validated too. */
+    sampler *s = (sampler *)bad;
+    pd_err err = {0};
+    sample_params p = {.mode = SAMPLE_TEMP, .temperature = 1, .top_p = 0};
+    ck_assert_int_eq(sampler_new(10, &p, NULL, 0, &s, &err), PD_ERR_RANGE);
+    ck_assert_ptr_eq(s, (sampler *)bad);
+}
+END_TEST
+
+Suite *pd_test_suite(void)
+{
+    Suite *s = suite_create("sample");
+    TCase *tc = tcase_create("sample");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, sample_greedy_picks_the_max_and_the_lowest_index_on_ties);
+    tcase_add_test(tc, sample_uniform_is_a_pure_function_of_seed_id_and_index);
+    tcase_add_test(tc, sample_tokens_do_not_depend_on_call_order_or_sampler);
+    tcase_add_test(tc, sample_top_k_top_p_match_a_brute_force_reference);
+    tcase_add_test(tc, sample_top_k_boundary_breaks_ties_by_index);
+    tcase_add_test(tc, sample_top_p_boundary_is_inclusive);
+    tcase_add_test(tc, sample_frequencies_follow_the_softmax);
+    tcase_add_test(tc, sample_ngram_ban_examples);
+    tcase_add_test(tc, sample_ngram_ban_matches_brute_force);
+    tcase_add_test(tc, sample_ngram_ban_applies_before_sampling);
+    tcase_add_test(tc, sample_refuses_nan_and_positive_infinity);
+    tcase_add_test(tc, sample_parse_accepts_the_cli_forms);
+    tcase_add_test(tc, sample_parse_refuses_with_clear_errors);
+    suite_add_tcase(s, tc);
+    return s;
+}
