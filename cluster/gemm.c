@@ -42,6 +42,8 @@ typedef struct gemm_tile {
     uint32_t ncols;       /* 1 .. 16 valid columns */
 } gemm_tile;
 
+typedef void gemm_tile_fn(const gemm_tile *t);
+
 /* INV: n >= 1, k >= 1, n_panels == ceil(n / GEMM_NR); type < GEMM_W_COUNT,
  *      be < GEMM_BACKEND_COUNT; Q8_0 => k % 32 == 0.
  * INV: invariant backend: data holds n_panels panels of panel_bytes bytes
@@ -324,6 +326,146 @@ static void gemm_scalar_tile(const gemm_tile *t)
         memcpy(t->c + (size_t)i * t->ldc, acc[i], (size_t)t->ncols * sizeof(float));
 }
 
+/* ---- AVX2/FMA kernel: the same order, 6 x 16 accumulators in registers ---- */
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+/* Stores one accumulator row (two ymm) into ncols floats of C. */
+static inline __attribute__((always_inline)) void gemm_avx2_store(float *c, __m256 x0, __m256 x1,
+                                                                  uint32_t ncols)
+{
+    if (ncols == GEMM_NR) {
+        _mm256_storeu_ps(c, x0);
+        _mm256_storeu_ps(c + 8, x1);
+        return;
+    }
+    float tmp[GEMM_NR];
+    _mm256_storeu_ps(tmp, x0);
+    _mm256_storeu_ps(tmp + 8, x1);
+    memcpy(c, tmp, (size_t)ncols * sizeof(float));
+}
+
+/* Accumulators are named variables (c<row><half>): gcc 12 keeps them in
+ * registers, where an array of __m256 was spilled every k (KERNELS.md).
+ * mr and type are compile-time constants in every instantiation below, so
+ * the row guards and type branches fold away. */
+#define GEMM_AVX2_ROW(i, kk)                                                     \
+    if (mr > i) {                                                                \
+        __m256 b = _mm256_broadcast_ss(a##i + (kk));                             \
+        c##i##0 = _mm256_fmadd_ps(b, w0, c##i##0);                               \
+        c##i##1 = _mm256_fmadd_ps(b, w1, c##i##1);                               \
+    }
+#define GEMM_AVX2_STEP(kk)                                                       \
+    GEMM_AVX2_ROW(0, kk) GEMM_AVX2_ROW(1, kk) GEMM_AVX2_ROW(2, kk)               \
+    GEMM_AVX2_ROW(3, kk) GEMM_AVX2_ROW(4, kk) GEMM_AVX2_ROW(5, kk)
+
+static inline __attribute__((always_inline)) void
+gemm_avx2_tile_impl(const gemm_tile *t, const uint32_t mr, const gemm_wtype type)
+{
+    const size_t lda = t->lda;
+    const float *a0 = t->a;
+    const float *a1 = mr > 1 ? a0 + lda : a0;
+    const float *a2 = mr > 2 ? a0 + 2 * lda : a0;
+    const float *a3 = mr > 3 ? a0 + 3 * lda : a0;
+    const float *a4 = mr > 4 ? a0 + 4 * lda : a0;
+    const float *a5 = mr > 5 ? a0 + 5 * lda : a0;
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    const uint8_t *pn = t->panel;
+    const uint32_t k = t->k;
+    if (type == GEMM_W_Q8_0) {
+        for (uint32_t kb = 0; kb < k; kb += GEMM_Q8_0_BLOCK, pn += GEMM_Q8_PANEL_BLOCK) {
+            const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pn));
+            const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pn + 16)));
+            const uint8_t *q = pn + GEMM_Q8_SCALES;
+            for (uint32_t kk = kb; kk < kb + GEMM_Q8_0_BLOCK; kk++, q += GEMM_NR) {
+                /* (float)q * d: one exact multiply, as in the portable path */
+                __m256 w0 = _mm256_mul_ps(
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q))),
+                    d0);
+                __m256 w1 = _mm256_mul_ps(
+                    _mm256_cvtepi32_ps(
+                        _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8)))),
+                    d1);
+                GEMM_AVX2_STEP(kk)
+            }
+        }
+    } else {
+        for (uint32_t kk = 0; kk < k; kk++) {
+            __m256 w0, w1;
+            if (type == GEMM_W_F32) {
+                w0 = _mm256_loadu_ps((const float *)pn);
+                w1 = _mm256_loadu_ps((const float *)pn + 8);
+                pn += GEMM_NR * 4;
+            } else if (type == GEMM_W_F16) {
+                w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pn));
+                w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pn + 16)));
+                pn += GEMM_NR * 2;
+            } else {
+                __m256i x0 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)pn));
+                __m256i x1 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(pn + 16)));
+                w0 = _mm256_castsi256_ps(_mm256_slli_epi32(x0, 16));
+                w1 = _mm256_castsi256_ps(_mm256_slli_epi32(x1, 16));
+                pn += GEMM_NR * 2;
+            }
+            GEMM_AVX2_STEP(kk)
+        }
+    }
+    const size_t ldc = t->ldc;
+    gemm_avx2_store(t->c, c00, c01, t->ncols);
+    if (mr > 1) gemm_avx2_store(t->c + ldc, c10, c11, t->ncols);
+    if (mr > 2) gemm_avx2_store(t->c + 2 * ldc, c20, c21, t->ncols);
+    if (mr > 3) gemm_avx2_store(t->c + 3 * ldc, c30, c31, t->ncols);
+    if (mr > 4) gemm_avx2_store(t->c + 4 * ldc, c40, c41, t->ncols);
+    if (mr > 5) gemm_avx2_store(t->c + 5 * ldc, c50, c51, t->ncols);
+}
+
+#define GEMM_AVX2_FN(tname, type, mr)                                            \
+    static void gemm_avx2_##tname##_##mr(const gemm_tile *t)                     \
+    {                                                                            \
+        gemm_avx2_tile_impl(t, mr, type);                                        \
+    }
+#define GEMM_AVX2_FNS(tname, type)                                               \
+    GEMM_AVX2_FN(tname, type, 1) GEMM_AVX2_FN(tname, type, 2)                    \
+    GEMM_AVX2_FN(tname, type, 3) GEMM_AVX2_FN(tname, type, 4)                    \
+    GEMM_AVX2_FN(tname, type, 5) GEMM_AVX2_FN(tname, type, 6)
+GEMM_AVX2_FNS(f32, GEMM_W_F32)
+GEMM_AVX2_FNS(f16, GEMM_W_F16)
+GEMM_AVX2_FNS(bf16, GEMM_W_BF16)
+GEMM_AVX2_FNS(q8_0, GEMM_W_Q8_0)
+
+#pragma GCC pop_options
+
+#define GEMM_AVX2_ROWFNS(tname)                                                  \
+    {gemm_avx2_##tname##_1, gemm_avx2_##tname##_2, gemm_avx2_##tname##_3,        \
+     gemm_avx2_##tname##_4, gemm_avx2_##tname##_5, gemm_avx2_##tname##_6}
+static gemm_tile_fn *const gemm_avx2_tiles[GEMM_W_COUNT][GEMM_MR] = {
+    [GEMM_W_F32] = GEMM_AVX2_ROWFNS(f32),
+    [GEMM_W_F16] = GEMM_AVX2_ROWFNS(f16),
+    [GEMM_W_BF16] = GEMM_AVX2_ROWFNS(bf16),
+    [GEMM_W_Q8_0] = GEMM_AVX2_ROWFNS(q8_0),
+};
+#endif
+
+static gemm_tile_fn *const gemm_scalar_tiles[GEMM_MR] = {
+    gemm_scalar_tile, gemm_scalar_tile, gemm_scalar_tile,
+    gemm_scalar_tile, gemm_scalar_tile, gemm_scalar_tile,
+};
+
+/* The micro-kernels (indexed by mr - 1) for a weight type on the ISA in force. */
+static gemm_tile_fn *const *gemm_tiles_for(gemm_wtype type)
+{
+#if defined(__x86_64__)
+    if (pd_cpu_isa() >= PD_ISA_AVX2)
+        return gemm_avx2_tiles[type];
+#endif
+    return gemm_scalar_tiles;
+}
+
 /* ---- tiling and threads ---- */
 
 typedef struct gemm_job {
@@ -334,7 +476,7 @@ typedef struct gemm_job {
     float *c;
     size_t ldc;
     uint32_t panels_per_task;
-    void (*tile)(const gemm_tile *t);
+    gemm_tile_fn *const *tiles; /* indexed by mr - 1 */
 } gemm_job;
 
 /* A task: a contiguous range of panels, for all m rows, M block by M block. */
@@ -360,7 +502,7 @@ static void gemm_task(void *ctxp, uint32_t task, uint32_t thread)
                 t.mr = me - i < GEMM_MR ? me - i : GEMM_MR;
                 t.a = j->a + (size_t)i * j->lda;
                 t.c = j->c + (size_t)i * j->ldc + col0;
-                j->tile(&t);
+                j->tiles[t.mr - 1](&t);
             }
         }
     }
@@ -396,7 +538,7 @@ void gemm_run_ld(const gemm_w *w, const float *a, size_t lda, uint32_t m, float 
     gemm_job job = {
         .w = w, .a = a, .lda = lda, .m = m, .c = c, .ldc = ldc,
         .panels_per_task = ppt,
-        .tile = gemm_scalar_tile,
+        .tiles = gemm_tiles_for(w->type),
     };
     uint32_t n_tasks = (w->n_panels + ppt - 1) / ppt;
     pool_run(threads == 1 ? NULL : p, n_tasks, gemm_task, &job);

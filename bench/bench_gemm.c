@@ -1,0 +1,199 @@
+/* GEMM benchmark: the invariant kernel against OpenBLAS sgemm on the decoder's
+ * shape (K = 1280, N = 3584), one thread, M = 1 .. 256, measured in the same
+ * run; plus the bandwidth the M = 1 case achieves against the machine's read
+ * bandwidth (probe.h), and 16-bit / Q8_0 figures. Prints one JSON object.
+ *
+ * Weights are "cold" as in a real stage, whose layers far exceed the last
+ * level cache: each call uses the next of several weight copies whose total
+ * size exceeds the cache. Every figure is the best of several repetitions,
+ * and the two backends alternate repetitions so background load hits both.
+ *
+ * usage: bench_gemm [reps]   (default 7) */
+#include "probe.h"
+
+#include "cache/cpu.h"
+#include "cache/fp16.h"
+#include "cluster/gemm.h"
+
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BK 1280u
+#define BN 3584u
+#define BMAX 256u
+/* copies of the weights cycled through: 8 x 18.4 MB f32 > any L3 slice here */
+#define BCOPIES 8
+
+typedef struct bench_set {
+    gemm_w *inv[BCOPIES];
+    gemm_w *blas[BCOPIES];
+} bench_set;
+
+static void bench_die(const char *what, const pd_err *err)
+{
+    fprintf(stderr, "bench_gemm: %s: %s\n", what, err ? err->msg : "");
+    exit(1);
+}
+
+static uint8_t *bench_weights(gemm_wtype type, uint64_t seed)
+{
+    size_t row = gemm_row_bytes(type, BK);
+    uint8_t *w = malloc(row * BN);
+    if (!w)
+        bench_die("out of memory", NULL);
+    uint64_t s = seed;
+    for (uint32_t j = 0; j < BN; j++) {
+        uint8_t *r = w + row * j;
+        for (uint32_t k = 0; k < BK; k++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            float v = (float)((int32_t)(s >> 40) - (1 << 23)) * (1.0f / (float)(1 << 23));
+            uint16_t h;
+            switch (type) {
+            case GEMM_W_F32: memcpy(r + 4 * k, &v, 4); break;
+            case GEMM_W_F16: h = pd_f32_to_f16(v); memcpy(r + 2 * k, &h, 2); break;
+            case GEMM_W_BF16: h = pd_f32_to_bf16(v); memcpy(r + 2 * k, &h, 2); break;
+            case GEMM_W_Q8_0:
+                if (k % 32 == 0) {
+                    h = pd_f32_to_f16(0.01f);
+                    memcpy(r + 34 * (k / 32), &h, 2);
+                }
+                r[34 * (k / 32) + 2 + k % 32] = (uint8_t)(int8_t)(v * 127.0f);
+                break;
+            default: break;
+            }
+        }
+    }
+    return w;
+}
+
+static void bench_pack(bench_set *s, gemm_wtype type, int with_blas)
+{
+    memset(s, 0, sizeof *s);
+    for (int c = 0; c < BCOPIES; c++) {
+        uint8_t *w = bench_weights(type, 1234 + (uint64_t)c);
+        pd_err err = {0};
+        if (gemm_pack(w, type, BN, BK, GEMM_BACKEND_INVARIANT, NULL, &s->inv[c], &err) != PD_OK)
+            bench_die("pack", &err);
+        if (with_blas &&
+            gemm_pack(w, type, BN, BK, GEMM_BACKEND_OPENBLAS, NULL, &s->blas[c], &err) != PD_OK)
+            bench_die("pack openblas", &err);
+        free(w);
+    }
+}
+
+static void bench_unpack(bench_set *s)
+{
+    for (int c = 0; c < BCOPIES; c++) {
+        gemm_free(s->inv[c]);
+        gemm_free(s->blas[c]);
+    }
+}
+
+/* Seconds per call: best over reps of (a batch of calls cycling the copies). */
+static double bench_time(gemm_w *const *ws, const float *a, uint32_t m, float *c, int calls)
+{
+    double t0 = probe_now();
+    for (int i = 0; i < calls; i++)
+        gemm_run(ws[i % BCOPIES], a, m, c, NULL);
+    return (probe_now() - t0) / calls;
+}
+
+static int bench_calls(uint32_t m)
+{
+    return m <= 16 ? 16 : m <= 64 ? 8 : 3;
+}
+
+int main(int argc, char **argv)
+{
+    int reps = argc > 1 ? atoi(argv[1]) : 7;
+    if (reps < 1)
+        reps = 1;
+    openblas_set_num_threads(1);
+    float *a = malloc(sizeof(float) * BMAX * BK);
+    float *c = malloc(sizeof(float) * BMAX * BN);
+    if (!a || !c)
+        bench_die("out of memory", NULL);
+    for (size_t i = 0; i < (size_t)BMAX * BK; i++)
+        a[i] = (float)((i * 2654435761u) % 2001u) / 1000.0f - 1.0f;
+
+    double bw = probe_read_bw(1, 5);
+    static const uint32_t ms[] = {1, 4, 16, 64, 256};
+    bench_set set;
+    bench_pack(&set, GEMM_W_F32, 1);
+    /* warm-up: page in every copy, let OpenBLAS start */
+    for (int c2 = 0; c2 < BCOPIES; c2++) {
+        gemm_run(set.inv[c2], a, 1, c, NULL);
+        gemm_run(set.blas[c2], a, 1, c, NULL);
+    }
+
+    printf("{\n  \"bench\": \"gemm\",\n  \"threads\": 1,\n  \"isa\": \"%s\",\n",
+           pd_isa_name(pd_cpu_isa()));
+    printf("  \"k\": %u,\n  \"n\": %u,\n  \"reps\": %d,\n  \"weight_copies\": %d,\n", BK, BN, reps,
+           BCOPIES);
+    printf("  \"openblas\": \"%s\",\n", openblas_get_config());
+    printf("  \"read_bw_1t_gbs\": %.2f,\n", bw / 1e9);
+    printf("  \"f32\": [\n");
+    int all_met = 1;
+    double m1_inv_s = 0.0;
+    for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+        uint32_t m = ms[mi];
+        int calls = bench_calls(m);
+        double bi = 1e30, bb = 1e30;
+        for (int r = 0; r < reps; r++) {
+            double ti = bench_time(set.inv, a, m, c, calls);
+            double tb = bench_time(set.blas, a, m, c, calls);
+            bi = ti < bi ? ti : bi;
+            bb = tb < bb ? tb : bb;
+        }
+        if (m == 1)
+            m1_inv_s = bi;
+        double flop = 2.0 * m * BN * BK;
+        double gi = flop / bi / 1e9, gb = flop / bb / 1e9;
+        double goal = m <= 16 ? 1.0 : 0.85;
+        int met = gi / gb >= goal;
+        all_met &= met;
+        printf("    {\"m\": %u, \"invariant_gflops\": %.2f, \"openblas_gflops\": %.2f, "
+               "\"ratio\": %.3f, \"goal\": %.2f, \"goal_met\": %s}%s\n",
+               m, gi, gb, gi / gb, goal, met ? "true" : "false",
+               mi + 1 < sizeof ms / sizeof ms[0] ? "," : "");
+    }
+    printf("  ],\n");
+    double m1_bytes = (double)gemm_bytes(set.inv[0]) + 4.0 * (BK + BN);
+    double m1_bw = m1_bytes / m1_inv_s;
+    printf("  \"m1_bandwidth\": {\"invariant_gbs\": %.2f, \"read_bw_gbs\": %.2f, \"ratio\": %.3f},\n",
+           m1_bw / 1e9, bw / 1e9, m1_bw / bw);
+    bench_unpack(&set);
+
+    /* 16-bit and Q8_0 weights: invariant kernel only (OpenBLAS has no such
+     * type); GFLOP/s and the weight bandwidth at M = 1. */
+    static const gemm_wtype qt[] = {GEMM_W_F16, GEMM_W_BF16, GEMM_W_Q8_0};
+    printf("  \"quantized\": [\n");
+    for (size_t ti = 0; ti < 3; ti++) {
+        bench_pack(&set, qt[ti], 0);
+        for (int c2 = 0; c2 < BCOPIES; c2++)
+            gemm_run(set.inv[c2], a, 1, c, NULL);
+        for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+            uint32_t m = ms[mi];
+            double best = 1e30;
+            for (int r = 0; r < reps; r++) {
+                double t = bench_time(set.inv, a, m, c, bench_calls(m));
+                best = t < best ? t : best;
+            }
+            double flop = 2.0 * m * BN * BK;
+            printf("    {\"type\": \"%s\", \"m\": %u, \"invariant_gflops\": %.2f, "
+                   "\"weight_gbs\": %.2f, \"bw_ratio\": %.3f}%s\n",
+                   gemm_wtype_name(qt[ti]), m, flop / best / 1e9,
+                   (double)gemm_bytes(set.inv[0]) / best / 1e9,
+                   (double)gemm_bytes(set.inv[0]) / best / bw,
+                   ti + 1 < 3 || mi + 1 < sizeof ms / sizeof ms[0] ? "," : "");
+        }
+        bench_unpack(&set);
+    }
+    printf("  ],\n");
+    printf("  \"goal_met\": %s\n}\n", all_met ? "true" : "false");
+    free(a);
+    free(c);
+    return 0;
+}

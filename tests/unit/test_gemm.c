@@ -1,0 +1,598 @@
+/* Tests for cluster/gemm.h: the batch-invariance contract (every C element is
+ * one fmaf chain over k from +0.0f) checked bit for bit against an independent
+ * reference, whatever M, N, the row offset, the thread count, the ISA path or
+ * the weight type; OpenBLAS agreement within tolerance; bad arguments. */
+#include "pd_test.h"
+
+#include "cache/cpu.h"
+#include "cache/fp16.h"
+#include "cluster/gemm.h"
+#include "cluster/pool.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A weight matrix in its stored form plus its exact f32 values. */
+typedef struct test_mat {
+    gemm_wtype type;
+    uint32_t n, k;
+    uint8_t *raw;  /* [n x k] as GGUF stores it */
+    float *deq;    /* [n x k] exact values, computed here independently */
+} test_mat;
+
+static void put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)(v & 0xff);
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static test_mat mat_make(gemm_wtype type, uint32_t n, uint32_t k, uint64_t seed)
+{
+    pd_rng r = {.s = seed};
+    test_mat m = {.type = type, .n = n, .k = k};
+    size_t row = gemm_row_bytes(type, k);
+    ck_assert_uint_gt(row, 0);
+    m.raw = malloc(row * n);
+    m.deq = malloc(sizeof(float) * n * k);
+    ck_assert(m.raw && m.deq);
+    for (uint32_t j = 0; j < n; j++) {
+        uint8_t *dst = m.raw + row * j;
+        float *dq = m.deq + (size_t)j * k;
+        for (uint32_t kk = 0; kk < k; kk++) {
+            float v = pd_rng_uniform(&r, -1.0f, 1.0f);
+            switch (type) {
+            case GEMM_W_F32:
+                memcpy(dst + 4 * kk, &v, 4);
+                dq[kk] = v;
+                break;
+            case GEMM_W_F16: {
+                uint16_t h = pd_f32_to_f16(v);
+                put16(dst + 2 * kk, h);
+                dq[kk] = pd_f16_to_f32(h);
+                break;
+            }
+            case GEMM_W_BF16: {
+                uint16_t h = pd_f32_to_bf16(v);
+                put16(dst + 2 * kk, h);
+                dq[kk] = pd_bf16_to_f32(h);
+                break;
+            }
+            case GEMM_W_Q8_0: {
+                uint8_t *blk = dst + 34 * (kk / 32);
+                if (kk % 32 == 0)
+                    put16(blk, pd_f32_to_f16(pd_rng_uniform(&r, 0.001f, 0.03f)));
+                int8_t q = (int8_t)((int)pd_rng_below(&r, 256) - 128);
+                blk[2 + kk % 32] = (uint8_t)q;
+                float d = pd_f16_to_f32((uint16_t)(blk[0] | (blk[1] << 8)));
+                dq[kk] = (float)q * d;
+                break;
+            }
+            default: ck_abort();
+            }
+        }
+    }
+    return m;
+}
+
+static void mat_free(test_mat *m)
+{
+    free(m->raw);
+    free(m->deq);
+}
+
+static float *act_make(uint32_t m, uint32_t k, uint64_t seed)
+{
+    pd_rng r = {.s = seed};
+    float *a = malloc(sizeof(float) * ((size_t)m * k + 1));
+    ck_assert_ptr_nonnull(a);
+    pd_rng_fill(&r, a, (size_t)m * k, -1.0f, 1.0f);
+    return a;
+}
+
+/* The contract, written out: one fmaf chain per element from +0.0f. */
+static void ref_gemm(const float *a, size_t lda, uint32_t m, const test_mat *w, float *c, size_t ldc)
+{
+    for (uint32_t i = 0; i < m; i++)
+        for (uint32_t j = 0; j < w->n; j++) {
+            float acc = 0.0f;
+            for (uint32_t kk = 0; kk < w->k; kk++)
+                acc = fmaf(a[(size_t)i * lda + kk], w->deq[(size_t)j * w->k + kk], acc);
+            c[(size_t)i * ldc + j] = acc;
+        }
+}
+
+static gemm_w *pack_or_die(const test_mat *t, gemm_backend be)
+{
+    gemm_w *g = NULL;
+    pd_err err = {0};
+    pd_status st = gemm_pack(t->raw, t->type, t->n, t->k, be, NULL, &g, &err);
+    ck_assert_msg(st == PD_OK, "gemm_pack %s %ux%u: %s", gemm_wtype_name(t->type), t->n, t->k,
+                  err.msg);
+    gemm_check(g);
+    return g;
+}
+
+/* Index of the first element whose bits differ, or -1. */
+static long first_diff(const float *x, const float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&x[i], &y[i], sizeof(float)) != 0)
+            return (long)i;
+    return -1;
+}
+
+/* fmt takes at least one argument; the first differing element is appended. */
+#define ASSERT_BITS_EQ(x, y, count, fmt, ...)                                                 \
+    do {                                                                                      \
+        long d_ = first_diff((x), (y), (count));                                              \
+        if (d_ >= 0)                                                                          \
+            ck_abort_msg(fmt ": element %ld: %a != %a", __VA_ARGS__, d_, (double)(x)[d_],     \
+                         (double)(y)[d_]);                                                    \
+    } while (0)
+
+static const gemm_wtype all_types[] = {GEMM_W_F32, GEMM_W_F16, GEMM_W_BF16, GEMM_W_Q8_0};
+
+/* Every (type, shape, isa): gemm_run equals the reference chain bit for bit. */
+START_TEST(gemm_matches_the_fma_chain_for_every_type_and_isa)
+{
+    static const uint32_t ns[] = {1, 15, 16, 17, 40};
+    static const uint32_t ks[] = {1, 7, 33, 64};
+    static const uint32_t ms[] = {1, 2, 3, 5, 6, 7, 13, 50};
+    pd_isa best = pd_cpu_detect();
+    for (int isa = PD_ISA_SCALAR; isa <= (int)best; isa++) {
+        ck_assert_int_eq(pd_cpu_set_isa((pd_isa)isa), isa);
+        for (size_t ti = 0; ti < 4; ti++)
+            for (size_t ni = 0; ni < 5; ni++)
+                for (size_t ki = 0; ki < 4; ki++) {
+                    gemm_wtype type = all_types[ti];
+                    uint32_t n = ns[ni], k = ks[ki];
+                    if (type == GEMM_W_Q8_0)
+                        k = 32 * (uint32_t)(ki + 1);
+                    test_mat t = mat_make(type, n, k, 100 + ti * 31 + ni * 7 + ki);
+                    gemm_w *g = pack_or_die(&t, GEMM_BACKEND_INVARIANT);
+                    float *a = act_make(50, k, 5 + ni + ki);
+                    float *want = malloc(sizeof(float) * 50 * n);
+                    float *got = malloc(sizeof(float) * 50 * n);
+                    for (size_t mi = 0; mi < 8; mi++) {
+                        uint32_t m = ms[mi];
+                        ref_gemm(a, k, m, &t, want, n);
+                        memset(got, 0xff, sizeof(float) * 50 * n);
+                        gemm_run(g, a, m, got, NULL);
+                        ASSERT_BITS_EQ(got, want, (size_t)m * n, "isa %s type %s m %u n %u k %u",
+                                       pd_isa_name((pd_isa)isa), gemm_wtype_name(type), m, n, k);
+                    }
+                    free(a);
+                    free(want);
+                    free(got);
+                    gemm_free(g);
+                    mat_free(&t);
+                }
+    }
+}
+END_TEST
+
+/* Every row of a 300-row batch, computed in batches of every size M = 1..300
+ * starting at varying row offsets, has the bits it has when computed alone. */
+static void rows_independent_of_m(gemm_wtype type, uint32_t n, uint32_t k, uint32_t m_step)
+{
+    const uint32_t rows = 300;
+    test_mat t = mat_make(type, n, k, 77 + n + k);
+    gemm_w *g = pack_or_die(&t, GEMM_BACKEND_INVARIANT);
+    float *a = act_make(rows, k, 991 + k);
+    float *alone = malloc(sizeof(float) * rows * n);
+    float *batch = malloc(sizeof(float) * rows * n);
+    for (uint32_t r = 0; r < rows; r++)
+        gemm_run(g, a + (size_t)r * k, 1, alone + (size_t)r * n, NULL);
+    /* the single-row results themselves follow the contract */
+    float *want = malloc(sizeof(float) * rows * n);
+    ref_gemm(a, k, rows, &t, want, n);
+    ASSERT_BITS_EQ(alone, want, (size_t)rows * n, "single rows, %s n %u k %u",
+                   gemm_wtype_name(type), n, k);
+    for (uint32_t m = 1; m <= rows; m += m_step) {
+        uint32_t off = (m * 37u) % (rows - m + 1);
+        gemm_run(g, a + (size_t)off * k, m, batch, NULL);
+        ASSERT_BITS_EQ(batch, alone + (size_t)off * n, (size_t)m * n,
+                       "%s n %u k %u: batch of %u rows from row %u", gemm_wtype_name(type), n, k,
+                       m, off);
+    }
+    free(want);
+    free(a);
+    free(alone);
+    free(batch);
+    gemm_free(g);
+    mat_free(&t);
+}
+
+START_TEST(gemm_row_bits_do_not_depend_on_m)
+{
+    rows_independent_of_m(GEMM_W_F32, 37, 67, 1);
+    rows_independent_of_m(GEMM_W_F32, 16, 129, 1);
+    rows_independent_of_m(GEMM_W_F32, 50, 8, 1);
+    rows_independent_of_m(GEMM_W_F16, 33, 31, 3);
+    rows_independent_of_m(GEMM_W_BF16, 20, 45, 3);
+    rows_independent_of_m(GEMM_W_Q8_0, 39, 64, 3);
+}
+END_TEST
+
+START_TEST(gemm_row_bits_do_not_depend_on_m_scalar_path)
+{
+    pd_cpu_set_isa(PD_ISA_SCALAR);
+    rows_independent_of_m(GEMM_W_F32, 37, 67, 11);
+    rows_independent_of_m(GEMM_W_Q8_0, 21, 32, 13);
+}
+END_TEST
+
+/* 1, 2 and 3 threads (and no pool) give the same bits, for M across the
+ * tile and block boundaries. */
+START_TEST(gemm_bits_do_not_depend_on_thread_count)
+{
+    const uint32_t n = 203, k = 96, max_m = 130;
+    static const uint32_t ms[] = {1, 4, 7, 16, 64, 97, 130};
+    pool *pools[3] = {NULL, NULL, NULL};
+    for (uint32_t t = 0; t < 3; t++)
+        ck_assert_int_eq(pool_new(t + 1, &pools[t], NULL), PD_OK);
+    for (size_t ti = 0; ti < 4; ti++) {
+        test_mat t = mat_make(all_types[ti], n, k, 5150 + ti);
+        gemm_w *g = pack_or_die(&t, GEMM_BACKEND_INVARIANT);
+        float *a = act_make(max_m, k, 31 + ti);
+        float *want = malloc(sizeof(float) * max_m * n);
+        float *got = malloc(sizeof(float) * max_m * n);
+        ref_gemm(a, k, max_m, &t, want, n);
+        for (size_t mi = 0; mi < 7; mi++) {
+            for (uint32_t th = 0; th < 3; th++) {
+                memset(got, 0, sizeof(float) * max_m * n);
+                gemm_run(g, a, ms[mi], got, pools[th]);
+                ASSERT_BITS_EQ(got, want, (size_t)ms[mi] * n, "%s m %u, %u threads",
+                               gemm_wtype_name(all_types[ti]), ms[mi], th + 1);
+            }
+        }
+        for (uint32_t th = 0; th < 3; th++)
+            pool_check(pools[th]);
+        free(a);
+        free(want);
+        free(got);
+        gemm_free(g);
+        mat_free(&t);
+    }
+    for (uint32_t t = 0; t < 3; t++)
+        pool_free(pools[t]);
+}
+END_TEST
+
+/* Column j has the same bits whether W has 1, 15, 16, 17 ... or all n rows
+ * (different panel counts and task splits), and whether C is written
+ * through gemm_run_ld with wider strides. */
+START_TEST(gemm_bits_do_not_depend_on_n_split)
+{
+    const uint32_t n = 150, k = 64, m = 23;
+    static const uint32_t sub[] = {1, 15, 16, 17, 33, 100, 149};
+    pool *p = NULL;
+    ck_assert_int_eq(pool_new(2, &p, NULL), PD_OK);
+    test_mat t = mat_make(GEMM_W_F32, n, k, 4242);
+    gemm_w *full = pack_or_die(&t, GEMM_BACKEND_INVARIANT);
+    float *a = act_make(m, k, 8);
+    float *cf = malloc(sizeof(float) * m * n);
+    float *cs = malloc(sizeof(float) * m * n);
+    gemm_run(full, a, m, cf, p);
+    for (size_t si = 0; si < 7; si++) {
+        uint32_t ns = sub[si];
+        gemm_w *g = NULL;
+        ck_assert_int_eq(gemm_pack(t.raw, GEMM_W_F32, ns, k, GEMM_BACKEND_INVARIANT, NULL, &g, NULL),
+                         PD_OK);
+        gemm_run(g, a, m, cs, si % 2 ? p : NULL);
+        for (uint32_t i = 0; i < m; i++)
+            ASSERT_BITS_EQ(cs + (size_t)i * ns, cf + (size_t)i * n, ns, "first %u columns, row %u",
+                           ns, i);
+        gemm_free(g);
+    }
+    /* strided A and C: the gaps stay untouched, the values keep their bits */
+    const size_t lda = k + 5, ldc = n + 9;
+    float *a2 = malloc(sizeof(float) * m * lda);
+    float *c2 = malloc(sizeof(float) * m * ldc);
+    for (uint32_t i = 0; i < m; i++)
+        memcpy(a2 + i * lda, a + (size_t)i * k, sizeof(float) * k);
+    for (size_t x = 0; x < m * ldc; x++)
+        c2[x] = -7.0f;
+    gemm_run_ld(full, a2, lda, m, c2, ldc, p);
+    for (uint32_t i = 0; i < m; i++) {
+        ASSERT_BITS_EQ(c2 + i * ldc, cf + (size_t)i * n, n, "strided row %u", i);
+        for (size_t x = n; x < ldc; x++)
+            ck_assert_float_eq(c2[i * ldc + x], -7.0f);
+    }
+    free(a2);
+    free(c2);
+    free(a);
+    free(cf);
+    free(cs);
+    gemm_free(full);
+    mat_free(&t);
+    pool_free(p);
+}
+END_TEST
+
+/* The AVX2 path and the portable path give the same bits (large enough to
+ * use every tile height and a partial panel). */
+START_TEST(gemm_simd_equals_scalar_bit_for_bit)
+{
+    ck_assert_int_eq(pd_cpu_set_isa(PD_ISA_SCALAR), PD_ISA_SCALAR);
+    const uint32_t n = 45, k = 96, m = 41;
+    for (size_t ti = 0; ti < 4; ti++) {
+        test_mat t = mat_make(all_types[ti], n, k, 606 + ti);
+        gemm_w *g = pack_or_die(&t, GEMM_BACKEND_INVARIANT);
+        float *a = act_make(m, k, 99 + ti);
+        float *cs = malloc(sizeof(float) * m * n);
+        float *cv = malloc(sizeof(float) * m * n);
+        pd_cpu_set_isa(PD_ISA_SCALAR);
+        gemm_run(g, a, m, cs, NULL);
+        pd_isa got = pd_cpu_set_isa(PD_ISA_AVX2);
+        ck_assert_int_eq(got, pd_cpu_detect());
+        gemm_run(g, a, m, cv, NULL);
+        ASSERT_BITS_EQ(cv, cs, (size_t)m * n, "%s: %s vs scalar", gemm_wtype_name(all_types[ti]),
+                       pd_isa_name(got));
+        free(a);
+        free(cs);
+        free(cv);
+        gemm_free(g);
+        mat_free(&t);
+    }
+}
+END_TEST
+
+/* F16 / BF16 / Q8_0 GEMMs equal the f32 GEMM run on the dequantized
+ * weights, bit for bit. */
+START_TEST(gemm_quantized_equals_f32_of_dequantized)
+{
+    const uint32_t n = 70, k = 160, m = 19;
+    for (size_t ti = 1; ti < 4; ti++) {
+        test_mat t = mat_make(all_types[ti], n, k, 1234 + ti);
+        gemm_w *gq = pack_or_die(&t, GEMM_BACKEND_INVARIANT);
+        gemm_w *gf = NULL;
+        ck_assert_int_eq(gemm_pack(t.deq, GEMM_W_F32, n, k, GEMM_BACKEND_INVARIANT, NULL, &gf, NULL),
+                         PD_OK);
+        float *a = act_make(m, k, 3 + ti);
+        float *cq = malloc(sizeof(float) * m * n);
+        float *cf = malloc(sizeof(float) * m * n);
+        for (int isa = PD_ISA_SCALAR; isa <= (int)pd_cpu_detect(); isa++) {
+            pd_cpu_set_isa((pd_isa)isa);
+            gemm_run(gq, a, m, cq, NULL);
+            gemm_run(gf, a, m, cf, NULL);
+            ASSERT_BITS_EQ(cq, cf, (size_t)m * n, "%s vs f32, isa %s",
+                           gemm_wtype_name(all_types[ti]), pd_isa_name((pd_isa)isa));
+        }
+        ck_assert_uint_lt(gemm_bytes(gq), gemm_bytes(gf)); /* stays compact */
+        free(a);
+        free(cq);
+        free(cf);
+        gemm_free(gq);
+        gemm_free(gf);
+        mat_free(&t);
+    }
+}
+END_TEST
+
+/* |x - y| <= 1e-5 * sum_k |a||w| (the scale of the dot product). */
+static void assert_close(const float *x, const float *y, const float *a, const test_mat *t,
+                         uint32_t m, const char *what)
+{
+    for (uint32_t i = 0; i < m; i++)
+        for (uint32_t j = 0; j < t->n; j++) {
+            double scale = 0.0;
+            for (uint32_t kk = 0; kk < t->k; kk++)
+                scale += fabs((double)a[(size_t)i * t->k + kk] * t->deq[(size_t)j * t->k + kk]);
+            double d = fabs((double)x[(size_t)i * t->n + j] - (double)y[(size_t)i * t->n + j]);
+            if (d > 1e-5 * scale)
+                ck_abort_msg("%s: [%u][%u] %.9g vs %.9g (scale %.3g)", what, i, j,
+                             (double)x[(size_t)i * t->n + j], (double)y[(size_t)i * t->n + j],
+                             scale);
+        }
+}
+
+START_TEST(gemm_agrees_with_openblas_within_tolerance)
+{
+    const uint32_t n = 97, k = 256, m = 33;
+    pool *p = NULL;
+    ck_assert_int_eq(pool_new(2, &p, NULL), PD_OK);
+    for (size_t ti = 0; ti < 4; ti++) {
+        test_mat t = mat_make(all_types[ti], n, k, 777 + ti);
+        gemm_w *gi = pack_or_die(&t, GEMM_BACKEND_INVARIANT);
+        gemm_w *gb = pack_or_die(&t, GEMM_BACKEND_OPENBLAS);
+        ck_assert_int_eq(gemm_get_backend(gb), GEMM_BACKEND_OPENBLAS);
+        ck_assert_uint_eq(gemm_bytes(gb), (size_t)n * k * 4);
+        float *a = act_make(m, k, 12 + ti);
+        float *ci = malloc(sizeof(float) * m * n);
+        float *cb = malloc(sizeof(float) * m * n);
+        float *cd = malloc(sizeof(float) * m * n);
+        gemm_run(gi, a, m, ci, p);
+        gemm_run(gb, a, m, cb, p);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)n, (int)k, 1.0f, a,
+                    (int)k, t.deq, (int)k, 0.0f, cd, (int)n);
+        assert_close(ci, cd, a, &t, m, "invariant vs cblas_sgemm");
+        assert_close(cb, cd, a, &t, m, "openblas backend vs cblas_sgemm");
+        free(a);
+        free(ci);
+        free(cb);
+        free(cd);
+        gemm_free(gi);
+        gemm_free(gb);
+        mat_free(&t);
+    }
+    pool_free(p);
+}
+END_TEST
+
+/* A chain from +0.0f: a*w products that are all -0 sum to +0 (a kernel that
+ * started from the first product would give -0). */
+START_TEST(gemm_zero_products_give_positive_zero)
+{
+    const uint32_t n = 17, k = 5;
+    float w[17 * 5], a[3 * 5], c[3 * 17];
+    for (size_t x = 0; x < 17 * 5; x++)
+        w[x] = 0.0f;
+    for (size_t x = 0; x < 3 * 5; x++)
+        a[x] = -1.5f;
+    gemm_w *g = NULL;
+    ck_assert_int_eq(gemm_pack(w, GEMM_W_F32, n, k, GEMM_BACKEND_INVARIANT, NULL, &g, NULL), PD_OK);
+    for (int isa = PD_ISA_SCALAR; isa <= (int)pd_cpu_detect(); isa++) {
+        pd_cpu_set_isa((pd_isa)isa);
+        memset(c, 0x80, sizeof c);
+        gemm_run(g, a, 3, c, NULL);
+        for (size_t x = 0; x < 3 * 17; x++) {
+            uint32_t bits;
+            memcpy(&bits, &c[x], 4);
+            ck_assert_msg(bits == 0, "isa %d: element %zu has bits %08x", isa, x, bits);
+        }
+    }
+    gemm_free(g);
+}
+END_TEST
+
+START_TEST(gemm_m_zero_leaves_c_untouched)
+{
+    float w[16 * 4] = {1.0f}, a[4] = {1.0f}, c[16];
+    for (int x = 0; x < 16; x++)
+        c[x] = 3.0f;
+    gemm_w *g = NULL;
+    ck_assert_int_eq(gemm_pack(w, GEMM_W_F32, 16, 4, GEMM_BACKEND_INVARIANT, NULL, &g, NULL), PD_OK);
+    gemm_run(g, a, 0, c, NULL);
+    for (int x = 0; x < 16; x++)
+        ck_assert_float_eq(c[x], 3.0f);
+    gemm_run(g, a, 1, c, NULL);
+    ck_assert_float_eq(c[0], 1.0f);
+    ck_assert_float_eq(c[1], 0.0f);
+    gemm_free(g);
+}
+END_TEST
+
+/* A counting allocator that can be told to fail. */
+typedef struct count_alloc {
+    size_t live_bytes;
+    int live_blocks;
+    int fail_after; /* allocations left before failing; < 0 = never */
+} count_alloc;
+
+static void *ca_alloc(void *ctx, size_t bytes)
+{
+    count_alloc *c = ctx;
+    if (c->fail_after == 0)
+        return NULL;
+    if (c->fail_after > 0)
+        c->fail_after--;
+    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (p) {
+        c->live_bytes += bytes;
+        c->live_blocks++;
+    }
+    return p;
+}
+
+static void ca_free(void *ctx, void *p, size_t bytes)
+{
+    count_alloc *c = ctx;
+    if (!p)
+        return;
+    c->live_bytes -= bytes;
+    c->live_blocks--;
+    free(p);
+}
+
+START_TEST(gemm_pack_uses_and_returns_the_given_allocator)
+{
+    count_alloc ca = {.fail_after = -1};
+    pd_alloc al = {.alloc = ca_alloc, .free = ca_free, .ctx = &ca};
+    test_mat t = mat_make(GEMM_W_Q8_0, 33, 64, 1);
+    gemm_w *g = NULL;
+    ck_assert_int_eq(gemm_pack(t.raw, GEMM_W_Q8_0, 33, 64, GEMM_BACKEND_INVARIANT, &al, &g, NULL),
+                     PD_OK);
+    ck_assert_int_gt(ca.live_blocks, 0);
+    ck_assert_uint_ge(ca.live_bytes, gemm_bytes(g));
+    /* 3 panels x 2 blocks x 544 bytes: scales and int8 stay compact */
+    ck_assert_uint_eq(gemm_bytes(g), 3u * 2u * 544u);
+    ck_assert_uint_eq(gemm_rows_n(g), 33);
+    ck_assert_uint_eq(gemm_cols_k(g), 64);
+    ck_assert_int_eq(gemm_get_wtype(g), GEMM_W_Q8_0);
+    ck_assert_int_eq(gemm_get_backend(g), GEMM_BACKEND_INVARIANT);
+    gemm_free(g);
+    ck_assert_int_eq(ca.live_blocks, 0);
+    ck_assert_uint_eq(ca.live_bytes, 0);
+    for (int fail = 0; fail < 2; fail++) {
+        ca.fail_after = fail;
+        gemm_w *sentinel = (gemm_w *)&ca;
+        g = sentinel;
+        pd_err err = {0};
+        ck_assert_int_eq(gemm_pack(t.raw, GEMM_W_Q8_0, 33, 64, GEMM_BACKEND_INVARIANT, &al, &g, &err),
+                         PD_ERR_NOMEM);
+        ck_assert_ptr_eq(g, sentinel);
+        ck_assert_int_eq(ca.live_blocks, 0);
+        ck_assert_uint_eq(ca.live_bytes, 0);
+        ck_assert(strlen(err.msg) > 0);
+    }
+    mat_free(&t);
+    gemm_free(NULL);
+}
+END_TEST
+
+static void expect_pack_fails(const void *w, gemm_wtype type, uint32_t n, uint32_t k,
+                              gemm_backend be, pd_status want)
+{
+    gemm_w *sentinel = (gemm_w *)&sentinel, *g = sentinel;
+    pd_err err = {0};
+    pd_status st = gemm_pack(w, type, n, k, be, NULL, &g, &err);
+    ck_assert_msg(st == want, "type %d n %u k %u be %d: status %d (%s), want %d", (int)type, n, k,
+                  (int)be, (int)st, err.msg, (int)want);
+    ck_assert_ptr_eq(g, sentinel);
+    ck_assert_int_eq(err.status, want);
+}
+
+START_TEST(gemm_pack_rejects_bad_arguments)
+{
+    static float w[64 * 64];
+    expect_pack_fails(NULL, GEMM_W_F32, 4, 4, GEMM_BACKEND_INVARIANT, PD_ERR_ARG);
+    expect_pack_fails(w, GEMM_W_F32, 0, 4, GEMM_BACKEND_INVARIANT, PD_ERR_ARG);
+    expect_pack_fails(w, GEMM_W_F32, 4, 0, GEMM_BACKEND_INVARIANT, PD_ERR_ARG);
+    expect_pack_fails(w, GEMM_W_F32, 0, 0, GEMM_BACKEND_OPENBLAS, PD_ERR_ARG);
+    expect_pack_fails(w, GEMM_W_COUNT, 4, 4, GEMM_BACKEND_INVARIANT, PD_ERR_ARG);
+    expect_pack_fails(w, (gemm_wtype)-1, 4, 4, GEMM_BACKEND_INVARIANT, PD_ERR_ARG);
+    expect_pack_fails(w, GEMM_W_F32, 4, 4, GEMM_BACKEND_COUNT, PD_ERR_ARG);
+    expect_pack_fails(w, GEMM_W_Q8_0, 4, 48, GEMM_BACKEND_INVARIANT, PD_ERR_ARG);
+    expect_pack_fails(w, GEMM_W_Q8_0, 4, 31, GEMM_BACKEND_OPENBLAS, PD_ERR_ARG);
+    expect_pack_fails(w, GEMM_W_F32, UINT32_MAX, UINT32_MAX, GEMM_BACKEND_INVARIANT, PD_ERR_NOMEM);
+    expect_pack_fails(w, GEMM_W_F16, UINT32_MAX, UINT32_MAX, GEMM_BACKEND_INVARIANT, PD_ERR_NOMEM);
+    expect_pack_fails(w, GEMM_W_F32, 0x80000000u, 4, GEMM_BACKEND_OPENBLAS, PD_ERR_RANGE);
+    gemm_w *g = NULL;
+    ck_assert_int_eq(gemm_pack(w, GEMM_W_F32, 4, 4, GEMM_BACKEND_INVARIANT, NULL, NULL, NULL),
+                     PD_ERR_ARG);
+    ck_assert_ptr_null(g);
+    ck_assert_uint_eq(gemm_row_bytes(GEMM_W_Q8_0, 64), 68);
+    ck_assert_uint_eq(gemm_row_bytes(GEMM_W_Q8_0, 40), 0);
+    ck_assert_uint_eq(gemm_row_bytes(GEMM_W_BF16, 7), 14);
+    ck_assert_uint_eq(gemm_row_bytes(GEMM_W_F32, 7), 28);
+    ck_assert_uint_eq(gemm_row_bytes(GEMM_W_COUNT, 7), 0);
+    ck_assert_str_eq(gemm_wtype_name(GEMM_W_Q8_0), "q8_0");
+    ck_assert_str_eq(gemm_backend_name(GEMM_BACKEND_OPENBLAS), "openblas");
+    ck_assert_str_eq(gemm_backend_name(GEMM_BACKEND_COUNT), "unknown");
+}
+END_TEST
+
+Suite *pd_test_suite(void)
+{
+    Suite *s = suite_create("gemm");
+    TCase *tc = tcase_create("gemm");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, gemm_matches_the_fma_chain_for_every_type_and_isa);
+    tcase_add_test(tc, gemm_row_bits_do_not_depend_on_m);
+    tcase_add_test(tc, gemm_row_bits_do_not_depend_on_m_scalar_path);
+    tcase_add_test(tc, gemm_bits_do_not_depend_on_thread_count);
+    tcase_add_test(tc, gemm_bits_do_not_depend_on_n_split);
+    tcase_add_test(tc, gemm_simd_equals_scalar_bit_for_bit);
+    tcase_add_test(tc, gemm_quantized_equals_f32_of_dequantized);
+    tcase_add_test(tc, gemm_agrees_with_openblas_within_tolerance);
+    tcase_add_test(tc, gemm_zero_products_give_positive_zero);
+    tcase_add_test(tc, gemm_m_zero_leaves_c_untouched);
+    tcase_add_test(tc, gemm_pack_uses_and_returns_the_given_allocator);
+    tcase_add_test(tc, gemm_pack_rejects_bad_arguments);
+    suite_add_tcase(s, tc);
+    return s;
+}
