@@ -6,6 +6,7 @@
 #include "pd_test.h"
 
 #include "cache/attn.h"
+#include "cache/kv_layer.h"
 #include "cache/ring_layer.h"
 
 #include <math.h>
@@ -1449,6 +1450,66 @@ START_TEST(ring_new_from_state_rejects_each_bad_field)
 }
 END_TEST
 
+/* ---- KV layer vs ring layer ----------------------------------------------- */
+
+START_TEST(ring_equals_kv_layer_before_wrap)
+{
+    /* A kv_layer holding the same rows in the same order answers with the same
+     * bits as the ring layer, as long as the ring has not wrapped. */
+    const uint32_t H = 2, D = 12, W = 6, R = 5, g = 3;
+    const size_t tok = (size_t)H * D;
+    kv_layer_config kc = {.n_kv_heads = H, .head_dim = D, .mode = KV_MODE_F32,
+                          .capacity_rows = R + W, .max_q_per_kv = g};
+    kv_layer *kv = NULL;
+    pd_err e = {0};
+    ck_assert_msg(kv_layer_new(&kc, &kv, &e) == PD_OK, "%s", e.msg);
+    ring_layer *r = mk(H, D, W, R, 0, 0, g);
+    float tk[24], tv[24], q[72], a[72], b[72];
+    ring_attend_opts o = {.group = g};
+    pd_rng rng = {.s = 70};
+    for (uint32_t t = 0; t < R + W; t++) {
+        gen_token(70, t, tok, tk, tv);
+        ck_assert_msg(kv_layer_append(kv, tk, tv, &e) == PD_OK, "%s", e.msg);
+        if (t < R) {
+            prefill_ok(r, tk, tv, 1);
+            pd_rng_fill(&rng, q, tok * g, -1, 1);
+            ck_assert_int_eq(ring_layer_attend_prefill(r, t, q, &o, a, NULL, &e), PD_OK);
+        } else {
+            write_ok(r, tk, tv);
+            pd_rng_fill(&rng, q, tok * g, -1, 1);
+            attend_ok(r, q, &o, a);
+        }
+        for (uint32_t h = 0; h < H; h++) {
+            kv_attend ka = {.kv_head = h, .q_head0 = h * g, .n_q = g, .q = q + h * g * D,
+                            .out = b + h * g * D};
+            ck_assert_msg(kv_layer_attend(kv, &ka, NULL, &e) == PD_OK, "%s", e.msg);
+        }
+        ck_assert_msg(memcmp(a, b, sizeof(float) * tok * g) == 0, "row %u differs", t);
+    }
+    /* attend_upto: a whole reference at once, row i vs the KV layer's upto */
+    ring_layer *whole = mk(H, D, W, R, 0, 0, g);
+    float *all_k = malloc(sizeof(float) * R * tok), *all_v = malloc(sizeof(float) * R * tok);
+    for (uint32_t t = 0; t < R; t++)
+        gen_token(70, t, tok, all_k + t * tok, all_v + t * tok);
+    prefill_ok(whole, all_k, all_v, R);
+    for (uint32_t t = 0; t < R; t++) {
+        pd_rng_fill(&rng, q, tok * g, -1, 1);
+        ck_assert_int_eq(ring_layer_attend_prefill(whole, t, q, &o, a, NULL, &e), PD_OK);
+        for (uint32_t h = 0; h < H; h++) {
+            kv_attend ka = {.kv_head = h, .q_head0 = h * g, .n_q = g, .q = q + h * g * D,
+                            .upto = t + 1, .out = b + h * g * D};
+            ck_assert_msg(kv_layer_attend(kv, &ka, NULL, &e) == PD_OK, "%s", e.msg);
+        }
+        ck_assert_msg(memcmp(a, b, sizeof(float) * tok * g) == 0, "upto row %u differs", t);
+    }
+    free(all_k);
+    free(all_v);
+    ring_layer_free(whole);
+    kv_layer_free(kv);
+    ring_layer_free(r);
+}
+END_TEST
+
 /* ---- randomized sequences -------------------------------------------------- */
 
 /* A shadow of the committed history, replayed into a fresh layer to get the
@@ -1639,6 +1700,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, ring_hot_paths_never_allocate);
     tcase_add_test(tc, ring_state_roundtrip_into_new_layer_and_swap);
     tcase_add_test(tc, ring_new_from_state_rejects_each_bad_field);
+    tcase_add_test(tc, ring_equals_kv_layer_before_wrap);
     tcase_add_test(tc, ring_randomized_sequences_keep_invariants);
     suite_add_tcase(s, tc);
     return s;
