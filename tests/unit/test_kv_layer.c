@@ -7,6 +7,7 @@
 #include "cache/attn.h"
 #include "cache/cpu.h"
 #include "cache/kv_layer.h"
+#include "cache/quant.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -519,6 +520,74 @@ START_TEST(kv_q8_attend_matches_f32_within_grid)
     ck_assert_uint_lt(m8.attention * 2, mf.attention);
     kv_layer_free(f);
     kv_layer_free(q8);
+}
+END_TEST
+
+/* The freeze: col = RMS over the stored rows per channel (floor 1e-6 for a
+ * silent channel), old rows requantized against it (their dequantized values
+ * stay within the int8 grid of the originals), later rows quantized against
+ * it. */
+START_TEST(kv_freeze_field_is_channel_rms_with_floor)
+{
+    enum { D = 40, F = 6, NG = 2 };
+    kv_layer *l = mk((kv_layer_config){.n_kv_heads = 1, .head_dim = D, .mode = KV_MODE_Q8,
+                                       .freeze_rows = F});
+    float rowsk[F + 3][D], rowsv[F + 3][D];
+    for (int p = 0; p < F + 3; p++) {
+        for (int d = 0; d < D; d++) {
+            rowsk[p][d] = d == 5 ? 0.0f : swa(p, d, 1) * (d < 20 ? 8.0f : 0.5f);
+            rowsv[p][d] = d == 7 ? 0.0f : swa(p, d, 2) * (d % 2 ? 3.0f : 0.1f);
+        }
+        app(l, rowsk[p], rowsv[p]);
+        ck_assert_int_eq(kv_layer_frozen(l), p >= F);
+    }
+    /* the expected field and rows, derived with quant.h: pre-freeze rows
+     * quantized without a field, dequantized, RMS per channel in row order */
+    int8_t qk[F + 3][D], qv[F + 3][D];
+    float sk[F + 3][NG], sv[F + 3][1], deq[D], kcol[D] = {0}, vcol[D] = {0};
+    for (int p = 0; p < F; p++) {
+        quant_q8_row(rowsk[p], NULL, D, 32, qk[p], sk[p]);
+        quant_q8_row(rowsv[p], NULL, D, D, qv[p], sv[p]);
+        quant_q8_row_dequant(qk[p], sk[p], NULL, D, 32, deq);
+        for (int d = 0; d < D; d++)
+            kcol[d] += deq[d] * deq[d];
+        quant_q8_row_dequant(qv[p], sv[p], NULL, D, D, deq);
+        for (int d = 0; d < D; d++)
+            vcol[d] += deq[d] * deq[d];
+    }
+    for (int d = 0; d < D; d++) {
+        kcol[d] = fmaxf(sqrtf(kcol[d] / (float)F), 1e-6f);
+        vcol[d] = fmaxf(sqrtf(vcol[d] / (float)F), 1e-6f);
+    }
+    ck_assert_float_eq(kcol[5], 1e-6f); /* a silent channel gets the floor */
+    ck_assert_float_eq(vcol[7], 1e-6f);
+    for (int p = 0; p < F + 3; p++) {
+        if (p < F) { /* retroactive: requantize the dequantized old row */
+            quant_q8_row_dequant(qk[p], sk[p], NULL, D, 32, deq);
+            quant_q8_row(deq, kcol, D, 32, qk[p], sk[p]);
+            quant_q8_row_dequant(qv[p], sv[p], NULL, D, D, deq);
+            quant_q8_row(deq, vcol, D, D, qv[p], sv[p]);
+        } else {
+            quant_q8_row(rowsk[p], kcol, D, 32, qk[p], sk[p]);
+            quant_q8_row(rowsv[p], vcol, D, D, qv[p], sv[p]);
+        }
+    }
+    kv_state s;
+    kv_head_state hs[1];
+    kv_layer_state(l, &s, hs);
+    ck_assert(same_bits(hs[0].kcol, kcol, D));
+    ck_assert(same_bits(hs[0].vcol, vcol, D));
+    ck_assert(memcmp(hs[0].kq, qk, sizeof qk) == 0);
+    ck_assert(memcmp(hs[0].vq, qv, sizeof qv) == 0);
+    ck_assert(same_bits(hs[0].ks, &sk[0][0], (F + 3) * NG));
+    ck_assert(same_bits(hs[0].vs, &sv[0][0], F + 3));
+    /* and the result still dequantizes near the originals */
+    for (int p = 0; p < F + 3; p++)
+        for (int d = 0; d < D; d++) {
+            float k = (float)qk[p][d] * sk[p][d / 32] * kcol[d];
+            ck_assert_msg(fabsf(k - rowsk[p][d]) <= 0.2f, "row %d K[%d]", p, d);
+        }
+    kv_layer_free(l);
 }
 END_TEST
 
@@ -1832,6 +1901,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, kv_evict_importance_never_exceeds_budget);
     tcase_add_test(tc, kv_evict_importance_mixed_modes_stay_consistent);
     tcase_add_test(tc, kv_q8_attend_matches_f32_within_grid);
+    tcase_add_test(tc, kv_freeze_field_is_channel_rms_with_floor);
     tcase_add_test(tc, kv_grouped_attend_equals_per_head_bitexact_in_every_mode);
     tcase_add_test(tc, kv_sinks_match_f64_reference_with_windows);
     tcase_add_test(tc, kv_windowed_attend_equals_masked_full_row);
