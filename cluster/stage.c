@@ -9,6 +9,7 @@
 #include "cluster/stage.h"
 
 #include "cache/check.h"
+#include "cache/fp16.h"
 #include "cache/kv_layer.h"
 #include "cache/ring_layer.h"
 
@@ -42,6 +43,7 @@ struct stage {
     uint32_t alive;
     /* scratch [max_rows x width] */
     float *h, *q, *k, *v, *att, *o, *g, *u;
+    uint16_t *half; /* [max_rows x hidden] (round_f16) */
     stage_group *groups;
     uint32_t n_groups;
     /* per-forward context for the attention tasks */
@@ -88,7 +90,8 @@ pd_status stage_new(const stage_config *cfg, stage **out, pd_err *err)
     s->v = xalloc_f(R * kvd);
     s->g = xalloc_f(R * s->hp.ffn);
     s->u = xalloc_f(R * s->hp.ffn);
-    if (!s->streams || !s->groups || !s->h || !s->o || !s->q || !s->att || !s->k || !s->v || !s->g ||
+    s->half = cfg->round_f16 ? malloc(R * s->hp.hidden * sizeof(uint16_t)) : NULL;
+    if ((cfg->round_f16 && !s->half) || !s->streams || !s->groups || !s->h || !s->o || !s->q || !s->att || !s->k || !s->v || !s->g ||
         !s->u) {
         stage_free(s);
         return pd_err_set(err, PD_ERR_NOMEM, "stage: out of memory for %u-row scratch", cfg->max_rows);
@@ -128,6 +131,7 @@ void stage_free(stage *s)
     free(s->v);
     free(s->g);
     free(s->u);
+    free(s->half);
     free(s);
 }
 
@@ -458,6 +462,10 @@ pd_status stage_forward(stage *s, const mb_row *rows, uint32_t n, float *x, pd_e
         gemm_run(ly->wdown, s->g, n, s->o, p);
         for (uint64_t i = 0; i < (uint64_t)n * H; i++)
             x[i] = x[i] + s->o[i];
+        if (s->half) {
+            pd_f32_to_f16_n(x, s->half, (size_t)n * H);
+            pd_f16_to_f32_n(s->half, x, (size_t)n * H);
+        }
     }
     for (uint32_t g = 0; g < s->n_groups; g++) {
         stage_group *gr = &s->groups[g];

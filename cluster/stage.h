@@ -32,6 +32,10 @@ typedef struct stage_config {
     uint32_t max_streams;     /* streams alive at once */
     pool *pool;               /* borrowed, may be NULL (single thread) */
     const pd_alloc *cache_alloc; /* borrowed: cache memory (NULL = malloc) */
+    int round_f16;            /* round the residual stream to f16 after every layer
+                                 (--wire-dtype f16): then sending hidden states as
+                                 f16 loses nothing more, wherever the rank
+                                 boundaries fall */
 } stage_config;
 
 pd_status stage_new(const stage_config *cfg, stage **out, pd_err *err);

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Bad input to `pipedec run` / mkmodel / mkpages (issue 4): a clear error that
+# names the problem, a non-zero exit, and the output file untouched.
+source "$(dirname "$0")/lib.bash"
+T="$E2E_TMP"
+m="$T/m.gguf"
+"$PIPEDEC" mkmodel --layers 2 --hidden 32 --heads 2 --kv-heads 1 --ffn 48 --vocab 300 --out "$m" >/dev/null
+"$PIPEDEC" mkpages --model "$m" --count 3 --embed-rows 4 --prompt-tokens 2 --max-new 5 --out "$T/pages" >/dev/null
+P="$T/pages/pages.jsonl"
+# a real, complete output: failing runs must leave it byte-identical
+head -n 2 "$P" > "$T/pages/two.jsonl"
+"$PIPEDEC" run --model "$m" --pages "$T/pages/two.jsonl" --out "$T/keep.jsonl" >/dev/null 2>&1
+cp "$T/keep.jsonl" "$T/keep.orig"
+
+check_untouched() { same "$T/keep.orig" "$T/keep.jsonl" "$1: output untouched"; }
+
+# model file problems
+expect_fail "missing model" "no such file|cannot open|No such file" "$PIPEDEC" run --model "$T/none.gguf" --pages "$P" --out "$T/keep.jsonl"
+check_untouched "missing model"
+head -c 1000 "$m" > "$T/trunc.gguf"
+expect_fail "truncated model" "offset [0-9]+" "$PIPEDEC" run --model "$T/trunc.gguf" --pages "$P" --out "$T/keep.jsonl"
+check_untouched "truncated model"
+printf 'GGUF\x09\x00\x00\x00' > "$T/v9.gguf"; head -c 100 /dev/zero >> "$T/v9.gguf"
+expect_fail "unsupported gguf version" "version" "$PIPEDEC" run --model "$T/v9.gguf" --pages "$P" --out "$T/keep.jsonl"
+
+# manifest problems
+printf '{"id":"a","prefill":[{"tokens":[1,999]}],"max_new_tokens":3}\n' > "$T/badtok.jsonl"
+expect_fail "token id beyond vocab" 'badtok.jsonl:1: page "a"' "$PIPEDEC" run --model "$m" --pages "$T/badtok.jsonl" --out "$T/keep.jsonl"
+check_untouched "token id beyond vocab"
+printf '{"id":"a","prefill":[{"tokens":[1]}],"max_new_token":3}\n' > "$T/typo.jsonl"
+expect_fail "unknown key in a page" "max_new_token" "$PIPEDEC" run --model "$m" --pages "$T/typo.jsonl" --out "$T/keep.jsonl"
+printf '{"id":"a","prefill":[{"embeddings":"missing.npy"}],"max_new_tokens":3}\n' > "$T/nonpy.jsonl"
+expect_fail "missing .npy" "missing.npy" "$PIPEDEC" run --model "$m" --pages "$T/nonpy.jsonl" --out "$T/keep.jsonl"
+cp "$T/pages/p00000.npy" "$T/wrong.npy"
+python3 - "$T/wrong.npy" <<'PY'
+import sys, struct
+# rewrite the header's shape to (4, 16): same byte count per row is wrong for hidden 32
+p = sys.argv[1]; b = bytearray(open(p, 'rb').read())
+h = bytes(b[10:10 + struct.unpack('<H', bytes(b[8:10]))[0]])
+h2 = h.replace(b"(4, 32)", b"(8, 16)")
+assert h2 != h
+b[10:10 + len(h)] = h2
+open(p, 'wb').write(b)
+PY
+printf '{"id":"a","prefill":[{"embeddings":"wrong.npy"}],"max_new_tokens":3}\n' > "$T/wrongshape.jsonl"
+expect_fail "npy of the wrong hidden size" "wrong.npy.*(16|hidden)" "$PIPEDEC" run --model "$m" --pages "$T/wrongshape.jsonl" --out "$T/keep.jsonl"
+head -c 60 "$T/pages/p00001.npy" > "$T/short.npy"
+printf '{"id":"a","prefill":[{"embeddings":"short.npy"}],"max_new_tokens":3}\n' > "$T/short.jsonl"
+expect_fail "truncated .npy" "short.npy" "$PIPEDEC" run --model "$m" --pages "$T/short.jsonl" --out "$T/keep.jsonl"
+check_untouched "bad manifests"
+expect_fail "missing manifest" "nothere.jsonl" "$PIPEDEC" run --model "$m" --pages "$T/nothere.jsonl" --out "$T/keep.jsonl"
+
+# flags
+expect_fail "bad --attn" "--attn" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --attn ring:4
+expect_fail "bad --kv" "--kv" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --kv q4
+expect_fail "bad --evict" "--evict" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --evict importance:4:9
+expect_fail "bad --batch" "--batch" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --batch 0
+expect_fail "bad --sample" "temp|sample" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --sample temp:-1
+expect_fail "missing --out" "required" "$PIPEDEC" run --model "$m" --pages "$P"
+expect_fail "unknown flag" "unknown" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --fast
+check_untouched "bad flags"
+expect_fail "mkmodel bad heads" "--heads" "$PIPEDEC" mkmodel --heads 3 --kv-heads 2 --out "$T/x.gguf"
+expect_fail "mkpages missing model" "none.gguf" "$PIPEDEC" mkpages --model "$T/none.gguf" --out "$T/pp"
+# a corrupt complete line in an existing output is refused and left alone
+printf 'not json\n' > "$T/corrupt.jsonl"; cp "$T/corrupt.jsonl" "$T/corrupt.orig"
+expect_fail "corrupt existing output" "corrupt.jsonl" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/corrupt.jsonl"
+same "$T/corrupt.orig" "$T/corrupt.jsonl" "corrupt output untouched"
+finish

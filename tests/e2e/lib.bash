@@ -1,0 +1,38 @@
+# Shared helpers for the end-to-end scripts (sourced, not run).
+# Needs PD_BUILD (build dir) and PD_SRC (source dir); ctest sets both.
+set -euo pipefail
+: "${PD_BUILD:?PD_BUILD must name the build directory}"
+: "${PD_SRC:?PD_SRC must name the source directory}"
+PIPEDEC="$PD_BUILD/pipedec"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl="${OMPI_MCA_btl:-self,vader}"
+export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
+export OMPI_MCA_rmaps_base_oversubscribe=1
+E2E_TMP="$(mktemp -d "${TMPDIR:-/tmp}/pd-e2e.XXXXXX")"
+trap 'rm -rf "$E2E_TMP"' EXIT
+E2E_FAILS=0
+E2E_PASSES=0
+
+pass() { E2E_PASSES=$((E2E_PASSES + 1)); echo "ok   - $*"; }
+fail() { E2E_FAILS=$((E2E_FAILS + 1)); echo "FAIL - $*"; }
+
+# same FILE_A FILE_B WHAT: byte-compare two outputs
+same() {
+  if cmp -s "$1" "$2"; then pass "$3"; else fail "$3 ($1 vs $2 differ)"; diff <(head -c 2000 "$1") <(head -c 2000 "$2") | head -5 || true; fi
+}
+
+# expect_fail NAME PATTERN CMD...: CMD exits non-zero within 60 s and its
+# stderr contains PATTERN (an extended regex)
+expect_fail() {
+  local name="$1" pat="$2"; shift 2
+  local log="$E2E_TMP/expect_fail.log" rc=0
+  timeout 60 "$@" >"$log.out" 2>"$log" || rc=$?
+  if [ "$rc" -eq 0 ]; then fail "$name: exit 0, expected failure"; return; fi
+  if [ "$rc" -eq 124 ]; then fail "$name: still running after 60 s (hang)"; return; fi
+  if grep -Eq "$pat" "$log"; then pass "$name (exit $rc)"; else fail "$name: stderr lacks /$pat/:"; head -5 "$log"; fi
+}
+
+finish() {
+  echo "$E2E_PASSES passed, $E2E_FAILS failed"
+  [ "$E2E_FAILS" -eq 0 ]
+}

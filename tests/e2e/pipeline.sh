@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The MPI pipeline (issue 5): out.jsonl is byte-identical to the one-rank run
+# for N = 1..4 ranks and three layer maps per N (balanced, lopsided, one layer
+# on a rank) plus the automatic map, with f32 hidden states on the wire; with
+# --wire-dtype f16 identical across N. Many streams (more than N x batch) with
+# mixed prefill lengths and max_new_tokens. Error paths end every rank
+# promptly with a message naming the cause.
+source "$(dirname "$0")/lib.bash"
+T="$E2E_TMP"
+m="$T/m.gguf"
+"$PIPEDEC" mkmodel --arch llama --layers 6 --hidden 64 --heads 4 --kv-heads 2 --ffn 96 --vocab 320 \
+  --seed 21 --out "$m" >/dev/null
+"$PIPEDEC" mkpages --model "$m" --count 14 --embed-rows 10 --prompt-tokens 3 --max-new 16 --seed 9 \
+  --mixed --out "$T/pages" >/dev/null
+P="$T/pages/pages.jsonl"
+MPIRUN=(mpirun --oversubscribe --bind-to none)
+
+prun() { # prun N OUT extra-args...
+  local n="$1" out="$2"; shift 2
+  timeout 300 "${MPIRUN[@]}" -np "$n" "$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 3 "$@" \
+    >>"$T/run.log" 2>&1 || { fail "mpirun -np $n $* exited non-zero"; tail -5 "$T/run.log"; }
+}
+
+"$PIPEDEC" run --model "$m" --pages "$P" --out "$T/ref.jsonl" --batch 3 >/dev/null 2>&1
+[ "$(wc -l < "$T/ref.jsonl")" -eq 14 ] && pass "one-rank reference: 14 pages" || fail "one-rank reference"
+prun 1 "$T/np1.jsonl"
+same "$T/ref.jsonl" "$T/np1.jsonl" "np 1 under mpirun == one rank"
+# f16 on the wire rounds the residual stream at every layer boundary, so the
+# answer cannot depend on where the rank boundaries fall
+prun 1 "$T/np1.f16.jsonl" --wire-dtype f16
+
+declare -A MAPS=(
+  [2]="0-2,3-5 0-4,5 0,1-5"
+  [3]="0-1,2-3,4-5 0-3,4,5 0,1,2-5"
+  [4]="0-1,2,3,4-5 0-2,3,4,5 0,1,2,3-5"
+)
+for n in 2 3 4; do
+  prun "$n" "$T/np$n.auto.jsonl" --stats "$T/np$n.stats.json"
+  same "$T/ref.jsonl" "$T/np$n.auto.jsonl" "np $n, balanced map == one rank"
+  for map in ${MAPS[$n]}; do
+    prun "$n" "$T/np$n.$map.jsonl" --layers "$map"
+    same "$T/ref.jsonl" "$T/np$n.$map.jsonl" "np $n, --layers $map == one rank"
+  done
+  prun "$n" "$T/np$n.f16.jsonl" --wire-dtype f16 --prefill-chunk 4
+  same "$T/np1.f16.jsonl" "$T/np$n.f16.jsonl" "np $n, f16 wire == f16 wire on one rank"
+done
+if python3 -c "import json,sys; s=json.load(open(sys.argv[1])); assert s['ranks']==4 and len(s['stages'])==4 and all('busy_s' in x and 'placement' in x for x in s['stages'])" "$T/np4.stats.json"; then
+  pass "stats JSON has every stage with timings and placement"
+else
+  fail "stats JSON"
+fi
+
+# errors: every rank ends promptly, non-zero, with the cause named
+printf '{"id":"bad","prefill":[{"tokens":[1,99999]}],"max_new_tokens":3}\n' > "$T/pages/bad.jsonl"
+expect_fail "malformed page found on the head" 'bad.jsonl:1: page "bad"' \
+  "${MPIRUN[@]}" -np 3 "$PIPEDEC" run --model "$m" --pages "$T/pages/bad.jsonl" --out "$T/e1.jsonl"
+expect_fail "model file missing on one rank" "rank 1: .*gone.gguf" \
+  "${MPIRUN[@]}" -np 1 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/e2.jsonl" : \
+  -np 1 "$PIPEDEC" run --model "$T/gone.gguf" --pages "$P" --out "$T/e2.jsonl"
+expect_fail "impossible layer map" "gap|not assigned" \
+  "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/e3.jsonl" --layers 0-2,4-5
+expect_fail "more ranks than layers" "fewer than" \
+  "${MPIRUN[@]}" -np 7 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/e4.jsonl"
+[ ! -s "$T/e1.jsonl" ] && pass "no output written on start-up failure" || fail "output written despite failure"
+
+# a rank dying mid-run ends the job within seconds, never a hang
+"$PIPEDEC" mkpages --model "$m" --count 40 --embed-rows 10 --prompt-tokens 3 --max-new 4000 --seed 3 \
+  --out "$T/long" >/dev/null
+( "${MPIRUN[@]}" -np 3 "$PIPEDEC" run --model "$m" --pages "$T/long/pages.jsonl" --out "$T/long.jsonl" \
+    --batch 2 >"$T/kill.out" 2>"$T/kill.err"; echo $? > "$T/kill.rc" ) &
+victim=""
+for _ in $(seq 1 100); do
+  for pid in $(pgrep -f "pipedec run --model $m --pages $T/long" || true); do
+    if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1'; then victim=$pid; fi
+  done
+  [ -n "$victim" ] && break
+  sleep 0.1
+done
+if [ -z "$victim" ]; then
+  fail "could not find rank 1 to kill"
+else
+  sleep 1
+  kill -9 "$victim"
+  for _ in $(seq 1 300); do [ -f "$T/kill.rc" ] && break; sleep 0.1; done
+  if [ ! -f "$T/kill.rc" ]; then
+    fail "job still running 30 s after rank 1 died"
+    pkill -9 -f "pipedec run --model $m --pages $T/long" || true
+  elif [ "$(cat "$T/kill.rc")" -ne 0 ]; then
+    pass "rank 1 killed: job ended with exit $(cat "$T/kill.rc")"
+  else
+    fail "rank 1 killed but the job exited 0"
+  fi
+fi
+wait || true
+finish
