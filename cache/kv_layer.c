@@ -1417,7 +1417,9 @@ pd_status kv_layer_new_from_state(const kv_layer_config *cfg, const kv_state *s,
     if ((st = kv_create(cfg, cap, &l, err)) != PD_OK)
         return st;
     kv_core *c = &l->c;
-    if ((s->n_linear && !(c->linear = kv_get(c, (size_t)4 * s->n_linear))) ||
+    if (s->n_linear && (c->linear = kv_get(c, (size_t)4 * s->n_linear)))
+        c->n_linear = s->n_linear;
+    if ((s->n_linear && !c->linear) ||
         (s->has_bounded && kv_layer_install_bounded(l, s->bounded.window, NULL) != PD_OK)) {
         kv_layer_free(l);
         return pd_err_set(err, PD_ERR_NOMEM, "kv_layer_new_from_state: recurrent records");
@@ -1452,10 +1454,8 @@ pd_status kv_layer_new_from_state(const kv_layer_config *cfg, const kv_state *s,
     c->tail = s->tail_window;
     c->frozen = s->frozen;
     c->folded_to = s->base + rows; /* fully confirmed: no undo data */
-    if (s->n_linear) {
+    if (s->n_linear)
         memcpy(c->linear, s->linear, (size_t)4 * s->n_linear);
-        c->n_linear = s->n_linear;
-    }
     if (s->has_bounded) {
         size_t n = kv_ring_floats(c, c->bwin);
         memcpy(c->bk, s->bounded.k, 4 * n);

@@ -1292,6 +1292,35 @@ START_TEST(kv_rolled_back_importance_is_not_kept)
 }
 END_TEST
 
+/* A layer with everything: q8 field frozen, trimmed base, importance,
+ * a dead head, linear vector and bounded ring. */
+static kv_layer *rich_layer(kv_layer_config *cfg_out, kv_mode mode)
+{
+    static const uint8_t alive[3] = {1, 0, 1};
+    *cfg_out = (kv_layer_config){.n_kv_heads = 3, .head_dim = 40, .mode = mode, .alive = alive,
+                                 .freeze_rows = 12, .spec_depth = 4, .max_q_per_kv = 2};
+    kv_layer *l = mk(*cfg_out);
+    float q[2 * 40], out[2 * 40];
+    for (uint32_t p = 0; p < 60; p++) {
+        app_swa(l, 3, 40, p, 1, 2);
+        swa_fill(q, p, 80, 3);
+        att(l, 0, 0, 2, q, 0, 0, 0, 0, 1, out, NULL);
+        att(l, 2, 4, 2, q, 0, 0, 0, 0, 1, out, NULL);
+        kv_layer_trim_window(l, 10, 3, 4);
+        kv_layer_check(l);
+    }
+    float lin[5] = {1, 2, 3, 4, 5}, k[120], v[120];
+    ck_assert_int_eq(kv_layer_set_linear(l, lin, 5, NULL), PD_OK);
+    ck_assert_int_eq(kv_layer_install_bounded(l, 4, NULL), PD_OK);
+    for (uint32_t p = 0; p < 6; p++) {
+        swa_fill(k, p, 120, 11);
+        swa_fill(v, p, 120, 12);
+        ck_assert_int_eq(kv_layer_bounded_insert(l, k, v, NULL), PD_OK);
+    }
+    kv_layer_check(l);
+    return l;
+}
+
 /* ---- memory ------------------------------------------------------------- */
 
 /* attention / recurrent bytes against the analytic formula, allocated bytes
@@ -1446,6 +1475,29 @@ START_TEST(kv_allocation_failure_leaves_layer_unchanged)
         ck_assert_ptr_eq(n, (kv_layer *)&ca);
         ck_assert_int_eq(ca.live, live);
     }
+    /* installing a state failing at every allocation: the same */
+    kv_layer_config rcfg;
+    kv_layer *rich = rich_layer(&rcfg, KV_MODE_Q8V);
+    kv_layer_confirm(rich, kv_layer_pos_len(rich));
+    kv_state rs;
+    kv_head_state rh[3];
+    kv_layer_state(rich, &rs, rh);
+    rcfg.alloc = &ca.a;
+    for (long long extra = 0;; extra++) {
+        ca.fail_at = ca.calls + extra;
+        kv_layer *n = (kv_layer *)&ca;
+        pd_status st = kv_layer_new_from_state(&rcfg, &rs, &n, NULL);
+        ca.fail_at = -1;
+        if (st == PD_OK) {
+            assert_same_state(rich, n);
+            kv_layer_free(n);
+            break;
+        }
+        ck_assert_int_eq(st, PD_ERR_NOMEM);
+        ck_assert_ptr_eq(n, (kv_layer *)&ca);
+        ck_assert_int_eq(ca.live, live);
+    }
+    kv_layer_free(rich);
     kv_layer_free(ref);
     kv_layer_free(l);
     ck_assert_int_eq(ca.live, 0);
@@ -1453,35 +1505,6 @@ START_TEST(kv_allocation_failure_leaves_layer_unchanged)
 END_TEST
 
 /* ---- state view / install ---------------------------------------------------- */
-
-/* A layer with everything: q8 field frozen, trimmed base, importance,
- * a dead head, linear vector and bounded ring. */
-static kv_layer *rich_layer(kv_layer_config *cfg_out, kv_mode mode)
-{
-    static const uint8_t alive[3] = {1, 0, 1};
-    *cfg_out = (kv_layer_config){.n_kv_heads = 3, .head_dim = 40, .mode = mode, .alive = alive,
-                                 .freeze_rows = 12, .spec_depth = 4, .max_q_per_kv = 2};
-    kv_layer *l = mk(*cfg_out);
-    float q[2 * 40], out[2 * 40];
-    for (uint32_t p = 0; p < 60; p++) {
-        app_swa(l, 3, 40, p, 1, 2);
-        swa_fill(q, p, 80, 3);
-        att(l, 0, 0, 2, q, 0, 0, 0, 0, 1, out, NULL);
-        att(l, 2, 4, 2, q, 0, 0, 0, 0, 1, out, NULL);
-        kv_layer_trim_window(l, 10, 3, 4);
-        kv_layer_check(l);
-    }
-    float lin[5] = {1, 2, 3, 4, 5}, k[120], v[120];
-    ck_assert_int_eq(kv_layer_set_linear(l, lin, 5, NULL), PD_OK);
-    ck_assert_int_eq(kv_layer_install_bounded(l, 4, NULL), PD_OK);
-    for (uint32_t p = 0; p < 6; p++) {
-        swa_fill(k, p, 120, 11);
-        swa_fill(v, p, 120, 12);
-        ck_assert_int_eq(kv_layer_bounded_insert(l, k, v, NULL), PD_OK);
-    }
-    kv_layer_check(l);
-    return l;
-}
 
 START_TEST(kv_state_round_trip_answers_identically)
 {
