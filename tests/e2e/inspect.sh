@@ -14,75 +14,82 @@ trap 'rm -rf "$tmp"' EXIT
 fail() { echo "inspect.sh: FAIL: $*" >&2; exit 1; }
 
 # The committed golden files are exactly what the documented generator writes.
-python3 "$data/make_golden.py" "$tmp"
-for f in "$tmp"/*; do
+mkdir "$tmp/gold"
+python3 "$data/make_golden.py" "$tmp/gold"
+for f in "$tmp/gold"/*; do
   cmp -s "$f" "$data/$(basename "$f")" || fail "$(basename "$f") differs from make_golden.py output"
 done
 
-# expect FILE EXIT [extra args...]: runs inspect (text and JSON), checks the exit
-# status both ways and leaves the JSON in $tmp/out.json.
+# expect LABEL FILE EXIT [extra args...]: runs inspect as text and as JSON,
+# checks the exit status both ways; keeps $tmp/LABEL.txt, .err and .json.
 expect() {
-  local file="$1" want="$2"; shift 2
+  local label="$1" file="$2" want="$3"; shift 3
   local rc=0
-  "$bin" inspect "$file" "$@" >"$tmp/out.txt" 2>"$tmp/err.txt" || rc=$?
-  [ "$rc" -eq "$want" ] || fail "$file: text exit $rc, expected $want: $(cat "$tmp/err.txt")"
+  "$bin" inspect "$file" "$@" >"$tmp/$label.txt" 2>"$tmp/$label.err" || rc=$?
+  [ "$rc" -eq "$want" ] || fail "$label: text exit $rc, expected $want: $(cat "$tmp/$label.err")"
   rc=0
-  "$bin" inspect "$file" --json "$@" >"$tmp/out.json" 2>/dev/null || rc=$?
-  [ "$rc" -eq "$want" ] || fail "$file: json exit $rc, expected $want"
+  "$bin" inspect "$file" --json "$@" >"$tmp/$label.json" 2>/dev/null || rc=$?
+  [ "$rc" -eq "$want" ] || fail "$label: json exit $rc, expected $want"
 }
 
-# jq-like field check with python: jget KEY -> prints the value as JSON
-jget() { python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))[sys.argv[2]]))' "$tmp/out.json" "$1"; }
-want() { local got; got="$(jget "$1")"; [ "$got" = "$2" ] || fail "$3: $1 = $got, expected $2"; }
+expect full_f32 "$data/full_f32.cmfs" 0
+grep -q '^kind: full (0)$' "$tmp/full_f32.txt" || fail "full_f32: text lacks the kind"
+grep -q '^identity: 1122334455667788$' "$tmp/full_f32.txt" || fail "full_f32: text lacks the identity"
+grep -q '^geometry: 2 kv heads x 2 channels, 1 holding rows$' "$tmp/full_f32.txt" || fail "full_f32: geometry"
+expect full_f16 "$data/full_f16.cmfs" 0
+expect full_tail "$data/full_tail.cmfs" 0
+expect ring "$data/ring.cmfs" 0
+expect bundle "$data/two_streams.cmfb" 0
+[ "$(grep -c '^stream ' "$tmp/bundle.txt")" -eq 2 ] || fail "bundle: one text line per stream"
+expect bad_version "$data/bad_version.cmfs" 1
+grep -q 'offset 4: wire version 3' "$tmp/bad_version.err" || fail "bad_version: stderr names offset and reason"
+expect bad_count "$data/bad_count.cmfs" 1
+expect bad_crc "$data/bad_crc.cmfb" 1
+expect legacy_refused "$data/legacy_full.bin" 1
+expect legacy "$data/legacy_full.bin" 0 --legacy
+expect missing "$tmp/does-not-exist" 2
+printf 'GGUFxxxx' >"$tmp/other.bin"
+expect other "$tmp/other.bin" 1
+: >"$tmp/empty.bin"
+expect empty "$tmp/empty.bin" 1
 
-expect "$data/full_f32.cmfs" 0
-grep -q '^kind: full (0)$' "$tmp/out.txt" || fail "full_f32: text lacks the kind"
-grep -q '^identity: 1122334455667788$' "$tmp/out.txt" || fail "full_f32: text lacks the identity"
-grep -q '^geometry: 2 kv heads x 2 channels, 1 holding rows$' "$tmp/out.txt" || fail "full_f32: geometry"
-want valid true full_f32; want kind '"full"' full_f32; want layer 3 full_f32
-want identity '"1122334455667788"' full_f32; want position 2 full_f32; want error null full_f32
-want dtype '"f32"' full_f32; want bytes 116 full_f32
-
-expect "$data/full_f16.cmfs" 0
-want dtype '"f16"' full_f16
-expect "$data/full_tail.cmfs" 0
-want kind '"full_tail"' full_tail; want position 7 full_tail; want base 5 full_tail
-expect "$data/ring.cmfs" 0
-want kind '"ring"' ring; want position 4 ring
-
-expect "$data/two_streams.cmfb" 0
-want kind '"bundle"' bundle; want n_streams 2 bundle; want valid true bundle
-python3 - "$tmp/out.json" <<'PY' || fail "bundle: streams in JSON"
-import json, sys
-o = json.load(open(sys.argv[1]))
-s = o["streams"]
+# Every JSON output is one object with the documented fields (one python run).
+python3 - "$tmp" <<'PY' || fail "JSON fields"
+import json, sys, os
+d = sys.argv[1]
+def j(label):
+    text = open(os.path.join(d, label + ".json")).read()
+    assert text.count("\n") == 1, (label, "one line")
+    return json.loads(text)
+def want(label, **kv):
+    o = j(label)
+    for k in ("valid", "kind", "layer", "identity", "position", "error"):
+        assert k in o, (label, "missing", k)
+    for k, v in kv.items():
+        assert o.get(k) == v, (label, k, o.get(k), v)
+    return o
+want("full_f32", valid=True, kind="full", layer=3, identity="1122334455667788", position=2,
+     error=None, dtype="f32", bytes=116)
+want("full_f16", valid=True, dtype="f16")
+want("full_tail", valid=True, kind="full_tail", position=7, base=5)
+want("ring", valid=True, kind="ring", position=4)
+b = want("bundle", valid=True, kind="bundle", n_streams=2, layer=3)
+s = b["streams"]
 assert [x["stream"] for x in s] == [7, 1 << 40], s
 assert [x["kind"] for x in s] == ["full", "full_tail"], s
 assert s[0]["offset"] == 52 and s[0]["bytes"] == 116, s[0]
+want("bad_version", valid=False, error_offset=4)
+want("bad_count", valid=False, error_offset=68, kind="full")
+o = want("bad_crc", valid=False, error_offset=296)
+assert "crc" in o["error"], o
+want("legacy_refused", valid=False, error_offset=0)
+want("legacy", valid=True, legacy=True, kind="full")
+o = want("missing", valid=False)
+assert "cannot open" in o["error"], o
+want("other", valid=False, type="unknown", error_offset=0)
+want("empty", valid=False, error_offset=0)
 PY
-[ "$(grep -c '^stream ' "$tmp/out.txt")" -eq 2 ] || fail "bundle: one text line per stream"
 
-expect "$data/bad_version.cmfs" 1
-want valid false bad_version; want error_offset 4 bad_version
-grep -q 'offset 4: wire version 3' "$tmp/err.txt" || fail "bad_version: stderr names offset and reason"
-expect "$data/bad_count.cmfs" 1
-want error_offset 68 bad_count; want kind '"full"' bad_count
-expect "$data/bad_crc.cmfb" 1
-want error_offset 296 bad_crc
-jget error | grep -q 'crc' || fail "bad_crc: reason"
-
-# legacy bodies only with --legacy
-expect "$data/legacy_full.bin" 1
-expect "$data/legacy_full.bin" 0 --legacy
-want legacy true legacy
-
-# unreadable / unusable input
-expect "$tmp/does-not-exist" 2
-want valid false missing
-printf 'GGUFxxxx' >"$tmp/other.bin"
-expect "$tmp/other.bin" 1
-: >"$tmp/empty.bin"
-expect "$tmp/empty.bin" 1
 rc=0; "$bin" inspect >/dev/null 2>&1 || rc=$?; [ "$rc" -eq 2 ] || fail "missing FILE: exit $rc"
 rc=0; "$bin" inspect a b >/dev/null 2>&1 || rc=$?; [ "$rc" -eq 2 ] || fail "two FILEs: exit $rc"
 rc=0; "$bin" nosuchcommand >/dev/null 2>&1 || rc=$?; [ "$rc" -eq 2 ] || fail "unknown command: exit $rc"
