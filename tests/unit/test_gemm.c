@@ -214,6 +214,9 @@ START_TEST(gemm_row_bits_do_not_depend_on_m)
     rows_independent_of_m(GEMM_W_F16, 33, 31, 3);
     rows_independent_of_m(GEMM_W_BF16, 20, 45, 3);
     rows_independent_of_m(GEMM_W_Q8_0, 39, 64, 3);
+    /* k beyond one cache block: chains carried across blocks */
+    rows_independent_of_m(GEMM_W_F32, 21, 517, 5);
+    rows_independent_of_m(GEMM_W_Q8_0, 18, 544, 9);
 }
 END_TEST
 
@@ -222,6 +225,7 @@ START_TEST(gemm_row_bits_do_not_depend_on_m_scalar_path)
     pd_cpu_set_isa(PD_ISA_SCALAR);
     rows_independent_of_m(GEMM_W_F32, 37, 67, 11);
     rows_independent_of_m(GEMM_W_Q8_0, 21, 32, 13);
+    rows_independent_of_m(GEMM_W_BF16, 19, 300, 29);
 }
 END_TEST
 
@@ -229,7 +233,7 @@ END_TEST
  * tile and block boundaries. */
 START_TEST(gemm_bits_do_not_depend_on_thread_count)
 {
-    const uint32_t n = 203, k = 96, max_m = 130;
+    const uint32_t n = 203, k = 320, max_m = 130;
     static const uint32_t ms[] = {1, 4, 7, 16, 64, 97, 130};
     pool *pools[3] = {NULL, NULL, NULL};
     for (uint32_t t = 0; t < 3; t++)
@@ -318,7 +322,7 @@ END_TEST
 START_TEST(gemm_simd_equals_scalar_bit_for_bit)
 {
     ck_assert_int_eq(pd_cpu_set_isa(PD_ISA_SCALAR), PD_ISA_SCALAR);
-    const uint32_t n = 45, k = 96, m = 41;
+    const uint32_t n = 45, k = 544, m = 41;
     for (size_t ti = 0; ti < 4; ti++) {
         test_mat t = mat_make(all_types[ti], n, k, 606 + ti);
         gemm_w *g = pack_or_die(&t, GEMM_BACKEND_INVARIANT);
