@@ -29,6 +29,7 @@ struct sampler {
     float *cum;      /* [vocab] running sums in sorted order */
     uint8_t *mask;   /* [vocab] banned flags, cleared after each step */
     int32_t *ban;    /* [n_ban_cap] */
+    uint32_t count[3][2048]; /* radix histograms */
     size_t n_ban_cap;
 };
 
@@ -293,24 +294,31 @@ static uint64_t sample_key(float logit, uint32_t i)
     return (uint64_t)~asc << 32 | i;
 }
 
-/* LSD radix sort of a[0..n) by 8-bit digits; passes where every key has the
- * same digit are skipped. Result in a. */
-static void sample_radix(uint64_t *a, uint64_t *tmp, size_t n)
+/* Stable LSD radix sort of a[0..n) by the high 32 bits only (3 passes of
+ * 11/11/10 bits; a pass where every key has the same digit is skipped). The
+ * keys are built in ascending index order, so stability alone puts equal
+ * logits in ascending index order. Result in a. */
+static void sample_radix(uint64_t *a, uint64_t *tmp, size_t n, uint32_t (*count)[2048])
 {
-    for (int shift = 0; shift < 64; shift += 8) {
-        size_t count[256] = {0};
-        for (size_t i = 0; i < n; i++)
-            count[(a[i] >> shift) & 0xff]++;
-        if (n == 0 || count[(a[0] >> shift) & 0xff] == n)
+    static const int shift[3] = {32, 43, 54};
+    memset(count, 0, 3 * sizeof *count);
+    for (size_t i = 0; i < n; i++) {
+        count[0][(a[i] >> 32) & 2047]++;
+        count[1][(a[i] >> 43) & 2047]++;
+        count[2][a[i] >> 54]++;
+    }
+    for (int p = 0; p < 3; p++) {
+        uint32_t *c = count[p];
+        if (n == 0 || c[(a[0] >> shift[p]) & 2047] == n)
             continue;
-        size_t pos = 0;
-        for (int d = 0; d < 256; d++) {
-            size_t c = count[d];
-            count[d] = pos;
-            pos += c;
+        uint32_t pos = 0;
+        for (int d = 0; d < 2048; d++) {
+            uint32_t k = c[d];
+            c[d] = pos;
+            pos += k;
         }
         for (size_t i = 0; i < n; i++)
-            tmp[count[(a[i] >> shift) & 0xff]++] = a[i];
+            tmp[c[(a[i] >> shift[p]) & 2047]++] = a[i];
         memcpy(a, tmp, n * sizeof *a);
     }
 }
@@ -372,7 +380,7 @@ pd_status sampler_next(sampler *s, const float *logits, const int32_t *hist, siz
         s->keys[m++] = sample_key(logits[i], i);
     }
     sample_unban(s, n_ban);
-    sample_radix(s->keys, s->tmp, m);
+    sample_radix(s->keys, s->tmp, m, s->count);
     CHECK(m >= 1 && (int32_t)(uint32_t)s->keys[0] == best);
     size_t kept = s->p.top_k && s->p.top_k < m ? s->p.top_k : m;
     float sum = 0.0f;
