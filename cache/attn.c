@@ -244,6 +244,35 @@ ATTN_AVX2 static void attn_expf_n_avx2(const float *x, float *y, size_t n)
         y[i] = pd_expf(x[i]);
 }
 
+/* Rows are streamed from DRAM once per step; the hardware prefetcher alone
+ * leaves the memory system idle while a block is computed, so each block asks
+ * for the lines of a block ATTN_PF_BLOCKS ahead. Prefetches never fault. */
+#ifndef ATTN_PF_BLOCKS
+#define ATTN_PF_BLOCKS 2u
+#endif
+
+static inline void attn_prefetch(const void *p, size_t bytes)
+{
+    const char *c = p;
+    for (size_t o = 0; o < bytes; o += 64)
+        _mm_prefetch(c + o, _MM_HINT_T0);
+}
+
+/* Prefetches rows [i, i + n) of a segment's K (want_v = 0) or V storage. */
+static inline void attn_prefetch_rows(const attn_seg *g, uint32_t i, uint32_t n, uint32_t hd,
+                                      uint32_t ng, int want_v)
+{
+    if (n == 0)
+        return;
+    const float *f = want_v ? g->v : g->k;
+    if (f) {
+        attn_prefetch(f + (size_t)i * hd, (size_t)n * hd * sizeof(float));
+    } else {
+        attn_prefetch((want_v ? g->vq : g->kq) + (size_t)i * hd, (size_t)n * hd);
+        attn_prefetch((want_v ? g->vs : g->ks) + (size_t)i * ng, (size_t)n * ng * sizeof(float));
+    }
+}
+
 /* All-ones in lanes [0, rem), rem in 1..8. */
 ATTN_AVX2 static inline __m256i attn_mask(uint32_t rem)
 {
@@ -291,6 +320,40 @@ ATTN_AVX2 static inline void attn_dot8x4(const float *qh, const float *k0, const
     dots[3] = attn_hsum8(a3);
 }
 
+/* 8 int8 channels as f32 times their scale: (float)q[d] * s, one rounding. */
+ATTN_AVX2 static inline __m256 attn_i8x8(const int8_t *p, __m256 s)
+{
+    __m128i b = _mm_loadl_epi64((const __m128i *)p);
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s);
+}
+
+/* attn_dot8x4 on int8 rows dequantized in registers (one Q head: nothing to
+ * share a dequantized row with). Needs hd % 8 == 0 and group % 8 == 0, so a
+ * block of 8 channels never straddles a scale group. */
+ATTN_AVX2 static inline void attn_dot8x4_q8(const float *qh, const int8_t *k0, const int8_t *k1,
+                                             const int8_t *k2, const int8_t *k3, const float *s0,
+                                             const float *s1, const float *s2, const float *s3,
+                                             uint32_t hd, uint32_t group, float dots[4])
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (uint32_t g = 0, d = 0; d < hd; g++) {
+        const __m256 c0 = _mm256_broadcast_ss(s0 + g), c1 = _mm256_broadcast_ss(s1 + g);
+        const __m256 c2 = _mm256_broadcast_ss(s2 + g), c3 = _mm256_broadcast_ss(s3 + g);
+        const uint32_t end = (g + 1) * group < hd ? (g + 1) * group : hd;
+        for (; d < end; d += 8) {
+            __m256 qv = _mm256_loadu_ps(qh + d);
+            a0 = _mm256_fmadd_ps(qv, attn_i8x8(k0 + d, c0), a0);
+            a1 = _mm256_fmadd_ps(qv, attn_i8x8(k1 + d, c1), a1);
+            a2 = _mm256_fmadd_ps(qv, attn_i8x8(k2 + d, c2), a2);
+            a3 = _mm256_fmadd_ps(qv, attn_i8x8(k3 + d, c3), a3);
+        }
+    }
+    dots[0] = attn_hsum8(a0);
+    dots[1] = attn_hsum8(a1);
+    dots[2] = attn_hsum8(a2);
+    dots[3] = attn_hsum8(a3);
+}
+
 /* n int8 rows -> f32 rows in dst: dst[d] = (float)q[d] * sc[d / group], one
  * rounding per element exactly as the reference's attn_row. */
 ATTN_AVX2 static void attn_dequant_rows(const int8_t *q, const float *sc, uint32_t hd,
@@ -304,10 +367,14 @@ ATTN_AVX2 static void attn_dequant_rows(const int8_t *q, const float *sc, uint32
         float *o = dst + (size_t)r * hd;
         uint32_t d = 0;
         if (group % 8 == 0) /* a block of 8 channels shares one scale */
-            for (; d + 8 <= hd; d += 8) {
-                __m128i b = _mm_loadl_epi64((const __m128i *)(qr + d));
-                __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-                _mm256_storeu_ps(o + d, _mm256_mul_ps(f, _mm256_broadcast_ss(sr + d / group)));
+            for (uint32_t g = 0; d + 8 <= hd; g++) {
+                const __m256 sv = _mm256_broadcast_ss(sr + g);
+                const uint32_t end = (g + 1) * group < hd ? (g + 1) * group : hd;
+                for (; d + 8 <= end; d += 8) {
+                    __m128i b = _mm_loadl_epi64((const __m128i *)(qr + d));
+                    __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+                    _mm256_storeu_ps(o + d, _mm256_mul_ps(f, sv));
+                }
             }
         for (; d < hd; d++)
             o[d] = (float)qr[d] * sr[d / group];
@@ -336,6 +403,49 @@ attn_vblock(float *o, const float *v, uint32_t hd, const float *p, uint32_t n, c
     }
     ATTN_VSTORE(0); ATTN_VSTORE(1); ATTN_VSTORE(2); ATTN_VSTORE(3);
     ATTN_VSTORE(4); ATTN_VSTORE(5); ATTN_VSTORE(6); ATTN_VSTORE(7);
+}
+
+/* attn_vblock on int8 rows with one scale per row (v_group >= hd), the
+ * scale applied in registers: v = (float)q[d] * s_r, then the same fmaf. */
+#define ATTN_VACCQ(c)                                                                          \
+    do {                                                                                       \
+        if (NB > (c))                                                                          \
+            a##c = _mm256_fmadd_ps(pv, attn_i8x8(vr + 8 * (c), sv), a##c);                     \
+    } while (0)
+
+ATTN_AVX2 static inline __attribute__((always_inline)) void
+attn_vblock_q8(float *o, const int8_t *v, const float *vs, uint32_t hd, const float *p, uint32_t n,
+               const int NB)
+{
+    ATTN_VLOAD(0); ATTN_VLOAD(1); ATTN_VLOAD(2); ATTN_VLOAD(3);
+    ATTN_VLOAD(4); ATTN_VLOAD(5); ATTN_VLOAD(6); ATTN_VLOAD(7);
+    for (uint32_t r = 0; r < n; r++) {
+        const int8_t *vr = v + (size_t)r * hd;
+        const __m256 pv = _mm256_broadcast_ss(p + r), sv = _mm256_broadcast_ss(vs + r);
+        ATTN_VACCQ(0); ATTN_VACCQ(1); ATTN_VACCQ(2); ATTN_VACCQ(3);
+        ATTN_VACCQ(4); ATTN_VACCQ(5); ATTN_VACCQ(6); ATTN_VACCQ(7);
+    }
+    ATTN_VSTORE(0); ATTN_VSTORE(1); ATTN_VSTORE(2); ATTN_VSTORE(3);
+    ATTN_VSTORE(4); ATTN_VSTORE(5); ATTN_VSTORE(6); ATTN_VSTORE(7);
+}
+
+/* Rows [0, n) of int8 values with one scale per row; hd % 8 == 0. */
+ATTN_AVX2 static void attn_vrows_q8(float *o, const int8_t *v, const float *vs, uint32_t hd,
+                                    const float *p, uint32_t n)
+{
+    uint32_t d = 0;
+    for (; d + 64 <= hd; d += 64)
+        attn_vblock_q8(o + d, v + d, vs, hd, p, n, 8);
+    if (d + 32 <= hd) {
+        attn_vblock_q8(o + d, v + d, vs, hd, p, n, 4);
+        d += 32;
+    }
+    if (d + 16 <= hd) {
+        attn_vblock_q8(o + d, v + d, vs, hd, p, n, 2);
+        d += 16;
+    }
+    if (d + 8 <= hd)
+        attn_vblock_q8(o + d, v + d, vs, hd, p, n, 1);
 }
 
 /* The last rem (< 8) channels: lanes beyond hd are neither loaded nor stored. */
@@ -422,6 +532,11 @@ ATTN_AVX2 static uint32_t attn_run_avx2(const attn_kv *kv, const attn_query *q, 
     const uint32_t ngk = kv->k_group ? (hd + kv->k_group - 1) / kv->k_group : 0;
     const uint32_t ngv = kv->v_group ? (hd + kv->v_group - 1) / kv->v_group : 0;
 
+    /* With one Q head an int8 row serves a single dot (value sum), so it is
+     * dequantized in registers; with several it is dequantized once into buf. */
+    const int k_inline = nh == 1 && hd % 8 == 0 && kv->k_group % 8 == 0;
+    const int v_inline = nh == 1 && hd % 8 == 0 && ngv == 1;
+
     float *scores = scratch;
     float *qc = scores + (size_t)nh * span;
     float *buf = qc + (size_t)nh * hd; /* ATTN_RB rows */
@@ -440,11 +555,30 @@ ATTN_AVX2 static uint32_t attn_run_avx2(const attn_kv *kv, const attn_query *q, 
             continue;
         for (uint32_t i = lo; i < hi; i += ATTN_RB) {
             uint32_t n = hi - i < ATTN_RB ? hi - i : ATTN_RB;
+            uint32_t pf = i + ATTN_PF_BLOCKS * ATTN_RB;
+            if (pf < hi)
+                attn_prefetch_rows(seg, pf, hi - pf < ATTN_RB ? hi - pf : ATTN_RB, hd, ngk, 0);
+            float *dst = scores + (r0 + i - first);
+            if (!seg->k && k_inline) {
+                const int8_t *kq = seg->kq + (size_t)i * hd;
+                const float *ks = seg->ks + (size_t)i * ngk;
+                for (uint32_t t = 0; t < n; t += 4) {
+                    size_t u[4]; /* a short last group repeats its last row */
+                    for (uint32_t x = 0; x < 4; x++)
+                        u[x] = t + x < n ? t + x : n - 1;
+                    float dots[4];
+                    attn_dot8x4_q8(qc, kq + u[0] * hd, kq + u[1] * hd, kq + u[2] * hd,
+                                   kq + u[3] * hd, ks + u[0] * ngk, ks + u[1] * ngk,
+                                   ks + u[2] * ngk, ks + u[3] * ngk, hd, kv->k_group, dots);
+                    for (uint32_t x = 0; x < 4 && t + x < n; x++)
+                        dst[t + x] = dots[x] * q->scale;
+                }
+                continue;
+            }
             const float *k = seg->k ? seg->k + (size_t)i * hd : buf;
             if (!seg->k)
                 attn_dequant_rows(seg->kq + (size_t)i * hd, seg->ks + (size_t)i * ngk, hd,
                                   kv->k_group, n, buf);
-            float *dst = scores + (r0 + i - first);
             for (uint32_t h = 0; h < nh; h++) {
                 const float *qh = qc + (size_t)h * hd;
                 for (uint32_t t = 0; t < n; t += 4) {
@@ -479,6 +613,14 @@ ATTN_AVX2 static uint32_t attn_run_avx2(const attn_kv *kv, const attn_query *q, 
             continue;
         for (uint32_t i = lo; i < hi; i += ATTN_RB) {
             uint32_t n = hi - i < ATTN_RB ? hi - i : ATTN_RB;
+            uint32_t pf = i + ATTN_PF_BLOCKS * ATTN_RB;
+            if (pf < hi)
+                attn_prefetch_rows(seg, pf, hi - pf < ATTN_RB ? hi - pf : ATTN_RB, hd, ngv, 1);
+            if (!seg->v && v_inline) {
+                attn_vrows_q8(out, seg->vq + (size_t)i * hd, seg->vs + i, hd,
+                              scores + (r0 + i - first), n);
+                continue;
+            }
             const float *v = seg->v ? seg->v + (size_t)i * hd : buf;
             if (!seg->v)
                 attn_dequant_rows(seg->vq + (size_t)i * hd, seg->vs + (size_t)i * ngv, hd,
