@@ -304,8 +304,8 @@ static size_t outfile_utf8(const unsigned char *s, size_t n, size_t *bad)
 }
 
 /* A JSON string literal of s[0..n): escapes, and U+FFFD for each ill-formed
- * byte (the text from vocab is already repaired; this is the last line of
- * defence for ids and callers' text). */
+ * subpart (text from vocab is already repaired; this is the last line of
+ * defence for callers' text). */
 static void outfile_put_json_string(outfile_sb *b, const char *s, size_t n)
 {
     const unsigned char *u = (const unsigned char *)s;
@@ -349,6 +349,14 @@ pd_status outfile_write_page(outfile *o, const outfile_page *pg, pd_err *err)
     if ((!pg->tokens && pg->n_tokens) || (!pg->text && pg->text_len) ||
         pg->stop >= OUTFILE_STOP_COUNT || (int)pg->stop < 0)
         return pd_err_set(err, PD_ERR_ARG, "outfile: %s: page \"%s\": bad fields", o->path, pg->id);
+    for (size_t i = 0, n = strlen(pg->id), bad; i < n;) {
+        size_t k = outfile_utf8((const unsigned char *)pg->id + i, n - i, &bad);
+        if (!k)
+            return pd_err_set(err, PD_ERR_ARG,
+                              "outfile: %s: page id is not valid UTF-8 (byte %zu); it would not "
+                              "read back the same on resume", o->path, i);
+        i += k;
+    }
     if (outfile_has(o, pg->id))
         return pd_err_set(err, PD_ERR_REFUSED, "outfile: %s: page \"%s\" is already written",
                           o->path, pg->id);

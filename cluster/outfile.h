@@ -4,8 +4,10 @@
  *   {"id":"p7","tokens":[12,99,2],"text":"...","prefill_rows":273,
  *    "generated":3,"stop":"eos"}
  * stop is "eos" or "length". Strings are JSON-escaped (quote, backslash,
- * control bytes); invalid UTF-8 in id or text is written as U+FFFD, so every
- * line is valid JSON in valid UTF-8.
+ * control bytes); invalid UTF-8 in the text is written as U+FFFD (one per
+ * maximal ill-formed subpart) and an id that is not valid UTF-8 is refused (it
+ * could not be found again on resume), so every line is valid JSON in valid
+ * UTF-8.
  *
  * Crash safety: a line goes out with ONE write() on an O_APPEND descriptor,
  * then fdatasync, so a line is complete or absent — except after a kill in the
@@ -31,7 +33,7 @@ typedef enum outfile_stop { OUTFILE_STOP_EOS, OUTFILE_STOP_LENGTH, OUTFILE_STOP_
 
 /* One finished page (all borrowed for the call). */
 typedef struct outfile_page {
-    const char *id;         /* non-empty, NUL-terminated */
+    const char *id;         /* non-empty, NUL-terminated, valid UTF-8 */
     const int32_t *tokens;  /* [n_tokens] generated token ids */
     size_t n_tokens;
     const char *text;       /* [text_len] bytes of detokenized text (may hold NUL) */

@@ -102,7 +102,7 @@ START_TEST(outfile_escapes_strings_and_repairs_utf8)
 {
     outfile *o = open_ok();
     static const char text[] = "a\"b\\c\nd\te\x01\x7f\xc3\xa9\xf0\x9f\x98\x80\xff!";
-    outfile_page pg = {.id = "q\"\\\n\xe2\x82",
+    outfile_page pg = {.id = "q\"\\\n\xe2\x82\xac",
                        .tokens = NULL,
                        .n_tokens = 0,
                        .text = "x\0y",
@@ -115,7 +115,7 @@ START_TEST(outfile_escapes_strings_and_repairs_utf8)
     write_ok(o, "t", TOK, 0, text, OUTFILE_STOP_EOS);
     size_t n;
     char *b = slurp(&n);
-    ck_assert_str_eq(b, "{\"id\":\"q\\\"\\\\\\n\xef\xbf\xbd\",\"tokens\":[],\"text\":\"x\\u0000y\","
+    ck_assert_str_eq(b, "{\"id\":\"q\\\"\\\\\\n\xe2\x82\xac\",\"tokens\":[],\"text\":\"x\\u0000y\","
                         "\"prefill_rows\":0,\"generated\":0,\"stop\":\"length\"}\n"
                         "{\"id\":\"t\",\"tokens\":[],\"text\":\"a\\\"b\\\\c\\nd\\te\\u0001\x7f"
                         "\xc3\xa9\xf0\x9f\x98\x80\xef\xbf\xbd!\",\"prefill_rows\":273,"
@@ -129,9 +129,15 @@ START_TEST(outfile_escapes_strings_and_repairs_utf8)
     cJSON_Delete(j);
     free(b);
     outfile_free(o);
-    /* The repaired id is what a rerun finds. */
+    /* The escaped id reads back as itself on a rerun. */
     o = open_ok();
-    ck_assert(outfile_has(o, "q\"\\\n\xef\xbf\xbd"));
+    ck_assert(outfile_has(o, "q\"\\\n\xe2\x82\xac"));
+    /* An id that is not UTF-8 could not be found again: refused. */
+    outfile_page bad = {.id = "r\xe2\x82", .text = "", .stop = OUTFILE_STOP_EOS};
+    pd_err_clear(&err);
+    ck_assert_int_eq(outfile_write_page(o, &bad, &err), PD_ERR_ARG);
+    ck_assert_ptr_nonnull(strstr(err.msg, "not valid UTF-8 (byte 1)"));
+    outfile_check(o);
     outfile_free(o);
 }
 END_TEST
