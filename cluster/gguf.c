@@ -267,6 +267,7 @@ struct gguf_file {
     size_t pool_len, pool_used;
     gg_str *strs;
     size_t n_strs, strs_used;
+    bool changed; /* the fill pass met bytes that differ from the counting pass */
 };
 
 /* The one bounds-checked reader over the untrusted bytes. */
@@ -330,9 +331,16 @@ static void gg_quote(char *dst, size_t cap, const uint8_t *s, uint64_t len)
     dst[n] = '\0';
 }
 
+/* Copies a string into the pool. The pool was sized by the counting pass; if
+ * the bytes changed since (a buffer or file modified while being opened), it
+ * refuses to overflow and marks the file changed instead. */
 static const char *pool_put(gguf_file *f, const uint8_t *s, size_t n)
 {
-    CHECK(f->pool_used <= f->pool_len && n < f->pool_len - f->pool_used);
+    CHECK(f->pool_used <= f->pool_len);
+    if (n >= f->pool_len - f->pool_used) {
+        f->changed = true;
+        return "";
+    }
     char *d = f->pool + f->pool_used;
     memcpy(d, s, n);
     d[n] = '\0';
@@ -477,8 +485,9 @@ static pd_status gg_value(gguf_file *f, bool fill, gg_need *need, gg_cur *c, uin
         }
         need->pool += (size_t)n + 1;
         need->strs += 1;
-        if (fill) {
-            CHECK(f->strs_used < f->n_strs);
+        if (fill && f->strs_used >= f->n_strs) {
+            f->changed = true;
+        } else if (fill) {
             f->strs[f->strs_used].s = pool_put(f, s, (size_t)n);
             f->strs[f->strs_used].len = (size_t)n;
             f->strs_used++;
@@ -632,6 +641,10 @@ static pd_status gg_walk(gguf_file *f, bool fill, gg_need *need, pd_err *err)
                        "tensor count %" PRIu64 " with %" PRIu64
                        " kvs cannot fit in the %zu remaining bytes (%d bytes per tensor info at least)",
                        n_tensors, n_kv, cur_left(&c), GG_TI_MIN);
+    if (fill && (n_kv != f->n_kv || n_tensors != f->n_tensors)) {
+        f->changed = true; /* the tables were sized for other counts */
+        return PD_OK;
+    }
     f->n_kv = n_kv;
     f->n_tensors = n_tensors;
     f->alignment = GGUF_DEFAULT_ALIGNMENT;
@@ -839,7 +852,7 @@ static pd_status gg_open(const uint8_t *base, size_t len, bool mapped, gguf_file
     gguf_file *f = calloc(1, sizeof *f);
     if (!f)
         return pd_err_set(err, PD_ERR_NOMEM, "gguf: out of memory");
-    *f = (gguf_file){.base = base, .len = len, .mapped = false};
+    *f = (gguf_file){.base = base, .len = len, .n_kv = probe.n_kv, .n_tensors = probe.n_tensors};
     /* Every size below is bounded by len (the counting pass saw the bytes). */
     size_t nkv = (size_t)probe.n_kv, nt = (size_t)probe.n_tensors;
     f->kvs = calloc(nkv ? nkv : 1, sizeof *f->kvs);
@@ -857,12 +870,16 @@ static pd_status gg_open(const uint8_t *base, size_t len, bool mapped, gguf_file
                           "gguf: out of memory for %zu kvs, %zu tensors and %zu string bytes", nkv, nt,
                           need.pool);
     }
+    /* The fill pass reads the same bytes again; if they changed meanwhile
+     * (a caller buffer or file modified during open) the tables are never
+     * overrun and the open fails instead. */
     gg_need again;
     s = gg_walk(f, true, &again, err);
-    CHECKF(s == PD_OK, "the fill pass failed where the counting pass passed");
-    CHECK(again.pool == need.pool && again.strs == need.strs);
-    CHECK(f->pool_used == f->pool_len && f->strs_used == f->n_strs);
-    s = gg_cross_checks(f, err);
+    if (s == PD_OK && (f->changed || again.pool != need.pool || again.strs != need.strs ||
+                       f->pool_used != f->pool_len || f->strs_used != f->n_strs))
+        s = pd_err_set(err, PD_ERR_IO, "gguf: the bytes changed while the file was being read");
+    if (s == PD_OK)
+        s = gg_cross_checks(f, err);
     if (s != PD_OK) {
         gg_free_tables(f);
         free(f);

@@ -44,8 +44,10 @@
  * or the data section start that lie past the end of the file. Trailing bytes
  * after the last tensor's padding are allowed.
  *
- * Not thread-safe to open/close concurrently on one object; a gguf_file that is
- * open may be read from any number of threads (all accessors are const). */
+ * An open gguf_file may be read from any number of threads (all accessors are
+ * const). Its bytes must not change while it is open: bytes that change during
+ * open make it fail (PD_ERR_IO) without overrunning anything, but a file
+ * truncated under the mapping later raises SIGBUS, as with any mmap reader. */
 #ifndef PD_GGUF_H
 #define PD_GGUF_H
 
