@@ -3,7 +3,10 @@
  * (npy_parse_header). Neither touches files, so any byte string is a valid
  * input; a crash, a sanitizer report or a broken postcondition is a bug.
  *
- * Build and run (from the source root; libFuzzer comes with clang):
+ * For scripts/fuzz.sh (it needs -lcjson too: see PD_FUZZ_LIBS):
+ *   PD_FUZZ_SOURCES: cluster/pages.c cluster/npy.c cache/status.c
+ *   PD_FUZZ_LIBS: -lcjson
+ * Build and run by hand (from the source root; libFuzzer comes with clang):
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -I. \
  *     tests/fuzz/fuzz_pages.c cluster/pages.c cluster/npy.c cache/status.c \
  *     -lcjson -lm -o /tmp/fuzz_pages
