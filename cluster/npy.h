@@ -2,8 +2,8 @@
  *
  * Reads format versions 1.0, 2.0 and 3.0 holding a 2-D little-endian float32
  * array in C order ({'descr': '<f4', 'fortran_order': False, 'shape': (R, C)})
- * and writes version 1.0 (2.0 when the header needs it) atomically. Every other
- * dtype, Fortran order and any other rank are refused by name.
+ * and writes version 1.0 (NumPy's own header layout, 64-byte aligned) atomically.
+ * Every other dtype, Fortran order and any other rank are refused by name.
  *
  * File layout (all little-endian):
  *   offset  size  field
