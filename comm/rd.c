@@ -471,6 +471,16 @@ pd_status wr_f16_n(wr *w, const float *x, size_t n)
     while (n) {
         size_t m = n < RD_CHUNK ? n : RD_CHUNK;
         pd_f32_to_f16_n(x, tmp, m);
+        uint16_t top = 0;
+        for (size_t i = 0; i < m; i++)
+            top = (uint16_t)(tmp[i] & 0x7c00u) > top ? (uint16_t)(tmp[i] & 0x7c00u) : top;
+        if (top == 0x7c00u) /* an infinity or NaN came out: refuse, never round to inf */
+            for (size_t i = 0; i < m; i++)
+                if ((tmp[i] & 0x7c00u) == 0x7c00u)
+                    return wr_failed(w, pd_err_set(w->err, PD_ERR_RANGE,
+                                                   "write: value %g does not fit f16 (|x| >= 65520 "
+                                                   "or not finite)",
+                                                   (double)x[i]));
 #if !RD_HOST_LE
         for (size_t i = 0; i < m; i++) {
             uint8_t b[2] = {(uint8_t)tmp[i], (uint8_t)(tmp[i] >> 8)};

@@ -143,7 +143,9 @@ pd_status wr_u16(wr *w, uint16_t v);
 pd_status wr_u32(wr *w, uint32_t v);
 pd_status wr_u64(wr *w, uint64_t v);
 pd_status wr_f32_n(wr *w, const float *x, size_t n);
-/* Narrows to f16 (round to nearest even, F16C where available). */
+/* Narrows to f16 (round to nearest even, F16C where available). A value that
+ * would become an f16 infinity or NaN (|x| >= 65520, inf, NaN) fails the
+ * writer with PD_ERR_RANGE instead of being written. */
 pd_status wr_f16_n(wr *w, const float *x, size_t n);
 pd_status wr_i8_n(wr *w, const int8_t *x, size_t n);
 

@@ -930,8 +930,12 @@ struct wire_pending {
 
 /* Payload arrays as f32 pointers: aligned little-endian f32 spans are used
  * in place (the fresh layer copies them); the rest is widened into one
- * scratch block. */
+ * scratch block. Every value must be finite: a NaN or infinity is corrupt
+ * state (and the layers quantize rows, which is undefined for NaN), so it is
+ * refused with the offset of the value. r is the reader of the record (for
+ * offsets and the sticky failure). */
 typedef struct wmat {
+    rd *r;
     float *scratch;
     size_t used, cap;
 } wmat;
@@ -944,21 +948,62 @@ static int span_direct(const wspan *s)
 
 static size_t span_scratch_floats(const wspan *s) { return s->n && !span_direct(s) ? s->n : 0; }
 
-static const float *span_f32(const wspan *s, wmat *m)
+/* Index of the first NaN or infinity in x[0..n), or n. The common all-finite
+ * case is one max-reduction pass over the magnitudes' bits. */
+static size_t first_nonfinite(const float *x, size_t n)
 {
-    if (s->n == 0)
+    enum { B = 4096 };
+    for (size_t i0 = 0; i0 < n; i0 += B) {
+        size_t i1 = i0 + B < n ? i0 + B : n;
+        uint32_t m = 0;
+        for (size_t i = i0; i < i1; i++) {
+            uint32_t u;
+            memcpy(&u, x + i, 4);
+            u &= 0x7fffffffu;
+            m = u > m ? u : m;
+        }
+        if (m >= 0x7f800000u)
+            for (size_t i = i0; i < i1; i++) {
+                uint32_t u;
+                memcpy(&u, x + i, 4);
+                if ((u & 0x7f800000u) == 0x7f800000u)
+                    return i;
+            }
+    }
+    return n;
+}
+
+/* head == UINT32_MAX: an array that belongs to no head. */
+static const float *span_f32(const wspan *s, wmat *m, const char *what, uint32_t head)
+{
+    if (s->n == 0 || m->r->status != PD_OK)
         return NULL;
     CHECK(s->dt != DT_I8);
-    if (span_direct(s))
-        return (const float *)(const void *)s->p;
-    CHECK(m->used + s->n <= m->cap);
-    float *dst = m->scratch + m->used;
-    m->used += s->n;
-    if (s->dt == DT_F16)
-        rd_f16_decode(s->p, dst, s->n);
-    else
-        rd_f32_decode(s->p, dst, s->n);
-    return dst;
+    const float *x;
+    if (span_direct(s)) {
+        x = (const float *)(const void *)s->p;
+    } else {
+        CHECK(m->used + s->n <= m->cap);
+        float *dst = m->scratch + m->used;
+        m->used += s->n;
+        if (s->dt == DT_F16)
+            rd_f16_decode(s->p, dst, s->n);
+        else
+            rd_f32_decode(s->p, dst, s->n);
+        x = dst;
+    }
+    size_t bad = first_nonfinite(x, s->n);
+    if (bad < s->n) {
+        size_t at = m->r->base + (size_t)(s->p - m->r->p) + bad * dt_size(s->dt);
+        if (head == UINT32_MAX)
+            rd_fail_at(m->r, at, PD_ERR_FORMAT, "%s value %zu is not finite (%g)", what, bad,
+                       (double)x[bad]);
+        else
+            rd_fail_at(m->r, at, PD_ERR_FORMAT, "head %u %s value %zu is not finite (%g)", head,
+                       what, bad, (double)x[bad]);
+        return NULL;
+    }
+    return x;
 }
 
 static const int8_t *span_i8(const wspan *s)
@@ -1016,7 +1061,7 @@ static pd_status prepare_kv(const wire_layer_ref *ref, rd *r, const wire_info *i
     if (per_head)
         for (size_t i = 0; i < (size_t)H * HS_COUNT; i++)
             need += span_scratch_floats(&sp->heads[i]);
-    wmat m = {.cap = need};
+    wmat m = {.r = r, .cap = need};
     kv_head_state *heads = calloc(H, sizeof *heads);
     uint8_t *alive = malloc(H);
     if (need && !(m.scratch = malloc(need * sizeof(float))))
@@ -1035,7 +1080,7 @@ static pd_status prepare_kv(const wire_layer_ref *ref, rd *r, const wire_info *i
         .alive = alive,
         .tail_window = tst->tail_window,
         .heads = heads,
-        .linear = span_f32(&sp->linear, &m),
+        .linear = span_f32(&sp->linear, &m, "linear", UINT32_MAX),
         .n_linear = sp->linear.n,
     };
     switch (in->kind) {
@@ -1045,7 +1090,7 @@ static pd_status prepare_kv(const wire_layer_ref *ref, rd *r, const wire_info *i
         s.rows = in->rows;
         s.base = in->base;
         s.frozen = in->frozen;
-        s.imp = span_f32(&sp->imp, &m);
+        s.imp = span_f32(&sp->imp, &m, "importance", UINT32_MAX);
         s.n_imp = sp->imp.n;
         for (uint32_t h = 0; h < H; h++) {
             const wspan *hs = &sp->heads[(size_t)h * HS_COUNT];
@@ -1053,15 +1098,15 @@ static pd_status prepare_kv(const wire_layer_ref *ref, rd *r, const wire_info *i
             if (hs[HS_K].dt == DT_I8)
                 o->kq = span_i8(&hs[HS_K]);
             else
-                o->k = span_f32(&hs[HS_K], &m);
+                o->k = span_f32(&hs[HS_K], &m, "k", h);
             if (hs[HS_V].dt == DT_I8)
                 o->vq = span_i8(&hs[HS_V]);
             else
-                o->v = span_f32(&hs[HS_V], &m);
-            o->ks = span_f32(&hs[HS_KS], &m);
-            o->vs = span_f32(&hs[HS_VS], &m);
-            o->kcol = span_f32(&hs[HS_KCOL], &m);
-            o->vcol = span_f32(&hs[HS_VCOL], &m);
+                o->v = span_f32(&hs[HS_V], &m, "v", h);
+            o->ks = span_f32(&hs[HS_KS], &m, "k scale", h);
+            o->vs = span_f32(&hs[HS_VS], &m, "v scale", h);
+            o->kcol = span_f32(&hs[HS_KCOL], &m, "k field", h);
+            o->vcol = span_f32(&hs[HS_VCOL], &m, "v field", h);
         }
         break;
     case WIRE_KIND_LINEAR:
@@ -1073,12 +1118,18 @@ static pd_status prepare_kv(const wire_layer_ref *ref, rd *r, const wire_info *i
             .window = in->window,
             .len = in->position,
             .head = (uint32_t)(in->position % in->window),
-            .k = span_f32(&sp->bk, &m),
-            .v = span_f32(&sp->bv, &m),
+            .k = span_f32(&sp->bk, &m, "bounded ring k", UINT32_MAX),
+            .v = span_f32(&sp->bv, &m, "bounded ring v", UINT32_MAX),
         };
         break;
     default:
         CHECKF(0, "kv import of kind %u", in->kind);
+    }
+    if (r->status != PD_OK) { /* a non-finite value */
+        free(m.scratch);
+        free(heads);
+        free(alive);
+        return r->status;
     }
     kv_layer_config c = *cfg;
     if (s.rows > c.capacity_rows)
@@ -1123,7 +1174,7 @@ static pd_status prepare_ring(const wire_layer_ref *ref, rd *r, const wire_info 
     size_t need = 0;
     for (size_t i = 0; i < (size_t)H * HS_COUNT; i++)
         need += span_scratch_floats(&sp->heads[i]);
-    wmat m = {.cap = need};
+    wmat m = {.r = r, .cap = need};
     const float **ptrs = calloc((size_t)H * 4, sizeof *ptrs);
     if ((need && !(m.scratch = malloc(need * sizeof(float)))) || !ptrs) {
         free(m.scratch);
@@ -1132,11 +1183,17 @@ static pd_status prepare_ring(const wire_layer_ref *ref, rd *r, const wire_info 
     }
     /* Empty regions still need a valid pointer per head. */
     static const float none[1] = {0.0f};
+    static const char *const what[4] = {"ref k", "ref v", "ring k", "ring v"};
     for (uint32_t h = 0; h < H; h++)
         for (int s = 0; s < 4; s++) {
-            const float *p = span_f32(&sp->heads[(size_t)h * HS_COUNT + s], &m);
+            const float *p = span_f32(&sp->heads[(size_t)h * HS_COUNT + s], &m, what[s], h);
             ptrs[(size_t)s * H + h] = p ? p : none;
         }
+    if (r->status != PD_OK) {
+        free(m.scratch);
+        free(ptrs);
+        return r->status;
+    }
     ring_state s = {
         .n_kv_heads = H,
         .head_dim = in->head_dim,

@@ -298,6 +298,29 @@ START_TEST(wr_file_and_fd_sinks_write_everything)
 }
 END_TEST
 
+START_TEST(wr_f16_refuses_values_that_would_become_inf_or_nan)
+{
+    const float ok[3] = {65504.0f, -65504.0f, 65519.0f}; /* 65519 rounds down to 65504 */
+    const float bad[3] = {1.0f, 65520.0f, 2.0f};
+    pd_err e = {0};
+    wr w;
+    ck_assert_int_eq(wr_init_buffer(&w, 0, &e), PD_OK);
+    ck_assert_int_eq(wr_f16_n(&w, ok, 3), PD_OK);
+    ck_assert_int_eq(wr_f16_n(&w, bad, 3), PD_ERR_RANGE);
+    ck_assert_ptr_nonnull(strstr(e.msg, "65520"));
+    ck_assert_int_eq(wr_u8(&w, 1), PD_ERR_RANGE); /* sticky */
+    wr_dispose(&w);
+    const float nan[1] = {__builtin_nanf("")};
+    ck_assert_int_eq(wr_init_buffer(&w, 0, NULL), PD_OK);
+    ck_assert_int_eq(wr_f16_n(&w, nan, 1), PD_ERR_RANGE);
+    wr_dispose(&w);
+    /* counting needs no conversion and so cannot tell */
+    wr_init_count(&w, NULL);
+    ck_assert_int_eq(wr_f16_n(&w, bad, 3), PD_OK);
+    ck_assert_uint_eq(w.total, 6);
+}
+END_TEST
+
 Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("rd");
@@ -312,6 +335,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, wr_modes_emit_identical_bytes_and_crc);
     tcase_add_test(tc, wr_sink_failure_sticks);
     tcase_add_test(tc, wr_file_and_fd_sinks_write_everything);
+    tcase_add_test(tc, wr_f16_refuses_values_that_would_become_inf_or_nan);
     suite_add_tcase(s, tc);
     return s;
 }
