@@ -35,4 +35,14 @@ int cmd_inspect(int argc, char **argv);
 /* cmd_inspect with explicit output streams (tests capture them). */
 int cmd_inspect_run(int argc, char **argv, FILE *out, FILE *err);
 
+/* `pipedec run`: decode a page manifest, on one rank or as an MPI pipeline
+ * (cluster/run.h). Initializes and finalizes MPI itself. */
+int cmd_run(int argc, char **argv);
+
+/* `pipedec mkmodel`: write a deterministic synthetic GGUF model. */
+int cmd_mkmodel(int argc, char **argv);
+
+/* `pipedec mkpages`: write a deterministic synthetic page manifest. */
+int cmd_mkpages(int argc, char **argv);
+
 #endif

@@ -42,11 +42,21 @@ static uint64_t sample_mix(uint64_t z)
     return z ^ (z >> 31);
 }
 
-float sample_uniform(uint64_t seed, const char *page_id, uint64_t index)
+uint64_t sample_page_key(const char *page_id)
 {
     uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a of the id bytes */
     for (const unsigned char *c = (const unsigned char *)(page_id ? page_id : ""); *c; c++)
         h = (h ^ *c) * 0x100000001b3ull;
+    return h;
+}
+
+float sample_uniform(uint64_t seed, const char *page_id, uint64_t index)
+{
+    return sample_uniform_key(seed, sample_page_key(page_id), index);
+}
+
+float sample_uniform_key(uint64_t seed, uint64_t h, uint64_t index)
+{
     uint64_t stream = sample_mix(sample_mix(seed ^ 0x9e3779b97f4a7c15ull) ^ h);
     uint64_t x = sample_mix(stream + (index + 1) * 0x9e3779b97f4a7c15ull);
     return (float)(x >> 40) * (1.0f / 16777216.0f);
@@ -332,6 +342,12 @@ static void sample_unban(sampler *s, size_t n_ban)
 pd_status sampler_next(sampler *s, const float *logits, const int32_t *hist, size_t n_hist,
                        const char *page_id, uint64_t index, int32_t *token, pd_err *err)
 {
+    return sampler_next_key(s, logits, hist, n_hist, sample_page_key(page_id), index, token, err);
+}
+
+pd_status sampler_next_key(sampler *s, const float *logits, const int32_t *hist, size_t n_hist,
+                           uint64_t page_key, uint64_t index, int32_t *token, pd_err *err)
+{
     if (!s || !logits || !token || (!hist && n_hist))
         return pd_err_set(err, PD_ERR_ARG, "sampler: NULL argument");
     uint32_t V = s->vocab;
@@ -360,8 +376,8 @@ pd_status sampler_next(sampler *s, const float *logits, const int32_t *hist, siz
     if (best < 0) {
         sample_unban(s, n_ban);
         return pd_err_set(err, PD_ERR_RANGE,
-                          "sampler: page \"%s\" step %" PRIu64 ": no token allowed (all logits "
-                          "-inf or banned)", page_id ? page_id : "", index);
+                          "sampler: page key %016" PRIx64 " step %" PRIu64 ": no token allowed (all logits "
+                          "-inf or banned)", page_key, index);
     }
     if (s->p.mode == SAMPLE_GREEDY) {
         sample_unban(s, n_ban);
@@ -395,7 +411,7 @@ pd_status sampler_next(sampler *s, const float *logits, const int32_t *hist, siz
         for (L = 1; L < kept && s->cum[L - 1] < thr; L++)
             ;
     }
-    float target = sample_uniform(s->seed, page_id, index) * s->cum[L - 1];
+    float target = sample_uniform_key(s->seed, page_key, index) * s->cum[L - 1];
     size_t pick = L;
     for (size_t j = 0; j < L; j++)
         if (s->cum[j] > target) {

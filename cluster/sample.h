@@ -62,6 +62,12 @@ pd_status sample_parse_ngram(const char *s, sample_ngram *out, pd_err *err);
  * [0, 1) — exactly representable, same on every machine. */
 float sample_uniform(uint64_t seed, const char *page_id, uint64_t index);
 
+/* The page key sample_uniform hashes an id into (FNV-1a 64 of its bytes), and
+ * sample_uniform of an already hashed id: stages that only carry the key (the
+ * tail rank) sample exactly as if they had the id. */
+uint64_t sample_page_key(const char *page_id);
+float sample_uniform_key(uint64_t seed, uint64_t page_key, uint64_t index);
+
 /* Writes to out[0..cap) the tokens the n-gram rule bans after hist[0..n_hist)
  * and returns how many (a token may repeat; at most window - n + 1, so
  * cap >= window always suffices; more are dropped, never overrun). */
@@ -84,6 +90,10 @@ void sampler_free(sampler *s);
  * use one sampler per thread. */
 pd_status sampler_next(sampler *s, const float *logits, const int32_t *hist, size_t n_hist,
                        const char *page_id, uint64_t index, int32_t *token, pd_err *err);
+
+/* sampler_next for a page known by its key (sample_page_key of its id). */
+pd_status sampler_next_key(sampler *s, const float *logits, const int32_t *hist, size_t n_hist,
+                           uint64_t page_key, uint64_t index, int32_t *token, pd_err *err);
 
 /* Aborts (CHECK) if an invariant of s is broken (scratch mask not clean, ...). */
 void sampler_check(const sampler *s);

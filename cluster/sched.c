@@ -2,6 +2,7 @@
 #include "cluster/sched.h"
 
 #include "cache/check.h"
+#include "cluster/sample.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -46,14 +47,6 @@ struct sched {
     uint32_t inflight;
     sched_progress prog;
 };
-
-uint64_t sched_page_key(const char *id)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (const unsigned char *p = (const unsigned char *)id; *p; p++)
-        h = (h ^ *p) * 0x100000001b3ull;
-    return h;
-}
 
 void sched_free(sched *s)
 {
@@ -223,7 +216,7 @@ pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
         sl->admit[na] = (mb_admit){.stream = st->id,
                                    .prefill_rows = (uint32_t)st->prefill_rows,
                                    .max_new = st->max_new,
-                                   .sample_key = sched_page_key(pg->id)};
+                                   .sample_key = sample_page_key(pg->id)};
         na++;
         s->prog.prefill_rows += st->prefill_rows;
     }

@@ -90,7 +90,4 @@ typedef struct sched_progress {
 } sched_progress;
 void sched_get_progress(const sched *s, sched_progress *out);
 
-/* The sampling key of a page id (FNV-1a 64 of its bytes). */
-uint64_t sched_page_key(const char *id);
-
 #endif
