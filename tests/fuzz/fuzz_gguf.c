@@ -3,8 +3,10 @@
  * reads in bounds, and which the writer re-encodes into a file that reads back
  * with the same keys, values and tensor bytes.
  *
- * Self-contained: needs only cluster/gguf.c and cache/status.c, e.g.
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -I. \
+ * Needs only these sources (scripts/fuzz.sh reads the next line):
+ *   PD_FUZZ_SOURCES: cluster/gguf.c cache/status.c
+ * By hand, from the source root:
+ *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -I. \
  *         tests/fuzz/fuzz_gguf.c cluster/gguf.c cache/status.c -o fuzz_gguf */
 #include <stdint.h>
 #include <stdio.h>
