@@ -15,6 +15,14 @@
 
 #define MAX_SEGS 4
 
+/* Check records every passing ck_assert (a write per call in fork mode), so
+ * loops assert only on failure. */
+#define REQUIRE(cond, ...)                \
+    do {                                  \
+        if (!(cond))                      \
+            ck_abort_msg(__VA_ARGS__);    \
+    } while (0)
+
 /* ---- test fixture: the logical rows of one KV head, in 1..4 segments ---- */
 
 typedef struct tcfg {
@@ -39,7 +47,7 @@ typedef struct tkv {
 static void *tkv_alloc(tkv *t, size_t bytes)
 {
     void *p = calloc(1, bytes ? bytes : 1);
-    ck_assert_ptr_nonnull(p);
+    REQUIRE(p != NULL, "out of memory");
     t->mem[t->n_mem++] = p;
     return p;
 }
@@ -83,7 +91,7 @@ static void tkv_make(tkv *t, const tcfg *c, pd_rng *r)
     t->kf = calloc((size_t)t->total * hd + 1, sizeof(float));
     t->vf = calloc((size_t)t->total * hd + 1, sizeof(float));
     t->q = calloc((size_t)c->nh * hd, sizeof(float));
-    ck_assert(t->kf && t->vf && t->q);
+    REQUIRE(t->kf && t->vf && t->q, "out of memory");
     for (size_t i = 0; i < (size_t)c->nh * hd; i++)
         t->q[i] = elem(r, -1.5f, 1.5f);
     if (c->kcol) {
@@ -149,14 +157,14 @@ typedef struct tres {
 static tres run(const tkv *t, pd_isa isa, uint32_t first, uint32_t upto, const float *imp0)
 {
     const tcfg *c = &t->c;
-    ck_assert_int_eq(pd_cpu_set_isa(isa), isa < pd_cpu_detect() ? isa : pd_cpu_detect());
+    REQUIRE(pd_cpu_set_isa(isa) == (isa < pd_cpu_detect() ? isa : pd_cpu_detect()), "isa %d", isa);
     uint32_t span_max = t->total + 1;
     tres r = {0};
     r.out = malloc(((size_t)c->nh * c->hd + 1) * sizeof(float));
     r.probs = malloc(((size_t)c->nh * span_max + 1) * sizeof(float));
     r.imp = malloc(((size_t)t->total + 1) * sizeof(float));
     float *scratch = malloc(attn_scratch_floats(c->nh, c->hd, span_max) * sizeof(float));
-    ck_assert(r.out && r.probs && r.imp && scratch);
+    REQUIRE(r.out && r.probs && r.imp && scratch, "out of memory");
     for (size_t i = 0; i < (size_t)c->nh * span_max + 1; i++)
         r.probs[i] = 1234.5f;
     for (uint32_t i = 0; i <= t->total; i++)
@@ -243,7 +251,7 @@ START_TEST(attn_avx2_equals_scalar_bit_for_bit_on_random_configs)
         }
         tres a = run(&t, PD_ISA_SCALAR, first, upto, imp0);
         tres b = run(&t, PD_ISA_AVX2, first, upto, imp0);
-        ck_assert_uint_eq(a.span, b.span);
+        REQUIRE(a.span == b.span, "config %u: span %u vs %u", cfg, a.span, b.span);
         n_nonempty += a.span > 0;
         assert_same_bits("out", a.out, b.out, (size_t)c.nh * c.hd, cfg);
         assert_same_bits("probs", a.probs, b.probs, (size_t)c.nh * (t.total + 1) + 1, cfg);
@@ -278,14 +286,14 @@ START_TEST(attn_avx2_equals_scalar_on_extreme_values)
                 t.q[i] = i % 2 ? -0.0f : 0.0f;
         tres a = run(&t, PD_ISA_SCALAR, 0, UINT32_MAX, NULL);
         tres b = run(&t, PD_ISA_AVX2, 0, UINT32_MAX, NULL);
-        ck_assert_uint_eq(a.span, b.span);
+        REQUIRE(a.span == b.span, "config %u: span %u vs %u", cfg, a.span, b.span);
         for (size_t i = 0; i < (size_t)c.nh * c.hd; i++)
             if (!(isnan(a.out[i]) && isnan(b.out[i])))
-                ck_assert_msg(memcmp(&a.out[i], &b.out[i], 4) == 0, "config %u out[%zu]: %a vs %a",
+                REQUIRE(memcmp(&a.out[i], &b.out[i], 4) == 0, "config %u out[%zu]: %a vs %a",
                               cfg, i, (double)a.out[i], (double)b.out[i]);
         for (size_t i = 0; i < (size_t)c.nh * a.span; i++)
             if (!(isnan(a.probs[i]) && isnan(b.probs[i])))
-                ck_assert_msg(memcmp(&a.probs[i], &b.probs[i], 4) == 0, "config %u probs[%zu]", cfg, i);
+                REQUIRE(memcmp(&a.probs[i], &b.probs[i], 4) == 0, "config %u probs[%zu]", cfg, i);
         tres_free(&a);
         tres_free(&b);
         tkv_free(&t);
@@ -366,7 +374,7 @@ static void check_against_f64(uint64_t seed, int sinks, int softcap, double tol,
         ref_f64(&t, first, upto, ro, rp, mag);
         for (int isa = PD_ISA_SCALAR; isa < PD_ISA_COUNT; isa++) {
             tres a = run(&t, (pd_isa)isa, first, upto, NULL);
-            ck_assert_uint_eq(a.span, upto - first);
+            REQUIRE(a.span == upto - first, "config %u: span", cfg);
             for (uint32_t h = 0; h < c.nh; h++)
                 for (uint32_t d = 0; d < c.hd; d++) {
                     double e = fabs((double)a.out[h * c.hd + d] - ro[h * c.hd + d]) / mag[h];
@@ -422,7 +430,7 @@ START_TEST(attn_large_sink_absorbs_probability_mass)
         ck_assert_double_lt(psum, 1e-9);
         ck_assert_double_gt(psum, 0.0);
         for (uint32_t d = 0; d < c.hd; d++)
-            ck_assert_float_lt(fabsf(a.out[d]), 1e-8f);
+            REQUIRE(fabsf(a.out[d]) < 1e-8f, "out[%u] = %g", d, (double)a.out[d]);
         tres_free(&a);
     }
     tkv_free(&t);
@@ -474,8 +482,7 @@ START_TEST(attn_window_equals_full_attend_without_earlier_rows)
             u.kv = suffix_view(&t, first, segs);
             u.total = t.total - first;
             tres b = run(&u, (pd_isa)isa, 0, upto - first, imp0 + first);
-            ck_assert_uint_eq(a.span, upto - first);
-            ck_assert_uint_eq(b.span, a.span);
+            REQUIRE(a.span == upto - first && b.span == a.span, "config %u: span", cfg);
             assert_same_bits("out", a.out, b.out, (size_t)c.nh * c.hd, cfg);
             assert_same_bits("probs", a.probs, b.probs, (size_t)c.nh * a.span, cfg);
             assert_same_bits("imp", a.imp + first, b.imp, u.total, cfg);
@@ -526,7 +533,7 @@ START_TEST(attn_segment_split_gives_identical_bits)
                 u.kv.segs = u.segs;
                 u.kv.n_segs = parts;
                 tres b = run(&u, (pd_isa)isa, first, UINT32_MAX, NULL);
-                ck_assert_uint_eq(a.span, b.span);
+                REQUIRE(a.span == b.span, "config %u: span %u vs %u", cfg, a.span, b.span);
                 assert_same_bits("out", a.out, b.out, (size_t)c.nh * c.hd, cfg);
                 assert_same_bits("probs", a.probs, b.probs, (size_t)c.nh * a.span, cfg);
                 tres_free(&b);
@@ -558,7 +565,7 @@ START_TEST(attn_int8_rows_equal_f32_rows_of_dequantized_values)
         for (int isa = PD_ISA_SCALAR; isa < PD_ISA_COUNT; isa++) {
             tres a = run(&t, (pd_isa)isa, 0, UINT32_MAX, NULL);
             tres b = run(&u, (pd_isa)isa, 0, UINT32_MAX, NULL);
-            ck_assert_uint_eq(a.span, b.span);
+            REQUIRE(a.span == b.span, "config %u: span %u vs %u", cfg, a.span, b.span);
             assert_same_bits("out", a.out, b.out, (size_t)c.nh * c.hd, cfg);
             assert_same_bits("probs", a.probs, b.probs, (size_t)c.nh * a.span, cfg);
             tres_free(&a);
@@ -591,7 +598,7 @@ START_TEST(attn_importance_adds_probs_over_heads_in_order)
                 if (r >= first && r < upto)
                     for (uint32_t h = 0; h < c.nh; h++)
                         want += a.probs[(size_t)h * a.span + (r - first)];
-                ck_assert_msg(memcmp(&want, &a.imp[r], 4) == 0, "config %u row %u: %a vs %a", cfg,
+                REQUIRE(memcmp(&want, &a.imp[r], 4) == 0, "config %u row %u: %a vs %a", cfg,
                               r, (double)want, (double)a.imp[r]);
             }
             ck_assert_float_eq(a.imp[t.total], -7.0f);
@@ -618,11 +625,11 @@ START_TEST(attn_empty_input_gives_zeros_and_touches_nothing)
             tres a = run(&t, (pd_isa)isa, 0, upto, imp0);
             ck_assert_uint_eq(a.span, 0);
             for (uint32_t i = 0; i < c.nh * c.hd; i++)
-                ck_assert_msg(memcmp(&a.out[i], &(float){0.0f}, 4) == 0, "out[%u] = %a", i,
+                REQUIRE(memcmp(&a.out[i], &(float){0.0f}, 4) == 0, "out[%u] = %a", i,
                               (double)a.out[i]);
             ck_assert_float_eq(a.probs[0], 1234.5f);
             for (uint32_t i = 0; i < t.total; i++)
-                ck_assert_float_eq(a.imp[i], imp0[i]);
+                REQUIRE(a.imp[i] == imp0[i], "imp[%u] touched", i);
             tres_free(&a);
             tkv_free(&t);
         }
@@ -646,7 +653,7 @@ START_TEST(attn_first_past_upto_sees_exactly_the_last_row)
         for (uint32_t h = 0; h < c.nh; h++) {
             ck_assert_float_eq(a.probs[h], 1.0f);
             for (uint32_t d = 0; d < c.hd; d++)
-                ck_assert_float_eq(a.out[h * c.hd + d], t.vf[6 * c.hd + d]);
+                REQUIRE(a.out[h * c.hd + d] == t.vf[6 * c.hd + d], "head %u channel %u", h, d);
         }
         tres_free(&a);
     }
