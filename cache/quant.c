@@ -8,8 +8,13 @@ uint32_t quant_groups(uint32_t n, uint32_t group)
     return group ? (n + group - 1) / group : 0;
 }
 
+/* Saturates to [-127, 127] (-128 is never produced, so codes are symmetric).
+ * A NaN element (a model bug upstream) codes as 0 rather than reaching an
+ * undefined float-to-int conversion; fmaxf already keeps it out of absmax. */
 static int8_t quant_clamp(float r)
 {
+    if (r != r)
+        return 0;
     if (r > 127.0f)
         return 127;
     if (r < -127.0f)
