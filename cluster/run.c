@@ -62,6 +62,8 @@ typedef struct run_ctx {
     vocab *vb;
     sched *sc;
     bool *skip;
+    struct run_pending *pending;
+    size_t n_pending, cap_pending, next_write;
     /* messaging */
     uint8_t **sbuf;
     MPI_Request *sreq;
@@ -94,15 +96,25 @@ static _Noreturn void run_fatal(run_ctx *c, const pd_err *e)
 
 /* ---- output (head) ------------------------------------------------------ */
 
-static pd_status run_on_done(void *ctx, const sched_result *r, pd_err *err)
+/* Finished pages are written in manifest order, so out.jsonl is the same
+ * bytes whatever the batch size, rank count or completion order. Pages are
+ * admitted in manifest order, so at most `batch` finished pages wait here. */
+typedef struct run_pending {
+    size_t page;
+    uint32_t *tokens;
+    uint32_t n_tokens;
+    uint64_t prefill_rows;
+    sched_stop stop;
+} run_pending;
+
+static pd_status run_write_one(run_ctx *c, const run_pending *r, pd_err *err)
 {
-    run_ctx *c = ctx;
     char *text = NULL;
     size_t tlen = 0;
     pd_status st = vocab_detok(c->vb, (const int32_t *)r->tokens, r->n_tokens, &text, &tlen, err);
     if (st)
         return st;
-    outfile_page pg = {.id = r->id,
+    outfile_page pg = {.id = pages_get(c->pg, r->page)->id,
                        .tokens = (const int32_t *)r->tokens,
                        .n_tokens = r->n_tokens,
                        .text = text,
@@ -113,6 +125,47 @@ static pd_status run_on_done(void *ctx, const sched_result *r, pd_err *err)
     st = outfile_write_page(c->of, &pg, err);
     free(text);
     return st;
+}
+
+static pd_status run_on_done(void *ctx, const sched_result *r, pd_err *err)
+{
+    run_ctx *c = ctx;
+    if (c->n_pending == c->cap_pending) {
+        size_t nc = c->cap_pending ? 2 * c->cap_pending : 16;
+        run_pending *np = realloc(c->pending, nc * sizeof *np);
+        if (!np)
+            return pd_err_set(err, PD_ERR_NOMEM, "out of memory holding finished pages");
+        c->pending = np;
+        c->cap_pending = nc;
+    }
+    run_pending *p = &c->pending[c->n_pending];
+    p->tokens = malloc(((size_t)r->n_tokens + 1) * sizeof *p->tokens);
+    if (!p->tokens)
+        return pd_err_set(err, PD_ERR_NOMEM, "out of memory holding finished pages");
+    memcpy(p->tokens, r->tokens, (size_t)r->n_tokens * sizeof *p->tokens);
+    p->page = r->page;
+    p->n_tokens = r->n_tokens;
+    p->prefill_rows = r->prefill_rows;
+    p->stop = r->stop;
+    c->n_pending++;
+    /* write every page that is next in manifest order */
+    size_t n_pages = pages_count(c->pg);
+    for (;;) {
+        while (c->next_write < n_pages && c->skip[c->next_write])
+            c->next_write++;
+        size_t i = 0;
+        while (i < c->n_pending && c->pending[i].page != c->next_write)
+            i++;
+        if (i == c->n_pending)
+            return PD_OK;
+        run_pending done = c->pending[i];
+        c->pending[i] = c->pending[--c->n_pending];
+        pd_status st = run_write_one(c, &done, err);
+        free(done.tokens);
+        if (st)
+            return st;
+        c->next_write++;
+    }
 }
 
 static void run_progress(run_ctx *c, bool final)
@@ -303,6 +356,9 @@ static void run_teardown(run_ctx *c)
     free(c->tokens);
     free(c->inflight);
     free(c->skip);
+    for (size_t i = 0; i < c->n_pending; i++)
+        free(c->pending[i].tokens);
+    free(c->pending);
     sched_free(c->sc);
     outfile_free(c->of);
     vocab_free(c->vb);

@@ -38,7 +38,14 @@ for arch in llama qwen2; do
   run --model "$m" --pages "$P" --out "$T/$arch.q8.jsonl" --batch 4 --kv q8 --stats "$T/$arch.q8.stats"
   run --model "$m" --pages "$P" --out "$T/$arch.q8b.jsonl" --batch 1 --kv q8 --prefill-chunk 3
   same "$T/$arch.q8.jsonl" "$T/$arch.q8b.jsonl" "$arch: q8 KV batch/chunk invariant"
-  if grep -q '"cache_bytes"' "$T/$arch.q8.stats"; then pass "$arch: q8 run reports cache memory"; else fail "$arch: q8 stats lack cache_bytes"; fi
+  run --model "$m" --pages "$P" --out "$T/$arch.f32s.jsonl" --batch 4 --stats "$T/$arch.f32.stats"
+  if python3 - "$T/$arch.q8.stats" "$T/$arch.f32.stats" <<'PY'
+import json, sys
+q8, f32 = (json.load(open(p))["stages"][0]["attention_bytes_peak"] for p in sys.argv[1:3])
+print(f"    q8 KV attention bytes peak {q8:.0f} vs f32 {f32:.0f} ({q8 / f32:.2f}x)")
+sys.exit(0 if 0 < q8 < 0.5 * f32 else 1)
+PY
+  then pass "$arch: q8 run reports its memory, under half of f32"; else fail "$arch: q8 memory report"; fi
   run --model "$m" --pages "$P" --out "$T/$arch.win.jsonl" --batch 4 --attn window:8
   run --model "$m" --pages "$P" --out "$T/$arch.win1.jsonl" --batch 1 --attn window:8 --prefill-chunk 2
   same "$T/$arch.win.jsonl" "$T/$arch.win1.jsonl" "$arch: window:8 batch/chunk invariant"
