@@ -693,8 +693,12 @@ static void gemm_task(void *ctxp, uint32_t task, uint32_t thread)
                 .ldc = j->ldc,
                 .ncols = w->n - col0 < GEMM_NR ? w->n - col0 : GEMM_NR,
             };
-            for (uint32_t i = mb; i < me; i += GEMM_MR) {
-                t.mr = me - i < GEMM_MR ? me - i : GEMM_MR;
+            /* Tiles of near-equal height (8 rows: 4 + 4, not 6 + 2): a short
+             * tile has few FMA chains and runs at the FMA latency. */
+            uint32_t rows = me - mb, n_tiles = (rows + GEMM_MR - 1) / GEMM_MR;
+            uint32_t base = rows / n_tiles, taller = rows % n_tiles;
+            for (uint32_t ti = 0, i = mb; ti < n_tiles; ti++, i += t.mr) {
+                t.mr = base + (ti < taller ? 1u : 0u);
                 t.a = j->a + (size_t)i * j->lda;
                 t.c = j->c + (size_t)i * j->ldc + col0;
                 j->tiles[t.mr - 1](&t);
