@@ -18,6 +18,8 @@
  * panel is re-read from L2 for every tile). */
 #define GEMM_MR 6u
 #define GEMM_MC 96u
+/* Cap on tasks per gemm_run (M blocks are grouped beyond it). */
+#define GEMM_MAX_TASKS 65536u
 
 /* Panel layout (one panel = GEMM_NR = 16 consecutive output columns j):
  *   F32:       [k][16] f32
@@ -654,19 +656,25 @@ typedef struct gemm_job {
     float *c;
     size_t ldc;
     uint32_t panels_per_task;
+    uint32_t n_panel_tasks;     /* panel ranges; task t takes range t % n_panel_tasks */
+    uint32_t mblocks_per_task;  /* ... and M blocks from (t / n_panel_tasks) * this */
     gemm_tile_fn *const *tiles; /* indexed by mr - 1 */
     gemm_row_fn *const *rows;   /* indexed by np - 1; NULL = tiles only */
 } gemm_job;
 
-/* A task: a contiguous range of panels, for all m rows, M block by M block. */
+/* A task: a contiguous range of panels times a range of M blocks. Each M
+ * block walks all the task's panels before the next block starts. */
 static void gemm_task(void *ctxp, uint32_t task, uint32_t thread)
 {
     const gemm_job *j = ctxp;
     const gemm_w *w = j->w;
-    uint32_t p0 = task * j->panels_per_task;
-    uint32_t p1 = p0 + j->panels_per_task < w->n_panels ? p0 + j->panels_per_task : w->n_panels;
-    for (uint32_t mb = 0; mb < j->m; mb += GEMM_MC) {
-        uint32_t me = j->m - mb < GEMM_MC ? j->m : mb + GEMM_MC;
+    uint32_t p0 = (task % j->n_panel_tasks) * j->panels_per_task;
+    uint32_t p1 = w->n_panels - p0 < j->panels_per_task ? w->n_panels : p0 + j->panels_per_task;
+    uint64_t m0 = (uint64_t)(task / j->n_panel_tasks) * j->mblocks_per_task * GEMM_MC;
+    uint64_t m1 = m0 + (uint64_t)j->mblocks_per_task * GEMM_MC;
+    uint32_t mend = m1 < j->m ? (uint32_t)m1 : j->m;
+    for (uint32_t mb = (uint32_t)m0; mb < mend; mb += GEMM_MC) {
+        uint32_t me = mend - mb < GEMM_MC ? mend : mb + GEMM_MC;
         if (me - mb == 1 && j->rows) {
             for (uint32_t pnl = p0; pnl < p1; pnl += GEMM_ROW_PANELS) {
                 uint32_t np = p1 - pnl < GEMM_ROW_PANELS ? p1 - pnl : GEMM_ROW_PANELS;
@@ -731,17 +739,25 @@ void gemm_run_ld(const gemm_w *w, const float *a, size_t lda, uint32_t m, float 
     }
     uint32_t threads = pool_threads(p);
     pd_isa isa = pd_cpu_isa();
-    /* A few tasks per thread so a thread the OS delays does not hold up the
-     * rest; each task streams contiguous panels. */
+    /* A few panel ranges per thread so a thread the OS delays does not hold
+     * up the rest; each streams contiguous panels, a multiple of the row
+     * kernel's group. M blocks are separate tasks too, so a narrow W with
+     * many rows still spreads over the threads. */
     uint32_t want = threads == 1 ? 1 : threads * 4;
     uint32_t ppt = (w->n_panels + want - 1) / want;
+    ppt = (ppt + GEMM_ROW_PANELS - 1) / GEMM_ROW_PANELS * GEMM_ROW_PANELS;
+    uint32_t n_ptasks = (w->n_panels + ppt - 1) / ppt;
+    uint64_t n_mblocks = ((uint64_t)m + GEMM_MC - 1) / GEMM_MC;
+    uint64_t mbpt = (n_mblocks * n_ptasks + GEMM_MAX_TASKS - 1) / GEMM_MAX_TASKS;
     gemm_job job = {
         .w = w, .a = a, .lda = lda, .m = m, .c = c, .ldc = ldc,
         .panels_per_task = ppt,
+        .n_panel_tasks = n_ptasks,
+        .mblocks_per_task = (uint32_t)mbpt,
         .tiles = gemm_tiles_for(isa, w->type),
         .rows = gemm_rows_for(isa, w->type),
     };
-    uint32_t n_tasks = (w->n_panels + ppt - 1) / ppt;
+    uint32_t n_tasks = (uint32_t)((n_mblocks + mbpt - 1) / mbpt) * n_ptasks;
     pool_run(threads == 1 ? NULL : p, n_tasks, gemm_task, &job);
 }
 

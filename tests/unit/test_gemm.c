@@ -230,37 +230,43 @@ START_TEST(gemm_row_bits_do_not_depend_on_m_scalar_path)
 END_TEST
 
 /* 1, 2 and 3 threads (and no pool) give the same bits, for M across the
- * tile and block boundaries. */
+ * tile and block boundaries, for a wide W (panel ranges split over threads)
+ * and a narrow one (M blocks split over threads). */
 START_TEST(gemm_bits_do_not_depend_on_thread_count)
 {
-    const uint32_t n = 203, k = 320, max_m = 130;
-    static const uint32_t ms[] = {1, 4, 7, 16, 64, 97, 130};
+    static const struct {
+        uint32_t n, k;
+    } shapes[] = {{203, 320}, {16, 64}};
+    static const uint32_t ms[] = {1, 2, 4, 7, 16, 64, 97, 130, 250};
+    const uint32_t max_m = 250;
     pool *pools[3] = {NULL, NULL, NULL};
     for (uint32_t t = 0; t < 3; t++)
         ck_assert_int_eq(pool_new(t + 1, &pools[t], NULL), PD_OK);
-    for (size_t ti = 0; ti < 4; ti++) {
-        test_mat t = mat_make(all_types[ti], n, k, 5150 + ti);
-        gemm_w *g = pack_or_die(&t, GEMM_BACKEND_INVARIANT);
-        float *a = act_make(max_m, k, 31 + ti);
-        float *want = malloc(sizeof(float) * max_m * n);
-        float *got = malloc(sizeof(float) * max_m * n);
-        ref_gemm(a, k, max_m, &t, want, n);
-        for (size_t mi = 0; mi < 7; mi++) {
-            for (uint32_t th = 0; th < 3; th++) {
-                memset(got, 0, sizeof(float) * max_m * n);
-                gemm_run(g, a, ms[mi], got, pools[th]);
-                ASSERT_BITS_EQ(got, want, (size_t)ms[mi] * n, "%s m %u, %u threads",
-                               gemm_wtype_name(all_types[ti]), ms[mi], th + 1);
+    for (size_t si = 0; si < 2; si++)
+        for (size_t ti = 0; ti < 4; ti++) {
+            const uint32_t n = shapes[si].n, k = shapes[si].k;
+            test_mat t = mat_make(all_types[ti], n, k, 5150 + ti + si);
+            gemm_w *g = pack_or_die(&t, GEMM_BACKEND_INVARIANT);
+            float *a = act_make(max_m, k, 31 + ti);
+            float *want = malloc(sizeof(float) * max_m * n);
+            float *got = malloc(sizeof(float) * max_m * n);
+            ref_gemm(a, k, max_m, &t, want, n);
+            for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+                for (uint32_t th = 0; th < 3; th++) {
+                    memset(got, 0, sizeof(float) * max_m * n);
+                    gemm_run(g, a, ms[mi], got, pools[th]);
+                    ASSERT_BITS_EQ(got, want, (size_t)ms[mi] * n, "%s n %u m %u, %u threads",
+                                   gemm_wtype_name(all_types[ti]), n, ms[mi], th + 1);
+                }
             }
+            for (uint32_t th = 0; th < 3; th++)
+                pool_check(pools[th]);
+            free(a);
+            free(want);
+            free(got);
+            gemm_free(g);
+            mat_free(&t);
         }
-        for (uint32_t th = 0; th < 3; th++)
-            pool_check(pools[th]);
-        free(a);
-        free(want);
-        free(got);
-        gemm_free(g);
-        mat_free(&t);
-    }
     for (uint32_t t = 0; t < 3; t++)
         pool_free(pools[t]);
 }
