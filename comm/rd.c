@@ -4,6 +4,7 @@
 #include "comm/rd.h"
 
 #include "cache/check.h"
+#include "cache/cpu.h"
 #include "cache/fp16.h"
 #include "comm/crc32c.h"
 
@@ -252,6 +253,51 @@ pd_status rd_expect_end(rd *r)
     return PD_OK;
 }
 
+static uint32_t max_abs_bits_scalar(const float *x, size_t n)
+{
+    uint32_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, 4);
+        u &= 0x7fffffffu;
+        m = u > m ? u : m;
+    }
+    return m;
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+__attribute__((target("avx2"))) static uint32_t max_abs_bits_avx2(const float *x, size_t n)
+{
+    const __m256i mask = _mm256_set1_epi32(0x7fffffff);
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_max_epu32(a0, _mm256_and_si256(mask, _mm256_loadu_si256((const __m256i *)(x + i))));
+        a1 = _mm256_max_epu32(a1, _mm256_and_si256(mask, _mm256_loadu_si256((const __m256i *)(x + i + 8))));
+        a2 = _mm256_max_epu32(a2, _mm256_and_si256(mask, _mm256_loadu_si256((const __m256i *)(x + i + 16))));
+        a3 = _mm256_max_epu32(a3, _mm256_and_si256(mask, _mm256_loadu_si256((const __m256i *)(x + i + 24))));
+    }
+    __m256i a = _mm256_max_epu32(_mm256_max_epu32(a0, a1), _mm256_max_epu32(a2, a3));
+    uint32_t lanes[8];
+    _mm256_storeu_si256((__m256i *)lanes, a);
+    uint32_t m = max_abs_bits_scalar(x + i, n - i);
+    for (int l = 0; l < 8; l++)
+        m = lanes[l] > m ? lanes[l] : m;
+    return m;
+}
+#endif
+
+uint32_t rd_f32_max_abs_bits(const float *x, size_t n)
+{
+#if defined(__x86_64__)
+    if (pd_cpu_isa() >= PD_ISA_AVX2)
+        return max_abs_bits_avx2(x, n);
+#endif
+    return max_abs_bits_scalar(x, n);
+}
+
 /* ---- writer -------------------------------------------------------------- */
 
 pd_status wr_sink_file(void *file, const void *bytes, size_t n, pd_err *err)
@@ -470,17 +516,16 @@ pd_status wr_f16_n(wr *w, const float *x, size_t n)
     uint16_t tmp[RD_CHUNK];
     while (n) {
         size_t m = n < RD_CHUNK ? n : RD_CHUNK;
-        pd_f32_to_f16_n(x, tmp, m);
-        uint16_t top = 0;
-        for (size_t i = 0; i < m; i++)
-            top = (uint16_t)(tmp[i] & 0x7c00u) > top ? (uint16_t)(tmp[i] & 0x7c00u) : top;
-        if (top == 0x7c00u) /* an infinity or NaN came out: refuse, never round to inf */
+        /* |x| >= 65520 (bits 0x477ff000), inf or NaN would come out as an
+         * f16 infinity or NaN: refuse, never round to inf. */
+        if (rd_f32_max_abs_bits(x, m) >= 0x477ff000u)
             for (size_t i = 0; i < m; i++)
-                if ((tmp[i] & 0x7c00u) == 0x7c00u)
+                if (rd_f32_max_abs_bits(x + i, 1) >= 0x477ff000u)
                     return wr_failed(w, pd_err_set(w->err, PD_ERR_RANGE,
                                                    "write: value %g does not fit f16 (|x| >= 65520 "
                                                    "or not finite)",
                                                    (double)x[i]));
+        pd_f32_to_f16_n(x, tmp, m);
 #if !RD_HOST_LE
         for (size_t i = 0; i < m; i++) {
             uint8_t b[2] = {(uint8_t)tmp[i], (uint8_t)(tmp[i] >> 8)};

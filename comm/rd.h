@@ -95,6 +95,12 @@ void rd_f16_decode(const uint8_t *src, float *dst, size_t n);
 /* Copies n f32 values stored little-endian at src (any alignment). */
 void rd_f32_decode(const uint8_t *src, float *dst, size_t n);
 
+/* Largest magnitude bit pattern (bits & 0x7fffffff) of x[0..n), 0 for n == 0:
+ * one pass that tells whether every value is finite (< 0x7f800000) or fits
+ * f16 (< 0x477ff000, i.e. |x| < 65520). AVX2 where pd_cpu_isa() allows; an
+ * integer result, so every path gives the same answer. */
+uint32_t rd_f32_max_abs_bits(const float *x, size_t n);
+
 /* ---- writer -------------------------------------------------------------- */
 
 /* A byte sink: consumes n bytes or fails (filling err). */

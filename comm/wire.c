@@ -954,21 +954,11 @@ static size_t first_nonfinite(const float *x, size_t n)
 {
     enum { B = 4096 };
     for (size_t i0 = 0; i0 < n; i0 += B) {
-        size_t i1 = i0 + B < n ? i0 + B : n;
-        uint32_t m = 0;
-        for (size_t i = i0; i < i1; i++) {
-            uint32_t u;
-            memcpy(&u, x + i, 4);
-            u &= 0x7fffffffu;
-            m = u > m ? u : m;
-        }
-        if (m >= 0x7f800000u)
-            for (size_t i = i0; i < i1; i++) {
-                uint32_t u;
-                memcpy(&u, x + i, 4);
-                if ((u & 0x7f800000u) == 0x7f800000u)
+        size_t m = n - i0 < B ? n - i0 : B;
+        if (rd_f32_max_abs_bits(x + i0, m) >= 0x7f800000u)
+            for (size_t i = i0; i < i0 + m; i++)
+                if (rd_f32_max_abs_bits(x + i, 1) >= 0x7f800000u)
                     return i;
-            }
     }
     return n;
 }

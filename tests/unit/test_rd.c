@@ -3,6 +3,7 @@
  * same bytes. */
 #include "pd_test.h"
 
+#include "cache/cpu.h"
 #include "cache/fp16.h"
 #include "comm/crc32c.h"
 #include "comm/rd.h"
@@ -321,6 +322,39 @@ START_TEST(wr_f16_refuses_values_that_would_become_inf_or_nan)
 }
 END_TEST
 
+START_TEST(rd_max_abs_bits_avx2_path_equals_portable_path)
+{
+    enum { N = 300 };
+    float x[N];
+    pd_rng g = {.s = 21};
+    pd_isa was = pd_cpu_isa();
+    for (int trial = 0; trial < 40; trial++) {
+        pd_rng_fill(&g, x, N, -1000.0f, 1000.0f);
+        if (trial % 3 == 1)
+            x[pd_rng_below(&g, N)] = -__builtin_inff();
+        if (trial % 3 == 2)
+            x[pd_rng_below(&g, N)] = __builtin_nanf("");
+        for (size_t n = 0; n <= N; n += 1 + n / 8)
+            for (size_t off = 0; off < 3 && off <= n; off++) {
+                pd_cpu_set_isa(PD_ISA_SCALAR);
+                uint32_t a = rd_f32_max_abs_bits(x + off, n - off);
+                pd_cpu_set_isa(PD_ISA_AVX2);
+                uint32_t b = rd_f32_max_abs_bits(x + off, n - off);
+                ck_assert_uint_eq(a, b);
+                uint32_t want = 0;
+                for (size_t i = off; i < n; i++) {
+                    uint32_t u;
+                    memcpy(&u, x + i, 4);
+                    u &= 0x7fffffffu;
+                    want = u > want ? u : want;
+                }
+                ck_assert_uint_eq(a, want);
+            }
+    }
+    pd_cpu_set_isa(was);
+}
+END_TEST
+
 Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("rd");
@@ -336,6 +370,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, wr_sink_failure_sticks);
     tcase_add_test(tc, wr_file_and_fd_sinks_write_everything);
     tcase_add_test(tc, wr_f16_refuses_values_that_would_become_inf_or_nan);
+    tcase_add_test(tc, rd_max_abs_bits_avx2_path_equals_portable_path);
     suite_add_tcase(s, tc);
     return s;
 }
