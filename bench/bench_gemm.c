@@ -120,6 +120,32 @@ static void bench_time(gemm_w *const *ws, const float *a, uint32_t m, float *c, 
         best->cpu = cpu;
 }
 
+static void bench_nop(void *ctx, uint32_t task, uint32_t thread)
+{
+    volatile uint32_t *sink = ctx;
+    *sink = task + thread;
+}
+
+/* Microseconds per pool_run of 8 empty tasks on a 2-thread pool (best batch
+ * of 2000 back-to-back runs, workers hot). */
+static double bench_pool_dispatch_us(int reps)
+{
+    pool *p = NULL;
+    if (pool_new(2, &p, NULL) != PD_OK)
+        return -1.0;
+    volatile uint32_t sink = 0;
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double t0 = probe_now();
+        for (int i = 0; i < 2000; i++)
+            pool_run(p, 8, bench_nop, (void *)&sink);
+        double t = (probe_now() - t0) / 2000;
+        best = t < best ? t : best;
+    }
+    pool_free(p);
+    return best * 1e6;
+}
+
 static double bench_load(void)
 {
     double l[1] = {-1.0};
@@ -222,6 +248,7 @@ int main(int argc, char **argv)
         bench_unpack(&set);
     }
     printf("  ],\n");
+    printf("  \"pool_dispatch_us_2threads_8tasks\": %.2f,\n", bench_pool_dispatch_us(reps));
     printf("  \"loadavg_1m\": [%.2f, %.2f],\n", load0, bench_load());
     printf("  \"goal_met\": %s\n}\n", all_met ? "true" : "false");
     free(a);
