@@ -45,6 +45,7 @@ typedef struct run_ctx {
     const run_opts *o;
     pipe_link *p;
     int rank, size;
+    int local_rank, local_size; /* among the ranks on this node */
     bool head, tailr;
     layermap lm;
     model_hparams hp;
@@ -238,12 +239,9 @@ static pd_status run_startup(run_ctx *c, pd_err *err)
         return st;
 
     /* NUMA: bind by node-local rank, place weights and caches there */
-    int lr = 0, ls = 1;
-    if ((st = pipe_node_local(c->p, &lr, &ls, err)))
-        return st;
     if ((st = numa_topo_load(&c->topo, err)))
         return st;
-    if ((st = numa_place(c->topo, (unsigned)lr, (unsigned)ls, o->no_bind ? NUMA_NO_BIND : 0, &c->nc, err)))
+    if ((st = numa_place(c->topo, (unsigned)c->local_rank, (unsigned)c->local_size, o->no_bind ? NUMA_NO_BIND : 0, &c->nc, err)))
         return st;
     if ((st = arena_new(c->topo, c->nc.node, 0, &c->ar, err)))
         return st;
@@ -649,7 +647,11 @@ int run_main(const run_opts *o, MPI_Comm world)
     c.tailr = c.rank == c.size - 1;
     c.t_start = now();
 
-    st = run_startup(&c, &e);
+    /* the only collective before the agreement: every rank reaches it
+     * whatever fails later in its own start-up */
+    st = pipe_node_local(c.p, &c.local_rank, &c.local_size, &e);
+    if (st == PD_OK)
+        st = run_startup(&c, &e);
     if (st)
         fprintf(stderr, "pipedec: rank %d: %s\n", c.rank, e.msg);
     pd_err ae = {0};

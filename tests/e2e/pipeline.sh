@@ -67,7 +67,7 @@ expect_fail "more ranks than layers" "fewer than" \
 "$PIPEDEC" mkpages --model "$m" --count 40 --embed-rows 10 --prompt-tokens 3 --max-new 4000 --seed 3 \
   --out "$T/long" >/dev/null
 ( "${MPIRUN[@]}" -np 3 "$PIPEDEC" run --model "$m" --pages "$T/long/pages.jsonl" --out "$T/long.jsonl" \
-    --batch 2 >"$T/kill.out" 2>"$T/kill.err"; echo $? > "$T/kill.rc" ) &
+    --batch 2 >"$T/kill.out" 2>"$T/kill.err" && echo 0 > "$T/kill.rc" || echo $? > "$T/kill.rc" ) &
 victim=""
 for _ in $(seq 1 100); do
   for pid in $(pgrep -f "pipedec run --model $m --pages $T/long" || true); do
