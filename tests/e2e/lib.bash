@@ -29,7 +29,7 @@ expect_fail() {
   timeout 60 "$@" >"$log.out" 2>"$log" || rc=$?
   if [ "$rc" -eq 0 ]; then fail "$name: exit 0, expected failure"; return; fi
   if [ "$rc" -eq 124 ]; then fail "$name: still running after 60 s (hang)"; return; fi
-  if grep -Eq "$pat" "$log"; then pass "$name (exit $rc)"; else fail "$name: stderr lacks /$pat/:"; head -5 "$log"; fi
+  if grep -Eq -e "$pat" "$log"; then pass "$name (exit $rc)"; else fail "$name: stderr lacks /$pat/:"; head -5 "$log"; fi
 }
 
 finish() {
