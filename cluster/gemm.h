@@ -8,14 +8,20 @@
  *     c = +0.0f;  for k = 0 .. K-1:  c = fmaf(a[i][k], w[j][k], c);
  *
  * whatever M, N, the tiling, the ISA path or the thread count (threads split
- * the N panels, never K). For 16-bit and Q8_0 weights, w[j][k] is the exact
+ * the N panels and blocks of M rows, never K). For 16-bit and Q8_0 weights, w[j][k] is the exact
  * f32 value of the stored weight (f16/bf16 converted; Q8_0 as (float)q * d
  * with d the block's f16 scale in f32, one multiply, which is exact), so a
  * 16-bit or Q8_0 GEMM equals the f32 GEMM of the dequantized weights bit for
  * bit. The AVX2/FMA path (chosen by pd_cpu_isa(), cache/cpu.h) and the
  * portable fmaf path give the same bits (NaN payloads aside). Weights are kept
  * in the kernel's panel layout [N/16 panels][K][16 columns] in their stored
- * type and converted to f32 in registers just before use.
+ * type and converted to f32 in registers just before use (Q8_0: per 32-k
+ * block, the 16 columns' f16 scales, then the int8 values [32][16]).
+ *
+ * Speed (K = 1280, N = 3584, one thread, AVX2, see bench/bench_gemm.c):
+ * M = 1 streams the panels at about the machine's read bandwidth; M >= 64
+ * runs at about OpenBLAS's speed; the OpenBLAS backend was not faster at
+ * any M there.
  *
  * GEMM_BACKEND_OPENBLAS (opt-in, `--gemm openblas`): cblas_sgemm on an f32
  * copy of the weights. NOT batch invariant: the bits of a row change with M
@@ -86,7 +92,9 @@ void gemm_run(const gemm_w *w, const float *a, uint32_t m, float *c, pool *p);
 
 /* Same as gemm_run with explicit leading dimensions (lda >= k, ldc >= n), so
  * a caller can multiply column slices of a fused buffer. Invariant backend:
- * the bits of every C element are those gemm_run gives. */
+ * the bits of every C element are those gemm_run gives. OpenBLAS backend:
+ * m, lda and ldc must fit in an int. Violations abort through CHECK (they
+ * are programming errors, not input). */
 void gemm_run_ld(const gemm_w *w, const float *a, size_t lda, uint32_t m, float *c, size_t ldc,
                  pool *p);
 
