@@ -339,14 +339,27 @@ static void sample_unban(sampler *s, size_t n_ban)
         s->mask[s->ban[i]] = 0;
 }
 
+static pd_status sampler_pick(sampler *s, const float *logits, const int32_t *hist, size_t n_hist,
+                              const char *page_id, uint64_t page_key, uint64_t index, int32_t *token,
+                              pd_err *err);
+
 pd_status sampler_next(sampler *s, const float *logits, const int32_t *hist, size_t n_hist,
                        const char *page_id, uint64_t index, int32_t *token, pd_err *err)
 {
-    return sampler_next_key(s, logits, hist, n_hist, sample_page_key(page_id), index, token, err);
+    return sampler_pick(s, logits, hist, n_hist, page_id ? page_id : "", sample_page_key(page_id), index,
+                        token, err);
 }
 
 pd_status sampler_next_key(sampler *s, const float *logits, const int32_t *hist, size_t n_hist,
                            uint64_t page_key, uint64_t index, int32_t *token, pd_err *err)
+{
+    return sampler_pick(s, logits, hist, n_hist, NULL, page_key, index, token, err);
+}
+
+/* page_id names the page in messages when known (else its key does). */
+static pd_status sampler_pick(sampler *s, const float *logits, const int32_t *hist, size_t n_hist,
+                              const char *page_id, uint64_t page_key, uint64_t index, int32_t *token,
+                              pd_err *err)
 {
     if (!s || !logits || !token || (!hist && n_hist))
         return pd_err_set(err, PD_ERR_ARG, "sampler: NULL argument");
@@ -375,6 +388,10 @@ pd_status sampler_next_key(sampler *s, const float *logits, const int32_t *hist,
         }
     if (best < 0) {
         sample_unban(s, n_ban);
+        if (page_id)
+            return pd_err_set(err, PD_ERR_RANGE,
+                              "sampler: page \"%s\" step %" PRIu64 ": no token allowed (all logits "
+                              "-inf or banned)", page_id, index);
         return pd_err_set(err, PD_ERR_RANGE,
                           "sampler: page key %016" PRIx64 " step %" PRIu64 ": no token allowed (all logits "
                           "-inf or banned)", page_key, index);

@@ -10,6 +10,9 @@ export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_cop
 export OMPI_MCA_rmaps_base_oversubscribe=1
 E2E_TMP="$(mktemp -d "${TMPDIR:-/tmp}/pd-e2e.XXXXXX")"
 trap 'rm -rf "$E2E_TMP"' EXIT
+# Open MPI's session directories go under TMPDIR: a private one per script so
+# concurrent mpiruns (ctest -j) never share or clean up each other's.
+export TMPDIR="$E2E_TMP"
 E2E_FAILS=0
 E2E_PASSES=0
 
