@@ -20,7 +20,11 @@ case "$secs" in ''|*[!0-9]*) echo "usage: scripts/fuzz.sh [SECONDS_PER_TARGET] [
 work="${PD_FUZZ_DIR:-$src/build-fuzz}"
 cc="${CC:-clang}"
 jobs="${PD_FUZZ_JOBS:-1}"
-command -v "$cc" >/dev/null || { echo "fuzz.sh: $cc not found (apt-get install clang libclang-rt-14-dev)" >&2; exit 2; }
+if ! command -v "$cc" >/dev/null || [ -z "$(find /usr/lib/llvm-*/lib/clang -name 'libclang_rt.fuzzer*.a' 2>/dev/null | head -1)" ]; then
+  echo "fuzz.sh: installing clang and libclang-rt-14-dev" >&2
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq clang libclang-rt-14-dev >/dev/null
+fi
 mkdir -p "$work"
 
 # clang 14 rejects __builtin_cpu_supports("f16c") (gcc accepts it; cache/fp16.c
@@ -59,25 +63,27 @@ for t in "${targets[@]}"; do
     for s in "${words[@]}"; do
       case "$s" in *.c) srcs+=("$src/$s");; esac
     done
-  elif [ "$t" = fuzz_gguf ]; then
-    srcs=("$src/cluster/gguf.c" "$src/cache/status.c")
   fi
+  libs=(-lm -lpthread)
+  libline="$(grep -m1 -o 'PD_FUZZ_LIBS:.*' "$file" || true)"
+  if [ -n "$libline" ]; then read -r -a extra <<<"${libline#PD_FUZZ_LIBS:}"; libs+=("${extra[@]}"); fi
   bin="$work/$t"
   echo "fuzz.sh: building $t" >&2
   "$cc" -g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined \
-        -fno-sanitize-recover=all -include "$compat" -I"$src" "$file" "${srcs[@]}" -lm -lpthread -o "$bin"
+        -fno-sanitize-recover=all -include "$compat" -I"$src" "$file" "${srcs[@]}" "${libs[@]}" -o "$bin"
 
   corpus="$work/corpus_$t"
   found="$work/findings_$t"
   mkdir -p "$corpus" "$found"
-  cp -n "$src"/tests/data/*.cmf* "$src"/tests/data/*.bin "$corpus"/ 2>/dev/null || true
+  cp -n "$src"/tests/data/*.cmf* "$src"/tests/data/*.bin "$src"/tests/data/*.gguf "$corpus"/ 2>/dev/null || true
   log="$work/$t.log"
   rc=0
   # -rss_limit / -malloc_limit keep a hostile count from eating the machine;
   # -timeout flags a slow input as a finding.
-  "$bin" "$corpus" -max_total_time="$secs" -print_final_stats=1 -timeout=10 \
+  # run inside $work: with -jobs libFuzzer writes fuzz-N.log to the current directory
+  (cd "$work" && "$bin" "$corpus" -max_total_time="$secs" -print_final_stats=1 -timeout=10 \
          -rss_limit_mb=2048 -malloc_limit_mb=1024 -max_len=8192 \
-         -jobs="$jobs" -workers="$jobs" -artifact_prefix="$found/" >"$log" 2>&1 || rc=$?
+         -jobs="$jobs" -workers="$jobs" -artifact_prefix="$found/") >"$log" 2>&1 || rc=$?
   execs="$( (grep -h 'stat::number_of_executed_units' "$log" "$work"/fuzz-*.log 2>/dev/null || true) \
            | awk '{s += $2} END {print s + 0}')"
   rm -f "$work"/fuzz-*.log
