@@ -1,0 +1,282 @@
+/* model: the row-local math against hand-computed values, and a whole layer
+ * stack (stage_forward) against a naive double-precision reference written
+ * here from the GGUF tensors: GQA head mapping, QKV bias, both RoPE styles,
+ * SwiGLU and the residual stream. */
+#include "pd_test.h"
+
+#include "cluster/gguf.h"
+#include "cluster/mkmodel.h"
+#include "cluster/model.h"
+#include "cluster/stage.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+START_TEST(model_rmsnorm_matches_hand_values)
+{
+    const float x[4] = {1, 2, 3, 4}, w[4] = {1, 1, 2, 0.5f};
+    float y[4];
+    model_rmsnorm(x, w, 4, 1e-5f, y);
+    double r = 1.0 / sqrt(30.0 / 4.0 + 1e-5);
+    for (int i = 0; i < 4; i++)
+        ck_assert_double_eq_tol(y[i], x[i] * r * w[i], 1e-6);
+}
+END_TEST
+
+START_TEST(model_rope_styles_rotate_the_documented_pairs)
+{
+    /* head_dim 4, base 10000, position 1: theta_0 = 1, theta_1 = 10000^(-1/2) = 0.01 */
+    const float in[4] = {1, 2, 3, 4};
+    float a[4], b[4];
+    memcpy(a, in, sizeof a);
+    model_rope_row(a, 1, 4, 1, 10000.0f, MODEL_ROPE_NORM); /* pairs (0,1), (2,3) */
+    ck_assert_double_eq_tol(a[0], 1 * cos(1.0) - 2 * sin(1.0), 1e-6);
+    ck_assert_double_eq_tol(a[1], 1 * sin(1.0) + 2 * cos(1.0), 1e-6);
+    ck_assert_double_eq_tol(a[2], 3 * cos(0.01) - 4 * sin(0.01), 1e-6);
+    ck_assert_double_eq_tol(a[3], 3 * sin(0.01) + 4 * cos(0.01), 1e-6);
+    memcpy(b, in, sizeof b);
+    model_rope_row(b, 1, 4, 1, 10000.0f, MODEL_ROPE_NEOX); /* pairs (0,2), (1,3) */
+    ck_assert_double_eq_tol(b[0], 1 * cos(1.0) - 3 * sin(1.0), 1e-6);
+    ck_assert_double_eq_tol(b[2], 1 * sin(1.0) + 3 * cos(1.0), 1e-6);
+    ck_assert_double_eq_tol(b[1], 2 * cos(0.01) - 4 * sin(0.01), 1e-6);
+    ck_assert_double_eq_tol(b[3], 2 * sin(0.01) + 4 * cos(0.01), 1e-6);
+    /* position 0 is the identity; each head rotates the same way */
+    float c[8] = {1, 2, 3, 4, 1, 2, 3, 4};
+    model_rope_row(c, 2, 4, 0, 10000.0f, MODEL_ROPE_NORM);
+    for (int i = 0; i < 8; i++)
+        ck_assert_float_eq(c[i], in[i % 4]);
+    float d[8] = {1, 2, 3, 4, 1, 2, 3, 4};
+    model_rope_row(d, 2, 4, 1, 10000.0f, MODEL_ROPE_NORM);
+    ck_assert_int_eq(memcmp(d, a, sizeof a), 0);
+    ck_assert_int_eq(memcmp(d + 4, a, sizeof a), 0);
+}
+END_TEST
+
+START_TEST(model_swiglu_matches_hand_values)
+{
+    const float g[3] = {0, 1, -1}, u[3] = {2, 3, 4};
+    float a[3];
+    model_swiglu(g, u, 3, a);
+    ck_assert_double_eq_tol(a[0], 0.0, 1e-7);
+    ck_assert_double_eq_tol(a[1], 3.0 / (1.0 + exp(-1.0)), 1e-6);
+    ck_assert_double_eq_tol(a[2], 4.0 * -1.0 / (1.0 + exp(1.0)), 1e-6);
+}
+END_TEST
+
+/* ---- a naive reference forward from the file's tensors ----------------- */
+
+static const float *tensor(gguf_file *f, const char *name)
+{
+    const gguf_tensor *t = gguf_tensor_find(f, name);
+    ck_assert_ptr_nonnull(t);
+    ck_assert_uint_eq(t->type, GGUF_TENSOR_F32);
+    return t->data;
+}
+
+/* y[o] = sum_i W[o][i] x[i] (+ b[o]) with W stored [out x in] */
+static void ref_matvec(const float *W, const float *b, const double *x, uint32_t in, uint32_t out, double *y)
+{
+    for (uint32_t o = 0; o < out; o++) {
+        double s = b ? b[o] : 0.0;
+        for (uint32_t i = 0; i < in; i++)
+            s += (double)W[(size_t)o * in + i] * x[i];
+        y[o] = s;
+    }
+}
+
+static void ref_norm(const double *x, const float *w, uint32_t n, double eps, double *y)
+{
+    double ss = 0;
+    for (uint32_t i = 0; i < n; i++)
+        ss += x[i] * x[i];
+    double r = 1.0 / sqrt(ss / n + eps);
+    for (uint32_t i = 0; i < n; i++)
+        y[i] = x[i] * r * w[i];
+}
+
+static void ref_rope(double *v, uint32_t hd, uint64_t pos, double base, int neox)
+{
+    for (uint32_t i = 0; i < hd / 2; i++) {
+        double th = (double)pos * pow(base, -2.0 * i / hd);
+        uint32_t a = neox ? i : 2 * i, b = neox ? i + hd / 2 : 2 * i + 1;
+        double x0 = v[a], x1 = v[b];
+        v[a] = x0 * cos(th) - x1 * sin(th);
+        v[b] = x0 * sin(th) + x1 * cos(th);
+    }
+}
+
+static void check_stack(model_arch arch, uint32_t heads, uint32_t kv_heads)
+{
+    char path[] = "/tmp/pd_test_model_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    mkmodel_opts o;
+    mkmodel_defaults(&o);
+    o.arch = arch;
+    o.layers = 2;
+    o.hidden = 32;
+    o.heads = heads;
+    o.kv_heads = kv_heads;
+    o.ffn = 40;
+    o.vocab = 300;
+    o.seed = 9;
+    pd_err e = {0};
+    ck_assert_int_eq(mkmodel_write(&o, path, &e), PD_OK);
+
+    model *m;
+    model_load_opts lo = {.all_layers = 1, .want_embed = 1, .want_output = 1};
+    ck_assert_int_eq(model_load(path, &lo, &m, &e), PD_OK);
+    const model_hparams *hp = model_hp(m);
+    ck_assert_int_eq(hp->rope, arch == MODEL_ARCH_QWEN2 ? MODEL_ROPE_NEOX : MODEL_ROPE_NORM);
+    ck_assert_int_eq(hp->qkv_bias, arch == MODEL_ARCH_QWEN2);
+    gguf_file *f;
+    ck_assert_int_eq(gguf_open(path, &f, &e), PD_OK);
+
+    enum { R = 5 };
+    const uint32_t H = hp->hidden, hd = hp->head_dim, nh = hp->n_heads, nkv = hp->n_kv_heads, F = hp->ffn;
+    const uint32_t group = nh / nkv;
+    float x[R * 32];
+    pd_rng rng = {.s = 77};
+    pd_rng_fill(&rng, x, R * H, -1.5f, 1.5f);
+    double ref[R][32];
+    for (int r = 0; r < R; r++)
+        for (uint32_t i = 0; i < H; i++)
+            ref[r][i] = x[r * H + i];
+
+    /* reference: every layer, rows attend causally over the rows so far */
+    for (uint32_t L = 0; L < hp->n_layers; L++) {
+        char n[64];
+#define T(s) (snprintf(n, sizeof n, "blk.%u." s, L), tensor(f, n))
+#define TB(s) (hp->qkv_bias ? T(s) : NULL)
+        double q[R][32], k[R][32], v[R][32], h[32], att[R][32];
+        for (int r = 0; r < R; r++) {
+            ref_norm(ref[r], T("attn_norm.weight"), H, hp->rms_eps, h);
+            ref_matvec(T("attn_q.weight"), TB("attn_q.bias"), h, H, nh * hd, q[r]);
+            ref_matvec(T("attn_k.weight"), TB("attn_k.bias"), h, H, nkv * hd, k[r]);
+            ref_matvec(T("attn_v.weight"), TB("attn_v.bias"), h, H, nkv * hd, v[r]);
+            for (uint32_t j = 0; j < nh; j++)
+                ref_rope(q[r] + j * hd, hd, (uint64_t)r, hp->rope_base, hp->rope == MODEL_ROPE_NEOX);
+            for (uint32_t j = 0; j < nkv; j++)
+                ref_rope(k[r] + j * hd, hd, (uint64_t)r, hp->rope_base, hp->rope == MODEL_ROPE_NEOX);
+        }
+        for (int r = 0; r < R; r++)
+            for (uint32_t j = 0; j < nh; j++) {
+                uint32_t kvh = j / group; /* GQA: Q head j reads KV head j / group */
+                double sc[R], mx = -1e300, sum = 0;
+                for (int p = 0; p <= r; p++) {
+                    double d = 0;
+                    for (uint32_t c = 0; c < hd; c++)
+                        d += q[r][j * hd + c] * k[p][kvh * hd + c];
+                    sc[p] = d / sqrt((double)hd);
+                    mx = sc[p] > mx ? sc[p] : mx;
+                }
+                for (int p = 0; p <= r; p++)
+                    sum += (sc[p] = exp(sc[p] - mx));
+                for (uint32_t c = 0; c < hd; c++) {
+                    double o2 = 0;
+                    for (int p = 0; p <= r; p++)
+                        o2 += sc[p] / sum * v[p][kvh * hd + c];
+                    att[r][j * hd + c] = o2;
+                }
+            }
+        for (int r = 0; r < R; r++) {
+            double o2[32], g[64], u[64], a[64];
+            ref_matvec(T("attn_output.weight"), NULL, att[r], nh * hd, H, o2);
+            for (uint32_t i = 0; i < H; i++)
+                ref[r][i] += o2[i];
+            ref_norm(ref[r], T("ffn_norm.weight"), H, hp->rms_eps, h);
+            ref_matvec(T("ffn_gate.weight"), NULL, h, H, F, g);
+            ref_matvec(T("ffn_up.weight"), NULL, h, H, F, u);
+            for (uint32_t i = 0; i < F; i++)
+                a[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+            ref_matvec(T("ffn_down.weight"), NULL, a, F, H, o2);
+            for (uint32_t i = 0; i < H; i++)
+                ref[r][i] += o2[i];
+        }
+#undef T
+#undef TB
+    }
+
+    stage *st;
+    cache_policy pol;
+    policy_default(&pol);
+    stage_config sc = {.m = m, .policy = pol, .max_rows = R, .max_streams = 1};
+    ck_assert_int_eq(stage_new(&sc, &st, &e), PD_OK);
+    mb_admit ad = {.stream = 3, .prefill_rows = R, .max_new = 1};
+    ck_assert_int_eq(stage_admit(st, &ad, &e), PD_OK);
+    mb_row rows[R];
+    for (int r = 0; r < R; r++)
+        rows[r] = (mb_row){.stream = 3, .pos = (uint64_t)r, .role = MB_ROLE_PREFILL};
+    ck_assert_int_eq(stage_forward(st, rows, R, x, &e), PD_OK);
+    double worst = 0;
+    for (int r = 0; r < R; r++)
+        for (uint32_t i = 0; i < H; i++) {
+            double d = fabs(x[r * H + i] - ref[r][i]) / (fabs(ref[r][i]) + 1e-2);
+            worst = d > worst ? d : worst;
+        }
+    ck_assert_msg(worst < 2e-4, "%s %u/%u heads: max relative error %g against the reference",
+                  arch == MODEL_ARCH_LLAMA ? "llama" : "qwen2", heads, kv_heads, worst);
+    stage_free(st);
+    gguf_close(f);
+    model_free(m);
+    unlink(path);
+}
+
+START_TEST(model_stack_matches_reference_llama_gqa)
+{
+    check_stack(MODEL_ARCH_LLAMA, 4, 2);
+}
+END_TEST
+
+START_TEST(model_stack_matches_reference_qwen2_mha_with_bias)
+{
+    check_stack(MODEL_ARCH_QWEN2, 4, 4);
+}
+END_TEST
+
+START_TEST(model_stack_matches_reference_qwen2_gqa_with_bias)
+{
+    check_stack(MODEL_ARCH_QWEN2, 4, 1);
+}
+END_TEST
+
+START_TEST(model_refuses_unsupported_architecture_and_types)
+{
+    char path[] = "/tmp/pd_test_model_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    gguf_writer *w = gguf_writer_new();
+    gguf_writer_set_str(w, "general.architecture", "mamba");
+    pd_err e = {0};
+    ck_assert_int_eq(gguf_writer_write(w, path, &e), PD_OK);
+    gguf_writer_free(w);
+    model_hparams hp;
+    ck_assert_int_eq(model_read_hparams(path, &hp, &e), PD_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(e.msg, "mamba") != NULL, "%s", e.msg);
+    pd_err_clear(&e);
+    ck_assert_int_ne(model_read_hparams("/nonexistent/model.gguf", &hp, &e), PD_OK);
+    ck_assert_msg(strstr(e.msg, "/nonexistent/model.gguf") != NULL, "%s", e.msg);
+    unlink(path);
+}
+END_TEST
+
+Suite *pd_test_suite(void)
+{
+    Suite *s = suite_create("model");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, model_rmsnorm_matches_hand_values);
+    tcase_add_test(tc, model_rope_styles_rotate_the_documented_pairs);
+    tcase_add_test(tc, model_swiglu_matches_hand_values);
+    tcase_add_test(tc, model_stack_matches_reference_llama_gqa);
+    tcase_add_test(tc, model_stack_matches_reference_qwen2_mha_with_bias);
+    tcase_add_test(tc, model_stack_matches_reference_qwen2_gqa_with_bias);
+    tcase_add_test(tc, model_refuses_unsupported_architecture_and_types);
+    suite_add_tcase(s, tc);
+    return s;
+}
