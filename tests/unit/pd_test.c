@@ -28,6 +28,30 @@ void pd_rng_fill(pd_rng *r, float *dst, size_t n, float lo, float hi)
         dst[i] = pd_rng_uniform(r, lo, hi);
 }
 
+#ifdef PD_TEST_MPI
+#include <mpi.h>
+#include <stdio.h>
+
+/* MPI suites: every rank runs the suite (no fork: the ranks are the MPI
+ * job), the verdicts are combined with MPI_Allreduce and rank 0 reports. */
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    int rank = 0, size = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    SRunner *sr = srunner_create(pd_test_suite());
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, rank == 0 ? CK_NORMAL : CK_SILENT);
+    int failed = srunner_ntests_failed(sr), total = 0;
+    srunner_free(sr);
+    MPI_Allreduce(&failed, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (rank == 0)
+        printf("%d ranks: %d failed checks in all\n", size, total);
+    MPI_Finalize();
+    return total == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
+#else
 int main(void)
 {
     SRunner *sr = srunner_create(pd_test_suite());
@@ -36,3 +60,4 @@ int main(void)
     srunner_free(sr);
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
+#endif
