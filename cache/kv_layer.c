@@ -1467,6 +1467,74 @@ pd_status kv_layer_new_from_state(const kv_layer_config *cfg, const kv_state *s,
     return PD_OK;
 }
 
+void kv_layer_config_get(const kv_layer *l, kv_layer_config *out)
+{
+    const kv_core *c = &l->c;
+    *out = (kv_layer_config){.n_kv_heads = c->n_kv,
+                             .head_dim = c->hd,
+                             .mode = c->mode,
+                             .alive = c->alive,
+                             .capacity_rows = c->cap,
+                             .freeze_rows = c->freeze_rows,
+                             .spec_depth = c->spec_depth,
+                             .alloc = c->alloc,
+                             .max_q_per_kv = c->max_q};
+}
+
+pd_status kv_layer_assign_state(kv_layer *l, const kv_state *s, pd_err *err)
+{
+    if (!l || !s)
+        return pd_err_set(err, PD_ERR_ARG, "kv_layer_assign_state: NULL layer or state");
+    kv_layer_config cfg;
+    kv_layer_config_get(l, &cfg);
+    pd_status st = kv_state_check(&cfg, s, err);
+    if (st != PD_OK)
+        return st;
+    kv_core *c = &l->c;
+    if (s->rows > c->cap || s->n_linear || s->has_bounded || c->bwin || c->n_linear) {
+        kv_layer *fresh = NULL;
+        if ((st = kv_layer_new_from_state(&cfg, s, &fresh, err)) != PD_OK)
+            return st;
+        kv_layer_swap(l, fresh);
+        kv_layer_free(fresh);
+        return PD_OK;
+    }
+    /* in place: every check passed, nothing below can fail */
+    kv_layer_clear(l);
+    const uint32_t rows = (uint32_t)s->rows;
+    for (uint32_t h = 0; h < c->n_kv && rows; h++) {
+        if (!c->alive[h])
+            continue;
+        const kv_head_state *hs = &s->heads[h];
+        kv_head *hh = &c->heads[h];
+        const void *src[KV_ST_COUNT] = {
+            kv_qk(c) ? (const void *)hs->kq : (const void *)hs->k, hs->ks,
+            kv_qv(c) ? (const void *)hs->vq : (const void *)hs->v, hs->vs};
+        for (int i = 0; i < KV_ST_COUNT; i++)
+            if (hh->st[i])
+                memcpy(hh->st[i], src[i], kv_st_row_bytes(c, i) * rows);
+    }
+    for (uint32_t h = 0; h < c->n_kv && s->frozen; h++) {
+        if (!c->alive[h])
+            continue;
+        if (kv_qk(c))
+            memcpy(c->heads[h].col[0], s->heads[h].kcol, sizeof(float) * c->hd);
+        if (kv_qv(c))
+            memcpy(c->heads[h].col[1], s->heads[h].vcol, sizeof(float) * c->hd);
+    }
+    if (s->n_imp)
+        memcpy(c->imp, s->imp, sizeof(float) * rows);
+    else if (rows)
+        memset(c->imp, 0, sizeof(float) * rows);
+    c->rows = rows;
+    c->base = s->base;
+    c->tail = s->tail_window;
+    c->frozen = s->frozen;
+    c->folded_to = s->base + rows;
+    c->gen = kv_next_gen();
+    return PD_OK;
+}
+
 void kv_layer_swap(kv_layer *a, kv_layer *b)
 {
     CHECK(a->c.n_kv == b->c.n_kv && a->c.hd == b->c.hd && a->c.mode == b->c.mode);

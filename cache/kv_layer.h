@@ -327,6 +327,19 @@ void kv_layer_state(const kv_layer *l, kv_state *out, kv_head_state *heads);
 pd_status kv_layer_new_from_state(const kv_layer_config *cfg, const kv_state *s, kv_layer **out,
                                   pd_err *err);
 
+/* Replaces l's state with a copy of s, validated exactly as
+ * kv_layer_new_from_state validates it against l's own configuration. When
+ * l's capacity holds s's rows and s carries no recurrent records, the copy
+ * reuses l's storage (no allocation, no fresh pages to fault in): this is how
+ * a receiver that keeps a spare layer installs a record at copy speed. Else
+ * a fresh layer is built and swapped in. On failure l is unchanged. Sinks
+ * stay. Afterwards l is fully confirmed and has a fresh generation. */
+pd_status kv_layer_assign_state(kv_layer *l, const kv_state *s, pd_err *err);
+
+/* The configuration l was created with (alive borrowed from l; capacity_rows
+ * is the current capacity). */
+void kv_layer_config_get(const kv_layer *l, kv_layer_config *out);
+
 /* Exchanges the states (storage, importance, undo data, records, base, tail,
  * capacity, the allocator they came from) of two layers of the same geometry,
  * mode and alive mask; the sinks stay with the object they were set on. An

@@ -926,6 +926,7 @@ pd_status wire_export(const wire_layer_ref *ref, int f16, uint8_t **out, size_t 
 struct wire_pending {
     kv_layer *kv_target, *kv;
     ring_layer *ring_target, *ring;
+    int kv_is_spare; /* kv is the caller's spare: swapped, never freed */
 };
 
 /* Payload arrays as f32 pointers: aligned little-endian f32 spans are used
@@ -1125,7 +1126,18 @@ static pd_status prepare_kv(const wire_layer_ref *ref, rd *r, const wire_info *i
     if (s.rows > c.capacity_rows)
         c.capacity_rows = (uint32_t)s.rows;
     kv_layer *fresh = NULL;
-    pd_status st = kv_layer_new_from_state(&c, &s, &fresh, err);
+    pd_status st;
+    if (ref->kv_spare) {
+        kv_layer_config sc;
+        kv_layer_config_get(ref->kv_spare, &sc);
+        if (sc.n_kv_heads != cfg->n_kv_heads || sc.head_dim != cfg->head_dim || sc.mode != cfg->mode ||
+            memcmp(sc.alive, tst->alive, cfg->n_kv_heads) != 0)
+            st = pd_err_set(err, PD_ERR_ARG, "wire: the spare layer's geometry or mode differs from the target's");
+        else if ((st = kv_layer_assign_state(ref->kv_spare, &s, err)) == PD_OK)
+            fresh = ref->kv_spare;
+    } else {
+        st = kv_layer_new_from_state(&c, &s, &fresh, err);
+    }
     if (st != PD_OK)
         pd_err_prefix(err, "wire: offset %zu: install", r->base);
     free(m.scratch);
@@ -1253,6 +1265,7 @@ pd_status wire_import_prepare(const wire_layer_ref *ref, const void *buf, size_t
     }
     if (ref->kv) {
         p->kv_target = ref->kv;
+        p->kv_is_spare = ref->kv_spare != NULL;
         s = prepare_kv(ref, &r, &in, &aux, &tv, &sp, &p->kv, err);
     } else {
         p->ring_target = ref->ring;
@@ -1274,7 +1287,8 @@ void wire_import_commit(wire_pending *p)
         return;
     if (p->kv) {
         kv_layer_swap(p->kv_target, p->kv);
-        kv_layer_free(p->kv);
+        if (!p->kv_is_spare)
+            kv_layer_free(p->kv);
     } else {
         ring_layer_swap(p->ring_target, p->ring);
         ring_layer_free(p->ring);
@@ -1286,7 +1300,8 @@ void wire_pending_free(wire_pending *p)
 {
     if (!p)
         return;
-    kv_layer_free(p->kv);
+    if (!p->kv_is_spare)
+        kv_layer_free(p->kv);
     ring_layer_free(p->ring);
     free(p);
 }

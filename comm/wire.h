@@ -96,6 +96,11 @@ typedef struct wire_layer_ref {
     const kv_layer_config *kv_cfg; /* required with kv */
     ring_layer *ring;
     int linear; /* kv only: a linear-core layer, exchanges LINEAR records */
+    /* Optional, kv only: a spare layer of the target's geometry and mode that
+     * an import decodes into (kv_layer_assign_state: reuses its memory, so no
+     * fresh pages are allocated and faulted in per import) and that holds
+     * the target's previous state after commit. NULL: a fresh layer. */
+    kv_layer *kv_spare;
 } wire_layer_ref;
 
 /* What a record says about itself (wire_inspect, also the CLI's inspect). */

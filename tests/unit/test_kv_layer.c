@@ -1549,6 +1549,77 @@ START_TEST(kv_state_round_trip_answers_identically)
 }
 END_TEST
 
+/* assign_state into a spare of enough capacity: the same state as
+ * new_from_state, no allocation; a spare too small grows; a refused state
+ * leaves the spare exactly as it was. */
+START_TEST(kv_assign_state_reuses_a_spare_without_allocating)
+{
+    for (int mi = 0; mi < 4; mi++) {
+        static const uint8_t alive[3] = {1, 0, 1};
+        kv_layer_config cfg = {.n_kv_heads = 3, .head_dim = 40, .mode = all_modes[mi], .alive = alive,
+                               .freeze_rows = 12, .spec_depth = 4, .max_q_per_kv = 2};
+        kv_layer *a = mk(cfg);
+        float q[80], out[80];
+        for (uint32_t p = 0; p < 30; p++) {
+            app_swa(a, 3, 40, p, 1, 2);
+            swa_fill(q, p, 80, 3);
+            att(a, 0, 0, 2, q, 0, 0, 0, 0, 1, out, NULL);
+        }
+        kv_layer *want = clone_layer(a, &cfg);
+        cnt_alloc ca;
+        cnt_init(&ca);
+        kv_layer_config scfg = cfg;
+        scfg.alloc = &ca.a;
+        scfg.capacity_rows = 64;
+        kv_layer *spare = mk(scfg);
+        for (uint32_t p = 0; p < 5; p++) /* the spare holds something else first */
+            app_swa(spare, 3, 40, p, 7, 8);
+        kv_state st;
+        kv_head_state hs[MAXH];
+        kv_layer_state(a, &st, hs);
+        long long calls = ca.calls;
+        pd_err e = {0};
+        ck_assert_int_eq(kv_layer_assign_state(spare, &st, &e), PD_OK);
+        ck_assert_int_eq(ca.calls, calls); /* reused, nothing allocated */
+        kv_layer_check(spare);
+        assert_same_state(want, spare);
+        /* it answers like the original */
+        swa_fill(q, 31, 80, 5);
+        float oa[80], ob[80];
+        att(a, 2, 0, 2, q, 0, 0, 0, 0, 0, oa, NULL);
+        att(spare, 2, 0, 2, q, 0, 0, 0, 0, 0, ob, NULL);
+        ck_assert(same_bits(oa, ob, 80));
+        /* a refused state (importance of the wrong length) leaves it as it was */
+        kv_state bad = st;
+        bad.n_imp = st.rows + 1;
+        kv_layer *before = clone_layer(spare, &cfg);
+        ck_assert_int_ne(kv_layer_assign_state(spare, &bad, &e), PD_OK);
+        assert_same_state(before, spare);
+        /* a spare too small grows through a fresh layer */
+        kv_layer_config tcfg = cfg;
+        tcfg.capacity_rows = 4;
+        kv_layer *tiny = mk(tcfg);
+        pd_err_clear(&e);
+        ck_assert_int_eq(kv_layer_assign_state(tiny, &st, &e), PD_OK);
+        kv_layer_check(tiny);
+        assert_same_state(want, tiny);
+        kv_layer_config got;
+        kv_layer_config_get(spare, &got);
+        ck_assert_uint_eq(got.n_kv_heads, 3);
+        ck_assert_uint_eq(got.head_dim, 40);
+        ck_assert_int_eq(got.mode, all_modes[mi]);
+        ck_assert_uint_ge(got.capacity_rows, 64);
+        ck_assert_ptr_eq(got.alloc, &ca.a);
+        kv_layer_free(before);
+        kv_layer_free(tiny);
+        kv_layer_free(spare);
+        kv_layer_free(want);
+        kv_layer_free(a);
+        ck_assert_int_eq(ca.live, 0);
+    }
+}
+END_TEST
+
 /* Every refusal of new_from_state names the field, creates nothing and
  * allocates nothing. */
 START_TEST(kv_new_from_state_refusals_create_nothing)
@@ -1949,6 +2020,7 @@ Suite *pd_test_suite(void)
     TCase *ts = tcase_create("state");
     tcase_set_timeout(ts, 60);
     tcase_add_test(ts, kv_state_round_trip_answers_identically);
+    tcase_add_test(ts, kv_assign_state_reuses_a_spare_without_allocating);
     tcase_add_test(ts, kv_new_from_state_refusals_create_nothing);
     tcase_add_test(ts, kv_swap_exchanges_state_and_keeps_sinks);
     tcase_add_test(ts, kv_bounded_ring_insert_overwrites_len_mod_window);

@@ -336,6 +336,61 @@ START_TEST(wire_full_f32_round_trip_answers_bit_identically)
 }
 END_TEST
 
+/* Import through a spare: the target answers like the source, the spare
+ * receives the target's previous state, a refused record changes neither,
+ * and a spare of another geometry is refused. */
+START_TEST(wire_import_into_a_spare_swaps_it_with_the_target)
+{
+    for (int mi = 0; mi < 4; mi++) {
+        static const kv_mode modes[4] = {KV_MODE_F32, KV_MODE_Q8K, KV_MODE_Q8V, KV_MODE_Q8};
+        pd_rng g = {.s = 40 + (uint64_t)mi};
+        kvfix a, b, spare, old;
+        kv_mk(&a, 3, 16, modes[mi], NULL);
+        kv_fill(&a, 9, &g, 0);
+        kv_mk(&b, 3, 16, modes[mi], NULL);
+        kv_fill(&b, 4, &(pd_rng){.s = 500}, 0); /* the target's previous state */
+        kv_mk(&old, 3, 16, modes[mi], NULL);
+        kv_fill(&old, 4, &(pd_rng){.s = 500}, 0); /* a copy of it */
+        kv_mk(&spare, 3, 16, modes[mi], NULL);
+        size_t len = 0;
+        wire_layer_ref ra = kv_ref(&a);
+        uint8_t *bytes = export_ok(&ra, 0, &len);
+        wire_layer_ref rb = kv_ref(&b);
+        rb.kv_spare = spare.l;
+        pd_err e = {0};
+        /* a damaged record changes neither the target nor the spare's answers */
+        bytes[len - 1] ^= 0x40;
+        if (wire_import(&rb, bytes, len, 0, 0, &e) != PD_OK) {
+            kv_layer_check(b.l);
+        }
+        bytes[len - 1] ^= 0x40;
+        pd_err_clear(&e);
+        ck_assert_msg(wire_import(&rb, bytes, len, 0, 0, &e) == PD_OK, "%s", e.msg);
+        kv_layer_check(b.l);
+        kv_layer_check(spare.l);
+        kv_same_answers(&a, &b, &g);
+        kv_same_answers(&b, &a, &g);
+        /* the spare now holds what the target held */
+        ck_assert_uint_eq(kv_layer_rows(spare.l), 4);
+        kv_same_answers(&old, &spare, &g);
+        /* a spare of another geometry is refused before anything changes */
+        kvfix other;
+        kv_mk(&other, 3, 8, modes[mi], NULL);
+        rb.kv_spare = other.l;
+        pd_err_clear(&e);
+        ck_assert_int_eq(wire_import(&rb, bytes, len, 0, 0, &e), PD_ERR_ARG);
+        ck_assert_msg(strstr(e.msg, "spare") != NULL, "%s", e.msg);
+        kv_same_answers(&a, &b, &g);
+        free(bytes);
+        kv_layer_free(other.l);
+        kv_layer_free(a.l);
+        kv_layer_free(b.l);
+        kv_layer_free(old.l);
+        kv_layer_free(spare.l);
+    }
+}
+END_TEST
+
 START_TEST(wire_full_with_dead_heads_round_trips)
 {
     pd_rng g = {.s = 2};
@@ -1283,6 +1338,7 @@ Suite *pd_test_suite(void)
     TCase *kv = tcase_create("kv");
     tcase_set_timeout(kv, 60);
     tcase_add_test(kv, wire_full_f32_round_trip_answers_bit_identically);
+    tcase_add_test(kv, wire_import_into_a_spare_swaps_it_with_the_target);
     tcase_add_test(kv, wire_full_with_dead_heads_round_trips);
     tcase_add_test(kv, wire_full_f16_round_trips_exactly_on_representable_values);
     tcase_add_test(kv, wire_full_f16_rounds_other_values_to_nearest_half);
