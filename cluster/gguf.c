@@ -1003,6 +1003,11 @@ uint64_t gguf_file_size(const gguf_file *f)
     return f->len;
 }
 
+const void *gguf_bytes(const gguf_file *f)
+{
+    return f->base;
+}
+
 uint64_t gguf_kv_count(const gguf_file *f)
 {
     return f ? f->n_kv : 0;

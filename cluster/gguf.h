@@ -170,6 +170,9 @@ uint32_t gguf_alignment(const gguf_file *f);
 /* Byte offset of the data section in the file, and the file's size. */
 uint64_t gguf_data_offset(const gguf_file *f);
 uint64_t gguf_file_size(const gguf_file *f);
+/* All gguf_file_size bytes of the file (the mapping or the caller's buffer),
+ * borrowed from f: for whole-file digests. Reading it maps in every page. */
+const void *gguf_bytes(const gguf_file *f);
 
 /* --- metadata */
 

@@ -398,8 +398,7 @@ uint64_t model_digest(const model *m)
     if (mm->digest_done)
         return mm->digest;
     uint64_t size = gguf_file_size(m->file);
-    const gguf_tensor *t0 = gguf_tensor_count(m->file) ? gguf_tensor_at(m->file, 0) : NULL;
-    const uint8_t *base = t0 ? (const uint8_t *)t0->data - gguf_data_offset(m->file) - t0->offset : NULL;
+    const uint8_t *base = gguf_bytes(m->file);
     uint64_t h[4] = {0x9e3779b97f4a7c15ull, 0xc2b2ae3d27d4eb4full, 0x165667b19e3779f9ull,
                      0x27d4eb2f165667c5ull};
     uint64_t n8 = base ? size / 8 : 0;
