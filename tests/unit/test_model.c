@@ -244,6 +244,48 @@ START_TEST(model_stack_matches_reference_qwen2_gqa_with_bias)
 }
 END_TEST
 
+/* The digest identifies the file's bytes: the same file gives the same
+ * value in every load (any layer range), one changed weight byte another. */
+START_TEST(model_digest_is_stable_and_sees_one_weight_byte)
+{
+    char path[] = "/tmp/pd_test_model_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    mkmodel_opts o;
+    mkmodel_defaults(&o);
+    o.layers = 2;
+    o.hidden = 16;
+    o.heads = 2;
+    o.kv_heads = 1;
+    o.ffn = 24;
+    o.vocab = 300;
+    pd_err e = {0};
+    ck_assert_int_eq(mkmodel_write(&o, path, &e), PD_OK);
+    model *a, *b;
+    model_load_opts la = {.all_layers = 1, .want_embed = 1, .want_output = 1};
+    model_load_opts lb = {.first_layer = 1, .n_layers = 1, .want_output = 1};
+    ck_assert_int_eq(model_load(path, &la, &a, &e), PD_OK);
+    ck_assert_int_eq(model_load(path, &lb, &b, &e), PD_OK);
+    uint64_t d = model_digest(a);
+    ck_assert_uint_eq(d, model_digest(b));
+    ck_assert_uint_eq(d, model_digest(a));
+    model_free(a);
+    model_free(b);
+    FILE *f = fopen(path, "r+b");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fseek(f, -100, SEEK_END), 0);
+    int c = fgetc(f);
+    ck_assert_int_eq(fseek(f, -100, SEEK_END), 0);
+    fputc(c ^ 1, f);
+    fclose(f);
+    ck_assert_int_eq(model_load(path, &la, &a, &e), PD_OK);
+    ck_assert_uint_ne(model_digest(a), d);
+    model_free(a);
+    unlink(path);
+}
+END_TEST
+
 START_TEST(model_refuses_unsupported_architecture_and_types)
 {
     char path[] = "/tmp/pd_test_model_XXXXXX";
@@ -276,6 +318,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, model_stack_matches_reference_llama_gqa);
     tcase_add_test(tc, model_stack_matches_reference_qwen2_mha_with_bias);
     tcase_add_test(tc, model_stack_matches_reference_qwen2_gqa_with_bias);
+    tcase_add_test(tc, model_digest_is_stable_and_sees_one_weight_byte);
     tcase_add_test(tc, model_refuses_unsupported_architecture_and_types);
     suite_add_tcase(s, tc);
     return s;
