@@ -3,6 +3,7 @@
 
 #include "cache/arena.h"
 #include "cache/check.h"
+#include "cache/cpu.h"
 #include "cache/numa.h"
 #include "cluster/layermap.h"
 #include "cluster/model.h"
@@ -647,11 +648,18 @@ int run_main(const run_opts *o, MPI_Comm world)
     c.tailr = c.rank == c.size - 1;
     c.t_start = now();
 
-    /* the only collective before the agreement: every rank reaches it
-     * whatever fails later in its own start-up */
+    /* the only collectives before the agreement: every rank reaches them
+     * whatever fails later in its own start-up. Every rank runs the kernels
+     * of the ISA level all ranks support (DESIGN.md section 1); the paths
+     * are bit-identical, so this is about one code path, not answers. */
     st = pipe_node_local(c.p, &c.local_rank, &c.local_size, &e);
+    double neg_isa = -(double)pd_cpu_isa();
     if (st == PD_OK)
+        st = pipe_max_double(c.p, neg_isa, &neg_isa, &e);
+    if (st == PD_OK) {
+        pd_cpu_set_isa((pd_isa)(int)-neg_isa);
         st = run_startup(&c, &e);
+    }
     if (st)
         fprintf(stderr, "pipedec: rank %d: %s\n", c.rank, e.msg);
     pd_err ae = {0};
@@ -686,8 +694,8 @@ int run_main(const run_opts *o, MPI_Comm world)
     if (c.rank == 0) {
         char pol[160];
         policy_describe(&o->policy, pol, sizeof pol);
-        printf("pipedec: %d rank%s, model %s (%u layers, hidden %u), %s\n", c.size, c.size == 1 ? "" : "s",
-               o->model_path, c.hp.n_layers, c.hp.hidden, pol);
+        printf("pipedec: %d rank%s, model %s (%u layers, hidden %u), %s, kernels %s on every rank\n", c.size,
+               c.size == 1 ? "" : "s", o->model_path, c.hp.n_layers, c.hp.hidden, pol, pd_isa_name(pd_cpu_isa()));
         for (int r = 0; r < c.size; r++)
             printf("pipedec: placement: %s\n", all_lines + (size_t)r * sizeof both);
         fflush(stdout);
