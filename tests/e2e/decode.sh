@@ -55,6 +55,24 @@ PY
   run --model "$m" --pages "$P" --out "$T/$arch.temp.jsonl" --batch 4 --sample temp:0.8,top_p:0.9,top_k:40 --seed 3
   run --model "$m" --pages "$P" --out "$T/$arch.temp1.jsonl" --batch 1 --sample temp:0.8,top_p:0.9,top_k:40 --seed 3
   same "$T/$arch.temp.jsonl" "$T/$arch.temp1.jsonl" "$arch: seeded sampling batch invariant"
+  run --model "$m" --pages "$P" --out "$T/$arch.ng.jsonl" --batch 4 --no-repeat-ngram 2:16
+  run --model "$m" --pages "$P" --out "$T/$arch.ng1.jsonl" --batch 1 --no-repeat-ngram 2:16 --prefill-chunk 5
+  same "$T/$arch.ng.jsonl" "$T/$arch.ng1.jsonl" "$arch: no-repeat n-gram ban batch invariant"
+  if python3 - "$T/$arch.ng.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    t = json.loads(line)["tokens"]
+    # token i+1 was chosen with L = i+1 tokens generated: no bigram lying in
+    # the last 16 of them may be completed again
+    for i in range(len(t) - 1):
+        L = i + 1
+        for j in range(max(0, L - 16), L - 1):
+            assert (t[j], t[j + 1]) != (t[i], t[i + 1]), (t, i, j)
+PY
+  then pass "$arch: no bigram repeats within the window under --no-repeat-ngram 2:16"; else fail "$arch: a bigram repeated despite the ban"; fi
+  # OpenBLAS is not batch invariant, but it decodes the same pages
+  run --model "$m" --pages "$P" --out "$T/$arch.blas.jsonl" --batch 4 --gemm openblas
+  [ "$(wc -l < "$T/$arch.blas.jsonl")" -eq 9 ] && pass "$arch: --gemm openblas decodes every page" || fail "$arch: --gemm openblas"
 done
 
 # resume: a rerun with the same --out skips finished pages and appends nothing
