@@ -15,9 +15,10 @@
 #include <immintrin.h>
 #endif
 
-/* Rows per block in the AVX2 path: int8 rows are dequantized a block at a
- * time into scratch, and the value pass keeps its accumulators in registers
- * across a block. The scratch size below reserves room for one block. */
+/* Rows per block in the AVX2 path: the value pass keeps its accumulators in
+ * registers across a block, and int8 rows shared by several Q heads are
+ * dequantized a block at a time into scratch (attn_scratch_floats reserves
+ * one block). */
 #define ATTN_RB 16u
 
 /* pd_expf's range: below LO the result is 0, above HI (~ln FLT_MAX) +inf. */
@@ -252,12 +253,8 @@ ATTN_AVX2 static void attn_expf_n_avx2(const float *x, float *y, size_t n)
  * whole block at once, which stalls on full miss buffers); int8 rows that
  * go through buf prefetch the block ATTN_PF_BLOCKS ahead. No prefetch runs
  * past a segment's end. */
-#ifndef ATTN_PF_BLOCKS
 #define ATTN_PF_BLOCKS 2u
-#endif
-#ifndef ATTN_PF_ROWS
 #define ATTN_PF_ROWS 32u
-#endif
 
 /* always_inline: GCC sees a prefetch as free of side effects, so an
  * out-of-line helper made of prefetches is deemed pure and its calls deleted. */
@@ -268,19 +265,13 @@ static inline __attribute__((always_inline)) void attn_prefetch(const void *p, s
         _mm_prefetch(c + o, _MM_HINT_T0);
 }
 
-/* Prefetches rows [i, i + n) of a segment's K (want_v = 0) or V storage. */
+/* Prefetches rows [i, i + n) of a segment's int8 K (want_v = 0) or V codes
+ * and scales. */
 static inline __attribute__((always_inline)) void
 attn_prefetch_rows(const attn_seg *g, uint32_t i, uint32_t n, uint32_t hd, uint32_t ng, int want_v)
 {
-    if (n == 0)
-        return;
-    const float *f = want_v ? g->v : g->k;
-    if (f) {
-        attn_prefetch(f + (size_t)i * hd, (size_t)n * hd * sizeof(float));
-    } else {
-        attn_prefetch((want_v ? g->vq : g->kq) + (size_t)i * hd, (size_t)n * hd);
-        attn_prefetch((want_v ? g->vs : g->ks) + (size_t)i * ng, (size_t)n * ng * sizeof(float));
-    }
+    attn_prefetch((want_v ? g->vq : g->kq) + (size_t)i * hd, (size_t)n * hd);
+    attn_prefetch((want_v ? g->vs : g->ks) + (size_t)i * ng, (size_t)n * ng * sizeof(float));
 }
 
 /* All-ones in lanes [0, rem), rem in 1..8. */
