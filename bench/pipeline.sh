@@ -16,11 +16,11 @@ export OMPI_MCA_btl="${OMPI_MCA_btl:-self,vader}"
 export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
 "$bin" mkmodel --arch llama --layers 8 --hidden 512 --heads 8 --kv-heads 8 --ffn 1536 --vocab 4096 \
   --seed 5 --out "$tmp/m.gguf" >/dev/null
-"$bin" mkpages --model "$tmp/m.gguf" --count "$pages" --embed-rows 64 --prompt-tokens 3 --max-new "$max_new" \
+"$bin" mkpages --model "$tmp/m.gguf" --count "$pages" --embed-rows "${PD_BENCH_EMBED_ROWS:-64}" --prompt-tokens 3 --max-new "$max_new" \
   --seed 5 --out "$tmp/pages" >/dev/null
 run() { # run NP OUT STATS
   mpirun -np "$1" --oversubscribe --bind-to none "$bin" run --model "$tmp/m.gguf" --pages "$tmp/pages/pages.jsonl" \
-    --out "$2" --batch 8 --threads 1 --stats "$3" >/dev/null
+    --out "$2" --batch "${PD_BENCH_BATCH:-16}" --prefill-chunk "${PD_BENCH_CHUNK:-0}" --threads 1 --stats "$3" >/dev/null
 }
 run 1 "$tmp/o1.jsonl" "$tmp/s1.json"
 run 2 "$tmp/o2.jsonl" "$tmp/s2.json"

@@ -190,6 +190,14 @@ static void run_progress(run_ctx *c, bool final)
     fflush(stderr);
 }
 
+/* Lets MPI progress the outstanding sends while this rank computes. */
+static void run_mpi_progress(void *ctx)
+{
+    run_ctx *c = ctx;
+    int done = 0;
+    MPI_Testall((int)c->n_sbuf, c->sreq, &done, MPI_STATUSES_IGNORE);
+}
+
 /* ---- start-up ----------------------------------------------------------- */
 
 static pd_status run_vocab(run_ctx *c, pd_err *err)
@@ -268,7 +276,9 @@ static pd_status run_startup(run_ctx *c, pd_err *err)
                        .max_streams = c->max_streams,
                        .pool = c->pool,
                        .cache_alloc = arena_alloc_iface(c->ar),
-                       .round_f16 = o->wire_dtype == MSG_DTYPE_F16};
+                       .round_f16 = o->wire_dtype == MSG_DTYPE_F16,
+                       .progress = c->size > 1 ? run_mpi_progress : NULL,
+                       .progress_ctx = c};
     if ((st = stage_new(&sc, &c->st, err)))
         return st;
     if (c->tailr) {

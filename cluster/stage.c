@@ -399,6 +399,12 @@ static void attend_task(void *ctx, uint32_t task, uint32_t thread)
     }
 }
 
+static void stage_progress(const stage *s)
+{
+    if (s->cfg.progress)
+        s->cfg.progress(s->cfg.progress_ctx);
+}
+
 static void add_bias(float *x, const float *b, uint32_t n, uint32_t width)
 {
     if (!b)
@@ -434,6 +440,7 @@ pd_status stage_forward(stage *s, const mb_row *rows, uint32_t n, float *x, pd_e
         gemm_run(ly->wq, s->h, n, s->q, p);
         gemm_run(ly->wk, s->h, n, s->k, p);
         gemm_run(ly->wv, s->h, n, s->v, p);
+        stage_progress(s);
         add_bias(s->q, ly->bq, n, qd);
         add_bias(s->k, ly->bk, n, kvd);
         add_bias(s->v, ly->bv, n, kvd);
@@ -451,6 +458,7 @@ pd_status stage_forward(stage *s, const mb_row *rows, uint32_t n, float *x, pd_e
             pd_err_set(err, s->task_status, "layer %u: %s", L, s->task_err.msg);
             return s->task_status;
         }
+        stage_progress(s);
         gemm_run(ly->wo, s->att, n, s->o, p);
         for (uint64_t i = 0; i < (uint64_t)n * H; i++)
             x[i] = x[i] + s->o[i];
@@ -458,8 +466,10 @@ pd_status stage_forward(stage *s, const mb_row *rows, uint32_t n, float *x, pd_e
             model_rmsnorm(x + (uint64_t)i * H, ly->ffn_norm, H, hp->rms_eps, s->h + (uint64_t)i * H);
         gemm_run(ly->wgate, s->h, n, s->g, p);
         gemm_run(ly->wup, s->h, n, s->u, p);
+        stage_progress(s);
         model_swiglu(s->g, s->u, n * hp->ffn, s->g);
         gemm_run(ly->wdown, s->g, n, s->o, p);
+        stage_progress(s);
         for (uint64_t i = 0; i < (uint64_t)n * H; i++)
             x[i] = x[i] + s->o[i];
         if (s->half) {

@@ -32,6 +32,12 @@ typedef struct stage_config {
     uint32_t max_streams;     /* streams alive at once */
     pool *pool;               /* borrowed, may be NULL (single thread) */
     const pd_alloc *cache_alloc; /* borrowed: cache memory (NULL = malloc) */
+    /* Called between the GEMMs of a forward pass (may be NULL). The runtime
+     * uses it to let MPI move its outstanding non-blocking messages while
+     * the stage computes: without it a large Isend only progresses when the
+     * sender next enters MPI, which stalls the next stage. */
+    void (*progress)(void *ctx);
+    void *progress_ctx;
     int round_f16;            /* round the residual stream to f16 after every layer
                                  (--wire-dtype f16): then sending hidden states as
                                  f16 loses nothing more, wherever the rank
