@@ -60,7 +60,20 @@ float pd_expf(float x)
     return y * scale;
 }
 
+#if defined(__x86_64__)
+static float attn_dot8_avx2_entry(const float *a, const float *b, uint32_t n);
+#endif
+
 float attn_dot8(const float *a, const float *b, uint32_t n)
+{
+#if defined(__x86_64__)
+    if (pd_cpu_isa() == PD_ISA_AVX2)
+        return attn_dot8_avx2_entry(a, b, n);
+#endif
+    return attn_dot8_scalar(a, b, n);
+}
+
+float attn_dot8_scalar(const float *a, const float *b, uint32_t n)
 {
     float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (uint32_t d = 0; d < n; d++)
@@ -783,6 +796,14 @@ uint32_t attn_run(const attn_kv *kv, const attn_query *q, float *out, float *pro
 #endif
     return attn_run_scalar(kv, q, out, probs, imp, scratch);
 }
+
+#if defined(__x86_64__)
+/* attn_dot8 on the AVX2 path: the same lane chains as the reference. */
+ATTN_AVX2 static float attn_dot8_avx2_entry(const float *a, const float *b, uint32_t n)
+{
+    return attn_dot8x1(a, b, n);
+}
+#endif
 
 void pd_expf_n(const float *x, float *y, size_t n)
 {

@@ -94,5 +94,8 @@ void pd_expf_n(const float *x, float *y, size_t n);
 
 /* dot8 as defined above, exposed for other row-local kernels and tests. */
 float attn_dot8(const float *a, const float *b, uint32_t n);
+/* The portable reference of attn_dot8 (attn_dot8 dispatches by pd_cpu_isa;
+ * both give the same bits). */
+float attn_dot8_scalar(const float *a, const float *b, uint32_t n);
 
 #endif

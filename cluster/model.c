@@ -487,6 +487,15 @@ void model_rope_row(float *x, uint32_t n_heads, uint32_t head_dim, uint64_t pos,
 
 void model_swiglu(const float *g, const float *u, uint32_t n, float *a)
 {
-    for (uint32_t i = 0; i < n; i++)
-        a[i] = (g[i] / (1.0f + pd_expf(-g[i]))) * u[i];
+    /* exponentials in blocks through pd_expf_n (vectorized, the same bits as
+     * pd_expf); a may alias g */
+    float e[256];
+    for (uint32_t i0 = 0; i0 < n; i0 += 256) {
+        uint32_t m = n - i0 < 256 ? n - i0 : 256;
+        for (uint32_t i = 0; i < m; i++)
+            e[i] = -g[i0 + i];
+        pd_expf_n(e, e, m);
+        for (uint32_t i = 0; i < m; i++)
+            a[i0 + i] = (g[i0 + i] / (1.0f + e[i])) * u[i0 + i];
+    }
 }

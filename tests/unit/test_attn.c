@@ -813,6 +813,22 @@ START_TEST(expf_specials_and_range_ends)
 }
 END_TEST
 
+/* The public attn_dot8 dispatches to the ISA path; both give the scalar
+ * reference's bits for every length (row-local kernels such as RMSNorm use it). */
+START_TEST(attn_dot8_dispatch_equals_scalar_reference)
+{
+    pd_rng g = {.s = 314};
+    float a[300], b[300];
+    for (uint32_t n = 0; n <= 300; n++) {
+        pd_rng_fill(&g, a, n, -3, 3);
+        pd_rng_fill(&g, b, n, -3, 3);
+        float x = attn_dot8(a, b, n), y = attn_dot8_scalar(a, b, n);
+        if (memcmp(&x, &y, sizeof x) != 0)
+            ck_abort_msg("n = %u: %a vs %a", n, (double)x, (double)y);
+    }
+}
+END_TEST
+
 Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("attn");
@@ -832,6 +848,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, attn_first_past_upto_sees_exactly_the_last_row);
     tcase_add_test(tc, attn_grouped_heads_equal_heads_attended_alone);
     tcase_add_test(tc, attn_dot8_follows_the_eight_lane_order);
+    tcase_add_test(tc, attn_dot8_dispatch_equals_scalar_reference);
     tcase_add_test(tc, expf_avx2_twin_equals_scalar_on_millions_of_inputs);
     tcase_add_test(tc, expf_is_within_two_ulp_of_exp);
     tcase_add_test(tc, expf_specials_and_range_ends);

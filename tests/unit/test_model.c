@@ -4,6 +4,7 @@
  * SwiGLU and the residual stream. */
 #include "pd_test.h"
 
+#include "cache/attn.h"
 #include "cluster/gguf.h"
 #include "cluster/mkmodel.h"
 #include "cluster/model.h"
@@ -63,6 +64,25 @@ START_TEST(model_swiglu_matches_hand_values)
     ck_assert_double_eq_tol(a[0], 0.0, 1e-7);
     ck_assert_double_eq_tol(a[1], 3.0 / (1.0 + exp(-1.0)), 1e-6);
     ck_assert_double_eq_tol(a[2], 4.0 * -1.0 / (1.0 + exp(1.0)), 1e-6);
+}
+END_TEST
+
+/* The blocked, vectorized SwiGLU gives exactly the per-element formula with
+ * pd_expf, also in place and across block boundaries. */
+START_TEST(model_swiglu_blocks_equal_the_scalar_formula)
+{
+    enum { N = 1000 };
+    float g[N], u[N], a[N];
+    pd_rng r = {.s = 5};
+    pd_rng_fill(&r, g, N, -100, 100);
+    pd_rng_fill(&r, u, N, -2, 2);
+    model_swiglu(g, u, N, a);
+    for (int i = 0; i < N; i++) {
+        float want = (g[i] / (1.0f + pd_expf(-g[i]))) * u[i];
+        ck_assert_int_eq(memcmp(&a[i], &want, sizeof want), 0);
+    }
+    model_swiglu(g, u, N, g); /* in place */
+    ck_assert_int_eq(memcmp(a, g, sizeof a), 0);
 }
 END_TEST
 
@@ -315,6 +335,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, model_rmsnorm_matches_hand_values);
     tcase_add_test(tc, model_rope_styles_rotate_the_documented_pairs);
     tcase_add_test(tc, model_swiglu_matches_hand_values);
+    tcase_add_test(tc, model_swiglu_blocks_equal_the_scalar_formula);
     tcase_add_test(tc, model_stack_matches_reference_llama_gqa);
     tcase_add_test(tc, model_stack_matches_reference_qwen2_mha_with_bias);
     tcase_add_test(tc, model_stack_matches_reference_qwen2_gqa_with_bias);
