@@ -58,6 +58,7 @@ typedef struct run_ctx {
     stage *st;
     tail *tl;
     uint32_t max_rows, max_streams, max_logits;
+    uint32_t n_inflight; /* micro-batches the head keeps in flight */
     /* head */
     pages *pg;
     outfile *of;
@@ -267,6 +268,9 @@ static pd_status run_startup(run_ctx *c, pd_err *err)
         return st;
 
     uint32_t chunk = o->prefill_chunk ? o->prefill_chunk : RUN_WHOLE_PREFILL_ROWS;
+    /* one micro-batch per stage, plus one so the head computes the next
+     * while a result travels back (with one rank: one) */
+    c->n_inflight = c->size == 1 ? 1 : (uint32_t)c->size + 1;
     c->max_streams = o->batch;
     c->max_rows = o->batch * (1 + o->policy.max_drafts) + chunk;
     c->max_logits = o->batch * (1 + o->policy.max_drafts);
@@ -313,9 +317,9 @@ static pd_status run_startup(run_ctx *c, pd_err *err)
                             .skip = c->skip,
                             .on_done = run_on_done,
                             .on_done_ctx = c};
-        if ((st = sched_new(&cfg, (uint32_t)c->size, &c->sc, err)))
+        if ((st = sched_new(&cfg, c->n_inflight, &c->sc, err)))
             return st;
-        c->inflight = calloc((size_t)c->size, sizeof *c->inflight);
+        c->inflight = calloc(c->n_inflight, sizeof *c->inflight);
         if (!c->inflight)
             return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
     }
@@ -331,7 +335,7 @@ static pd_status run_startup(run_ctx *c, pd_err *err)
     size_t res_bytes = msg_results_bytes(c->max_logits);
     c->scap = batch_bytes > res_bytes ? batch_bytes : res_bytes;
     c->rcap = c->scap;
-    c->n_sbuf = (uint32_t)c->size + 1;
+    c->n_sbuf = c->n_inflight + 1;
     c->sbuf = calloc(c->n_sbuf, sizeof *c->sbuf);
     c->sreq = calloc(c->n_sbuf, sizeof *c->sreq);
     c->rbuf = malloc(c->rcap);
@@ -458,7 +462,7 @@ static void run_head(run_ctx *c)
     uint32_t inflight = 0;
     for (;;) {
         sched_batch b;
-        if ((uint32_t)inflight < (uint32_t)c->size) {
+        if (inflight < c->n_inflight) {
             if (sched_next(c->sc, &b, &e) != PD_OK)
                 run_fatal(c, &e);
         } else {
@@ -500,7 +504,7 @@ static void run_head(run_ctx *c)
         if (msg_decode_results(c->rbuf, len, &lim, &seq, c->tokens, &nt, &e) != PD_OK)
             run_fatal(c, &e);
         sched_batch *done = NULL;
-        for (int s = 0; s < c->size; s++)
+        for (uint32_t s = 0; s < c->n_inflight; s++)
             if (c->inflight[s].seq == seq && (c->inflight[s].n_rows || c->inflight[s].n_admit ||
                                               c->inflight[s].n_retire))
                 done = &c->inflight[s];
