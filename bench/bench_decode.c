@@ -140,7 +140,7 @@ int main(int argc, char **argv)
     const char *path = argc > 1 ? argv[1] : "/tmp/pd_bench_ocr.gguf";
     uint32_t prefill = argc > 2 ? (uint32_t)atoi(argv[2]) : 277;
     uint32_t steps1 = argc > 3 ? (uint32_t)atoi(argv[3]) : 24;
-    uint32_t steps64 = argc > 4 ? (uint32_t)atoi(argv[4]) : 6;
+    uint32_t steps64 = argc > 4 ? (uint32_t)atoi(argv[4]) : 10;
     pd_err e = {0};
     if (access(path, R_OK) != 0) {
         mkmodel_opts o;
