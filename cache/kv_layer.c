@@ -1402,28 +1402,10 @@ static pd_status kv_state_check(const kv_layer_config *cfg, const kv_state *s, p
     return PD_OK;
 }
 
-pd_status kv_layer_new_from_state(const kv_layer_config *cfg, const kv_state *s, kv_layer **out,
-                                  pd_err *err)
+/* Copies a validated state's rows, fields and importance into c, whose
+ * storage already holds s->rows rows (kv_state_check passed). */
+static void kv_copy_rows_from_state(kv_core *c, const kv_state *s)
 {
-    pd_status st = kv_config_check(cfg, err);
-    if (st != PD_OK)
-        return st;
-    if (!s || !out)
-        return pd_err_set(err, PD_ERR_ARG, "kv_layer_new_from_state: NULL state or out");
-    if ((st = kv_state_check(cfg, s, err)) != PD_OK)
-        return st;
-    uint32_t cap = cfg->capacity_rows > s->rows ? cfg->capacity_rows : (uint32_t)s->rows;
-    kv_layer *l = NULL;
-    if ((st = kv_create(cfg, cap, &l, err)) != PD_OK)
-        return st;
-    kv_core *c = &l->c;
-    if (s->n_linear && (c->linear = kv_get(c, (size_t)4 * s->n_linear)))
-        c->n_linear = s->n_linear;
-    if ((s->n_linear && !c->linear) ||
-        (s->has_bounded && kv_layer_install_bounded(l, s->bounded.window, NULL) != PD_OK)) {
-        kv_layer_free(l);
-        return pd_err_set(err, PD_ERR_NOMEM, "kv_layer_new_from_state: recurrent records");
-    }
     const uint32_t rows = (uint32_t)s->rows;
     for (uint32_t h = 0; h < c->n_kv && rows; h++) {
         if (!c->alive[h])
@@ -1453,7 +1435,32 @@ pd_status kv_layer_new_from_state(const kv_layer_config *cfg, const kv_state *s,
     c->base = s->base;
     c->tail = s->tail_window;
     c->frozen = s->frozen;
-    c->folded_to = s->base + rows; /* fully confirmed: no undo data */
+}
+
+pd_status kv_layer_new_from_state(const kv_layer_config *cfg, const kv_state *s, kv_layer **out,
+                                  pd_err *err)
+{
+    pd_status st = kv_config_check(cfg, err);
+    if (st != PD_OK)
+        return st;
+    if (!s || !out)
+        return pd_err_set(err, PD_ERR_ARG, "kv_layer_new_from_state: NULL state or out");
+    if ((st = kv_state_check(cfg, s, err)) != PD_OK)
+        return st;
+    uint32_t cap = cfg->capacity_rows > s->rows ? cfg->capacity_rows : (uint32_t)s->rows;
+    kv_layer *l = NULL;
+    if ((st = kv_create(cfg, cap, &l, err)) != PD_OK)
+        return st;
+    kv_core *c = &l->c;
+    if (s->n_linear && (c->linear = kv_get(c, (size_t)4 * s->n_linear)))
+        c->n_linear = s->n_linear;
+    if ((s->n_linear && !c->linear) ||
+        (s->has_bounded && kv_layer_install_bounded(l, s->bounded.window, NULL) != PD_OK)) {
+        kv_layer_free(l);
+        return pd_err_set(err, PD_ERR_NOMEM, "kv_layer_new_from_state: recurrent records");
+    }
+    kv_copy_rows_from_state(c, s);
+    c->folded_to = s->base + s->rows; /* fully confirmed: no undo data */
     if (s->n_linear)
         memcpy(c->linear, s->linear, (size_t)4 * s->n_linear);
     if (s->has_bounded) {
@@ -1501,36 +1508,8 @@ pd_status kv_layer_assign_state(kv_layer *l, const kv_state *s, pd_err *err)
     }
     /* in place: every check passed, nothing below can fail */
     kv_layer_clear(l);
-    const uint32_t rows = (uint32_t)s->rows;
-    for (uint32_t h = 0; h < c->n_kv && rows; h++) {
-        if (!c->alive[h])
-            continue;
-        const kv_head_state *hs = &s->heads[h];
-        kv_head *hh = &c->heads[h];
-        const void *src[KV_ST_COUNT] = {
-            kv_qk(c) ? (const void *)hs->kq : (const void *)hs->k, hs->ks,
-            kv_qv(c) ? (const void *)hs->vq : (const void *)hs->v, hs->vs};
-        for (int i = 0; i < KV_ST_COUNT; i++)
-            if (hh->st[i])
-                memcpy(hh->st[i], src[i], kv_st_row_bytes(c, i) * rows);
-    }
-    for (uint32_t h = 0; h < c->n_kv && s->frozen; h++) {
-        if (!c->alive[h])
-            continue;
-        if (kv_qk(c))
-            memcpy(c->heads[h].col[0], s->heads[h].kcol, sizeof(float) * c->hd);
-        if (kv_qv(c))
-            memcpy(c->heads[h].col[1], s->heads[h].vcol, sizeof(float) * c->hd);
-    }
-    if (s->n_imp)
-        memcpy(c->imp, s->imp, sizeof(float) * rows);
-    else if (rows)
-        memset(c->imp, 0, sizeof(float) * rows);
-    c->rows = rows;
-    c->base = s->base;
-    c->tail = s->tail_window;
-    c->frozen = s->frozen;
-    c->folded_to = s->base + rows;
+    kv_copy_rows_from_state(c, s);
+    c->folded_to = s->base + s->rows;
     c->gen = kv_next_gen();
     return PD_OK;
 }
