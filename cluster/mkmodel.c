@@ -224,7 +224,7 @@ pd_status mkmodel_write(const mkmodel_opts *o, const char *path, pd_err *err)
                           o->hidden, o->heads);
     if (o->ffn < 1 || o->ffn > (1u << 20) || o->hidden > (1u << 16))
         return pd_err_set(err, PD_ERR_ARG, "mkmodel: --ffn %u / --hidden %u out of range", o->ffn, o->hidden);
-    uint32_t min_vocab = o->arch == MODEL_ARCH_LLAMA ? 300 : 300;
+    const uint32_t min_vocab = 300; /* specials + 256 byte tokens + a few words */
     if (o->vocab < min_vocab || o->vocab > (1u << 20))
         return pd_err_set(err, PD_ERR_ARG, "mkmodel: --vocab %u: expected %u..1048576 (byte tokens need room)",
                           o->vocab, min_vocab);

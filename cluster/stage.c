@@ -262,7 +262,6 @@ static pd_status forward_plan(stage *s, const mb_row *rows, uint32_t n, pd_err *
     }
     for (uint32_t g = 0; g < s->n_groups; g++) {
         const stage_group *gr = &s->groups[g];
-        const mb_row *r0 = &rows[gr->row0];
         for (uint32_t j = 0; j < gr->n; j++) {
             const mb_row *r = &rows[gr->row0 + j];
             int prefill_pos = r->pos < gr->st->prefill_rows;
@@ -274,7 +273,6 @@ static pd_status forward_plan(stage *s, const mb_row *rows, uint32_t n, pd_err *
             if (is_ring(s) && r->role == MB_ROLE_VERIFY && j > 0 && rows[gr->row0 + j - 1].role == MB_ROLE_PREFILL)
                 return pd_err_set(err, PD_ERR_FORMAT, "row %u: verify row right after prefill rows", gr->row0 + j);
         }
-        (void)r0;
     }
     return PD_OK;
 }
