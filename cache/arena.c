@@ -42,18 +42,25 @@ _Static_assert(ARENA_CHUNK_BYTES % ARENA_SMALL_MAX == 0, "chunks hold whole larg
 #define ARENA_VERIFY_SPAN ((size_t)2 << 20)
 
 /* One region obtained from the system: a chunk of small blocks or one large
- * block. Kept in a chained hash keyed by address. */
+ * block. Kept in a chained hash keyed by address. A large block that was
+ * freed and is kept for reuse (arena_set_retain) stays in the hash with
+ * `retained` set and is also linked, newest first, through `older`. */
 typedef struct arena_region {
     struct arena_region *next;
+    struct arena_region *older; /* retained list, when retained */
     void *p;
     size_t len;
+    size_t asked;               /* bytes of the live large block (0: chunk or retained) */
     bool chunk;
+    bool retained;
 } arena_region;
 
 /* INV: every region in `buckets` is held from the system; their lens sum to
  *      st.bytes_placed and their count is st.regions;
  *      chunks * ARENA_CHUNK_BYTES == free-list bytes + small_used + bump_left;
- *      large_held == st.bytes_placed - chunks * ARENA_CHUNK_BYTES;
+ *      large_held + st.bytes_retained == st.bytes_placed - chunks * ARENA_CHUNK_BYTES;
+ *      the regions on the retained list are exactly those with `retained`
+ *      set, their lens sum to st.bytes_retained <= retain_cap;
  *      bump .. bump + bump_left lies inside the newest chunk;
  *      bound == (nodeset != NULL).
  * All fields below `mu` are guarded by it. */
@@ -78,6 +85,8 @@ struct arena {
     size_t chunks;
     size_t small_used;        /* class bytes of live small blocks */
     size_t large_held;        /* rounded bytes of live large blocks */
+    arena_region *retained;   /* freed large regions kept for reuse, newest first */
+    size_t retain_cap;
     arena_stats st;
 };
 
@@ -268,6 +277,91 @@ static void arena_small_free(arena *a, void *p, size_t bytes)
     arena_push(a, c, p);
 }
 
+/* ---- large blocks ------------------------------------------------------ */
+
+/* The region in the hash that starts at p, or NULL. */
+static arena_region *arena_region_find(arena *a, const void *p)
+{
+    for (arena_region *r = a->buckets[arena_hash(a, p)]; r; r = r->next)
+        if (r->p == p)
+            return r;
+    return NULL;
+}
+
+/* Unlinks r from the retained list. */
+static void arena_unretain(arena *a, arena_region *r)
+{
+    arena_region **link = &a->retained;
+    while (*link != r)
+        link = &(*link)->older;
+    *link = r->older;
+    r->older = NULL;
+    r->retained = false;
+    a->st.bytes_retained -= r->len;
+}
+
+/* Returns the oldest retained regions to the system until `need` more bytes
+ * fit under the cap. */
+static void arena_trim_retained(arena *a, size_t need)
+{
+    while (a->retained && a->st.bytes_retained + need > a->retain_cap) {
+        arena_region *oldest = a->retained;
+        while (oldest->older)
+            oldest = oldest->older;
+        arena_unretain(a, oldest);
+        arena_region *r = arena_region_take(a, oldest->p);
+        CHECK(r == oldest);
+        arena_sys_free(a, r->p, r->len);
+        free(r);
+    }
+}
+
+/* A large block of `bytes` (region of `len`, rounded): a retained region of
+ * at least len and at most a quarter larger (the smallest such), else a new
+ * one. */
+static void *arena_large_alloc(arena *a, size_t bytes, size_t len)
+{
+    arena_region *best = NULL;
+    for (arena_region *r = a->retained; r; r = r->older)
+        if (r->len >= len && r->len - len <= len / 4 && (!best || r->len < best->len))
+            best = r;
+    if (best) {
+        arena_unretain(a, best);
+    } else {
+        void *p = arena_region_add(a, len, false);
+        if (!p)
+            return NULL;
+        best = arena_region_find(a, p);
+    }
+    best->asked = bytes;
+    a->large_held += best->len;
+    ARENA_UNPOISON(best->p, bytes);
+    ARENA_POISON((char *)best->p + bytes, best->len - bytes);
+    return best->p;
+}
+
+static void arena_large_free(arena *a, void *p, size_t bytes)
+{
+    arena_region *r = arena_region_find(a, p);
+    CHECKF(r && !r->chunk && !r->retained, "arena: free of %zu bytes at %p: no such large block", bytes,
+           p);
+    CHECKF(r->asked == bytes, "arena: block at %p was %zu bytes, freed as %zu", p, r->asked, bytes);
+    a->large_held -= r->len;
+    r->asked = 0;
+    if (r->len <= a->retain_cap) {
+        arena_trim_retained(a, r->len);
+        ARENA_POISON(r->p, r->len);
+        r->retained = true;
+        r->older = a->retained;
+        a->retained = r;
+        a->st.bytes_retained += r->len;
+        return;
+    }
+    r = arena_region_take(a, p);
+    arena_sys_free(a, r->p, r->len);
+    free(r);
+}
+
 /* ---- the pd_alloc interface -------------------------------------------- */
 
 static void *arena_iface_alloc(void *ctx, size_t bytes)
@@ -281,13 +375,8 @@ static void *arena_iface_alloc(void *ctx, size_t bytes)
         p = arena_small_alloc(a, bytes);
     } else {
         size_t len = (bytes + (ARENA_LARGE_ROUND - 1)) & ~(size_t)(ARENA_LARGE_ROUND - 1);
-        if (len >= bytes) {
-            p = arena_region_add(a, len, false);
-            if (p) {
-                a->large_held += len;
-                ARENA_POISON((char *)p + bytes, len - bytes);
-            }
-        }
+        if (len >= bytes)
+            p = arena_large_alloc(a, bytes, len);
     }
     if (p) {
         a->st.blocks++;
@@ -312,13 +401,7 @@ static void arena_iface_free(void *ctx, void *p, size_t bytes)
     if (bytes <= ARENA_SMALL_MAX) {
         arena_small_free(a, p, bytes);
     } else {
-        arena_region *r = arena_region_take(a, p);
-        CHECKF(r && !r->chunk, "arena: free of %zu bytes at %p: no such large block", bytes, p);
-        CHECKF(r->len - bytes < ARENA_LARGE_ROUND,
-               "arena: block at %p was %zu bytes, freed as %zu", p, r->len, bytes);
-        a->large_held -= r->len;
-        arena_sys_free(a, r->p, r->len);
-        free(r);
+        arena_large_free(a, p, bytes);
     }
     a->st.blocks--;
     a->st.bytes_live -= bytes;
@@ -420,6 +503,14 @@ void arena_free(arena *a)
     hwloc_bitmap_free(a->nodeset);
     pthread_mutex_destroy(&a->mu);
     free(a);
+}
+
+void arena_set_retain(arena *a, size_t bytes)
+{
+    pthread_mutex_lock(&a->mu);
+    a->retain_cap = bytes;
+    arena_trim_retained(a, 0);
+    pthread_mutex_unlock(&a->mu);
 }
 
 const pd_alloc *arena_alloc_iface(arena *a)
@@ -555,7 +646,7 @@ void arena_check(arena *a)
     pthread_mutex_lock(&a->mu);
     CHECK(a->bound == (a->nodeset != NULL));
     CHECK(a->nbuckets >= 64 && (a->nbuckets & (a->nbuckets - 1)) == 0);
-    size_t regions = 0, bytes = 0, chunks = 0, large = 0;
+    size_t regions = 0, bytes = 0, chunks = 0, large = 0, retained = 0, n_retained = 0;
     for (size_t i = 0; i < a->nbuckets; i++) {
         for (arena_region *r = a->buckets[i]; r; r = r->next) {
             CHECK(arena_hash(a, r->p) == i);
@@ -563,16 +654,29 @@ void arena_check(arena *a)
             regions++;
             bytes += r->len;
             if (r->chunk) {
-                CHECK(r->len == ARENA_CHUNK_BYTES);
+                CHECK(r->len == ARENA_CHUNK_BYTES && !r->retained && r->asked == 0);
                 chunks++;
             } else {
                 CHECK(r->len > ARENA_SMALL_MAX && r->len % ARENA_LARGE_ROUND == 0);
-                large += r->len;
+                if (r->retained) {
+                    CHECK(r->asked == 0);
+                    retained += r->len;
+                    n_retained++;
+                } else {
+                    CHECK(r->asked > 0 && r->asked <= r->len);
+                    large += r->len;
+                }
             }
         }
     }
     CHECK(regions == a->st.regions && bytes == a->st.bytes_placed);
     CHECK(chunks == a->chunks && large == a->large_held);
+    CHECK(retained == a->st.bytes_retained && retained <= a->retain_cap);
+    for (arena_region *r = a->retained; r; r = r->older) {
+        CHECK(r->retained && arena_region_find(a, r->p) == r);
+        CHECK(n_retained-- > 0);
+    }
+    CHECK(n_retained == 0);
     size_t free_bytes = 0;
     for (unsigned c = 0; c < ARENA_CLASSES; c++) {
         for (void *p = a->free_list[c]; p;) {

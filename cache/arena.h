@@ -22,9 +22,16 @@
  *     the current chunk's remainder is too small (that remainder is split
  *     into free blocks, nothing is lost); freed small blocks return to their
  *     class and chunks are held until arena_free;
- *   - a larger request is a region of bytes rounded up to ARENA_LARGE_ROUND,
- *     returned to the system as soon as it is freed.
- *   bytes_placed = chunks * ARENA_CHUNK_BYTES + sum of rounded large regions.
+ *   - a larger request is a region of bytes rounded up to ARENA_LARGE_ROUND.
+ *     When it is freed it goes back to the system, unless arena_set_retain
+ *     gave a budget: then it is kept (newest first, the oldest returned to
+ *     the system when the budget would be exceeded) and a later request of
+ *     the same rounded size, or up to a quarter smaller, reuses the smallest
+ *     kept region that fits. Its pages stay placed and touched, so
+ *     admitting a page-stream after one retired costs no page faults and no
+ *     munmap (whose TLB shootdown is slow on VMs).
+ *   bytes_placed = chunks * ARENA_CHUNK_BYTES + sum of rounded large regions,
+ *   live or retained.
  *
  * Thread-safe: one mutex around every operation. Allocation is for set-up
  * and stream admission, never the per-token path. Under AddressSanitizer the
@@ -68,6 +75,10 @@ void arena_free(arena *a);
  * Borrowed, valid until arena_free. */
 const pd_alloc *arena_alloc_iface(arena *a);
 
+/* Keep up to `bytes` of freed large regions for reuse (default 0: return them
+ * at once). Lowering the budget returns the excess at once. */
+void arena_set_retain(arena *a, size_t bytes);
+
 /* Whether memory is bound to the node (false: the fallback). */
 bool arena_is_bound(const arena *a);
 /* "bound to numa node 0 (os 0)" or "unbound (<reason>)". Borrowed, valid
@@ -82,7 +93,8 @@ typedef struct arena_stats {
     size_t blocks;         /* live allocations */
     size_t bytes_placed;   /* bytes held from the system: chunks + large regions */
     size_t peak_placed;    /* highest bytes_placed so far */
-    size_t regions;        /* system regions held (chunks + large blocks) */
+    size_t regions;        /* system regions held (chunks + large blocks, retained included) */
+    size_t bytes_retained; /* freed large regions kept for reuse (part of bytes_placed) */
     size_t bytes_verified; /* bytes found on the node by the last arena_verify */
     size_t alloc_failures; /* alloc calls that returned NULL for bytes > 0 */
 } arena_stats;

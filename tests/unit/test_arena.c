@@ -393,6 +393,120 @@ START_TEST(arena_allocates_from_several_threads_at_once)
 }
 END_TEST
 
+/* With a retain budget a freed large region is kept placed and handed out
+ * again for the same or a slightly smaller size; beyond the budget the oldest
+ * goes back; lowering the budget returns the rest. Bound and unbound. */
+static void retains_within_budget(numa_topo *t, unsigned flags)
+{
+    arena *a = make(t, 0, flags);
+    const pd_alloc *al = arena_alloc_iface(a);
+    arena_set_retain(a, 100000);
+    unsigned char *x = pd_alloc_bytes(al, 40000); /* region 40960 */
+    ck_assert_ptr_nonnull(x);
+    memset(x, 7, 40000);
+    pd_free_bytes(al, x, 40000);
+    arena_check(a);
+    arena_stats s = stats(a);
+    ck_assert_uint_eq(s.blocks, 0);
+    ck_assert_uint_eq(s.bytes_live, 0);
+    ck_assert_uint_eq(s.bytes_retained, 40960);
+    ck_assert_uint_eq(s.bytes_placed, 40960);
+    ck_assert_uint_eq(s.regions, 1);
+
+    /* same size, and a quarter smaller: the kept region comes back */
+    unsigned char *y = pd_alloc_bytes(al, 40960);
+    ck_assert_ptr_eq(y, x);
+    ck_assert_uint_eq(stats(a).bytes_retained, 0);
+    pd_free_bytes(al, y, 40960);
+    unsigned char *z = pd_alloc_bytes(al, 32768 + 1); /* rounds to 36864: 4096 short of 40960 */
+    ck_assert_ptr_eq(z, x);
+    ck_assert_uint_eq(stats(a).bytes_live, 32769);
+    ck_assert_uint_eq(stats(a).bytes_placed, 40960);
+    arena_check(a);
+    pd_free_bytes(al, z, 32769);
+    /* much smaller, or larger: a new region; the kept one stays kept */
+    unsigned char *small = pd_alloc_bytes(al, 20000);
+    unsigned char *big = pd_alloc_bytes(al, 50000);
+    ck_assert_ptr_ne(small, x);
+    ck_assert_ptr_ne(big, x);
+    s = stats(a);
+    ck_assert_uint_eq(s.bytes_retained, 40960);
+    ck_assert_uint_eq(s.bytes_placed, 40960 + 20480 + 53248);
+    ck_assert_uint_eq(s.regions, 3);
+    arena_check(a);
+
+    /* over budget: the oldest kept region (x) goes back to the system */
+    pd_free_bytes(al, small, 20000);
+    pd_free_bytes(al, big, 50000);
+    s = stats(a);
+    ck_assert_uint_eq(s.bytes_retained, 20480 + 53248);
+    ck_assert_uint_eq(s.bytes_placed, 20480 + 53248);
+    arena_check(a);
+    /* kept regions are placed memory: verify counts them */
+    arena_verdict v;
+    pd_err err = {0};
+    ck_assert_int_eq(arena_verify(a, &v, &err), PD_OK);
+    if (arena_is_bound(a)) {
+        ck_assert(v.verified);
+        ck_assert_uint_eq(v.bytes_checked, 20480 + 53248);
+    }
+    /* a block larger than the whole budget is never kept */
+    unsigned char *huge = pd_alloc_bytes(al, 200000);
+    ck_assert_ptr_nonnull(huge);
+    pd_free_bytes(al, huge, 200000);
+    ck_assert_uint_eq(stats(a).bytes_placed, 20480 + 53248);
+    /* a budget of 0 returns everything */
+    arena_set_retain(a, 0);
+    s = stats(a);
+    ck_assert_uint_eq(s.bytes_retained, 0);
+    ck_assert_uint_eq(s.bytes_placed, 0);
+    ck_assert_uint_eq(s.regions, 0);
+    arena_check(a);
+    arena_free(a);
+}
+
+START_TEST(arena_retains_freed_large_regions_within_its_budget)
+{
+    numa_topo *real = this_machine(), *fake = synth("numa:2 core:2 pu:1");
+    retains_within_budget(real, 0);
+    retains_within_budget(real, ARENA_UNBOUND);
+    retains_within_budget(fake, 0);
+    numa_topo_free(fake);
+    numa_topo_free(real);
+}
+END_TEST
+
+START_TEST(arena_churn_with_a_retain_budget_stays_consistent)
+{
+    numa_topo *t = this_machine();
+    arena *a = make(t, 0, 0);
+    arena_set_retain(a, (size_t)4 << 20);
+    client_churn(arena_alloc_iface(a), 7, 3000);
+    arena_check(a);
+    arena_stats s = stats(a);
+    ck_assert_uint_eq(s.blocks, 0);
+    ck_assert_uint_le(s.bytes_retained, (size_t)4 << 20);
+    ck_assert_uint_eq(s.bytes_placed % ARENA_CHUNK_BYTES, s.bytes_retained % ARENA_CHUNK_BYTES);
+    arena_free(a);
+    numa_topo_free(t);
+}
+END_TEST
+
+START_TEST(arena_aborts_on_freeing_a_retained_block_twice)
+{
+    numa_topo *t = synth("numa:1 core:1 pu:1");
+    arena *a = make(t, 0, 0);
+    arena_set_retain(a, 1 << 20);
+    const pd_alloc *al = arena_alloc_iface(a);
+    unsigned char *p = pd_alloc_bytes(al, 50000);
+    unsigned char *q = pd_alloc_bytes(al, 50000);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_ptr_nonnull(q);
+    pd_free_bytes(al, p, 50000);
+    pd_free_bytes(al, p, 50000); /* kept for reuse, not live: CHECK aborts */
+}
+END_TEST
+
 START_TEST(arena_aborts_on_freeing_a_large_block_it_does_not_hold)
 {
     numa_topo *t = synth("numa:1 core:1 pu:1");
@@ -417,6 +531,9 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, arena_refuses_zero_and_impossible_sizes);
     tcase_add_test(tc, arena_serves_a_pd_alloc_client_of_many_sizes_without_leaks);
     tcase_add_test(tc, arena_allocates_from_several_threads_at_once);
+    tcase_add_test(tc, arena_retains_freed_large_regions_within_its_budget);
+    tcase_add_test(tc, arena_churn_with_a_retain_budget_stays_consistent);
+    tcase_add_test_raise_signal(tc, arena_aborts_on_freeing_a_retained_block_twice, SIGABRT);
     tcase_add_test_raise_signal(tc, arena_aborts_on_freeing_a_large_block_it_does_not_hold,
                                 SIGABRT);
     suite_add_tcase(s, tc);
