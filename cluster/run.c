@@ -24,6 +24,7 @@
 
 #define RUN_WHOLE_PREFILL_ROWS 1024u
 #define RUN_LINE 768
+#define RUN_CACHE_RETAIN ((size_t)512 << 20) /* freed cache bytes kept per rank */
 
 void run_opts_default(run_opts *o)
 {
@@ -57,7 +58,7 @@ typedef struct run_ctx {
     pool *pool;
     stage *st;
     tail *tl;
-    uint32_t max_rows, max_streams, max_logits;
+    uint32_t max_rows, max_streams, max_logits, rows_per_batch;
     uint32_t n_inflight; /* micro-batches the head keeps in flight */
     /* head */
     pages *pg;
@@ -74,6 +75,10 @@ typedef struct run_ctx {
     size_t scap;
     uint8_t *rbuf;
     size_t rcap;
+    /* followers: two receive buffers, each with a receive posted ahead so the
+     * next micro-batch arrives while this one is computed */
+    uint8_t *rpost[2];
+    MPI_Request rreq[2];
     msg_batch in;
     sched_batch *inflight; /* by sched slot */
     uint32_t *tokens;
@@ -255,6 +260,9 @@ static pd_status run_startup(run_ctx *c, pd_err *err)
         return st;
     if ((st = arena_new(c->topo, c->nc.node, 0, &c->ar, err)))
         return st;
+    /* a retired stream's cache memory is kept for the next admission: no page
+     * faults and no munmap on the decode path */
+    arena_set_retain(c->ar, RUN_CACHE_RETAIN);
     if ((st = pool_new(o->threads, &c->pool, err)))
         return st;
 
@@ -274,6 +282,8 @@ static pd_status run_startup(run_ctx *c, pd_err *err)
     c->max_streams = o->batch;
     c->max_rows = o->batch * (1 + o->policy.max_drafts) + chunk;
     c->max_logits = o->batch * (1 + o->policy.max_drafts);
+    /* a micro-batch's share of the streams' rows, plus one prefill chunk */
+    c->rows_per_batch = (o->batch + c->n_inflight - 1) / c->n_inflight * (1 + o->policy.max_drafts) + chunk;
     stage_config sc = {.m = c->m,
                        .policy = o->policy,
                        .max_rows = c->max_rows,
@@ -314,6 +324,7 @@ static pd_status run_startup(run_ctx *c, pd_err *err)
                             .max_streams = c->max_streams,
                             .prefill_chunk = chunk,
                             .max_rows = c->max_rows,
+                            .rows_per_batch = c->rows_per_batch,
                             .skip = c->skip,
                             .on_done = run_on_done,
                             .on_done_ctx = c};
@@ -339,12 +350,15 @@ static pd_status run_startup(run_ctx *c, pd_err *err)
     c->sbuf = calloc(c->n_sbuf, sizeof *c->sbuf);
     c->sreq = calloc(c->n_sbuf, sizeof *c->sreq);
     c->rbuf = malloc(c->rcap);
+    c->rpost[0] = c->rbuf;
+    c->rpost[1] = malloc(c->rcap);
+    c->rreq[0] = c->rreq[1] = MPI_REQUEST_NULL;
     c->in = (msg_batch){.admit = calloc(c->max_streams, sizeof(mb_admit)),
                         .retire = calloc(c->max_streams, sizeof(uint64_t)),
                         .rows = calloc(c->max_rows, sizeof(mb_row)),
                         .x = malloc((size_t)c->max_rows * c->hp.hidden * sizeof(float))};
     c->tokens = calloc(c->max_logits ? c->max_logits : 1, sizeof *c->tokens);
-    if (!c->sbuf || !c->sreq || !c->rbuf || !c->in.admit || !c->in.retire || !c->in.rows || !c->in.x || !c->tokens)
+    if (!c->sbuf || !c->sreq || !c->rbuf || !c->rpost[1] || !c->in.admit || !c->in.retire || !c->in.rows || !c->in.x || !c->tokens)
         return pd_err_set(err, PD_ERR_NOMEM, "out of memory for message buffers");
     for (uint32_t i = 0; i < c->n_sbuf; i++) {
         c->sbuf[i] = malloc(c->scap);
@@ -361,7 +375,8 @@ static void run_teardown(run_ctx *c)
         free(c->sbuf[i]);
     free(c->sbuf);
     free(c->sreq);
-    free(c->rbuf);
+    free(c->rpost[0]); /* rbuf is one of the two */
+    free(c->rpost[1]);
     free(c->in.admit);
     free(c->in.retire);
     free(c->in.rows);
@@ -533,16 +548,23 @@ static void run_head(run_ctx *c)
 static void run_follower(run_ctx *c)
 {
     pd_err e = {0};
-    for (;;) {
+    for (int k = 0; k < 2; k++)
+        if (pipe_irecv(c->p, c->rank - 1, c->rpost[k], c->rcap, &c->rreq[k], &e) != PD_OK)
+            run_fatal(c, &e);
+    for (uint32_t next = 0;; next ^= 1) {
         size_t len;
         int from;
-        if (pipe_recv(c->p, c->rank - 1, c->rbuf, c->rcap, &len, &from, &c->stats.wait_in, &e) != PD_OK)
+        if (pipe_wait_recv(c->p, &c->rreq[next], &len, &from, &c->stats.wait_in, &e) != PD_OK)
             run_fatal(c, &e);
+        c->rbuf = c->rpost[next];
         msg_kind kind;
         uint64_t seq;
         if (msg_peek(c->rbuf, len, &kind, &seq, &e) != PD_OK)
             run_fatal(c, &e);
         if (kind == MSG_KIND_STOP) {
+            /* nothing follows a stop: withdraw the other posted receive */
+            if (pipe_cancel_recv(c->p, &c->rreq[next ^ 1], &e) != PD_OK)
+                run_fatal(c, &e);
             if (!c->tailr) {
                 uint32_t idx;
                 uint8_t *buf = run_sendbuf(c, &idx);
@@ -556,6 +578,9 @@ static void run_follower(run_ctx *c)
                           .max_rows = c->max_rows,
                           .hidden = c->hp.hidden};
         if (msg_decode_batch(c->rbuf, len, &lim, &c->in, &e) != PD_OK)
+            run_fatal(c, &e);
+        /* decoded into c->in: the buffer takes the message after next */
+        if (pipe_irecv(c->p, c->rank - 1, c->rpost[next], c->rcap, &c->rreq[next], &e) != PD_OK)
             run_fatal(c, &e);
         msg_batch *b = &c->in;
         run_lifecycle(c, b->admit, b->n_admit, b->retire, b->n_retire);

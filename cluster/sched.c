@@ -165,30 +165,14 @@ static pd_status prefill_rows(sched *s, const sched_stream *st, uint64_t from, u
     return PD_OK;
 }
 
-pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
+/* Takes the next page of the manifest into a free stream slot: its index in
+ * *slot, or UINT32_MAX when no slot is free or no page is left. A page that
+ * asks for no tokens finishes at once and the next one is tried. */
+static pd_status admit_next(sched *s, sched_slot *sl, uint32_t *na, uint32_t *slot, pd_err *err)
 {
-    memset(b, 0, sizeof *b);
-    sched_slot *sl = NULL;
-    uint32_t slot_i = 0;
-    for (uint32_t i = 0; i < s->n_slots && !sl; i++)
-        if (!s->slots[i].busy) {
-            sl = &s->slots[i];
-            slot_i = i;
-        }
-    if (!sl)
-        return PD_OK;
-    const uint32_t H = s->hidden, R = s->cfg.max_rows;
-    uint32_t nr = 0, nl = 0, na = 0;
-    sl->n_members = 0;
-
-    /* retirements decided since the last batch ride on this header */
-    memcpy(sl->retire, s->pending_retire, s->n_pending_retire * sizeof *sl->retire);
-    uint32_t n_retire = s->n_pending_retire;
-    s->n_pending_retire = 0;
-
-    /* admissions */
     size_t n_pages = pages_count(s->cfg.pg);
     for (;;) {
+        *slot = UINT32_MAX;
         uint32_t free_slot = UINT32_MAX;
         for (uint32_t i = 0; i < s->cfg.max_streams && free_slot == UINT32_MAX; i++)
             if (!s->streams[i].used)
@@ -196,7 +180,7 @@ pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
         while (s->next_page < n_pages && s->cfg.skip && s->cfg.skip[s->next_page])
             s->next_page++;
         if (free_slot == UINT32_MAX || s->next_page >= n_pages)
-            break;
+            return PD_OK;
         const pages_page *pg = pages_get(s->cfg.pg, s->next_page);
         sched_stream *st = &s->streams[free_slot];
         *st = (sched_stream){.used = true,
@@ -213,18 +197,73 @@ pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
         st->tokens = malloc((size_t)st->max_new * sizeof *st->tokens);
         if (!st->tokens)
             return pd_err_set(err, PD_ERR_NOMEM, "sched: out of memory for page \"%s\"", pg->id);
-        sl->admit[na] = (mb_admit){.stream = st->id,
-                                   .prefill_rows = (uint32_t)st->prefill_rows,
-                                   .max_new = st->max_new,
-                                   .sample_key = sample_page_key(pg->id)};
-        na++;
+        sl->admit[(*na)++] = (mb_admit){.stream = st->id,
+                                        .prefill_rows = (uint32_t)st->prefill_rows,
+                                        .max_new = st->max_new,
+                                        .sample_key = sample_page_key(pg->id)};
         s->prog.prefill_rows += st->prefill_rows;
+        *slot = free_slot;
+        return PD_OK;
     }
+}
 
-    /* decode rows: the last sampled token of decoding streams; with several
-     * micro-batches in flight each takes its share so every stage is busy */
-    uint32_t decode_cap = (s->cfg.max_streams + s->n_slots - 1) / s->n_slots;
-    for (uint32_t i = 0; i < s->cfg.max_streams && nr < R && nr < decode_cap; i++) {
+/* Appends the next prefill chunk of stream i (at most `room` rows) to the
+ * micro-batch. */
+static pd_status add_prefill(sched *s, sched_slot *sl, uint32_t i, uint32_t room, uint32_t *nr,
+                             uint32_t *nl, pd_err *err)
+{
+    sched_stream *st = &s->streams[i];
+    uint64_t rest = st->prefill_rows - st->fed;
+    uint32_t chunk = s->cfg.prefill_chunk ? s->cfg.prefill_chunk : UINT32_MAX;
+    uint32_t n = rest < chunk ? (uint32_t)rest : chunk;
+    if (n > room)
+        n = room;
+    pd_status rc = prefill_rows(s, st, st->fed, n, sl->x + (size_t)*nr * s->hidden, err);
+    if (rc)
+        return rc;
+    for (uint32_t j = 0; j < n; j++) {
+        uint64_t pos = st->fed + j;
+        bool last = pos + 1 == st->prefill_rows;
+        sl->rows[*nr + j] = (mb_row){.stream = st->id, .pos = pos, .role = MB_ROLE_PREFILL, .wants_logits = last};
+        if (last)
+            sl->logit_stream[(*nl)++] = i;
+    }
+    st->fed += n;
+    st->in_flight = true;
+    sl->members[sl->n_members++] = i;
+    *nr += n;
+    return PD_OK;
+}
+
+pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
+{
+    memset(b, 0, sizeof *b);
+    sched_slot *sl = NULL;
+    uint32_t slot_i = 0;
+    for (uint32_t i = 0; i < s->n_slots && !sl; i++)
+        if (!s->slots[i].busy) {
+            sl = &s->slots[i];
+            slot_i = i;
+        }
+    if (!sl)
+        return PD_OK;
+    const uint32_t H = s->hidden;
+    const uint32_t R = s->cfg.rows_per_batch && s->cfg.rows_per_batch < s->cfg.max_rows ? s->cfg.rows_per_batch
+                                                                                         : s->cfg.max_rows;
+    /* with several micro-batches in flight each carries its share of the
+     * streams, so the batches in flight cost about the same and every stage
+     * stays busy */
+    const uint32_t member_cap = (s->cfg.max_streams + s->n_slots - 1) / s->n_slots;
+    uint32_t nr = 0, nl = 0, na = 0;
+    sl->n_members = 0;
+
+    /* retirements decided since the last batch ride on this header */
+    memcpy(sl->retire, s->pending_retire, s->n_pending_retire * sizeof *sl->retire);
+    uint32_t n_retire = s->n_pending_retire;
+    s->n_pending_retire = 0;
+
+    /* decode rows: the last sampled token of decoding streams */
+    for (uint32_t i = 0; i < s->cfg.max_streams && nr < R && sl->n_members < member_cap; i++) {
         sched_stream *st = &s->streams[i];
         if (!st->used || st->in_flight || st->fed < st->prefill_rows)
             continue;
@@ -239,30 +278,25 @@ pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
         st->in_flight = true;
         nr++;
     }
-    /* prefill chunks */
-    for (uint32_t i = 0; i < s->cfg.max_streams && nr < R; i++) {
+    /* prefill chunks of admitted streams, then of pages admitted now: a page
+     * is admitted when its first rows fit, so its stages allocate its state
+     * in the micro-batch that first uses it */
+    pd_status rc;
+    for (uint32_t i = 0; i < s->cfg.max_streams && nr < R && sl->n_members < member_cap; i++) {
         sched_stream *st = &s->streams[i];
         if (!st->used || st->in_flight || st->fed >= st->prefill_rows)
             continue;
-        uint64_t rest = st->prefill_rows - st->fed;
-        uint32_t chunk = s->cfg.prefill_chunk ? s->cfg.prefill_chunk : UINT32_MAX;
-        uint32_t n = rest < chunk ? (uint32_t)rest : chunk;
-        if (n > R - nr)
-            n = R - nr;
-        pd_status rc = prefill_rows(s, st, st->fed, n, sl->x + (size_t)nr * H, err);
-        if (rc)
+        if ((rc = add_prefill(s, sl, i, R - nr, &nr, &nl, err)))
             return rc;
-        for (uint32_t j = 0; j < n; j++) {
-            uint64_t pos = st->fed + j;
-            bool last = pos + 1 == st->prefill_rows;
-            sl->rows[nr + j] = (mb_row){.stream = st->id, .pos = pos, .role = MB_ROLE_PREFILL, .wants_logits = last};
-            if (last)
-                sl->logit_stream[nl++] = i;
-        }
-        st->fed += n;
-        st->in_flight = true;
-        sl->members[sl->n_members++] = i;
-        nr += n;
+    }
+    while (nr < R && sl->n_members < member_cap) {
+        uint32_t i;
+        if ((rc = admit_next(s, sl, &na, &i, err)))
+            return rc;
+        if (i == UINT32_MAX)
+            break;
+        if ((rc = add_prefill(s, sl, i, R - nr, &nr, &nl, err)))
+            return rc;
     }
     if (nr == 0 && na == 0 && n_retire == 0)
         return PD_OK;

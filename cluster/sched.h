@@ -4,9 +4,11 @@
  * Every step it builds a micro-batch from the streams that are not in flight:
  * one decode row per decoding stream (its last sampled token), then prefill
  * rows of prefilling streams in chunks of at most prefill_chunk rows, within
- * the row budget; queued pages are admitted while fewer than max_streams
- * streams are alive. A stream is in at most one micro-batch at a time, so
- * several micro-batches can be in flight (one per pipeline stage).
+ * the row budget; then queued pages, in manifest order, are admitted while
+ * fewer than max_streams streams are alive and their first chunk fits. With
+ * K micro-batches in flight each takes at most ceil(max_streams / K)
+ * streams. A stream is in at most one micro-batch at a time, so several
+ * micro-batches can be in flight (one per pipeline stage, plus one).
  * Admissions and retirements ride on the micro-batch header so every stage
  * creates and frees per-stream state in step with the head.
  *
@@ -42,7 +44,10 @@ typedef struct sched_config {
     const model *m;           /* borrowed: embeddings (head), hparams */
     uint32_t max_streams;     /* --batch: streams decoding at once */
     uint32_t prefill_chunk;   /* rows of one stream's prefill per micro-batch (0 = whole) */
-    uint32_t max_rows;        /* row budget of a micro-batch */
+    uint32_t max_rows;        /* rows a micro-batch can hold (buffer size) */
+    uint32_t rows_per_batch;  /* row budget of one micro-batch (0 or > max_rows: max_rows); with
+                               * several in flight, about one in-flight share of the streams'
+                               * decode rows plus one prefill chunk keeps their costs even */
     const bool *skip;         /* [pages_count] pages already complete, or NULL */
     sched_done_fn on_done;
     void *on_done_ctx;

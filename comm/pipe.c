@@ -107,6 +107,48 @@ pd_status pipe_recv(pipe_link *p, int src, void *buf, size_t cap, size_t *len, i
     return PD_OK;
 }
 
+pd_status pipe_irecv(pipe_link *p, int src, void *buf, size_t cap, MPI_Request *req, pd_err *err)
+{
+    if (cap > (size_t)0x7fffffff)
+        return pd_err_set(err, PD_ERR_RANGE, "pipe: receive buffer of %zu bytes exceeds the MPI count limit", cap);
+    PIPE_CALL(MPI_Irecv(buf, (int)cap, MPI_BYTE, src, PIPE_TAG, p->comm, req), "MPI_Irecv");
+    return PD_OK;
+}
+
+pd_status pipe_wait_recv(pipe_link *p, MPI_Request *req, size_t *len, int *from, double *waited,
+                         pd_err *err)
+{
+    (void)p;
+    MPI_Status stt;
+    double t0 = MPI_Wtime();
+    int rc = MPI_Wait(req, &stt);
+    if (waited)
+        *waited += MPI_Wtime() - t0;
+    int cls = MPI_SUCCESS;
+    if (rc != MPI_SUCCESS)
+        MPI_Error_class(rc, &cls);
+    if (rc != MPI_SUCCESS && cls == MPI_ERR_TRUNCATE)
+        return pd_err_set(err, PD_ERR_RANGE, "pipe: a message from rank %d exceeds the receive buffer",
+                          stt.MPI_SOURCE);
+    PIPE_CALL(rc, "MPI_Wait (receive)");
+    int count = 0;
+    PIPE_CALL(MPI_Get_count(&stt, MPI_BYTE, &count), "MPI_Get_count");
+    *len = count > 0 ? (size_t)count : 0;
+    if (from)
+        *from = stt.MPI_SOURCE;
+    return PD_OK;
+}
+
+pd_status pipe_cancel_recv(pipe_link *p, MPI_Request *req, pd_err *err)
+{
+    (void)p;
+    if (*req == MPI_REQUEST_NULL)
+        return PD_OK;
+    PIPE_CALL(MPI_Cancel(req), "MPI_Cancel");
+    PIPE_CALL(MPI_Wait(req, MPI_STATUS_IGNORE), "MPI_Wait (cancelled receive)");
+    return PD_OK;
+}
+
 pd_status pipe_agree(pipe_link *p, pd_status local, pd_err *err)
 {
     int mine = (int)local, worst = 0;

@@ -34,6 +34,19 @@ pd_status pipe_wait(pipe_link *p, MPI_Request *req, double *waited, pd_err *err)
 pd_status pipe_recv(pipe_link *p, int src, void *buf, size_t cap, size_t *len, int *from,
                     double *waited, pd_err *err);
 
+/* Pre-posts a receive of the next message from src into buf[0..cap), so the
+ * transfer proceeds while this rank computes (a large message otherwise
+ * waits for the receiver to arrive in MPI before its bytes move). Complete
+ * with pipe_wait_recv or pipe_cancel_recv; buf stays untouched until then. */
+pd_status pipe_irecv(pipe_link *p, int src, void *buf, size_t cap, MPI_Request *req, pd_err *err);
+/* Completes a pipe_irecv: *len gets the message size, *from the sender; adds
+ * the seconds spent waiting to *waited when not NULL. A message larger than
+ * the posted buffer is PD_ERR_RANGE (MPI truncation), never used. */
+pd_status pipe_wait_recv(pipe_link *p, MPI_Request *req, size_t *len, int *from, double *waited,
+                         pd_err *err);
+/* Withdraws a pipe_irecv that no message will match (no-op for
+ * MPI_REQUEST_NULL). */
+pd_status pipe_cancel_recv(pipe_link *p, MPI_Request *req, pd_err *err);
 /* Agreement: every rank passes its local status; returns the worst status
  * of all ranks (PD_OK only when every rank is PD_OK). Collective. */
 pd_status pipe_agree(pipe_link *p, pd_status local, pd_err *err);
