@@ -740,6 +740,25 @@ int run_main(const run_opts *o, MPI_Comm world)
         fflush(stdout);
     }
 
+    /* every receive buffer holds the largest message any rank may send (ranks
+     * started with different options size theirs differently): a truncated
+     * pre-posted receive is not safe in every MPI transport (pipe.h) */
+    double most = (double)c.scap;
+    if (pipe_max_double(c.p, most, &most, &e) != PD_OK)
+        run_fatal(&c, &e);
+    if ((size_t)most > c.rcap) {
+        for (int k = 0; k < 2; k++) {
+            free(c.rpost[k]);
+            c.rpost[k] = malloc((size_t)most);
+            if (!c.rpost[k]) {
+                pd_err_set(&e, PD_ERR_NOMEM, "out of memory for %.0f-byte receive buffers", most);
+                run_fatal(&c, &e);
+            }
+        }
+        c.rbuf = c.rpost[0];
+        c.rcap = (size_t)most;
+    }
+
     c.t_start = now();
     if (c.head)
         run_head(&c);

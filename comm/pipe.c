@@ -119,6 +119,8 @@ pd_status pipe_wait_recv(pipe_link *p, MPI_Request *req, size_t *len, int *from,
                          pd_err *err)
 {
     (void)p;
+    if (*req == MPI_REQUEST_NULL)
+        return pd_err_set(err, PD_ERR_ARG, "pipe: no receive is posted on this request");
     MPI_Status stt;
     double t0 = MPI_Wtime();
     int rc = MPI_Wait(req, &stt);
@@ -145,7 +147,13 @@ pd_status pipe_cancel_recv(pipe_link *p, MPI_Request *req, pd_err *err)
     if (*req == MPI_REQUEST_NULL)
         return PD_OK;
     PIPE_CALL(MPI_Cancel(req), "MPI_Cancel");
-    PIPE_CALL(MPI_Wait(req, MPI_STATUS_IGNORE), "MPI_Wait (cancelled receive)");
+    MPI_Status stt;
+    PIPE_CALL(MPI_Wait(req, &stt), "MPI_Wait (cancelled receive)");
+    int cancelled = 0;
+    PIPE_CALL(MPI_Test_cancelled(&stt, &cancelled), "MPI_Test_cancelled");
+    if (!cancelled)
+        return pd_err_set(err, PD_ERR_FORMAT, "pipe: a message from rank %d arrived for a receive being withdrawn",
+                          stt.MPI_SOURCE);
     return PD_OK;
 }
 

@@ -37,15 +37,20 @@ pd_status pipe_recv(pipe_link *p, int src, void *buf, size_t cap, size_t *len, i
 /* Pre-posts a receive of the next message from src into buf[0..cap), so the
  * transfer proceeds while this rank computes (a large message otherwise
  * waits for the receiver to arrive in MPI before its bytes move). Complete
- * with pipe_wait_recv or pipe_cancel_recv; buf stays untouched until then. */
+ * with pipe_wait_recv or pipe_cancel_recv; buf stays untouched until then.
+ * cap must cover the largest message any peer may send: Open MPI reports a
+ * truncation, but with single-copy shared memory (CMA) or tcp it may already
+ * have written the whole message past buf + cap. */
 pd_status pipe_irecv(pipe_link *p, int src, void *buf, size_t cap, MPI_Request *req, pd_err *err);
 /* Completes a pipe_irecv: *len gets the message size, *from the sender; adds
  * the seconds spent waiting to *waited when not NULL. A message larger than
- * the posted buffer is PD_ERR_RANGE (MPI truncation), never used. */
+ * the posted buffer is PD_ERR_RANGE (MPI truncation; see pipe_irecv), a
+ * request with no receive posted (MPI_REQUEST_NULL) PD_ERR_ARG. */
 pd_status pipe_wait_recv(pipe_link *p, MPI_Request *req, size_t *len, int *from, double *waited,
                          pd_err *err);
-/* Withdraws a pipe_irecv that no message will match (no-op for
- * MPI_REQUEST_NULL). */
+/* Withdraws a pipe_irecv that no message should match (no-op for
+ * MPI_REQUEST_NULL). A message that had already matched it is dropped and
+ * reported (PD_ERR_FORMAT, naming the sender): the protocol was broken. */
 pd_status pipe_cancel_recv(pipe_link *p, MPI_Request *req, pd_err *err);
 /* Agreement: every rank passes its local status; returns the worst status
  * of all ranks (PD_OK only when every rank is PD_OK). Collective. */
