@@ -347,7 +347,7 @@ pd_status sched_complete(sched *s, const sched_batch *b, const uint32_t *tokens,
 
 bool sched_finished(const sched *s)
 {
-    if (s->inflight)
+    if (s->inflight || s->n_pending_retire)
         return false;
     for (uint32_t i = 0; i < s->cfg.max_streams; i++)
         if (s->streams[i].used)

@@ -5,7 +5,8 @@
  * one decode row per decoding stream (its last sampled token), then prefill
  * rows of prefilling streams in chunks of at most prefill_chunk rows, within
  * the row budget; then queued pages, in manifest order, are admitted while
- * fewer than max_streams streams are alive and their first chunk fits. With
+ * fewer than max_streams streams are alive and the batch has room for at
+ * least one of their rows (the first chunk is cut to the room left). With
  * K micro-batches in flight each takes at most ceil(max_streams / K)
  * streams. A stream is in at most one micro-batch at a time, so several
  * micro-batches can be in flight (one per pipeline stage, plus one).
@@ -76,7 +77,9 @@ void sched_free(sched *s);
 
 /* Forms the next micro-batch. *b->n_rows == 0 (and no admits/retires) means
  * nothing can run until an in-flight batch completes (or everything is done).
- * Errors: reading a page's embeddings failed (names page and field). */
+ * Errors: reading a page's embeddings failed (names page and field), or the
+ * on_done callback failed; after an error the sched is only fit for
+ * sched_free (the run stops). */
 pd_status sched_next(sched *s, sched_batch *b, pd_err *err);
 
 /* Records the tokens sampled for batch b's logits rows, in row order
@@ -90,7 +93,7 @@ bool sched_finished(const sched *s);
 
 typedef struct sched_progress {
     uint64_t pages_total, pages_done, pages_skipped;
-    uint64_t tokens_generated, prefill_rows;
+    uint64_t tokens_generated, prefill_rows; /* tokens sampled, EOS included (it costs a step) */
     uint32_t streams_alive;
 } sched_progress;
 void sched_get_progress(const sched *s, sched_progress *out);
