@@ -7,8 +7,9 @@
  * or ARENA_UNBOUND asks for it, it falls back to plain 64-byte-aligned memory
  * and says so in arena_placement(): "unbound (<reason>)".
  *
- * First touch: the arena itself writes one byte of every page of every region
- * it obtains, before handing any of it out. With a strict BIND policy the
+ * First touch: the arena itself faults in every page of every region it
+ * obtains (madvise MADV_POPULATE_WRITE, or one write per page where the
+ * kernel lacks it), before handing any of it out. With a strict BIND policy the
  * page lands on the node whichever thread touches it, so touching early costs
  * nothing in placement, and it means arena_verify can check every page right
  * away (hwloc_get_area_memlocation reports nothing for untouched pages) and
