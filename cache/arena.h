@@ -9,7 +9,8 @@
  *
  * First touch: the arena itself faults in every page of every region it
  * obtains (madvise MADV_POPULATE_WRITE, or one write per page where the
- * kernel lacks it), before handing any of it out. With a strict BIND policy the
+ * kernel lacks it), before handing any of it out; bound regions ask for
+ * transparent huge pages (MADV_HUGEPAGE) first. With a strict BIND policy the
  * page lands on the node whichever thread touches it, so touching early costs
  * nothing in placement, and it means arena_verify can check every page right
  * away (hwloc_get_area_memlocation reports nothing for untouched pages) and
