@@ -13,6 +13,10 @@
 # batch sizes and judged by its best; the ratios at equal batch and at equal
 # micro-batch shape are printed too. Every configuration runs `reps` times,
 # interleaved, and counts by its median; every output must be byte-identical.
+# The limit measured in the same run: two independent one-rank jobs at once,
+# each on half of the pages, give the throughput two cores reach with no
+# pipeline at all (they share caches and memory bandwidth as the two stages
+# do); the 2-rank pipeline is also reported as a fraction of that.
 # usage: bench/pipeline.sh BUILD_DIR [reps]
 set -euo pipefail
 build="${1:?usage: bench/pipeline.sh BUILD_DIR [reps]}"
@@ -37,7 +41,29 @@ configs = [(1, 16), (1, 32), (1, 48), (2, 16), (2, 48), (2, 96)]
 runs = {c: [] for c in configs}
 reference = None
 same = True
+# the two-core limit: two independent one-rank jobs at once, each on half of
+# the pages (shared caches and memory bandwidth included)
+lines = open(f"{tmp}/pages/pages.jsonl").read().splitlines(keepends=True)
+for half in (0, 1):
+    open(f"{tmp}/pages/half{half}.jsonl", "w").writelines(lines[half::2])
+parallel = []
+
+def run_parallel(r):
+    procs = []
+    for half in (0, 1):
+        procs.append(subprocess.Popen(
+            ["mpirun", "-np", "1", "--bind-to", "none", bin_, "run", "--model", f"{tmp}/m.gguf",
+             "--pages", f"{tmp}/pages/half{half}.jsonl", "--out", f"{tmp}/par{half}-{r}.jsonl", "--batch", "16",
+             "--prefill-chunk", "32", "--threads", "1", "--stats", f"{tmp}/par{half}.json"],
+            stdout=subprocess.DEVNULL))
+    for p in procs:
+        if p.wait() != 0:
+            raise SystemExit("parallel one-rank run failed")
+    st = [json.load(open(f"{tmp}/par{half}.json")) for half in (0, 1)]
+    parallel.append(sum(x["tokens"] for x in st) / max(x["wall_s"] for x in st))
+
 for r in range(reps):
+    run_parallel(r)
     for np_, batch in configs:
         out, stats = f"{tmp}/o-{np_}-{batch}-{r}.jsonl", f"{tmp}/s.json"
         subprocess.run(["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none", bin_, "run",
@@ -83,6 +109,9 @@ print(json.dumps({
     "best_1rank": {"batch": best1[1], "tokens_per_s": round(med[best1], 1)},
     "best_2ranks": {"batch": best2[1], "tokens_per_s": round(med[best2], 1)},
     "scaling_ratio": round(ratio, 3), "goal": 1.8, "goal_met": ratio >= 1.8,
+    "tokens_per_s_two_independent_1rank_jobs": round(statistics.median(parallel), 1),
+    "tokens_per_s_two_independent_1rank_jobs_spread": [round(min(parallel), 1), round(max(parallel), 1)],
+    "pipeline_efficiency_vs_two_independent_jobs": round(med[best2] / statistics.median(parallel), 3),
     "ratio_same_batch_16": round(med[(2, 16)] / med[(1, 16)], 3),
     "ratio_same_batch_48": round(med[(2, 48)] / med[(1, 48)], 3),
     "ratio_same_micro_batch_shape": round(med[(2, 48)] / med[(1, 16)], 3),
