@@ -923,7 +923,7 @@ START_TEST(sched_next_reports_an_embedding_read_failure_with_the_page)
 {
     char path[300];
     snprintf(path, sizeof path, "%s/bad.npy", tmpdir);
-    float v[2 * 16] = {0};
+    float v[3 * 16] = {0}; /* the second write is 3 rows */
     ck_assert_uint_eq(H, 16);
     pd_err e = {0};
     ck_assert_int_eq(npy_write_f32(path, 2, H, v, &e), PD_OK);
