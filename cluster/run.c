@@ -73,11 +73,12 @@ typedef struct run_ctx {
     MPI_Request *sreq;
     uint32_t n_sbuf, next_sbuf;
     size_t scap;
-    uint8_t *rbuf;
+    /* receive buffers of rcap bytes, sized after start-up to the largest
+     * message any rank may send; the head receives into rbuf[0], a follower
+     * keeps a receive posted on each so the next micro-batch arrives while
+     * this one is computed */
+    uint8_t *rbuf[2];
     size_t rcap;
-    /* followers: two receive buffers, each with a receive posted ahead so the
-     * next micro-batch arrives while this one is computed */
-    uint8_t *rpost[2];
     MPI_Request rreq[2];
     msg_batch in;
     sched_batch *inflight; /* by sched slot */
@@ -345,20 +346,16 @@ static pd_status run_startup(run_ctx *c, pd_err *err)
         batch_bytes = msg_batch_bytes(&(msg_batch){.hidden = c->hp.hidden, .n_rows = c->max_rows});
     size_t res_bytes = msg_results_bytes(c->max_logits);
     c->scap = batch_bytes > res_bytes ? batch_bytes : res_bytes;
-    c->rcap = c->scap;
     c->n_sbuf = c->n_inflight + 1;
     c->sbuf = calloc(c->n_sbuf, sizeof *c->sbuf);
     c->sreq = calloc(c->n_sbuf, sizeof *c->sreq);
-    c->rbuf = malloc(c->rcap);
-    c->rpost[0] = c->rbuf;
-    c->rpost[1] = malloc(c->rcap);
     c->rreq[0] = c->rreq[1] = MPI_REQUEST_NULL;
     c->in = (msg_batch){.admit = calloc(c->max_streams, sizeof(mb_admit)),
                         .retire = calloc(c->max_streams, sizeof(uint64_t)),
                         .rows = calloc(c->max_rows, sizeof(mb_row)),
                         .x = malloc((size_t)c->max_rows * c->hp.hidden * sizeof(float))};
     c->tokens = calloc(c->max_logits ? c->max_logits : 1, sizeof *c->tokens);
-    if (!c->sbuf || !c->sreq || !c->rbuf || !c->rpost[1] || !c->in.admit || !c->in.retire || !c->in.rows || !c->in.x || !c->tokens)
+    if (!c->sbuf || !c->sreq || !c->in.admit || !c->in.retire || !c->in.rows || !c->in.x || !c->tokens)
         return pd_err_set(err, PD_ERR_NOMEM, "out of memory for message buffers");
     for (uint32_t i = 0; i < c->n_sbuf; i++) {
         c->sbuf[i] = malloc(c->scap);
@@ -375,8 +372,8 @@ static void run_teardown(run_ctx *c)
         free(c->sbuf[i]);
     free(c->sbuf);
     free(c->sreq);
-    free(c->rpost[0]); /* rbuf is one of the two */
-    free(c->rpost[1]);
+    free(c->rbuf[0]);
+    free(c->rbuf[1]);
     free(c->in.admit);
     free(c->in.retire);
     free(c->in.rows);
@@ -511,12 +508,12 @@ static void run_head(run_ctx *c)
         /* wait for the oldest results from the tail */
         size_t len;
         int from;
-        if (pipe_recv(c->p, c->size - 1, c->rbuf, c->rcap, &len, &from, &c->stats.wait_in, &e) != PD_OK)
+        if (pipe_recv(c->p, c->size - 1, c->rbuf[0], c->rcap, &len, &from, &c->stats.wait_in, &e) != PD_OK)
             run_fatal(c, &e);
         msg_limits lim = {.max_tokens = c->max_logits, .hidden = c->hp.hidden};
         uint64_t seq;
         uint32_t nt;
-        if (msg_decode_results(c->rbuf, len, &lim, &seq, c->tokens, &nt, &e) != PD_OK)
+        if (msg_decode_results(c->rbuf[0], len, &lim, &seq, c->tokens, &nt, &e) != PD_OK)
             run_fatal(c, &e);
         sched_batch *done = NULL;
         for (uint32_t s = 0; s < c->n_inflight; s++)
@@ -549,17 +546,17 @@ static void run_follower(run_ctx *c)
 {
     pd_err e = {0};
     for (int k = 0; k < 2; k++)
-        if (pipe_irecv(c->p, c->rank - 1, c->rpost[k], c->rcap, &c->rreq[k], &e) != PD_OK)
+        if (pipe_irecv(c->p, c->rank - 1, c->rbuf[k], c->rcap, &c->rreq[k], &e) != PD_OK)
             run_fatal(c, &e);
     for (uint32_t next = 0;; next ^= 1) {
         size_t len;
         int from;
         if (pipe_wait_recv(c->p, &c->rreq[next], &len, &from, &c->stats.wait_in, &e) != PD_OK)
             run_fatal(c, &e);
-        c->rbuf = c->rpost[next];
+        const uint8_t *in = c->rbuf[next];
         msg_kind kind;
         uint64_t seq;
-        if (msg_peek(c->rbuf, len, &kind, &seq, &e) != PD_OK)
+        if (msg_peek(in, len, &kind, &seq, &e) != PD_OK)
             run_fatal(c, &e);
         if (kind == MSG_KIND_STOP) {
             /* nothing follows a stop: withdraw the other posted receive */
@@ -568,7 +565,7 @@ static void run_follower(run_ctx *c)
             if (!c->tailr) {
                 uint32_t idx;
                 uint8_t *buf = run_sendbuf(c, &idx);
-                memcpy(buf, c->rbuf, len);
+                memcpy(buf, in, len);
                 run_send(c, c->rank + 1, idx, len);
             }
             break;
@@ -577,10 +574,10 @@ static void run_follower(run_ctx *c)
                           .max_retire = c->max_streams,
                           .max_rows = c->max_rows,
                           .hidden = c->hp.hidden};
-        if (msg_decode_batch(c->rbuf, len, &lim, &c->in, &e) != PD_OK)
+        if (msg_decode_batch(in, len, &lim, &c->in, &e) != PD_OK)
             run_fatal(c, &e);
         /* decoded into c->in: the buffer takes the message after next */
-        if (pipe_irecv(c->p, c->rank - 1, c->rpost[next], c->rcap, &c->rreq[next], &e) != PD_OK)
+        if (pipe_irecv(c->p, c->rank - 1, c->rbuf[next], c->rcap, &c->rreq[next], &e) != PD_OK)
             run_fatal(c, &e);
         msg_batch *b = &c->in;
         run_lifecycle(c, b->admit, b->n_admit, b->retire, b->n_retire);
@@ -746,18 +743,12 @@ int run_main(const run_opts *o, MPI_Comm world)
     double most = (double)c.scap;
     if (pipe_max_double(c.p, most, &most, &e) != PD_OK)
         run_fatal(&c, &e);
-    if ((size_t)most > c.rcap) {
-        for (int k = 0; k < 2; k++) {
-            free(c.rpost[k]);
-            c.rpost[k] = malloc((size_t)most);
-            if (!c.rpost[k]) {
-                pd_err_set(&e, PD_ERR_NOMEM, "out of memory for %.0f-byte receive buffers", most);
-                run_fatal(&c, &e);
-            }
+    c.rcap = (size_t)most;
+    for (int k = 0; k < 2; k++)
+        if (!(c.rbuf[k] = malloc(c.rcap))) {
+            pd_err_set(&e, PD_ERR_NOMEM, "out of memory for %zu-byte receive buffers", c.rcap);
+            run_fatal(&c, &e);
         }
-        c.rbuf = c.rpost[0];
-        c.rcap = (size_t)most;
-    }
 
     c.t_start = now();
     if (c.head)
