@@ -51,6 +51,7 @@ static double decode_rate(const model *m, uint32_t batch, uint32_t prefill, uint
     float *x = malloc((size_t)(chunk + batch) * H * sizeof(float));
     mb_row *rows = calloc(chunk + batch, sizeof *rows);
     uint32_t *tok = calloc(chunk + batch, sizeof *tok);
+    uint64_t *dig = calloc(chunk + batch, sizeof *dig); /* the logits digests the runtime chains */
     uint32_t *last = calloc(batch, sizeof *last);
     for (uint32_t s = 0; s < batch; s++) {
         mb_admit a = {.stream = s, .prefill_rows = prefill, .max_new = steps + 2, .sample_key = s};
@@ -71,7 +72,7 @@ static double decode_rate(const model *m, uint32_t batch, uint32_t prefill, uint
                 }
             }
             uint32_t nt;
-            if (stage_forward(st, rows, n, x, &e) || tail_sample(tl, rows, n, x, tok, &nt, &e))
+            if (stage_forward(st, rows, n, x, &e) || tail_sample(tl, rows, n, x, tok, dig, &nt, &e))
                 die("prefill", &e);
             if (nt)
                 last[s] = tok[0];
@@ -84,7 +85,7 @@ static double decode_rate(const model *m, uint32_t batch, uint32_t prefill, uint
             model_embed(m, &last[s], 1, x + (size_t)s * H);
         }
         uint32_t nt;
-        if (stage_forward(st, rows, batch, x, &e) || tail_sample(tl, rows, batch, x, tok, &nt, &e))
+        if (stage_forward(st, rows, batch, x, &e) || tail_sample(tl, rows, batch, x, tok, dig, &nt, &e))
             die("decode", &e);
         memcpy(last, tok, batch * sizeof *tok);
     }
@@ -94,6 +95,7 @@ static double decode_rate(const model *m, uint32_t batch, uint32_t prefill, uint
     free(x);
     free(rows);
     free(tok);
+    free(dig);
     free(last);
     return (double)batch * steps / dt;
 }

@@ -18,7 +18,7 @@ static void run_usage(FILE *f)
             "         [--evict none|recent:N|importance:N:SINKS]\n"
             "         [--sample greedy|temp:T[,top_p:P][,top_k:K]] [--seed S] [--no-repeat-ngram N:WINDOW]\n"
             "         [--gemm invariant|openblas] [--layers 0-3,4-7,...] [--wire-dtype f32|f16]\n"
-            "         [--stats FILE] [--progress] [--no-bind]\n");
+            "         [--stats FILE] [--progress] [--no-bind] [--digest] [--trace-hidden FILE]\n");
 }
 
 /* Parses argv into o; PD_ERR_ARG with a message naming the flag. */
@@ -34,6 +34,7 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         {"gemm", required_argument, 0, 'g'},          {"stats", required_argument, 0, 'T'},
         {"progress", no_argument, 0, 'P'},            {"layers", required_argument, 0, 'L'},
         {"wire-dtype", required_argument, 0, 'w'},    {"no-bind", no_argument, 0, 'B'},
+        {"digest", no_argument, 0, 'D'},              {"trace-hidden", required_argument, 0, 'H'},
         {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
     pd_status st = PD_OK;
     int ch;
@@ -74,6 +75,8 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
                 st = pd_err_set(e, PD_ERR_ARG, "--wire-dtype '%s': expected f32 or f16", optarg);
             break;
         case 'B': o->no_bind = true; break;
+        case 'D': o->digest = true; break;
+        case 'H': o->trace_path = optarg; break;
         case 'h': *help = 1; return PD_OK;
         default: st = pd_err_set(e, PD_ERR_ARG, "unknown or incomplete option '%s'", argv[optind - 1]);
         }

@@ -376,8 +376,12 @@ pd_status outfile_write_page(outfile *o, const outfile_page *pg, pd_err *err)
     outfile_put(&b, num, (size_t)k);
     k = snprintf(num, sizeof num, ",\"generated\":%" PRIu64, pg->generated);
     outfile_put(&b, num, (size_t)k);
-    outfile_puts(&b, pg->stop == OUTFILE_STOP_EOS ? ",\"stop\":\"eos\"}\n"
-                                                  : ",\"stop\":\"length\"}\n");
+    outfile_puts(&b, pg->stop == OUTFILE_STOP_EOS ? ",\"stop\":\"eos\"" : ",\"stop\":\"length\"");
+    if (pg->has_digest) {
+        k = snprintf(num, sizeof num, ",\"digest\":\"%016" PRIx64 "\"", pg->digest);
+        outfile_put(&b, num, (size_t)k);
+    }
+    outfile_puts(&b, "}\n");
     if (b.oom)
         return pd_err_set(err, PD_ERR_NOMEM, "outfile: %s: page \"%s\": no memory for the line",
                           o->path, pg->id);

@@ -2,8 +2,9 @@
  *
  * One line per finished page, fields in this order:
  *   {"id":"p7","tokens":[12,99,2],"text":"...","prefill_rows":273,
- *    "generated":3,"stop":"eos"}
- * stop is "eos" or "length". Strings are JSON-escaped (quote, backslash,
+ *    "generated":3,"stop":"eos","digest":"9c0f1e2d3b4a5968"}
+ * stop is "eos" or "length"; digest (only when the page has one: `run
+ * --digest`) is 16 lower-case hex digits (cluster/digest.h). Strings are JSON-escaped (quote, backslash,
  * control bytes); invalid UTF-8 in the text is written as U+FFFD (one per
  * maximal ill-formed subpart) and an id that is not valid UTF-8 is refused (it
  * could not be found again on resume), so every line is valid JSON in valid
@@ -41,6 +42,8 @@ typedef struct outfile_page {
     uint64_t prefill_rows;
     uint64_t generated;     /* tokens generated (the caller's count) */
     outfile_stop stop;
+    bool has_digest;        /* write "digest" */
+    uint64_t digest;
 } outfile_page;
 
 typedef struct outfile outfile;

@@ -5,6 +5,7 @@
 #include "cache/check.h"
 #include "cache/cpu.h"
 #include "cache/numa.h"
+#include "cluster/digest.h"
 #include "cluster/layermap.h"
 #include "cluster/model.h"
 #include "cluster/outfile.h"
@@ -17,6 +18,7 @@
 #include "comm/pipe.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +85,12 @@ typedef struct run_ctx {
     msg_batch in;
     sched_batch *inflight; /* by sched slot */
     uint32_t *tokens;
+    uint64_t *digests; /* [max_logits] logits row digests beside tokens */
+    /* --trace-hidden: this rank's trace file and the page key of each
+     * stream this rank holds (streams[i] -> keys[i], n_keys used) */
+    FILE *trace;
+    uint64_t *trace_streams, *trace_keys;
+    uint32_t n_trace;
     run_stats stats;
     double t_start, t_progress;
     char place_line[RUN_LINE];
@@ -114,6 +122,7 @@ typedef struct run_pending {
     uint32_t n_tokens;
     uint64_t prefill_rows;
     sched_stop stop;
+    uint64_t digest;
 } run_pending;
 
 static pd_status run_write_one(run_ctx *c, const run_pending *r, pd_err *err)
@@ -130,7 +139,9 @@ static pd_status run_write_one(run_ctx *c, const run_pending *r, pd_err *err)
                        .text_len = tlen,
                        .prefill_rows = r->prefill_rows,
                        .generated = r->n_tokens,
-                       .stop = r->stop == SCHED_STOP_EOS ? OUTFILE_STOP_EOS : OUTFILE_STOP_LENGTH};
+                       .stop = r->stop == SCHED_STOP_EOS ? OUTFILE_STOP_EOS : OUTFILE_STOP_LENGTH,
+                       .has_digest = c->o->digest,
+                       .digest = r->digest};
     st = outfile_write_page(c->of, &pg, err);
     free(text);
     return st;
@@ -156,6 +167,7 @@ static pd_status run_on_done(void *ctx, const sched_result *r, pd_err *err)
     p->n_tokens = r->n_tokens;
     p->prefill_rows = r->prefill_rows;
     p->stop = r->stop;
+    p->digest = r->digest;
     c->n_pending++;
     /* write every page that is next in manifest order */
     size_t n_pages = pages_count(c->pg);
@@ -203,6 +215,69 @@ static void run_mpi_progress(void *ctx)
     run_ctx *c = ctx;
     int done = 0;
     MPI_Testall((int)c->n_sbuf, c->sreq, &done, MPI_STATUSES_IGNORE);
+}
+
+/* ---- --trace-hidden ------------------------------------------------------ */
+
+/* Trace file, text, one line per record (docs/digests.md):
+ *   # pipedec trace-hidden 1 rank R of N
+ *   p KEY ID            (rank 0: every page of the manifest, KEY = its page key)
+ *   t KEY POS B HASH    (a residual row of page KEY at position POS entering
+ *                        layer B, i.e. after layer B-1; B = layers: the last
+ *                        layer's output; HASH = digest_f32 of the row)
+ * Keys and hashes are 16 hex digits. scripts/trace_diff.py merges the ranks'
+ * files of two runs and prints the first difference. */
+static void run_trace_rows(void *ctx, uint32_t boundary, const mb_row *rows, uint32_t n, const float *x)
+{
+    run_ctx *c = ctx;
+    uint32_t H = c->hp.hidden;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t key = 0;
+        for (uint32_t k = 0; k < c->n_trace; k++)
+            if (c->trace_streams[k] == rows[i].stream)
+                key = c->trace_keys[k];
+        fprintf(c->trace, "t %016llx %llu %u %016llx\n", (unsigned long long)key,
+                (unsigned long long)rows[i].pos, boundary, (unsigned long long)digest_f32(x + (size_t)i * H, H));
+    }
+}
+
+static pd_status run_trace_open(run_ctx *c, pd_err *err)
+{
+    char path[4096];
+    if (c->rank == 0)
+        snprintf(path, sizeof path, "%s", c->o->trace_path);
+    else
+        snprintf(path, sizeof path, "%s.%d", c->o->trace_path, c->rank);
+    c->trace_streams = calloc(c->max_streams, sizeof *c->trace_streams);
+    c->trace_keys = calloc(c->max_streams, sizeof *c->trace_keys);
+    if (!c->trace_streams || !c->trace_keys)
+        return pd_err_set(err, PD_ERR_NOMEM, "out of memory for the hidden-state trace");
+    if (!(c->trace = fopen(path, "w")))
+        return pd_err_set(err, PD_ERR_IO, "--trace-hidden: cannot create %s: %s", path, strerror(errno));
+    fprintf(c->trace, "# pipedec trace-hidden 1 rank %d of %d\n", c->rank, c->size);
+    for (size_t i = 0; c->head && i < pages_count(c->pg); i++) {
+        const char *id = pages_get(c->pg, i)->id;
+        fprintf(c->trace, "p %016llx %s\n", (unsigned long long)sample_page_key(id), id);
+    }
+    return PD_OK;
+}
+
+/* Records which page a stream admitted on this rank belongs to (and forgets
+ * retired streams), so trace lines name pages, not run-local stream ids. */
+static void run_trace_lifecycle(run_ctx *c, const mb_admit *admit, uint32_t na, const uint64_t *retire,
+                                uint32_t nr)
+{
+    for (uint32_t i = 0; i < nr; i++)
+        for (uint32_t k = 0; k < c->n_trace; k++)
+            if (c->trace_streams[k] == retire[i]) {
+                c->trace_streams[k] = c->trace_streams[c->n_trace - 1];
+                c->trace_keys[k] = c->trace_keys[--c->n_trace];
+                break;
+            }
+    for (uint32_t i = 0; i < na && c->n_trace < c->max_streams; i++) {
+        c->trace_streams[c->n_trace] = admit[i].stream;
+        c->trace_keys[c->n_trace++] = admit[i].sample_key;
+    }
 }
 
 /* ---- start-up ----------------------------------------------------------- */
@@ -293,7 +368,9 @@ static pd_status run_startup(run_ctx *c, pd_err *err)
                        .cache_alloc = arena_alloc_iface(c->ar),
                        .round_f16 = o->wire_dtype == MSG_DTYPE_F16,
                        .progress = c->size > 1 ? run_mpi_progress : NULL,
-                       .progress_ctx = c};
+                       .progress_ctx = c,
+                       .trace = o->trace_path ? run_trace_rows : NULL,
+                       .trace_ctx = c};
     if ((st = stage_new(&sc, &c->st, err)))
         return st;
     if (c->tailr) {
@@ -355,7 +432,9 @@ static pd_status run_startup(run_ctx *c, pd_err *err)
                         .rows = calloc(c->max_rows, sizeof(mb_row)),
                         .x = malloc((size_t)c->max_rows * c->hp.hidden * sizeof(float))};
     c->tokens = calloc(c->max_logits ? c->max_logits : 1, sizeof *c->tokens);
-    if (!c->sbuf || !c->sreq || !c->in.admit || !c->in.retire || !c->in.rows || !c->in.x || !c->tokens)
+    c->digests = calloc(c->max_logits ? c->max_logits : 1, sizeof *c->digests);
+    if (!c->sbuf || !c->sreq || !c->in.admit || !c->in.retire || !c->in.rows || !c->in.x || !c->tokens ||
+        !c->digests)
         return pd_err_set(err, PD_ERR_NOMEM, "out of memory for message buffers");
     for (uint32_t i = 0; i < c->n_sbuf; i++) {
         c->sbuf[i] = malloc(c->scap);
@@ -363,6 +442,8 @@ static pd_status run_startup(run_ctx *c, pd_err *err)
         if (!c->sbuf[i])
             return pd_err_set(err, PD_ERR_NOMEM, "out of memory for message buffers");
     }
+    if (o->trace_path && (st = run_trace_open(c, err)))
+        return st;
     return PD_OK;
 }
 
@@ -379,6 +460,12 @@ static void run_teardown(run_ctx *c)
     free(c->in.rows);
     free(c->in.x);
     free(c->tokens);
+    free(c->digests);
+    if (c->trace && fclose(c->trace) != 0)
+        fprintf(stderr, "pipedec: rank %d: --trace-hidden: writing the trace failed: %s\n", c->rank,
+                strerror(errno));
+    free(c->trace_streams);
+    free(c->trace_keys);
     free(c->inflight);
     free(c->skip);
     for (size_t i = 0; i < c->n_pending; i++)
@@ -402,6 +489,8 @@ static void run_teardown(run_ctx *c)
 static void run_lifecycle(run_ctx *c, const mb_admit *admit, uint32_t na, const uint64_t *retire, uint32_t nr)
 {
     pd_err e = {0};
+    if (c->trace)
+        run_trace_lifecycle(c, admit, na, retire, nr);
     for (uint32_t i = 0; i < nr; i++) {
         stage_retire(c->st, retire[i]);
         if (c->tl)
@@ -487,11 +576,11 @@ static void run_head(run_ctx *c)
             if (c->size == 1) {
                 uint32_t nt = 0;
                 double t0 = now();
-                if (tail_sample(c->tl, b.rows, b.n_rows, b.x, c->tokens, &nt, &e) != PD_OK)
+                if (tail_sample(c->tl, b.rows, b.n_rows, b.x, c->tokens, c->digests, &nt, &e) != PD_OK)
                     run_fatal(c, &e);
                 c->stats.busy += now() - t0;
                 CHECK(nt == b.n_logits);
-                if (sched_complete(c->sc, &b, c->tokens, &e) != PD_OK)
+                if (sched_complete(c->sc, &b, c->tokens, c->digests, &e) != PD_OK)
                     run_fatal(c, &e);
             } else {
                 run_send_batch(c, 1, b.seq, b.admit, b.n_admit, b.retire, b.n_retire, b.rows, b.n_rows, b.x);
@@ -513,7 +602,7 @@ static void run_head(run_ctx *c)
         msg_limits lim = {.max_tokens = c->max_logits, .hidden = c->hp.hidden};
         uint64_t seq;
         uint32_t nt;
-        if (msg_decode_results(c->rbuf[0], len, &lim, &seq, c->tokens, &nt, &e) != PD_OK)
+        if (msg_decode_results(c->rbuf[0], len, &lim, &seq, c->tokens, c->digests, &nt, &e) != PD_OK)
             run_fatal(c, &e);
         sched_batch *done = NULL;
         for (uint32_t s = 0; s < c->n_inflight; s++)
@@ -527,7 +616,7 @@ static void run_head(run_ctx *c)
         }
         sched_batch copy = *done;
         memset(done, 0, sizeof *done);
-        if (sched_complete(c->sc, &copy, c->tokens, &e) != PD_OK)
+        if (sched_complete(c->sc, &copy, c->tokens, c->digests, &e) != PD_OK)
             run_fatal(c, &e);
         inflight--;
         run_progress(c, false);
@@ -585,13 +674,13 @@ static void run_follower(run_ctx *c)
         if (c->tailr) {
             uint32_t nt = 0;
             double t0 = now();
-            if (tail_sample(c->tl, b->rows, b->n_rows, b->x, c->tokens, &nt, &e) != PD_OK)
+            if (tail_sample(c->tl, b->rows, b->n_rows, b->x, c->tokens, c->digests, &nt, &e) != PD_OK)
                 run_fatal(c, &e);
             c->stats.busy += now() - t0;
             uint32_t idx;
             uint8_t *buf = run_sendbuf(c, &idx);
             size_t rl;
-            if (msg_encode_results(b->seq, c->tokens, nt, buf, c->scap, &rl, &e) != PD_OK)
+            if (msg_encode_results(b->seq, c->tokens, c->digests, nt, buf, c->scap, &rl, &e) != PD_OK)
                 run_fatal(c, &e);
             run_send(c, 0, idx, rl);
         } else {

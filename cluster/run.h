@@ -35,6 +35,9 @@ typedef struct run_opts {
     msg_dtype wire_dtype;
     bool progress;            /* progress line on stderr even when not a terminal */
     bool no_bind;             /* do not bind ranks to cores / NUMA nodes */
+    bool digest;              /* each output line carries the page's logits digest */
+    const char *trace_path;   /* --trace-hidden: per-rank residual-row hashes, NULL = off
+                                 (rank 0 writes the path itself, rank r > 0 path.r) */
 } run_opts;
 
 void run_opts_default(run_opts *o);

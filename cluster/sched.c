@@ -2,6 +2,7 @@
 #include "cluster/sched.h"
 
 #include "cache/check.h"
+#include "cluster/digest.h"
 #include "cluster/sample.h"
 
 #include <stdlib.h>
@@ -18,6 +19,7 @@ typedef struct sched_stream {
     uint32_t max_new;
     uint32_t *tokens;
     uint32_t n_tokens;
+    uint64_t digest; /* chain over the logits rows sampled so far */
 } sched_stream;
 
 /* One outstanding micro-batch's buffers. */
@@ -120,7 +122,8 @@ static pd_status stream_finish(sched *s, uint32_t slot, sched_stop stop, bool ad
                       .tokens = st->tokens,
                       .n_tokens = st->n_tokens,
                       .prefill_rows = st->prefill_rows,
-                      .stop = stop};
+                      .stop = stop,
+                      .digest = st->digest};
     pd_status rc = s->cfg.on_done ? s->cfg.on_done(s->cfg.on_done_ctx, &r, err) : PD_OK;
     s->prog.pages_done++;
     if (admitted)
@@ -187,7 +190,8 @@ static pd_status admit_next(sched *s, sched_slot *sl, uint32_t *na, uint32_t *sl
                              .id = s->next_id++,
                              .page = s->next_page++,
                              .prefill_rows = pg->prefill_rows,
-                             .max_new = pg->max_new_tokens};
+                             .max_new = pg->max_new_tokens,
+                             .digest = DIGEST_CHAIN_INIT};
         if (st->max_new == 0) {
             pd_status rc = stream_finish(s, free_slot, SCHED_STOP_LENGTH, false, err);
             if (rc)
@@ -315,7 +319,8 @@ pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
     return PD_OK;
 }
 
-pd_status sched_complete(sched *s, const sched_batch *b, const uint32_t *tokens, pd_err *err)
+pd_status sched_complete(sched *s, const sched_batch *b, const uint32_t *tokens, const uint64_t *row_digests,
+                         pd_err *err)
 {
     sched_slot *sl = &s->slots[b->slot];
     CHECK(sl->busy);
@@ -328,6 +333,7 @@ pd_status sched_complete(sched *s, const sched_batch *b, const uint32_t *tokens,
         if (!st->used)
             continue;
         uint32_t t = tokens[l];
+        st->digest = digest_chain(st->digest, row_digests[l]);
         s->prog.tokens_generated++;
         pd_status r2 = PD_OK;
         if (t == s->eos)

@@ -36,6 +36,8 @@ typedef struct sched_result {
     uint32_t n_tokens;
     uint64_t prefill_rows;
     sched_stop stop;
+    uint64_t digest;          /* digest_chain over the logits row digests of every sampled
+                               * token in position order, EOS included (digest.h) */
 } sched_result;
 
 typedef pd_status (*sched_done_fn)(void *ctx, const sched_result *r, pd_err *err);
@@ -83,9 +85,11 @@ void sched_free(sched *s);
 pd_status sched_next(sched *s, sched_batch *b, pd_err *err);
 
 /* Records the tokens sampled for batch b's logits rows, in row order
- * (tokens[n_logits]); finishes streams (EOS or max_new_tokens) through
- * on_done, and frees the batch's slot. */
-pd_status sched_complete(sched *s, const sched_batch *b, const uint32_t *tokens, pd_err *err);
+ * (tokens[n_logits]), and chains each row's logits digest
+ * (row_digests[n_logits]) into its page's digest; finishes streams (EOS or
+ * max_new_tokens) through on_done, and frees the batch's slot. */
+pd_status sched_complete(sched *s, const sched_batch *b, const uint32_t *tokens, const uint64_t *row_digests,
+                         pd_err *err);
 
 /* True when every page is finished and nothing is in flight or pending
  * retirement. */

@@ -431,6 +431,8 @@ pd_status stage_forward(stage *s, const mb_row *rows, uint32_t n, float *x, pd_e
     const uint32_t qd = hp->n_heads * hd, kvd = hp->n_kv_heads * hd;
     pool *p = s->cfg.pool;
     s->rows = rows;
+    if (s->cfg.trace && s->first == 0)
+        s->cfg.trace(s->cfg.trace_ctx, 0, rows, n, x);
     for (uint32_t L = s->first; L < s->first + s->n_layers; L++) {
         const model_layer *ly = model_layer_get(s->cfg.m, L);
         for (uint32_t i = 0; i < n; i++)
@@ -474,6 +476,8 @@ pd_status stage_forward(stage *s, const mb_row *rows, uint32_t n, float *x, pd_e
             pd_f32_to_f16_n(x, s->half, (size_t)n * H);
             pd_f16_to_f32_n(s->half, x, (size_t)n * H);
         }
+        if (s->cfg.trace)
+            s->cfg.trace(s->cfg.trace_ctx, L + 1, rows, n, x);
     }
     for (uint32_t g = 0; g < s->n_groups; g++) {
         stage_group *gr = &s->groups[g];

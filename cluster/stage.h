@@ -38,6 +38,13 @@ typedef struct stage_config {
      * sender next enters MPI, which stalls the next stage. */
     void (*progress)(void *ctx);
     void *progress_ctx;
+    /* Testing aid (--trace-hidden), may be NULL: called with the residual
+     * rows x [n x hidden] at every layer boundary this stage produces —
+     * boundary L + 1 after layer L (after the f16 rounding, i.e. what goes
+     * to the next layer), and boundary 0 (the input rows) on the stage that
+     * holds layer 0 — so across a pipeline every boundary is reported once. */
+    void (*trace)(void *ctx, uint32_t boundary, const mb_row *rows, uint32_t n, const float *x);
+    void *trace_ctx;
     int round_f16;            /* round the residual stream to f16 after every layer
                                  (--wire-dtype f16): then sending hidden states as
                                  f16 loses nothing more, wherever the rank

@@ -1,6 +1,8 @@
 /* tail: logits for the rows that want them, then per-stream sampling. */
 #include "cluster/tail.h"
 
+#include "cluster/digest.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -95,8 +97,8 @@ void tail_retire(tail *t, uint64_t stream)
     memset(s, 0, sizeof *s);
 }
 
-pd_status tail_sample(tail *t, const mb_row *rows, uint32_t n, float *x, uint32_t *tokens,
-                      uint32_t *n_tokens, pd_err *err)
+pd_status tail_sample(tail *t, const mb_row *rows, uint32_t n, const float *x, uint32_t *tokens,
+                      uint64_t *row_digests, uint32_t *n_tokens, pd_err *err)
 {
     uint32_t m = 0;
     for (uint32_t i = 0; i < n; i++)
@@ -118,13 +120,14 @@ pd_status tail_sample(tail *t, const mb_row *rows, uint32_t n, float *x, uint32_
         if (s->n_hist >= s->max_new)
             return pd_err_set(err, PD_ERR_FORMAT, "tail: stream %llu asks for token %u beyond max_new %u",
                               (unsigned long long)r->stream, s->n_hist + 1, s->max_new);
+        const float *lg = t->logits + (size_t)j * t->vocab;
         int32_t tok;
-        pd_status st = sampler_next_key(t->smp, t->logits + (size_t)j * t->vocab, s->hist, s->n_hist, s->key,
-                                        s->n_hist, &tok, err);
+        pd_status st = sampler_next_key(t->smp, lg, s->hist, s->n_hist, s->key, s->n_hist, &tok, err);
         if (st)
             return st;
         s->hist[s->n_hist++] = tok;
         tokens[j] = (uint32_t)tok;
+        row_digests[j] = digest_f32(lg, t->vocab);
     }
     *n_tokens = m;
     return PD_OK;

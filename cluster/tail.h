@@ -34,9 +34,11 @@ pd_status tail_admit(tail *t, const mb_admit *a, pd_err *err);
 void tail_retire(tail *t, uint64_t stream);
 
 /* For rows with wants_logits (in row order): logits of x's row, sample.
- * x [n x hidden] is overwritten (normed rows). tokens gets one token per
- * logits row; *n_tokens their count. */
-pd_status tail_sample(tail *t, const mb_row *rows, uint32_t n, float *x, uint32_t *tokens,
-                      uint32_t *n_tokens, pd_err *err);
+ * x [n x hidden] is read only. tokens gets one token per logits row and
+ * row_digests the digest_f32 of that logits row (the exact bits the token
+ * was sampled from; the head chains them into the page's digest);
+ * *n_tokens their count. */
+pd_status tail_sample(tail *t, const mb_row *rows, uint32_t n, const float *x, uint32_t *tokens,
+                      uint64_t *row_digests, uint32_t *n_tokens, pd_err *err);
 
 #endif

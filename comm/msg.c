@@ -16,7 +16,7 @@ size_t msg_batch_bytes(const msg_batch *b)
 
 size_t msg_results_bytes(uint32_t n_tokens)
 {
-    return MSG_HEADER_BYTES + 8 + (size_t)n_tokens * 4;
+    return MSG_HEADER_BYTES + 8 + (size_t)n_tokens * 12;
 }
 
 /* A sink that appends into a fixed caller buffer. */
@@ -90,8 +90,8 @@ pd_status msg_encode_batch(const msg_batch *b, void *buf, size_t cap, size_t *le
     return msg_finish(&w, &m, len);
 }
 
-pd_status msg_encode_results(uint64_t seq, const uint32_t *tokens, uint32_t n, void *buf, size_t cap,
-                             size_t *len, pd_err *err)
+pd_status msg_encode_results(uint64_t seq, const uint32_t *tokens, const uint64_t *digests, uint32_t n,
+                             void *buf, size_t cap, size_t *len, pd_err *err)
 {
     msg_mem m = {.p = buf, .cap = cap};
     uint8_t staging[256];
@@ -102,6 +102,8 @@ pd_status msg_encode_results(uint64_t seq, const uint32_t *tokens, uint32_t n, v
     wr_u32(&w, 0);
     for (uint32_t i = 0; i < n; i++)
         wr_u32(&w, tokens[i]);
+    for (uint32_t i = 0; i < n; i++)
+        wr_u64(&w, digests[i]);
     return msg_finish(&w, &m, len);
 }
 
@@ -256,7 +258,7 @@ pd_status msg_decode_batch(const void *buf, size_t len, const msg_limits *lim, m
 }
 
 pd_status msg_decode_results(const void *buf, size_t len, const msg_limits *lim, uint64_t *seq,
-                             uint32_t *tokens, uint32_t *n, pd_err *err)
+                             uint32_t *tokens, uint64_t *digests, uint32_t *n, pd_err *err)
 {
     rd r;
     rd_init(&r, buf, len, 0, "msg", err);
@@ -276,13 +278,15 @@ pd_status msg_decode_results(const void *buf, size_t len, const msg_limits *lim,
     if (z != 0)
         return rd_fail_at(&r, at + 4, PD_ERR_FORMAT, "reserved bytes are not zero");
     size_t tok_bytes;
-    if (rd_check_count(&r, "tokens", cnt, 4, &tok_bytes))
+    if (rd_check_count(&r, "tokens and digests", cnt, 12, &tok_bytes))
         return r.status;
-    if ((uint64_t)cnt * 4 != rd_remaining(&r))
-        return rd_fail(&r, PD_ERR_FORMAT, "%zu trailing bytes after %u tokens", rd_remaining(&r) - (size_t)cnt * 4,
-                       cnt);
+    if ((uint64_t)cnt * 12 != rd_remaining(&r))
+        return rd_fail(&r, PD_ERR_FORMAT, "%zu trailing bytes after %u tokens and digests",
+                       rd_remaining(&r) - (size_t)cnt * 12, cnt);
     for (uint32_t i = 0; i < cnt; i++)
         rd_u32(&r, "token", &tokens[i]);
+    for (uint32_t i = 0; i < cnt; i++)
+        rd_u64(&r, "digest", &digests[i]);
     if (r.status)
         return r.status;
     *seq = s;

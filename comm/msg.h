@@ -3,7 +3,7 @@
  *
  * Every message starts with a 16-byte header:
  *   0   magic "PDMB"
- *   4   u16 version = 1
+ *   4   u16 version = 2
  *   6   u8  kind: 1 batch, 2 results, 3 stop
  *   7   u8  dtype of hidden states: 0 f32, 1 f16 (0 for non-batch kinds)
  *   8   u64 seq (micro-batch number)
@@ -16,6 +16,7 @@
  * results (kind 2), tail -> head:
  *   16  u32 n_tokens, u32 reserved 0
  *   24  n_tokens x u32 token (the sampled token of each wants_logits row, in row order)
+ *       n_tokens x u64 digest (digest_f32 of the logits row each token was sampled from)
  * stop (kind 3): the header only; travels head -> ... -> tail when the run ends.
  * The decoder checks magic, version, kind, dtype, every count against the
  * bytes that remain and against the receiver's limits, roles, flags,
@@ -29,7 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MSG_VERSION 1u
+#define MSG_VERSION 2u /* 2: results carry the logits row digests */
 #define MSG_HEADER_BYTES 16u
 
 typedef enum msg_kind { MSG_KIND_BATCH = 1, MSG_KIND_RESULTS = 2, MSG_KIND_STOP = 3 } msg_kind;
@@ -59,8 +60,8 @@ size_t msg_results_bytes(uint32_t n_tokens);
 
 /* Encode into buf[0..cap) (cap >= the size above); returns bytes written in *len. */
 pd_status msg_encode_batch(const msg_batch *b, void *buf, size_t cap, size_t *len, pd_err *err);
-pd_status msg_encode_results(uint64_t seq, const uint32_t *tokens, uint32_t n, void *buf, size_t cap,
-                             size_t *len, pd_err *err);
+pd_status msg_encode_results(uint64_t seq, const uint32_t *tokens, const uint64_t *digests, uint32_t n,
+                             void *buf, size_t cap, size_t *len, pd_err *err);
 pd_status msg_encode_stop(uint64_t seq, void *buf, size_t cap, size_t *len, pd_err *err);
 
 /* Reads the header (magic, version, kind, dtype) only. */
@@ -71,6 +72,6 @@ pd_status msg_peek(const void *buf, size_t len, msg_kind *kind, uint64_t *seq, p
 pd_status msg_decode_batch(const void *buf, size_t len, const msg_limits *lim, msg_batch *out,
                            pd_err *err);
 pd_status msg_decode_results(const void *buf, size_t len, const msg_limits *lim, uint64_t *seq,
-                             uint32_t *tokens, uint32_t *n, pd_err *err);
+                             uint32_t *tokens, uint64_t *digests, uint32_t *n, pd_err *err);
 
 #endif

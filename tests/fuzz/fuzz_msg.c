@@ -1,6 +1,6 @@
 /* libFuzzer target: pipeline message decoders (comm/msg.h). Any input must be
  * refused cleanly or decode into arrays within the limits; a decoded batch
- * re-encodes to the same bytes.
+ * (f32) or results message re-encodes to the same bytes.
  * PD_FUZZ_SOURCES: comm/msg.c comm/rd.c comm/crc32c.c cache/fp16.c cache/cpu.c cache/status.c */
 #include "comm/msg.h"
 
@@ -20,6 +20,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static mb_row rows[FZ_ROWS];
     static float x[FZ_ROWS * FZ_HIDDEN];
     static uint32_t tokens[FZ_ROWS];
+    static uint64_t digests[FZ_ROWS];
     static uint8_t again[4096];
     msg_limits lim = {.max_admit = FZ_ROWS, .max_retire = FZ_ROWS, .max_rows = FZ_ROWS, .max_tokens = FZ_ROWS,
                       .hidden = FZ_HIDDEN};
@@ -38,7 +39,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     } else if (kind == MSG_KIND_RESULTS) {
         uint32_t n;
-        msg_decode_results(data, size, &lim, &seq, tokens, &n, &e);
+        if (msg_decode_results(data, size, &lim, &seq, tokens, digests, &n, &e) == PD_OK) {
+            size_t len = 0;
+            if (msg_encode_results(seq, tokens, digests, n, again, sizeof again, &len, &e) != PD_OK ||
+                len != size || memcmp(again, data, size) != 0)
+                abort(); /* accepted results must re-encode to themselves */
+        }
     }
     return 0;
 }

@@ -195,25 +195,43 @@ START_TEST(msg_results_and_stop_round_trip_and_refuse_damage)
 {
     uint8_t buf[256];
     uint32_t toks[3] = {5, 0, 4000000000u};
+    uint64_t dig[3] = {0x0123456789abcdefull, 0, UINT64_MAX};
     size_t len;
     pd_err e = {0};
-    ck_assert_int_eq(msg_encode_results(9, toks, 3, buf, sizeof buf, &len, &e), PD_OK);
+    ck_assert_int_eq(msg_encode_results(9, toks, dig, 3, buf, sizeof buf, &len, &e), PD_OK);
     ck_assert_uint_eq(len, msg_results_bytes(3));
+    ck_assert_uint_eq(len, 16 + 8 + 3 * 4 + 3 * 8);
+    /* little-endian, tokens first, then the digests */
+    ck_assert_uint_eq(buf[24 + 12], 0xef);
+    ck_assert_uint_eq(buf[24 + 12 + 7], 0x01);
     msg_limits l = lim();
     uint32_t out[8] = {0};
+    uint64_t dout[8] = {0};
     uint32_t n = 0;
     uint64_t seq = 0;
-    ck_assert_int_eq(msg_decode_results(buf, len, &l, &seq, out, &n, &e), PD_OK);
+    ck_assert_int_eq(msg_decode_results(buf, len, &l, &seq, out, dout, &n, &e), PD_OK);
     ck_assert_uint_eq(seq, 9);
     ck_assert_uint_eq(n, 3);
     ck_assert_int_eq(memcmp(out, toks, sizeof toks), 0);
+    ck_assert_int_eq(memcmp(dout, dig, sizeof dig), 0);
     for (size_t cut = 0; cut < len; cut++) {
         pd_err_clear(&e);
-        ck_assert_int_ne(msg_decode_results(buf, cut, &l, &seq, out, &n, &e), PD_OK);
+        ck_assert_int_ne(msg_decode_results(buf, cut, &l, &seq, out, dout, &n, &e), PD_OK);
     }
+    /* one byte more is a trailing byte, not a longer message */
+    buf[len] = 0;
+    pd_err_clear(&e);
+    ck_assert_int_eq(msg_decode_results(buf, len + 1, &l, &seq, out, dout, &n, &e), PD_ERR_FORMAT);
+    ck_assert_msg(strstr(e.msg, "trailing") != NULL, "%s", e.msg);
+    /* a count the bytes cannot hold is refused before anything is read */
+    buf[16] = 0xff;
+    l.max_tokens = 1000;
+    pd_err_clear(&e);
+    ck_assert_int_eq(msg_decode_results(buf, len, &l, &seq, out, dout, &n, &e), PD_ERR_TRUNCATED);
+    buf[16] = 3;
     l.max_tokens = 2;
     pd_err_clear(&e);
-    ck_assert_int_eq(msg_decode_results(buf, len, &l, &seq, out, &n, &e), PD_ERR_RANGE);
+    ck_assert_int_eq(msg_decode_results(buf, len, &l, &seq, out, dout, &n, &e), PD_ERR_RANGE);
     ck_assert_int_eq(msg_encode_stop(11, buf, sizeof buf, &len, &e), PD_OK);
     msg_kind k;
     ck_assert_int_eq(msg_peek(buf, len, &k, &seq, &e), PD_OK);

@@ -98,6 +98,26 @@ START_TEST(outfile_writes_one_exact_json_line_per_page)
 }
 END_TEST
 
+START_TEST(outfile_writes_the_digest_last_as_16_hex_digits)
+{
+    outfile *o = open_ok();
+    outfile_page pg = {.id = "d", .text = "", .prefill_rows = 5, .stop = OUTFILE_STOP_EOS,
+                       .has_digest = true, .digest = 0x00ab00cd00ef0012ull};
+    pd_err err = {0};
+    ck_assert_int_eq(outfile_write_page(o, &pg, &err), PD_OK);
+    pg = (outfile_page){.id = "z", .text = "", .stop = OUTFILE_STOP_LENGTH, .has_digest = true, .digest = 0};
+    ck_assert_int_eq(outfile_write_page(o, &pg, &err), PD_OK);
+    size_t n;
+    char *b = slurp(&n);
+    ck_assert_str_eq(b, "{\"id\":\"d\",\"tokens\":[],\"text\":\"\",\"prefill_rows\":5,\"generated\":0,"
+                        "\"stop\":\"eos\",\"digest\":\"00ab00cd00ef0012\"}\n"
+                        "{\"id\":\"z\",\"tokens\":[],\"text\":\"\",\"prefill_rows\":0,\"generated\":0,"
+                        "\"stop\":\"length\",\"digest\":\"0000000000000000\"}\n");
+    free(b);
+    outfile_free(o);
+}
+END_TEST
+
 START_TEST(outfile_escapes_strings_and_repairs_utf8)
 {
     outfile *o = open_ok();
@@ -290,6 +310,7 @@ Suite *pd_test_suite(void)
     tcase_add_checked_fixture(tc, setup_dir, teardown_dir);
     tcase_add_test(tc, outfile_writes_one_exact_json_line_per_page);
     tcase_add_test(tc, outfile_escapes_strings_and_repairs_utf8);
+    tcase_add_test(tc, outfile_writes_the_digest_last_as_16_hex_digits);
     tcase_add_test(tc, outfile_resume_skips_finished_ids_and_refuses_duplicates);
     tcase_add_test(tc, outfile_partial_last_line_is_cut_at_every_offset);
     tcase_add_test(tc, outfile_blank_lines_are_ignored);

@@ -7,6 +7,7 @@
 #define _XOPEN_SOURCE 700
 #include "pd_test.h"
 
+#include "cluster/digest.h"
 #include "cluster/mkmodel.h"
 #include "cluster/model.h"
 #include "cluster/npy.h"
@@ -197,6 +198,7 @@ typedef struct track {
     uint64_t fed;         /* prefill rows sent */
     uint32_t *tok;        /* [max_new] tokens fed back, EOS excluded */
     uint32_t n_tok;
+    uint64_t digest;      /* digest_chain of the row digests fed back, in order */
     bool ended;           /* EOS or max_new tokens fed back (or max_new 0 and on_done came) */
     sched_stop stop;
     bool in_flight;       /* in an outstanding micro-batch */
@@ -265,6 +267,7 @@ static void h_init(harness *h, const pages *pg, uint32_t K, uint32_t max_streams
     for (size_t i = 0; i < h->n; i++) {
         track *t = &h->t[i];
         t->pg = pages_get(pg, i);
+        t->digest = DIGEST_CHAIN_INIT;
         t->skip = skip && skip[i];
         t->tok = malloc((t->pg->max_new_tokens + 1) * sizeof *t->tok);
         ck_assert_ptr_nonnull(t->tok);
@@ -330,6 +333,8 @@ static pd_status h_on_done(void *ctx, const sched_result *r, pd_err *err)
     EXPECT(h, r->n_tokens == t->n_tok, "page %zu has %u tokens, want %u", r->page, r->n_tokens, t->n_tok);
     EXPECT(h, t->n_tok == 0 || memcmp(r->tokens, t->tok, t->n_tok * sizeof *t->tok) == 0,
            "page %zu tokens differ from those fed back", r->page);
+    EXPECT(h, r->digest == t->digest, "page %zu digest %016llx, want the chain of its rows %016llx", r->page,
+           (unsigned long long)r->digest, (unsigned long long)t->digest);
     t->n_done++;
     if (h->done_status)
         return pd_err_set(err, h->done_status, "test: on_done refuses page %s", r->id);
@@ -522,11 +527,15 @@ static void h_complete(harness *h, uint32_t k)
     const sched_batch *b = &f.b;
     for (uint32_t r = 0; r < b->n_rows; r++)
         h_by_stream(h, b->rows[r].stream)->in_flight = false;
+    uint64_t *dig = malloc(((size_t)b->n_logits + 1) * sizeof *dig);
+    ck_assert_ptr_nonnull(dig);
     uint32_t l = 0;
     for (uint32_t r = 0; r < b->n_rows; r++) {
         if (!b->rows[r].wants_logits)
             continue;
         track *t = h_by_stream(h, b->rows[r].stream);
+        dig[l] = pd_rng_next(&h->rng); /* stands in for the logits row's digest */
+        t->digest = digest_chain(t->digest, dig[l]);
         uint32_t tok = f.tokens[l++];
         if (tok == EOS) {
             t->ended = true;
@@ -541,7 +550,8 @@ static void h_complete(harness *h, uint32_t k)
     }
     pd_err e = {0};
     pd_status want = h->done_status;
-    pd_status rc = sched_complete(h->s, b, f.tokens, &e);
+    pd_status rc = sched_complete(h->s, b, f.tokens, dig, &e);
+    free(dig);
     bool any_done = false;
     for (size_t i = 0; i < h->n; i++) {
         const track *t = &h->t[i];
