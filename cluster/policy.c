@@ -79,7 +79,7 @@ pd_status policy_parse_evict(const char *s, cache_policy *p, pd_err *err)
         char *colon = strchr(buf, ':');
         if (colon) {
             *colon = '\0';
-            if (parse_u32(buf, 2, UINT32_MAX, &n) && parse_u32(colon + 1, 0, UINT32_MAX, &k) && k < n) {
+            if (parse_u32(buf, 2, UINT32_MAX, &n) && parse_u32(colon + 1, 0, UINT32_MAX, &k) && k <= n) {
                 p->evict = POLICY_EVICT_IMPORTANCE;
                 p->evict_budget = n;
                 p->evict_sinks = k;
@@ -89,7 +89,7 @@ pd_status policy_parse_evict(const char *s, cache_policy *p, pd_err *err)
     }
     return pd_err_set(err, PD_ERR_ARG,
                       "--evict '%s': expected none, recent:N (N >= 1) or importance:N:SINKS "
-                      "(N >= 2, SINKS < N)", s);
+                      "(N >= 2, SINKS <= N)", s);
 }
 
 pd_status policy_validate(const cache_policy *p, pd_err *err)
