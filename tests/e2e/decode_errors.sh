@@ -12,7 +12,7 @@ head -n 2 "$P" > "$T/pages/two.jsonl"
 "$PIPEDEC" run --model "$m" --pages "$T/pages/two.jsonl" --out "$T/keep.jsonl" >/dev/null 2>&1
 cp "$T/keep.jsonl" "$T/keep.orig"
 
-check_untouched() { same "$T/keep.orig" "$T/keep.jsonl" "$1: output untouched"; }
+check_untouched() { same_bytes "$T/keep.orig" "$T/keep.jsonl" "$1: output untouched"; }
 
 # model file problems
 expect_fail "missing model" "no such file|cannot open|No such file" "$PIPEDEC" run --model "$T/none.gguf" --pages "$P" --out "$T/keep.jsonl"
@@ -58,11 +58,15 @@ expect_fail "bad --batch" "--batch" "$PIPEDEC" run --model "$m" --pages "$P" --o
 expect_fail "bad --sample" "temp|sample" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --sample temp:-1
 expect_fail "missing --out" "required" "$PIPEDEC" run --model "$m" --pages "$P"
 expect_fail "unknown flag" "unknown" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --fast
+expect_fail "unwritable --trace-hidden" "trace-hidden: cannot create .*/nodir/t" \
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --trace-hidden "$T/nodir/t"
+expect_fail "--trace-hidden without a file" "trace-hidden|incomplete" \
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --trace-hidden
 check_untouched "bad flags"
 expect_fail "mkmodel bad heads" "--heads" "$PIPEDEC" mkmodel --heads 3 --kv-heads 2 --out "$T/x.gguf"
 expect_fail "mkpages missing model" "none.gguf" "$PIPEDEC" mkpages --model "$T/none.gguf" --out "$T/pp"
 # a corrupt complete line in an existing output is refused and left alone
 printf 'not json\n' > "$T/corrupt.jsonl"; cp "$T/corrupt.jsonl" "$T/corrupt.orig"
 expect_fail "corrupt existing output" "corrupt.jsonl" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/corrupt.jsonl"
-same "$T/corrupt.orig" "$T/corrupt.jsonl" "corrupt output untouched"
+same_bytes "$T/corrupt.orig" "$T/corrupt.jsonl" "corrupt output untouched"
 finish

@@ -19,9 +19,47 @@ E2E_PASSES=0
 pass() { E2E_PASSES=$((E2E_PASSES + 1)); echo "ok   - $*"; }
 fail() { E2E_FAILS=$((E2E_FAILS + 1)); echo "FAIL - $*"; }
 
-# same FILE_A FILE_B WHAT: byte-compare two outputs
+# has_digests FILE: every line of an output file carries a logit digest
+has_digests() {
+  [ -s "$1" ] && ! grep -qv '"digest":"[0-9a-f]\{16\}"}$' "$1"
+}
+
+# same_bytes FILE_A FILE_B WHAT: plain byte comparison (a file left untouched)
+same_bytes() {
+  if cmp -s "$1" "$2"; then pass "$3"; else fail "$3 ($1 vs $2 differ)"; fi
+}
+
+# same FILE_A FILE_B WHAT: byte-compare two outputs written with --digest, so
+# the check sees every bit of every logits row, not only the tokens
 same() {
-  if cmp -s "$1" "$2"; then pass "$3"; else fail "$3 ($1 vs $2 differ)"; diff <(head -c 2000 "$1") <(head -c 2000 "$2") | head -5 || true; fi
+  if ! has_digests "$1" || ! has_digests "$2"; then
+    fail "$3 (an output lacks digests: an identity check must compare them)"
+  elif cmp -s "$1" "$2"; then
+    pass "$3"
+  else
+    fail "$3 ($1 vs $2 differ)"; diff <(head -c 2000 "$1") <(head -c 2000 "$2") | head -5 || true
+  fi
+}
+
+# differ FILE_A FILE_B WHAT: the negative control of an identity check. Both
+# outputs have a digest on every line and at least one page's digest differs;
+# says how many pages differ in digest, and in tokens.
+differ() {
+  local msg rc=0
+  msg=$(python3 - "$1" "$2" <<'PY'
+import json, sys
+a, b = ({(j := json.loads(l))["id"]: j for l in open(p)} for p in sys.argv[1:3])
+if set(a) != set(b) or not a:
+    print(f"page sets differ ({len(a)} vs {len(b)} pages)"); sys.exit(1)
+if any("digest" not in x for x in list(a.values()) + list(b.values())):
+    print("an output lacks digests"); sys.exit(1)
+nd = sum(a[k]["digest"] != b[k]["digest"] for k in a)
+nt = sum(a[k]["tokens"] != b[k]["tokens"] for k in a)
+print(f"{nd} of {len(a)} digests differ, {nt} in tokens")
+sys.exit(0 if nd else 1)
+PY
+) || rc=$?
+  if [ "$rc" -eq 0 ]; then pass "$3: $msg"; else fail "$3: $msg"; fi
 }
 
 # expect_fail NAME PATTERN CMD...: CMD exits non-zero within 60 s and its

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The MPI pipeline (issue 5): out.jsonl is byte-identical to the one-rank run
-# for N = 1..4 ranks and three layer maps per N (balanced, lopsided, one layer
-# on a rank) plus the automatic map, with f32 hidden states on the wire; with
-# --wire-dtype f16 identical across N. Many streams (more than N x batch) with
-# mixed prefill lengths and max_new_tokens. Error paths end every rank
-# promptly with a message naming the cause.
+# The MPI pipeline (issue 5): out.jsonl, logit digests included, is
+# byte-identical to the one-rank run for N = 1..4 ranks and three layer maps
+# per N (balanced, lopsided, one layer on a rank) plus the automatic map, with
+# f32 hidden states on the wire; with --wire-dtype f16 identical across N.
+# Many streams (more than N x batch) with mixed prefill lengths and
+# max_new_tokens. Negative controls (issue 9): f16 vs f32 on the wire and
+# OpenBLAS at batch 1 vs 5 change the digests; --trace-hidden traces of two
+# rank counts are identical and scripts/trace_diff.py names the first layer
+# where f16 departs. Error paths end every rank promptly with a message naming
+# the cause.
 source "$(dirname "$0")/lib.bash"
 T="$E2E_TMP"
 m="$T/m.gguf"
@@ -17,17 +21,24 @@ MPIRUN=(mpirun --oversubscribe --bind-to none)
 
 prun() { # prun N OUT extra-args...
   local n="$1" out="$2"; shift 2
-  timeout 300 "${MPIRUN[@]}" -np "$n" "$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 3 "$@" \
+  timeout 300 "${MPIRUN[@]}" -np "$n" "$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 3 --digest "$@" \
     >>"$T/run.log" 2>&1 || { fail "mpirun -np $n $* exited non-zero"; tail -5 "$T/run.log"; }
 }
 
-"$PIPEDEC" run --model "$m" --pages "$P" --out "$T/ref.jsonl" --batch 3 >/dev/null 2>&1
+"$PIPEDEC" run --model "$m" --pages "$P" --out "$T/ref.jsonl" --batch 3 --digest --trace-hidden "$T/ref.trace" \
+  >/dev/null 2>&1
 [ "$(wc -l < "$T/ref.jsonl")" -eq 14 ] && pass "one-rank reference: 14 pages" || fail "one-rank reference"
 prun 1 "$T/np1.jsonl"
 same "$T/ref.jsonl" "$T/np1.jsonl" "np 1 under mpirun == one rank"
 # f16 on the wire rounds the residual stream at every layer boundary, so the
 # answer cannot depend on where the rank boundaries fall
-prun 1 "$T/np1.f16.jsonl" --wire-dtype f16
+prun 1 "$T/np1.f16.jsonl" --wire-dtype f16 --trace-hidden "$T/f16.trace"
+differ "$T/ref.jsonl" "$T/np1.f16.jsonl" "control: --wire-dtype f16 vs f32"
+# OpenBLAS is not batch invariant: on this very workload its digests move with
+# the batch, so the identity checks above would see such a dependence
+"$PIPEDEC" run --model "$m" --pages "$P" --out "$T/blas1.jsonl" --batch 1 --digest --gemm openblas >/dev/null 2>&1
+"$PIPEDEC" run --model "$m" --pages "$P" --out "$T/blas5.jsonl" --batch 5 --digest --gemm openblas >/dev/null 2>&1
+differ "$T/blas1.jsonl" "$T/blas5.jsonl" "control: --gemm openblas batch 1 vs 5"
 
 declare -A MAPS=(
   [2]="0-2,3-5 0-4,5 0,1-5"
@@ -44,6 +55,26 @@ for n in 2 3 4; do
   prun "$n" "$T/np$n.f16.jsonl" --wire-dtype f16 --prefill-chunk 4
   same "$T/np1.f16.jsonl" "$T/np$n.f16.jsonl" "np $n, f16 wire == f16 wire on one rank"
 done
+
+# hidden-state traces: merged over ranks, identical to one rank at every
+# layer boundary; against f16 the first difference is layer 0's output
+prun 3 "$T/np3.trace.jsonl" --layers 0-1,2-3,4-5 --batch 5 --trace-hidden "$T/np3.trace"
+out=$(python3 "$PD_SRC/scripts/trace_diff.py" "$T/ref.trace" "$T/np3.trace" 2>&1) && rc=0 || rc=$?
+if [ "$rc" -eq 0 ] && grep -q "identical" <<<"$out" && [ -s "$T/np3.trace.2" ]; then
+  pass "trace: 3 ranks == 1 rank at every layer boundary"
+else
+  fail "trace: 3 ranks vs 1 rank (exit $rc)"; echo "$out" | head -5
+fi
+out=$(python3 "$PD_SRC/scripts/trace_diff.py" "$T/ref.trace" "$T/f16.trace" 2>&1) && rc=0 || rc=$?
+if [ "$rc" -eq 1 ] && grep -q "first difference: page p00000, position 0, boundary 1 " <<<"$out"; then
+  pass "trace: f16 first departs at layer 0's output"
+else
+  fail "trace: f16 vs f32 (exit $rc)"; echo "$out" | head -5
+fi
+rm -f "$T/np3.trace.2"
+out=$(python3 "$PD_SRC/scripts/trace_diff.py" "$T/ref.trace" "$T/np3.trace" 2>&1) && rc=0 || rc=$?
+[ "$rc" -eq 2 ] && grep -q "np3.trace.2" <<<"$out" && pass "trace: a missing rank part is an error naming it" \
+  || { fail "trace: missing part (exit $rc)"; echo "$out" | head -3; }
 if python3 -c "import json,sys; s=json.load(open(sys.argv[1])); assert s['ranks']==4 and len(s['stages'])==4 and all('busy_s' in x and 'placement' in x for x in s['stages'])" "$T/np4.stats.json"; then
   pass "stats JSON has every stage with timings and placement"
 else
