@@ -25,7 +25,7 @@
 #include "probe.h"
 
 #include "cache/attn.h"
-#include "cache/cpu.h"
+#include "base/cpu.h"
 
 #include <math.h>
 #include <pthread.h>

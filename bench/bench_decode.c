@@ -12,12 +12,12 @@
  *        (the model is generated at MODEL, default /tmp/pd_bench_ocr.gguf, if absent) */
 #include "probe.h"
 
-#include "cache/cpu.h"
-#include "cluster/gemm.h"
-#include "cluster/mkmodel.h"
-#include "cluster/model.h"
-#include "cluster/stage.h"
-#include "cluster/tail.h"
+#include "base/cpu.h"
+#include "cluster/model/gemm.h"
+#include "cluster/cli/mkmodel.h"
+#include "cluster/model/model.h"
+#include "cluster/runtime/stage.h"
+#include "cluster/runtime/tail.h"
 
 #include <cblas.h>
 #include <stdio.h>

@@ -14,9 +14,9 @@
  * usage: bench_gemm [reps]   (default 7) */
 #include "probe.h"
 
-#include "cache/cpu.h"
-#include "cache/fp16.h"
-#include "cluster/gemm.h"
+#include "base/cpu.h"
+#include "base/fp16.h"
+#include "cluster/model/gemm.h"
 
 #include <cblas.h>
 #include <stdio.h>

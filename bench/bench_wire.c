@@ -24,7 +24,7 @@
  * Prints one JSON object. usage: bench_wire [REPS] (default 7) */
 #include "probe.h"
 
-#include "cache/cpu.h"
+#include "base/cpu.h"
 #include "cache/kv_layer.h"
 #include "comm/bundle.h"
 #include "comm/crc32c.h"

@@ -4,7 +4,7 @@
  * small-block pool carved from chunk regions. Rules are in arena.h. */
 #include "cache/arena.h"
 
-#include "cache/check.h"
+#include "base/check.h"
 
 #include <errno.h>
 #include <pthread.h>

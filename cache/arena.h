@@ -42,9 +42,9 @@
 #ifndef PD_ARENA_H
 #define PD_ARENA_H
 
-#include "cache/alloc.h"
+#include "base/alloc.h"
 #include "cache/numa.h"
-#include "cache/status.h"
+#include "base/status.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -5,8 +5,8 @@
  * (tests/unit/test_attn.c checks across randomized configurations). */
 #include "cache/attn.h"
 
-#include "cache/check.h"
-#include "cache/cpu.h"
+#include "base/check.h"
+#include "base/cpu.h"
 
 #include <math.h>
 #include <string.h>

@@ -4,7 +4,7 @@
 #include "cache/kv_layer.h"
 
 #include "cache/attn.h"
-#include "cache/check.h"
+#include "base/check.h"
 #include "cache/quant.h"
 
 #include <math.h>

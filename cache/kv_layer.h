@@ -44,8 +44,8 @@
 #ifndef PD_KV_LAYER_H
 #define PD_KV_LAYER_H
 
-#include "cache/alloc.h"
-#include "cache/status.h"
+#include "base/alloc.h"
+#include "base/status.h"
 
 #include <stddef.h>
 #include <stdint.h>

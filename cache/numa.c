@@ -3,7 +3,7 @@
  * demand from it. The selection rules are documented in numa.h. */
 #include "cache/numa.h"
 
-#include "cache/check.h"
+#include "base/check.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -59,7 +59,7 @@
 #ifndef PD_NUMA_H
 #define PD_NUMA_H
 
-#include "cache/status.h"
+#include "base/status.h"
 
 #include <hwloc.h>
 #include <stdbool.h>

@@ -5,7 +5,7 @@
 #include "cache/ring_layer.h"
 
 #include "cache/attn.h"
-#include "cache/check.h"
+#include "base/check.h"
 #include "cache/quant.h"
 
 #include <math.h>

@@ -26,8 +26,8 @@
 #ifndef PD_RING_LAYER_H
 #define PD_RING_LAYER_H
 
-#include "cache/alloc.h"
-#include "cache/status.h"
+#include "base/alloc.h"
+#include "base/status.h"
 
 #include <stddef.h>
 #include <stdint.h>

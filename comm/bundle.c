@@ -2,7 +2,7 @@
  * and the streaming writer. */
 #include "comm/bundle.h"
 
-#include "cache/check.h"
+#include "base/check.h"
 #include "comm/crc32c.h"
 
 #include <stdlib.h>

@@ -33,7 +33,7 @@
 #ifndef PD_COMM_BUNDLE_H
 #define PD_COMM_BUNDLE_H
 
-#include "cache/status.h"
+#include "base/status.h"
 #include "comm/rd.h"
 #include "comm/wire.h"
 

@@ -3,7 +3,7 @@
  * name and carry no answer-relevant state. */
 #include "comm/crc32c.h"
 
-#include "cache/cpu.h"
+#include "base/cpu.h"
 
 #include <pthread.h>
 #include <string.h>

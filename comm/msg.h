@@ -24,7 +24,7 @@
 #ifndef PD_COMM_MSG_H
 #define PD_COMM_MSG_H
 
-#include "cache/status.h"
+#include "base/status.h"
 #include "comm/batch.h"
 
 #include <stddef.h>

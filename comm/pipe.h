@@ -5,7 +5,7 @@
 #ifndef PD_COMM_PIPE_H
 #define PD_COMM_PIPE_H
 
-#include "cache/status.h"
+#include "base/status.h"
 
 #include <mpi.h>
 #include <stddef.h>

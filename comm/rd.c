@@ -3,9 +3,9 @@
  * any host; little-endian hosts take memcpy fast paths for f32 arrays. */
 #include "comm/rd.h"
 
-#include "cache/check.h"
-#include "cache/cpu.h"
-#include "cache/fp16.h"
+#include "base/check.h"
+#include "base/cpu.h"
+#include "base/fp16.h"
 #include "comm/crc32c.h"
 
 #include <errno.h>

@@ -23,7 +23,7 @@
 #ifndef PD_COMM_RD_H
 #define PD_COMM_RD_H
 
-#include "cache/status.h"
+#include "base/status.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -8,7 +8,7 @@
  * exactly what inspect validated. */
 #include "comm/wire.h"
 
-#include "cache/check.h"
+#include "base/check.h"
 #include "comm/rd.h"
 
 #include <stdio.h>

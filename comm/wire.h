@@ -47,7 +47,7 @@
 
 #include "cache/kv_layer.h"
 #include "cache/ring_layer.h"
-#include "cache/status.h"
+#include "base/status.h"
 #include "comm/rd.h"
 
 #include <stddef.h>

@@ -27,7 +27,7 @@ if ! command -v "$cc" >/dev/null || [ -z "$(find /usr/lib/llvm-*/lib/clang -name
 fi
 mkdir -p "$work"
 
-# clang 14 rejects __builtin_cpu_supports("f16c") (gcc accepts it; cache/fp16.c
+# clang 14 rejects __builtin_cpu_supports("f16c") (gcc accepts it; base/fp16.c
 # uses it). A forced include maps the feature names the sources use onto ones
 # clang knows (F16C ships with every AVX2 CPU), without touching the sources.
 compat="$work/pd_fuzz_compat.h"

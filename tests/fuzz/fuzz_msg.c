@@ -1,7 +1,7 @@
 /* libFuzzer target: pipeline message decoders (comm/msg.h). Any input must be
  * refused cleanly or decode into arrays within the limits; a decoded batch
  * (f32) or results message re-encodes to the same bytes.
- * PD_FUZZ_SOURCES: comm/msg.c comm/rd.c comm/crc32c.c cache/fp16.c cache/cpu.c cache/status.c */
+ * PD_FUZZ_SOURCES: comm/msg.c comm/rd.c comm/crc32c.c base/fp16.c base/cpu.c base/status.c */
 #include "comm/msg.h"
 
 #include <stdint.h>

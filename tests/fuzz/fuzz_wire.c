@@ -6,7 +6,7 @@
  *
  * Built by scripts/fuzz.sh (clang -fsanitize=fuzzer,address,undefined) from
  * tests/fuzz/fuzz_wire.c comm/{wire,rd,crc32c}.c and the cache sources.
- * PD_FUZZ_SOURCES: comm/wire.c comm/rd.c comm/crc32c.c cache/kv_layer.c cache/ring_layer.c cache/attn.c cache/quant.c cache/fp16.c cache/cpu.c cache/alloc.c cache/status.c */
+ * PD_FUZZ_SOURCES: comm/wire.c comm/rd.c comm/crc32c.c cache/kv_layer.c cache/ring_layer.c cache/attn.c cache/quant.c base/fp16.c base/cpu.c base/alloc.c base/status.c */
 #include "cache/kv_layer.h"
 #include "cache/ring_layer.h"
 #include "comm/wire.h"

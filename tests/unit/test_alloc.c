@@ -2,7 +2,7 @@
  * sized, and its refusals. */
 #include "pd_test.h"
 
-#include "cache/alloc.h"
+#include "base/alloc.h"
 
 #include <stdint.h>
 #include <string.h>

@@ -6,7 +6,7 @@
 #include "pd_test.h"
 
 #include "cache/attn.h"
-#include "cache/cpu.h"
+#include "base/cpu.h"
 
 #include <math.h>
 #include <stdio.h>

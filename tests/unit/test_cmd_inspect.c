@@ -4,7 +4,7 @@
 #include "pd_test.h"
 
 #include "cache/ring_layer.h"
-#include "cluster/cmd.h"
+#include "cluster/cli/cmd.h"
 #include "comm/bundle.h"
 #include "comm/wire.h"
 

@@ -2,7 +2,7 @@
  * name at start-up, and every ISA has a distinct name. */
 #include "pd_test.h"
 
-#include "cache/cpu.h"
+#include "base/cpu.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -2,7 +2,7 @@
  * length and alignment, and incremental updates compose. */
 #include "pd_test.h"
 
-#include "cache/cpu.h"
+#include "base/cpu.h"
 #include "comm/crc32c.h"
 
 #include <stdlib.h>

@@ -3,8 +3,8 @@
  * the scalar bits for every input. */
 #include "pd_test.h"
 
-#include "cache/cpu.h"
-#include "cache/fp16.h"
+#include "base/cpu.h"
+#include "base/fp16.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,13 +1,13 @@
-/* Tests for cluster/gemm.h: the batch-invariance contract (every C element is
+/* Tests for cluster/model/gemm.h: the batch-invariance contract (every C element is
  * one fmaf chain over k from +0.0f) checked bit for bit against an independent
  * reference, whatever M, N, the row offset, the thread count, the ISA path or
  * the weight type; OpenBLAS agreement within tolerance; bad arguments. */
 #include "pd_test.h"
 
-#include "cache/cpu.h"
-#include "cache/fp16.h"
-#include "cluster/gemm.h"
-#include "cluster/pool.h"
+#include "base/cpu.h"
+#include "base/fp16.h"
+#include "cluster/model/gemm.h"
+#include "cluster/model/pool.h"
 
 #include <cblas.h>
 #include <math.h>

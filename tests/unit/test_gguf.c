@@ -4,7 +4,7 @@
  * overlapping, duplicated) are refused with an offset, never crash. */
 #include "pd_test.h"
 
-#include "cluster/gguf.h"
+#include "cluster/format/gguf.h"
 
 #include <math.h>
 #include <stdio.h>

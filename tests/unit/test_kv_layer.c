@@ -5,7 +5,7 @@
 #include "pd_test.h"
 
 #include "cache/attn.h"
-#include "cache/cpu.h"
+#include "base/cpu.h"
 #include "cache/kv_layer.h"
 #include "cache/quant.h"
 

@@ -2,7 +2,7 @@
  * projection's cost on the last stage. */
 #include "pd_test.h"
 
-#include "cluster/layermap.h"
+#include "cluster/runtime/layermap.h"
 
 #include <string.h>
 

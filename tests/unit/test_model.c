@@ -5,10 +5,10 @@
 #include "pd_test.h"
 
 #include "cache/attn.h"
-#include "cluster/gguf.h"
-#include "cluster/mkmodel.h"
-#include "cluster/model.h"
-#include "cluster/stage.h"
+#include "cluster/format/gguf.h"
+#include "cluster/cli/mkmodel.h"
+#include "cluster/model/model.h"
+#include "cluster/runtime/stage.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* Tests for cluster/npy.h: golden bytes assembled by hand, every-offset
+/* Tests for cluster/format/npy.h: golden bytes assembled by hand, every-offset
  * truncation, refused dtypes/orders/shapes/headers, version 2.0 and 3.0
  * headers, row reads, the atomic writer. */
 #define _XOPEN_SOURCE 700
@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cluster/npy.h"
+#include "cluster/format/npy.h"
 #include "pd_test.h"
 
 /* NumPy 1.x's exact bytes for np.array([[1, 2, 3], [4, 5, 6]], '<f4'). */

@@ -1,4 +1,4 @@
-/* Tests for cluster/outfile.h: exact line format and escaping, resume that
+/* Tests for cluster/format/outfile.h: exact line format and escaping, resume that
  * skips finished ids, the partial last line cut at every offset, corrupt
  * complete lines refused without touching the file, the run lock. */
 #define _XOPEN_SOURCE 700
@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cluster/outfile.h"
+#include "cluster/format/outfile.h"
 #include "pd_test.h"
 
 static char tmpdir[256];

@@ -1,4 +1,4 @@
-/* Tests for cluster/pages.h: the manifest format, every validation error with
+/* Tests for cluster/format/pages.h: the manifest format, every validation error with
  * its exact line/page/field message, relative and absolute embedding paths,
  * lazy row reads equal to the file, and refusal of files changed after load. */
 #define _XOPEN_SOURCE 700
@@ -11,8 +11,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cluster/npy.h"
-#include "cluster/pages.h"
+#include "cluster/format/npy.h"
+#include "cluster/format/pages.h"
 #include "pd_test.h"
 
 #define VOCAB 1000u

@@ -1,9 +1,9 @@
-/* Tests for cluster/pool.h: every task index runs exactly once, on a valid
+/* Tests for cluster/model/pool.h: every task index runs exactly once, on a valid
  * thread index, for any task count and thread count, repeatedly; NULL pools
  * run inline; workers really run concurrently. */
 #include "pd_test.h"
 
-#include "cluster/pool.h"
+#include "cluster/model/pool.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>

@@ -3,8 +3,8 @@
  * same bytes. */
 #include "pd_test.h"
 
-#include "cache/cpu.h"
-#include "cache/fp16.h"
+#include "base/cpu.h"
+#include "base/fp16.h"
 #include "comm/crc32c.h"
 #include "comm/rd.h"
 

@@ -1,4 +1,4 @@
-/* Tests for cluster/sample.h: greedy ties, the (seed, page id, index) random
+/* Tests for cluster/model/sample.h: greedy ties, the (seed, page id, index) random
  * stream, top-k / top-p against a brute-force reference and at their exact
  * boundaries, the windowed no-repeat n-gram ban, and the CLI parsers. */
 #include <math.h>
@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "cache/attn.h"
-#include "cluster/sample.h"
+#include "cluster/model/sample.h"
 #include "pd_test.h"
 
 static sampler *make(uint32_t V, sample_params p, const sample_ngram *ng, uint64_t seed)

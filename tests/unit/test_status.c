@@ -1,7 +1,7 @@
 /* status: every code has a name, the first failure sticks, prefixes compose. */
 #include "pd_test.h"
 
-#include "cache/status.h"
+#include "base/status.h"
 
 #include <string.h>
 

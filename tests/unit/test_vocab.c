@@ -1,11 +1,11 @@
-/* Tests for cluster/vocab.h with small hand-made vocabularies of both styles:
+/* Tests for cluster/format/vocab.h with small hand-made vocabularies of both styles:
  * SentencePiece (▁, <0xNN> byte fallback, control tokens, leading space) and
  * byte-level BPE (GPT-2's byte<->unicode table), plus UTF-8 repair. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cluster/vocab.h"
+#include "cluster/format/vocab.h"
 #include "pd_test.h"
 
 #define SP "\xe2\x96\x81" /* U+2581 */

@@ -5,7 +5,7 @@
  * target left exactly as it was. */
 #include "pd_test.h"
 
-#include "cache/fp16.h"
+#include "base/fp16.h"
 #include "cache/kv_layer.h"
 #include "cache/ring_layer.h"
 #include "comm/wire.h"

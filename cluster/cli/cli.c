@@ -1,0 +1,27 @@
+/* cli: flag value parsing shared by the subcommands. */
+#include "cluster/cli/cli.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+pd_status cli_u32(const char *flag, const char *s, uint32_t lo, uint32_t hi, uint32_t *out, pd_err *err)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = (s && *s && *s != '-' && *s != '+') ? strtoull(s, &end, 10) : 0;
+    if (!s || !*s || *s == '-' || *s == '+' || errno || !end || *end || v < lo || v > hi)
+        return pd_err_set(err, PD_ERR_ARG, "%s '%s': expected an integer in %u..%u", flag, s ? s : "", lo, hi);
+    *out = (uint32_t)v;
+    return PD_OK;
+}
+
+pd_status cli_u64(const char *flag, const char *s, uint64_t *out, pd_err *err)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = (s && *s && *s != '-' && *s != '+') ? strtoull(s, &end, 10) : 0;
+    if (!s || !*s || *s == '-' || *s == '+' || errno || !end || *end)
+        return pd_err_set(err, PD_ERR_ARG, "%s '%s': expected a non-negative integer", flag, s ? s : "");
+    *out = (uint64_t)v;
+    return PD_OK;
+}

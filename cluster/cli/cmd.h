@@ -1,0 +1,48 @@
+/* The subcommands of the `pipedec` binary.
+ *
+ * cluster/cli/main.c is a small dispatch table {name, function, one-line help};
+ * each subcommand lives in cluster/cmd_<name>.c and is declared here. A
+ * subcommand receives argv starting at its own name (argv[0] == "inspect"),
+ * parses its options, prints its own --help, and returns the process exit
+ * status: 0 success, 1 the input is invalid or the work failed, 2 usage or
+ * I/O error (the CLI convention; only main exits). */
+#ifndef PD_CMD_H
+#define PD_CMD_H
+
+#include <stdio.h>
+
+typedef int (*cmd_fn)(int argc, char **argv);
+
+typedef struct cmd_entry {
+    const char *name;
+    cmd_fn fn;
+    const char *help; /* one line */
+} cmd_entry;
+
+/* Exit statuses shared by every subcommand. */
+enum {
+    CMD_EXIT_OK = 0,
+    CMD_EXIT_INVALID = 1, /* input invalid / work failed */
+    CMD_EXIT_USAGE = 2,   /* bad arguments, unreadable file */
+};
+
+/* `pipedec inspect FILE [--json] [--legacy]`: describes and validates a CMFS
+ * record or a state bundle (see docs/wire.md). Exit 0 when valid, 1 with the
+ * first error's byte offset and reason when not, 2 for usage or an
+ * unreadable file. */
+int cmd_inspect(int argc, char **argv);
+
+/* cmd_inspect with explicit output streams (tests capture them). */
+int cmd_inspect_run(int argc, char **argv, FILE *out, FILE *err);
+
+/* `pipedec run`: decode a page manifest, on one rank or as an MPI pipeline
+ * (cluster/runtime/run.h). Initializes and finalizes MPI itself. */
+int cmd_run(int argc, char **argv);
+
+/* `pipedec mkmodel`: write a deterministic synthetic GGUF model. */
+int cmd_mkmodel(int argc, char **argv);
+
+/* `pipedec mkpages`: write a deterministic synthetic page manifest. */
+int cmd_mkpages(int argc, char **argv);
+
+#endif

@@ -1,0 +1,400 @@
+/* `pipedec inspect FILE [--json] [--legacy]`: tells a CMFS record from a state
+ * bundle by its magic, validates it completely (wire_inspect / bundle_parse)
+ * and describes it as text or one JSON object. Owns nothing beyond the file
+ * buffer it reads. */
+#include "cluster/cli/cmd.h"
+
+#include "comm/bundle.h"
+#include "comm/wire.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum insp_type { INSP_UNKNOWN = 0, INSP_RECORD, INSP_BUNDLE } insp_type;
+
+static const char *const insp_type_names[] = {"unknown", "record", "bundle"};
+
+/* What one inspection found; the renderers read only this. */
+typedef struct insp {
+    const char *path;
+    insp_type type;
+    int valid;
+    int have_info;      /* info holds at least a decoded header */
+    wire_info info;     /* record */
+    bundle_view *view;  /* valid bundle */
+    int have_bhdr;      /* bundle header fields below decoded */
+    uint32_t b_version, b_layer;
+    uint64_t b_identity, b_count;
+    size_t bytes;
+    pd_err err;
+} insp;
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: pipedec inspect FILE [--json] [--legacy]\n"
+               "  Describes and validates a CMFS record or state bundle (docs/wire.md).\n"
+               "  --json    print one JSON object (valid, kind, layer, identity, position, error, ...)\n"
+               "  --legacy  read a file without the CMFS magic as the unversioned legacy body\n"
+               "  FILE may be - for standard input.\n"
+               "  exit: 0 valid, 1 invalid (the error names the byte offset), 2 usage or unreadable\n");
+}
+
+/* Reads the whole file (or stdin for "-"). Returns 0, or -1 with errno-style text in why. */
+static int read_all(const char *path, uint8_t **out, size_t *len, char *why, size_t whylen)
+{
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!f) {
+        snprintf(why, whylen, "cannot open %s: %s", path, strerror(errno));
+        return -1;
+    }
+    size_t cap = 1 << 16, n = 0;
+    uint8_t *b = malloc(cap);
+    int rc = 0;
+    while (b) {
+        if (n == cap) {
+            uint8_t *nb = cap <= SIZE_MAX / 2 ? realloc(b, cap * 2) : NULL;
+            if (!nb) {
+                free(b);
+                b = NULL;
+                break;
+            }
+            b = nb;
+            cap *= 2;
+        }
+        size_t k = fread(b + n, 1, cap - n, f);
+        n += k;
+        if (k == 0)
+            break;
+    }
+    if (!b) {
+        snprintf(why, whylen, "cannot read %s: out of memory", path);
+        rc = -1;
+    } else if (ferror(f)) {
+        snprintf(why, whylen, "cannot read %s: %s", path, strerror(errno));
+        free(b);
+        b = NULL;
+        rc = -1;
+    }
+    if (f != stdin)
+        fclose(f);
+    *out = b;
+    *len = n;
+    return rc;
+}
+
+static void inspect_bytes(insp *in, const uint8_t *buf, size_t len, int legacy)
+{
+    in->bytes = len;
+    if (len >= 4 && memcmp(buf, BUNDLE_MAGIC, 4) == 0) {
+        in->type = INSP_BUNDLE;
+        if (len >= BUNDLE_HEADER_BYTES) {
+            in->have_bhdr = 1;
+            in->b_version = rd_le32(buf + 4);
+            in->b_identity = rd_le64(buf + 8);
+            in->b_layer = rd_le32(buf + 16);
+            in->b_count = rd_le64(buf + 24);
+        }
+        in->valid = bundle_parse(buf, len, &in->view, &in->err) == PD_OK;
+        return;
+    }
+    if ((len >= 4 && memcmp(buf, WIRE_MAGIC, 4) == 0) || legacy) {
+        in->type = INSP_RECORD;
+        in->valid = wire_inspect(buf, len, legacy ? WIRE_ALLOW_LEGACY : 0, 0, &in->info, &in->err) ==
+                    PD_OK;
+        in->have_info = in->valid || wire_header_decode(buf, len, 0, &in->info, NULL) == PD_OK;
+        return;
+    }
+    in->type = INSP_UNKNOWN;
+    in->valid = 0;
+    if (len < 4)
+        pd_err_set(&in->err, PD_ERR_TRUNCATED, "inspect: offset 0: %zu byte(s), too short for a magic",
+                   len);
+    else
+        pd_err_set(&in->err, PD_ERR_FORMAT,
+                   "inspect: offset 0: magic %02x %02x %02x %02x is neither a CMFS record nor a "
+                   "CMFB bundle",
+                   buf[0], buf[1], buf[2], buf[3]);
+}
+
+/* The byte offset an error message names ("...offset N: ..."), or -1. */
+static long long error_offset(const char *msg)
+{
+    const char *p = strstr(msg, "offset ");
+    if (!p)
+        return -1;
+    char *end = NULL;
+    long long v = strtoll(p + 7, &end, 10);
+    return end && *end == ':' ? v : -1;
+}
+
+static const char *mode_name(unsigned m)
+{
+    static const char *const names[] = {"f32", "q8k", "q8v", "q8"};
+    return m < 4 ? names[m] : "unknown";
+}
+
+/* ---- text ---------------------------------------------------------------- */
+
+static void text_record(FILE *o, const wire_info *i, int full)
+{
+    if (i->legacy)
+        fprintf(o, "kind: %s (legacy unversioned body)\n", wire_kind_name(i->kind));
+    else {
+        fprintf(o, "kind: %s (%u)\n", wire_kind_name(i->kind), i->kind);
+        fprintf(o, "version: %u\n", i->version);
+        fprintf(o, "layer: %u\n", i->layer);
+        fprintf(o, "identity: %016llx\n", (unsigned long long)i->identity);
+    }
+    fprintf(o, "position: %llu\n", (unsigned long long)i->position);
+    fprintf(o, "dtype: %s\n", i->f16 ? "f16" : "f32");
+    if (!full)
+        return;
+    fprintf(o, "geometry: %u kv heads x %u channels", i->kv_heads, i->head_dim);
+    if (i->kind == WIRE_KIND_FULL || i->kind == WIRE_KIND_FULL_TAIL || i->kind == WIRE_KIND_Q8)
+        fprintf(o, ", %u holding rows", i->alive_heads);
+    fputc('\n', o);
+    switch (i->kind) {
+    case WIRE_KIND_FULL:
+    case WIRE_KIND_FULL_TAIL:
+        fprintf(o, "rows: %llu (base %llu)\n", (unsigned long long)i->rows,
+                (unsigned long long)i->base);
+        fprintf(o, "linear: %llu f32, importance: %llu f32\n", (unsigned long long)i->n_linear,
+                (unsigned long long)i->n_importance);
+        break;
+    case WIRE_KIND_LINEAR:
+        fprintf(o, "linear: %llu f32\n", (unsigned long long)i->n_linear);
+        break;
+    case WIRE_KIND_BOUNDED:
+        fprintf(o, "bounded ring: window %u, len %u, head %u\n", i->window, i->ring_len,
+                i->ring_pos);
+        break;
+    case WIRE_KIND_RING:
+        fprintf(o, "reference rows: %llu\n", (unsigned long long)i->rows);
+        fprintf(o, "ring: window %u, len %u, pos %u, writes %llu, decoding %u, int8 mirror %u\n",
+                i->window, i->ring_len, i->ring_pos, (unsigned long long)i->writes, i->decoding,
+                i->int8_mirror);
+        break;
+    case WIRE_KIND_Q8:
+        fprintf(o, "rows: %llu (base %llu)\n", (unsigned long long)i->rows,
+                (unsigned long long)i->base);
+        fprintf(o, "storage: %s, k_group %u, freeze_rows %u, frozen %u\n", mode_name(i->mode),
+                i->k_group, i->freeze_rows, i->frozen);
+        fprintf(o, "linear: %llu f32, importance: %llu f32\n", (unsigned long long)i->n_linear,
+                (unsigned long long)i->n_importance);
+        break;
+    default:
+        break;
+    }
+}
+
+static void render_text(FILE *o, const insp *in)
+{
+    fprintf(o, "file: %s\n", in->path);
+    fprintf(o, "type: %s\n", insp_type_names[in->type]);
+    if (in->type == INSP_RECORD && in->have_info)
+        text_record(o, &in->info, in->valid);
+    if (in->type == INSP_BUNDLE && in->have_bhdr) {
+        fprintf(o, "version: %u\n", in->b_version);
+        fprintf(o, "layer: %u\n", in->b_layer);
+        fprintf(o, "identity: %016llx\n", (unsigned long long)in->b_identity);
+        fprintf(o, "streams: %llu\n", (unsigned long long)in->b_count);
+    }
+    if (in->view)
+        for (uint64_t s = 0; s < in->view->n_streams; s++) {
+            const bundle_entry *e = &in->view->entries[s];
+            fprintf(o,
+                    "stream %llu: kind %s, position %llu, rows %llu, dtype %s, %zu bytes at "
+                    "offset %zu\n",
+                    (unsigned long long)e->stream, wire_kind_name(e->info.kind),
+                    (unsigned long long)e->info.position, (unsigned long long)e->info.rows,
+                    e->info.f16 ? "f16" : "f32", e->len, e->offset);
+        }
+    fprintf(o, "bytes: %zu\n", in->bytes);
+    fprintf(o, "valid: %s\n", in->valid ? "yes" : "no");
+    if (!in->valid)
+        fprintf(o, "error: %s\n", in->err.msg);
+}
+
+/* ---- JSON ---------------------------------------------------------------- */
+
+/* Exact 64-bit integers (a JSON number as text, never through a double). */
+static void json_u64(cJSON *o, const char *key, uint64_t v)
+{
+    char b[32];
+    snprintf(b, sizeof b, "%llu", (unsigned long long)v);
+    cJSON_AddRawToObject(o, key, b);
+}
+
+static void json_hex(cJSON *o, const char *key, uint64_t v)
+{
+    char b[32];
+    snprintf(b, sizeof b, "%016llx", (unsigned long long)v);
+    cJSON_AddStringToObject(o, key, b);
+}
+
+static void json_record(cJSON *o, const wire_info *i, int full)
+{
+    cJSON_AddStringToObject(o, "kind", wire_kind_name(i->kind));
+    cJSON_AddNumberToObject(o, "kind_code", i->kind);
+    cJSON_AddBoolToObject(o, "legacy", i->legacy);
+    if (i->legacy) {
+        cJSON_AddNullToObject(o, "version");
+        cJSON_AddNullToObject(o, "layer");
+        cJSON_AddNullToObject(o, "identity");
+    } else {
+        cJSON_AddNumberToObject(o, "version", i->version);
+        cJSON_AddNumberToObject(o, "layer", i->layer);
+        json_hex(o, "identity", i->identity);
+    }
+    json_u64(o, "position", i->position);
+    cJSON_AddStringToObject(o, "dtype", i->f16 ? "f16" : "f32");
+    if (!full)
+        return;
+    cJSON *g = cJSON_AddObjectToObject(o, "geometry");
+    cJSON_AddNumberToObject(g, "kv_heads", i->kv_heads);
+    cJSON_AddNumberToObject(g, "head_dim", i->head_dim);
+    cJSON_AddNumberToObject(g, "heads_holding_rows", i->alive_heads);
+    json_u64(o, "rows", i->rows);
+    json_u64(o, "base", i->base);
+    json_u64(o, "n_linear", i->n_linear);
+    json_u64(o, "n_importance", i->n_importance);
+    if (i->kind == WIRE_KIND_RING || i->kind == WIRE_KIND_BOUNDED) {
+        cJSON *r = cJSON_AddObjectToObject(o, i->kind == WIRE_KIND_RING ? "ring" : "bounded");
+        cJSON_AddNumberToObject(r, "window", i->window);
+        cJSON_AddNumberToObject(r, "len", i->ring_len);
+        cJSON_AddNumberToObject(r, i->kind == WIRE_KIND_RING ? "pos" : "head", i->ring_pos);
+        if (i->kind == WIRE_KIND_RING) {
+            json_u64(r, "writes", i->writes);
+            cJSON_AddBoolToObject(r, "decoding", i->decoding);
+            cJSON_AddBoolToObject(r, "int8_mirror", i->int8_mirror);
+        }
+    }
+    if (i->kind == WIRE_KIND_Q8) {
+        cJSON *q = cJSON_AddObjectToObject(o, "q8");
+        cJSON_AddStringToObject(q, "mode", mode_name(i->mode));
+        cJSON_AddNumberToObject(q, "k_group", i->k_group);
+        cJSON_AddNumberToObject(q, "freeze_rows", i->freeze_rows);
+        cJSON_AddBoolToObject(q, "frozen", i->frozen);
+    }
+}
+
+static char *render_json(const insp *in)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return NULL;
+    cJSON_AddStringToObject(o, "file", in->path);
+    cJSON_AddStringToObject(o, "type", insp_type_names[in->type]);
+    cJSON_AddBoolToObject(o, "valid", in->valid);
+    if (in->type == INSP_RECORD && in->have_info) {
+        json_record(o, &in->info, in->valid);
+    } else if (in->type == INSP_BUNDLE && in->have_bhdr) {
+        cJSON_AddStringToObject(o, "kind", "bundle");
+        cJSON_AddNumberToObject(o, "version", in->b_version);
+        cJSON_AddNumberToObject(o, "layer", in->b_layer);
+        json_hex(o, "identity", in->b_identity);
+        cJSON_AddNullToObject(o, "position");
+        json_u64(o, "n_streams", in->b_count);
+    } else {
+        cJSON_AddNullToObject(o, "kind");
+        cJSON_AddNullToObject(o, "layer");
+        cJSON_AddNullToObject(o, "identity");
+        cJSON_AddNullToObject(o, "position");
+    }
+    if (in->view) {
+        cJSON *arr = cJSON_AddArrayToObject(o, "streams");
+        for (uint64_t s = 0; s < in->view->n_streams; s++) {
+            const bundle_entry *e = &in->view->entries[s];
+            cJSON *x = cJSON_CreateObject();
+            json_u64(x, "stream", e->stream);
+            json_u64(x, "offset", e->offset);
+            json_u64(x, "bytes", e->len);
+            json_record(x, &e->info, 1);
+            cJSON_AddItemToArray(arr, x);
+        }
+    }
+    json_u64(o, "bytes", in->bytes);
+    if (in->valid) {
+        cJSON_AddNullToObject(o, "error");
+        cJSON_AddNullToObject(o, "error_offset");
+    } else {
+        cJSON_AddStringToObject(o, "error", in->err.msg);
+        long long off = error_offset(in->err.msg);
+        if (off >= 0)
+            json_u64(o, "error_offset", (uint64_t)off);
+        else
+            cJSON_AddNullToObject(o, "error_offset");
+    }
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return text;
+}
+
+/* ---- command ------------------------------------------------------------- */
+
+int cmd_inspect_run(int argc, char **argv, FILE *out, FILE *err)
+{
+    const char *path = NULL;
+    int json = 0, legacy = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--json") == 0)
+            json = 1;
+        else if (strcmp(a, "--legacy") == 0)
+            legacy = 1;
+        else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(out);
+            return CMD_EXIT_OK;
+        } else if (a[0] == '-' && a[1] != '\0') {
+            fprintf(err, "pipedec inspect: unknown option '%s'\n", a);
+            usage(err);
+            return CMD_EXIT_USAGE;
+        } else if (path) {
+            fprintf(err, "pipedec inspect: one FILE only ('%s' and '%s')\n", path, a);
+            return CMD_EXIT_USAGE;
+        } else
+            path = a;
+    }
+    if (!path) {
+        fprintf(err, "pipedec inspect: missing FILE\n");
+        usage(err);
+        return CMD_EXIT_USAGE;
+    }
+    insp in = {.path = path};
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    char why[600];
+    if (read_all(path, &buf, &len, why, sizeof why) != 0) {
+        if (json) {
+            pd_err_set(&in.err, PD_ERR_IO, "%s", why);
+            char *t = render_json(&in);
+            if (t)
+                fprintf(out, "%s\n", t);
+            cJSON_free(t);
+        }
+        fprintf(err, "pipedec inspect: %s\n", why);
+        return CMD_EXIT_USAGE;
+    }
+    inspect_bytes(&in, buf, len, legacy);
+    int rc = in.valid ? CMD_EXIT_OK : CMD_EXIT_INVALID;
+    if (json) {
+        char *t = render_json(&in);
+        if (!t) {
+            fprintf(err, "pipedec inspect: out of memory\n");
+            rc = CMD_EXIT_USAGE;
+        } else
+            fprintf(out, "%s\n", t);
+        cJSON_free(t);
+    } else
+        render_text(out, &in);
+    if (!in.valid)
+        fprintf(err, "pipedec inspect: %s: invalid: %s\n", path, in.err.msg);
+    bundle_view_free(in.view);
+    free(buf);
+    return rc;
+}
+
+int cmd_inspect(int argc, char **argv) { return cmd_inspect_run(argc, argv, stdout, stderr); }

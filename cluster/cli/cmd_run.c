@@ -1,0 +1,123 @@
+/* pipedec run: decode a page manifest, on one rank or as an MPI pipeline
+ * (`mpirun -np N pipedec run ...`). */
+#include "cluster/cli/cli.h"
+#include "cluster/cli/cmd.h"
+#include "cluster/runtime/run.h"
+
+#include <getopt.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <string.h>
+
+static void run_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: [mpirun -np N] pipedec run --model M --pages P --out O.jsonl\n"
+            "         [--batch B] [--threads T] [--prefill-chunk C]\n"
+            "         [--attn full|rswa:W|window:W] [--kv f32|q8|q8k|q8v]\n"
+            "         [--evict none|recent:N|importance:N:SINKS]\n"
+            "         [--sample greedy|temp:T[,top_p:P][,top_k:K]] [--seed S] [--no-repeat-ngram N:WINDOW]\n"
+            "         [--gemm invariant|openblas] [--layers 0-3,4-7,...] [--wire-dtype f32|f16]\n"
+            "         [--stats FILE] [--progress] [--no-bind] [--digest] [--trace-hidden FILE]\n");
+}
+
+/* Parses argv into o; PD_ERR_ARG with a message naming the flag. */
+static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err *e)
+{
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},         {"pages", required_argument, 0, 'p'},
+        {"out", required_argument, 0, 'o'},           {"batch", required_argument, 0, 'b'},
+        {"threads", required_argument, 0, 't'},       {"prefill-chunk", required_argument, 0, 'c'},
+        {"attn", required_argument, 0, 'A'},          {"kv", required_argument, 0, 'K'},
+        {"evict", required_argument, 0, 'E'},         {"sample", required_argument, 0, 'S'},
+        {"seed", required_argument, 0, 's'},          {"no-repeat-ngram", required_argument, 0, 'N'},
+        {"gemm", required_argument, 0, 'g'},          {"stats", required_argument, 0, 'T'},
+        {"progress", no_argument, 0, 'P'},            {"layers", required_argument, 0, 'L'},
+        {"wire-dtype", required_argument, 0, 'w'},    {"no-bind", no_argument, 0, 'B'},
+        {"digest", no_argument, 0, 'D'},              {"trace-hidden", required_argument, 0, 'H'},
+        {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
+    pd_status st = PD_OK;
+    int ch;
+    optind = 1;
+    opterr = 0;
+    *help = 0;
+    while (st == PD_OK && (ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (ch) {
+        case 'm': o->model_path = optarg; break;
+        case 'p': o->pages_path = optarg; break;
+        case 'o': o->out_path = optarg; break;
+        case 'b': st = cli_u32("--batch", optarg, 1, 4096, &o->batch, e); break;
+        case 't': st = cli_u32("--threads", optarg, 1, 256, &o->threads, e); break;
+        case 'c': st = cli_u32("--prefill-chunk", optarg, 0, 1u << 16, &o->prefill_chunk, e); break;
+        case 'A': st = policy_parse_attn(optarg, &o->policy, e); break;
+        case 'K': st = policy_parse_kv(optarg, &o->policy, e); break;
+        case 'E': st = policy_parse_evict(optarg, &o->policy, e); break;
+        case 'S': st = sample_parse(optarg, &o->sample, e); break;
+        case 's': st = cli_u64("--seed", optarg, &o->seed, e); break;
+        case 'N': st = sample_parse_ngram(optarg, &o->ngram, e); break;
+        case 'g':
+            if (strcmp(optarg, "invariant") == 0)
+                o->backend = GEMM_BACKEND_INVARIANT;
+            else if (strcmp(optarg, "openblas") == 0)
+                o->backend = GEMM_BACKEND_OPENBLAS;
+            else
+                st = pd_err_set(e, PD_ERR_ARG, "--gemm '%s': expected invariant or openblas", optarg);
+            break;
+        case 'T': o->stats_path = optarg; break;
+        case 'P': o->progress = true; break;
+        case 'L': o->layers = optarg; break;
+        case 'w':
+            if (strcmp(optarg, "f32") == 0)
+                o->wire_dtype = MSG_DTYPE_F32;
+            else if (strcmp(optarg, "f16") == 0)
+                o->wire_dtype = MSG_DTYPE_F16;
+            else
+                st = pd_err_set(e, PD_ERR_ARG, "--wire-dtype '%s': expected f32 or f16", optarg);
+            break;
+        case 'B': o->no_bind = true; break;
+        case 'D': o->digest = true; break;
+        case 'H': o->trace_path = optarg; break;
+        case 'h': *help = 1; return PD_OK;
+        default: st = pd_err_set(e, PD_ERR_ARG, "unknown or incomplete option '%s'", argv[optind - 1]);
+        }
+    }
+    if (st == PD_OK && optind < argc)
+        st = pd_err_set(e, PD_ERR_ARG, "unexpected argument '%s'", argv[optind]);
+    if (st == PD_OK && (!o->model_path || !o->pages_path || !o->out_path))
+        st = pd_err_set(e, PD_ERR_ARG, "--model, --pages and --out are required");
+    if (st == PD_OK)
+        st = policy_validate(&o->policy, e);
+    return st;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    int provided = 0;
+    if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+        fprintf(stderr, "pipedec run: MPI_Init_thread failed\n");
+        return 1;
+    }
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    run_opts o;
+    run_opts_default(&o);
+    pd_err e = {0};
+    int help = 0;
+    int code;
+    if (run_parse(argc, argv, &o, &help, &e) != PD_OK) {
+        /* every rank parsed the same argv and agrees; rank 0 speaks */
+        if (rank == 0) {
+            fprintf(stderr, "pipedec run: %s\n", e.msg);
+            run_usage(stderr);
+        }
+        code = 2;
+    } else if (help) {
+        if (rank == 0)
+            run_usage(stdout);
+        code = 0;
+    } else {
+        code = run_main(&o, MPI_COMM_WORLD);
+    }
+    MPI_Finalize();
+    return code;
+}

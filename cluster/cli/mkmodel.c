@@ -1,0 +1,306 @@
+/* mkmodel: deterministic synthetic llama / qwen2 GGUF files. */
+#include "cluster/cli/mkmodel.h"
+
+#include "base/fp16.h"
+#include "cluster/format/gguf.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void mkmodel_defaults(mkmodel_opts *o)
+{
+    *o = (mkmodel_opts){.arch = MODEL_ARCH_LLAMA,
+                        .layers = 4,
+                        .hidden = 64,
+                        .heads = 4,
+                        .kv_heads = 2,
+                        .ffn = 128,
+                        .vocab = 512,
+                        .ctx = 2048,
+                        .seed = 1,
+                        .eos_boost = 1.0f};
+}
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-a, a), a pure function of (seed, tensor tag, element). */
+static float uval(uint64_t seed, uint64_t tag, uint64_t i, float a)
+{
+    uint64_t r = mix64(seed * 0x9e3779b97f4a7c15ull ^ mix64(tag + 0x632be59bd9b4e019ull) ^ (i * 0xd1b54a32d192ed03ull));
+    double u = (double)(r >> 11) / 9007199254740992.0;
+    return (float)((2.0 * u - 1.0) * a);
+}
+
+typedef struct mk_ctx {
+    const mkmodel_opts *o;
+    gguf_writer *w;
+    void **bufs;
+    size_t n_bufs, cap_bufs;
+    uint64_t tag;
+} mk_ctx;
+
+static void *mk_keep(mk_ctx *c, size_t bytes)
+{
+    if (c->n_bufs == c->cap_bufs) {
+        size_t nc = c->cap_bufs ? 2 * c->cap_bufs : 64;
+        void **nb = realloc(c->bufs, nc * sizeof *nb);
+        if (!nb)
+            return NULL;
+        c->bufs = nb;
+        c->cap_bufs = nc;
+    }
+    void *p = malloc(bytes ? bytes : 1);
+    if (p)
+        c->bufs[c->n_bufs++] = p;
+    return p;
+}
+
+/* Adds tensor `name` of shape [ne0 x ne1] (ne1 = 0: a vector) with values
+ * base + uniform(-a, a); matrices honour --dtype f16. */
+static pd_status mk_tensor(mk_ctx *c, const char *name, uint64_t ne0, uint64_t ne1, float base, float a,
+                           int matrix, pd_err *err)
+{
+    uint64_t n = ne0 * (ne1 ? ne1 : 1);
+    uint64_t tag = ++c->tag;
+    int f16 = matrix && c->o->f16;
+    void *buf = mk_keep(c, n * (f16 ? 2 : 4));
+    if (!buf)
+        return pd_err_set(err, PD_ERR_NOMEM, "mkmodel: out of memory for %s", name);
+    for (uint64_t i = 0; i < n; i++) {
+        float x = base + uval(c->o->seed, tag, i, a);
+        if (f16)
+            ((uint16_t *)buf)[i] = pd_f32_to_f16(x);
+        else
+            ((float *)buf)[i] = x;
+    }
+    uint64_t ne[2] = {ne0, ne1};
+    pd_status st = gguf_writer_add_tensor(c->w, name, f16 ? GGUF_TENSOR_F16 : GGUF_TENSOR_F32, ne1 ? 2 : 1,
+                                          ne, buf);
+    if (st)
+        return pd_err_set(err, st, "mkmodel: cannot add tensor %s", name);
+    return PD_OK;
+}
+
+static const char *const mk_syl[] = {"ka", "to", "ri", "ne", "su", "mo", "la", "pe", "di", "an",
+                                     "or", "ve", "hu", "in", "se", "ba", "el", "co", "fu", "ya",
+                                     "qu", "ze", "wi", "xo", "gi", "th", "ch", "st", "er", "on",
+                                     "ly", "ad"};
+#define MK_NSYL (sizeof mk_syl / sizeof mk_syl[0])
+
+/* The i-th word: i written in base MK_NSYL with syllables (unique per i). */
+static void mk_word(uint32_t i, char *out, size_t cap)
+{
+    char tmp[64];
+    size_t len = 0;
+    uint32_t x = i;
+    do {
+        const char *s = mk_syl[x % MK_NSYL];
+        size_t sl = strlen(s);
+        if (len + sl + 1 >= sizeof tmp)
+            break;
+        memcpy(tmp + len, s, sl);
+        len += sl;
+        x /= MK_NSYL;
+    } while (x);
+    tmp[len] = '\0';
+    snprintf(out, cap, "%s", tmp);
+}
+
+static pd_status mk_vocab(mk_ctx *c, pd_err *err)
+{
+    const mkmodel_opts *o = c->o;
+    uint32_t V = o->vocab;
+    char **toks = calloc(V, sizeof *toks);
+    int32_t *types = calloc(V, sizeof *types);
+    float *scores = calloc(V, sizeof *scores);
+    pd_status st = PD_OK;
+    if (!toks || !types || !scores)
+        st = pd_err_set(err, PD_ERR_NOMEM, "mkmodel: out of memory for the vocabulary");
+    uint32_t bos, eos;
+    int llama = o->arch == MODEL_ARCH_LLAMA;
+    for (uint32_t i = 0; st == PD_OK && i < V; i++) {
+        char piece[96];
+        int32_t type = 1;
+        if (llama) {
+            if (i == 0) { snprintf(piece, sizeof piece, "<unk>"); type = 2; }
+            else if (i == 1) { snprintf(piece, sizeof piece, "<s>"); type = 3; }
+            else if (i == 2) { snprintf(piece, sizeof piece, "</s>"); type = 3; }
+            else if (i < 3 + 256) { snprintf(piece, sizeof piece, "<0x%02X>", i - 3); type = 6; }
+            else {
+                char w[64];
+                mk_word(i - 259, w, sizeof w);
+                /* even pieces start a word ("▁" is U+2581: E2 96 81) */
+                snprintf(piece, sizeof piece, "%s%s", (i % 2 == 0) ? "\xe2\x96\x81" : "", w);
+                if (i % 17 == 0)
+                    snprintf(piece, sizeof piece, "%s", (i % 34 == 0) ? "." : ",");
+                if (i % 17 == 0 && i > 300) {
+                    char w2[64];
+                    mk_word(i, w2, sizeof w2);
+                    snprintf(piece, sizeof piece, "%s%s", (i % 34 == 0) ? "." : ",", w2);
+                }
+            }
+        } else {
+            if (i == 0) { snprintf(piece, sizeof piece, "<|endoftext|>"); type = 3; }
+            else if (i == 1) { snprintf(piece, sizeof piece, "<|bos|>"); type = 3; }
+            else if (i < 2 + 256) {
+                /* GPT-2 bytes_to_unicode: printable bytes map to themselves,
+                 * the others to U+0100 + k in order */
+                uint32_t b = i - 2, cp;
+                if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255))
+                    cp = b;
+                else {
+                    uint32_t k = 0;
+                    for (uint32_t x = 0; x < b; x++)
+                        if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255)))
+                            k++;
+                    cp = 256 + k;
+                }
+                if (cp < 0x80)
+                    snprintf(piece, sizeof piece, "%c", (char)cp);
+                else
+                    snprintf(piece, sizeof piece, "%c%c", (char)(0xc0 | (cp >> 6)), (char)(0x80 | (cp & 0x3f)));
+            } else {
+                char w[64];
+                mk_word(i - 258, w, sizeof w);
+                /* "Ġ" (U+0120: C4 A0) marks a leading space */
+                snprintf(piece, sizeof piece, "%s%s", (i % 2 == 0) ? "\xc4\xa0" : "", w);
+                if (i % 17 == 0) {
+                    char w2[64];
+                    mk_word(i, w2, sizeof w2);
+                    snprintf(piece, sizeof piece, "%s%s", (i % 34 == 0) ? "." : ",", w2);
+                }
+            }
+        }
+        toks[i] = strdup(piece);
+        types[i] = type;
+        scores[i] = -(float)i;
+        if (!toks[i])
+            st = pd_err_set(err, PD_ERR_NOMEM, "mkmodel: out of memory for the vocabulary");
+    }
+    if (llama) {
+        bos = 1;
+        eos = 2;
+    } else {
+        bos = 1;
+        eos = 0;
+    }
+    gguf_writer *w = c->w;
+    if (st == PD_OK) {
+        gguf_writer_set_str(w, "tokenizer.ggml.model", llama ? "llama" : "gpt2");
+        gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)toks, V);
+        gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", types, V);
+        if (llama)
+            gguf_writer_set_arr_f32(w, "tokenizer.ggml.scores", scores, V);
+        gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", bos);
+        gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", eos);
+    }
+    for (uint32_t i = 0; toks && i < V; i++)
+        free(toks[i]);
+    free(toks);
+    free(types);
+    free(scores);
+    return st;
+}
+
+pd_status mkmodel_write(const mkmodel_opts *o, const char *path, pd_err *err)
+{
+    if (o->arch >= MODEL_ARCH_COUNT)
+        return pd_err_set(err, PD_ERR_ARG, "mkmodel: --arch must be llama or qwen2");
+    if (o->layers < 1 || o->layers > 1024)
+        return pd_err_set(err, PD_ERR_ARG, "mkmodel: --layers %u: expected 1..1024", o->layers);
+    if (o->heads < 1 || o->kv_heads < 1 || o->heads % o->kv_heads)
+        return pd_err_set(err, PD_ERR_ARG, "mkmodel: --heads %u must be a positive multiple of --kv-heads %u",
+                          o->heads, o->kv_heads);
+    if (o->hidden < 2 || o->hidden % o->heads || (o->hidden / o->heads) % 2 || o->hidden / o->heads > 1024)
+        return pd_err_set(err, PD_ERR_ARG,
+                          "mkmodel: --hidden %u must split into --heads %u even head dimensions <= 1024",
+                          o->hidden, o->heads);
+    if (o->ffn < 1 || o->ffn > (1u << 20) || o->hidden > (1u << 16))
+        return pd_err_set(err, PD_ERR_ARG, "mkmodel: --ffn %u / --hidden %u out of range", o->ffn, o->hidden);
+    const uint32_t min_vocab = 300; /* specials + 256 byte tokens + a few words */
+    if (o->vocab < min_vocab || o->vocab > (1u << 20))
+        return pd_err_set(err, PD_ERR_ARG, "mkmodel: --vocab %u: expected %u..1048576 (byte tokens need room)",
+                          o->vocab, min_vocab);
+    if (o->ctx < 16)
+        return pd_err_set(err, PD_ERR_ARG, "mkmodel: --ctx %u: expected >= 16", o->ctx);
+
+    mk_ctx c = {.o = o, .w = gguf_writer_new()};
+    if (!c.w)
+        return pd_err_set(err, PD_ERR_NOMEM, "mkmodel: out of memory");
+    const char *arch = o->arch == MODEL_ARCH_LLAMA ? "llama" : "qwen2";
+    char key[128];
+    gguf_writer *w = c.w;
+    gguf_writer_set_str(w, "general.architecture", arch);
+    gguf_writer_set_str(w, "general.name", "pipedec synthetic");
+    gguf_writer_set_u32(w, "general.alignment", 32);
+#define KEY(s) (snprintf(key, sizeof key, "%s." s, arch), key)
+    gguf_writer_set_u32(w, KEY("block_count"), o->layers);
+    gguf_writer_set_u32(w, KEY("embedding_length"), o->hidden);
+    gguf_writer_set_u32(w, KEY("feed_forward_length"), o->ffn);
+    gguf_writer_set_u32(w, KEY("attention.head_count"), o->heads);
+    gguf_writer_set_u32(w, KEY("attention.head_count_kv"), o->kv_heads);
+    gguf_writer_set_u32(w, KEY("context_length"), o->ctx);
+    gguf_writer_set_f32(w, KEY("rope.freq_base"), 10000.0f);
+    gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
+#undef KEY
+    pd_status st = mk_vocab(&c, err);
+    uint32_t H = o->hidden, hd = o->hidden / o->heads, F = o->ffn;
+    uint64_t qd = (uint64_t)o->heads * hd, kvd = (uint64_t)o->kv_heads * hd;
+    float damp = 1.0f / sqrtf(2.0f * (float)o->layers);
+    float a_in = sqrtf(3.0f / (float)H);
+    if (st == PD_OK)
+        st = mk_tensor(&c, "token_embd.weight", H, o->vocab, 0.0f, 1.7f, 1, err);
+    for (uint32_t L = 0; st == PD_OK && L < o->layers; L++) {
+        char n[96];
+#define T(s) (snprintf(n, sizeof n, "blk.%u." s, L), n)
+        if ((st = mk_tensor(&c, T("attn_norm.weight"), H, 0, 1.0f, 0.1f, 0, err)) ||
+            (st = mk_tensor(&c, T("attn_q.weight"), H, qd, 0.0f, a_in * 1.5f, 1, err)) ||
+            (st = mk_tensor(&c, T("attn_k.weight"), H, kvd, 0.0f, a_in * 1.5f, 1, err)) ||
+            (st = mk_tensor(&c, T("attn_v.weight"), H, kvd, 0.0f, a_in, 1, err)) ||
+            (st = mk_tensor(&c, T("attn_output.weight"), qd, H, 0.0f, sqrtf(3.0f / (float)qd) * damp, 1, err)) ||
+            (st = mk_tensor(&c, T("ffn_norm.weight"), H, 0, 1.0f, 0.1f, 0, err)) ||
+            (st = mk_tensor(&c, T("ffn_gate.weight"), H, F, 0.0f, a_in, 1, err)) ||
+            (st = mk_tensor(&c, T("ffn_up.weight"), H, F, 0.0f, a_in, 1, err)) ||
+            (st = mk_tensor(&c, T("ffn_down.weight"), F, H, 0.0f, sqrtf(3.0f / (float)F) * damp * 2.0f, 1, err)))
+            break;
+        if (o->arch == MODEL_ARCH_QWEN2 &&
+            ((st = mk_tensor(&c, T("attn_q.bias"), qd, 0, 0.0f, 0.1f, 0, err)) ||
+             (st = mk_tensor(&c, T("attn_k.bias"), kvd, 0, 0.0f, 0.1f, 0, err)) ||
+             (st = mk_tensor(&c, T("attn_v.bias"), kvd, 0, 0.0f, 0.1f, 0, err))))
+            break;
+#undef T
+    }
+    if (st == PD_OK)
+        st = mk_tensor(&c, "output_norm.weight", H, 0, 1.0f, 0.1f, 0, err);
+    if (st == PD_OK) {
+        /* untied output; logits of std ~2.5 give varied but not uniform text */
+        st = mk_tensor(&c, "output.weight", H, o->vocab, 0.0f, a_in * 4.0f, 1, err);
+        if (st == PD_OK && o->eos_boost != 1.0f) {
+            /* the last buffer is output.weight: scale the EOS row */
+            uint32_t eos = o->arch == MODEL_ARCH_LLAMA ? 2 : 0;
+            void *buf = c.bufs[c.n_bufs - 1];
+            for (uint32_t i = 0; i < H; i++) {
+                if (o->f16) {
+                    uint16_t *b = buf;
+                    b[(uint64_t)eos * H + i] = pd_f32_to_f16(pd_f16_to_f32(b[(uint64_t)eos * H + i]) * o->eos_boost);
+                } else {
+                    ((float *)buf)[(uint64_t)eos * H + i] *= o->eos_boost;
+                }
+            }
+        }
+    }
+    if (st == PD_OK)
+        st = gguf_writer_write(w, path, err);
+    gguf_writer_free(w);
+    for (size_t i = 0; i < c.n_bufs; i++)
+        free(c.bufs[i]);
+    free(c.bufs);
+    return st;
+}

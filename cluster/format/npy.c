@@ -1,0 +1,655 @@
+/* npy: strict reader and atomic writer of 2-D float32 .npy files (see npy.h
+ * for the byte layout). The header dict is parsed by a small recursive-descent
+ * parser over exactly the Python literal subset NumPy writes; everything
+ * outside it is refused with the byte offset where it went wrong. */
+#include "cluster/format/npy.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/check.h"
+
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+               "npy reads '<f4' data by memcpy: a big-endian host needs a byte swap");
+_Static_assert(sizeof(float) == 4, "'<f4' is a 4-byte IEEE float");
+
+static const uint8_t NPY_MAGIC[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
+
+/* Where the header starts and how long it is, from the fixed prelude. */
+typedef struct npy_prelude {
+    uint8_t major, minor;
+    uint64_t header_start; /* 10 or 12 */
+    uint64_t header_len;
+} npy_prelude;
+
+static const char *npy_name(const char *name) { return name ? name : "<npy>"; }
+
+static uint16_t npy_le16(const uint8_t *p) { return (uint16_t)(p[0] | (uint16_t)p[1] << 8); }
+
+static uint32_t npy_le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Validates magic, version and header length of the first len bytes. */
+static pd_status npy_prelude_parse(const uint8_t *b, size_t len, uint64_t file_size,
+                                   const char *name, npy_prelude *pre, pd_err *err)
+{
+    name = npy_name(name);
+    uint64_t have = len < file_size ? len : file_size;
+    for (size_t i = 0; i < sizeof NPY_MAGIC; i++) {
+        if (i >= have)
+            return pd_err_set(err, PD_ERR_TRUNCATED,
+                              "npy: %s: offset %zu: file ends inside the magic (%" PRIu64
+                              " bytes)", name, i, file_size);
+        if (b[i] != NPY_MAGIC[i])
+            return pd_err_set(err, PD_ERR_FORMAT,
+                              "npy: %s: offset %zu: not an .npy file (bad magic)", name, i);
+    }
+    if (have < 8)
+        return pd_err_set(err, PD_ERR_TRUNCATED,
+                          "npy: %s: offset %" PRIu64 ": file ends inside the version (%" PRIu64
+                          " bytes)", name, have, file_size);
+    uint8_t major = b[6], minor = b[7];
+    if (major < 1 || major > 3 || minor != 0)
+        return pd_err_set(err, PD_ERR_VERSION,
+                          "npy: %s: offset 6: format version %u.%u is not supported (1.0, 2.0, 3.0)",
+                          name, major, minor);
+    uint64_t start = major == 1 ? 10 : 12;
+    if (have < start)
+        return pd_err_set(err, PD_ERR_TRUNCATED,
+                          "npy: %s: offset %" PRIu64 ": file ends inside the header length (%"
+                          PRIu64 " bytes)", name, have, file_size);
+    uint64_t hlen = major == 1 ? npy_le16(b + 8) : npy_le32(b + 8);
+    if (hlen > file_size - start)
+        return pd_err_set(err, PD_ERR_TRUNCATED,
+                          "npy: %s: offset 8: header length %" PRIu64 " exceeds file size %"
+                          PRIu64, name, hlen, file_size);
+    if (hlen > NPY_MAX_HEADER_LEN)
+        return pd_err_set(err, PD_ERR_FORMAT,
+                          "npy: %s: offset 8: header length %" PRIu64 " exceeds the %u-byte limit",
+                          name, hlen, NPY_MAX_HEADER_LEN);
+    *pre = (npy_prelude){.major = major, .minor = minor, .header_start = start, .header_len = hlen};
+    return PD_OK;
+}
+
+/* ---- the header dict ---------------------------------------------------- */
+
+/* A cursor over the header text; offsets in messages are file offsets. */
+typedef struct npy_hp {
+    const uint8_t *s;
+    size_t n;
+    size_t pos;
+    uint64_t base;
+    const char *name;
+    pd_err *err;
+} npy_hp;
+
+static pd_status npy_hp_fail(npy_hp *h, pd_status st, const char *what, const char *detail)
+{
+    return pd_err_set(h->err, st, "npy: %s: offset %" PRIu64 ": header: %s%s", h->name,
+                      h->base + h->pos, what, detail ? detail : "");
+}
+
+static bool npy_is_ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f'; }
+
+static void npy_hp_ws(npy_hp *h)
+{
+    while (h->pos < h->n && npy_is_ws(h->s[h->pos]))
+        h->pos++;
+}
+
+static int npy_hp_peek(const npy_hp *h) { return h->pos < h->n ? h->s[h->pos] : -1; }
+
+/* A quoted string without escapes into out[cap]; quote may be ' or ". */
+static pd_status npy_hp_string(npy_hp *h, char *out, size_t cap)
+{
+    int q = npy_hp_peek(h);
+    if (q != '\'' && q != '"')
+        return npy_hp_fail(h, PD_ERR_FORMAT, "expected a quoted string", NULL);
+    h->pos++;
+    size_t k = 0;
+    for (;;) {
+        if (h->pos >= h->n)
+            return npy_hp_fail(h, PD_ERR_FORMAT, "unterminated string", NULL);
+        uint8_t c = h->s[h->pos];
+        if (c == q)
+            break;
+        if (c == '\\')
+            return npy_hp_fail(h, PD_ERR_FORMAT, "escape sequences are not supported", NULL);
+        if (c < 0x20 || c >= 0x7f)
+            return npy_hp_fail(h, PD_ERR_FORMAT, "non-printable or non-ASCII byte in a string",
+                               NULL);
+        if (k + 1 >= cap)
+            return npy_hp_fail(h, PD_ERR_FORMAT, "string too long", NULL);
+        out[k++] = (char)c;
+        h->pos++;
+    }
+    out[k] = '\0';
+    h->pos++;
+    return PD_OK;
+}
+
+/* A non-negative Python int literal without sign, underscores or leading zeros. */
+static pd_status npy_hp_uint(npy_hp *h, uint64_t *v)
+{
+    int c = npy_hp_peek(h);
+    if (c == '-' || c == '+')
+        return npy_hp_fail(h, PD_ERR_FORMAT, "shape: signed dimensions are not allowed", NULL);
+    if (c < '0' || c > '9')
+        return npy_hp_fail(h, PD_ERR_FORMAT, "shape: expected a dimension (integer)", NULL);
+    size_t start = h->pos;
+    uint64_t x = 0;
+    while (h->pos < h->n && h->s[h->pos] >= '0' && h->s[h->pos] <= '9') {
+        unsigned d = h->s[h->pos] - '0';
+        if (x > (UINT64_MAX - d) / 10) {
+            h->pos = start;
+            return npy_hp_fail(h, PD_ERR_FORMAT, "shape: dimension overflows 64 bits", NULL);
+        }
+        x = x * 10 + d;
+        h->pos++;
+    }
+    if (h->s[start] == '0' && h->pos - start > 1) {
+        h->pos = start;
+        return npy_hp_fail(h, PD_ERR_FORMAT, "shape: leading zeros in a dimension", NULL);
+    }
+    c = npy_hp_peek(h);
+    if (c == '_' || c == '.' || c == 'e' || c == 'E' || c == 'j' || c == 'J' || c == 'L' ||
+        c == 'l' || c == 'x' || c == 'X')
+        return npy_hp_fail(h, PD_ERR_FORMAT, "shape: dimensions must be plain decimal integers",
+                           NULL);
+    *v = x;
+    return PD_OK;
+}
+
+/* The shape tuple: "()", "(a,)", "(a, b)", "(a, b,)"... up to 8 entries kept. */
+static pd_status npy_hp_shape(npy_hp *h, uint64_t *dims, size_t *ndim)
+{
+    if (npy_hp_peek(h) != '(')
+        return npy_hp_fail(h, PD_ERR_FORMAT, "shape: expected a tuple '('", NULL);
+    h->pos++;
+    size_t n = 0;
+    bool comma = false;
+    npy_hp_ws(h);
+    while (npy_hp_peek(h) != ')') {
+        if (n == 8)
+            return npy_hp_fail(h, PD_ERR_FORMAT, "shape: more than 8 dimensions", NULL);
+        pd_status st = npy_hp_uint(h, &dims[n]);
+        if (st != PD_OK)
+            return st;
+        n++;
+        npy_hp_ws(h);
+        int c = npy_hp_peek(h);
+        if (c == ',') {
+            comma = true;
+            h->pos++;
+            npy_hp_ws(h);
+        } else if (c != ')') {
+            return npy_hp_fail(h, PD_ERR_FORMAT, "shape: expected ',' or ')'", NULL);
+        }
+    }
+    if (n == 1 && !comma)
+        return npy_hp_fail(h, PD_ERR_FORMAT, "shape: a parenthesized integer is not a tuple",
+                           NULL);
+    h->pos++;
+    *ndim = n;
+    return PD_OK;
+}
+
+/* An identifier made of letters (True, False, None, ...) into out[cap]. */
+static void npy_hp_word(npy_hp *h, char *out, size_t cap)
+{
+    size_t k = 0;
+    while (h->pos < h->n) {
+        uint8_t c = h->s[h->pos];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+              (c >= '0' && c <= '9')))
+            break;
+        if (k + 1 < cap)
+            out[k++] = (char)c;
+        h->pos++;
+    }
+    out[k] = '\0';
+}
+
+enum { NPY_KEY_DESCR, NPY_KEY_FORTRAN, NPY_KEY_SHAPE, NPY_KEY_COUNT };
+
+pd_status npy_parse_header(const void *buf, size_t len, uint64_t file_size, const char *name,
+                           npy_info *out, pd_err *err)
+{
+    const uint8_t *b = buf;
+    name = npy_name(name);
+    if (!b && len)
+        return pd_err_set(err, PD_ERR_ARG, "npy: %s: NULL buffer", name);
+    npy_prelude pre;
+    pd_status st = npy_prelude_parse(b, len, file_size, name, &pre, err);
+    if (st != PD_OK)
+        return st;
+    if (len < pre.header_start + pre.header_len)
+        return pd_err_set(err, PD_ERR_TRUNCATED,
+                          "npy: %s: offset %zu: header needs %" PRIu64 " bytes, buffer holds %zu",
+                          name, len, pre.header_start + pre.header_len, len);
+
+    npy_hp h = {.s = b + pre.header_start,
+                .n = (size_t)pre.header_len,
+                .base = pre.header_start,
+                .name = name,
+                .err = err};
+    bool seen[NPY_KEY_COUNT] = {false};
+    char descr[64] = "";
+    bool fortran = false;
+    uint64_t dims[8];
+    size_t ndim = 0;
+
+    npy_hp_ws(&h);
+    if (npy_hp_peek(&h) != '{')
+        return npy_hp_fail(&h, PD_ERR_FORMAT, "expected a dict '{'", NULL);
+    h.pos++;
+    npy_hp_ws(&h);
+    while (npy_hp_peek(&h) != '}') {
+        char key[64];
+        size_t key_pos = h.pos;
+        if ((st = npy_hp_string(&h, key, sizeof key)) != PD_OK)
+            return st;
+        int k = !strcmp(key, "descr")           ? NPY_KEY_DESCR
+                : !strcmp(key, "fortran_order") ? NPY_KEY_FORTRAN
+                : !strcmp(key, "shape")         ? NPY_KEY_SHAPE
+                                                : -1;
+        if (k < 0) {
+            h.pos = key_pos;
+            return pd_err_set(err, PD_ERR_FORMAT,
+                              "npy: %s: offset %" PRIu64 ": header: unknown key '%s' (expected "
+                              "descr, fortran_order, shape)", name, h.base + h.pos, key);
+        }
+        if (seen[k]) {
+            h.pos = key_pos;
+            return pd_err_set(err, PD_ERR_FORMAT,
+                              "npy: %s: offset %" PRIu64 ": header: key '%s' appears twice", name,
+                              h.base + h.pos, key);
+        }
+        seen[k] = true;
+        npy_hp_ws(&h);
+        if (npy_hp_peek(&h) != ':')
+            return npy_hp_fail(&h, PD_ERR_FORMAT, "expected ':' after key ", key);
+        h.pos++;
+        npy_hp_ws(&h);
+        if (k == NPY_KEY_DESCR) {
+            int c = npy_hp_peek(&h);
+            if (c == '[' || c == '{' || c == '(')
+                return npy_hp_fail(&h, PD_ERR_UNSUPPORTED,
+                                   "descr: structured dtypes are not supported (only '<f4')", NULL);
+            if ((st = npy_hp_string(&h, descr, sizeof descr)) != PD_OK)
+                return st;
+        } else if (k == NPY_KEY_FORTRAN) {
+            char word[16];
+            size_t wpos = h.pos;
+            npy_hp_word(&h, word, sizeof word);
+            if (!strcmp(word, "True")) {
+                fortran = true;
+            } else if (!strcmp(word, "False")) {
+                fortran = false;
+            } else {
+                h.pos = wpos;
+                return npy_hp_fail(&h, PD_ERR_FORMAT, "fortran_order: expected True or False",
+                                   NULL);
+            }
+        } else {
+            if ((st = npy_hp_shape(&h, dims, &ndim)) != PD_OK)
+                return st;
+        }
+        npy_hp_ws(&h);
+        int c = npy_hp_peek(&h);
+        if (c == ',') {
+            h.pos++;
+            npy_hp_ws(&h);
+        } else if (c != '}') {
+            return npy_hp_fail(&h, PD_ERR_FORMAT, "expected ',' or '}' after the value of ", key);
+        }
+    }
+    h.pos++;
+    size_t end = h.pos;
+    npy_hp_ws(&h);
+    if (h.pos != h.n)
+        return npy_hp_fail(&h, PD_ERR_FORMAT, "unexpected bytes after the dict", NULL);
+    h.pos = end;
+    static const char *const key_names[NPY_KEY_COUNT] = {"descr", "fortran_order", "shape"};
+    for (int k = 0; k < NPY_KEY_COUNT; k++)
+        if (!seen[k])
+            return npy_hp_fail(&h, PD_ERR_FORMAT, "missing key ", key_names[k]);
+
+    if (strcmp(descr, "<f4") != 0)
+        return pd_err_set(err, PD_ERR_UNSUPPORTED,
+                          "npy: %s: header: dtype '%s' is not supported (only '<f4', little-endian "
+                          "float32)", name, descr);
+    if (fortran)
+        return pd_err_set(err, PD_ERR_UNSUPPORTED,
+                          "npy: %s: header: fortran_order True is not supported (C order only)",
+                          name);
+    if (ndim != 2)
+        return pd_err_set(err, PD_ERR_UNSUPPORTED,
+                          "npy: %s: header: shape has %zu dimension%s; a 2-D (rows, cols) array is "
+                          "required", name, ndim, ndim == 1 ? "" : "s");
+
+    uint64_t rows = dims[0], cols = dims[1];
+    uint64_t data_offset = pre.header_start + pre.header_len;
+    if (cols && rows > UINT64_MAX / cols)
+        return pd_err_set(err, PD_ERR_FORMAT,
+                          "npy: %s: header: shape (%" PRIu64 ", %" PRIu64 ") overflows 64 bits",
+                          name, rows, cols);
+    uint64_t count = rows * cols;
+    if (count > (UINT64_MAX - data_offset) / 4 || count > SIZE_MAX / 4)
+        return pd_err_set(err, PD_ERR_FORMAT,
+                          "npy: %s: header: shape (%" PRIu64 ", %" PRIu64 ") is too large", name,
+                          rows, cols);
+    uint64_t need = data_offset + count * 4;
+    if (need > file_size)
+        return pd_err_set(err, PD_ERR_TRUNCATED,
+                          "npy: %s: offset %" PRIu64 ": shape (%" PRIu64 ", %" PRIu64
+                          ") needs %" PRIu64 " data bytes, file has %" PRIu64, name, data_offset,
+                          rows, cols, count * 4, file_size - data_offset);
+    if (need < file_size)
+        return pd_err_set(err, PD_ERR_FORMAT,
+                          "npy: %s: offset %" PRIu64 ": %" PRIu64 " trailing bytes after the data "
+                          "of shape (%" PRIu64 ", %" PRIu64 ")", name, need, file_size - need,
+                          rows, cols);
+    *out = (npy_info){.major = pre.major,
+                      .minor = pre.minor,
+                      .header_len = pre.header_len,
+                      .data_offset = data_offset,
+                      .rows = rows,
+                      .cols = cols,
+                      .file_size = file_size};
+    return PD_OK;
+}
+
+/* ---- files -------------------------------------------------------------- */
+
+/* Reads exactly n bytes at off; a short file is PD_ERR_TRUNCATED. */
+static pd_status npy_pread_all(int fd, void *dst, size_t n, uint64_t off, const char *name,
+                               pd_err *err)
+{
+    uint8_t *p = dst;
+    while (n) {
+        size_t chunk = n > (1u << 30) ? (1u << 30) : n;
+        ssize_t r = pread(fd, p, chunk, (off_t)off);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return pd_err_set(err, PD_ERR_IO, "npy: %s: offset %" PRIu64 ": read: %s", name, off,
+                              strerror(errno));
+        }
+        if (r == 0)
+            return pd_err_set(err, PD_ERR_TRUNCATED,
+                              "npy: %s: offset %" PRIu64 ": file ended early (changed while read?)",
+                              name, off);
+        p += r;
+        n -= (size_t)r;
+        off += (uint64_t)r;
+    }
+    return PD_OK;
+}
+
+/* Opens path read-only and validates its header; *fd_out stays open on PD_OK. */
+static pd_status npy_open_info(const char *path, npy_info *info, int *fd_out, pd_err *err)
+{
+    if (!path || !info)
+        return pd_err_set(err, PD_ERR_ARG, "npy: NULL path or info");
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return pd_err_set(err, PD_ERR_IO, "npy: %s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return pd_err_set(err, PD_ERR_IO, "npy: %s: stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return pd_err_set(err, PD_ERR_IO, "npy: %s: not a regular file", path);
+    }
+    uint64_t size = (uint64_t)sb.st_size;
+    uint8_t pre_buf[12];
+    size_t pre_len = size < sizeof pre_buf ? (size_t)size : sizeof pre_buf;
+    npy_prelude pre;
+    pd_status st = npy_pread_all(fd, pre_buf, pre_len, 0, path, err);
+    if (st == PD_OK)
+        st = npy_prelude_parse(pre_buf, pre_len, size, path, &pre, err);
+    if (st != PD_OK) {
+        close(fd);
+        return st;
+    }
+    /* Small headers (NumPy writes 118 bytes) stay on the stack. */
+    uint8_t stack_buf[512];
+    size_t total = (size_t)(pre.header_start + pre.header_len);
+    uint8_t *hb = total <= sizeof stack_buf ? stack_buf : malloc(total);
+    if (!hb) {
+        close(fd);
+        return pd_err_set(err, PD_ERR_NOMEM, "npy: %s: no memory for a %zu-byte header", path,
+                          total);
+    }
+    st = npy_pread_all(fd, hb, total, 0, path, err);
+    if (st == PD_OK)
+        st = npy_parse_header(hb, total, size, path, info, err);
+    if (hb != stack_buf)
+        free(hb);
+    if (st != PD_OK) {
+        close(fd);
+        return st;
+    }
+    *fd_out = fd;
+    return PD_OK;
+}
+
+pd_status npy_probe(const char *path, npy_info *out, pd_err *err)
+{
+    npy_info info;
+    int fd;
+    pd_status st = npy_open_info(path, &info, &fd, err);
+    if (st != PD_OK)
+        return st;
+    close(fd);
+    *out = info;
+    return PD_OK;
+}
+
+pd_status npy_read_rows(const char *path, const npy_info *expect, uint64_t row0, uint64_t n,
+                        float *dst, pd_err *err)
+{
+    if (!expect || (!dst && n))
+        return pd_err_set(err, PD_ERR_ARG, "npy: %s: NULL expectation or destination",
+                          path ? path : "<npy>");
+    if (row0 > expect->rows || n > expect->rows - row0)
+        return pd_err_set(err, PD_ERR_RANGE,
+                          "npy: %s: rows [%" PRIu64 ", %" PRIu64 "+%" PRIu64 ") outside the %" PRIu64
+                          " rows of the file", path ? path : "<npy>", row0, row0, n, expect->rows);
+    npy_info info;
+    int fd;
+    pd_status st = npy_open_info(path, &info, &fd, err);
+    if (st != PD_OK)
+        return st;
+    if (info.rows != expect->rows || info.cols != expect->cols ||
+        info.data_offset != expect->data_offset || info.file_size != expect->file_size) {
+        close(fd);
+        return pd_err_set(err, PD_ERR_MISMATCH,
+                          "npy: %s: file changed since it was validated: shape (%" PRIu64
+                          ", %" PRIu64 ") size %" PRIu64 ", expected (%" PRIu64 ", %" PRIu64
+                          ") size %" PRIu64, path, info.rows, info.cols, info.file_size,
+                          expect->rows, expect->cols, expect->file_size);
+    }
+    /* No overflow: rows * cols * 4 fit below file_size (npy_info INV). */
+    uint64_t row_bytes = info.cols * 4;
+    st = npy_pread_all(fd, dst, (size_t)(n * row_bytes), info.data_offset + row0 * row_bytes,
+                       path, err);
+    close(fd);
+    return st;
+}
+
+pd_status npy_read_into(const char *path, float *dst, size_t cap, npy_info *info, pd_err *err)
+{
+    npy_info in;
+    int fd;
+    pd_status st = npy_open_info(path, &in, &fd, err);
+    if (st != PD_OK)
+        return st;
+    uint64_t count = in.rows * in.cols;
+    if (count > cap) {
+        close(fd);
+        return pd_err_set(err, PD_ERR_RANGE,
+                          "npy: %s: shape (%" PRIu64 ", %" PRIu64 ") holds %" PRIu64
+                          " floats, the buffer %zu", path, in.rows, in.cols, count, cap);
+    }
+    if (!dst && count) {
+        close(fd);
+        return pd_err_set(err, PD_ERR_ARG, "npy: %s: NULL destination", path);
+    }
+    st = npy_pread_all(fd, dst, (size_t)count * 4, in.data_offset, path, err);
+    close(fd);
+    if (st == PD_OK && info)
+        *info = in;
+    return st;
+}
+
+pd_status npy_load(const char *path, npy_info *info, float **out, pd_err *err)
+{
+    if (!out)
+        return pd_err_set(err, PD_ERR_ARG, "npy: NULL output");
+    npy_info in;
+    int fd;
+    pd_status st = npy_open_info(path, &in, &fd, err);
+    if (st != PD_OK)
+        return st;
+    size_t count = (size_t)(in.rows * in.cols);
+    float *data = NULL;
+    if (count) {
+        data = malloc(count * sizeof *data);
+        if (!data) {
+            close(fd);
+            return pd_err_set(err, PD_ERR_NOMEM, "npy: %s: no memory for %zu floats", path, count);
+        }
+        st = npy_pread_all(fd, data, count * 4, in.data_offset, path, err);
+    }
+    close(fd);
+    if (st != PD_OK) {
+        free(data);
+        return st;
+    }
+    if (info)
+        *info = in;
+    *out = data;
+    return PD_OK;
+}
+
+/* ---- writer ------------------------------------------------------------- */
+
+static pd_status npy_write_all(int fd, const void *src, size_t n, const char *path, pd_err *err)
+{
+    const uint8_t *p = src;
+    while (n) {
+        size_t chunk = n > (1u << 30) ? (1u << 30) : n;
+        ssize_t w = write(fd, p, chunk);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return pd_err_set(err, PD_ERR_IO, "npy: %s: write: %s", path, strerror(errno));
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return PD_OK;
+}
+
+pd_status npy_write_f32(const char *path, uint64_t rows, uint64_t cols, const float *data,
+                        pd_err *err)
+{
+    if (!path || !*path)
+        return pd_err_set(err, PD_ERR_ARG, "npy: empty path");
+    if (cols && rows > UINT64_MAX / cols)
+        return pd_err_set(err, PD_ERR_ARG, "npy: %s: shape (%" PRIu64 ", %" PRIu64 ") overflows",
+                          path, rows, cols);
+    uint64_t count = rows * cols;
+    if (count > SIZE_MAX / 8)
+        return pd_err_set(err, PD_ERR_ARG, "npy: %s: shape (%" PRIu64 ", %" PRIu64 ") too large",
+                          path, rows, cols);
+    if (!data && count)
+        return pd_err_set(err, PD_ERR_ARG, "npy: %s: NULL data", path);
+
+    /* NumPy's own layout: dict, spaces, '\n', total prelude + header a multiple of 64. */
+    char dict[160];
+    int dl = snprintf(dict, sizeof dict,
+                      "{'descr': '<f4', 'fortran_order': False, 'shape': (%" PRIu64 ", %" PRIu64
+                      "), }", rows, cols);
+    CHECK(dl > 0 && (size_t)dl < sizeof dict);
+    size_t start = 10;
+    size_t total = start + (size_t)dl + 1;
+    total = (total + 63) / 64 * 64;
+    CHECK(total - start <= 65535);
+    uint8_t head[256];
+    CHECK(total <= sizeof head);
+    memcpy(head, NPY_MAGIC, 6);
+    head[6] = 1;
+    head[7] = 0;
+    size_t hlen = total - start;
+    head[8] = (uint8_t)(hlen & 0xff);
+    head[9] = (uint8_t)(hlen >> 8);
+    memcpy(head + start, dict, (size_t)dl);
+    memset(head + start + dl, ' ', total - start - (size_t)dl - 1);
+    head[total - 1] = '\n';
+
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 16);
+    if (!tmp)
+        return pd_err_set(err, PD_ERR_NOMEM, "npy: %s: no memory", path);
+    memcpy(tmp, path, plen);
+    memcpy(tmp + plen, ".tmp.XXXXXX", 12);
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        pd_status st = pd_err_set(err, PD_ERR_IO, "npy: %s: cannot create a temporary file: %s",
+                                  path, strerror(errno));
+        free(tmp);
+        return st;
+    }
+    pd_status st = PD_OK;
+    if (fchmod(fd, 0644) != 0)
+        st = pd_err_set(err, PD_ERR_IO, "npy: %s: chmod: %s", tmp, strerror(errno));
+    if (st == PD_OK)
+        st = npy_write_all(fd, head, total, path, err);
+    if (st == PD_OK && count)
+        st = npy_write_all(fd, data, (size_t)count * 4, path, err);
+    if (st == PD_OK && fsync(fd) != 0)
+        st = pd_err_set(err, PD_ERR_IO, "npy: %s: fsync: %s", tmp, strerror(errno));
+    if (close(fd) != 0 && st == PD_OK)
+        st = pd_err_set(err, PD_ERR_IO, "npy: %s: close: %s", tmp, strerror(errno));
+    if (st == PD_OK && rename(tmp, path) != 0)
+        st = pd_err_set(err, PD_ERR_IO, "npy: %s: rename: %s", path, strerror(errno));
+    if (st != PD_OK) {
+        unlink(tmp);
+        free(tmp);
+        return st;
+    }
+    free(tmp);
+    /* Make the rename durable: fsync the directory (best effort). */
+    char *dir = strdup(path);
+    if (dir) {
+        char *slash = strrchr(dir, '/');
+        const char *d = ".";
+        if (slash) {
+            slash[slash == dir ? 1 : 0] = '\0';
+            d = dir;
+        }
+        int dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) {
+            (void)fsync(dfd);
+            close(dfd);
+        }
+        free(dir);
+    }
+    return PD_OK;
+}

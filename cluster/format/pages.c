@@ -1,0 +1,727 @@
+/* pages: loads and validates a JSON Lines page manifest (format in pages.h).
+ * Owns the parsed pages (ids, token segments, resolved embedding paths) in one
+ * bump arena, an id hash for uniqueness and lookup, and nothing else: the
+ * embedding rows stay in their .npy files until pages_embed_read. */
+#include "cluster/format/pages.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "base/check.h"
+
+/* ---- arena: every string and array of a pages object ------------------- */
+
+typedef struct pages_blk {
+    struct pages_blk *next;
+    size_t used, cap;
+    _Alignas(8) unsigned char data[];
+} pages_blk;
+
+/* INV: n <= cap; pg[i].line strictly increasing; every page reachable through
+ *      slots (open addressing on the id hash, value = page index + 1), with
+ *      n_slots a power of two and 2 * n <= n_slots. */
+struct pages {
+    uint32_t vocab_size;
+    uint32_t hidden;
+    char *manifest; /* path as given, for messages */
+    pages_page *pg;
+    size_t n, cap;
+    size_t *slots;
+    size_t n_slots;
+    pages_blk *blk;
+};
+
+static void *pages_alloc(pages *p, size_t size)
+{
+    size = (size + 7) & ~(size_t)7;
+    if (!p->blk || p->blk->cap - p->blk->used < size) {
+        size_t cap = size > (64u << 10) ? size : (64u << 10);
+        pages_blk *b = malloc(sizeof *b + cap);
+        if (!b)
+            return NULL;
+        b->next = p->blk;
+        b->used = 0;
+        b->cap = cap;
+        p->blk = b;
+    }
+    void *r = p->blk->data + p->blk->used;
+    p->blk->used += size;
+    return r;
+}
+
+static char *pages_strdup(pages *p, const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = pages_alloc(p, n);
+    if (d)
+        memcpy(d, s, n);
+    return d;
+}
+
+/* ---- ids ------------------------------------------------------------------ */
+
+static uint64_t pages_hash(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
+static long pages_lookup(const pages *p, const char *id)
+{
+    if (!p->n_slots)
+        return -1;
+    size_t mask = p->n_slots - 1;
+    for (size_t i = (size_t)pages_hash(id) & mask;; i = (i + 1) & mask) {
+        if (!p->slots[i])
+            return -1;
+        if (!strcmp(p->pg[p->slots[i] - 1].id, id))
+            return (long)(p->slots[i] - 1);
+    }
+}
+
+/* Inserts page index k (its id must be absent). */
+static int pages_index(pages *p, size_t k)
+{
+    if (2 * (p->n + 1) > p->n_slots) {
+        size_t ns = p->n_slots ? p->n_slots * 2 : 64;
+        size_t *s = calloc(ns, sizeof *s);
+        if (!s)
+            return -1;
+        for (size_t i = 0; i < p->n_slots; i++) {
+            if (!p->slots[i])
+                continue;
+            size_t j = (size_t)pages_hash(p->pg[p->slots[i] - 1].id) & (ns - 1);
+            while (s[j])
+                j = (j + 1) & (ns - 1);
+            s[j] = p->slots[i];
+        }
+        free(p->slots);
+        p->slots = s;
+        p->n_slots = ns;
+    }
+    size_t j = (size_t)pages_hash(p->pg[k].id) & (p->n_slots - 1);
+    while (p->slots[j])
+        j = (j + 1) & (p->n_slots - 1);
+    p->slots[j] = k + 1;
+    return 0;
+}
+
+static bool pages_utf8_valid(const unsigned char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        size_t k;
+        uint32_t cp, min;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if (c >= 0xc2 && c <= 0xdf) {
+            k = 1, cp = c & 0x1f, min = 0x80;
+        } else if (c >= 0xe0 && c <= 0xef) {
+            k = 2, cp = c & 0x0f, min = 0x800;
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            k = 3, cp = c & 0x07, min = 0x10000;
+        } else {
+            return false;
+        }
+        if (n - i <= k)
+            return false;
+        for (size_t j = 1; j <= k; j++) {
+            if ((s[i + j] & 0xc0) != 0x80)
+                return false;
+            cp = cp << 6 | (s[i + j] & 0x3f);
+        }
+        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+            return false;
+        i += k + 1;
+    }
+    return true;
+}
+
+/* ---- one manifest line ---------------------------------------------------- */
+
+/* Where a message is about: manifest, line, and the page id once known. */
+typedef struct pages_where {
+    const char *manifest;
+    uint32_t line;
+    char id[96]; /* display form of the id (escaped, shortened); "" = unknown */
+    pd_err *err;
+} pages_where;
+
+static pd_status pages_fail(const pages_where *w, pd_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static pd_status pages_fail(const pages_where *w, pd_status st, const char *fmt, ...)
+{
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (w->id[0])
+        return pd_err_set(w->err, st, "%s:%" PRIu32 ": page \"%s\": %s", w->manifest, w->line,
+                          w->id, msg);
+    return pd_err_set(w->err, st, "%s:%" PRIu32 ": %s", w->manifest, w->line, msg);
+}
+
+/* Adds the line/page/field context in front of a message a callee set. */
+static void pages_context(const pages_where *w, const char *field_fmt, size_t seg)
+{
+    char field[64];
+    snprintf(field, sizeof field, field_fmt, seg);
+    if (w->id[0])
+        pd_err_prefix(w->err, "%s:%" PRIu32 ": page \"%s\": %s", w->manifest, w->line, w->id,
+                      field);
+    else
+        pd_err_prefix(w->err, "%s:%" PRIu32 ": %s", w->manifest, w->line, field);
+}
+
+/* The id as shown in messages: quotes, backslashes and control bytes escaped,
+ * at most ~64 bytes then "...". */
+static void pages_show_id(char *out, size_t cap, const char *id)
+{
+    size_t k = 0;
+    for (const unsigned char *s = (const unsigned char *)id; *s; s++) {
+        if (k + 8 >= cap || k >= 64) {
+            memcpy(out + k, "...", 4);
+            return;
+        }
+        if (*s == '"' || *s == '\\') {
+            out[k++] = '\\';
+            out[k++] = (char)*s;
+        } else if (*s < 0x20 || *s == 0x7f) {
+            k += (size_t)snprintf(out + k, cap - k, "\\x%02x", *s);
+        } else {
+            out[k++] = (char)*s;
+        }
+    }
+    out[k] = '\0';
+}
+
+static const char *pages_num_show(double v, char *buf, size_t cap)
+{
+    if (isfinite(v) && v == floor(v) && fabs(v) < 1e18)
+        snprintf(buf, cap, "%.0f", v);
+    else
+        snprintf(buf, cap, "%.17g", v);
+    return buf;
+}
+
+static bool pages_is_ws(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
+enum { PAGES_KEY_ID, PAGES_KEY_PREFILL, PAGES_KEY_MAX_NEW, PAGES_KEY_COUNT };
+
+/* Validates one line; when p is set, also stores it as page p->n (not yet
+ * counted: the caller commits it after the file checks). */
+static pd_status pages_parse_line(pages *p, pages_where *w, const char *text, size_t len,
+                                  uint32_t vocab_size, pages_page *out)
+{
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (!root) {
+        size_t col = end && end >= text && end <= text + len ? (size_t)(end - text) + 1 : 1;
+        return pages_fail(w, PD_ERR_FORMAT, "not valid JSON (column %zu)", col);
+    }
+    pd_status st = PD_OK;
+    for (const char *q = end; q < text + len; q++)
+        if (!pages_is_ws(*q)) {
+            st = pages_fail(w, PD_ERR_FORMAT,
+                            "unexpected text after the JSON object (column %zu); one page a line",
+                            (size_t)(q - text) + 1);
+            goto done;
+        }
+    if (!cJSON_IsObject(root)) {
+        st = pages_fail(w, PD_ERR_FORMAT, "a page must be a JSON object");
+        goto done;
+    }
+
+    const cJSON *id = NULL;
+    for (const cJSON *c = root->child; c; c = c->next)
+        if (c->string && !strcmp(c->string, "id")) {
+            id = c;
+            break;
+        }
+    if (!id) {
+        st = pages_fail(w, PD_ERR_FORMAT, "missing key \"id\"");
+        goto done;
+    }
+    if (!cJSON_IsString(id) || !id->valuestring || !id->valuestring[0]) {
+        st = pages_fail(w, PD_ERR_FORMAT, "id: must be a non-empty string");
+        goto done;
+    }
+    size_t id_len = strlen(id->valuestring);
+    if (id_len > PAGES_MAX_ID_BYTES) {
+        st = pages_fail(w, PD_ERR_FORMAT, "id: %zu bytes exceeds the limit of %u", id_len,
+                        PAGES_MAX_ID_BYTES);
+        goto done;
+    }
+    if (!pages_utf8_valid((const unsigned char *)id->valuestring, id_len)) {
+        st = pages_fail(w, PD_ERR_FORMAT, "id: not valid UTF-8");
+        goto done;
+    }
+    pages_show_id(w->id, sizeof w->id, id->valuestring);
+
+    static const char *const keys[PAGES_KEY_COUNT] = {"id", "prefill", "max_new_tokens"};
+    const cJSON *field[PAGES_KEY_COUNT] = {NULL};
+    for (const cJSON *c = root->child; c; c = c->next) {
+        int k = -1;
+        for (int j = 0; j < PAGES_KEY_COUNT; j++)
+            if (c->string && !strcmp(c->string, keys[j]))
+                k = j;
+        char shown[96];
+        pages_show_id(shown, sizeof shown, c->string ? c->string : "");
+        if (k < 0) {
+            st = pages_fail(w, PD_ERR_FORMAT,
+                            "unknown key \"%s\" (a page has id, prefill, max_new_tokens)", shown);
+            goto done;
+        }
+        if (field[k]) {
+            st = pages_fail(w, PD_ERR_FORMAT, "key \"%s\" given twice", shown);
+            goto done;
+        }
+        field[k] = c;
+    }
+    for (int k = 0; k < PAGES_KEY_COUNT; k++)
+        if (!field[k]) {
+            st = pages_fail(w, PD_ERR_FORMAT, "missing key \"%s\"", keys[k]);
+            goto done;
+        }
+
+    const cJSON *prefill = field[PAGES_KEY_PREFILL];
+    int n_segs = cJSON_IsArray(prefill) ? cJSON_GetArraySize(prefill) : 0;
+    if (n_segs <= 0) {
+        st = pages_fail(w, PD_ERR_FORMAT, "prefill: must be a non-empty array of segments");
+        goto done;
+    }
+    pages_seg *segs = NULL;
+    if (p) {
+        segs = pages_alloc(p, (size_t)n_segs * sizeof *segs);
+        out->id = pages_strdup(p, id->valuestring);
+        if (!segs || !out->id) {
+            st = pages_fail(w, PD_ERR_NOMEM, "no memory");
+            goto done;
+        }
+    }
+    uint64_t rows = 0;
+    int s = 0;
+    for (const cJSON *sg = prefill->child; sg; sg = sg->next, s++) {
+        if (!cJSON_IsObject(sg)) {
+            st = pages_fail(w, PD_ERR_FORMAT, "prefill[%d]: a segment must be an object", s);
+            goto done;
+        }
+        const cJSON *tok = NULL, *emb = NULL;
+        for (const cJSON *c = sg->child; c; c = c->next) {
+            const cJSON **slot = c->string && !strcmp(c->string, "tokens")       ? &tok
+                                 : c->string && !strcmp(c->string, "embeddings") ? &emb
+                                                                                 : NULL;
+            char shown[96];
+            pages_show_id(shown, sizeof shown, c->string ? c->string : "");
+            if (!slot) {
+                st = pages_fail(w, PD_ERR_FORMAT,
+                                "prefill[%d]: unknown key \"%s\" (a segment has tokens or "
+                                "embeddings)", s, shown);
+                goto done;
+            }
+            if (*slot) {
+                st = pages_fail(w, PD_ERR_FORMAT, "prefill[%d]: key \"%s\" given twice", s, shown);
+                goto done;
+            }
+            *slot = c;
+        }
+        if (tok && emb) {
+            st = pages_fail(w, PD_ERR_FORMAT,
+                            "prefill[%d]: has both \"tokens\" and \"embeddings\"; a segment is one "
+                            "or the other", s);
+            goto done;
+        }
+        if (!tok && !emb) {
+            st = pages_fail(w, PD_ERR_FORMAT,
+                            "prefill[%d]: empty segment (expected \"tokens\" or \"embeddings\")", s);
+            goto done;
+        }
+        if (tok) {
+            int nt = cJSON_IsArray(tok) ? cJSON_GetArraySize(tok) : 0;
+            if (nt <= 0) {
+                st = pages_fail(w, PD_ERR_FORMAT,
+                                "prefill[%d].tokens: must be a non-empty array of token ids", s);
+                goto done;
+            }
+            int32_t *ids = p ? pages_alloc(p, (size_t)nt * sizeof *ids) : NULL;
+            if (p && !ids) {
+                st = pages_fail(w, PD_ERR_NOMEM, "no memory");
+                goto done;
+            }
+            int t = 0;
+            for (const cJSON *c = tok->child; c; c = c->next, t++) {
+                char num[40];
+                if (!cJSON_IsNumber(c) || !isfinite(c->valuedouble) ||
+                    c->valuedouble != floor(c->valuedouble)) {
+                    st = pages_fail(w, PD_ERR_FORMAT, "prefill[%d].tokens[%d]: must be an integer",
+                                    s, t);
+                    goto done;
+                }
+                if (c->valuedouble < 0 || c->valuedouble >= (double)vocab_size) {
+                    st = pages_fail(w, PD_ERR_RANGE,
+                                    "prefill[%d].tokens[%d]: token id %s is outside the vocabulary "
+                                    "[0, %" PRIu32 ")", s, t,
+                                    pages_num_show(c->valuedouble, num, sizeof num), vocab_size);
+                    goto done;
+                }
+                if (ids)
+                    ids[t] = (int32_t)c->valuedouble;
+            }
+            rows += (uint64_t)nt;
+            if (segs)
+                segs[s] = (pages_seg){.kind = PAGES_SEG_TOKENS, .rows = (uint32_t)nt, .tokens = ids};
+        } else {
+            if (!cJSON_IsString(emb) || !emb->valuestring || !emb->valuestring[0]) {
+                st = pages_fail(w, PD_ERR_FORMAT,
+                                "prefill[%d].embeddings: must be a non-empty file path (string)", s);
+                goto done;
+            }
+            if (segs) {
+                segs[s] = (pages_seg){.kind = PAGES_SEG_EMBEDDINGS,
+                                      .file = pages_strdup(p, emb->valuestring)};
+                if (!segs[s].file) {
+                    st = pages_fail(w, PD_ERR_NOMEM, "no memory");
+                    goto done;
+                }
+            }
+        }
+        if (rows > PAGES_MAX_PREFILL_ROWS) {
+            st = pages_fail(w, PD_ERR_RANGE,
+                            "prefill[%d]: the prefill exceeds %u rows", s, PAGES_MAX_PREFILL_ROWS);
+            goto done;
+        }
+    }
+
+    const cJSON *mnt = field[PAGES_KEY_MAX_NEW];
+    if (!cJSON_IsNumber(mnt) || !isfinite(mnt->valuedouble) ||
+        mnt->valuedouble != floor(mnt->valuedouble) || mnt->valuedouble < 0 ||
+        mnt->valuedouble > (double)PAGES_MAX_NEW_TOKENS) {
+        st = pages_fail(w, cJSON_IsNumber(mnt) ? PD_ERR_RANGE : PD_ERR_FORMAT,
+                        "max_new_tokens: must be an integer in [0, %u]", PAGES_MAX_NEW_TOKENS);
+        goto done;
+    }
+    if (out) {
+        out->line = w->line;
+        out->max_new_tokens = (uint32_t)mnt->valuedouble;
+        out->prefill_rows = rows; /* embeddings rows are added by the file checks */
+        out->n_segs = (uint32_t)n_segs;
+        out->segs = segs;
+    }
+done:
+    cJSON_Delete(root);
+    return st;
+}
+
+pd_status pages_line_check(const char *text, size_t len, uint32_t vocab_size, pd_err *err)
+{
+    if (!text && len)
+        return pd_err_set(err, PD_ERR_ARG, "pages: NULL line");
+    pages_where w = {.manifest = "line", .line = 1, .err = err};
+    return pages_parse_line(NULL, &w, text ? text : "", len, vocab_size, NULL);
+}
+
+/* ---- files ---------------------------------------------------------------- */
+
+/* Floats scanned per chunk when checking that embedding values are finite. */
+#define PAGES_SCAN_FLOATS (1u << 18)
+
+static pd_status pages_finite(const pages_where *w, size_t s, const pages_seg *sg, uint32_t hidden,
+                              const float *v, uint32_t row0, uint32_t n)
+{
+    for (size_t i = 0; i < (size_t)n * hidden; i++)
+        if (!isfinite(v[i]))
+            return pages_fail(w, PD_ERR_FORMAT,
+                              "prefill[%zu].embeddings: %s: row %zu column %zu is not finite (%g)",
+                              s, sg->file, row0 + i / hidden, i % hidden, (double)v[i]);
+    return PD_OK;
+}
+
+/* Resolves, probes and (unless header_only) scans embeddings segment s.
+ * dir_len: length of the manifest's directory prefix in manifest (the text
+ * before its last '/'), or SIZE_MAX when the manifest path has no '/'. */
+static pd_status pages_check_embeddings(pages *p, const pages_where *w, size_t dir_len,
+                                        pages_seg *sg, size_t s, bool header_only, float **scan,
+                                        size_t *scan_cap)
+{
+    char *path;
+    if (sg->file[0] == '/' || dir_len == SIZE_MAX) {
+        path = pages_strdup(p, sg->file);
+    } else {
+        size_t fl = strlen(sg->file);
+        path = pages_alloc(p, dir_len + 1 + fl + 1);
+        if (path) {
+            memcpy(path, p->manifest, dir_len);
+            path[dir_len] = '/';
+            memcpy(path + dir_len + 1, sg->file, fl + 1);
+        }
+    }
+    if (!path)
+        return pages_fail(w, PD_ERR_NOMEM, "no memory");
+    sg->path = path;
+    pd_status st = npy_probe(path, &sg->npy, w->err);
+    if (st != PD_OK) {
+        pages_context(w, "prefill[%zu].embeddings", s);
+        return st;
+    }
+    if (sg->npy.cols != p->hidden)
+        return pages_fail(w, PD_ERR_MISMATCH,
+                          "prefill[%zu].embeddings: %s: shape [%" PRIu64 ", %" PRIu64
+                          "] does not match hidden size %" PRIu32, s, sg->file, sg->npy.rows,
+                          sg->npy.cols, p->hidden);
+    if (sg->npy.rows == 0)
+        return pages_fail(w, PD_ERR_FORMAT,
+                          "prefill[%zu].embeddings: %s: shape [0, %" PRIu64 "] has no rows", s,
+                          sg->file, sg->npy.cols);
+    if (sg->npy.rows > PAGES_MAX_PREFILL_ROWS)
+        return pages_fail(w, PD_ERR_RANGE,
+                          "prefill[%zu].embeddings: %s: %" PRIu64 " rows exceed the limit of %u",
+                          s, sg->file, sg->npy.rows, PAGES_MAX_PREFILL_ROWS);
+    sg->rows = (uint32_t)sg->npy.rows;
+    if (header_only)
+        return PD_OK;
+    size_t want = p->hidden > PAGES_SCAN_FLOATS ? p->hidden : PAGES_SCAN_FLOATS;
+    if (*scan_cap < want) {
+        float *b = realloc(*scan, want * sizeof *b);
+        if (!b)
+            return pages_fail(w, PD_ERR_NOMEM, "no memory for the embedding scan");
+        *scan = b;
+        *scan_cap = want;
+    }
+    uint32_t per = (uint32_t)(*scan_cap / p->hidden);
+    for (uint32_t r = 0; r < sg->rows; r += per) {
+        uint32_t n = sg->rows - r < per ? sg->rows - r : per;
+        st = npy_read_rows(path, &sg->npy, r, n, *scan, w->err);
+        if (st != PD_OK) {
+            pages_context(w, "prefill[%zu].embeddings", s);
+            return st;
+        }
+        if ((st = pages_finite(w, s, sg, p->hidden, *scan, r, n)) != PD_OK)
+            return st;
+    }
+    return PD_OK;
+}
+
+static pd_status pages_read_file(const char *path, char **buf, size_t *len, pd_err *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return pd_err_set(err, PD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        fclose(f);
+        return pd_err_set(err, PD_ERR_IO, "%s: not a regular file", path);
+    }
+    size_t n = (size_t)sb.st_size;
+    char *b = malloc(n + 1);
+    if (!b) {
+        fclose(f);
+        return pd_err_set(err, PD_ERR_NOMEM, "%s: no memory for %zu bytes", path, n);
+    }
+    size_t got = fread(b, 1, n, f);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad || got != n) {
+        free(b);
+        return pd_err_set(err, PD_ERR_IO, "%s: read %zu of %zu bytes", path, got, n);
+    }
+    b[n] = '\0';
+    *buf = b;
+    *len = n;
+    return PD_OK;
+}
+
+pd_status pages_load(const char *path, uint32_t vocab_size, uint32_t hidden,
+                     const pages_opts *opts, pages **out, pd_err *err)
+{
+    if (!path || !out)
+        return pd_err_set(err, PD_ERR_ARG, "pages: NULL path or output");
+    if (!vocab_size || vocab_size > (uint32_t)INT32_MAX || !hidden)
+        return pd_err_set(err, PD_ERR_ARG, "pages: %s: vocab size %" PRIu32 " / hidden size %" PRIu32
+                          " invalid", path, vocab_size, hidden);
+    bool header_only = opts && opts->header_only;
+    char *text = NULL;
+    size_t len = 0;
+    pd_status st = pages_read_file(path, &text, &len, err);
+    if (st != PD_OK)
+        return st;
+    pages *p = calloc(1, sizeof *p);
+    if (!p || !(p->manifest = strdup(path))) {
+        free(p);
+        free(text);
+        return pd_err_set(err, PD_ERR_NOMEM, "pages: no memory");
+    }
+    p->vocab_size = vocab_size;
+    p->hidden = hidden;
+    const char *slash = strrchr(path, '/');
+    size_t dir_len = slash ? (size_t)(slash - path) : SIZE_MAX;
+
+    float *scan = NULL;
+    size_t scan_cap = 0;
+    uint32_t line = 0;
+    for (size_t pos = 0; pos < len && st == PD_OK;) {
+        const char *ln = text + pos;
+        const char *nl = memchr(ln, '\n', len - pos);
+        size_t ll = nl ? (size_t)(nl - ln) : len - pos;
+        pos += ll + (nl ? 1 : 0);
+        if (line == UINT32_MAX) {
+            st = pd_err_set(err, PD_ERR_RANGE, "%s: more than %u lines", path, UINT32_MAX);
+            break;
+        }
+        line++;
+        size_t k = 0;
+        while (k < ll && pages_is_ws(ln[k]))
+            k++;
+        if (k == ll)
+            continue;
+        if (p->n == p->cap) {
+            size_t nc = p->cap ? p->cap * 2 : 64;
+            pages_page *g = realloc(p->pg, nc * sizeof *g);
+            if (!g) {
+                st = pd_err_set(err, PD_ERR_NOMEM, "pages: no memory");
+                break;
+            }
+            p->pg = g;
+            p->cap = nc;
+        }
+        pages_where w = {.manifest = path, .line = line, .err = err};
+        pages_page *pg = &p->pg[p->n];
+        *pg = (pages_page){0};
+        if ((st = pages_parse_line(p, &w, ln, ll, vocab_size, pg)) != PD_OK)
+            break;
+        long prev = pages_lookup(p, pg->id);
+        if (prev >= 0) {
+            st = pages_fail(&w, PD_ERR_FORMAT, "id: already used by the page on line %" PRIu32,
+                            p->pg[prev].line);
+            break;
+        }
+        pages_seg *segs = (pages_seg *)pg->segs;
+        for (uint32_t s = 0; s < pg->n_segs && st == PD_OK; s++) {
+            if (segs[s].kind != PAGES_SEG_EMBEDDINGS)
+                continue;
+            st = pages_check_embeddings(p, &w, dir_len, &segs[s], s, header_only, &scan,
+                                        &scan_cap);
+            if (st == PD_OK) {
+                pg->prefill_rows += segs[s].rows;
+                if (pg->prefill_rows > PAGES_MAX_PREFILL_ROWS)
+                    st = pages_fail(&w, PD_ERR_RANGE, "prefill[%" PRIu32 "]: the prefill exceeds "
+                                    "%u rows", s, PAGES_MAX_PREFILL_ROWS);
+            }
+        }
+        if (st != PD_OK)
+            break;
+        if (pages_index(p, p->n) != 0) {
+            st = pd_err_set(err, PD_ERR_NOMEM, "pages: no memory");
+            break;
+        }
+        p->n++;
+    }
+    free(scan);
+    free(text);
+    if (st != PD_OK) {
+        pages_free(p);
+        return st;
+    }
+    *out = p;
+    return PD_OK;
+}
+
+void pages_free(pages *p)
+{
+    if (!p)
+        return;
+    for (pages_blk *b = p->blk, *nx; b; b = nx) {
+        nx = b->next;
+        free(b);
+    }
+    free(p->slots);
+    free(p->pg);
+    free(p->manifest);
+    free(p);
+}
+
+size_t pages_count(const pages *p) { return p ? p->n : 0; }
+
+const pages_page *pages_get(const pages *p, size_t i)
+{
+    CHECKF(p && i < p->n, "page %zu of %zu", i, p ? p->n : 0);
+    return &p->pg[i];
+}
+
+long pages_find(const pages *p, const char *id)
+{
+    if (!p || !id)
+        return -1;
+    return pages_lookup(p, id);
+}
+
+pd_status pages_embed_read(const pages *p, size_t page, size_t seg, uint32_t row0, uint32_t n,
+                           float *dst, pd_err *err)
+{
+    if (!p || page >= p->n || seg >= p->pg[page].n_segs)
+        return pd_err_set(err, PD_ERR_ARG, "pages: no page %zu segment %zu", page, seg);
+    const pages_page *pg = &p->pg[page];
+    const pages_seg *sg = &pg->segs[seg];
+    pages_where w = {.manifest = p->manifest, .line = pg->line, .err = err};
+    pages_show_id(w.id, sizeof w.id, pg->id);
+    if (sg->kind != PAGES_SEG_EMBEDDINGS)
+        return pages_fail(&w, PD_ERR_ARG, "prefill[%zu]: not an embeddings segment", seg);
+    if (row0 > sg->rows || n > sg->rows - row0)
+        return pages_fail(&w, PD_ERR_RANGE,
+                          "prefill[%zu].embeddings: rows [%" PRIu32 ", %" PRIu64 ") outside the %"
+                          PRIu32 " rows", seg, row0, (uint64_t)row0 + n, sg->rows);
+    if (!dst && n)
+        return pages_fail(&w, PD_ERR_ARG, "prefill[%zu].embeddings: NULL destination", seg);
+    pd_status st = npy_read_rows(sg->path, &sg->npy, row0, n, dst, err);
+    if (st != PD_OK) {
+        pages_context(&w, "prefill[%zu].embeddings", seg);
+        return st;
+    }
+    return pages_finite(&w, seg, sg, p->hidden, dst, row0, n);
+}
+
+void pages_check(const pages *p)
+{
+    CHECK(p);
+    CHECK(p->n <= p->cap);
+    CHECK(p->n_slots == 0 || (p->n_slots & (p->n_slots - 1)) == 0);
+    CHECK(2 * p->n <= p->n_slots || p->n == 0);
+    for (size_t i = 0; i < p->n; i++) {
+        const pages_page *pg = &p->pg[i];
+        CHECK(pg->id && pg->id[0]);
+        CHECKF(pages_lookup(p, pg->id) == (long)i, "page %zu not found under its id", i);
+        CHECK(i == 0 || pg->line > p->pg[i - 1].line);
+        CHECK(pg->n_segs >= 1 && pg->segs);
+        CHECK(pg->max_new_tokens <= PAGES_MAX_NEW_TOKENS);
+        uint64_t rows = 0;
+        for (uint32_t s = 0; s < pg->n_segs; s++) {
+            const pages_seg *sg = &pg->segs[s];
+            CHECK(sg->rows >= 1);
+            if (sg->kind == PAGES_SEG_TOKENS) {
+                CHECK(sg->tokens && !sg->file && !sg->path);
+                for (uint32_t t = 0; t < sg->rows; t++)
+                    CHECK(sg->tokens[t] >= 0 && (uint32_t)sg->tokens[t] < p->vocab_size);
+            } else {
+                CHECK(sg->kind == PAGES_SEG_EMBEDDINGS);
+                CHECK(!sg->tokens && sg->file && sg->path);
+                CHECK(sg->npy.rows == sg->rows && sg->npy.cols == p->hidden);
+            }
+            rows += sg->rows;
+        }
+        CHECKF(rows == pg->prefill_rows, "page %zu: rows %" PRIu64 " vs %" PRIu64, i, rows,
+               pg->prefill_rows);
+        CHECK(rows <= PAGES_MAX_PREFILL_ROWS);
+    }
+}

@@ -1,0 +1,774 @@
+/* The batch-invariant GEMM (see gemm.h for the contract) and the opt-in
+ * OpenBLAS backend. Owns the packed weight panels. Holds both the portable
+ * fmaf micro-kernel and the AVX2/FMA one: same tiling, same per-lane FMA
+ * order, so the same bits. */
+#include "cluster/model/gemm.h"
+
+#include "base/check.h"
+#include "base/cpu.h"
+#include "base/fp16.h"
+
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+/* Rows per micro-tile (MR) and the M block a task walks over all its panels
+ * before moving to the next rows (keeps that block of A hot in L2 while each
+ * panel is re-read from L2 for every tile). */
+#define GEMM_MR 6u
+#define GEMM_MC 96u
+/* Cap on tasks per gemm_run (M blocks are grouped beyond it). */
+#define GEMM_MAX_TASKS 65536u
+
+/* Panel layout (one panel = GEMM_NR = 16 consecutive output columns j):
+ *   F32:       [k][16] f32
+ *   F16, BF16: [k][16] u16 (stored bits)
+ *   Q8_0:      per 32-k block: [16] f16 scales d (little-endian), then
+ *              [32][16] int8 q; 32 + 512 = 544 bytes per block.
+ * Source Q8_0 block (GGUF): f16 d, 32 int8 = 34 bytes. */
+#define GEMM_Q8_SRC_BLOCK 34u
+#define GEMM_Q8_SCALES 32u
+#define GEMM_Q8_PANEL_BLOCK (GEMM_Q8_SCALES + GEMM_Q8_0_BLOCK * GEMM_NR)
+
+/* One micro-tile: C[mr x ncols] = A[mr x k] * panel, from zero. */
+typedef struct gemm_tile {
+    gemm_wtype type;
+    const uint8_t *panel; /* the panel's first byte */
+    uint32_t k;
+    const float *a;       /* row 0 of the tile, rows lda apart */
+    size_t lda;
+    uint32_t mr;          /* 1 .. GEMM_MR rows */
+    float *c;             /* C[row 0][col 0 of the panel], rows ldc apart */
+    size_t ldc;
+    uint32_t ncols;       /* 1 .. 16 valid columns */
+} gemm_tile;
+
+typedef void gemm_tile_fn(const gemm_tile *t);
+
+/* One row against np consecutive panels (AVX2 only): C[0][0 .. 16 np) from
+ * zero; the last panel of the group has ncols_last valid columns. */
+typedef struct gemm_row {
+    const uint8_t *panel; /* the first panel of the group */
+    size_t panel_stride;  /* bytes between panels */
+    uint32_t k;
+    const float *a;
+    float *c;             /* C[row][first column of the group] */
+    uint32_t ncols_last;
+} gemm_row;
+
+typedef void gemm_row_fn(const gemm_row *t);
+
+/* INV: n >= 1, k >= 1, n_panels == ceil(n / GEMM_NR); type < GEMM_W_COUNT,
+ *      be < GEMM_BACKEND_COUNT; Q8_0 => k % 32 == 0.
+ * INV: invariant backend: data holds n_panels panels of panel_bytes bytes
+ *      (layout above); the columns of the last panel beyond n are zero
+ *      (zero scales for Q8_0). OpenBLAS backend: data is f32 [n x k].
+ * INV: bytes == n_panels * panel_bytes (invariant) or n * k * 4 (OpenBLAS). */
+struct gemm_w {
+    gemm_backend be;
+    gemm_wtype type;
+    uint32_t n, k;
+    uint32_t n_panels;
+    size_t panel_bytes;
+    size_t bytes;
+    void *data;
+    pd_alloc alloc; /* copy of the allocator the memory came from */
+};
+
+const char *gemm_wtype_name(gemm_wtype t)
+{
+    switch (t) {
+    case GEMM_W_F32: return "f32";
+    case GEMM_W_F16: return "f16";
+    case GEMM_W_BF16: return "bf16";
+    case GEMM_W_Q8_0: return "q8_0";
+    default: return "unknown";
+    }
+}
+
+const char *gemm_backend_name(gemm_backend b)
+{
+    switch (b) {
+    case GEMM_BACKEND_INVARIANT: return "invariant";
+    case GEMM_BACKEND_OPENBLAS: return "openblas";
+    default: return "unknown";
+    }
+}
+
+size_t gemm_row_bytes(gemm_wtype type, uint32_t k)
+{
+    switch (type) {
+    case GEMM_W_F32: return (size_t)k * 4;
+    case GEMM_W_F16:
+    case GEMM_W_BF16: return (size_t)k * 2;
+    case GEMM_W_Q8_0:
+        return k % GEMM_Q8_0_BLOCK ? 0 : (size_t)(k / GEMM_Q8_0_BLOCK) * GEMM_Q8_SRC_BLOCK;
+    default: return 0;
+    }
+}
+
+/* Packed bytes of one panel of k values, or 0 on a bad type. */
+static size_t gemm_panel_bytes(gemm_wtype type, uint32_t k)
+{
+    switch (type) {
+    case GEMM_W_F32: return (size_t)k * GEMM_NR * 4;
+    case GEMM_W_F16:
+    case GEMM_W_BF16: return (size_t)k * GEMM_NR * 2;
+    case GEMM_W_Q8_0: return (size_t)(k / GEMM_Q8_0_BLOCK) * GEMM_Q8_PANEL_BLOCK;
+    default: return 0;
+    }
+}
+
+static uint16_t gemm_rd16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+/* Source row j of w as stored (GGUF layout). */
+static const uint8_t *gemm_src_row(const void *w, gemm_wtype type, uint32_t k, uint32_t j)
+{
+    return (const uint8_t *)w + (size_t)j * gemm_row_bytes(type, k);
+}
+
+/* The exact f32 value of weight (j, kk) of a source row: the value every
+ * path multiplies with. */
+static float gemm_src_value(const uint8_t *row, gemm_wtype type, uint32_t kk)
+{
+    switch (type) {
+    case GEMM_W_F32: {
+        float v;
+        memcpy(&v, row + (size_t)kk * 4, 4);
+        return v;
+    }
+    case GEMM_W_F16: return pd_f16_to_f32(gemm_rd16(row + (size_t)kk * 2));
+    case GEMM_W_BF16: return pd_bf16_to_f32(gemm_rd16(row + (size_t)kk * 2));
+    case GEMM_W_Q8_0: {
+        const uint8_t *blk = row + (size_t)(kk / GEMM_Q8_0_BLOCK) * GEMM_Q8_SRC_BLOCK;
+        float d = pd_f16_to_f32(gemm_rd16(blk));
+        return (float)(int8_t)blk[2 + kk % GEMM_Q8_0_BLOCK] * d;
+    }
+    default: CHECK(0); return 0.0f;
+    }
+}
+
+/* Writes the panel holding columns [col0, col0 + 16) of w. */
+static void gemm_pack_panel(const void *w, gemm_wtype type, uint32_t n, uint32_t k, uint32_t col0,
+                            uint8_t *dst)
+{
+    uint32_t cols = n - col0 < GEMM_NR ? n - col0 : GEMM_NR;
+    switch (type) {
+    case GEMM_W_F32:
+    case GEMM_W_F16:
+    case GEMM_W_BF16: {
+        size_t es = type == GEMM_W_F32 ? 4 : 2;
+        memset(dst, 0, (size_t)k * GEMM_NR * es);
+        for (uint32_t l = 0; l < cols; l++) {
+            const uint8_t *row = gemm_src_row(w, type, k, col0 + l);
+            for (uint32_t kk = 0; kk < k; kk++)
+                memcpy(dst + ((size_t)kk * GEMM_NR + l) * es, row + (size_t)kk * es, es);
+        }
+        break;
+    }
+    case GEMM_W_Q8_0: {
+        uint32_t nb = k / GEMM_Q8_0_BLOCK;
+        memset(dst, 0, (size_t)nb * GEMM_Q8_PANEL_BLOCK);
+        for (uint32_t l = 0; l < cols; l++) {
+            const uint8_t *row = gemm_src_row(w, type, k, col0 + l);
+            for (uint32_t b = 0; b < nb; b++) {
+                const uint8_t *src = row + (size_t)b * GEMM_Q8_SRC_BLOCK;
+                uint8_t *blk = dst + (size_t)b * GEMM_Q8_PANEL_BLOCK;
+                memcpy(blk + 2 * l, src, 2); /* f16 scale, little-endian */
+                for (uint32_t kk = 0; kk < GEMM_Q8_0_BLOCK; kk++)
+                    blk[GEMM_Q8_SCALES + kk * GEMM_NR + l] = src[2 + kk];
+            }
+        }
+        break;
+    }
+    default: CHECK(0);
+    }
+}
+
+pd_status gemm_pack(const void *w, gemm_wtype type, uint32_t n, uint32_t k, gemm_backend be,
+                    const pd_alloc *alloc, gemm_w **out, pd_err *err)
+{
+    if (!w || !out)
+        return pd_err_set(err, PD_ERR_ARG, "gemm_pack: NULL %s", !w ? "weights" : "out");
+    if ((unsigned)type >= GEMM_W_COUNT)
+        return pd_err_set(err, PD_ERR_ARG, "gemm_pack: unknown weight type %d", (int)type);
+    if ((unsigned)be >= GEMM_BACKEND_COUNT)
+        return pd_err_set(err, PD_ERR_ARG, "gemm_pack: unknown backend %d", (int)be);
+    if (n == 0 || k == 0)
+        return pd_err_set(err, PD_ERR_ARG, "gemm_pack: empty matrix %u x %u", n, k);
+    if (type == GEMM_W_Q8_0 && k % GEMM_Q8_0_BLOCK != 0)
+        return pd_err_set(err, PD_ERR_ARG, "gemm_pack: q8_0 needs k %% 32 == 0, k = %u", k);
+    if (be == GEMM_BACKEND_OPENBLAS && (n > INT_MAX || k > INT_MAX))
+        return pd_err_set(err, PD_ERR_RANGE, "gemm_pack: %u x %u exceeds cblas int sizes", n, k);
+    uint32_t n_panels = (uint32_t)(((uint64_t)n + GEMM_NR - 1) / GEMM_NR);
+    size_t panel_bytes = gemm_panel_bytes(type, k);
+    size_t bytes;
+    if (be == GEMM_BACKEND_INVARIANT) {
+        /* panel_bytes <= k * 64 < 2^38: only the product can overflow */
+        if (panel_bytes > SIZE_MAX / n_panels)
+            return pd_err_set(err, PD_ERR_NOMEM, "gemm_pack: %u x %u %s overflows", n, k,
+                              gemm_wtype_name(type));
+        bytes = panel_bytes * n_panels;
+    } else {
+        if ((size_t)k > SIZE_MAX / 4 / n)
+            return pd_err_set(err, PD_ERR_NOMEM, "gemm_pack: %u x %u f32 overflows", n, k);
+        bytes = (size_t)n * k * 4;
+    }
+    const pd_alloc *al = alloc ? alloc : pd_alloc_default();
+    gemm_w *g = pd_alloc_bytes(al, sizeof *g);
+    void *data = g ? pd_alloc_bytes(al, bytes) : NULL;
+    if (!data) {
+        pd_free_bytes(al, g, sizeof *g);
+        return pd_err_set(err, PD_ERR_NOMEM, "gemm_pack: cannot allocate %zu bytes for %u x %u %s",
+                          bytes, n, k, gemm_wtype_name(type));
+    }
+    *g = (gemm_w){.be = be, .type = type, .n = n, .k = k, .n_panels = n_panels,
+                  .panel_bytes = panel_bytes, .bytes = bytes, .data = data, .alloc = *al};
+    if (be == GEMM_BACKEND_INVARIANT) {
+        for (uint32_t pnl = 0; pnl < n_panels; pnl++)
+            gemm_pack_panel(w, type, n, k, pnl * GEMM_NR, (uint8_t *)data + pnl * panel_bytes);
+    } else {
+        float *f = data;
+        for (uint32_t j = 0; j < n; j++) {
+            const uint8_t *row = gemm_src_row(w, type, k, j);
+            if (type == GEMM_W_F32)
+                memcpy(f + (size_t)j * k, row, (size_t)k * 4);
+            else
+                for (uint32_t kk = 0; kk < k; kk++)
+                    f[(size_t)j * k + kk] = gemm_src_value(row, type, kk);
+        }
+    }
+    *out = g;
+    return PD_OK;
+}
+
+void gemm_free(gemm_w *w)
+{
+    if (!w)
+        return;
+    pd_alloc al = w->alloc;
+    pd_free_bytes(&al, w->data, w->bytes);
+    pd_free_bytes(&al, w, sizeof *w);
+}
+
+uint32_t gemm_rows_n(const gemm_w *w) { return w->n; }
+uint32_t gemm_cols_k(const gemm_w *w) { return w->k; }
+gemm_wtype gemm_get_wtype(const gemm_w *w) { return w->type; }
+gemm_backend gemm_get_backend(const gemm_w *w) { return w->be; }
+size_t gemm_bytes(const gemm_w *w) { return w->bytes; }
+
+void gemm_check(const gemm_w *w)
+{
+    CHECK(w != NULL);
+    CHECK((unsigned)w->type < GEMM_W_COUNT && (unsigned)w->be < GEMM_BACKEND_COUNT);
+    CHECK(w->n >= 1 && w->k >= 1 && w->data != NULL);
+    CHECK(w->n_panels == (w->n + GEMM_NR - 1) / GEMM_NR);
+    CHECK(w->type != GEMM_W_Q8_0 || w->k % GEMM_Q8_0_BLOCK == 0);
+    if (w->be == GEMM_BACKEND_OPENBLAS) {
+        CHECK(w->bytes == (size_t)w->n * w->k * 4);
+        return;
+    }
+    CHECK(w->panel_bytes == gemm_panel_bytes(w->type, w->k));
+    CHECK(w->bytes == w->panel_bytes * w->n_panels);
+    /* padding columns of the last panel are zero */
+    uint32_t cols = w->n - (w->n_panels - 1) * GEMM_NR;
+    const uint8_t *last = (const uint8_t *)w->data + (size_t)(w->n_panels - 1) * w->panel_bytes;
+    if (w->type == GEMM_W_Q8_0) {
+        for (uint32_t b = 0; b < w->k / GEMM_Q8_0_BLOCK; b++) {
+            const uint8_t *blk = last + (size_t)b * GEMM_Q8_PANEL_BLOCK;
+            for (uint32_t l = cols; l < GEMM_NR; l++) {
+                CHECK(gemm_rd16(blk + 2 * l) == 0);
+                for (uint32_t kk = 0; kk < GEMM_Q8_0_BLOCK; kk++)
+                    CHECK(blk[GEMM_Q8_SCALES + kk * GEMM_NR + l] == 0);
+            }
+        }
+    } else {
+        size_t es = w->type == GEMM_W_F32 ? 4 : 2;
+        for (uint32_t kk = 0; kk < w->k; kk++)
+            for (size_t byte = cols * es; byte < GEMM_NR * es; byte++)
+                CHECK(last[(size_t)kk * GEMM_NR * es + byte] == 0);
+    }
+}
+
+/* ---- portable kernel: the reference order, lane by lane with fmaf ---- */
+
+/* The 16 f32 weights of row kk of a panel. */
+static void gemm_panel_row(gemm_wtype type, const uint8_t *panel, uint32_t kk, float wv[GEMM_NR])
+{
+    switch (type) {
+    case GEMM_W_F32:
+        memcpy(wv, panel + (size_t)kk * GEMM_NR * 4, GEMM_NR * 4);
+        break;
+    case GEMM_W_F16:
+    case GEMM_W_BF16: {
+        const uint8_t *r = panel + (size_t)kk * GEMM_NR * 2;
+        for (uint32_t l = 0; l < GEMM_NR; l++)
+            wv[l] = type == GEMM_W_F16 ? pd_f16_to_f32(gemm_rd16(r + 2 * l))
+                                       : pd_bf16_to_f32(gemm_rd16(r + 2 * l));
+        break;
+    }
+    case GEMM_W_Q8_0: {
+        const uint8_t *blk = panel + (size_t)(kk / GEMM_Q8_0_BLOCK) * GEMM_Q8_PANEL_BLOCK;
+        const uint8_t *q = blk + GEMM_Q8_SCALES + (kk % GEMM_Q8_0_BLOCK) * GEMM_NR;
+        for (uint32_t l = 0; l < GEMM_NR; l++)
+            wv[l] = (float)(int8_t)q[l] * pd_f16_to_f32(gemm_rd16(blk + 2 * l));
+        break;
+    }
+    default: CHECK(0);
+    }
+}
+
+static void gemm_scalar_tile(const gemm_tile *t)
+{
+    float acc[GEMM_MR][GEMM_NR];
+    float wv[GEMM_NR];
+    for (uint32_t i = 0; i < t->mr; i++)
+        for (uint32_t l = 0; l < GEMM_NR; l++)
+            acc[i][l] = 0.0f;
+    for (uint32_t kk = 0; kk < t->k; kk++) {
+        gemm_panel_row(t->type, t->panel, kk, wv);
+        for (uint32_t i = 0; i < t->mr; i++) {
+            float av = t->a[(size_t)i * t->lda + kk];
+            for (uint32_t l = 0; l < GEMM_NR; l++)
+                acc[i][l] = fmaf(av, wv[l], acc[i][l]);
+        }
+    }
+    for (uint32_t i = 0; i < t->mr; i++)
+        memcpy(t->c + (size_t)i * t->ldc, acc[i], (size_t)t->ncols * sizeof(float));
+}
+
+/* ---- AVX2/FMA kernel: the same order, 6 x 16 accumulators in registers ---- */
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+/* Software prefetch distance in the panel stream (bytes). Panels of a task
+ * are contiguous, so this runs ahead into the next panel too. It lifts small
+ * M (2..16, where the first tile of a panel reads it from memory) by 15-25%
+ * here. The single-tile path at M = 1 skips it (it cost more than it gained
+ * there); the M = 1 row kernel over 4 panels uses it. */
+#define GEMM_PREFETCH 4096
+
+/* Stores one accumulator row (two ymm) into ncols floats of C. */
+static inline __attribute__((always_inline)) void gemm_avx2_store(float *c, __m256 x0, __m256 x1,
+                                                                  uint32_t ncols)
+{
+    if (ncols == GEMM_NR) {
+        _mm256_storeu_ps(c, x0);
+        _mm256_storeu_ps(c + 8, x1);
+        return;
+    }
+    float tmp[GEMM_NR];
+    _mm256_storeu_ps(tmp, x0);
+    _mm256_storeu_ps(tmp + 8, x1);
+    memcpy(c, tmp, (size_t)ncols * sizeof(float));
+}
+
+/* Accumulators are named variables (c<row><half>): gcc 12 keeps them in
+ * registers, where an array of __m256 was spilled every k (KERNELS.md).
+ * mr and type are compile-time constants in every instantiation below, so
+ * the row guards and type branches fold away. */
+#define GEMM_AVX2_ROW(i, kk)                                                     \
+    if (mr > i) {                                                                \
+        __m256 b = _mm256_broadcast_ss(a##i + (kk));                             \
+        c##i##0 = _mm256_fmadd_ps(b, w0, c##i##0);                               \
+        c##i##1 = _mm256_fmadd_ps(b, w1, c##i##1);                               \
+    }
+#define GEMM_AVX2_STEP(kk)                                                       \
+    GEMM_AVX2_ROW(0, kk) GEMM_AVX2_ROW(1, kk) GEMM_AVX2_ROW(2, kk)               \
+    GEMM_AVX2_ROW(3, kk) GEMM_AVX2_ROW(4, kk) GEMM_AVX2_ROW(5, kk)
+
+static inline __attribute__((always_inline)) void
+gemm_avx2_tile_impl(const gemm_tile *t, const uint32_t mr, const gemm_wtype type)
+{
+    const size_t lda = t->lda;
+    const float *a0 = t->a;
+    const float *a1 = mr > 1 ? a0 + lda : a0;
+    const float *a2 = mr > 2 ? a0 + 2 * lda : a0;
+    const float *a3 = mr > 3 ? a0 + 3 * lda : a0;
+    const float *a4 = mr > 4 ? a0 + 4 * lda : a0;
+    const float *a5 = mr > 5 ? a0 + 5 * lda : a0;
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    const uint8_t *pn = t->panel;
+    const uint32_t k = t->k;
+    if (type == GEMM_W_Q8_0) {
+        for (uint32_t kb = 0; kb < k; kb += GEMM_Q8_0_BLOCK, pn += GEMM_Q8_PANEL_BLOCK) {
+            const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pn));
+            const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pn + 16)));
+            const uint8_t *q = pn + GEMM_Q8_SCALES;
+            if (mr > 1)
+                for (uint32_t line = 0; line < GEMM_Q8_PANEL_BLOCK; line += 64)
+                    _mm_prefetch((const char *)pn + GEMM_PREFETCH + line, _MM_HINT_T0);
+            for (uint32_t kk = kb; kk < kb + GEMM_Q8_0_BLOCK; kk++, q += GEMM_NR) {
+                /* (float)q * d: one exact multiply, as in the portable path */
+                __m256 w0 = _mm256_mul_ps(
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q))),
+                    d0);
+                __m256 w1 = _mm256_mul_ps(
+                    _mm256_cvtepi32_ps(
+                        _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8)))),
+                    d1);
+                GEMM_AVX2_STEP(kk)
+            }
+        }
+    } else {
+        for (uint32_t kk = 0; kk < k; kk++) {
+            __m256 w0, w1;
+            if (type == GEMM_W_F32) {
+                w0 = _mm256_loadu_ps((const float *)pn);
+                w1 = _mm256_loadu_ps((const float *)pn + 8);
+                if (mr > 1)
+                    _mm_prefetch((const char *)pn + GEMM_PREFETCH, _MM_HINT_T0);
+                pn += GEMM_NR * 4;
+            } else if (type == GEMM_W_F16) {
+                w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pn));
+                w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pn + 16)));
+                if (mr > 1)
+                    _mm_prefetch((const char *)pn + GEMM_PREFETCH, _MM_HINT_T0);
+                pn += GEMM_NR * 2;
+            } else {
+                __m256i x0 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)pn));
+                __m256i x1 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(pn + 16)));
+                w0 = _mm256_castsi256_ps(_mm256_slli_epi32(x0, 16));
+                w1 = _mm256_castsi256_ps(_mm256_slli_epi32(x1, 16));
+                if (mr > 1)
+                    _mm_prefetch((const char *)pn + GEMM_PREFETCH, _MM_HINT_T0);
+                pn += GEMM_NR * 2;
+            }
+            GEMM_AVX2_STEP(kk)
+        }
+    }
+    const size_t ldc = t->ldc;
+    gemm_avx2_store(t->c, c00, c01, t->ncols);
+    if (mr > 1) gemm_avx2_store(t->c + ldc, c10, c11, t->ncols);
+    if (mr > 2) gemm_avx2_store(t->c + 2 * ldc, c20, c21, t->ncols);
+    if (mr > 3) gemm_avx2_store(t->c + 3 * ldc, c30, c31, t->ncols);
+    if (mr > 4) gemm_avx2_store(t->c + 4 * ldc, c40, c41, t->ncols);
+    if (mr > 5) gemm_avx2_store(t->c + 5 * ldc, c50, c51, t->ncols);
+}
+
+/* One row against np consecutive panels (1 .. GEMM_ROW_PANELS) at once: a
+ * lone row has only 2 accumulators per panel, so one panel at a time is
+ * bound by the FMA latency (one k per 4 cycles), which caps 16-bit and Q8_0
+ * weights well below memory bandwidth. 4 panels give 8 independent chains;
+ * every lane still runs its own chain over k in order. */
+#define GEMM_ROW_PANELS 4u
+
+/* The 16 f32 weights of one k row of a 16-bit or f32 panel. */
+#define GEMM_AVX2_LOADW(type, p, w0, w1)                                                \
+    do {                                                                                \
+        if (type == GEMM_W_F32) {                                                       \
+            w0 = _mm256_loadu_ps((const float *)(p));                                   \
+            w1 = _mm256_loadu_ps((const float *)(p) + 8);                               \
+        } else if (type == GEMM_W_F16) {                                                \
+            w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)));                \
+            w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((p) + 16)));         \
+        } else {                                                                        \
+            w0 = _mm256_castsi256_ps(_mm256_slli_epi32(                                 \
+                _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16));     \
+            w1 = _mm256_castsi256_ps(_mm256_slli_epi32(                                 \
+                _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((p) + 16))), 16)); \
+        }                                                                               \
+    } while (0)
+
+/* Panel j's k row of Q8_0 weights: (float)q * d, one exact multiply. */
+#define GEMM_AVX2_Q8W(q, d0, d1, w0, w1)                                                \
+    do {                                                                                \
+        w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                     \
+                               _mm_loadl_epi64((const __m128i *)(q)))), d0);            \
+        w1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                     \
+                               _mm_loadl_epi64((const __m128i *)((q) + 8)))), d1);      \
+    } while (0)
+
+#define GEMM_AVX2_RFMA(j)                                                               \
+    r##j##0 = _mm256_fmadd_ps(b, w0, r##j##0);                                          \
+    r##j##1 = _mm256_fmadd_ps(b, w1, r##j##1);
+
+static inline __attribute__((always_inline)) void
+gemm_avx2_row_impl(const gemm_row *t, const uint32_t np, const gemm_wtype type)
+{
+    const size_t ps = t->panel_stride;
+    const uint8_t *p0 = t->panel;
+    const uint8_t *p1 = np > 1 ? p0 + ps : p0;
+    const uint8_t *p2 = np > 2 ? p0 + 2 * ps : p0;
+    const uint8_t *p3 = np > 3 ? p0 + 3 * ps : p0;
+    const float *a = t->a;
+    __m256 r00 = _mm256_setzero_ps(), r01 = r00, r10 = r00, r11 = r00;
+    __m256 r20 = r00, r21 = r00, r30 = r00, r31 = r00;
+    __m256 w0, w1;
+    const uint32_t k = t->k;
+    if (type == GEMM_W_Q8_0) {
+        for (uint32_t kb = 0; kb < k; kb += GEMM_Q8_0_BLOCK) {
+            size_t off = (size_t)(kb / GEMM_Q8_0_BLOCK) * GEMM_Q8_PANEL_BLOCK;
+            const uint8_t *b0 = p0 + off, *b1 = p1 + off, *b2 = p2 + off, *b3 = p3 + off;
+            __m256 d00 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b0));
+            __m256 d01 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b0 + 16)));
+            __m256 d10 = d00, d11 = d01, d20 = d00, d21 = d01, d30 = d00, d31 = d01;
+            if (np > 1) {
+                d10 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b1));
+                d11 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b1 + 16)));
+            }
+            if (np > 2) {
+                d20 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b2));
+                d21 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b2 + 16)));
+            }
+            if (np > 3) {
+                d30 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b3));
+                d31 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b3 + 16)));
+            }
+            for (uint32_t kk = 0; kk < GEMM_Q8_0_BLOCK; kk++) {
+                const __m256 b = _mm256_broadcast_ss(a + kb + kk);
+                const size_t qo = GEMM_Q8_SCALES + (size_t)kk * GEMM_NR;
+                GEMM_AVX2_Q8W(b0 + qo, d00, d01, w0, w1);
+                GEMM_AVX2_RFMA(0)
+                if (np > 1) {
+                    GEMM_AVX2_Q8W(b1 + qo, d10, d11, w0, w1);
+                    GEMM_AVX2_RFMA(1)
+                }
+                if (np > 2) {
+                    GEMM_AVX2_Q8W(b2 + qo, d20, d21, w0, w1);
+                    GEMM_AVX2_RFMA(2)
+                }
+                if (np > 3) {
+                    GEMM_AVX2_Q8W(b3 + qo, d30, d31, w0, w1);
+                    GEMM_AVX2_RFMA(3)
+                }
+            }
+        }
+    } else {
+        const size_t es = type == GEMM_W_F32 ? 4 : 2, rs = GEMM_NR * es;
+        for (uint32_t kk = 0; kk < k; kk++) {
+            const __m256 b = _mm256_broadcast_ss(a + kk);
+            const size_t o = (size_t)kk * rs;
+            /* 4 streams: software prefetch lifts 16-bit weights ~10% here */
+            _mm_prefetch((const char *)p0 + o + GEMM_PREFETCH, _MM_HINT_T0);
+            if (np > 1) _mm_prefetch((const char *)p1 + o + GEMM_PREFETCH, _MM_HINT_T0);
+            if (np > 2) _mm_prefetch((const char *)p2 + o + GEMM_PREFETCH, _MM_HINT_T0);
+            if (np > 3) _mm_prefetch((const char *)p3 + o + GEMM_PREFETCH, _MM_HINT_T0);
+            GEMM_AVX2_LOADW(type, p0 + o, w0, w1);
+            GEMM_AVX2_RFMA(0)
+            if (np > 1) {
+                GEMM_AVX2_LOADW(type, p1 + o, w0, w1);
+                GEMM_AVX2_RFMA(1)
+            }
+            if (np > 2) {
+                GEMM_AVX2_LOADW(type, p2 + o, w0, w1);
+                GEMM_AVX2_RFMA(2)
+            }
+            if (np > 3) {
+                GEMM_AVX2_LOADW(type, p3 + o, w0, w1);
+                GEMM_AVX2_RFMA(3)
+            }
+        }
+    }
+    /* every panel but the last of the group is full */
+    gemm_avx2_store(t->c, r00, r01, np > 1 ? GEMM_NR : t->ncols_last);
+    if (np > 1) gemm_avx2_store(t->c + GEMM_NR, r10, r11, np > 2 ? GEMM_NR : t->ncols_last);
+    if (np > 2) gemm_avx2_store(t->c + 2 * GEMM_NR, r20, r21, np > 3 ? GEMM_NR : t->ncols_last);
+    if (np > 3) gemm_avx2_store(t->c + 3 * GEMM_NR, r30, r31, t->ncols_last);
+}
+
+#define GEMM_AVX2_ROWFN(tname, type, np)                                         \
+    static void gemm_avx2_row_##tname##_##np(const gemm_row *t)                  \
+    {                                                                            \
+        gemm_avx2_row_impl(t, np, type);                                         \
+    }
+#define GEMM_AVX2_ROWFNS_OF(tname, type)                                         \
+    GEMM_AVX2_ROWFN(tname, type, 1) GEMM_AVX2_ROWFN(tname, type, 2)              \
+    GEMM_AVX2_ROWFN(tname, type, 3) GEMM_AVX2_ROWFN(tname, type, 4)
+
+#define GEMM_AVX2_FN(tname, type, mr)                                            \
+    static void gemm_avx2_##tname##_##mr(const gemm_tile *t)                     \
+    {                                                                            \
+        gemm_avx2_tile_impl(t, mr, type);                                        \
+    }
+#define GEMM_AVX2_FNS(tname, type)                                               \
+    GEMM_AVX2_FN(tname, type, 1) GEMM_AVX2_FN(tname, type, 2)                    \
+    GEMM_AVX2_FN(tname, type, 3) GEMM_AVX2_FN(tname, type, 4)                    \
+    GEMM_AVX2_FN(tname, type, 5) GEMM_AVX2_FN(tname, type, 6)
+GEMM_AVX2_FNS(f32, GEMM_W_F32)
+GEMM_AVX2_FNS(f16, GEMM_W_F16)
+GEMM_AVX2_FNS(bf16, GEMM_W_BF16)
+GEMM_AVX2_FNS(q8_0, GEMM_W_Q8_0)
+GEMM_AVX2_ROWFNS_OF(f32, GEMM_W_F32)
+GEMM_AVX2_ROWFNS_OF(f16, GEMM_W_F16)
+GEMM_AVX2_ROWFNS_OF(bf16, GEMM_W_BF16)
+GEMM_AVX2_ROWFNS_OF(q8_0, GEMM_W_Q8_0)
+
+#pragma GCC pop_options
+
+#define GEMM_AVX2_ROWFNS(tname)                                                  \
+    {gemm_avx2_##tname##_1, gemm_avx2_##tname##_2, gemm_avx2_##tname##_3,        \
+     gemm_avx2_##tname##_4, gemm_avx2_##tname##_5, gemm_avx2_##tname##_6}
+static gemm_tile_fn *const gemm_avx2_tiles[GEMM_W_COUNT][GEMM_MR] = {
+    [GEMM_W_F32] = GEMM_AVX2_ROWFNS(f32),
+    [GEMM_W_F16] = GEMM_AVX2_ROWFNS(f16),
+    [GEMM_W_BF16] = GEMM_AVX2_ROWFNS(bf16),
+    [GEMM_W_Q8_0] = GEMM_AVX2_ROWFNS(q8_0),
+};
+
+#define GEMM_AVX2_ROWKERNS(tname)                                                \
+    {gemm_avx2_row_##tname##_1, gemm_avx2_row_##tname##_2,                       \
+     gemm_avx2_row_##tname##_3, gemm_avx2_row_##tname##_4}
+static gemm_row_fn *const gemm_avx2_rows[GEMM_W_COUNT][GEMM_ROW_PANELS] = {
+    [GEMM_W_F32] = GEMM_AVX2_ROWKERNS(f32),
+    [GEMM_W_F16] = GEMM_AVX2_ROWKERNS(f16),
+    [GEMM_W_BF16] = GEMM_AVX2_ROWKERNS(bf16),
+    [GEMM_W_Q8_0] = GEMM_AVX2_ROWKERNS(q8_0),
+};
+#endif
+
+static gemm_tile_fn *const gemm_scalar_tiles[GEMM_MR] = {
+    gemm_scalar_tile, gemm_scalar_tile, gemm_scalar_tile,
+    gemm_scalar_tile, gemm_scalar_tile, gemm_scalar_tile,
+};
+
+/* The micro-kernels (indexed by mr - 1) and the single-row multi-panel
+ * kernels (indexed by np - 1, or NULL: use the tiles) for a weight type on
+ * the ISA in force. */
+static gemm_tile_fn *const *gemm_tiles_for(pd_isa isa, gemm_wtype type)
+{
+#if defined(__x86_64__)
+    if (isa >= PD_ISA_AVX2)
+        return gemm_avx2_tiles[type];
+#endif
+    return gemm_scalar_tiles;
+}
+
+static gemm_row_fn *const *gemm_rows_for(pd_isa isa, gemm_wtype type)
+{
+#if defined(__x86_64__)
+    if (isa >= PD_ISA_AVX2)
+        return gemm_avx2_rows[type];
+#endif
+    return NULL;
+}
+
+/* ---- tiling and threads ---- */
+
+typedef struct gemm_job {
+    const gemm_w *w;
+    const float *a;
+    size_t lda;
+    uint32_t m;
+    float *c;
+    size_t ldc;
+    uint32_t panels_per_task;
+    uint32_t n_panel_tasks;     /* panel ranges; task t takes range t % n_panel_tasks */
+    uint32_t mblocks_per_task;  /* ... and M blocks from (t / n_panel_tasks) * this */
+    gemm_tile_fn *const *tiles; /* indexed by mr - 1 */
+    gemm_row_fn *const *rows;   /* indexed by np - 1; NULL = tiles only */
+} gemm_job;
+
+/* A task: a contiguous range of panels times a range of M blocks. Each M
+ * block walks all the task's panels before the next block starts. */
+static void gemm_task(void *ctxp, uint32_t task, uint32_t thread)
+{
+    const gemm_job *j = ctxp;
+    const gemm_w *w = j->w;
+    uint32_t p0 = (task % j->n_panel_tasks) * j->panels_per_task;
+    uint32_t p1 = w->n_panels - p0 < j->panels_per_task ? w->n_panels : p0 + j->panels_per_task;
+    uint64_t m0 = (uint64_t)(task / j->n_panel_tasks) * j->mblocks_per_task * GEMM_MC;
+    uint64_t m1 = m0 + (uint64_t)j->mblocks_per_task * GEMM_MC;
+    uint32_t mend = m1 < j->m ? (uint32_t)m1 : j->m;
+    for (uint32_t mb = (uint32_t)m0; mb < mend; mb += GEMM_MC) {
+        uint32_t me = mend - mb < GEMM_MC ? mend : mb + GEMM_MC;
+        if (me - mb == 1 && j->rows) {
+            for (uint32_t pnl = p0; pnl < p1; pnl += GEMM_ROW_PANELS) {
+                uint32_t np = p1 - pnl < GEMM_ROW_PANELS ? p1 - pnl : GEMM_ROW_PANELS;
+                uint32_t last0 = (pnl + np - 1) * GEMM_NR;
+                gemm_row r = {
+                    .panel = (const uint8_t *)w->data + (size_t)pnl * w->panel_bytes,
+                    .panel_stride = w->panel_bytes,
+                    .k = w->k,
+                    .a = j->a + (size_t)mb * j->lda,
+                    .c = j->c + (size_t)mb * j->ldc + (size_t)pnl * GEMM_NR,
+                    .ncols_last = w->n - last0 < GEMM_NR ? w->n - last0 : GEMM_NR,
+                };
+                j->rows[np - 1](&r);
+            }
+            continue;
+        }
+        for (uint32_t pnl = p0; pnl < p1; pnl++) {
+            uint32_t col0 = pnl * GEMM_NR;
+            gemm_tile t = {
+                .type = w->type,
+                .panel = (const uint8_t *)w->data + (size_t)pnl * w->panel_bytes,
+                .k = w->k,
+                .lda = j->lda,
+                .ldc = j->ldc,
+                .ncols = w->n - col0 < GEMM_NR ? w->n - col0 : GEMM_NR,
+            };
+            /* Tiles of near-equal height (8 rows: 4 + 4, not 6 + 2): a short
+             * tile has few FMA chains and runs at the FMA latency. */
+            uint32_t rows = me - mb, n_tiles = (rows + GEMM_MR - 1) / GEMM_MR;
+            uint32_t base = rows / n_tiles, taller = rows % n_tiles;
+            for (uint32_t ti = 0, i = mb; ti < n_tiles; ti++, i += t.mr) {
+                t.mr = base + (ti < taller ? 1u : 0u);
+                t.a = j->a + (size_t)i * j->lda;
+                t.c = j->c + (size_t)i * j->ldc + col0;
+                j->tiles[t.mr - 1](&t);
+            }
+        }
+    }
+}
+
+static void gemm_run_openblas(const gemm_w *w, const float *a, size_t lda, uint32_t m, float *c,
+                              size_t ldc, pool *p)
+{
+    CHECK(m <= INT_MAX && lda <= INT_MAX && ldc <= INT_MAX);
+    int threads = (int)pool_threads(p);
+    if (openblas_get_num_threads() != threads)
+        openblas_set_num_threads(threads);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)w->n, (int)w->k, 1.0f, a,
+                (int)lda, (const float *)w->data, (int)w->k, 0.0f, c, (int)ldc);
+}
+
+void gemm_run_ld(const gemm_w *w, const float *a, size_t lda, uint32_t m, float *c, size_t ldc,
+                 pool *p)
+{
+    CHECK(w != NULL);
+    if (m == 0)
+        return;
+    CHECK(a != NULL && c != NULL && lda >= w->k && ldc >= w->n);
+    if (w->be == GEMM_BACKEND_OPENBLAS) {
+        gemm_run_openblas(w, a, lda, m, c, ldc, p);
+        return;
+    }
+    uint32_t threads = pool_threads(p);
+    pd_isa isa = pd_cpu_isa();
+    /* A few panel ranges per thread so a thread the OS delays does not hold
+     * up the rest; each streams contiguous panels, a multiple of the row
+     * kernel's group. M blocks are separate tasks too, so a narrow W with
+     * many rows still spreads over the threads. */
+    uint32_t want = threads == 1 ? 1 : threads * 4;
+    uint32_t ppt = (w->n_panels + want - 1) / want;
+    ppt = (ppt + GEMM_ROW_PANELS - 1) / GEMM_ROW_PANELS * GEMM_ROW_PANELS;
+    uint32_t n_ptasks = (w->n_panels + ppt - 1) / ppt;
+    uint64_t n_mblocks = ((uint64_t)m + GEMM_MC - 1) / GEMM_MC;
+    uint64_t mbpt = (n_mblocks * n_ptasks + GEMM_MAX_TASKS - 1) / GEMM_MAX_TASKS;
+    gemm_job job = {
+        .w = w, .a = a, .lda = lda, .m = m, .c = c, .ldc = ldc,
+        .panels_per_task = ppt,
+        .n_panel_tasks = n_ptasks,
+        .mblocks_per_task = (uint32_t)mbpt,
+        .tiles = gemm_tiles_for(isa, w->type),
+        .rows = gemm_rows_for(isa, w->type),
+    };
+    uint32_t n_tasks = (uint32_t)((n_mblocks + mbpt - 1) / mbpt) * n_ptasks;
+    pool_run(threads == 1 ? NULL : p, n_tasks, gemm_task, &job);
+}
+
+void gemm_run(const gemm_w *w, const float *a, uint32_t m, float *c, pool *p)
+{
+    CHECK(w != NULL);
+    gemm_run_ld(w, a, w->k, m, c, w->n, p);
+}

@@ -1,0 +1,116 @@
+/* The project's GEMM: C = A * W^T with W packed once at load time.
+ *
+ * Two backends:
+ *
+ * GEMM_BACKEND_INVARIANT (the default): batch invariant. Every C[i][j] is
+ * exactly one sequential chain
+ *
+ *     c = +0.0f;  for k = 0 .. K-1:  c = fmaf(a[i][k], w[j][k], c);
+ *
+ * whatever M, N, the tiling, the ISA path or the thread count (threads split
+ * the N panels and blocks of M rows, never K). For 16-bit and Q8_0 weights, w[j][k] is the exact
+ * f32 value of the stored weight (f16/bf16 converted; Q8_0 as (float)q * d
+ * with d the block's f16 scale in f32, one multiply, which is exact), so a
+ * 16-bit or Q8_0 GEMM equals the f32 GEMM of the dequantized weights bit for
+ * bit. The AVX2/FMA path (chosen by pd_cpu_isa(), base/cpu.h) and the
+ * portable fmaf path give the same bits (NaN payloads aside). Weights are kept
+ * in the kernel's panel layout [N/16 panels][K][16 columns] in their stored
+ * type and converted to f32 in registers just before use (Q8_0: per 32-k
+ * block, the 16 columns' f16 scales, then the int8 values [32][16]).
+ *
+ * Speed (K = 1280, N = 3584, one thread, AVX2, see bench/bench_gemm.c):
+ * M = 1 streams the panels at about the machine's read bandwidth; M >= 64
+ * runs at about OpenBLAS's speed; the OpenBLAS backend was not faster at
+ * any M there.
+ *
+ * GEMM_BACKEND_OPENBLAS (opt-in, `--gemm openblas`): cblas_sgemm on an f32
+ * copy of the weights. NOT batch invariant: the bits of a row change with M
+ * and with the thread count (DESIGN.md section 1). gemm_run sets OpenBLAS's
+ * thread count to pool_threads(p) with openblas_set_num_threads, which is
+ * process-wide: with several pools or ranks per node the last call wins, and
+ * OpenBLAS runs its own threads while the pool's workers stay parked. */
+#ifndef PD_GEMM_H
+#define PD_GEMM_H
+
+#include "base/alloc.h"
+#include "base/status.h"
+#include "cluster/model/pool.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum gemm_wtype {
+    GEMM_W_F32,
+    GEMM_W_F16,
+    GEMM_W_BF16,
+    GEMM_W_Q8_0, /* ggml/GGUF block: per 32 consecutive k, an f16 scale d then 32 int8 q;
+                    value = d * q. A row of k values is k / 32 blocks of 34 bytes. */
+    GEMM_W_COUNT
+} gemm_wtype;
+
+typedef enum gemm_backend {
+    GEMM_BACKEND_INVARIANT,
+    GEMM_BACKEND_OPENBLAS,
+    GEMM_BACKEND_COUNT
+} gemm_backend;
+
+/* Columns per packed panel (the micro-kernel's NR). */
+#define GEMM_NR 16u
+/* Q8_0 block length along k. */
+#define GEMM_Q8_0_BLOCK 32u
+
+/* Packed weights, opaque. Immutable after gemm_pack, so several threads may
+ * run GEMMs on one gemm_w at once (each with its own pool or none). */
+typedef struct gemm_w gemm_w;
+
+/* Bytes of one weight row of k values stored as `type` (GGUF layout), or 0
+ * when k is not valid for the type (Q8_0 needs k % 32 == 0) or on overflow. */
+size_t gemm_row_bytes(gemm_wtype type, uint32_t k);
+
+/* Packs w, an [n x k] row-major matrix of `type` (GGUF's layout: ne0 = k
+ * contiguous, n rows; Q8_0 rows are k / 32 blocks), for backend be. Invariant
+ * backend: panel layout in the stored type; OpenBLAS backend: an f32 [n x k]
+ * copy (dequantized). w is borrowed only during the call. Memory comes from
+ * alloc (NULL = default malloc), which must outlive the result.
+ * Errors (*out untouched): PD_ERR_ARG for NULL pointers, n == 0, k == 0, an
+ * unknown type or backend, Q8_0 with k % 32 != 0; PD_ERR_NOMEM when the size
+ * overflows or the allocation fails; PD_ERR_RANGE when n or k exceeds what
+ * cblas takes (INT_MAX) on the OpenBLAS backend.
+ * Returns owned, free with gemm_free. */
+pd_status gemm_pack(const void *w, gemm_wtype type, uint32_t n, uint32_t k, gemm_backend be,
+                    const pd_alloc *alloc, gemm_w **out, pd_err *err);
+
+/* Frees w and its packed memory. gemm_free(NULL) is a no-op. */
+void gemm_free(gemm_w *w);
+
+/* C[m x n] = A[m x k] * W^T. A is row-major with lda = k, C row-major with
+ * ldc = n and is overwritten (never read). m == 0 does nothing. a and c are
+ * borrowed and must not overlap. p may be NULL (caller thread only); the
+ * invariant backend splits the N panels over the pool's threads, and its
+ * result does not depend on p. Allocates nothing. */
+void gemm_run(const gemm_w *w, const float *a, uint32_t m, float *c, pool *p);
+
+/* Same as gemm_run with explicit leading dimensions (lda >= k, ldc >= n), so
+ * a caller can multiply column slices of a fused buffer. Invariant backend:
+ * the bits of every C element are those gemm_run gives. OpenBLAS backend:
+ * m, lda and ldc must fit in an int. Violations abort through CHECK (they
+ * are programming errors, not input). */
+void gemm_run_ld(const gemm_w *w, const float *a, size_t lda, uint32_t m, float *c, size_t ldc,
+                 pool *p);
+
+uint32_t gemm_rows_n(const gemm_w *w);
+uint32_t gemm_cols_k(const gemm_w *w);
+gemm_wtype gemm_get_wtype(const gemm_w *w);
+gemm_backend gemm_get_backend(const gemm_w *w);
+/* Bytes of packed weight memory held (including panel padding). */
+size_t gemm_bytes(const gemm_w *w);
+
+/* "f32" / "f16" / "bf16" / "q8_0"; "unknown" out of range. */
+const char *gemm_wtype_name(gemm_wtype t);
+/* "invariant" / "openblas"; "unknown" out of range. */
+const char *gemm_backend_name(gemm_backend b);
+
+/* Checks w's internal invariants; aborts through CHECK on violation. */
+void gemm_check(const gemm_w *w);
+
+#endif

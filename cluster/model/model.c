@@ -1,0 +1,501 @@
+/* model: GGUF hyperparameters, weight packing for one layer range, and the
+ * row-local math every stage shares (RMSNorm, RoPE, SwiGLU). */
+#include "cluster/model/model.h"
+
+#include "cache/attn.h"
+#include "base/check.h"
+#include "base/fp16.h"
+#include "cluster/format/gguf.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* INV: layers has n_layers entries for absolute layers [first, first + n_layers);
+ * embd != NULL iff the model was loaded with want_embed; out/out_norm iff want_output. */
+struct model {
+    gguf_file *file;
+    char *path;
+    model_hparams hp;
+    uint32_t first, n_layers;
+    model_layer *layers;
+    const gguf_tensor *embd; /* token_embd.weight, read in place */
+    gemm_w *out;             /* output projection [vocab x hidden] */
+    float *out_norm;         /* [hidden] */
+    const pd_alloc *alloc;
+    uint64_t digest;
+    int digest_done;
+    const void *token_types; /* int32 array in the file or NULL */
+    uint64_t n_token_types;
+};
+
+static const char *const model_arch_names[MODEL_ARCH_COUNT] = {
+    [MODEL_ARCH_LLAMA] = "llama",
+    [MODEL_ARCH_QWEN2] = "qwen2",
+};
+
+/* ---- hyperparameters ---------------------------------------------------- */
+
+static pd_status hp_u32(const gguf_file *f, const char *arch, const char *suffix, uint32_t *out,
+                        int required, uint32_t dflt, pd_err *err)
+{
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    if (gguf_find_key(f, key) < 0) {
+        if (required)
+            return pd_err_set(err, PD_ERR_FORMAT, "missing metadata key %s", key);
+        *out = dflt;
+        return PD_OK;
+    }
+    return gguf_get_u32(f, key, out, err);
+}
+
+static pd_status hp_f32(const gguf_file *f, const char *arch, const char *suffix, float *out,
+                        float dflt, pd_err *err)
+{
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    if (gguf_find_key(f, key) < 0) {
+        *out = dflt;
+        return PD_OK;
+    }
+    return gguf_get_f32(f, key, out, err);
+}
+
+static pd_status hparams_read(const gguf_file *f, model_hparams *hp, pd_err *err)
+{
+    memset(hp, 0, sizeof *hp);
+    const char *arch;
+    size_t alen;
+    pd_status st = gguf_get_str(f, "general.architecture", &arch, &alen, err);
+    if (st != PD_OK)
+        return st;
+    char archz[64];
+    if (alen >= sizeof archz)
+        return pd_err_set(err, PD_ERR_UNSUPPORTED, "architecture name of %zu bytes", alen);
+    memcpy(archz, arch, alen);
+    archz[alen] = '\0';
+    int found = 0;
+    for (int a = 0; a < MODEL_ARCH_COUNT; a++)
+        if (strcmp(archz, model_arch_names[a]) == 0) {
+            hp->arch = (model_arch)a;
+            found = 1;
+        }
+    if (!found)
+        return pd_err_set(err, PD_ERR_UNSUPPORTED,
+                          "architecture \"%s\" is not supported (supported: llama, qwen2)", archz);
+    hp->rope = hp->arch == MODEL_ARCH_QWEN2 ? MODEL_ROPE_NEOX : MODEL_ROPE_NORM;
+    if ((st = hp_u32(f, archz, "block_count", &hp->n_layers, 1, 0, err)) ||
+        (st = hp_u32(f, archz, "embedding_length", &hp->hidden, 1, 0, err)) ||
+        (st = hp_u32(f, archz, "feed_forward_length", &hp->ffn, 1, 0, err)) ||
+        (st = hp_u32(f, archz, "attention.head_count", &hp->n_heads, 1, 0, err)) ||
+        (st = hp_u32(f, archz, "attention.head_count_kv", &hp->n_kv_heads, 0, hp->n_heads, err)) ||
+        (st = hp_u32(f, archz, "context_length", &hp->ctx, 0, 4096, err)) ||
+        (st = hp_f32(f, archz, "rope.freq_base", &hp->rope_base, 10000.0f, err)) ||
+        (st = hp_f32(f, archz, "attention.layer_norm_rms_epsilon", &hp->rms_eps, 1e-5f, err)))
+        return st;
+    if (hp->n_layers == 0 || hp->hidden == 0 || hp->ffn == 0 || hp->n_heads == 0 ||
+        hp->n_kv_heads == 0)
+        return pd_err_set(err, PD_ERR_FORMAT, "%s: zero layer count, width or head count", archz);
+    if (hp->hidden % hp->n_heads != 0)
+        return pd_err_set(err, PD_ERR_FORMAT, "%s: embedding_length %u is not a multiple of head_count %u",
+                          archz, hp->hidden, hp->n_heads);
+    if (hp->n_heads % hp->n_kv_heads != 0)
+        return pd_err_set(err, PD_ERR_FORMAT, "%s: head_count %u is not a multiple of head_count_kv %u",
+                          archz, hp->n_heads, hp->n_kv_heads);
+    hp->head_dim = hp->hidden / hp->n_heads;
+    if (hp->head_dim % 2 != 0)
+        return pd_err_set(err, PD_ERR_FORMAT, "%s: head dimension %u is odd (RoPE needs pairs)", archz,
+                          hp->head_dim);
+    if (!(hp->rms_eps > 0.0f) || !(hp->rope_base > 1.0f))
+        return pd_err_set(err, PD_ERR_FORMAT, "%s: rms epsilon %g or rope base %g out of range", archz,
+                          (double)hp->rms_eps, (double)hp->rope_base);
+
+    gguf_vtype et;
+    const void *data;
+    uint64_t count;
+    if ((st = gguf_get_arr(f, "tokenizer.ggml.tokens", &et, &count, &data, err)))
+        return st;
+    if (et != GGUF_VTYPE_STRING || count == 0 || count > UINT32_MAX)
+        return pd_err_set(err, PD_ERR_FORMAT, "tokenizer.ggml.tokens: expected a non-empty string array");
+    hp->vocab = (uint32_t)count;
+    const char *tm;
+    size_t tml;
+    if ((st = gguf_get_str(f, "tokenizer.ggml.model", &tm, &tml, err)))
+        return st;
+    if (tml == 5 && memcmp(tm, "llama", 5) == 0)
+        hp->vocab_kind = MODEL_VOCAB_LLAMA;
+    else if (tml == 4 && memcmp(tm, "gpt2", 4) == 0)
+        hp->vocab_kind = MODEL_VOCAB_GPT2;
+    else
+        return pd_err_set(err, PD_ERR_UNSUPPORTED, "tokenizer.ggml.model \"%.*s\" is not supported (llama, gpt2)",
+                          (int)tml, tm);
+    if ((st = gguf_get_u32(f, "tokenizer.ggml.bos_token_id", &hp->bos, err)) ||
+        (st = gguf_get_u32(f, "tokenizer.ggml.eos_token_id", &hp->eos, err)))
+        return st;
+    if (hp->bos >= hp->vocab || hp->eos >= hp->vocab)
+        return pd_err_set(err, PD_ERR_FORMAT, "bos %u / eos %u outside the vocabulary of %u", hp->bos,
+                          hp->eos, hp->vocab);
+    hp->qkv_bias = gguf_tensor_find(f, "blk.0.attn_q.bias") != NULL;
+    hp->tied_output = gguf_tensor_find(f, "output.weight") == NULL;
+    return PD_OK;
+}
+
+/* ---- tensors ------------------------------------------------------------ */
+
+static pd_status tensor_get(const gguf_file *f, const char *name, uint64_t ne0, uint64_t ne1,
+                            const gguf_tensor **out, pd_err *err)
+{
+    const gguf_tensor *t = gguf_tensor_find(f, name);
+    if (!t)
+        return pd_err_set(err, PD_ERR_FORMAT, "tensor %s is missing", name);
+    uint32_t want_dims = ne1 ? 2 : 1;
+    if (t->n_dims != want_dims || t->ne[0] != ne0 || (ne1 && t->ne[1] != ne1))
+        return pd_err_set(err, PD_ERR_FORMAT,
+                          "tensor %s has shape [%llu, %llu] (%u dims), expected [%llu, %llu]", name,
+                          (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], t->n_dims,
+                          (unsigned long long)ne0, (unsigned long long)(ne1 ? ne1 : 1));
+    if (!gguf_type_supported(t->type))
+        return pd_err_set(err, PD_ERR_UNSUPPORTED,
+                          "tensor %s has type %s; supported: f32, f16, bf16, q8_0", name,
+                          gguf_type_name(t->type));
+    *out = t;
+    return PD_OK;
+}
+
+/* Converts element range [i0, i0 + n) of a supported tensor to f32. */
+static void tensor_row_f32(const gguf_tensor *t, uint64_t i0, uint64_t n, float *out)
+{
+    const uint8_t *b = t->data;
+    switch (t->type) {
+    case GGUF_TENSOR_F32:
+        memcpy(out, b + i0 * 4, n * 4);
+        break;
+    case GGUF_TENSOR_F16:
+        for (uint64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, b + (i0 + i) * 2, 2);
+            out[i] = pd_f16_to_f32(h);
+        }
+        break;
+    case GGUF_TENSOR_BF16:
+        for (uint64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, b + (i0 + i) * 2, 2);
+            out[i] = pd_bf16_to_f32(h);
+        }
+        break;
+    case GGUF_TENSOR_Q8_0:
+        for (uint64_t i = 0; i < n; i++) {
+            uint64_t e = i0 + i, blk = e / 32;
+            const uint8_t *bb = b + blk * 34;
+            uint16_t h;
+            memcpy(&h, bb, 2);
+            out[i] = (float)(int8_t)bb[2 + e % 32] * pd_f16_to_f32(h);
+        }
+        break;
+    default:
+        CHECKF(0, "tensor_row_f32: unsupported type %u", t->type);
+    }
+}
+
+static pd_status vec_load(const model *m, const char *name, uint64_t n, float **out, pd_err *err)
+{
+    const gguf_tensor *t;
+    pd_status st = tensor_get(m->file, name, n, 0, &t, err);
+    if (st)
+        return st;
+    float *v = pd_alloc_bytes(m->alloc, n * sizeof(float));
+    if (!v)
+        return pd_err_set(err, PD_ERR_NOMEM, "tensor %s: out of memory", name);
+    tensor_row_f32(t, 0, n, v);
+    *out = v;
+    return PD_OK;
+}
+
+static pd_status mat_load(const model *m, const char *name, uint64_t in, uint64_t outn,
+                          gemm_backend be, gemm_w **out, pd_err *err)
+{
+    const gguf_tensor *t;
+    pd_status st = tensor_get(m->file, name, in, outn, &t, err);
+    if (st)
+        return st;
+    gemm_wtype wt;
+    switch (t->type) {
+    case GGUF_TENSOR_F32: wt = GEMM_W_F32; break;
+    case GGUF_TENSOR_F16: wt = GEMM_W_F16; break;
+    case GGUF_TENSOR_BF16: wt = GEMM_W_BF16; break;
+    case GGUF_TENSOR_Q8_0: wt = GEMM_W_Q8_0; break;
+    default: return pd_err_set(err, PD_ERR_UNSUPPORTED, "tensor %s: type %s", name, gguf_type_name(t->type));
+    }
+    st = gemm_pack(t->data, wt, (uint32_t)outn, (uint32_t)in, be, m->alloc, out, err);
+    if (st)
+        pd_err_prefix(err, "tensor %s", name);
+    return st;
+}
+
+static pd_status layer_load(model *m, uint32_t L, model_layer *ly, gemm_backend be, pd_err *err)
+{
+    const model_hparams *hp = &m->hp;
+    uint64_t q_out = (uint64_t)hp->n_heads * hp->head_dim, kv_out = (uint64_t)hp->n_kv_heads * hp->head_dim;
+    char n[96];
+    pd_status st;
+#define LNAME(s) (snprintf(n, sizeof n, "blk.%u." s, L), n)
+    if ((st = vec_load(m, LNAME("attn_norm.weight"), hp->hidden, &ly->attn_norm, err)) ||
+        (st = vec_load(m, LNAME("ffn_norm.weight"), hp->hidden, &ly->ffn_norm, err)) ||
+        (st = mat_load(m, LNAME("attn_q.weight"), hp->hidden, q_out, be, &ly->wq, err)) ||
+        (st = mat_load(m, LNAME("attn_k.weight"), hp->hidden, kv_out, be, &ly->wk, err)) ||
+        (st = mat_load(m, LNAME("attn_v.weight"), hp->hidden, kv_out, be, &ly->wv, err)) ||
+        (st = mat_load(m, LNAME("attn_output.weight"), q_out, hp->hidden, be, &ly->wo, err)) ||
+        (st = mat_load(m, LNAME("ffn_gate.weight"), hp->hidden, hp->ffn, be, &ly->wgate, err)) ||
+        (st = mat_load(m, LNAME("ffn_up.weight"), hp->hidden, hp->ffn, be, &ly->wup, err)) ||
+        (st = mat_load(m, LNAME("ffn_down.weight"), hp->ffn, hp->hidden, be, &ly->wdown, err)))
+        return st;
+    if (hp->qkv_bias) {
+        if ((st = vec_load(m, LNAME("attn_q.bias"), q_out, &ly->bq, err)) ||
+            (st = vec_load(m, LNAME("attn_k.bias"), kv_out, &ly->bk, err)) ||
+            (st = vec_load(m, LNAME("attn_v.bias"), kv_out, &ly->bv, err)))
+            return st;
+    }
+#undef LNAME
+    return PD_OK;
+}
+
+static void layer_free(const model *m, model_layer *ly)
+{
+    const model_hparams *hp = &m->hp;
+    uint64_t q_out = (uint64_t)hp->n_heads * hp->head_dim, kv_out = (uint64_t)hp->n_kv_heads * hp->head_dim;
+    gemm_free(ly->wq);
+    gemm_free(ly->wk);
+    gemm_free(ly->wv);
+    gemm_free(ly->wo);
+    gemm_free(ly->wgate);
+    gemm_free(ly->wup);
+    gemm_free(ly->wdown);
+    pd_free_bytes(m->alloc, ly->attn_norm, hp->hidden * sizeof(float));
+    pd_free_bytes(m->alloc, ly->ffn_norm, hp->hidden * sizeof(float));
+    pd_free_bytes(m->alloc, ly->bq, q_out * sizeof(float));
+    pd_free_bytes(m->alloc, ly->bk, kv_out * sizeof(float));
+    pd_free_bytes(m->alloc, ly->bv, kv_out * sizeof(float));
+    memset(ly, 0, sizeof *ly);
+}
+
+pd_status model_read_hparams(const char *path, model_hparams *out, pd_err *err)
+{
+    gguf_file *f;
+    pd_status st = gguf_open(path, &f, err);
+    if (st) {
+        pd_err_prefix(err, "%s", path);
+        return st;
+    }
+    st = hparams_read(f, out, err);
+    if (st)
+        pd_err_prefix(err, "%s", path);
+    gguf_close(f);
+    return st;
+}
+
+pd_status model_load(const char *path, const model_load_opts *opts, model **out, pd_err *err)
+{
+    model *m = calloc(1, sizeof *m);
+    if (!m)
+        return pd_err_set(err, PD_ERR_NOMEM, "model: out of memory");
+    m->alloc = opts->alloc;
+    m->path = strdup(path);
+    pd_status st = m->path ? gguf_open(path, &m->file, err) : pd_err_set(err, PD_ERR_NOMEM, "oom");
+    if (st == PD_OK)
+        st = hparams_read(m->file, &m->hp, err);
+    if (st == PD_OK) {
+        const model_hparams *hp = &m->hp;
+        m->first = opts->all_layers ? 0 : opts->first_layer;
+        m->n_layers = opts->all_layers ? hp->n_layers : opts->n_layers;
+        if ((uint64_t)m->first + m->n_layers > hp->n_layers)
+            st = pd_err_set(err, PD_ERR_RANGE, "layers %u-%u requested but the model has %u layers",
+                            m->first, m->first + m->n_layers - 1, hp->n_layers);
+    }
+    if (st == PD_OK && m->n_layers) {
+        m->layers = calloc(m->n_layers, sizeof *m->layers);
+        if (!m->layers)
+            st = pd_err_set(err, PD_ERR_NOMEM, "model: out of memory");
+        for (uint32_t i = 0; st == PD_OK && i < m->n_layers; i++)
+            st = layer_load(m, m->first + i, &m->layers[i], opts->backend, err);
+    }
+    if (st == PD_OK && (opts->want_embed || (opts->want_output && m->hp.tied_output)))
+        st = tensor_get(m->file, "token_embd.weight", m->hp.hidden, m->hp.vocab, &m->embd, err);
+    if (st == PD_OK && opts->want_output) {
+        st = vec_load(m, "output_norm.weight", m->hp.hidden, &m->out_norm, err);
+        if (st == PD_OK)
+            st = mat_load(m, m->hp.tied_output ? "token_embd.weight" : "output.weight", m->hp.hidden,
+                          m->hp.vocab, opts->backend, &m->out, err);
+    }
+    if (st == PD_OK) {
+        gguf_vtype et;
+        const void *data;
+        uint64_t count;
+        if (gguf_find_key(m->file, "tokenizer.ggml.token_type") >= 0) {
+            st = gguf_get_arr(m->file, "tokenizer.ggml.token_type", &et, &count, &data, err);
+            if (st == PD_OK && (et != GGUF_VTYPE_INT32 || count != m->hp.vocab))
+                st = pd_err_set(err, PD_ERR_FORMAT,
+                                "tokenizer.ggml.token_type: expected %u int32 values", m->hp.vocab);
+            m->token_types = data;
+            m->n_token_types = count;
+        }
+    }
+    if (st != PD_OK) {
+        pd_err_prefix(err, "%s", path);
+        model_free(m);
+        return st;
+    }
+    *out = m;
+    return PD_OK;
+}
+
+void model_free(model *m)
+{
+    if (!m)
+        return;
+    for (uint32_t i = 0; m->layers && i < m->n_layers; i++)
+        layer_free(m, &m->layers[i]);
+    free(m->layers);
+    gemm_free(m->out);
+    pd_free_bytes(m->alloc, m->out_norm, m->hp.hidden * sizeof(float));
+    gguf_close(m->file);
+    free(m->path);
+    free(m);
+}
+
+const model_hparams *model_hp(const model *m) { return &m->hp; }
+uint32_t model_first_layer(const model *m) { return m->first; }
+uint32_t model_layer_count(const model *m) { return m->n_layers; }
+
+const model_layer *model_layer_get(const model *m, uint32_t layer)
+{
+    CHECKF(layer >= m->first && layer < m->first + m->n_layers, "layer %u outside [%u, %u)", layer,
+           m->first, m->first + m->n_layers);
+    return &m->layers[layer - m->first];
+}
+
+uint64_t model_weight_bytes(const model *m)
+{
+    uint64_t b = 0;
+    for (uint32_t i = 0; i < m->n_layers; i++) {
+        const model_layer *ly = &m->layers[i];
+        b += gemm_bytes(ly->wq) + gemm_bytes(ly->wk) + gemm_bytes(ly->wv) + gemm_bytes(ly->wo) +
+             gemm_bytes(ly->wgate) + gemm_bytes(ly->wup) + gemm_bytes(ly->wdown);
+    }
+    if (m->out)
+        b += gemm_bytes(m->out);
+    return b;
+}
+
+/* A 64-bit digest of the file: four independent multiply-xorshift lanes over
+ * 8-byte words, so it runs near memory speed. Computed on first use only
+ * (checkpoints and migration need it; plain decoding does not). */
+uint64_t model_digest(const model *m)
+{
+    model *mm = (model *)m;
+    if (mm->digest_done)
+        return mm->digest;
+    uint64_t size = gguf_file_size(m->file);
+    const uint8_t *base = gguf_bytes(m->file);
+    uint64_t h[4] = {0x9e3779b97f4a7c15ull, 0xc2b2ae3d27d4eb4full, 0x165667b19e3779f9ull,
+                     0x27d4eb2f165667c5ull};
+    uint64_t n8 = base ? size / 8 : 0;
+    for (uint64_t i = 0; i < n8; i++) {
+        uint64_t w;
+        memcpy(&w, base + i * 8, 8);
+        uint64_t *x = &h[i & 3];
+        *x = (*x ^ w) * 0x9fb21c651e98df25ull;
+        *x ^= *x >> 29;
+    }
+    uint64_t d = size;
+    for (int i = 0; i < 4; i++) {
+        d ^= h[i] + 0x9e3779b97f4a7c15ull + (d << 6) + (d >> 2);
+    }
+    for (uint64_t i = n8 * 8; base && i < size; i++)
+        d = (d ^ base[i]) * 0x100000001b3ull;
+    mm->digest = d;
+    mm->digest_done = 1;
+    return d;
+}
+
+void model_embed(const model *m, const uint32_t *tokens, uint32_t n, float *out)
+{
+    CHECK(m->embd);
+    uint32_t hd = m->hp.hidden;
+    for (uint32_t i = 0; i < n; i++) {
+        CHECKF(tokens[i] < m->hp.vocab, "token %u outside vocab %u", tokens[i], m->hp.vocab);
+        tensor_row_f32(m->embd, (uint64_t)tokens[i] * hd, hd, out + (size_t)i * hd);
+    }
+}
+
+void model_logits(const model *m, float *x, uint32_t n, float *logits, pool *p)
+{
+    CHECK(m->out && m->out_norm);
+    uint32_t hd = m->hp.hidden;
+    for (uint32_t i = 0; i < n; i++)
+        model_rmsnorm(x + (size_t)i * hd, m->out_norm, hd, m->hp.rms_eps, x + (size_t)i * hd);
+    gemm_run(m->out, x, n, logits, p);
+}
+
+pd_status model_token(const model *m, uint32_t id, const char **s, size_t *len, pd_err *err)
+{
+    return gguf_get_str_arr(m->file, "tokenizer.ggml.tokens", id, s, len, err);
+}
+
+int32_t model_token_type(const model *m, uint32_t id)
+{
+    if (!m->token_types || id >= m->n_token_types)
+        return 1;
+    return gguf_arr_i32_at(m->token_types, id);
+}
+
+/* ---- row-local math ----------------------------------------------------- */
+
+void model_rmsnorm(const float *x, const float *w, uint32_t n, float eps, float *y)
+{
+    float ss = attn_dot8(x, x, n);
+    float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (uint32_t i = 0; i < n; i++)
+        y[i] = (x[i] * r) * w[i];
+}
+
+void model_rope_row(float *x, uint32_t n_heads, uint32_t head_dim, uint64_t pos, float base,
+                    model_rope style)
+{
+    uint32_t half = head_dim / 2;
+    float cs[512], sn[512];
+    CHECK(half <= 512);
+    for (uint32_t i = 0; i < half; i++) {
+        double freq = pow((double)base, -2.0 * (double)i / (double)head_dim);
+        double ang = (double)pos * freq;
+        cs[i] = (float)cos(ang);
+        sn[i] = (float)sin(ang);
+    }
+    for (uint32_t h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * head_dim;
+        for (uint32_t i = 0; i < half; i++) {
+            uint32_t a = style == MODEL_ROPE_NORM ? 2 * i : i;
+            uint32_t b = style == MODEL_ROPE_NORM ? 2 * i + 1 : i + half;
+            float x0 = v[a], x1 = v[b];
+            v[a] = x0 * cs[i] - x1 * sn[i];
+            v[b] = x0 * sn[i] + x1 * cs[i];
+        }
+    }
+}
+
+void model_swiglu(const float *g, const float *u, uint32_t n, float *a)
+{
+    /* exponentials in blocks through pd_expf_n (vectorized, the same bits as
+     * pd_expf); a may alias g */
+    float e[256];
+    for (uint32_t i0 = 0; i0 < n; i0 += 256) {
+        uint32_t m = n - i0 < 256 ? n - i0 : 256;
+        for (uint32_t i = 0; i < m; i++)
+            e[i] = -g[i0 + i];
+        pd_expf_n(e, e, m);
+        for (uint32_t i = 0; i < m; i++)
+            a[i0 + i] = (g[i0 + i] / (1.0f + e[i])) * u[i0 + i];
+    }
+}

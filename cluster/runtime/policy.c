@@ -1,0 +1,121 @@
+/* policy: parsing and describing the attention / cache policy. */
+#include "cluster/runtime/policy.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void policy_default(cache_policy *p)
+{
+    *p = (cache_policy){.attn = POLICY_ATTN_FULL, .kv = KV_MODE_F32, .evict = POLICY_EVICT_NONE};
+}
+
+/* Parses a decimal u32 in [lo, hi] that spans the whole of s. */
+static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+    if (!s || !*s || *s == '-' || *s == '+')
+        return 0;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || v < lo || v > hi)
+        return 0;
+    *out = (uint32_t)v;
+    return 1;
+}
+
+pd_status policy_parse_attn(const char *s, cache_policy *p, pd_err *err)
+{
+    uint32_t w;
+    if (strcmp(s, "full") == 0) {
+        p->attn = POLICY_ATTN_FULL;
+        p->window = 0;
+        return PD_OK;
+    }
+    if (strncmp(s, "rswa:", 5) == 0 && parse_u32(s + 5, 1, 1u << 24, &w)) {
+        p->attn = POLICY_ATTN_RSWA;
+        p->window = w;
+        return PD_OK;
+    }
+    if (strncmp(s, "window:", 7) == 0 && parse_u32(s + 7, 1, 1u << 24, &w)) {
+        p->attn = POLICY_ATTN_WINDOW;
+        p->window = w;
+        return PD_OK;
+    }
+    return pd_err_set(err, PD_ERR_ARG,
+                      "--attn '%s': expected full, rswa:W or window:W with 1 <= W <= 16777216", s);
+}
+
+pd_status policy_parse_kv(const char *s, cache_policy *p, pd_err *err)
+{
+    static const struct { const char *name; kv_mode mode; } modes[] = {
+        {"f32", KV_MODE_F32}, {"q8", KV_MODE_Q8}, {"q8k", KV_MODE_Q8K}, {"q8v", KV_MODE_Q8V}};
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+        if (strcmp(s, modes[i].name) == 0) {
+            p->kv = modes[i].mode;
+            return PD_OK;
+        }
+    return pd_err_set(err, PD_ERR_ARG, "--kv '%s': expected f32, q8, q8k or q8v", s);
+}
+
+pd_status policy_parse_evict(const char *s, cache_policy *p, pd_err *err)
+{
+    uint32_t n, k;
+    if (strcmp(s, "none") == 0) {
+        p->evict = POLICY_EVICT_NONE;
+        p->evict_budget = p->evict_sinks = 0;
+        return PD_OK;
+    }
+    if (strncmp(s, "recent:", 7) == 0 && parse_u32(s + 7, 1, UINT32_MAX, &n)) {
+        p->evict = POLICY_EVICT_RECENT;
+        p->evict_budget = n;
+        p->evict_sinks = 0;
+        return PD_OK;
+    }
+    if (strncmp(s, "importance:", 11) == 0) {
+        char buf[64];
+        snprintf(buf, sizeof buf, "%s", s + 11);
+        char *colon = strchr(buf, ':');
+        if (colon) {
+            *colon = '\0';
+            if (parse_u32(buf, 2, UINT32_MAX, &n) && parse_u32(colon + 1, 0, UINT32_MAX, &k) && k <= n) {
+                p->evict = POLICY_EVICT_IMPORTANCE;
+                p->evict_budget = n;
+                p->evict_sinks = k;
+                return PD_OK;
+            }
+        }
+    }
+    return pd_err_set(err, PD_ERR_ARG,
+                      "--evict '%s': expected none, recent:N (N >= 1) or importance:N:SINKS "
+                      "(N >= 2, SINKS <= N)", s);
+}
+
+pd_status policy_validate(const cache_policy *p, pd_err *err)
+{
+    if (p->attn == POLICY_ATTN_RSWA && p->kv != KV_MODE_F32)
+        return pd_err_set(err, PD_ERR_ARG, "--attn rswa keeps f32 rows; --kv must be f32");
+    if (p->attn == POLICY_ATTN_RSWA && p->evict != POLICY_EVICT_NONE)
+        return pd_err_set(err, PD_ERR_ARG, "--attn rswa bounds itself; --evict must be none");
+    if (p->attn == POLICY_ATTN_WINDOW && p->evict != POLICY_EVICT_NONE)
+        return pd_err_set(err, PD_ERR_ARG, "--attn window:W trims itself; --evict must be none");
+    return PD_OK;
+}
+
+void policy_describe(const cache_policy *p, char *buf, size_t cap)
+{
+    static const char *const kv[] = {"f32", "q8k", "q8v", "q8"};
+    char attn[48], ev[64];
+    if (p->attn == POLICY_ATTN_FULL)
+        snprintf(attn, sizeof attn, "full");
+    else
+        snprintf(attn, sizeof attn, "%s:%u", p->attn == POLICY_ATTN_RSWA ? "rswa" : "window", p->window);
+    if (p->evict == POLICY_EVICT_NONE)
+        snprintf(ev, sizeof ev, "none");
+    else if (p->evict == POLICY_EVICT_RECENT)
+        snprintf(ev, sizeof ev, "recent:%u", p->evict_budget);
+    else
+        snprintf(ev, sizeof ev, "importance:%u:%u", p->evict_budget, p->evict_sinks);
+    snprintf(buf, cap, "attn=%s kv=%s evict=%s drafts=%u", attn, kv[p->kv & 3], ev, p->max_drafts);
+}

@@ -1,0 +1,374 @@
+/* sched: page queue, admission, micro-batch formation and results. */
+#include "cluster/runtime/sched.h"
+
+#include "base/check.h"
+#include "cluster/runtime/digest.h"
+#include "cluster/model/sample.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* INV: used streams have page < pages_count, fed <= prefill_rows,
+ * n_tokens <= max_new; a stream with in_flight set is in exactly one
+ * outstanding slot. */
+typedef struct sched_stream {
+    bool used, in_flight;
+    uint64_t id;
+    size_t page;
+    uint64_t prefill_rows, fed;
+    uint32_t max_new;
+    uint32_t *tokens;
+    uint32_t n_tokens;
+    uint64_t digest; /* chain over the logits rows sampled so far */
+} sched_stream;
+
+/* One outstanding micro-batch's buffers. */
+typedef struct sched_slot {
+    bool busy;
+    mb_row *rows;
+    float *x;
+    mb_admit *admit;
+    uint64_t *retire;
+    uint32_t *logit_stream; /* [max_rows] stream slot of each logits row */
+    uint32_t *members;      /* stream slots in this batch */
+    uint32_t n_members;
+} sched_slot;
+
+struct sched {
+    sched_config cfg;
+    uint32_t hidden;
+    uint32_t eos;
+    sched_stream *streams;
+    sched_slot *slots;
+    uint32_t n_slots;
+    uint64_t *pending_retire;
+    uint32_t n_pending_retire;
+    size_t next_page;
+    uint64_t next_id;
+    uint64_t seq;
+    uint32_t inflight;
+    sched_progress prog;
+};
+
+void sched_free(sched *s)
+{
+    if (!s)
+        return;
+    for (uint32_t i = 0; s->streams && i < s->cfg.max_streams; i++)
+        free(s->streams[i].tokens);
+    for (uint32_t i = 0; s->slots && i < s->n_slots; i++) {
+        sched_slot *sl = &s->slots[i];
+        free(sl->rows);
+        free(sl->x);
+        free(sl->admit);
+        free(sl->retire);
+        free(sl->logit_stream);
+        free(sl->members);
+    }
+    free(s->slots);
+    free(s->streams);
+    free(s->pending_retire);
+    free(s);
+}
+
+pd_status sched_new(const sched_config *cfg, uint32_t max_inflight, sched **out, pd_err *err)
+{
+    if (!cfg->pg || !cfg->m || cfg->max_streams == 0 || cfg->max_rows == 0 || max_inflight == 0)
+        return pd_err_set(err, PD_ERR_ARG, "sched: pages, model, batch, rows and in-flight limit are required");
+    if (cfg->max_rows < cfg->max_streams)
+        return pd_err_set(err, PD_ERR_ARG, "sched: row budget %u is below the stream count %u", cfg->max_rows,
+                          cfg->max_streams);
+    sched *s = calloc(1, sizeof *s);
+    if (!s)
+        return pd_err_set(err, PD_ERR_NOMEM, "sched: out of memory");
+    s->cfg = *cfg;
+    s->hidden = model_hp(cfg->m)->hidden;
+    s->eos = model_hp(cfg->m)->eos;
+    s->n_slots = max_inflight;
+    s->streams = calloc(cfg->max_streams, sizeof *s->streams);
+    s->slots = calloc(max_inflight, sizeof *s->slots);
+    s->pending_retire = calloc(cfg->max_streams, sizeof *s->pending_retire);
+    bool ok = s->streams && s->slots && s->pending_retire;
+    for (uint32_t i = 0; ok && i < max_inflight; i++) {
+        sched_slot *sl = &s->slots[i];
+        sl->rows = calloc(cfg->max_rows, sizeof *sl->rows);
+        sl->x = malloc((size_t)cfg->max_rows * s->hidden * sizeof(float));
+        sl->admit = calloc(cfg->max_streams, sizeof *sl->admit);
+        sl->retire = calloc(cfg->max_streams, sizeof *sl->retire);
+        sl->logit_stream = calloc(cfg->max_rows, sizeof *sl->logit_stream);
+        sl->members = calloc(cfg->max_streams, sizeof *sl->members);
+        ok = sl->rows && sl->x && sl->admit && sl->retire && sl->logit_stream && sl->members;
+    }
+    if (!ok) {
+        sched_free(s);
+        return pd_err_set(err, PD_ERR_NOMEM, "sched: out of memory");
+    }
+    size_t n = pages_count(cfg->pg);
+    s->prog.pages_total = n;
+    for (size_t i = 0; cfg->skip && i < n; i++)
+        s->prog.pages_skipped += cfg->skip[i];
+    *out = s;
+    return PD_OK;
+}
+
+/* Hands the page to on_done and frees the stream; stages learn of it on the
+ * next header when `admitted` (a page that never reached them is not announced). */
+static pd_status stream_finish(sched *s, uint32_t slot, sched_stop stop, bool admitted, pd_err *err)
+{
+    sched_stream *st = &s->streams[slot];
+    const pages_page *pg = pages_get(s->cfg.pg, st->page);
+    sched_result r = {.page = st->page,
+                      .id = pg->id,
+                      .tokens = st->tokens,
+                      .n_tokens = st->n_tokens,
+                      .prefill_rows = st->prefill_rows,
+                      .stop = stop,
+                      .digest = st->digest};
+    pd_status rc = s->cfg.on_done ? s->cfg.on_done(s->cfg.on_done_ctx, &r, err) : PD_OK;
+    s->prog.pages_done++;
+    if (admitted)
+        s->pending_retire[s->n_pending_retire++] = st->id;
+    free(st->tokens);
+    memset(st, 0, sizeof *st);
+    return rc;
+}
+
+/* Embeds prefill rows [from, from + n) of stream st into x. */
+static pd_status prefill_rows(sched *s, const sched_stream *st, uint64_t from, uint32_t n, float *x,
+                              pd_err *err)
+{
+    const pages_page *pg = pages_get(s->cfg.pg, st->page);
+    uint64_t seg0 = 0;
+    uint32_t done = 0;
+    for (uint32_t k = 0; k < pg->n_segs && done < n; k++) {
+        const pages_seg *sg = &pg->segs[k];
+        uint64_t seg_end = seg0 + sg->rows;
+        uint64_t at = from + done;
+        if (at < seg_end) {
+            uint32_t off = (uint32_t)(at - seg0);
+            uint32_t cnt = sg->rows - off;
+            if (cnt > n - done)
+                cnt = n - done;
+            float *dst = x + (size_t)done * s->hidden;
+            if (sg->kind == PAGES_SEG_TOKENS) {
+                for (uint32_t i = 0; i < cnt; i++) {
+                    uint32_t t = (uint32_t)sg->tokens[off + i];
+                    model_embed(s->cfg.m, &t, 1, dst + (size_t)i * s->hidden);
+                }
+            } else {
+                pd_status rc = pages_embed_read(s->cfg.pg, st->page, k, off, cnt, dst, err);
+                if (rc)
+                    return rc;
+            }
+            done += cnt;
+        }
+        seg0 = seg_end;
+    }
+    CHECK(done == n);
+    return PD_OK;
+}
+
+/* Takes the next page of the manifest into a free stream slot: its index in
+ * *slot, or UINT32_MAX when no slot is free or no page is left. A page that
+ * asks for no tokens finishes at once and the next one is tried. */
+static pd_status admit_next(sched *s, sched_slot *sl, uint32_t *na, uint32_t *slot, pd_err *err)
+{
+    size_t n_pages = pages_count(s->cfg.pg);
+    for (;;) {
+        *slot = UINT32_MAX;
+        uint32_t free_slot = UINT32_MAX;
+        for (uint32_t i = 0; i < s->cfg.max_streams && free_slot == UINT32_MAX; i++)
+            if (!s->streams[i].used)
+                free_slot = i;
+        while (s->next_page < n_pages && s->cfg.skip && s->cfg.skip[s->next_page])
+            s->next_page++;
+        if (free_slot == UINT32_MAX || s->next_page >= n_pages)
+            return PD_OK;
+        const pages_page *pg = pages_get(s->cfg.pg, s->next_page);
+        sched_stream *st = &s->streams[free_slot];
+        *st = (sched_stream){.used = true,
+                             .id = s->next_id++,
+                             .page = s->next_page++,
+                             .prefill_rows = pg->prefill_rows,
+                             .max_new = pg->max_new_tokens,
+                             .digest = DIGEST_CHAIN_INIT};
+        if (st->max_new == 0) {
+            pd_status rc = stream_finish(s, free_slot, SCHED_STOP_LENGTH, false, err);
+            if (rc)
+                return rc;
+            continue;
+        }
+        st->tokens = malloc((size_t)st->max_new * sizeof *st->tokens);
+        if (!st->tokens)
+            return pd_err_set(err, PD_ERR_NOMEM, "sched: out of memory for page \"%s\"", pg->id);
+        sl->admit[(*na)++] = (mb_admit){.stream = st->id,
+                                        .prefill_rows = (uint32_t)st->prefill_rows,
+                                        .max_new = st->max_new,
+                                        .sample_key = sample_page_key(pg->id)};
+        s->prog.prefill_rows += st->prefill_rows;
+        *slot = free_slot;
+        return PD_OK;
+    }
+}
+
+/* Appends the next prefill chunk of stream i (at most `room` rows) to the
+ * micro-batch. */
+static pd_status add_prefill(sched *s, sched_slot *sl, uint32_t i, uint32_t room, uint32_t *nr,
+                             uint32_t *nl, pd_err *err)
+{
+    sched_stream *st = &s->streams[i];
+    uint64_t rest = st->prefill_rows - st->fed;
+    uint32_t chunk = s->cfg.prefill_chunk ? s->cfg.prefill_chunk : UINT32_MAX;
+    uint32_t n = rest < chunk ? (uint32_t)rest : chunk;
+    if (n > room)
+        n = room;
+    pd_status rc = prefill_rows(s, st, st->fed, n, sl->x + (size_t)*nr * s->hidden, err);
+    if (rc)
+        return rc;
+    for (uint32_t j = 0; j < n; j++) {
+        uint64_t pos = st->fed + j;
+        bool last = pos + 1 == st->prefill_rows;
+        sl->rows[*nr + j] = (mb_row){.stream = st->id, .pos = pos, .role = MB_ROLE_PREFILL, .wants_logits = last};
+        if (last)
+            sl->logit_stream[(*nl)++] = i;
+    }
+    st->fed += n;
+    st->in_flight = true;
+    sl->members[sl->n_members++] = i;
+    *nr += n;
+    return PD_OK;
+}
+
+pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
+{
+    memset(b, 0, sizeof *b);
+    sched_slot *sl = NULL;
+    uint32_t slot_i = 0;
+    for (uint32_t i = 0; i < s->n_slots && !sl; i++)
+        if (!s->slots[i].busy) {
+            sl = &s->slots[i];
+            slot_i = i;
+        }
+    if (!sl)
+        return PD_OK;
+    const uint32_t H = s->hidden;
+    const uint32_t R = s->cfg.rows_per_batch && s->cfg.rows_per_batch < s->cfg.max_rows ? s->cfg.rows_per_batch
+                                                                                         : s->cfg.max_rows;
+    /* with several micro-batches in flight each carries its share of the
+     * streams, so the batches in flight cost about the same and every stage
+     * stays busy */
+    const uint32_t member_cap = (s->cfg.max_streams + s->n_slots - 1) / s->n_slots;
+    uint32_t nr = 0, nl = 0, na = 0;
+    sl->n_members = 0;
+
+    /* retirements decided since the last batch ride on this header */
+    memcpy(sl->retire, s->pending_retire, s->n_pending_retire * sizeof *sl->retire);
+    uint32_t n_retire = s->n_pending_retire;
+    s->n_pending_retire = 0;
+
+    /* decode rows: the last sampled token of decoding streams */
+    for (uint32_t i = 0; i < s->cfg.max_streams && nr < R && sl->n_members < member_cap; i++) {
+        sched_stream *st = &s->streams[i];
+        if (!st->used || st->in_flight || st->fed < st->prefill_rows)
+            continue;
+        CHECK(st->n_tokens >= 1);
+        sl->rows[nr] = (mb_row){.stream = st->id,
+                                .pos = st->prefill_rows + st->n_tokens - 1,
+                                .role = MB_ROLE_DECODE,
+                                .wants_logits = 1};
+        model_embed(s->cfg.m, &st->tokens[st->n_tokens - 1], 1, sl->x + (size_t)nr * H);
+        sl->logit_stream[nl++] = i;
+        sl->members[sl->n_members++] = i;
+        st->in_flight = true;
+        nr++;
+    }
+    /* prefill chunks of admitted streams, then of pages admitted now: a page
+     * is admitted when its first rows fit, so its stages allocate its state
+     * in the micro-batch that first uses it */
+    pd_status rc;
+    for (uint32_t i = 0; i < s->cfg.max_streams && nr < R && sl->n_members < member_cap; i++) {
+        sched_stream *st = &s->streams[i];
+        if (!st->used || st->in_flight || st->fed >= st->prefill_rows)
+            continue;
+        if ((rc = add_prefill(s, sl, i, R - nr, &nr, &nl, err)))
+            return rc;
+    }
+    while (nr < R && sl->n_members < member_cap) {
+        uint32_t i;
+        if ((rc = admit_next(s, sl, &na, &i, err)))
+            return rc;
+        if (i == UINT32_MAX)
+            break;
+        if ((rc = add_prefill(s, sl, i, R - nr, &nr, &nl, err)))
+            return rc;
+    }
+    if (nr == 0 && na == 0 && n_retire == 0)
+        return PD_OK;
+    sl->busy = true;
+    s->inflight++;
+    *b = (sched_batch){.seq = s->seq++,
+                       .slot = slot_i,
+                       .n_admit = na,
+                       .admit = sl->admit,
+                       .n_retire = n_retire,
+                       .retire = sl->retire,
+                       .n_rows = nr,
+                       .rows = sl->rows,
+                       .x = sl->x,
+                       .n_logits = nl};
+    return PD_OK;
+}
+
+pd_status sched_complete(sched *s, const sched_batch *b, const uint32_t *tokens, const uint64_t *row_digests,
+                         pd_err *err)
+{
+    sched_slot *sl = &s->slots[b->slot];
+    CHECK(sl->busy);
+    pd_status rc = PD_OK;
+    for (uint32_t m = 0; m < sl->n_members; m++)
+        s->streams[sl->members[m]].in_flight = false;
+    for (uint32_t l = 0; l < b->n_logits; l++) {
+        uint32_t i = sl->logit_stream[l];
+        sched_stream *st = &s->streams[i];
+        if (!st->used)
+            continue;
+        uint32_t t = tokens[l];
+        st->digest = digest_chain(st->digest, row_digests[l]);
+        s->prog.tokens_generated++;
+        pd_status r2 = PD_OK;
+        if (t == s->eos)
+            r2 = stream_finish(s, i, SCHED_STOP_EOS, true, err);
+        else {
+            st->tokens[st->n_tokens++] = t;
+            if (st->n_tokens >= st->max_new)
+                r2 = stream_finish(s, i, SCHED_STOP_LENGTH, true, err);
+        }
+        if (r2 && rc == PD_OK)
+            rc = r2;
+    }
+    sl->busy = false;
+    s->inflight--;
+    return rc;
+}
+
+bool sched_finished(const sched *s)
+{
+    if (s->inflight || s->n_pending_retire)
+        return false;
+    for (uint32_t i = 0; i < s->cfg.max_streams; i++)
+        if (s->streams[i].used)
+            return false;
+    size_t n = pages_count(s->cfg.pg);
+    for (size_t p = s->next_page; p < n; p++)
+        if (!s->cfg.skip || !s->cfg.skip[p])
+            return false;
+    return true;
+}
+
+void sched_get_progress(const sched *s, sched_progress *out)
+{
+    *out = s->prog;
+    out->streams_alive = 0;
+    for (uint32_t i = 0; i < s->cfg.max_streams; i++)
+        out->streams_alive += s->streams[i].used;
+}

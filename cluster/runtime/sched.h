@@ -1,0 +1,105 @@
+/* sched: the head's scheduler — page queue, admission, micro-batch
+ * formation, results, and the finished-page callback.
+ *
+ * Every step it builds a micro-batch from the streams that are not in flight:
+ * one decode row per decoding stream (its last sampled token), then prefill
+ * rows of prefilling streams in chunks of at most prefill_chunk rows, within
+ * the row budget; then queued pages, in manifest order, are admitted while
+ * fewer than max_streams streams are alive and the batch has room for at
+ * least one of their rows (the first chunk is cut to the room left). With
+ * K micro-batches in flight each takes at most ceil(max_streams / K)
+ * streams. A stream is in at most one micro-batch at a time, so several
+ * micro-batches can be in flight (one per pipeline stage, plus one).
+ * Admissions and retirements ride on the micro-batch header so every stage
+ * creates and frees per-stream state in step with the head.
+ *
+ * Nothing here depends on MPI or on how many stages run the batch. */
+#ifndef PD_SCHED_H
+#define PD_SCHED_H
+
+#include "base/status.h"
+#include "cluster/model/model.h"
+#include "cluster/format/pages.h"
+#include "comm/batch.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef enum sched_stop { SCHED_STOP_EOS, SCHED_STOP_LENGTH } sched_stop;
+
+/* A finished page, handed to the on_done callback (tokens borrowed for the
+ * duration of the call). tokens exclude the EOS token. */
+typedef struct sched_result {
+    size_t page;              /* index in the manifest */
+    const char *id;
+    const uint32_t *tokens;
+    uint32_t n_tokens;
+    uint64_t prefill_rows;
+    sched_stop stop;
+    uint64_t digest;          /* digest_chain over the logits row digests of every sampled
+                               * token in position order, EOS included (digest.h) */
+} sched_result;
+
+typedef pd_status (*sched_done_fn)(void *ctx, const sched_result *r, pd_err *err);
+
+typedef struct sched_config {
+    const pages *pg;          /* borrowed */
+    const model *m;           /* borrowed: embeddings (head), hparams */
+    uint32_t max_streams;     /* --batch: streams decoding at once */
+    uint32_t prefill_chunk;   /* rows of one stream's prefill per micro-batch (0 = whole) */
+    uint32_t max_rows;        /* rows a micro-batch can hold (buffer size) */
+    uint32_t rows_per_batch;  /* row budget of one micro-batch (0 or > max_rows: max_rows); with
+                               * several in flight, about one in-flight share of the streams'
+                               * decode rows plus one prefill chunk keeps their costs even */
+    const bool *skip;         /* [pages_count] pages already complete, or NULL */
+    sched_done_fn on_done;
+    void *on_done_ctx;
+} sched_config;
+
+/* A micro-batch produced by sched_next. All arrays are owned by the sched and
+ * valid until the same batch is passed to sched_complete. */
+typedef struct sched_batch {
+    uint64_t seq;             /* micro-batch number */
+    uint32_t slot;            /* the sched's buffer slot (internal) */
+    uint32_t n_admit;
+    const mb_admit *admit;
+    uint32_t n_retire;
+    const uint64_t *retire;
+    uint32_t n_rows;
+    const mb_row *rows;
+    float *x;                 /* [n_rows x hidden] input hidden states */
+    uint32_t n_logits;        /* rows with wants_logits */
+} sched_batch;
+
+typedef struct sched sched;
+
+/* max_inflight: micro-batches that may be out at once (>= 1). */
+pd_status sched_new(const sched_config *cfg, uint32_t max_inflight, sched **out, pd_err *err);
+void sched_free(sched *s);
+
+/* Forms the next micro-batch. *b->n_rows == 0 (and no admits/retires) means
+ * nothing can run until an in-flight batch completes (or everything is done).
+ * Errors: reading a page's embeddings failed (names page and field), or the
+ * on_done callback failed; after an error the sched is only fit for
+ * sched_free (the run stops). */
+pd_status sched_next(sched *s, sched_batch *b, pd_err *err);
+
+/* Records the tokens sampled for batch b's logits rows, in row order
+ * (tokens[n_logits]), and chains each row's logits digest
+ * (row_digests[n_logits]) into its page's digest; finishes streams (EOS or
+ * max_new_tokens) through on_done, and frees the batch's slot. */
+pd_status sched_complete(sched *s, const sched_batch *b, const uint32_t *tokens, const uint64_t *row_digests,
+                         pd_err *err);
+
+/* True when every page is finished and nothing is in flight or pending
+ * retirement. */
+bool sched_finished(const sched *s);
+
+typedef struct sched_progress {
+    uint64_t pages_total, pages_done, pages_skipped;
+    uint64_t tokens_generated, prefill_rows; /* tokens sampled, EOS included (it costs a step) */
+    uint32_t streams_alive;
+} sched_progress;
+void sched_get_progress(const sched *s, sched_progress *out);
+
+#endif
