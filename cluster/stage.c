@@ -331,11 +331,13 @@ static pd_status group_prepare(stage *s, const stage_group *gr, const mb_row *ro
         kv_layer *kl = st->caches[l];
         if (kv_layer_rows(kl) + gr->n > pol->evict_budget && pol->evict_budget > gr->n) {
             uint64_t keep = pol->evict_budget - gr->n;
+            /* sinks up to the budget, the library's own clamp: with S = N - 1
+             * a decode step keeps N - 1 rows, all of them sinks */
+            uint64_t sinks = pol->evict_sinks < keep ? pol->evict_sinks : keep;
             if (pol->evict == POLICY_EVICT_RECENT)
                 kv_layer_evict_recent(kl, keep);
             else
-                kv_layer_evict_importance(kl, keep, pol->evict_sinks < keep ? pol->evict_sinks : 0,
-                                          keep / 2 ? keep / 2 : 1);
+                kv_layer_evict_importance(kl, keep, sinks, keep / 2 ? keep / 2 : 1);
         }
     }
     return PD_OK;
