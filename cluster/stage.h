@@ -108,7 +108,9 @@ pd_status stage_settle(stage *s, uint64_t stream, uint64_t pos, pd_err *err);
  * Q8 (q8 modes) or RING (rswa). What it holds between micro-batches:
  *   - kv: every stored row, including the last micro-batch's rows that may
  *     still be rolled back (verify rows); settle first for a record of final
- *     rows only (the record's position field is the depth it holds);
+ *     rows only. The record's position is the layer's depth (base + stored
+ *     rows): the stream's position, except after eviction dropped rows,
+ *     so the stream's position must travel beside the record;
  *   - ring: committed rows only; pending verify rows are never part of a
  *     ring record (the wire does not carry speculation).
  * Refusal: under --evict importance the importance mass of the last
