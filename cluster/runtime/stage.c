@@ -12,6 +12,7 @@
 #include "base/fp16.h"
 #include "cache/kv_layer.h"
 #include "cache/ring_layer.h"
+#include "comm/wire.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -135,7 +136,7 @@ void stage_free(stage *s)
     free(s);
 }
 
-static stage_stream *stream_find(stage *s, uint64_t id)
+static stage_stream *stream_find(const stage *s, uint64_t id)
 {
     for (uint32_t i = 0; i < s->cfg.max_streams; i++)
         if (s->streams[i].used && s->streams[i].id == id)
@@ -225,6 +226,15 @@ uint32_t stage_streams(const stage *s)
     return s->alive;
 }
 
+/* How far back a stream's next row may start (position-driven rollback): a
+ * ring only drops its pending verify rows; a kv layer rolls back at most
+ * max_drafts + 1 rows (a decode row and its verify rows, the query positions
+ * the kv layer's importance log keeps undoable: spec_depth). */
+static int rollback_allowed(const stage *s, const stage_stream *st, uint64_t back)
+{
+    return is_ring(s) ? back <= st->ring_drafts : back <= (uint64_t)s->cfg.policy.max_drafts + 1;
+}
+
 /* Checks the rows and splits them into per-stream groups; changes nothing. */
 static pd_status forward_plan(stage *s, const mb_row *rows, uint32_t n, pd_err *err)
 {
@@ -254,7 +264,7 @@ static pd_status forward_plan(stage *s, const mb_row *rows, uint32_t n, pd_err *
                               i, (unsigned long long)r->stream, (unsigned long long)r->pos,
                               (unsigned long long)st->pos);
         uint64_t back = st->pos - r->pos;
-        if (is_ring(s) ? back > st->ring_drafts : back > s->cfg.policy.max_drafts + 1)
+        if (!rollback_allowed(s, st, back))
             return pd_err_set(err, PD_ERR_FORMAT,
                               "row %u: stream %llu rolls back %llu positions, more than speculation allows",
                               i, (unsigned long long)r->stream, (unsigned long long)back);
@@ -277,14 +287,14 @@ static pd_status forward_plan(stage *s, const mb_row *rows, uint32_t n, pd_err *
     return PD_OK;
 }
 
-/* Position-driven rollback, confirmation and eviction before the rows of a
- * group are appended. Runs once per forward per stream (all layers). */
-static pd_status group_prepare(stage *s, const stage_group *gr, const mb_row *rows, pd_err *err)
+/* Position-driven rollback to p and confirmation of every row before p, in
+ * every layer of the stream: what a micro-batch whose first row is at p does
+ * before anything else. Running it twice for the same p changes nothing the
+ * second time (confirm is idempotent, no drafts are left), which is what
+ * lets stage_settle run it ahead of the next micro-batch. */
+static pd_status stream_settle(stage *s, stage_stream *st, uint64_t p, pd_err *err)
 {
-    stage_stream *st = gr->st;
-    uint64_t p = rows[gr->row0].pos;
     uint64_t back = st->pos - p;
-    const cache_policy *pol = &s->cfg.policy;
     for (uint32_t l = 0; l < s->n_layers; l++) {
         pd_status rc = PD_OK;
         if (is_ring(s)) {
@@ -295,18 +305,8 @@ static pd_status group_prepare(stage *s, const stage_group *gr, const mb_row *ro
             kv_layer *kl = st->caches[l];
             if (back)
                 rc = kv_layer_truncate_last(kl, back, err);
-            if (rc == PD_OK) {
+            if (rc == PD_OK)
                 kv_layer_confirm(kl, kv_layer_base(kl) + kv_layer_rows(kl));
-                if (pol->evict != POLICY_EVICT_NONE && rows[gr->row0].role != MB_ROLE_PREFILL &&
-                    kv_layer_rows(kl) + gr->n > pol->evict_budget && pol->evict_budget > gr->n) {
-                    uint64_t keep = pol->evict_budget - gr->n;
-                    if (pol->evict == POLICY_EVICT_RECENT)
-                        kv_layer_evict_recent(kl, keep);
-                    else
-                        kv_layer_evict_importance(kl, keep, pol->evict_sinks < keep ? pol->evict_sinks : 0,
-                                                  keep / 2 ? keep / 2 : 1);
-                }
-            }
         }
         if (rc != PD_OK) {
             pd_err_prefix(err, "stream %llu layer %u", (unsigned long long)st->id, s->first + l);
@@ -315,6 +315,31 @@ static pd_status group_prepare(stage *s, const stage_group *gr, const mb_row *ro
     }
     st->ring_drafts = 0;
     st->pos = p;
+    return PD_OK;
+}
+
+/* Position-driven rollback, confirmation and eviction before the rows of a
+ * group are appended. Runs once per forward per stream (all layers). */
+static pd_status group_prepare(stage *s, const stage_group *gr, const mb_row *rows, pd_err *err)
+{
+    stage_stream *st = gr->st;
+    const cache_policy *pol = &s->cfg.policy;
+    pd_status rc = stream_settle(s, st, rows[gr->row0].pos, err);
+    if (rc != PD_OK || is_ring(s) || pol->evict == POLICY_EVICT_NONE || rows[gr->row0].role == MB_ROLE_PREFILL)
+        return rc;
+    for (uint32_t l = 0; l < s->n_layers; l++) {
+        kv_layer *kl = st->caches[l];
+        if (kv_layer_rows(kl) + gr->n > pol->evict_budget && pol->evict_budget > gr->n) {
+            uint64_t keep = pol->evict_budget - gr->n;
+            /* sinks up to the budget, the library's own clamp: with S = N - 1
+             * a decode step keeps N - 1 rows, all of them sinks */
+            uint64_t sinks = pol->evict_sinks < keep ? pol->evict_sinks : keep;
+            if (pol->evict == POLICY_EVICT_RECENT)
+                kv_layer_evict_recent(kl, keep);
+            else
+                kv_layer_evict_importance(kl, keep, sinks, keep / 2 ? keep / 2 : 1);
+        }
+    }
     return PD_OK;
 }
 
@@ -528,4 +553,72 @@ uint64_t stage_stream_bytes_estimate(const model_hparams *hp, const cache_policy
                                                   : 4ull * hp->head_dim) +
                             (p->kv & KV_MODE_Q8V ? hp->head_dim + 4ull : 4ull * hp->head_dim);
     return (uint64_t)n_layers * rows * (hp->n_kv_heads * per_row_head + 4);
+}
+
+/* ---- one stream's cache state (checkpoint, migration) -------------------- */
+
+uint64_t stage_layer_identity(const stage *s, uint32_t layer)
+{
+    /* speculation changes no token (DESIGN.md section 1), so the draft limit
+     * is not part of what makes a record meaningful */
+    cache_policy pol = s->cfg.policy;
+    pol.max_drafts = 0;
+    char desc[160];
+    policy_describe(&pol, desc, sizeof desc);
+    uint64_t d = model_digest(s->cfg.m);
+    uint8_t le[8];
+    for (int i = 0; i < 8; i++)
+        le[i] = (uint8_t)(d >> (8 * i));
+    return wire_identity(le, sizeof le, layer, desc);
+}
+
+pd_status stage_settle(stage *s, uint64_t stream, uint64_t pos, pd_err *err)
+{
+    stage_stream *st = stream_find(s, stream);
+    if (!st)
+        return pd_err_set(err, PD_ERR_ARG, "stage: settle: stream %llu was never admitted",
+                          (unsigned long long)stream);
+    if (pos > st->pos)
+        return pd_err_set(err, PD_ERR_RANGE, "stage: settle: stream %llu is at position %llu, not %llu",
+                          (unsigned long long)stream, (unsigned long long)st->pos,
+                          (unsigned long long)pos);
+    if (!rollback_allowed(s, st, st->pos - pos))
+        return pd_err_set(err, PD_ERR_RANGE,
+                          "stage: settle: stream %llu cannot roll back from %llu to %llu, more than "
+                          "speculation allows",
+                          (unsigned long long)stream, (unsigned long long)st->pos,
+                          (unsigned long long)pos);
+    pd_status rc = stream_settle(s, st, pos, err);
+    if (rc != PD_OK)
+        pd_err_prefix(err, "stage: settle");
+    return rc;
+}
+
+pd_status stage_export_layer(const stage *s, uint64_t stream, uint32_t layer, uint8_t **out,
+                             size_t *len, pd_err *err)
+{
+    const stage_stream *st = stream_find(s, stream);
+    if (!st)
+        return pd_err_set(err, PD_ERR_ARG, "stage: export: stream %llu was never admitted",
+                          (unsigned long long)stream);
+    if (layer < s->first || layer - s->first >= s->n_layers)
+        return pd_err_set(err, PD_ERR_RANGE, "stage: export: layer %u is not in this stage's layers [%u, %u)",
+                          layer, s->first, s->first + s->n_layers);
+    wire_layer_ref ref = {.identity = stage_layer_identity(s, layer), .layer = layer};
+    kv_layer_config kc;
+    if (is_ring(s)) {
+        ref.ring = st->caches[layer - s->first];
+    } else {
+        ref.kv = st->caches[layer - s->first];
+        kv_layer_config_get(ref.kv, &kc);
+        ref.kv_cfg = &kc;
+    }
+    pd_status rc = wire_export(&ref, 0, out, len, err);
+    if (rc == PD_ERR_REFUSED && !is_ring(s) && s->cfg.policy.evict == POLICY_EVICT_IMPORTANCE)
+        pd_err_prefix(err, "stage: export: stream %llu layer %u (its last micro-batch is not final "
+                           "yet: stage_settle first)",
+                      (unsigned long long)stream, layer);
+    else if (rc != PD_OK)
+        pd_err_prefix(err, "stage: export: stream %llu layer %u", (unsigned long long)stream, layer);
+    return rc;
 }

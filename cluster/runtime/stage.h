@@ -21,6 +21,7 @@
 #include "cluster/model/pool.h"
 #include "comm/batch.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct stage stage;
@@ -73,6 +74,64 @@ typedef struct stage_mem {
     uint64_t attention_bytes; /* bytes of live rows */
 } stage_mem;
 void stage_memory(const stage *s, stage_mem *out);
+
+/* ---- one stream's cache state (checkpoint, migration) --------------------
+ *
+ * When rows become final. A micro-batch's rows are not final when
+ * stage_forward returns: the stream's next micro-batch may start at an earlier
+ * position (rejected verify rows), and only that position says how many
+ * survive. The stage therefore rolls back and confirms a stream's rows when
+ * its next micro-batch arrives (kv layers: truncate_last, then
+ * kv_layer_confirm; ring layers: ring_layer_draft_commit), or earlier when
+ * the caller, who knows the accepted position, calls stage_settle. */
+
+/* The CMFS identity (comm/wire.h) of this stage's records for absolute layer
+ * `layer`: wire_identity(model_digest as 8 little-endian bytes, layer,
+ * policy_describe of the stage's policy with max_drafts = 0). The draft limit
+ * is left out because speculation changes no token, so a record moves
+ * between runs that draft differently; the kv mode, attention and eviction
+ * are in. The first call computes the model digest (reads the whole model
+ * file once; model_digest caches it, so do not call concurrently with
+ * another first use on the same model). */
+uint64_t stage_layer_identity(const stage *s, uint32_t layer);
+
+/* Makes the stream's rows before position pos final and drops the rows at
+ * positions >= pos, exactly as the stream's next micro-batch starting at pos
+ * will do before it appends: forwarding after a settle gives the same bits
+ * (hidden states and cache bytes) as forwarding without it. pos is at most
+ * the stream's next position and at most as far back as forward accepts
+ * (a ring: its pending verify rows; a kv layer: max_drafts + 1 rows).
+ * Afterwards every layer of the stream exports. Calling it with pos = the
+ * stream's next position is the "nothing was rejected" settle.
+ * Errors: PD_ERR_ARG unknown stream; PD_ERR_RANGE pos ahead of the stream or
+ * further back than speculation allows (nothing changed on either). */
+pd_status stage_settle(stage *s, uint64_t stream, uint64_t pos, pd_err *err);
+
+/* The CMFS record (comm/wire.h, f32 payload) of one stream's cache for
+ * absolute layer `layer` (model numbering, in [first, first + n_layers) of
+ * the stage's model), header identity stage_layer_identity(s, layer).
+ * Returns owned *out of *len bytes, free with free(); the stage is not
+ * changed. Kind: FULL / FULL_TAIL (f32 kv, base > 0 after a window trim),
+ * Q8 (q8 modes) or RING (rswa). What it holds between micro-batches:
+ *   - kv: every stored row, including the last micro-batch's rows that may
+ *     still be rolled back (verify rows); settle first for a record of final
+ *     rows only. The record's position is the layer's depth (base + stored
+ *     rows): the stream's position, except after eviction dropped rows,
+ *     so the stream's position must travel beside the record;
+ *   - ring: committed rows only; pending verify rows are never part of a
+ *     ring record (the wire does not carry speculation).
+ * Refusal: under --evict importance the importance mass of the last
+ * micro-batch's query positions is pending until its rows are final, and
+ * the wire format has no place for pending mass, so the export is refused
+ * (PD_ERR_REFUSED) until stage_settle or the next micro-batch confirms it.
+ * Export does not confirm by itself: confirming verify rows that are later
+ * rejected would keep their importance, which would make eviction depend on
+ * speculation.
+ * Errors (nothing allocated): PD_ERR_ARG unknown stream; PD_ERR_RANGE layer
+ * outside the stage; PD_ERR_REFUSED as above or for state the wire cannot
+ * describe; PD_ERR_NOMEM. */
+pd_status stage_export_layer(const stage *s, uint64_t stream, uint32_t layer, uint8_t **out,
+                             size_t *len, pd_err *err);
 
 /* Bytes one stream's caches take at admission (for admission budgets). */
 uint64_t stage_stream_bytes_estimate(const model_hparams *hp, const cache_policy *p,
