@@ -14,11 +14,11 @@
 #include "pd_test.h"
 
 #include "cache/kv_layer.h"
-#include "cluster/mkmodel.h"
-#include "cluster/model.h"
-#include "cluster/policy.h"
-#include "cluster/pool.h"
-#include "cluster/stage.h"
+#include "cluster/cli/mkmodel.h"
+#include "cluster/model/model.h"
+#include "cluster/runtime/policy.h"
+#include "cluster/model/pool.h"
+#include "cluster/runtime/stage.h"
 #include "comm/wire.h"
 
 #include <stdio.h>
@@ -650,7 +650,7 @@ static void eviction_case(uint32_t budget, uint32_t sinks)
     cache_policy p = policy_of("full", "f32", "none", 0);
     p.evict = POLICY_EVICT_IMPORTANCE;
     p.evict_budget = budget;
-    p.evict_sinks = sinks; /* sinks == budget is refused by the parser, not by the stage */
+    p.evict_sinks = sinks; /* set directly: every S from 0 to N, N included (the parser accepts SINKS <= N) */
     char what[120];
     snprintf(what, sizeof what, "importance:%u:%u", budget, sinks);
     const uint64_t id = 5;
