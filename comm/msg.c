@@ -117,6 +117,81 @@ pd_status msg_encode_stop(uint64_t seq, void *buf, size_t cap, size_t *len, pd_e
     return msg_finish(&w, &m, len);
 }
 
+pd_status msg_encode_drain(uint64_t seq, uint32_t action, uint32_t number, void *buf, size_t cap, size_t *len,
+                           pd_err *err)
+{
+    msg_mem m = {.p = buf, .cap = cap};
+    uint8_t staging[64];
+    wr w;
+    wr_init_sink(&w, msg_mem_sink, &m, staging, sizeof staging, err);
+    msg_header(&w, MSG_KIND_DRAIN, MSG_DTYPE_F32, seq);
+    wr_u32(&w, action);
+    wr_u32(&w, number);
+    return msg_finish(&w, &m, len);
+}
+
+static const uint8_t stats_magic[4] = {'P', 'D', 'S', 'T'};
+#define STATS_VERSION 1u
+#define STATS_FIELDS 10u
+
+void msg_encode_stats(const msg_stats *s, uint8_t out[MSG_STATS_BYTES])
+{
+    const double v[STATS_FIELDS] = {s->busy_s,         s->wait_input_s,  s->wait_send_s, s->wall_s,
+                                    s->messages_sent,  s->bytes_sent,    s->micro_batches, s->rows,
+                                    s->cache_bytes_peak, s->attention_bytes_peak};
+    memcpy(out, stats_magic, 4);
+    out[4] = STATS_VERSION & 0xff;
+    out[5] = STATS_VERSION >> 8;
+    out[6] = STATS_FIELDS & 0xff;
+    out[7] = STATS_FIELDS >> 8;
+    for (unsigned i = 0; i < STATS_FIELDS; i++) {
+        uint64_t b;
+        memcpy(&b, &v[i], 8);
+        for (unsigned k = 0; k < 8; k++)
+            out[8 + 8 * i + k] = (uint8_t)(b >> (8 * k));
+    }
+}
+
+pd_status msg_decode_stats(const void *buf, size_t len, msg_stats *out, pd_err *err)
+{
+    rd r;
+    rd_init(&r, buf, len, 0, "stats", err);
+    const uint8_t *mg;
+    uint16_t ver, nf;
+    if (rd_span(&r, "magic", 4, &mg))
+        return r.status;
+    if (memcmp(mg, stats_magic, 4) != 0)
+        return rd_fail_at(&r, 0, PD_ERR_FORMAT, "bad magic (not rank statistics)");
+    if (rd_u16(&r, "version", &ver))
+        return r.status;
+    if (ver != STATS_VERSION)
+        return rd_fail_at(&r, 4, PD_ERR_VERSION, "version %u, this build reads %u", ver, STATS_VERSION);
+    if (rd_u16(&r, "field count", &nf))
+        return r.status;
+    if (nf != STATS_FIELDS)
+        return rd_fail_at(&r, 6, PD_ERR_FORMAT, "%u fields, version 1 has %u", nf, STATS_FIELDS);
+    double v[STATS_FIELDS];
+    for (unsigned i = 0; i < STATS_FIELDS; i++) {
+        uint64_t b;
+        if (rd_u64(&r, "field", &b))
+            return r.status;
+        memcpy(&v[i], &b, 8);
+    }
+    if (rd_expect_end(&r))
+        return r.status;
+    *out = (msg_stats){.busy_s = v[0],
+                       .wait_input_s = v[1],
+                       .wait_send_s = v[2],
+                       .wall_s = v[3],
+                       .messages_sent = v[4],
+                       .bytes_sent = v[5],
+                       .micro_batches = v[6],
+                       .rows = v[7],
+                       .cache_bytes_peak = v[8],
+                       .attention_bytes_peak = v[9]};
+    return PD_OK;
+}
+
 static pd_status msg_read_header(rd *r, msg_kind *kind, msg_dtype *dtype, uint64_t *seq)
 {
     const uint8_t *mg;
@@ -135,7 +210,7 @@ static pd_status msg_read_header(rd *r, msg_kind *kind, msg_dtype *dtype, uint64
     at = rd_offset(r);
     if (rd_u8(r, "kind", &k))
         return r->status;
-    if (k < MSG_KIND_BATCH || k > MSG_KIND_STOP)
+    if (k < MSG_KIND_BATCH || k >= MSG_KIND_END_)
         return rd_fail_at(r, at, PD_ERR_FORMAT, "unknown message kind %u", k);
     at = rd_offset(r);
     if (rd_u8(r, "dtype", &dt))
@@ -291,5 +366,28 @@ pd_status msg_decode_results(const void *buf, size_t len, const msg_limits *lim,
         return r.status;
     *seq = s;
     *n = cnt;
+    return PD_OK;
+}
+
+pd_status msg_decode_drain(const void *buf, size_t len, uint64_t *seq, uint32_t *action, uint32_t *number,
+                           pd_err *err)
+{
+    rd r;
+    rd_init(&r, buf, len, 0, "msg", err);
+    msg_kind kind;
+    msg_dtype dt;
+    uint64_t s;
+    if (msg_read_header(&r, &kind, &dt, &s))
+        return r.status;
+    if (kind != MSG_KIND_DRAIN)
+        return rd_fail_at(&r, 6, PD_ERR_FORMAT, "expected a drain message, got kind %d", (int)kind);
+    uint32_t a, no;
+    if (rd_u32(&r, "action", &a) || rd_u32(&r, "drain number", &no))
+        return r.status;
+    if (rd_expect_end(&r))
+        return r.status;
+    *seq = s;
+    *action = a;
+    *number = no;
     return PD_OK;
 }

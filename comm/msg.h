@@ -4,7 +4,7 @@
  * Every message starts with a 16-byte header:
  *   0   magic "PDMB"
  *   4   u16 version = 2
- *   6   u8  kind: 1 batch, 2 results, 3 stop
+ *   6   u8  kind: 1 batch, 2 results, 3 stop, 4 drain
  *   7   u8  dtype of hidden states: 0 f32, 1 f16 (0 for non-batch kinds)
  *   8   u64 seq (micro-batch number)
  * batch (kind 1), head -> next stage -> ... -> tail:
@@ -18,6 +18,20 @@
  *   24  n_tokens x u32 token (the sampled token of each wants_logits row, in row order)
  *       n_tokens x u64 digest (digest_f32 of the logits row each token was sampled from)
  * stop (kind 3): the header only; travels head -> ... -> tail when the run ends.
+ * drain (kind 4), head -> next stage -> ... -> tail, sent when nothing is in
+ * flight (seq = the number of micro-batches sent before it, so a stage can
+ * check it has run every one of them):
+ *   16  u32 action (what every rank runs at the drain point; the runtime's
+ *       numbering), u32 drain number (0, 1, ... within the run)
+ * Every rank forwards it before it runs the action, so all ranks are at the
+ * drain point together and the action may use collectives.
+ *
+ * Rank statistics (gathered to rank 0 at the end of a run; not a pipeline
+ * message, its own fixed layout, MSG_STATS_BYTES bytes):
+ *   0   magic "PDST", u16 version = 1, u16 field count = 10
+ *   8   10 x f64 (IEEE-754 binary64 bits as u64): busy_s, wait_input_s,
+ *       wait_send_s, wall_s, messages_sent, bytes_sent, micro_batches, rows,
+ *       cache_bytes_peak, attention_bytes_peak
  * The decoder checks magic, version, kind, dtype, every count against the
  * bytes that remain and against the receiver's limits, roles, flags,
  * reserved bytes, hidden size, and trailing bytes. */
@@ -33,7 +47,13 @@
 #define MSG_VERSION 2u /* 2: results carry the logits row digests */
 #define MSG_HEADER_BYTES 16u
 
-typedef enum msg_kind { MSG_KIND_BATCH = 1, MSG_KIND_RESULTS = 2, MSG_KIND_STOP = 3 } msg_kind;
+typedef enum msg_kind {
+    MSG_KIND_BATCH = 1,
+    MSG_KIND_RESULTS = 2,
+    MSG_KIND_STOP = 3,
+    MSG_KIND_DRAIN = 4,
+    MSG_KIND_END_ /* one past the last kind */
+} msg_kind;
 typedef enum msg_dtype { MSG_DTYPE_F32 = 0, MSG_DTYPE_F16 = 1, MSG_DTYPE_COUNT } msg_dtype;
 
 /* A batch message's content. For encoding the arrays are read; for decoding
@@ -63,6 +83,9 @@ pd_status msg_encode_batch(const msg_batch *b, void *buf, size_t cap, size_t *le
 pd_status msg_encode_results(uint64_t seq, const uint32_t *tokens, const uint64_t *digests, uint32_t n,
                              void *buf, size_t cap, size_t *len, pd_err *err);
 pd_status msg_encode_stop(uint64_t seq, void *buf, size_t cap, size_t *len, pd_err *err);
+pd_status msg_encode_drain(uint64_t seq, uint32_t action, uint32_t number, void *buf, size_t cap, size_t *len,
+                           pd_err *err);
+#define MSG_DRAIN_BYTES (MSG_HEADER_BYTES + 8u)
 
 /* Reads the header (magic, version, kind, dtype) only. */
 pd_status msg_peek(const void *buf, size_t len, msg_kind *kind, uint64_t *seq, pd_err *err);
@@ -73,5 +96,22 @@ pd_status msg_decode_batch(const void *buf, size_t len, const msg_limits *lim, m
                            pd_err *err);
 pd_status msg_decode_results(const void *buf, size_t len, const msg_limits *lim, uint64_t *seq,
                              uint32_t *tokens, uint64_t *digests, uint32_t *n, pd_err *err);
+pd_status msg_decode_drain(const void *buf, size_t len, uint64_t *seq, uint32_t *action, uint32_t *number,
+                           pd_err *err);
+
+/* One rank's counters for the run's report. */
+typedef struct msg_stats {
+    double busy_s;          /* computing (stage forward, tail sampling) */
+    double wait_input_s;    /* waiting for the next message to arrive */
+    double wait_send_s;     /* waiting for a send buffer to come free */
+    double wall_s;          /* the loop's wall time */
+    double messages_sent, bytes_sent;
+    double micro_batches, rows;
+    double cache_bytes_peak, attention_bytes_peak;
+} msg_stats;
+#define MSG_STATS_BYTES (8u + 10u * 8u)
+void msg_encode_stats(const msg_stats *s, uint8_t out[MSG_STATS_BYTES]);
+/* Checks magic, version, field count and length. */
+pd_status msg_decode_stats(const void *buf, size_t len, msg_stats *out, pd_err *err);
 
 #endif

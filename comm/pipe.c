@@ -80,6 +80,20 @@ pd_status pipe_wait(pipe_link *p, MPI_Request *req, double *waited, pd_err *err)
     return PD_OK;
 }
 
+pd_status pipe_progress(pipe_link *p, int n, MPI_Request *reqs, pd_err *err)
+{
+    (void)p;
+    int done = 0;
+    PIPE_CALL(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+    return PD_OK;
+}
+
+_Noreturn void pipe_abort(pipe_link *p, int code)
+{
+    MPI_Abort(p ? p->comm : MPI_COMM_WORLD, code);
+    abort(); /* MPI_Abort does not return; if it did, the process must still end */
+}
+
 pd_status pipe_recv(pipe_link *p, int src, void *buf, size_t cap, size_t *len, int *from,
                     double *waited, pd_err *err)
 {

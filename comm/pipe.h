@@ -28,6 +28,16 @@ pd_status pipe_isend(pipe_link *p, int dest, const void *buf, size_t len, MPI_Re
  * waiting to *waited when not NULL. */
 pd_status pipe_wait(pipe_link *p, MPI_Request *req, double *waited, pd_err *err);
 
+/* Lets MPI progress the n requests (sends still in flight) without waiting
+ * for them; completed ones become MPI_REQUEST_NULL. Cheap enough to call
+ * between the GEMMs of a forward pass. */
+pd_status pipe_progress(pipe_link *p, int n, MPI_Request *reqs, pd_err *err);
+
+/* Ends every process of the job (MPI_Abort on the link's communicator) with
+ * status code. For the CLI only: after start-up a rank that fails cannot
+ * agree with peers blocked in a receive, so the job must end as a whole. */
+_Noreturn void pipe_abort(pipe_link *p, int code);
+
 /* Receives the next message from src (MPI_ANY_SOURCE allowed) into
  * buf[0..cap). A message larger than cap is received into nothing and
  * reported (PD_ERR_RANGE), never truncated silently. *from gets the sender. */

@@ -116,7 +116,12 @@ int cmd_run(int argc, char **argv)
             run_usage(stdout);
         code = 0;
     } else {
-        code = run_main(&o, MPI_COMM_WORLD);
+        code = run_main(&o, MPI_COMM_WORLD, NULL);
+        if (code == RUN_EXIT_ABORT) {
+            /* this rank failed mid-run; its peers may be blocked in a
+             * receive and cannot learn of it otherwise: end the job */
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
     }
     MPI_Finalize();
     return code;

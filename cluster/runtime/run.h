@@ -1,11 +1,15 @@
-/* run: one rank's part of `pipedec run` — start-up (layer map, NUMA
- * placement, model slice, pages), the pipeline loop, and the report.
+/* run: one rank's part of `pipedec run` — start-up (rank.h, head.h), the
+ * loop of its role (head.h on rank 0, follow.h elsewhere), and the report
+ * (report.h).
  *
  * Rank 0 is the head (scheduler, embeddings, output file), rank N-1 the tail
  * (final norm, output projection, sampling); one rank is both and sends no
  * message. Start-up errors on any rank are agreed on collectively so every
- * rank exits non-zero with the cause printed by the rank that saw it; errors
- * after start-up abort the whole job (MPI_Abort) so no rank is left hanging. */
+ * rank exits non-zero with the cause printed by the rank that saw it. Errors
+ * after start-up cannot be agreed on (a peer may be blocked in a receive):
+ * run_main reports them and returns RUN_EXIT_ABORT, and the CLI ends the
+ * whole job. The stream protocol between head, stages and tail is in
+ * sched.h; docs/ARCHITECTURE.md draws the whole. */
 #ifndef PD_RUN_H
 #define PD_RUN_H
 
@@ -42,7 +46,36 @@ typedef struct run_opts {
 
 void run_opts_default(run_opts *o);
 
-/* Runs this rank. Returns the process exit status (0 = success). */
-int run_main(const run_opts *o, MPI_Comm world);
+/* A drain point: the head stopped forming micro-batches, every one in flight
+ * finished on every rank, and every rank is at the same step boundary. */
+typedef struct run_drain {
+    uint64_t step;    /* micro-batches sent before the drain point */
+    uint32_t action;  /* what the head's want_drain asked for (non-zero) */
+    uint32_t number;  /* 0, 1, ... drain points within this run */
+    int rank, size;
+    MPI_Comm comm;    /* every rank is in the action: collectives on it are
+                         safe (no point-to-point: the pipeline's receives are
+                         posted on it) */
+} run_drain;
+
+/* Hooks for the features that stop the pipeline (checkpoint, migration) and
+ * for tests. Every rank passes the same hooks. */
+typedef struct run_hooks {
+    /* Head only: asked before each new micro-batch is formed (step = the
+     * micro-batches formed so far); non-zero = drain now and run that action. */
+    uint32_t (*want_drain)(void *ctx, uint64_t step);
+    /* Every rank, at the drain point. A failure on any rank ends the run
+     * (all ranks agree on it before the pipeline resumes). */
+    pd_status (*at_drain)(void *ctx, const run_drain *d, pd_err *err);
+    void *ctx;
+} run_hooks;
+
+enum { RUN_EXIT_OK = 0, RUN_EXIT_FAIL = 1, RUN_EXIT_ABORT = 3 };
+
+/* Runs this rank. Returns RUN_EXIT_OK, RUN_EXIT_FAIL (start-up failed on
+ * some rank; every rank returns it, nothing was decoded) or RUN_EXIT_ABORT
+ * (this rank failed after start-up; the caller must end the job, e.g.
+ * pipe_abort / MPI_Abort). hooks may be NULL. */
+int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks);
 
 #endif

@@ -27,6 +27,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     pd_err e = {0};
     msg_kind kind;
     uint64_t seq;
+    msg_stats stats;
+    msg_decode_stats(data, size, &stats, &e); /* any bytes: refused or decoded, never a crash */
     if (msg_peek(data, size, &kind, &seq, &e) != PD_OK)
         return 0;
     if (kind == MSG_KIND_BATCH) {
@@ -44,6 +46,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (msg_encode_results(seq, tokens, digests, n, again, sizeof again, &len, &e) != PD_OK ||
                 len != size || memcmp(again, data, size) != 0)
                 abort(); /* accepted results must re-encode to themselves */
+        }
+    } else if (kind == MSG_KIND_DRAIN) {
+        uint32_t action, number;
+        if (msg_decode_drain(data, size, &seq, &action, &number, &e) == PD_OK) {
+            size_t len = 0;
+            if (msg_encode_drain(seq, action, number, again, sizeof again, &len, &e) != PD_OK || len != size ||
+                memcmp(again, data, size) != 0)
+                abort(); /* an accepted drain must re-encode to itself */
         }
     }
     return 0;

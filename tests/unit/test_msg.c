@@ -244,6 +244,76 @@ START_TEST(msg_results_and_stop_round_trip_and_refuse_damage)
 }
 END_TEST
 
+START_TEST(msg_drain_round_trips_and_refuses_damage)
+{
+    uint8_t buf[64];
+    size_t len;
+    pd_err e = {0};
+    ck_assert_int_eq(msg_encode_drain(1234, 7, 2, buf, sizeof buf, &len, &e), PD_OK);
+    ck_assert_uint_eq(len, MSG_DRAIN_BYTES);
+    msg_kind k;
+    uint64_t seq = 0;
+    ck_assert_int_eq(msg_peek(buf, len, &k, &seq, &e), PD_OK);
+    ck_assert_int_eq(k, MSG_KIND_DRAIN);
+    uint32_t action = 0, number = 0;
+    ck_assert_int_eq(msg_decode_drain(buf, len, &seq, &action, &number, &e), PD_OK);
+    ck_assert_uint_eq(seq, 1234);
+    ck_assert_uint_eq(action, 7);
+    ck_assert_uint_eq(number, 2);
+    for (size_t cut = 0; cut < len; cut++) {
+        pd_err_clear(&e);
+        ck_assert_int_ne(msg_decode_drain(buf, cut, &seq, &action, &number, &e), PD_OK);
+    }
+    pd_err_clear(&e);
+    ck_assert_int_eq(msg_decode_drain(buf, len + 1, &seq, &action, &number, &e), PD_ERR_FORMAT);
+    /* a drain is not a batch or results message, and they are not drains */
+    msg_limits l = lim();
+    uint32_t toks[4];
+    uint64_t dig[4];
+    uint32_t n;
+    pd_err_clear(&e);
+    ck_assert_int_eq(msg_decode_results(buf, len, &l, &seq, toks, dig, &n, &e), PD_ERR_FORMAT);
+    ck_assert_int_eq(msg_encode_stop(3, buf, sizeof buf, &len, &e), PD_OK);
+    pd_err_clear(&e);
+    ck_assert_int_eq(msg_decode_drain(buf, len, &seq, &action, &number, &e), PD_ERR_FORMAT);
+    /* kind 5 is unknown to this version */
+    ck_assert_int_eq(msg_encode_drain(1, 1, 0, buf, sizeof buf, &len, &e), PD_OK);
+    buf[6] = 5;
+    pd_err_clear(&e);
+    ck_assert_int_eq(msg_peek(buf, len, &k, &seq, &e), PD_ERR_FORMAT);
+}
+END_TEST
+
+START_TEST(msg_stats_round_trip_exactly_and_refuse_damage)
+{
+    msg_stats s = {.busy_s = 1.5, .wait_input_s = 1e-9, .wait_send_s = 0.0, .wall_s = 12345.678,
+                   .messages_sent = 3e9, .bytes_sent = 7.0e12, .micro_batches = 42, .rows = 4242,
+                   .cache_bytes_peak = 1.0 / 3.0, .attention_bytes_peak = -0.0};
+    uint8_t b[MSG_STATS_BYTES];
+    msg_encode_stats(&s, b);
+    ck_assert_int_eq(memcmp(b, "PDST", 4), 0);
+    msg_stats o;
+    pd_err e = {0};
+    ck_assert_int_eq(msg_decode_stats(b, sizeof b, &o, &e), PD_OK);
+    ck_assert_int_eq(memcmp(&o, &s, sizeof s), 0); /* every bit, -0.0 included */
+    for (size_t cut = 0; cut < sizeof b; cut++) {
+        pd_err_clear(&e);
+        ck_assert_int_ne(msg_decode_stats(b, cut, &o, &e), PD_OK);
+    }
+    b[4] = 2;
+    pd_err_clear(&e);
+    ck_assert_int_eq(msg_decode_stats(b, sizeof b, &o, &e), PD_ERR_VERSION);
+    b[4] = 1;
+    b[6] = 11;
+    pd_err_clear(&e);
+    ck_assert_int_eq(msg_decode_stats(b, sizeof b, &o, &e), PD_ERR_FORMAT);
+    b[6] = 10;
+    b[0] = 'X';
+    pd_err_clear(&e);
+    ck_assert_int_eq(msg_decode_stats(b, sizeof b, &o, &e), PD_ERR_FORMAT);
+}
+END_TEST
+
 Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("msg");
@@ -254,6 +324,8 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, msg_batch_flipped_header_and_row_bytes_are_refused);
     tcase_add_test(tc, msg_batch_counts_beyond_limits_are_refused);
     tcase_add_test(tc, msg_version_and_kind_are_checked);
+    tcase_add_test(tc, msg_drain_round_trips_and_refuses_damage);
+    tcase_add_test(tc, msg_stats_round_trip_exactly_and_refuse_damage);
     tcase_add_test(tc, msg_results_and_stop_round_trip_and_refuse_damage);
     suite_add_tcase(s, tc);
     return s;

@@ -1,0 +1,48 @@
+/* head: rank 0's part of a run — the page manifest, the scheduler, the
+ * output file, and the loop that forms micro-batches, sends them down the
+ * pipeline (or runs them itself on one rank), takes the tail's results back,
+ * writes finished pages in manifest order, and holds drain points.
+ *
+ * Owns: pages, vocabulary (detokenizer), outfile, sched, the finished pages
+ * waiting for their turn in manifest order, the in-flight micro-batches.
+ *
+ * INV: at most sz.n_inflight micro-batches are in flight; inflight[slot] is
+ *      the batch sched handed out in that slot while it is in flight.
+ * INV: pages are written in manifest order: pending holds finished pages
+ *      whose turn has not come (at most --batch of them, since pages are
+ *      admitted in manifest order); next_write is the first page not written
+ *      and not skipped.
+ * INV: a drain point is held only with nothing in flight (drain_due is
+ *      set, no new micro-batch is formed until the drain ran). */
+#ifndef PD_RUNTIME_HEAD_H
+#define PD_RUNTIME_HEAD_H
+
+#include "base/status.h"
+#include "cluster/format/pages.h"
+#include "cluster/runtime/rank.h"
+#include "cluster/runtime/run.h"
+#include "cluster/runtime/sched.h"
+
+typedef struct head head;
+
+/* The head's start-up, after rank_start: loads and validates the manifest,
+ * builds the detokenizer, opens (locks, repairs) the output file, marks the
+ * pages already written, creates the scheduler. On failure *out holds what
+ * was made (head_free frees it); nothing was written to the output. */
+pd_status head_open(rank *r, head **out, pd_err *err);
+void head_free(head *h);
+
+const pages *head_pages(const head *h);
+
+/* Runs the pipeline from the head until every page is finished, then sends
+ * the stop message. hooks may be NULL. Returns the first failure (the job
+ * must then end: peers may be blocked in a receive). */
+pd_status head_loop(head *h, const run_hooks *hooks, pd_err *err);
+
+/* Progress figures (pages, tokens) so far. */
+void head_progress(const head *h, sched_progress *out);
+/* The progress line on stderr (when --progress or a terminal); final = the
+ * last one, with a newline. */
+void head_progress_line(head *h, bool final);
+
+#endif

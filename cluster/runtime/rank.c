@@ -1,0 +1,238 @@
+/* rank: start-up of one rank's compute part, and the calls its loops make
+ * on the stage and tail (contract in rank.h). */
+#include "cluster/runtime/rank.h"
+
+#include "base/check.h"
+#include "base/cpu.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define RANK_WHOLE_PREFILL_ROWS 1024u
+#define RANK_CACHE_RETAIN ((size_t)512 << 20) /* freed cache bytes kept per rank */
+
+pd_status rank_agree_isa(rank *r, pd_err *err)
+{
+    r->rank = pipe_rank(r->p);
+    r->size = pipe_size(r->p);
+    r->is_head = r->rank == 0;
+    r->is_tail = r->rank == r->size - 1;
+    /* Every rank runs the kernels of the ISA level all ranks support. The
+     * paths are bit-identical, so this is about one code path, not answers. */
+    pd_status st = pipe_node_local(r->p, &r->local_rank, &r->local_size, err);
+    double neg_isa = -(double)pd_cpu_isa();
+    if (st == PD_OK)
+        st = pipe_max_double(r->p, neg_isa, &neg_isa, err);
+    if (st == PD_OK)
+        pd_cpu_set_isa((pd_isa)(int)-neg_isa);
+    return st;
+}
+
+/* Micro-batch geometry from the options: the same on every rank. */
+static rank_sizes rank_sizes_for(const run_opts *o, int size)
+{
+    rank_sizes z = {.prefill_chunk = o->prefill_chunk ? o->prefill_chunk : RANK_WHOLE_PREFILL_ROWS};
+    /* one micro-batch per stage, plus one so the head computes the next
+     * while a result travels back (with one rank: one) */
+    z.n_inflight = size == 1 ? 1 : (uint32_t)size + 1;
+    z.max_streams = o->batch;
+    z.max_rows = o->batch * (1 + o->policy.max_drafts) + z.prefill_chunk;
+    z.max_logits = o->batch * (1 + o->policy.max_drafts);
+    /* a micro-batch's share of the streams' rows, plus one prefill chunk */
+    z.rows_per_batch = (o->batch + z.n_inflight - 1) / z.n_inflight * (1 + o->policy.max_drafts) + z.prefill_chunk;
+    return z;
+}
+
+/* The largest message this rank may send: a batch with every stream
+ * admitted and retired and every row full, or a results message. */
+static size_t rank_send_cap(const rank *r)
+{
+    msg_batch worst = {.dtype = r->o->wire_dtype,
+                       .hidden = r->hp.hidden,
+                       .n_admit = r->sz.max_streams,
+                       .n_retire = r->sz.max_streams,
+                       .n_rows = r->sz.max_rows};
+    size_t b = msg_batch_bytes(&worst);
+    /* f32 rows are the larger when a follower forwards what it received */
+    worst.dtype = MSG_DTYPE_F32;
+    if (msg_batch_bytes(&worst) > b)
+        b = msg_batch_bytes(&worst);
+    size_t res = msg_results_bytes(r->sz.max_logits);
+    if (res > b)
+        b = res;
+    return b > MSG_DRAIN_BYTES ? b : MSG_DRAIN_BYTES;
+}
+
+static void rank_trace_rows(void *ctx, uint32_t boundary, const mb_row *rows, uint32_t n, const float *x)
+{
+    rank *r = ctx;
+    if (r->tr)
+        trace_rows(r->tr, boundary, rows, n, x);
+}
+
+pd_status rank_start(rank *r, pd_err *err)
+{
+    const run_opts *o = r->o;
+    pd_status st = model_read_hparams(o->model_path, &r->hp, err);
+    if (st)
+        return st;
+    if (o->layers)
+        st = layermap_parse(o->layers, (uint32_t)r->size, r->hp.n_layers, &r->lm, err);
+    else {
+        uint64_t layer_cost = 4ull * ((uint64_t)r->hp.hidden * r->hp.hidden * 2 +
+                                      2ull * r->hp.hidden * r->hp.n_kv_heads * r->hp.head_dim +
+                                      3ull * r->hp.hidden * r->hp.ffn);
+        uint64_t tail_cost = 4ull * r->hp.hidden * r->hp.vocab;
+        st = layermap_balance((uint32_t)r->size, r->hp.n_layers, layer_cost, tail_cost, &r->lm, err);
+    }
+    if (st)
+        return st;
+    r->sz = rank_sizes_for(o, r->size);
+
+    /* NUMA: bind by node-local rank, place weights and caches there */
+    if ((st = numa_topo_load(&r->topo, err)))
+        return st;
+    if ((st = numa_place(r->topo, (unsigned)r->local_rank, (unsigned)r->local_size, o->no_bind ? NUMA_NO_BIND : 0,
+                         &r->nc, err)))
+        return st;
+    if ((st = arena_new(r->topo, r->nc.node, 0, &r->ar, err)))
+        return st;
+    /* a retired stream's cache memory is kept for the next admission: no page
+     * faults and no munmap on the decode path */
+    arena_set_retain(r->ar, RANK_CACHE_RETAIN);
+    if ((st = pool_new(o->threads, &r->pool, err)))
+        return st;
+
+    model_load_opts mo = {.first_layer = r->lm.first[r->rank],
+                          .n_layers = r->lm.count[r->rank],
+                          .want_embed = r->is_head,
+                          .want_output = r->is_tail,
+                          .backend = o->backend,
+                          .alloc = arena_alloc_iface(r->ar)};
+    if ((st = model_load(o->model_path, &mo, &r->m, err)))
+        return st;
+
+    if ((st = xport_new(r->p, rank_send_cap(r), r->sz.n_inflight + 1, &r->x, err)))
+        return st;
+    stage_config sc = {.m = r->m,
+                       .policy = o->policy,
+                       .max_rows = r->sz.max_rows,
+                       .max_streams = r->sz.max_streams,
+                       .pool = r->pool,
+                       .cache_alloc = arena_alloc_iface(r->ar),
+                       .round_f16 = o->wire_dtype == MSG_DTYPE_F16,
+                       .progress = r->size > 1 ? xport_progress : NULL,
+                       .progress_ctx = r->x,
+                       /* the trace opens after the head's manifest: the
+                        * stage reaches it through the rank */
+                       .trace = o->trace_path ? rank_trace_rows : NULL,
+                       .trace_ctx = r};
+    if ((st = stage_new(&sc, &r->st, err)))
+        return st;
+    if (r->is_tail) {
+        tail_config tc = {.m = r->m,
+                          .sample = o->sample,
+                          .ngram = o->ngram,
+                          .seed = o->seed,
+                          .max_streams = r->sz.max_streams,
+                          .max_rows = r->sz.max_logits,
+                          .pool = r->pool};
+        if ((st = tail_new(&tc, &r->tl, err)))
+            return st;
+    }
+    uint32_t nl = r->sz.max_logits ? r->sz.max_logits : 1;
+    r->tokens = calloc(nl, sizeof *r->tokens);
+    r->digests = calloc(nl, sizeof *r->digests);
+    if (!r->tokens || !r->digests)
+        return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+    return PD_OK;
+}
+
+pd_status rank_open_trace(rank *r, const pages *pg, pd_err *err)
+{
+    return trace_open(r->o->trace_path, r->rank, r->size, r->hp.hidden, r->sz.max_streams, pg, &r->tr, err);
+}
+
+void rank_stop(rank *r)
+{
+    free(r->tokens);
+    free(r->digests);
+    trace_close(r->tr);
+    tail_free(r->tl);
+    stage_free(r->st);
+    xport_free(r->x);
+    model_free(r->m);
+    pool_free(r->pool);
+    arena_free(r->ar);
+    numa_topo_free(r->topo);
+    r->tokens = NULL;
+    r->digests = NULL;
+    r->tr = NULL;
+    r->tl = NULL;
+    r->st = NULL;
+    r->x = NULL;
+    r->m = NULL;
+    r->pool = NULL;
+    r->ar = NULL;
+    r->topo = NULL;
+}
+
+pd_status rank_lifecycle(rank *r, const mb_admit *admit, uint32_t na, const uint64_t *retire, uint32_t nr,
+                         pd_err *err)
+{
+    if (r->tr)
+        trace_lifecycle(r->tr, admit, na, retire, nr);
+    for (uint32_t i = 0; i < nr; i++) {
+        stage_retire(r->st, retire[i]);
+        if (r->tl)
+            tail_retire(r->tl, retire[i]);
+    }
+    for (uint32_t i = 0; i < na; i++) {
+        pd_status st = stage_admit(r->st, &admit[i], err);
+        if (st == PD_OK && r->tl)
+            st = tail_admit(r->tl, &admit[i], err);
+        if (st)
+            return st;
+    }
+    return PD_OK;
+}
+
+pd_status rank_forward(rank *r, const mb_row *rows, uint32_t n, float *x, pd_err *err)
+{
+    double t0 = MPI_Wtime();
+    pd_status st = stage_forward(r->st, rows, n, x, err);
+    if (st)
+        return st;
+    r->stats.busy_s += MPI_Wtime() - t0;
+    r->stats.micro_batches += 1;
+    r->stats.rows += n;
+    stage_mem sm;
+    stage_memory(r->st, &sm);
+    if ((double)sm.cache_bytes > r->stats.cache_bytes_peak)
+        r->stats.cache_bytes_peak = (double)sm.cache_bytes;
+    if ((double)sm.attention_bytes > r->stats.attention_bytes_peak)
+        r->stats.attention_bytes_peak = (double)sm.attention_bytes;
+    return PD_OK;
+}
+
+pd_status rank_sample(rank *r, const mb_row *rows, uint32_t n, const float *x, uint32_t *n_tokens, pd_err *err)
+{
+    CHECK(r->tl);
+    double t0 = MPI_Wtime();
+    pd_status st = tail_sample(r->tl, rows, n, x, r->tokens, r->digests, n_tokens, err);
+    r->stats.busy_s += MPI_Wtime() - t0;
+    return st;
+}
+
+msg_stats rank_stats(const rank *r)
+{
+    msg_stats s = r->stats;
+    if (r->x) {
+        const xport_counters *c = xport_counters_get(r->x);
+        s.wait_input_s = c->wait_input_s;
+        s.wait_send_s = c->wait_send_s;
+        s.messages_sent = c->messages_sent;
+        s.bytes_sent = c->bytes_sent;
+    }
+    return s;
+}

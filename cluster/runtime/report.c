@@ -1,0 +1,151 @@
+/* report: placement lines at start, --stats and the summary at the end
+ * (contract in report.h). */
+#include "cluster/runtime/report.h"
+
+#include "base/cpu.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define REPORT_LINE 768 /* one rank's placement text, and its JSON */
+
+struct report {
+    char *lines; /* rank 0: [size x 2 x REPORT_LINE] text, JSON of each rank */
+};
+
+pd_status report_start(rank *r, report **out, pd_err *err)
+{
+    report *rep = calloc(1, sizeof *rep);
+    if (!rep)
+        return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+    *out = rep;
+    arena_verdict av = {0};
+    pd_err ve = {0};
+    arena_verify(r->ar, &av, &ve);
+    arena_stats as;
+    arena_stats_get(r->ar, &as);
+    char lr[64];
+    snprintf(lr, sizeof lr, "layers %u-%u", r->lm.first[r->rank], r->lm.first[r->rank] + r->lm.count[r->rank] - 1);
+    numa_report_info ri = {.rank = r->rank,
+                           .bytes_placed = as.bytes_placed,
+                           .verified = av.verified,
+                           .placement = arena_placement(r->ar)};
+    char line[REPORT_LINE - 96];
+    char both[2 * REPORT_LINE];
+    memset(both, 0, sizeof both);
+    numa_report_line(&r->nc, &ri, line, sizeof line, &ve);
+    snprintf(both, REPORT_LINE, "%s, %s", lr, line);
+    numa_report_json(&r->nc, &ri, both + REPORT_LINE, REPORT_LINE, &ve);
+    if (r->rank == 0 && !(rep->lines = calloc((size_t)r->size, sizeof both)))
+        return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+    pd_status st = pipe_gather(r->p, both, sizeof both, rep->lines, err);
+    if (st || r->rank != 0)
+        return st;
+    char pol[160];
+    policy_describe(&r->o->policy, pol, sizeof pol);
+    printf("pipedec: %d rank%s, model %s (%u layers, hidden %u), %s, kernels %s on every rank\n", r->size,
+           r->size == 1 ? "" : "s", r->o->model_path, r->hp.n_layers, r->hp.hidden, pol, pd_isa_name(pd_cpu_isa()));
+    for (int k = 0; k < r->size; k++)
+        printf("pipedec: placement: %s\n", rep->lines + (size_t)k * sizeof both);
+    fflush(stdout);
+    return PD_OK;
+}
+
+void report_free(report *rep)
+{
+    if (!rep)
+        return;
+    free(rep->lines);
+    free(rep);
+}
+
+static void report_stats_json(const report *rep, const rank *r, const sched_progress *pr, double wall,
+                              const msg_stats *all)
+{
+    const run_opts *o = r->o;
+    double tps = wall > 0 ? (double)pr->tokens_generated / wall : 0.0;
+    char pol[160];
+    policy_describe(&o->policy, pol, sizeof pol);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "ranks", r->size);
+    cJSON_AddNumberToObject(j, "pages_total", (double)pr->pages_total);
+    cJSON_AddNumberToObject(j, "pages_done", (double)pr->pages_done);
+    cJSON_AddNumberToObject(j, "pages_skipped", (double)pr->pages_skipped);
+    cJSON_AddNumberToObject(j, "tokens", (double)pr->tokens_generated);
+    cJSON_AddNumberToObject(j, "prefill_rows", (double)pr->prefill_rows);
+    cJSON_AddNumberToObject(j, "wall_s", wall);
+    cJSON_AddNumberToObject(j, "tokens_per_s", tps);
+    cJSON_AddStringToObject(j, "policy", pol);
+    cJSON_AddStringToObject(j, "gemm", o->backend == GEMM_BACKEND_OPENBLAS ? "openblas" : "invariant");
+    cJSON_AddStringToObject(j, "wire_dtype", o->wire_dtype == MSG_DTYPE_F16 ? "f16" : "f32");
+    cJSON_AddNumberToObject(j, "threads", o->threads);
+    cJSON_AddNumberToObject(j, "batch", o->batch);
+    char lmap[512];
+    layermap_format(&r->lm, lmap, sizeof lmap);
+    cJSON_AddStringToObject(j, "layers", lmap);
+    cJSON *stages = cJSON_AddArrayToObject(j, "stages");
+    for (int k = 0; k < r->size; k++) {
+        const msg_stats *s = &all[k];
+        const char *pj = rep->lines + (size_t)k * 2 * REPORT_LINE + REPORT_LINE;
+        cJSON *st = cJSON_CreateObject();
+        cJSON_AddNumberToObject(st, "rank", k);
+        char lr[64];
+        snprintf(lr, sizeof lr, "%u-%u", r->lm.first[k], r->lm.first[k] + r->lm.count[k] - 1);
+        cJSON_AddStringToObject(st, "layers", lr);
+        cJSON_AddNumberToObject(st, "busy_s", s->busy_s);
+        cJSON_AddNumberToObject(st, "wait_input_s", s->wait_input_s);
+        cJSON_AddNumberToObject(st, "wait_send_s", s->wait_send_s);
+        cJSON_AddNumberToObject(st, "messages_sent", s->messages_sent);
+        cJSON_AddNumberToObject(st, "bytes_sent", s->bytes_sent);
+        cJSON_AddNumberToObject(st, "micro_batches", s->micro_batches);
+        cJSON_AddNumberToObject(st, "rows", s->rows);
+        cJSON_AddNumberToObject(st, "cache_bytes_peak", s->cache_bytes_peak);
+        cJSON_AddNumberToObject(st, "attention_bytes_peak", s->attention_bytes_peak);
+        cJSON *pl = cJSON_Parse(pj);
+        if (pl)
+            cJSON_AddItemToObject(st, "placement", pl);
+        cJSON_AddItemToArray(stages, st);
+    }
+    char *txt = cJSON_Print(j);
+    FILE *f = fopen(o->stats_path, "w");
+    if (!f || !txt || fputs(txt, f) < 0 || fputc('\n', f) < 0)
+        fprintf(stderr, "pipedec: cannot write stats to %s\n", o->stats_path);
+    if (f)
+        fclose(f);
+    free(txt);
+    cJSON_Delete(j);
+}
+
+pd_status report_end(report *rep, rank *r, head *h, pd_err *err)
+{
+    uint8_t mine[MSG_STATS_BYTES];
+    msg_stats me = rank_stats(r);
+    msg_encode_stats(&me, mine);
+    uint8_t *all = r->rank == 0 ? calloc((size_t)r->size, MSG_STATS_BYTES) : NULL;
+    msg_stats *each = r->rank == 0 ? calloc((size_t)r->size, sizeof *each) : NULL;
+    pd_status st = (r->rank == 0 && (!all || !each)) ? pd_err_set(err, PD_ERR_NOMEM, "out of memory") : PD_OK;
+    /* the gather is collective: every rank reaches it */
+    pd_status gs = pipe_gather(r->p, mine, sizeof mine, all, err);
+    if (st == PD_OK)
+        st = gs;
+    for (int k = 0; st == PD_OK && r->rank == 0 && k < r->size; k++)
+        st = msg_decode_stats(all + (size_t)k * MSG_STATS_BYTES, MSG_STATS_BYTES, &each[k], err);
+    if (st == PD_OK && r->rank == 0) {
+        sched_progress pr;
+        head_progress(h, &pr);
+        double wall = me.wall_s;
+        double tps = wall > 0 ? (double)pr.tokens_generated / wall : 0.0;
+        if (r->o->stats_path)
+            report_stats_json(rep, r, &pr, wall, each);
+        printf("pipedec: %llu pages decoded (%llu skipped as already done), %llu tokens in %.2f s = %.1f tokens/s "
+               "over %d rank%s; output %s\n",
+               (unsigned long long)pr.pages_done, (unsigned long long)pr.pages_skipped,
+               (unsigned long long)pr.tokens_generated, wall, tps, r->size, r->size == 1 ? "" : "s", r->o->out_path);
+        fflush(stdout);
+    }
+    free(all);
+    free(each);
+    return st;
+}
