@@ -26,6 +26,8 @@ if ! command -v "$cc" >/dev/null || [ -z "$(find /usr/lib/llvm-*/lib/clang -name
   $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq clang libclang-rt-14-dev >/dev/null
 fi
 mkdir -p "$work"
+work="$(cd "$work" && pwd)" # absolute: the fuzzer runs inside it
+t_all=$(date +%s)
 
 # clang 14 rejects __builtin_cpu_supports("f16c") (gcc accepts it; base/fp16.c
 # uses it). A forced include maps the feature names the sources use onto ones
@@ -69,6 +71,7 @@ for t in "${targets[@]}"; do
   if [ -n "$libline" ]; then read -r -a extra <<<"${libline#PD_FUZZ_LIBS:}"; libs+=("${extra[@]}"); fi
   bin="$work/$t"
   echo "fuzz.sh: building $t" >&2
+  t0=$(date +%s)
   "$cc" -g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined \
         -fno-sanitize-recover=all -include "$compat" -I"$src" "$file" "${srcs[@]}" "${libs[@]}" -o "$bin"
 
@@ -78,24 +81,27 @@ for t in "${targets[@]}"; do
   cp -n "$src"/tests/data/*.cmf* "$src"/tests/data/*.bin "$src"/tests/data/*.gguf "$corpus"/ 2>/dev/null || true
   log="$work/$t.log"
   rc=0
+  t1=$(date +%s)
   # -rss_limit / -malloc_limit keep a hostile count from eating the machine;
   # -timeout flags a slow input as a finding.
   # run inside $work: with -jobs libFuzzer writes fuzz-N.log to the current directory
   (cd "$work" && "$bin" "$corpus" -max_total_time="$secs" -print_final_stats=1 -timeout=10 \
          -rss_limit_mb=2048 -malloc_limit_mb=1024 -max_len=8192 \
          -jobs="$jobs" -workers="$jobs" -artifact_prefix="$found/") >"$log" 2>&1 || rc=$?
-  execs="$( (grep -h 'stat::number_of_executed_units' "$log" "$work"/fuzz-*.log 2>/dev/null || true) \
-           | awk '{s += $2} END {print s + 0}')"
+  t2=$(date +%s)
+  # $log alone: with -jobs, libFuzzer copies each job's fuzz-N.log into its
+  # own output once the job ends (counting both doubled every figure)
+  execs="$( (grep -h 'stat::number_of_executed_units' "$log" || true) | awk '{s += $2} END {print s + 0}')"
   rm -f "$work"/fuzz-*.log
   crashes="$(find "$found" -type f | wc -l)"
   total_execs=$((total_execs + execs))
   if [ "$rc" -ne 0 ] || [ "$crashes" -gt 0 ]; then
     findings=$((findings + 1))
-    echo "$t: $execs executions in ${secs}s, FINDING (exit $rc, $crashes reproducer(s) in $found, log $log)"
+    echo "$t: $execs executions in $((t2 - t1)) s (built in $((t1 - t0)) s), FINDING (exit $rc, $crashes reproducer(s) in $found, log $log)"
     grep -m5 -E 'ERROR|runtime error|fuzz_[a-z]+: ' "$log" || true
   else
-    echo "$t: $execs executions in ${secs}s, no findings (corpus $(ls "$corpus" | wc -l) inputs)"
+    echo "$t: $execs executions in $((t2 - t1)) s (built in $((t1 - t0)) s), no findings (corpus $(ls "$corpus" | wc -l) inputs)"
   fi
 done
-echo "fuzz.sh: total $total_execs executions, $findings target(s) with findings"
+echo "fuzz.sh: ${#targets[@]} target(s), $total_execs executions, $findings target(s) with findings, $(( $(date +%s) - t_all )) s"
 [ "$findings" -eq 0 ]
