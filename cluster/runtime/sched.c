@@ -2,25 +2,10 @@
 #include "cluster/runtime/sched.h"
 
 #include "base/check.h"
-#include "cluster/runtime/digest.h"
-#include "cluster/model/sample.h"
+#include "cluster/runtime/stream.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-/* INV: used streams have page < pages_count, fed <= prefill_rows,
- * n_tokens <= max_new; a stream with in_flight set is in exactly one
- * outstanding slot. */
-typedef struct sched_stream {
-    bool used, in_flight;
-    uint64_t id;
-    size_t page;
-    uint64_t prefill_rows, fed;
-    uint32_t max_new;
-    uint32_t *tokens;
-    uint32_t n_tokens;
-    uint64_t digest; /* chain over the logits rows sampled so far */
-} sched_stream;
 
 /* One outstanding micro-batch's buffers. */
 typedef struct sched_slot {
@@ -38,7 +23,11 @@ struct sched {
     sched_config cfg;
     uint32_t hidden;
     uint32_t eos;
-    sched_stream *streams;
+    /* INV: every stream in the table has page < pages_count and is not yet
+     * finished (a finished stream leaves at once); in_flight[i] is set for
+     * exactly the table slots i that are members of an outstanding slot. */
+    stream_table *streams;
+    bool *in_flight;          /* [max_streams] by table slot */
     sched_slot *slots;
     uint32_t n_slots;
     uint64_t *pending_retire;
@@ -54,8 +43,8 @@ void sched_free(sched *s)
 {
     if (!s)
         return;
-    for (uint32_t i = 0; s->streams && i < s->cfg.max_streams; i++)
-        free(s->streams[i].tokens);
+    stream_table_free(s->streams);
+    free(s->in_flight);
     for (uint32_t i = 0; s->slots && i < s->n_slots; i++) {
         sched_slot *sl = &s->slots[i];
         free(sl->rows);
@@ -66,7 +55,6 @@ void sched_free(sched *s)
         free(sl->members);
     }
     free(s->slots);
-    free(s->streams);
     free(s->pending_retire);
     free(s);
 }
@@ -85,10 +73,15 @@ pd_status sched_new(const sched_config *cfg, uint32_t max_inflight, sched **out,
     s->hidden = model_hp(cfg->m)->hidden;
     s->eos = model_hp(cfg->m)->eos;
     s->n_slots = max_inflight;
-    s->streams = calloc(cfg->max_streams, sizeof *s->streams);
+    pd_status st = stream_table_new(cfg->max_streams, &s->streams, err);
+    if (st) {
+        sched_free(s);
+        return st;
+    }
+    s->in_flight = calloc(cfg->max_streams, sizeof *s->in_flight);
     s->slots = calloc(max_inflight, sizeof *s->slots);
     s->pending_retire = calloc(cfg->max_streams, sizeof *s->pending_retire);
-    bool ok = s->streams && s->slots && s->pending_retire;
+    bool ok = s->in_flight && s->slots && s->pending_retire;
     for (uint32_t i = 0; ok && i < max_inflight; i++) {
         sched_slot *sl = &s->slots[i];
         sl->rows = calloc(cfg->max_rows, sizeof *sl->rows);
@@ -113,14 +106,12 @@ pd_status sched_new(const sched_config *cfg, uint32_t max_inflight, sched **out,
 
 /* Hands the page to on_done and frees the stream; stages learn of it on the
  * next header when `admitted` (a page that never reached them is not announced). */
-static pd_status stream_finish(sched *s, uint32_t slot, sched_stop stop, bool admitted, pd_err *err)
+static pd_status stream_finish(sched *s, stream_state *st, sched_stop stop, bool admitted, pd_err *err)
 {
-    sched_stream *st = &s->streams[slot];
-    const pages_page *pg = pages_get(s->cfg.pg, st->page);
-    sched_result r = {.page = st->page,
-                      .id = pg->id,
+    sched_result r = {.page = (size_t)st->page,
+                      .id = st->page_id,
                       .tokens = st->tokens,
-                      .n_tokens = st->n_tokens,
+                      .n_tokens = st->n_tokens - (stop == SCHED_STOP_EOS), /* the EOS is not text */
                       .prefill_rows = st->prefill_rows,
                       .stop = stop,
                       .digest = st->digest};
@@ -128,13 +119,12 @@ static pd_status stream_finish(sched *s, uint32_t slot, sched_stop stop, bool ad
     s->prog.pages_done++;
     if (admitted)
         s->pending_retire[s->n_pending_retire++] = st->id;
-    free(st->tokens);
-    memset(st, 0, sizeof *st);
+    stream_table_drop(s->streams, st->id);
     return rc;
 }
 
 /* Embeds prefill rows [from, from + n) of stream st into x. */
-static pd_status prefill_rows(sched *s, const sched_stream *st, uint64_t from, uint32_t n, float *x,
+static pd_status prefill_rows(sched *s, const stream_state *st, uint64_t from, uint32_t n, float *x,
                               pd_err *err)
 {
     const pages_page *pg = pages_get(s->cfg.pg, st->page);
@@ -176,35 +166,30 @@ static pd_status admit_next(sched *s, sched_slot *sl, uint32_t *na, uint32_t *sl
     size_t n_pages = pages_count(s->cfg.pg);
     for (;;) {
         *slot = UINT32_MAX;
-        uint32_t free_slot = UINT32_MAX;
-        for (uint32_t i = 0; i < s->cfg.max_streams && free_slot == UINT32_MAX; i++)
-            if (!s->streams[i].used)
-                free_slot = i;
         while (s->next_page < n_pages && s->cfg.skip && s->cfg.skip[s->next_page])
             s->next_page++;
-        if (free_slot == UINT32_MAX || s->next_page >= n_pages)
+        if (stream_table_count(s->streams) == s->cfg.max_streams || s->next_page >= n_pages)
             return PD_OK;
         const pages_page *pg = pages_get(s->cfg.pg, s->next_page);
-        sched_stream *st = &s->streams[free_slot];
-        *st = (sched_stream){.used = true,
-                             .id = s->next_id++,
-                             .page = s->next_page++,
-                             .prefill_rows = pg->prefill_rows,
-                             .max_new = pg->max_new_tokens,
-                             .digest = DIGEST_CHAIN_INIT};
+        stream_state fresh;
+        uint32_t free_slot;
+        pd_status rc = stream_init(&fresh, s->next_id, s->next_page, pg->id, pg->prefill_rows, pg->max_new_tokens, err);
+        if (rc == PD_OK && (rc = stream_table_put(s->streams, &fresh, &free_slot, err)))
+            stream_release(&fresh);
+        if (rc)
+            return rc;
+        s->next_id++;
+        s->next_page++;
+        stream_state *st = stream_table_at(s->streams, free_slot);
         if (st->max_new == 0) {
-            pd_status rc = stream_finish(s, free_slot, SCHED_STOP_LENGTH, false, err);
-            if (rc)
+            if ((rc = stream_finish(s, st, SCHED_STOP_LENGTH, false, err)))
                 return rc;
             continue;
         }
-        st->tokens = malloc((size_t)st->max_new * sizeof *st->tokens);
-        if (!st->tokens)
-            return pd_err_set(err, PD_ERR_NOMEM, "sched: out of memory for page \"%s\"", pg->id);
         sl->admit[(*na)++] = (mb_admit){.stream = st->id,
                                         .prefill_rows = (uint32_t)st->prefill_rows,
                                         .max_new = st->max_new,
-                                        .sample_key = sample_page_key(pg->id)};
+                                        .sample_key = st->key};
         s->prog.prefill_rows += st->prefill_rows;
         *slot = free_slot;
         return PD_OK;
@@ -216,7 +201,7 @@ static pd_status admit_next(sched *s, sched_slot *sl, uint32_t *na, uint32_t *sl
 static pd_status add_prefill(sched *s, sched_slot *sl, uint32_t i, uint32_t room, uint32_t *nr,
                              uint32_t *nl, pd_err *err)
 {
-    sched_stream *st = &s->streams[i];
+    stream_state *st = stream_table_at(s->streams, i);
     uint64_t rest = st->prefill_rows - st->fed;
     uint32_t chunk = s->cfg.prefill_chunk ? s->cfg.prefill_chunk : UINT32_MAX;
     uint32_t n = rest < chunk ? (uint32_t)rest : chunk;
@@ -233,7 +218,7 @@ static pd_status add_prefill(sched *s, sched_slot *sl, uint32_t i, uint32_t room
             sl->logit_stream[(*nl)++] = i;
     }
     st->fed += n;
-    st->in_flight = true;
+    s->in_flight[i] = true;
     sl->members[sl->n_members++] = i;
     *nr += n;
     return PD_OK;
@@ -268,8 +253,8 @@ pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
 
     /* decode rows: the last sampled token of decoding streams */
     for (uint32_t i = 0; i < s->cfg.max_streams && nr < R && sl->n_members < member_cap; i++) {
-        sched_stream *st = &s->streams[i];
-        if (!st->used || st->in_flight || st->fed < st->prefill_rows)
+        stream_state *st = stream_table_at(s->streams, i);
+        if (!st || s->in_flight[i] || st->fed < st->prefill_rows)
             continue;
         CHECK(st->n_tokens >= 1);
         sl->rows[nr] = (mb_row){.stream = st->id,
@@ -279,7 +264,7 @@ pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
         model_embed(s->cfg.m, &st->tokens[st->n_tokens - 1], 1, sl->x + (size_t)nr * H);
         sl->logit_stream[nl++] = i;
         sl->members[sl->n_members++] = i;
-        st->in_flight = true;
+        s->in_flight[i] = true;
         nr++;
     }
     /* prefill chunks of admitted streams, then of pages admitted now: a page
@@ -287,8 +272,8 @@ pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
      * in the micro-batch that first uses it */
     pd_status rc;
     for (uint32_t i = 0; i < s->cfg.max_streams && nr < R && sl->n_members < member_cap; i++) {
-        sched_stream *st = &s->streams[i];
-        if (!st->used || st->in_flight || st->fed >= st->prefill_rows)
+        stream_state *st = stream_table_at(s->streams, i);
+        if (!st || s->in_flight[i] || st->fed >= st->prefill_rows)
             continue;
         if ((rc = add_prefill(s, sl, i, R - nr, &nr, &nl, err)))
             return rc;
@@ -326,23 +311,18 @@ pd_status sched_complete(sched *s, const sched_batch *b, const uint32_t *tokens,
     CHECK(sl->busy);
     pd_status rc = PD_OK;
     for (uint32_t m = 0; m < sl->n_members; m++)
-        s->streams[sl->members[m]].in_flight = false;
+        s->in_flight[sl->members[m]] = false;
     for (uint32_t l = 0; l < b->n_logits; l++) {
-        uint32_t i = sl->logit_stream[l];
-        sched_stream *st = &s->streams[i];
-        if (!st->used)
+        stream_state *st = stream_table_at(s->streams, sl->logit_stream[l]);
+        if (!st)
             continue;
         uint32_t t = tokens[l];
-        st->digest = digest_chain(st->digest, row_digests[l]);
         s->prog.tokens_generated++;
-        pd_status r2 = PD_OK;
-        if (t == s->eos)
-            r2 = stream_finish(s, i, SCHED_STOP_EOS, true, err);
-        else {
-            st->tokens[st->n_tokens++] = t;
-            if (st->n_tokens >= st->max_new)
-                r2 = stream_finish(s, i, SCHED_STOP_LENGTH, true, err);
-        }
+        pd_status r2 = stream_push(st, t, row_digests[l], err);
+        if (r2 == PD_OK && t == s->eos)
+            r2 = stream_finish(s, st, SCHED_STOP_EOS, true, err);
+        else if (r2 == PD_OK && st->n_tokens >= st->max_new)
+            r2 = stream_finish(s, st, SCHED_STOP_LENGTH, true, err);
         if (r2 && rc == PD_OK)
             rc = r2;
     }
@@ -355,9 +335,8 @@ bool sched_finished(const sched *s)
 {
     if (s->inflight || s->n_pending_retire)
         return false;
-    for (uint32_t i = 0; i < s->cfg.max_streams; i++)
-        if (s->streams[i].used)
-            return false;
+    if (stream_table_count(s->streams))
+        return false;
     size_t n = pages_count(s->cfg.pg);
     for (size_t p = s->next_page; p < n; p++)
         if (!s->cfg.skip || !s->cfg.skip[p])
@@ -368,7 +347,5 @@ bool sched_finished(const sched *s)
 void sched_get_progress(const sched *s, sched_progress *out)
 {
     *out = s->prog;
-    out->streams_alive = 0;
-    for (uint32_t i = 0; i < s->cfg.max_streams; i++)
-        out->streams_alive += s->streams[i].used;
+    out->streams_alive = stream_table_count(s->streams);
 }

@@ -13,6 +13,30 @@
  * Admissions and retirements ride on the micro-batch header so every stage
  * creates and frees per-stream state in step with the head.
  *
+ * The stream protocol — how the head, the stages and the tail keep their
+ * per-stream state in agreement (who holds what: stream.h):
+ *   1. Admission: the head assigns the next stream id (admission order =
+ *      manifest order, skipped pages excluded) and announces (id,
+ *      prefill_rows, max_new, page key) on the header of the micro-batch
+ *      that carries the stream's first rows. Every stage creates the
+ *      stream's caches, the tail its sampling state, before running rows.
+ *   2. Rows: a stream's rows in one micro-batch are contiguous, in position
+ *      order, and it is in at most one micro-batch in flight. A row's
+ *      absolute position is the only rollback signal: a stage holding the
+ *      stream beyond it rolls back first. Prefill rows come in chunks; the
+ *      last prefill row and every decode row want logits.
+ *   3. Results: the tail samples the rows that want logits, in row order,
+ *      and returns (token, logits row digest) per row; the head appends each
+ *      token and digest to the stream (stream_push) in the same order the
+ *      tail did, so the two copies of the sampled history stay equal.
+ *   4. Finish: EOS or max_new tokens ends a stream on the head; its
+ *      retirement rides on the next micro-batch header, and every stage and
+ *      the tail free the stream's state when they apply that header.
+ *   5. Micro-batches travel and are applied in the order they were formed;
+ *      a drain point (run.h) comes only when none is in flight.
+ * The head's stream_state is the authoritative copy: a checkpoint writes it,
+ * a restart rebuilds the tail's copy from it.
+ *
  * Nothing here depends on MPI or on how many stages run the batch. */
 #ifndef PD_SCHED_H
 #define PD_SCHED_H

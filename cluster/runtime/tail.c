@@ -2,22 +2,15 @@
 #include "cluster/runtime/tail.h"
 
 #include "cluster/runtime/digest.h"
+#include "cluster/runtime/stream.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-/* INV: used streams have hist[max_new] and n_hist <= max_new. */
-typedef struct tail_stream {
-    int used;
-    uint64_t id, key;
-    uint32_t max_new, n_hist;
-    int32_t *hist;
-} tail_stream;
-
 struct tail {
     tail_config cfg;
     uint32_t hidden, vocab;
-    tail_stream *streams;
+    stream_table *streams; /* per stream: key, max_new, sampled tokens (stream.h) */
     sampler *smp;
     float *xs;     /* [max_rows x hidden] gathered rows */
     float *logits; /* [max_rows x vocab] */
@@ -32,15 +25,20 @@ pd_status tail_new(const tail_config *cfg, tail **out, pd_err *err)
     t->cfg = *cfg;
     t->hidden = model_hp(cfg->m)->hidden;
     t->vocab = model_hp(cfg->m)->vocab;
-    t->streams = calloc(cfg->max_streams, sizeof *t->streams);
+    pd_status st = stream_table_new(cfg->max_streams, &t->streams, err);
+    if (st) {
+        tail_free(t);
+        return st;
+    }
     t->xs = malloc((size_t)cfg->max_rows * t->hidden * sizeof(float));
     t->logits = malloc((size_t)cfg->max_rows * t->vocab * sizeof(float));
     t->row_of = malloc((size_t)cfg->max_rows * sizeof(uint32_t));
-    if (!t->streams || !t->xs || !t->logits || !t->row_of) {
+    if (!t->xs || !t->logits || !t->row_of) {
+        uint32_t vocab = t->vocab;
         tail_free(t);
-        return pd_err_set(err, PD_ERR_NOMEM, "tail: out of memory for %u rows x %u logits", cfg->max_rows, t->vocab);
+        return pd_err_set(err, PD_ERR_NOMEM, "tail: out of memory for %u rows x %u logits", cfg->max_rows, vocab);
     }
-    pd_status st = sampler_new(t->vocab, &cfg->sample, &cfg->ngram, cfg->seed, &t->smp, err);
+    st = sampler_new(t->vocab, &cfg->sample, &cfg->ngram, cfg->seed, &t->smp, err);
     if (st) {
         tail_free(t);
         return st;
@@ -53,9 +51,7 @@ void tail_free(tail *t)
 {
     if (!t)
         return;
-    for (uint32_t i = 0; t->streams && i < t->cfg.max_streams; i++)
-        free(t->streams[i].hist);
-    free(t->streams);
+    stream_table_free(t->streams);
     free(t->xs);
     free(t->logits);
     free(t->row_of);
@@ -63,38 +59,24 @@ void tail_free(tail *t)
     free(t);
 }
 
-static tail_stream *tail_find(tail *t, uint64_t id)
-{
-    for (uint32_t i = 0; i < t->cfg.max_streams; i++)
-        if (t->streams[i].used && t->streams[i].id == id)
-            return &t->streams[i];
-    return NULL;
-}
-
 pd_status tail_admit(tail *t, const mb_admit *a, pd_err *err)
 {
-    if (tail_find(t, a->stream))
+    if (stream_table_find(t->streams, a->stream))
         return pd_err_set(err, PD_ERR_ARG, "tail: stream %llu admitted twice", (unsigned long long)a->stream);
-    for (uint32_t i = 0; i < t->cfg.max_streams; i++) {
-        tail_stream *s = &t->streams[i];
-        if (s->used)
-            continue;
-        int32_t *h = malloc(((size_t)a->max_new + 1) * sizeof *h);
-        if (!h)
-            return pd_err_set(err, PD_ERR_NOMEM, "tail: out of memory");
-        *s = (tail_stream){.used = 1, .id = a->stream, .key = a->sample_key, .max_new = a->max_new, .hist = h};
-        return PD_OK;
-    }
-    return pd_err_set(err, PD_ERR_RANGE, "tail: %u streams already alive", t->cfg.max_streams);
+    if (stream_table_count(t->streams) == stream_table_capacity(t->streams))
+        return pd_err_set(err, PD_ERR_RANGE, "tail: %u streams already alive", t->cfg.max_streams);
+    stream_state s;
+    pd_status st = stream_init_keyed(&s, a->stream, a->sample_key, a->max_new, err);
+    if (st == PD_OK && (st = stream_table_put(t->streams, &s, NULL, err)))
+        stream_release(&s);
+    if (st)
+        pd_err_prefix(err, "tail");
+    return st;
 }
 
 void tail_retire(tail *t, uint64_t stream)
 {
-    tail_stream *s = tail_find(t, stream);
-    if (!s)
-        return;
-    free(s->hist);
-    memset(s, 0, sizeof *s);
+    stream_table_drop(t->streams, stream);
 }
 
 pd_status tail_sample(tail *t, const mb_row *rows, uint32_t n, const float *x, uint32_t *tokens,
@@ -114,20 +96,23 @@ pd_status tail_sample(tail *t, const mb_row *rows, uint32_t n, const float *x, u
     model_logits(t->cfg.m, t->xs, m, t->logits, t->cfg.pool);
     for (uint32_t j = 0; j < m; j++) {
         const mb_row *r = &rows[t->row_of[j]];
-        tail_stream *s = tail_find(t, r->stream);
+        stream_state *s = stream_table_find(t->streams, r->stream);
         if (!s)
             return pd_err_set(err, PD_ERR_FORMAT, "tail: row of unknown stream %llu", (unsigned long long)r->stream);
-        if (s->n_hist >= s->max_new)
+        if (s->n_tokens >= s->max_new)
             return pd_err_set(err, PD_ERR_FORMAT, "tail: stream %llu asks for token %u beyond max_new %u",
-                              (unsigned long long)r->stream, s->n_hist + 1, s->max_new);
+                              (unsigned long long)r->stream, s->n_tokens + 1, s->max_new);
         const float *lg = t->logits + (size_t)j * t->vocab;
         int32_t tok;
-        pd_status st = sampler_next_key(t->smp, lg, s->hist, s->n_hist, s->key, s->n_hist, &tok, err);
+        /* the sampled history is the n-gram ban's window and the sampling index */
+        pd_status st = sampler_next_key(t->smp, lg, (const int32_t *)s->tokens, s->n_tokens, s->key, s->n_tokens,
+                                        &tok, err);
         if (st)
             return st;
-        s->hist[s->n_hist++] = tok;
         tokens[j] = (uint32_t)tok;
         row_digests[j] = digest_f32(lg, t->vocab);
+        if ((st = stream_push(s, (uint32_t)tok, row_digests[j], err)))
+            return st;
     }
     *n_tokens = m;
     return PD_OK;

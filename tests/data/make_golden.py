@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Writes the golden CMFS records and bundles of tests/data from the byte
-tables in docs/wire.md, independently of the C encoder (so the e2e test
+"""Writes the golden CMFS records, bundles and stream record of tests/data from
+the byte tables in docs/wire.md and cluster/runtime/stream.h, independently of the C encoder (so the e2e test
 checks the decoder against the documentation, not against itself).
 usage: tests/data/make_golden.py [OUT_DIR]   (default: the script's folder)"""
 import os
@@ -54,6 +54,23 @@ def bundle(entries, identity=IDENTITY, layer=LAYER):
     return out
 
 
+def fnv1a64(data):
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def stream_record():
+    # the per-stream state record of cluster/runtime/stream.h, version 1
+    page_id = b"p00001"
+    tokens = [17, 4, 299]
+    out = b"PDSS" + struct.pack("<HH", 1, 0)
+    out += struct.pack("<5Q", 3, 1, fnv1a64(page_id), 12, 12)
+    out += struct.pack("<IIQI", 20, len(tokens), 0x0123456789ABCDEF, len(page_id))
+    return out + page_id + struct.pack("<%dI" % len(tokens), *tokens)
+
+
 def main():
     out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
     full32 = header(0, 0, 2) + full_body(0)
@@ -69,6 +86,7 @@ def main():
         "bad_count.cmfs": full32[:32 + 36] + struct.pack("<I", 3) + full32[32 + 40:],
         "two_streams.cmfb": bundle([(7, full32), (1 << 40, tail)]),
         "bad_crc.cmfb": bytearray(bundle([(7, full32), (9, ring_record())])),
+        "stream.pdss": stream_record(),
     }
     files["bad_crc.cmfb"][-1] ^= 0x40
     for name, data in files.items():
