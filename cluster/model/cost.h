@@ -6,7 +6,7 @@
  * tensors the stage really holds, at their stored GGUF types (F32 4 bytes per
  * weight, F16/BF16 2, Q8_0 34 per 32), so a quantized or mixed-precision file
  * gets its own numbers; cost_part_seconds turns the counts into a predicted
- * time by the rule below.
+ * time (docs/ARCHITECTURE-cost.md has the rule, its constants and why).
  *
  * The rule, for R rows in a step and D attended rows per row:
  *

@@ -227,6 +227,31 @@ pd_status layermap_balance(uint32_t n_stages, uint32_t n_layers, uint64_t layer_
     return st;
 }
 
+pd_status layermap_for_model(const char *model_path, uint32_t n_stages, const cost_rule *rule, layermap *out,
+                             pd_err *err)
+{
+    cost_rule dflt;
+    if (!rule) {
+        cost_rule_default(&dflt);
+        rule = &dflt;
+    }
+    cost_table *t;
+    pd_status st = cost_table_read(model_path, &t, err);
+    if (st)
+        return st;
+    uint32_t n = cost_table_layers(t);
+    uint64_t *c = malloc((size_t)n * sizeof *c), head, tail;
+    if (!c)
+        st = pd_err_set(err, PD_ERR_NOMEM, "layer map: out of memory for %u layers", n);
+    if (st == PD_OK)
+        st = cost_table_units(t, rule, c, &head, &tail, err);
+    if (st == PD_OK)
+        st = layermap_balance_costs(n_stages, n, c, head, tail, out, err);
+    free(c);
+    cost_table_free(t);
+    return st;
+}
+
 void layermap_format(const layermap *m, char *buf, size_t cap)
 {
     size_t n = 0;

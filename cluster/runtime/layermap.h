@@ -8,11 +8,14 @@
  * (the pipeline runs at the pace of its slowest stage, DESIGN.md section 8).
  * A stage costs the sum of its layers' costs, plus the head's extra (the
  * embedding lookup) on stage 0 and the tail's extra (final norm, output
- * projection, sampling) on the last stage. */
+ * projection, sampling) on the last stage. layermap_for_model takes the costs
+ * from the model file (cluster/model/cost.h: predicted step times of each
+ * layer at its real tensor types); docs/ARCHITECTURE-cost.md explains both. */
 #ifndef PD_LAYERMAP_H
 #define PD_LAYERMAP_H
 
 #include "base/status.h"
+#include "cluster/model/cost.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -30,9 +33,9 @@ typedef struct layermap {
 pd_status layermap_parse(const char *s, uint32_t n_stages, uint32_t n_layers, layermap *out,
                          pd_err *err);
 
-/* Balanced split for per-layer costs: layer_cost[0 .. n_layers) (any unit),
- * head_cost added to stage 0 and tail_cost to stage n_stages - 1. *out is
- * written only on success.
+/* Balanced split for per-layer costs: layer_cost[0 .. n_layers) (any unit, e.g.
+ * picoseconds from cost_table_units), head_cost added to stage 0 and
+ * tail_cost to stage n_stages - 1. *out is written only on success.
  *
  * Result: among all maps (contiguous, in order, >= 1 layer per stage) it has
  * the smallest bottleneck, the largest stage cost; among those, the smallest
@@ -63,10 +66,17 @@ uint64_t layermap_stage_cost(const layermap *m, uint32_t s, const uint64_t *laye
                              uint64_t tail_cost);
 
 /* The same split with one cost for every layer and none on the head.
- * Transitional: the start-up's current call; it goes once the start-up passes
- * a cost per layer. */
+ * Transitional: the start-up's current call; it goes once the start-up calls
+ * layermap_for_model. */
 pd_status layermap_balance(uint32_t n_stages, uint32_t n_layers, uint64_t layer_cost,
                            uint64_t tail_cost, layermap *out, pd_err *err);
+
+/* The default map of a run: reads model_path's cost table (cost_table_read),
+ * predicts each part's step time under rule (NULL = cost_rule_default) and
+ * balances them over n_stages with layermap_balance_costs. Errors name the
+ * file, the tensor or the reason (e.g. fewer layers than ranks). */
+pd_status layermap_for_model(const char *model_path, uint32_t n_stages, const cost_rule *rule, layermap *out,
+                             pd_err *err);
 
 /* "0-3,4-7,8-11" */
 void layermap_format(const layermap *m, char *buf, size_t cap);

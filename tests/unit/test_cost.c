@@ -1,6 +1,6 @@
 /* cost: per-part counts read from a model file's tensor directory at the
- * tensors' real types (f32, f16, bf16, Q8_0 and mixed files), and the time
- * rule.
+ * tensors' real types, the time rule, and the layer maps layermap_for_model
+ * builds from them (f32, Q8_0 and mixed-precision versions of one shape).
  *
  * mkmodel writes f32 and f16 only, so the Q8_0 and mixed files are written
  * here with the GGUF writer: same metadata keys and tensor names, zero
@@ -11,6 +11,7 @@
 #include "cluster/format/gguf.h"
 #include "cluster/model/cost.h"
 #include "cluster/model/model.h"
+#include "cluster/runtime/layermap.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -428,6 +429,167 @@ START_TEST(cost_units_are_picoseconds_with_depth_clipped_to_context)
 }
 END_TEST
 
+/* ---- layer maps from the model file -------------------------------------- */
+
+/* The example shape: 12 layers, hidden 128, 4 heads x 32 (2 KV heads), ffn
+ * 384, vocab 4096 (the f32 output projection weighs 2.7 layers). */
+static spec spec_example(uint32_t type)
+{
+    spec s = {.layers = 12, .hidden = 128, .heads = 4, .kv_heads = 2, .ffn = 384, .vocab = 4096, .ctx = 2048,
+              .embd_type = type, .out_type = type};
+    for (uint32_t L = 0; L < SPEC_MAX_LAYERS; L++)
+        s.layer_type[L] = type;
+    return s;
+}
+
+/* Every map of n layers over k stages, brute force: the least bottleneck. */
+static uint64_t brute_bottleneck(const uint64_t *c, uint32_t n, uint32_t k, uint64_t head, uint64_t tail)
+{
+    uint32_t cut[16];
+    uint64_t best = UINT64_MAX;
+    for (uint32_t s = 0; s < k; s++)
+        cut[s] = s; /* first layer of stage s */
+    for (;;) {
+        uint64_t worst = 0;
+        for (uint32_t s = 0; s < k; s++) {
+            uint32_t end = s + 1 < k ? cut[s + 1] : n;
+            uint64_t sum = (s == 0 ? head : 0) + (s == k - 1 ? tail : 0);
+            for (uint32_t i = cut[s]; i < end; i++)
+                sum += c[i];
+            if (sum > worst)
+                worst = sum;
+        }
+        if (worst < best)
+            best = worst;
+        /* next composition: advance the last cut that can move */
+        int32_t s = (int32_t)k - 1;
+        while (s >= 1 && cut[s] == n - (k - (uint32_t)s))
+            s--;
+        if (s < 1)
+            break;
+        cut[s]++;
+        for (uint32_t r = (uint32_t)s + 1; r < k; r++)
+            cut[r] = cut[r - 1] + 1;
+    }
+    return best;
+}
+
+/* The worst stage of m under costs c. */
+static uint64_t bottleneck(const layermap *m, const uint64_t *c, uint64_t head, uint64_t tail)
+{
+    uint64_t worst = 0;
+    for (uint32_t s = 0; s < m->n_stages; s++) {
+        uint64_t sc = layermap_stage_cost(m, s, c, head, tail);
+        worst = sc > worst ? sc : worst;
+    }
+    return worst;
+}
+
+/* Builds the map of one file at k stages with layermap_for_model, checks it
+ * is the optimum of the same predicted times (brute force), and describes it
+ * beside the map the type-blind rule gives (every layer the same, the tail
+ * hidden x vocab weights), both timed by the cost model. Returns the
+ * type-blind map's bottleneck over the new one's. */
+static double map_of(const char *path, const spec *sp, uint32_t k, char *desc, size_t cap, layermap *out)
+{
+    pd_err e = {0};
+    ck_assert_msg(layermap_for_model(path, k, NULL, out, &e) == PD_OK, "%s", e.msg);
+    cost_table *t = read_ok(path);
+    cost_rule r;
+    cost_rule_default(&r);
+    uint32_t n = cost_table_layers(t);
+    uint64_t c[SPEC_MAX_LAYERS], head, tail;
+    ck_assert_int_eq(cost_table_units(t, &r, c, &head, &tail, &e), PD_OK);
+    uint64_t best = bottleneck(out, c, head, tail);
+    ck_assert_uint_eq(best, brute_bottleneck(c, n, k, head, tail));
+    uint64_t hd = sp->hidden / sp->heads;
+    uint64_t blind_layer = 2ull * sp->hidden * sp->hidden + 2ull * sp->hidden * sp->kv_heads * hd +
+                           3ull * sp->hidden * sp->ffn;
+    layermap blind;
+    ck_assert_int_eq(layermap_balance(k, n, blind_layer, (uint64_t)sp->hidden * sp->vocab, &blind, &e), PD_OK);
+    uint64_t blind_worst = bottleneck(&blind, c, head, tail);
+    ck_assert_uint_ge(blind_worst, best);
+    char m[128], mb[128];
+    layermap_format(out, m, sizeof m);
+    layermap_format(&blind, mb, sizeof mb);
+    int w = snprintf(desc, cap, "%-22s stage us:", m);
+    for (uint32_t s = 0; s < k && w > 0 && (size_t)w < cap; s++)
+        w += snprintf(desc + w, cap - (size_t)w, " %.1f", (double)layermap_stage_cost(out, s, c, head, tail) / 1e6);
+    if (w > 0 && (size_t)w < cap)
+        snprintf(desc + w, cap - (size_t)w, " | type-blind %s worst %.1f", mb, (double)blind_worst / 1e6);
+    cost_table_free(t);
+    return (double)blind_worst / (double)best;
+}
+
+START_TEST(cost_layer_maps_follow_the_tensor_types)
+{
+    static const struct { const char *name; uint32_t type, mixed; } models[] = {
+        {"f32", GGUF_TENSOR_F32, 0},
+        {"q8_0", GGUF_TENSOR_Q8_0, 0},
+        /* llama.cpp-style mixture: Q8_0, but layers 0-2 kept in f32 */
+        {"q8_0, layers 0-2 f32", GGUF_TENSOR_Q8_0, 1},
+        /* FFN of the last 6 layers in Q8_0, the rest f32 */
+        {"f32, ffn of 6-11 q8_0", GGUF_TENSOR_F32, 2},
+    };
+    layermap maps[4][4];
+    double gain[4][4];
+    char path[64];
+    for (size_t i = 0; i < 4; i++) {
+        spec s = spec_example(models[i].type);
+        if (models[i].mixed == 1)
+            for (uint32_t L = 0; L < 3; L++)
+                s.layer_type[L] = GGUF_TENSOR_F32;
+        if (models[i].mixed == 2)
+            for (uint32_t L = 6; L < 12; L++)
+                s.ffn_type[L] = GGUF_TENSOR_Q8_0;
+        tmp_path(path, sizeof path, "example");
+        spec_write(&s, path);
+        for (uint32_t k = 1; k <= 4; k++) {
+            char desc[256];
+            gain[i][k - 1] = map_of(path, &s, k, desc, sizeof desc, &maps[i][k - 1]);
+            printf("cost: %-22s %u ranks: %s\n", models[i].name, k, desc);
+        }
+        unlink(path);
+    }
+    /* f32: the tail stage gives up layers for the projection */
+    for (uint32_t k = 2; k <= 4; k++)
+        ck_assert_uint_lt(maps[0][k - 1].count[k - 1], maps[0][k - 1].count[0]);
+    /* mixtures: the stage of the costly f32 layers holds fewer layers than
+     * the same stage of the all-Q8_0 file, and the type-blind map is slower */
+    for (uint32_t k = 3; k <= 4; k++)
+        ck_assert_uint_lt(maps[2][k - 1].count[0], maps[1][k - 1].count[0]);
+    ck_assert_double_gt(gain[2][3], 1.05);
+    ck_assert_double_gt(gain[3][3], 1.0);
+}
+END_TEST
+
+START_TEST(cost_layer_map_refuses_more_ranks_than_layers)
+{
+    spec s = spec_small(GGUF_TENSOR_Q8_0);
+    char p[64];
+    tmp_path(p, sizeof p, "ranks");
+    spec_write(&s, p);
+    layermap m;
+    memset(&m, 0x5a, sizeof m);
+    layermap ref = m;
+    pd_err e = {0};
+    ck_assert_int_eq(layermap_for_model(p, 5, NULL, &m, &e), PD_ERR_ARG);
+    ck_assert_msg(strstr(e.msg, "fewer than"), "%s", e.msg);
+    ck_assert_int_eq(memcmp(&m, &ref, sizeof m), 0);
+    pd_err_clear(&e);
+    ck_assert_int_ne(layermap_for_model("/nonexistent/m.gguf", 1, NULL, &m, &e), PD_OK);
+    ck_assert_msg(strstr(e.msg, "/nonexistent/m.gguf"), "%s", e.msg);
+    cost_rule r;
+    cost_rule_default(&r);
+    r.peak = 0;
+    pd_err_clear(&e);
+    ck_assert_int_eq(layermap_for_model(p, 2, &r, &m, &e), PD_ERR_ARG);
+    ck_assert_msg(strstr(e.msg, "peak"), "%s", e.msg);
+    ck_assert_int_eq(memcmp(&m, &ref, sizeof m), 0);
+    unlink(p);
+}
+END_TEST
+
 Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("cost");
@@ -441,6 +603,8 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, cost_refuses_unsupported_types_missing_tensors_and_bad_files);
     tcase_add_test(tc, cost_rule_takes_the_slower_of_memory_and_arithmetic);
     tcase_add_test(tc, cost_units_are_picoseconds_with_depth_clipped_to_context);
+    tcase_add_test(tc, cost_layer_maps_follow_the_tensor_types);
+    tcase_add_test(tc, cost_layer_map_refuses_more_ranks_than_layers);
     suite_add_tcase(s, tc);
     return s;
 }
