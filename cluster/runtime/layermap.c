@@ -147,22 +147,23 @@ pd_status layermap_balance_costs(uint32_t n_stages, uint32_t n_layers, const uin
      * starts. Stage s may end at j in [s + 1, n - (k - 1 - s)] so that every
      * stage keeps a layer. Scanning i upwards with <= keeps the latest start
      * among equal sums: later stages get fewer layers. */
-    double *prev = f, *cur = f + n + 1;
+    const size_t n1 = (size_t)n + 1; /* size_t indices: n may be UINT32_MAX */
+    double *prev = f, *cur = f + n1;
     const double inf = HUGE_VAL;
     for (uint32_t s = 0; s < k; s++) {
-        uint32_t *as = arg + (size_t)s * (n + 1);
-        for (uint32_t j = 0; j <= n; j++) {
+        uint32_t *as = arg + (size_t)s * n1;
+        for (size_t j = 0; j < n1; j++) {
             cur[j] = inf;
             as[j] = 0;
         }
-        for (uint32_t j = s + 1; j <= n - (k - 1 - s); j++) {
+        for (size_t j = (size_t)s + 1; j <= (size_t)n - (k - 1 - s); j++) {
             if (s == 0) {
                 if (P[j] <= bound)
                     cur[j] = (double)P[j] * (double)P[j];
                 continue;
             }
             /* the earliest start i with P[j] - P[i] <= bound, then upwards */
-            uint32_t i = j - 1;
+            size_t i = j - 1;
             while (i > s && P[j] - P[i - 1] <= bound)
                 i--;
             for (; i < j; i++) {
@@ -171,7 +172,7 @@ pd_status layermap_balance_costs(uint32_t n_stages, uint32_t n_layers, const uin
                 double d = (double)(P[j] - P[i]), v = prev[i] + d * d;
                 if (v <= cur[j]) {
                     cur[j] = v;
-                    as[j] = i;
+                    as[j] = (uint32_t)i;
                 }
             }
         }
@@ -184,7 +185,7 @@ pd_status layermap_balance_costs(uint32_t n_stages, uint32_t n_layers, const uin
     layermap m = {.n_stages = k};
     uint32_t end = n;
     for (uint32_t s = k; s-- > 0;) {
-        uint32_t start = s == 0 ? 0 : arg[(size_t)s * (n + 1) + end];
+        uint32_t start = s == 0 ? 0 : arg[(size_t)s * n1 + end];
         CHECK(start < end);
         m.first[s] = start;
         m.count[s] = end - start;
