@@ -1,7 +1,11 @@
 /* layermap: parsing, validating and balancing stage layer ranges. */
 #include "cluster/runtime/layermap.h"
 
+#include "base/check.h"
+
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int lm_num(const char **p, uint32_t *out)
@@ -72,8 +76,25 @@ pd_status layermap_parse(const char *s, uint32_t n_stages, uint32_t n_layers, la
     return PD_OK;
 }
 
-pd_status layermap_balance(uint32_t n_stages, uint32_t n_layers, uint64_t layer_cost,
-                           uint64_t tail_cost, layermap *out, pd_err *err)
+/* Whether every stage can stay <= bound with at most n_stages stages, packing
+ * greedily from the front; c are the folded costs, each already <= bound. */
+static int lm_fits(const uint64_t *c, uint32_t n, uint32_t n_stages, uint64_t bound)
+{
+    uint32_t stages = 1;
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (c[i] > bound - sum) {
+            if (++stages > n_stages)
+                return 0;
+            sum = 0;
+        }
+        sum += c[i];
+    }
+    return 1;
+}
+
+pd_status layermap_balance_costs(uint32_t n_stages, uint32_t n_layers, const uint64_t *layer_cost,
+                                 uint64_t head_cost, uint64_t tail_cost, layermap *out, pd_err *err)
 {
     if (n_stages == 0 || n_stages > LAYERMAP_MAX_STAGES)
         return pd_err_set(err, PD_ERR_ARG, "layer map: %u ranks (1..%u supported)", n_stages, LAYERMAP_MAX_STAGES);
@@ -81,35 +102,155 @@ pd_status layermap_balance(uint32_t n_stages, uint32_t n_layers, uint64_t layer_
         return pd_err_set(err, PD_ERR_ARG,
                           "layer map: the model has %u layers, fewer than the %u ranks (each rank needs one)",
                           n_layers, n_stages);
-    /* the smallest bottleneck: try every max-layers-per-stage bound k; give
-     * the last stage as many layers as fit under the bound with the tail,
-     * the others fill greedily from the front, each keeping >= 1 layer */
-    uint64_t best = UINT64_MAX;
-    layermap bm = {0};
-    for (uint32_t last = 1; last <= n_layers - (n_stages - 1); last++) {
-        uint32_t rest = n_layers - last, others = n_stages - 1;
-        layermap m = {.n_stages = n_stages};
-        uint64_t worst = (uint64_t)last * layer_cost + tail_cost;
-        uint32_t at = 0;
-        for (uint32_t s = 0; s < others; s++) {
-            uint32_t c = rest / others + (s < rest % others ? 1 : 0);
-            m.first[s] = at;
-            m.count[s] = c;
-            at += c;
-            if ((uint64_t)c * layer_cost > worst)
-                worst = (uint64_t)c * layer_cost;
-        }
-        m.first[others] = at;
-        m.count[others] = last;
-        if (others == 0 && last != n_layers)
-            continue;
-        if (worst < best) {
-            best = worst;
-            bm = m;
-        }
+    const uint32_t n = n_layers, k = n_stages;
+    /* c: costs with the extras folded in; P: prefix sums, P[j] = c[0] + .. + c[j-1] */
+    uint64_t *c = malloc((size_t)n * sizeof *c), *P = malloc(((size_t)n + 1) * sizeof *P);
+    double *f = malloc(2 * ((size_t)n + 1) * sizeof *f);
+    uint32_t *arg = malloc((size_t)k * ((size_t)n + 1) * sizeof *arg);
+    pd_status st = PD_OK;
+    if (!c || !P || !f || !arg) {
+        st = pd_err_set(err, PD_ERR_NOMEM, "layer map: out of memory for %u layers x %u ranks", n, k);
+        goto done;
     }
-    *out = bm;
-    return PD_OK;
+    memcpy(c, layer_cost, (size_t)n * sizeof *c);
+    int overflow = c[0] > UINT64_MAX - head_cost;
+    c[0] += overflow ? 0 : head_cost;
+    overflow |= c[n - 1] > UINT64_MAX - tail_cost;
+    c[n - 1] += overflow ? 0 : tail_cost;
+    uint64_t lo = 0;
+    P[0] = 0;
+    for (uint32_t i = 0; i < n && !overflow; i++) {
+        overflow = c[i] > UINT64_MAX - P[i];
+        P[i + 1] = P[i] + c[i];
+        if (c[i] > lo)
+            lo = c[i];
+    }
+    if (overflow) {
+        st = pd_err_set(err, PD_ERR_RANGE, "layer map: the layer costs add up to more than 2^64");
+        goto done;
+    }
+
+    /* 1. the smallest bottleneck, exactly */
+    uint64_t hi = P[n];
+    while (lo < hi) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (lm_fits(c, n, k, mid))
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    const uint64_t bound = lo;
+
+    /* 2. under that bound, the least sum of squares. Row s of the DP (f, two
+     * rows of n + 1 doubles used in turn) holds, for stage s ending after
+     * layer j - 1, the least sum over stages 0..s; arg[s][j] is where stage s
+     * starts. Stage s may end at j in [s + 1, n - (k - 1 - s)] so that every
+     * stage keeps a layer. Scanning i upwards with <= keeps the latest start
+     * among equal sums: later stages get fewer layers. */
+    const size_t n1 = (size_t)n + 1; /* size_t indices: n may be UINT32_MAX */
+    double *prev = f, *cur = f + n1;
+    const double inf = HUGE_VAL;
+    for (uint32_t s = 0; s < k; s++) {
+        uint32_t *as = arg + (size_t)s * n1;
+        for (size_t j = 0; j < n1; j++) {
+            cur[j] = inf;
+            as[j] = 0;
+        }
+        for (size_t j = (size_t)s + 1; j <= (size_t)n - (k - 1 - s); j++) {
+            if (s == 0) {
+                if (P[j] <= bound)
+                    cur[j] = (double)P[j] * (double)P[j];
+                continue;
+            }
+            /* the earliest start i with P[j] - P[i] <= bound, then upwards */
+            size_t i = j - 1;
+            while (i > s && P[j] - P[i - 1] <= bound)
+                i--;
+            for (; i < j; i++) {
+                if (prev[i] == inf || P[j] - P[i] > bound)
+                    continue;
+                double d = (double)(P[j] - P[i]), v = prev[i] + d * d;
+                if (v <= cur[j]) {
+                    cur[j] = v;
+                    as[j] = (uint32_t)i;
+                }
+            }
+        }
+        double *t = prev;
+        prev = cur;
+        cur = t;
+    }
+    CHECKF(prev[n] != inf, "layer map: bound %llu admits no map of %u layers over %u stages",
+           (unsigned long long)bound, n, k);
+    layermap m = {.n_stages = k};
+    uint32_t end = n;
+    for (uint32_t s = k; s-- > 0;) {
+        uint32_t start = s == 0 ? 0 : arg[(size_t)s * n1 + end];
+        CHECK(start < end);
+        m.first[s] = start;
+        m.count[s] = end - start;
+        end = start;
+    }
+    CHECK(end == 0);
+    *out = m;
+done:
+    free(c);
+    free(P);
+    free(f);
+    free(arg);
+    return st;
+}
+
+uint64_t layermap_stage_cost(const layermap *m, uint32_t s, const uint64_t *layer_cost, uint64_t head_cost,
+                             uint64_t tail_cost)
+{
+    CHECKF(s < m->n_stages, "stage %u of %u", s, m->n_stages);
+    uint64_t sum = 0;
+    for (uint32_t i = m->first[s]; i < m->first[s] + m->count[s]; i++)
+        sum = layer_cost[i] > UINT64_MAX - sum ? UINT64_MAX : sum + layer_cost[i];
+    if (s == 0)
+        sum = head_cost > UINT64_MAX - sum ? UINT64_MAX : sum + head_cost;
+    if (s == m->n_stages - 1)
+        sum = tail_cost > UINT64_MAX - sum ? UINT64_MAX : sum + tail_cost;
+    return sum;
+}
+
+pd_status layermap_balance(uint32_t n_stages, uint32_t n_layers, uint64_t layer_cost,
+                           uint64_t tail_cost, layermap *out, pd_err *err)
+{
+    uint64_t *c = malloc((n_layers ? n_layers : 1) * sizeof *c);
+    if (!c)
+        return pd_err_set(err, PD_ERR_NOMEM, "layer map: out of memory for %u layers", n_layers);
+    for (uint32_t i = 0; i < n_layers; i++)
+        c[i] = layer_cost;
+    pd_status st = layermap_balance_costs(n_stages, n_layers, c, 0, tail_cost, out, err);
+    free(c);
+    return st;
+}
+
+pd_status layermap_for_model(const char *model_path, uint32_t n_stages, const cost_rule *rule, layermap *out,
+                             pd_err *err)
+{
+    cost_rule dflt;
+    if (!rule) {
+        cost_rule_default(&dflt);
+        rule = &dflt;
+    }
+    cost_table *t;
+    pd_status st = cost_table_read(model_path, &t, err);
+    if (st)
+        return st;
+    uint32_t n = cost_table_layers(t);
+    uint64_t *c = malloc((size_t)n * sizeof *c), head, tail;
+    if (!c)
+        st = pd_err_set(err, PD_ERR_NOMEM, "layer map: out of memory for %u layers", n);
+    if (st == PD_OK)
+        st = cost_table_units(t, rule, c, &head, &tail, err);
+    if (st == PD_OK)
+        st = layermap_balance_costs(n_stages, n, c, head, tail, out, err);
+    free(c);
+    cost_table_free(t);
+    return st;
 }
 
 void layermap_format(const layermap *m, char *buf, size_t cap)

@@ -1,9 +1,7 @@
 /* policy: parsing and describing the attention / cache policy. */
 #include "cluster/runtime/policy.h"
 
-#include <errno.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 void policy_default(cache_policy *p)
@@ -11,18 +9,30 @@ void policy_default(cache_policy *p)
     *p = (cache_policy){.attn = POLICY_ATTN_FULL, .kv = KV_MODE_F32, .evict = POLICY_EVICT_NONE};
 }
 
-/* Parses a decimal u32 in [lo, hi] that spans the whole of s. */
-static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
+/* Parses the characters [s, end) as a decimal u32 in [lo, hi]: one or more
+ * digits and nothing else (no sign, no space, no base prefix). */
+static int parse_u32_span(const char *s, const char *end, uint32_t lo, uint32_t hi, uint32_t *out)
 {
-    if (!s || !*s || *s == '-' || *s == '+')
+    if (s == end)
         return 0;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || v < lo || v > hi)
+    uint64_t v = 0;
+    for (const char *c = s; c < end; c++) {
+        if (*c < '0' || *c > '9')
+            return 0;
+        v = v * 10 + (uint64_t)(*c - '0');
+        if (v > UINT32_MAX)
+            return 0;
+    }
+    if (v < lo || v > hi)
         return 0;
     *out = (uint32_t)v;
     return 1;
+}
+
+/* The same over the whole of the NUL-terminated s. */
+static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+    return parse_u32_span(s, s + strlen(s), lo, hi, out);
 }
 
 pd_status policy_parse_attn(const char *s, cache_policy *p, pd_err *err)
@@ -74,17 +84,14 @@ pd_status policy_parse_evict(const char *s, cache_policy *p, pd_err *err)
         return PD_OK;
     }
     if (strncmp(s, "importance:", 11) == 0) {
-        char buf[64];
-        snprintf(buf, sizeof buf, "%s", s + 11);
-        char *colon = strchr(buf, ':');
-        if (colon) {
-            *colon = '\0';
-            if (parse_u32(buf, 2, UINT32_MAX, &n) && parse_u32(colon + 1, 0, UINT32_MAX, &k) && k <= n) {
-                p->evict = POLICY_EVICT_IMPORTANCE;
-                p->evict_budget = n;
-                p->evict_sinks = k;
-                return PD_OK;
-            }
+        /* N and SINKS are read in place: the whole value is judged, however long */
+        const char *a = s + 11, *colon = strchr(a, ':');
+        if (colon && parse_u32_span(a, colon, 2, UINT32_MAX, &n) && parse_u32(colon + 1, 0, UINT32_MAX, &k) &&
+            k <= n) {
+            p->evict = POLICY_EVICT_IMPORTANCE;
+            p->evict_budget = n;
+            p->evict_sinks = k;
+            return PD_OK;
         }
     }
     return pd_err_set(err, PD_ERR_ARG,

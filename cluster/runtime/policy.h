@@ -28,7 +28,8 @@ typedef struct cache_policy {
 /* Defaults: full attention, f32 KV, no eviction, 0 drafts. */
 void policy_default(cache_policy *p);
 
-/* Each parser leaves *p unchanged on error and names the flag and value. */
+/* Each parser leaves *p unchanged on error and names the flag and value.
+ * W, N and SINKS are plain decimal digits (no sign, space or trailing text). */
 pd_status policy_parse_attn(const char *s, cache_policy *p, pd_err *err);
 pd_status policy_parse_kv(const char *s, cache_policy *p, pd_err *err);
 pd_status policy_parse_evict(const char *s, cache_policy *p, pd_err *err);
