@@ -78,13 +78,8 @@ pd_status rank_start(rank *r, pd_err *err)
         return st;
     if (o->layers)
         st = layermap_parse(o->layers, (uint32_t)r->size, r->hp.n_layers, &r->lm, err);
-    else {
-        uint64_t layer_cost = 4ull * ((uint64_t)r->hp.hidden * r->hp.hidden * 2 +
-                                      2ull * r->hp.hidden * r->hp.n_kv_heads * r->hp.head_dim +
-                                      3ull * r->hp.hidden * r->hp.ffn);
-        uint64_t tail_cost = 4ull * r->hp.hidden * r->hp.vocab;
-        st = layermap_balance((uint32_t)r->size, r->hp.n_layers, layer_cost, tail_cost, &r->lm, err);
-    }
+    else /* balanced by each layer's predicted step time at its real tensor types (cost.h) */
+        st = layermap_for_model(o->model_path, (uint32_t)r->size, NULL, &r->lm, err);
     if (st)
         return st;
     r->sz = rank_sizes_for(o, r->size);
