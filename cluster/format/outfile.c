@@ -28,6 +28,7 @@ struct outfile {
     size_t n, cap;
     char *buf; /* line buffer */
     size_t buf_cap;
+    size_t n_error_lines; /* lines of failed pages (in the file or written since) */
 };
 
 /* ---- id set ---------------------------------------------------------------- */
@@ -111,6 +112,8 @@ static pd_status outfile_take_line(outfile *o, const char *line, size_t len, uin
                             "outfile: %s:%" PRIu64 ": not a JSON object with a string \"id\"; "
                             "refusing to append to a corrupt file (fix or remove that line)",
                             o->path, lineno);
+        else if (cJSON_GetObjectItemCaseSensitive(root, "error"))
+            o->n_error_lines++; /* a page that failed: not done, a rerun retries it */
         else if (outfile_add(o, id->valuestring) != 0)
             st = pd_err_set(err, PD_ERR_NOMEM, "outfile: %s: no memory", o->path);
     }
@@ -237,6 +240,8 @@ size_t outfile_count(const outfile *o) { return o ? o->n : 0; }
 
 uint64_t outfile_cut_bytes(const outfile *o) { return o ? o->cut : 0; }
 
+size_t outfile_error_lines(const outfile *o) { return o ? o->n_error_lines : 0; }
+
 /* ---- write ------------------------------------------------------------------- */
 
 /* A growing byte string over the outfile's reusable buffer. */
@@ -340,6 +345,38 @@ static void outfile_put_json_string(outfile_sb *b, const char *s, size_t n)
     outfile_put(b, "\"", 1);
 }
 
+/* Writes the line in b with one write() and fdatasync; records the id as
+ * done unless the line reports a failed page. */
+static pd_status outfile_emit(outfile *o, outfile_sb *b, const outfile_page *pg, pd_err *err)
+{
+    if (b->oom)
+        return pd_err_set(err, PD_ERR_NOMEM, "outfile: %s: page \"%s\": no memory for the line",
+                          o->path, pg->id);
+    ssize_t w;
+    do
+        w = write(o->fd, o->buf, b->len);
+    while (w < 0 && errno == EINTR);
+    if (w != (ssize_t)b->len) {
+        int e = w < 0 ? errno : EIO;
+        /* Never leave a partial line behind: cut back to the last full line. */
+        if (w > 0 && ftruncate(o->fd, (off_t)o->size) != 0)
+            return pd_err_set(err, PD_ERR_IO,
+                              "outfile: %s: page \"%s\": short write and the partial line could "
+                              "not be cut: %s", o->path, pg->id, strerror(errno));
+        return pd_err_set(err, PD_ERR_IO, "outfile: %s: page \"%s\": write: %s", o->path, pg->id,
+                          strerror(e));
+    }
+    o->size += b->len;
+    if (pg->error)
+        o->n_error_lines++;
+    else if (outfile_add(o, pg->id) != 0)
+        return pd_err_set(err, PD_ERR_NOMEM, "outfile: %s: no memory", o->path);
+    if (fdatasync(o->fd) != 0)
+        return pd_err_set(err, PD_ERR_IO, "outfile: %s: page \"%s\": fdatasync: %s", o->path,
+                          pg->id, strerror(errno));
+    return PD_OK;
+}
+
 pd_status outfile_write_page(outfile *o, const outfile_page *pg, pd_err *err)
 {
     if (!o || !pg)
@@ -365,6 +402,12 @@ pd_status outfile_write_page(outfile *o, const outfile_page *pg, pd_err *err)
     char num[32];
     outfile_puts(&b, "{\"id\":");
     outfile_put_json_string(&b, pg->id, strlen(pg->id));
+    if (pg->error) {
+        outfile_puts(&b, ",\"error\":");
+        outfile_put_json_string(&b, pg->error, strlen(pg->error));
+        outfile_puts(&b, "}\n");
+        return outfile_emit(o, &b, pg, err);
+    }
     outfile_puts(&b, ",\"tokens\":[");
     for (size_t i = 0; i < pg->n_tokens; i++) {
         int k = snprintf(num, sizeof num, i ? ",%" PRId32 : "%" PRId32, pg->tokens[i]);
@@ -382,31 +425,7 @@ pd_status outfile_write_page(outfile *o, const outfile_page *pg, pd_err *err)
         outfile_put(&b, num, (size_t)k);
     }
     outfile_puts(&b, "}\n");
-    if (b.oom)
-        return pd_err_set(err, PD_ERR_NOMEM, "outfile: %s: page \"%s\": no memory for the line",
-                          o->path, pg->id);
-
-    ssize_t w;
-    do
-        w = write(o->fd, o->buf, b.len);
-    while (w < 0 && errno == EINTR);
-    if (w != (ssize_t)b.len) {
-        int e = w < 0 ? errno : EIO;
-        /* Never leave a partial line behind: cut back to the last full line. */
-        if (w > 0 && ftruncate(o->fd, (off_t)o->size) != 0)
-            return pd_err_set(err, PD_ERR_IO,
-                              "outfile: %s: page \"%s\": short write and the partial line could "
-                              "not be cut: %s", o->path, pg->id, strerror(errno));
-        return pd_err_set(err, PD_ERR_IO, "outfile: %s: page \"%s\": write: %s", o->path, pg->id,
-                          strerror(e));
-    }
-    o->size += b.len;
-    if (outfile_add(o, pg->id) != 0)
-        return pd_err_set(err, PD_ERR_NOMEM, "outfile: %s: no memory", o->path);
-    if (fdatasync(o->fd) != 0)
-        return pd_err_set(err, PD_ERR_IO, "outfile: %s: page \"%s\": fdatasync: %s", o->path,
-                          pg->id, strerror(errno));
-    return PD_OK;
+    return outfile_emit(o, &b, pg, err);
 }
 
 void outfile_check(const outfile *o)

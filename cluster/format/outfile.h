@@ -4,7 +4,12 @@
  *   {"id":"p7","tokens":[12,99,2],"text":"...","prefill_rows":273,
  *    "generated":3,"stop":"eos","digest":"9c0f1e2d3b4a5968"}
  * stop is "eos" or "length"; digest (only when the page has one: `run
- * --digest`) is 16 lower-case hex digits (cluster/runtime/digest.h). Strings are JSON-escaped (quote, backslash,
+ * --digest`) is 16 lower-case hex digits (cluster/runtime/digest.h).
+ * A page that failed by itself (its input became unreadable mid-run) gets
+ *   {"id":"p7","error":"pages.jsonl:7: page \"p7\": ..."}
+ * instead; such a line does not count as done, so a rerun retries the page
+ * and appends its line after the error line (readers take the last line of
+ * an id). Strings are JSON-escaped (quote, backslash,
  * control bytes); invalid UTF-8 in the text is written as U+FFFD (one per
  * maximal ill-formed subpart) and an id that is not valid UTF-8 is refused (it
  * could not be found again on resume), so every line is valid JSON in valid
@@ -19,8 +24,8 @@
  * anything is appended. A complete line that is not such an object is refused
  * with an error naming the line, and the file is left untouched. The file is
  * locked (flock, exclusive) while open so two runs cannot append to it at once.
- * A rerun skips ids for which outfile_has is true; writing an id twice is
- * refused. */
+ * A rerun skips ids for which outfile_has is true; writing an id that is
+ * done is refused (an error line never makes an id done). */
 #ifndef PD_OUTFILE_H
 #define PD_OUTFILE_H
 
@@ -44,6 +49,7 @@ typedef struct outfile_page {
     outfile_stop stop;
     bool has_digest;        /* write "digest" */
     uint64_t digest;
+    const char *error;      /* non-NULL: the page failed; only id and error are written */
 } outfile_page;
 
 typedef struct outfile outfile;
@@ -65,6 +71,9 @@ size_t outfile_count(const outfile *o);
 
 /* Bytes of a partial last line cut off by outfile_open (0 when none). */
 uint64_t outfile_cut_bytes(const outfile *o);
+
+/* Lines reporting failed pages, found by outfile_open or written since. */
+size_t outfile_error_lines(const outfile *o);
 
 /* Appends pg as one line (one write + fdatasync). Refuses (PD_ERR_REFUSED) an
  * id already in the file and bad fields (PD_ERR_ARG) without writing. If the

@@ -19,6 +19,7 @@ typedef struct head_pending {
     uint64_t prefill_rows;
     sched_stop stop;
     uint64_t digest;
+    char *error;              /* SCHED_STOP_ERROR: owned message */
 } head_pending;
 
 struct head {
@@ -111,8 +112,10 @@ void head_free(head *h)
 {
     if (!h)
         return;
-    for (size_t i = 0; i < h->n_pending; i++)
+    for (size_t i = 0; i < h->n_pending; i++) {
         free(h->pending[i].tokens);
+        free(h->pending[i].error);
+    }
     free(h->pending);
     free(h->inflight);
     free(h->skip);
@@ -132,6 +135,12 @@ const pages *head_pages(const head *h)
 
 static pd_status head_write_one(head *h, const head_pending *p, pd_err *err)
 {
+    if (p->stop == SCHED_STOP_ERROR) {
+        const char *id = pages_get(h->pg, p->page)->id;
+        fprintf(stderr, "pipedec: page \"%s\" failed and was skipped (a rerun retries it): %s\n", id, p->error);
+        outfile_page pg = {.id = id, .error = p->error};
+        return outfile_write_page(h->of, &pg, err);
+    }
     char *text = NULL;
     size_t tlen = 0;
     pd_status st = vocab_detok(h->vb, (const int32_t *)p->tokens, p->n_tokens, &text, &tlen, err);
@@ -167,8 +176,12 @@ static pd_status head_on_done(void *ctx, const sched_result *r, pd_err *err)
     }
     head_pending *p = &h->pending[h->n_pending];
     p->tokens = malloc(((size_t)r->n_tokens + 1) * sizeof *p->tokens);
-    if (!p->tokens)
+    p->error = r->error ? strdup(r->error) : NULL;
+    if (!p->tokens || (r->error && !p->error)) {
+        free(p->tokens);
+        free(p->error);
         return pd_err_set(err, PD_ERR_NOMEM, "out of memory holding finished pages");
+    }
     memcpy(p->tokens, r->tokens, (size_t)r->n_tokens * sizeof *p->tokens);
     p->page = r->page;
     p->n_tokens = r->n_tokens;
@@ -190,6 +203,7 @@ static pd_status head_on_done(void *ctx, const sched_result *r, pd_err *err)
         h->pending[i] = h->pending[--h->n_pending];
         pd_status st = head_write_one(h, &done, err);
         free(done.tokens);
+        free(done.error);
         if (st)
             return st;
         h->next_write++;

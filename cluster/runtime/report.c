@@ -73,6 +73,7 @@ static void report_stats_json(const report *rep, const rank *r, const sched_prog
     cJSON_AddNumberToObject(j, "pages_total", (double)pr->pages_total);
     cJSON_AddNumberToObject(j, "pages_done", (double)pr->pages_done);
     cJSON_AddNumberToObject(j, "pages_skipped", (double)pr->pages_skipped);
+    cJSON_AddNumberToObject(j, "pages_failed", (double)pr->pages_failed);
     cJSON_AddNumberToObject(j, "tokens", (double)pr->tokens_generated);
     cJSON_AddNumberToObject(j, "prefill_rows", (double)pr->prefill_rows);
     cJSON_AddNumberToObject(j, "wall_s", wall);
@@ -137,11 +138,15 @@ pd_status report_end(report *rep, rank *r, head *h, pd_err *err)
         head_progress(h, &pr);
         double wall = me.wall_s;
         double tps = wall > 0 ? (double)pr.tokens_generated / wall : 0.0;
+        char failed[96] = "";
+        if (pr.pages_failed)
+            snprintf(failed, sizeof failed, "; %llu FAILED, see their \"error\" lines, a rerun retries them",
+                     (unsigned long long)pr.pages_failed);
         if (r->o->stats_path)
             report_stats_json(rep, r, &pr, wall, each);
-        printf("pipedec: %llu pages decoded (%llu skipped as already done), %llu tokens in %.2f s = %.1f tokens/s "
+        printf("pipedec: %llu pages decoded (%llu skipped as already done%s), %llu tokens in %.2f s = %.1f tokens/s "
                "over %d rank%s; output %s\n",
-               (unsigned long long)pr.pages_done, (unsigned long long)pr.pages_skipped,
+               (unsigned long long)(pr.pages_done - pr.pages_failed), (unsigned long long)pr.pages_skipped, failed,
                (unsigned long long)pr.tokens_generated, wall, tps, r->size, r->size == 1 ? "" : "s", r->o->out_path);
         fflush(stdout);
     }

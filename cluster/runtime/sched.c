@@ -106,7 +106,8 @@ pd_status sched_new(const sched_config *cfg, uint32_t max_inflight, sched **out,
 
 /* Hands the page to on_done and frees the stream; stages learn of it on the
  * next header when `admitted` (a page that never reached them is not announced). */
-static pd_status stream_finish(sched *s, stream_state *st, sched_stop stop, bool admitted, pd_err *err)
+static pd_status stream_finish(sched *s, stream_state *st, sched_stop stop, bool admitted, const char *error,
+                               pd_err *err)
 {
     sched_result r = {.page = (size_t)st->page,
                       .id = st->page_id,
@@ -114,9 +115,11 @@ static pd_status stream_finish(sched *s, stream_state *st, sched_stop stop, bool
                       .n_tokens = st->n_tokens - (stop == SCHED_STOP_EOS), /* the EOS is not text */
                       .prefill_rows = st->prefill_rows,
                       .stop = stop,
-                      .digest = st->digest};
+                      .digest = st->digest,
+                      .error = error};
     pd_status rc = s->cfg.on_done ? s->cfg.on_done(s->cfg.on_done_ctx, &r, err) : PD_OK;
     s->prog.pages_done++;
+    s->prog.pages_failed += stop == SCHED_STOP_ERROR;
     if (admitted)
         s->pending_retire[s->n_pending_retire++] = st->id;
     stream_table_drop(s->streams, st->id);
@@ -182,7 +185,7 @@ static pd_status admit_next(sched *s, sched_slot *sl, uint32_t *na, uint32_t *sl
         s->next_page++;
         stream_state *st = stream_table_at(s->streams, free_slot);
         if (st->max_new == 0) {
-            if ((rc = stream_finish(s, st, SCHED_STOP_LENGTH, false, err)))
+            if ((rc = stream_finish(s, st, SCHED_STOP_LENGTH, false, NULL, err)))
                 return rc;
             continue;
         }
@@ -196,10 +199,25 @@ static pd_status admit_next(sched *s, sched_slot *sl, uint32_t *na, uint32_t *sl
     }
 }
 
+/* A page whose input failed mid-run ends by itself. If its admission rides
+ * on this very micro-batch (the last admit), the admission is withdrawn and
+ * no stage ever hears of the stream; otherwise its retirement rides on the
+ * next header like any finished stream's. */
+static pd_status page_fail(sched *s, sched_slot *sl, stream_state *st, uint32_t *na, const char *why, pd_err *err)
+{
+    bool admitted = true;
+    if (*na > 0 && sl->admit[*na - 1].stream == st->id) {
+        (*na)--;
+        s->prog.prefill_rows -= st->prefill_rows;
+        admitted = false;
+    }
+    return stream_finish(s, st, SCHED_STOP_ERROR, admitted, why, err);
+}
+
 /* Appends the next prefill chunk of stream i (at most `room` rows) to the
  * micro-batch. */
-static pd_status add_prefill(sched *s, sched_slot *sl, uint32_t i, uint32_t room, uint32_t *nr,
-                             uint32_t *nl, pd_err *err)
+static pd_status add_prefill(sched *s, sched_slot *sl, uint32_t i, uint32_t room, uint32_t *nr, uint32_t *nl,
+                             uint32_t *na, pd_err *err)
 {
     stream_state *st = stream_table_at(s->streams, i);
     uint64_t rest = st->prefill_rows - st->fed;
@@ -207,9 +225,14 @@ static pd_status add_prefill(sched *s, sched_slot *sl, uint32_t i, uint32_t room
     uint32_t n = rest < chunk ? (uint32_t)rest : chunk;
     if (n > room)
         n = room;
-    pd_status rc = prefill_rows(s, st, st->fed, n, sl->x + (size_t)*nr * s->hidden, err);
-    if (rc)
+    pd_err pe = {0};
+    pd_status rc = prefill_rows(s, st, st->fed, n, sl->x + (size_t)*nr * s->hidden, &pe);
+    if (rc == PD_ERR_NOMEM) {
+        *err = pe;
         return rc;
+    }
+    if (rc)
+        return page_fail(s, sl, st, na, pe.msg, err);
     for (uint32_t j = 0; j < n; j++) {
         uint64_t pos = st->fed + j;
         bool last = pos + 1 == st->prefill_rows;
@@ -246,11 +269,6 @@ pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
     uint32_t nr = 0, nl = 0, na = 0;
     sl->n_members = 0;
 
-    /* retirements decided since the last batch ride on this header */
-    memcpy(sl->retire, s->pending_retire, s->n_pending_retire * sizeof *sl->retire);
-    uint32_t n_retire = s->n_pending_retire;
-    s->n_pending_retire = 0;
-
     /* decode rows: the last sampled token of decoding streams */
     for (uint32_t i = 0; i < s->cfg.max_streams && nr < R && sl->n_members < member_cap; i++) {
         stream_state *st = stream_table_at(s->streams, i);
@@ -275,7 +293,7 @@ pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
         stream_state *st = stream_table_at(s->streams, i);
         if (!st || s->in_flight[i] || st->fed >= st->prefill_rows)
             continue;
-        if ((rc = add_prefill(s, sl, i, R - nr, &nr, &nl, err)))
+        if ((rc = add_prefill(s, sl, i, R - nr, &nr, &nl, &na, err)))
             return rc;
     }
     while (nr < R && sl->n_members < member_cap) {
@@ -284,9 +302,14 @@ pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
             return rc;
         if (i == UINT32_MAX)
             break;
-        if ((rc = add_prefill(s, sl, i, R - nr, &nr, &nl, err)))
+        if ((rc = add_prefill(s, sl, i, R - nr, &nr, &nl, &na, err)))
             return rc;
     }
+    /* retirements decided since the last batch ride on this header, those of
+     * pages that failed while it was formed included */
+    memcpy(sl->retire, s->pending_retire, s->n_pending_retire * sizeof *sl->retire);
+    uint32_t n_retire = s->n_pending_retire;
+    s->n_pending_retire = 0;
     if (nr == 0 && na == 0 && n_retire == 0)
         return PD_OK;
     sl->busy = true;
@@ -320,9 +343,9 @@ pd_status sched_complete(sched *s, const sched_batch *b, const uint32_t *tokens,
         s->prog.tokens_generated++;
         pd_status r2 = stream_push(st, t, row_digests[l], err);
         if (r2 == PD_OK && t == s->eos)
-            r2 = stream_finish(s, st, SCHED_STOP_EOS, true, err);
+            r2 = stream_finish(s, st, SCHED_STOP_EOS, true, NULL, err);
         else if (r2 == PD_OK && st->n_tokens >= st->max_new)
-            r2 = stream_finish(s, st, SCHED_STOP_LENGTH, true, err);
+            r2 = stream_finish(s, st, SCHED_STOP_LENGTH, true, NULL, err);
         if (r2 && rc == PD_OK)
             rc = r2;
     }

@@ -49,7 +49,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-typedef enum sched_stop { SCHED_STOP_EOS, SCHED_STOP_LENGTH } sched_stop;
+typedef enum sched_stop {
+    SCHED_STOP_EOS,
+    SCHED_STOP_LENGTH,
+    SCHED_STOP_ERROR /* the page failed by itself (error says why); the run goes on */
+} sched_stop;
 
 /* A finished page, handed to the on_done callback (tokens borrowed for the
  * duration of the call). tokens exclude the EOS token. */
@@ -62,6 +66,7 @@ typedef struct sched_result {
     sched_stop stop;
     uint64_t digest;          /* digest_chain over the logits row digests of every sampled
                                * token in position order, EOS included (digest.h) */
+    const char *error;        /* SCHED_STOP_ERROR: what failed, naming the page and field */
 } sched_result;
 
 typedef pd_status (*sched_done_fn)(void *ctx, const sched_result *r, pd_err *err);
@@ -103,9 +108,12 @@ void sched_free(sched *s);
 
 /* Forms the next micro-batch. *b->n_rows == 0 (and no admits/retires) means
  * nothing can run until an in-flight batch completes (or everything is done).
- * Errors: reading a page's embeddings failed (names page and field), or the
- * on_done callback failed; after an error the sched is only fit for
- * sched_free (the run stops). */
+ * A page whose embeddings cannot be read any more (the .npy changed or
+ * became unreadable after start-up) fails by itself: on_done gets it with
+ * SCHED_STOP_ERROR and the message, its stages free it on the next header
+ * (or never hear of it, if it was being admitted), and the batch goes on
+ * without it. Errors returned: out of memory, or the on_done callback
+ * failed; after an error the sched is only fit for sched_free. */
 pd_status sched_next(sched *s, sched_batch *b, pd_err *err);
 
 /* Records the tokens sampled for batch b's logits rows, in row order
@@ -122,6 +130,7 @@ bool sched_finished(const sched *s);
 typedef struct sched_progress {
     uint64_t pages_total, pages_done, pages_skipped;
     uint64_t tokens_generated, prefill_rows; /* tokens sampled, EOS included (it costs a step) */
+    uint64_t pages_failed;    /* finished with SCHED_STOP_ERROR (counted in pages_done too) */
     uint32_t streams_alive;
 } sched_progress;
 void sched_get_progress(const sched *s, sched_progress *out);

@@ -118,6 +118,38 @@ START_TEST(outfile_writes_the_digest_last_as_16_hex_digits)
 }
 END_TEST
 
+START_TEST(outfile_error_lines_are_not_done_and_a_rerun_retries_them)
+{
+    outfile *o = open_ok();
+    outfile_page bad = {.id = "p\"1", .error = "pages.jsonl:2: page \"p1\": p1.npy changed\n"};
+    pd_err err = {0};
+    ck_assert_int_eq(outfile_write_page(o, &bad, &err), PD_OK);
+    ck_assert(!outfile_has(o, "p\"1"));
+    ck_assert_uint_eq(outfile_error_lines(o), 1);
+    outfile_check(o);
+    outfile_free(o);
+    size_t n;
+    char *b = slurp(&n);
+    ck_assert_str_eq(b, "{\"id\":\"p\\\"1\",\"error\":\"pages.jsonl:2: page \\\"p1\\\": p1.npy changed\\n\"}\n");
+    free(b);
+    /* reopened: the failed id is not done; its retry is appended after it */
+    o = open_ok();
+    ck_assert(!outfile_has(o, "p\"1"));
+    ck_assert_uint_eq(outfile_error_lines(o), 1);
+    write_ok(o, "p\"1", NULL, 0, "ok", OUTFILE_STOP_EOS);
+    ck_assert(outfile_has(o, "p\"1"));
+    /* once done, neither a success nor an error line may follow */
+    pd_err_clear(&err);
+    ck_assert_int_eq(outfile_write_page(o, &bad, &err), PD_ERR_REFUSED);
+    outfile_check(o);
+    outfile_free(o);
+    o = open_ok();
+    ck_assert(outfile_has(o, "p\"1"));
+    ck_assert_uint_eq(outfile_count(o), 1);
+    outfile_free(o);
+}
+END_TEST
+
 START_TEST(outfile_escapes_strings_and_repairs_utf8)
 {
     outfile *o = open_ok();
@@ -310,6 +342,7 @@ Suite *pd_test_suite(void)
     tcase_add_checked_fixture(tc, setup_dir, teardown_dir);
     tcase_add_test(tc, outfile_writes_one_exact_json_line_per_page);
     tcase_add_test(tc, outfile_escapes_strings_and_repairs_utf8);
+    tcase_add_test(tc, outfile_error_lines_are_not_done_and_a_rerun_retries_them);
     tcase_add_test(tc, outfile_writes_the_digest_last_as_16_hex_digits);
     tcase_add_test(tc, outfile_resume_skips_finished_ids_and_refuses_duplicates);
     tcase_add_test(tc, outfile_partial_last_line_is_cut_at_every_offset);

@@ -929,22 +929,115 @@ START_TEST(sched_complete_returns_the_on_done_failure)
 END_TEST
 
 /* A prefill row that cannot be read fails sched_next, naming the page. */
-START_TEST(sched_next_reports_an_embedding_read_failure_with_the_page)
+/* What on_done saw, for the page-failure cases. */
+typedef struct done_log {
+    int n;
+    char ids[8][16];
+    sched_stop stop[8];
+    char error[8][256];
+} done_log;
+
+static pd_status log_done(void *ctx, const sched_result *r, pd_err *err)
+{
+    (void)err;
+    done_log *l = ctx;
+    if (l->n < 8) {
+        snprintf(l->ids[l->n], sizeof l->ids[0], "%s", r->id);
+        l->stop[l->n] = r->stop;
+        snprintf(l->error[l->n], sizeof l->error[0], "%s", r->error ? r->error : "");
+    }
+    l->n++;
+    return PD_OK;
+}
+
+static bool batch_has_stream(const sched_batch *b, uint64_t id)
+{
+    for (uint32_t i = 0; i < b->n_rows; i++)
+        if (b->rows[i].stream == id)
+            return true;
+    for (uint32_t i = 0; i < b->n_admit; i++)
+        if (b->admit[i].stream == id)
+            return true;
+    return false;
+}
+
+START_TEST(sched_page_whose_input_fails_at_admission_fails_alone_unannounced)
 {
     char path[300];
     snprintf(path, sizeof path, "%s/bad.npy", tmpdir);
-    float v[3 * 16] = {0}; /* the second write is 3 rows */
+    float v[3 * 16] = {0};
     ck_assert_uint_eq(H, 16);
     pd_err e = {0};
     ck_assert_int_eq(npy_write_f32(path, 2, H, v, &e), PD_OK);
-    pages *pg = manifest_load("{\"id\":\"pbad\",\"prefill\":[{\"embeddings\":\"bad.npy\"}],\"max_new_tokens\":1}\n");
+    pages *pg = manifest_load("{\"id\":\"g1\",\"prefill\":[{\"tokens\":[5,6]}],\"max_new_tokens\":1}\n"
+                              "{\"id\":\"pbad\",\"prefill\":[{\"embeddings\":\"bad.npy\"}],\"max_new_tokens\":1}\n"
+                              "{\"id\":\"g2\",\"prefill\":[{\"tokens\":[7]}],\"max_new_tokens\":1}\n");
     ck_assert_int_eq(npy_write_f32(path, 3, H, v, &e), PD_OK); /* changed after load */
-    sched_config c = {.pg = pg, .m = mdl, .max_streams = 1, .max_rows = 4};
+    done_log log = {0};
+    sched_config c = {.pg = pg, .m = mdl, .max_streams = 3, .max_rows = 8, .on_done = log_done, .on_done_ctx = &log};
     sched *s;
     ck_assert_int_eq(sched_new(&c, 1, &s, &e), PD_OK);
     sched_batch b;
-    ck_assert_int_ne(sched_next(s, &b, &e), PD_OK);
-    ck_assert_msg(strstr(e.msg, "pbad") != NULL, "%s", e.msg);
+    ck_assert_msg(sched_next(s, &b, &e) == PD_OK, "%s", e.msg);
+    /* the batch goes on with the two good pages; pbad (stream 1) is never announced */
+    ck_assert_int_eq(log.n, 1);
+    ck_assert_str_eq(log.ids[0], "pbad");
+    ck_assert_int_eq(log.stop[0], SCHED_STOP_ERROR);
+    ck_assert_msg(strstr(log.error[0], "pbad") && strstr(log.error[0], "bad.npy"), "%s", log.error[0]);
+    ck_assert_uint_eq(b.n_admit, 2);
+    ck_assert(!batch_has_stream(&b, 1));
+    ck_assert_uint_eq(b.n_rows, 3);
+    uint32_t toks[2] = {EOS, EOS};
+    uint64_t dig[2] = {1, 2};
+    ck_assert_int_eq(sched_complete(s, &b, toks, dig, &e), PD_OK);
+    ck_assert_int_eq(log.n, 3);
+    ck_assert_str_eq(log.ids[1], "g1");
+    ck_assert_str_eq(log.ids[2], "g2");
+    /* the good pages' retirements go out; the failed page's never does */
+    ck_assert_int_eq(sched_next(s, &b, &e), PD_OK);
+    ck_assert_uint_eq(b.n_retire, 2);
+    ck_assert(b.retire[0] != 1 && b.retire[1] != 1);
+    sched_progress pr;
+    sched_get_progress(s, &pr);
+    ck_assert_uint_eq(pr.pages_failed, 1);
+    ck_assert_uint_eq(pr.pages_done, 3);
+    ck_assert_int_eq(sched_complete(s, &b, toks, dig, &e), PD_OK);
+    ck_assert(sched_finished(s));
+    sched_free(s);
+    pages_free(pg);
+    unlink(path);
+}
+END_TEST
+
+START_TEST(sched_page_whose_input_fails_after_its_first_chunk_is_retired)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/bad2.npy", tmpdir);
+    float v[3 * 16] = {0};
+    pd_err e = {0};
+    ck_assert_int_eq(npy_write_f32(path, 2, H, v, &e), PD_OK);
+    pages *pg = manifest_load("{\"id\":\"pbad\",\"prefill\":[{\"embeddings\":\"bad2.npy\"}],\"max_new_tokens\":2}\n");
+    done_log log = {0};
+    sched_config c = {.pg = pg, .m = mdl, .max_streams = 1, .max_rows = 4, .prefill_chunk = 1,
+                      .on_done = log_done, .on_done_ctx = &log};
+    sched *s;
+    ck_assert_int_eq(sched_new(&c, 1, &s, &e), PD_OK);
+    sched_batch b;
+    ck_assert_int_eq(sched_next(s, &b, &e), PD_OK);
+    ck_assert_uint_eq(b.n_admit, 1);
+    ck_assert_uint_eq(b.n_rows, 1);
+    ck_assert_int_eq(sched_complete(s, &b, NULL, NULL, &e), PD_OK);
+    ck_assert_int_eq(npy_write_f32(path, 3, H, v, &e), PD_OK); /* the file changes mid-prefill */
+    ck_assert_int_eq(sched_next(s, &b, &e), PD_OK);
+    ck_assert_int_eq(log.n, 1);
+    ck_assert_int_eq(log.stop[0], SCHED_STOP_ERROR);
+    ck_assert_msg(strstr(log.error[0], "pbad"), "%s", log.error[0]);
+    /* stages hold its first row: its retirement rides on this very header */
+    ck_assert_uint_eq(b.n_rows, 0);
+    ck_assert_uint_eq(b.n_retire, 1);
+    ck_assert_uint_eq(b.retire[0], 0);
+    ck_assert_int_eq(sched_complete(s, &b, NULL, NULL, &e), PD_OK);
+    ck_assert(sched_finished(s));
     sched_free(s);
     pages_free(pg);
     unlink(path);
@@ -997,7 +1090,8 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, sched_finished_turns_true_only_when_the_last_page_is_done_and_back);
     tcase_add_test(tc, sched_finished_waits_for_the_last_retirements_to_go_out);
     tcase_add_test(tc, sched_complete_returns_the_on_done_failure);
-    tcase_add_test(tc, sched_next_reports_an_embedding_read_failure_with_the_page);
+    tcase_add_test(tc, sched_page_whose_input_fails_at_admission_fails_alone_unannounced);
+    tcase_add_test(tc, sched_page_whose_input_fails_after_its_first_chunk_is_retired);
     tcase_add_loop_test(tc, sched_random_schedules_keep_every_invariant, 0, 400);
     suite_add_tcase(s, tc);
     return s;
