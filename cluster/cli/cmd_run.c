@@ -18,7 +18,8 @@ static void run_usage(FILE *f)
             "         [--evict none|recent:N|importance:N:SINKS]\n"
             "         [--sample greedy|temp:T[,top_p:P][,top_k:K]] [--seed S] [--no-repeat-ngram N:WINDOW]\n"
             "         [--gemm invariant|openblas] [--layers 0-3,4-7,...] [--wire-dtype f32|f16]\n"
-            "         [--stats FILE] [--progress] [--no-bind] [--digest] [--trace-hidden FILE]\n");
+            "         [--stats FILE] [--progress] [--no-bind] [--digest] [--trace-hidden FILE]\n"
+            "         [--past-context]\n");
 }
 
 /* Parses argv into o; PD_ERR_ARG with a message naming the flag. */
@@ -35,6 +36,7 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         {"progress", no_argument, 0, 'P'},            {"layers", required_argument, 0, 'L'},
         {"wire-dtype", required_argument, 0, 'w'},    {"no-bind", no_argument, 0, 'B'},
         {"digest", no_argument, 0, 'D'},              {"trace-hidden", required_argument, 0, 'H'},
+        {"past-context", no_argument, 0, 'X'},
         {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
     pd_status st = PD_OK;
     int ch;
@@ -76,6 +78,7 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
             break;
         case 'B': o->no_bind = true; break;
         case 'D': o->digest = true; break;
+        case 'X': o->past_context = true; break;
         case 'H': o->trace_path = optarg; break;
         case 'h': *help = 1; return PD_OK;
         default: st = pd_err_set(e, PD_ERR_ARG, "unknown or incomplete option '%s'", argv[optind - 1]);

@@ -74,6 +74,8 @@ static void report_stats_json(const report *rep, const rank *r, const sched_prog
     cJSON_AddNumberToObject(j, "pages_done", (double)pr->pages_done);
     cJSON_AddNumberToObject(j, "pages_skipped", (double)pr->pages_skipped);
     cJSON_AddNumberToObject(j, "pages_failed", (double)pr->pages_failed);
+    cJSON_AddNumberToObject(j, "pages_past_context", (double)pr->pages_past_context);
+    cJSON_AddNumberToObject(j, "context_length", r->hp.ctx);
     cJSON_AddNumberToObject(j, "tokens", (double)pr->tokens_generated);
     cJSON_AddNumberToObject(j, "prefill_rows", (double)pr->prefill_rows);
     cJSON_AddNumberToObject(j, "wall_s", wall);
@@ -139,6 +141,10 @@ pd_status report_end(report *rep, rank *r, head *h, pd_err *err)
         double wall = me.wall_s;
         double tps = wall > 0 ? (double)pr.tokens_generated / wall : 0.0;
         char failed[96] = "";
+        if (pr.pages_past_context)
+            fprintf(stderr, "pipedec: warning: %llu pages ran past the model's context of %u positions "
+                    "(--past-context); their tokens there are extrapolation\n",
+                    (unsigned long long)pr.pages_past_context, r->hp.ctx);
         if (pr.pages_failed)
             snprintf(failed, sizeof failed, "; %llu FAILED, see their \"error\" lines, a rerun retries them",
                      (unsigned long long)pr.pages_failed);

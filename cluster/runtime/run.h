@@ -40,6 +40,7 @@ typedef struct run_opts {
     bool progress;            /* progress line on stderr even when not a terminal */
     bool no_bind;             /* do not bind ranks to cores / NUMA nodes */
     bool digest;              /* each output line carries the page's logits digest */
+    bool past_context;        /* run pages past the model's context_length (counted in --stats) */
     const char *trace_path;   /* --trace-hidden: per-rank residual-row hashes, NULL = off
                                  (rank 0 writes the path itself, rank r > 0 path.r) */
 } run_opts;

@@ -4,6 +4,7 @@
 #include "base/check.h"
 #include "cluster/runtime/stream.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -184,6 +185,20 @@ static pd_status admit_next(sched *s, sched_slot *sl, uint32_t *na, uint32_t *sl
         s->next_id++;
         s->next_page++;
         stream_state *st = stream_table_at(s->streams, free_slot);
+        uint32_t ctx = model_hp(s->cfg.m)->ctx;
+        if (ctx && s->cfg.past_context && st->prefill_rows + st->max_new > ctx)
+            s->prog.pages_past_context++;
+        if (ctx && !s->cfg.past_context && st->prefill_rows + st->max_new > ctx) {
+            char why[512];
+            snprintf(why, sizeof why,
+                     "page \"%s\": %llu prefill rows + max_new_tokens %u = %llu positions exceed the model's "
+                     "context of %u (--past-context runs past it)",
+                     st->page_id, (unsigned long long)st->prefill_rows, st->max_new,
+                     (unsigned long long)(st->prefill_rows + st->max_new), ctx);
+            if ((rc = stream_finish(s, st, SCHED_STOP_ERROR, false, why, err)))
+                return rc;
+            continue;
+        }
         if (st->max_new == 0) {
             if ((rc = stream_finish(s, st, SCHED_STOP_LENGTH, false, NULL, err)))
                 return rc;

@@ -81,6 +81,8 @@ typedef struct sched_config {
                                * several in flight, about one in-flight share of the streams'
                                * decode rows plus one prefill chunk keeps their costs even */
     const bool *skip;         /* [pages_count] pages already complete, or NULL */
+    bool past_context;        /* admit pages whose prefill + max_new_tokens exceed the model's
+                               * context_length (else such a page fails by itself at admission) */
     sched_done_fn on_done;
     void *on_done_ctx;
 } sched_config;
@@ -131,6 +133,7 @@ typedef struct sched_progress {
     uint64_t pages_total, pages_done, pages_skipped;
     uint64_t tokens_generated, prefill_rows; /* tokens sampled, EOS included (it costs a step) */
     uint64_t pages_failed;    /* finished with SCHED_STOP_ERROR (counted in pages_done too) */
+    uint64_t pages_past_context; /* admitted past the model's context (past_context) */
     uint32_t streams_alive;
 } sched_progress;
 void sched_get_progress(const sched *s, sched_progress *out);

@@ -4,6 +4,8 @@
 # {"id", "error"} line naming the file, every other line is byte-identical
 # (digests included) to a clean run, and a rerun with the file repaired
 # retries exactly that page. On one rank and on a 2-rank pipeline.
+# A page longer than the model's context fails alone with a line saying so,
+# unless --past-context (then counted in the stats, with a warning).
 source "$(dirname "$0")/lib.bash"
 T="$E2E_TMP"
 m="$T/m.gguf"
@@ -55,4 +57,41 @@ PY
     fail "np $np: rerun"; tail -n 2 "$out" | cut -c1-200
   fi
 done
+
+# context_length: pages of 16 prefill rows + 8..16 new tokens on a model of
+# context 24 — the longer ones cannot fit
+"$PIPEDEC" mkmodel --arch llama --layers 2 --hidden 64 --heads 4 --kv-heads 2 --ffn 96 --vocab 320 --ctx 24 \
+  --seed 8 --out "$T/c24.gguf" >/dev/null
+"$PIPEDEC" mkpages --model "$T/c24.gguf" --count 8 --embed-rows 12 --prompt-tokens 3 --max-new 16 --seed 2 --mixed \
+  --out "$T/cp" >/dev/null
+"$PIPEDEC" run --model "$T/c24.gguf" --pages "$T/cp/pages.jsonl" --out "$T/ctx.jsonl" --digest >/dev/null 2>"$T/ctx.err" \
+  && pass "context: the job goes on past pages that do not fit" || fail "context: exit $?"
+if python3 - "$T/ctx.jsonl" "$T/cp/pages.jsonl" <<'PY'
+import json, os, re, sys
+out = {j["id"]: j for j in map(json.loads, open(sys.argv[1]))}
+here = os.path.dirname(sys.argv[2])
+def npy_rows(name):
+    head = open(os.path.join(here, name), "rb").read(256).decode("latin-1")
+    return int(re.search(r"'shape': \((\d+),", head).group(1))
+n_err = 0
+for p in map(json.loads, open(sys.argv[2])):
+    rows = sum(len(s["tokens"]) if "tokens" in s else npy_rows(s["embeddings"]) for s in p["prefill"])
+    need = rows + p["max_new_tokens"]
+    o = out[p["id"]]
+    if need > 24:
+        n_err += 1
+        assert "error" in o and f"= {need} positions exceed the model's context of 24" in o["error"], o
+    else:
+        assert "error" not in o and "tokens" in o, o
+assert 0 < n_err < len(out), n_err
+PY
+then pass "context: exactly the pages that exceed it fail, saying by how much"; else fail "context: error lines"; fi
+"$PIPEDEC" run --model "$T/c24.gguf" --pages "$T/cp/pages.jsonl" --out "$T/ctx2.jsonl" --digest --past-context \
+  --stats "$T/ctx2.stats" >/dev/null 2>"$T/ctx2.err"
+if ! grep -q '"error"' "$T/ctx2.jsonl" && [ "$(wc -l < "$T/ctx2.jsonl")" -eq 8 ] && grep -q "ran past the model's context" "$T/ctx2.err" \
+   && python3 -c "import json,sys; s=json.load(open(sys.argv[1])); assert s['pages_past_context'] > 0 and s['context_length'] == 24" "$T/ctx2.stats"; then
+  pass "context: --past-context decodes every page, warns, and counts them in the stats"
+else
+  fail "context: --past-context"
+fi
 finish

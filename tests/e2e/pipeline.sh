@@ -95,7 +95,7 @@ expect_fail "more ranks than layers" "fewer than" \
 [ ! -s "$T/e1.jsonl" ] && pass "no output written on start-up failure" || fail "output written despite failure"
 
 # a rank dying mid-run ends the job within seconds, never a hang
-"$PIPEDEC" mkpages --model "$m" --count 40 --embed-rows 10 --prompt-tokens 3 --max-new 4000 --seed 3 \
+"$PIPEDEC" mkpages --model "$m" --count 40 --embed-rows 10 --prompt-tokens 3 --max-new 2000 --seed 3 \
   --out "$T/long" >/dev/null
 ( "${MPIRUN[@]}" -np 3 "$PIPEDEC" run --model "$m" --pages "$T/long/pages.jsonl" --out "$T/long.jsonl" \
     --batch 2 >"$T/kill.out" 2>"$T/kill.err" && echo 0 > "$T/kill.rc" || echo $? > "$T/kill.rc" ) &
