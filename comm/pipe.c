@@ -200,6 +200,14 @@ pd_status pipe_gather(pipe_link *p, const void *mine, size_t len, void *all, pd_
     return PD_OK;
 }
 
+pd_status pipe_allgather(pipe_link *p, const void *mine, size_t len, void *all, pd_err *err)
+{
+    if (len > (size_t)0x7fffffff)
+        return pd_err_set(err, PD_ERR_RANGE, "pipe: allgather of %zu bytes per rank", len);
+    PIPE_CALL(MPI_Allgather(mine, (int)len, MPI_BYTE, all, (int)len, MPI_BYTE, p->comm), "MPI_Allgather");
+    return PD_OK;
+}
+
 pd_status pipe_max_double(pipe_link *p, double mine, double *out, pd_err *err)
 {
     PIPE_CALL(MPI_Allreduce(&mine, out, 1, MPI_DOUBLE, MPI_MAX, p->comm), "MPI_Allreduce");

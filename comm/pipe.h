@@ -73,6 +73,10 @@ pd_status pipe_node_local(pipe_link *p, int *local_rank, int *local_size, pd_err
  * be NULL elsewhere). Collective. */
 pd_status pipe_gather(pipe_link *p, const void *mine, size_t len, void *all, pd_err *err);
 
+/* Gathers `len` bytes from every rank into all[size x len] on every rank.
+ * Collective. */
+pd_status pipe_allgather(pipe_link *p, const void *mine, size_t len, void *all, pd_err *err);
+
 /* The maximum of a double over all ranks, on every rank. Collective. */
 pd_status pipe_max_double(pipe_link *p, double mine, double *out, pd_err *err);
 

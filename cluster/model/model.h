@@ -80,6 +80,10 @@ uint32_t model_layer_count(const model *m);
 const model_layer *model_layer_get(const model *m, uint32_t layer);
 /* 64-bit digest of the whole file's tensor data and metadata (cached). */
 uint64_t model_digest(const model *m);
+/* A cheap 64-bit fingerprint of the file (size, header and tensor directory,
+ * 12 KiB sampled from every tensor) for ranks to check they run the same
+ * model; reads about 12 KiB per tensor, not the whole file. */
+uint64_t model_fingerprint(const model *m);
 /* Bytes of packed weights this model holds. */
 uint64_t model_weight_bytes(const model *m);
 

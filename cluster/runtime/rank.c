@@ -143,6 +143,78 @@ pd_status rank_start(rank *r, pd_err *err)
     return PD_OK;
 }
 
+#define RANK_FIELDS 14 /* compared */
+#define RANK_SLOTS 15  /* + the model path, shown but not compared (nodes may keep the file elsewhere) */
+#define RANK_FIELD 160 /* bytes per value */
+
+/* What the ranks must share, in the order rank_fields writes them. */
+static const char *const rank_field_names[RANK_FIELDS] = {
+    "the layer count", "the model shape", "the layer map", "the model file's fingerprint",
+    "--attn/--kv/--evict",          "--sample",        "--seed",          "--no-repeat-ngram",
+    "--gemm",                       "--wire-dtype",    "--batch",         "--prefill-chunk",
+    "the draft limit",              "the rank count"};
+
+/* This rank's value of each field (zero-padded, so they compare as bytes). */
+static void rank_fields(const rank *r, char (*f)[RANK_FIELD])
+{
+    const run_opts *o = r->o;
+    int k = 0;
+    memset(f, 0, (size_t)RANK_SLOTS * RANK_FIELD);
+    /* the most telling difference first */
+    snprintf(f[k++], RANK_FIELD, "%u", r->hp.n_layers);
+    snprintf(f[k++], RANK_FIELD, "hidden %u, heads %u/%u, ffn %u, vocab %u", r->hp.hidden, r->hp.n_heads,
+             r->hp.n_kv_heads, r->hp.ffn, r->hp.vocab);
+    layermap_format(&r->lm, f[k++], RANK_FIELD);
+    snprintf(f[k++], RANK_FIELD, "%016llx", (unsigned long long)model_fingerprint(r->m));
+    policy_describe(&o->policy, f[k++], RANK_FIELD);
+    snprintf(f[k++], RANK_FIELD, "mode %d, temperature %a, top_p %a, top_k %u", (int)o->sample.mode,
+             (double)o->sample.temperature, (double)o->sample.top_p, (unsigned)o->sample.top_k);
+    snprintf(f[k++], RANK_FIELD, "%llu", (unsigned long long)o->seed);
+    snprintf(f[k++], RANK_FIELD, "%u:%u", (unsigned)o->ngram.n, (unsigned)o->ngram.window);
+    snprintf(f[k++], RANK_FIELD, "%s", o->backend == GEMM_BACKEND_OPENBLAS ? "openblas" : "invariant");
+    snprintf(f[k++], RANK_FIELD, "%s", o->wire_dtype == MSG_DTYPE_F16 ? "f16" : "f32");
+    snprintf(f[k++], RANK_FIELD, "%u", o->batch);
+    snprintf(f[k++], RANK_FIELD, "%u", r->sz.prefill_chunk);
+    snprintf(f[k++], RANK_FIELD, "%u", o->policy.max_drafts);
+    snprintf(f[k++], RANK_FIELD, "%d", r->size);
+    CHECK(k == RANK_FIELDS);
+    snprintf(f[k], RANK_FIELD, "%s", o->model_path);
+}
+
+pd_status rank_agree_run(rank *r, pd_err *err)
+{
+    char (*mine)[RANK_FIELD] = calloc(RANK_SLOTS, RANK_FIELD);
+    char (*all)[RANK_FIELD] = calloc((size_t)r->size * RANK_SLOTS, RANK_FIELD);
+    /* every rank reaches the gather even without memory for it */
+    int have = mine && all;
+    int all_have = 0;
+    pd_status st = PD_OK;
+    MPI_Allreduce(&have, &all_have, 1, MPI_INT, MPI_MIN, pipe_comm(r->p));
+    if (!all_have)
+        st = pd_err_set(err, PD_ERR_NOMEM, "out of memory comparing the ranks' options");
+    if (st == PD_OK) {
+        rank_fields(r, mine);
+        st = pipe_allgather(r->p, mine, (size_t)RANK_SLOTS * RANK_FIELD, all, err);
+    }
+    /* every rank reads the same table: the verdict is the same everywhere */
+    for (int k = 1; st == PD_OK && k < r->size; k++)
+        for (int f = 0; f < RANK_FIELDS; f++) {
+            const char *a = all[f], *b = all[(size_t)k * RANK_SLOTS + f];
+            if (memcmp(a, b, RANK_FIELD) != 0) {
+                st = pd_err_set(err, PD_ERR_MISMATCH,
+                                "rank %d does not run what rank 0 runs: %s is %.160s on rank %d but %.160s on "
+                                "rank 0 (model files: %.120s on rank %d, %.120s on rank 0; every rank needs the "
+                                "same model and the same options)",
+                                k, rank_field_names[f], b, k, a, all[(size_t)k * RANK_SLOTS + RANK_FIELDS], k,
+                                all[RANK_FIELDS]);
+                break;
+            }
+        }
+    free(mine);
+    free(all);
+    return st;
+}
+
 pd_status rank_open_trace(rank *r, const pages *pg, pd_err *err)
 {
     return trace_open(r->o->trace_path, r->rank, r->size, r->hp.hidden, r->sz.max_streams, pg, &r->tr, err);

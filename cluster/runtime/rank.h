@@ -74,6 +74,14 @@ pd_status rank_agree_isa(rank *r, pd_err *err);
 /* Step 2 for this rank's compute part. On failure *r holds what was made so
  * far: rank_stop frees it. */
 pd_status rank_start(rank *r, pd_err *err);
+/* Collective, after a successful start-up on every rank: every rank must
+ * run the same model (file fingerprint, layer count, shape), the same layer
+ * map and every option that affects tokens or message sizes (policy,
+ * sampling, seed, n-gram ban, GEMM backend, wire dtype, batch, prefill
+ * chunk). An MPMD launch that gives one rank another model or flag fails on
+ * every rank with PD_ERR_MISMATCH naming the first rank and field that
+ * differ from rank 0. */
+pd_status rank_agree_run(rank *r, pd_err *err);
 /* --trace-hidden: opens this rank's trace (pg: the manifest, on the head). */
 pd_status rank_open_trace(rank *r, const pages *pg, pd_err *err);
 void rank_stop(rank *r);

@@ -58,6 +58,17 @@ int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
         return RUN_EXIT_FAIL;
     }
 
+    /* every rank started: do they run the same thing? (collective, the
+     * same verdict everywhere, so a mismatch still ends the run cleanly) */
+    if (rank_agree_run(&r, &e) != PD_OK) {
+        if (r.rank == 0)
+            fprintf(stderr, "pipedec: %s; nothing was decoded\n", e.msg);
+        head_free(h);
+        rank_stop(&r);
+        pipe_close(p);
+        return RUN_EXIT_FAIL;
+    }
+
     /* From here on a failure cannot be agreed on: report it, end the job. */
     st = report_start(&r, &rep, &e);
     if (st == PD_OK)

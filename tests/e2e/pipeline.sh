@@ -88,6 +88,24 @@ expect_fail "malformed page found on the head" 'bad.jsonl:1: page "bad"' \
 expect_fail "model file missing on one rank" "rank 1: .*gone.gguf" \
   "${MPIRUN[@]}" -np 1 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/e2.jsonl" : \
   -np 1 "$PIPEDEC" run --model "$T/gone.gguf" --pages "$P" --out "$T/e2.jsonl"
+# MPMD launches: every rank must run the same model and options (issue 11)
+"$PIPEDEC" mkmodel --arch llama --layers 6 --hidden 64 --heads 4 --kv-heads 2 --ffn 96 --vocab 320 \
+  --seed 22 --out "$T/other.gguf" >/dev/null
+"$PIPEDEC" mkmodel --arch llama --layers 4 --hidden 64 --heads 4 --kv-heads 2 --ffn 96 --vocab 320 \
+  --seed 21 --out "$T/four.gguf" >/dev/null
+expect_fail "other weights on rank 1" "rank 1 does not run what rank 0 runs: the model file's fingerprint.*other.gguf" \
+  "${MPIRUN[@]}" -np 1 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/e5.jsonl" : \
+  -np 1 "$PIPEDEC" run --model "$T/other.gguf" --pages "$P" --out "$T/e5.jsonl"
+expect_fail "6 vs 4 layers" "rank 2 does not run what rank 0 runs: the layer count is 4 on rank 2 but 6" \
+  "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/e6.jsonl" : \
+  -np 1 "$PIPEDEC" run --model "$T/four.gguf" --pages "$P" --out "$T/e6.jsonl"
+expect_fail "--attn differs on rank 1" "rank 1 does not run what rank 0 runs: --attn/--kv/--evict" \
+  "${MPIRUN[@]}" -np 1 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/e7.jsonl" : \
+  -np 1 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/e7.jsonl" --attn rswa:8
+expect_fail "--seed differs on rank 2" "rank 2 does not run what rank 0 runs: --seed is 5 on rank 2 but 0" \
+  "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/e8.jsonl" : \
+  -np 1 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/e8.jsonl" --seed 5
+for f in e5 e6 e7 e8; do [ ! -s "$T/$f.jsonl" ] || fail "$f: output written despite the mismatch"; done
 expect_fail "impossible layer map" "gap|not assigned" \
   "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/e3.jsonl" --layers 0-2,4-5
 expect_fail "more ranks than layers" "fewer than" \
