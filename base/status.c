@@ -20,6 +20,7 @@ static const char *const pd_status_names[] = {
     [PD_ERR_REFUSED] = "refused",
     [PD_ERR_MPI] = "mpi error",
     [PD_ERR_TOPOLOGY] = "topology error",
+    [PD_ERR_STALLED] = "stalled",
 };
 _Static_assert(sizeof pd_status_names / sizeof pd_status_names[0] == PD_STATUS_COUNT,
                "pd_status_names must name every pd_status");

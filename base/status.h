@@ -25,6 +25,7 @@ typedef enum pd_status {
     PD_ERR_REFUSED,     /* a valid request refused to keep state lossless */
     PD_ERR_MPI,         /* an MPI call failed */
     PD_ERR_TOPOLOGY,    /* hwloc could not bind, place or verify */
+    PD_ERR_STALLED,     /* a peer made no progress within the stall timeout */
     PD_STATUS_COUNT
 } pd_status;
 

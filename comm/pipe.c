@@ -2,13 +2,66 @@
 #include "comm/pipe.h"
 
 #include <stdlib.h>
+#include <time.h>
 
 #define PIPE_TAG 0x5044 /* "PD" */
+#define PIPE_SPIN_S 0.0005   /* test without sleeping this long first */
+#define PIPE_NAP_MIN_US 20
+#define PIPE_NAP_MAX_US 200    /* while the wait is short */
+#define PIPE_LONG_S 0.1         /* a wait this long is a stall or a slow stage: */
+#define PIPE_NAP_LONG_US 2000   /* nap longer (costs at most 2 % of such a wait) */
 
 struct pipe_link {
     MPI_Comm comm;
     int rank, size;
+    double stall_s; /* 0 = wait forever */
 };
+
+/* One wait's clock: spin, then nap with growing sleeps, until the stall
+ * timeout. */
+typedef struct pipe_backoff {
+    double t0;
+    long nap_us;
+} pipe_backoff;
+
+static pipe_backoff pipe_backoff_start(void)
+{
+    return (pipe_backoff){.t0 = MPI_Wtime(), .nap_us = 0};
+}
+
+/* Called after a test that found nothing: 1 when the wait is over its stall
+ * timeout, else 0 after sleeping if the spin phase is over. */
+static int pipe_backoff_step(const pipe_link *p, pipe_backoff *b)
+{
+    double el = MPI_Wtime() - b->t0;
+    if (p->stall_s > 0 && el > p->stall_s)
+        return 1;
+    if (el < PIPE_SPIN_S)
+        return 0;
+    long cap = el < PIPE_LONG_S ? PIPE_NAP_MAX_US : PIPE_NAP_LONG_US;
+    b->nap_us = b->nap_us ? b->nap_us * 2 : PIPE_NAP_MIN_US;
+    if (b->nap_us > cap)
+        b->nap_us = cap;
+    struct timespec ts = {.tv_sec = 0, .tv_nsec = b->nap_us * 1000L};
+    nanosleep(&ts, NULL);
+    return 0;
+}
+
+static pd_status pipe_stalled(const pipe_link *p, pd_err *err, const char *what, int peer)
+{
+    if (peer >= 0)
+        return pd_err_set(err, PD_ERR_STALLED,
+                          "no progress for %.0f s waiting %s rank %d (--stall-timeout): rank %d, or a rank it "
+                          "waits on, stopped making progress",
+                          p->stall_s, what, peer, peer);
+    return pd_err_set(err, PD_ERR_STALLED, "no progress for %.0f s waiting %s (--stall-timeout)", p->stall_s,
+                      what);
+}
+
+void pipe_set_stall_timeout(pipe_link *p, double seconds)
+{
+    p->stall_s = seconds > 0 ? seconds : 0;
+}
 
 static pd_status pipe_mpi_fail(pd_err *err, int rc, const char *what)
 {
@@ -70,14 +123,18 @@ pd_status pipe_isend(pipe_link *p, int dest, const void *buf, size_t len, MPI_Re
 
 pd_status pipe_wait(pipe_link *p, MPI_Request *req, double *waited, pd_err *err)
 {
-    (void)p;
     if (*req == MPI_REQUEST_NULL)
         return PD_OK;
-    double t0 = MPI_Wtime();
-    PIPE_CALL(MPI_Wait(req, MPI_STATUS_IGNORE), "MPI_Wait");
+    pipe_backoff b = pipe_backoff_start();
+    int done = 0;
+    for (;;) {
+        PIPE_CALL(MPI_Test(req, &done, MPI_STATUS_IGNORE), "MPI_Test");
+        if (done || pipe_backoff_step(p, &b))
+            break;
+    }
     if (waited)
-        *waited += MPI_Wtime() - t0;
-    return PD_OK;
+        *waited += MPI_Wtime() - b.t0;
+    return done ? PD_OK : pipe_stalled(p, err, "for a send to complete, the receiver is", -1);
 }
 
 pd_status pipe_progress(pipe_link *p, int n, MPI_Request *reqs, pd_err *err)
@@ -98,10 +155,17 @@ pd_status pipe_recv(pipe_link *p, int src, void *buf, size_t cap, size_t *len, i
                     double *waited, pd_err *err)
 {
     MPI_Status stt;
-    double t0 = MPI_Wtime();
-    PIPE_CALL(MPI_Probe(src, PIPE_TAG, p->comm, &stt), "MPI_Probe");
+    pipe_backoff b = pipe_backoff_start();
+    int found = 0;
+    for (;;) {
+        PIPE_CALL(MPI_Iprobe(src, PIPE_TAG, p->comm, &found, &stt), "MPI_Iprobe");
+        if (found || pipe_backoff_step(p, &b))
+            break;
+    }
     if (waited)
-        *waited += MPI_Wtime() - t0;
+        *waited += MPI_Wtime() - b.t0;
+    if (!found)
+        return pipe_stalled(p, err, "for a message from", src);
     int count = 0;
     PIPE_CALL(MPI_Get_count(&stt, MPI_BYTE, &count), "MPI_Get_count");
     if (count < 0 || (size_t)count > cap) {
@@ -132,14 +196,20 @@ pd_status pipe_irecv(pipe_link *p, int src, void *buf, size_t cap, MPI_Request *
 pd_status pipe_wait_recv(pipe_link *p, MPI_Request *req, size_t *len, int *from, double *waited,
                          pd_err *err)
 {
-    (void)p;
     if (*req == MPI_REQUEST_NULL)
         return pd_err_set(err, PD_ERR_ARG, "pipe: no receive is posted on this request");
     MPI_Status stt;
-    double t0 = MPI_Wtime();
-    int rc = MPI_Wait(req, &stt);
+    pipe_backoff b = pipe_backoff_start();
+    int done = 0, rc;
+    for (;;) {
+        rc = MPI_Test(req, &done, &stt);
+        if (rc != MPI_SUCCESS || done || pipe_backoff_step(p, &b))
+            break;
+    }
     if (waited)
-        *waited += MPI_Wtime() - t0;
+        *waited += MPI_Wtime() - b.t0;
+    if (rc == MPI_SUCCESS && !done)
+        return pipe_stalled(p, err, "for the next message from the previous stage,", -1);
     int cls = MPI_SUCCESS;
     if (rc != MPI_SUCCESS)
         MPI_Error_class(rc, &cls);

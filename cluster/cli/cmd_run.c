@@ -19,7 +19,7 @@ static void run_usage(FILE *f)
             "         [--sample greedy|temp:T[,top_p:P][,top_k:K]] [--seed S] [--no-repeat-ngram N:WINDOW]\n"
             "         [--gemm invariant|openblas] [--layers 0-3,4-7,...] [--wire-dtype f32|f16]\n"
             "         [--stats FILE] [--progress] [--no-bind] [--digest] [--trace-hidden FILE]\n"
-            "         [--past-context]\n");
+            "         [--past-context] [--stall-timeout SECONDS]\n");
 }
 
 /* Parses argv into o; PD_ERR_ARG with a message naming the flag. */
@@ -36,7 +36,7 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         {"progress", no_argument, 0, 'P'},            {"layers", required_argument, 0, 'L'},
         {"wire-dtype", required_argument, 0, 'w'},    {"no-bind", no_argument, 0, 'B'},
         {"digest", no_argument, 0, 'D'},              {"trace-hidden", required_argument, 0, 'H'},
-        {"past-context", no_argument, 0, 'X'},
+        {"past-context", no_argument, 0, 'X'},       {"stall-timeout", required_argument, 0, 'W'},
         {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
     pd_status st = PD_OK;
     int ch;
@@ -79,6 +79,12 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         case 'B': o->no_bind = true; break;
         case 'D': o->digest = true; break;
         case 'X': o->past_context = true; break;
+        case 'W': {
+            uint32_t v;
+            st = cli_u32("--stall-timeout", optarg, 0, 7u * 24 * 3600, &v, e);
+            o->stall_timeout = v;
+            break;
+        }
         case 'H': o->trace_path = optarg; break;
         case 'h': *help = 1; return PD_OK;
         default: st = pd_err_set(e, PD_ERR_ARG, "unknown or incomplete option '%s'", argv[optind - 1]);

@@ -11,7 +11,7 @@
 void run_opts_default(run_opts *o)
 {
     *o = (run_opts){.batch = 8, .threads = 1, .seed = 0, .backend = GEMM_BACKEND_INVARIANT,
-                    .wire_dtype = MSG_DTYPE_F32};
+                    .wire_dtype = MSG_DTYPE_F32, .stall_timeout = RUN_STALL_DEFAULT_S};
     policy_default(&o->policy);
     o->sample = (sample_params){.mode = SAMPLE_GREEDY, .temperature = 1.0f, .top_p = 1.0f};
     o->ngram = (sample_ngram){.n = 0};
@@ -36,6 +36,10 @@ int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
         fprintf(stderr, "pipedec: %s\n", e.msg);
         return RUN_EXIT_FAIL;
     }
+    /* the head waits twice as long: when a stage stops, the rank right after
+     * it notices first and names it (the head would only see its results
+     * missing) */
+    pipe_set_stall_timeout(p, pipe_rank(p) == 0 && pipe_size(p) > 1 ? 2 * o->stall_timeout : o->stall_timeout);
     rank r = {.o = o, .p = p};
     head *h = NULL;
     report *rep = NULL;

@@ -41,9 +41,16 @@ typedef struct run_opts {
     bool no_bind;             /* do not bind ranks to cores / NUMA nodes */
     bool digest;              /* each output line carries the page's logits digest */
     bool past_context;        /* run pages past the model's context_length (counted in --stats) */
+    double stall_timeout;     /* seconds a rank waits on a peer without progress before the job
+                                 ends naming it (0 = forever) */
     const char *trace_path;   /* --trace-hidden: per-rank residual-row hashes, NULL = off
                                  (rank 0 writes the path itself, rank r > 0 path.r) */
 } run_opts;
+
+/* A micro-batch of the largest shapes takes seconds per stage; ten minutes
+ * without any message means a rank stopped (SIGSTOP, a hung file system, a
+ * dead node MPI did not notice). */
+#define RUN_STALL_DEFAULT_S 600.0
 
 void run_opts_default(run_opts *o);
 

@@ -124,6 +124,8 @@ pd_status xport_recv(xport *x, int src, const uint8_t **buf, size_t *len, pd_err
 {
     int from;
     pd_status st = pipe_recv(x->p, src, x->rbuf[0], x->recv_cap, len, &from, &x->cnt.wait_input_s, err);
+    if (st == PD_ERR_STALLED)
+        pd_err_prefix(err, "rank %d, waiting for results from the tail", x->peers.rank);
     if (st)
         return st;
     *buf = x->rbuf[0];
@@ -146,6 +148,8 @@ pd_status xport_wait_next(xport *x, const uint8_t **buf, size_t *len, pd_err *er
 {
     int from;
     pd_status st = pipe_wait_recv(x->p, &x->rreq[x->cur], len, &from, &x->cnt.wait_input_s, err);
+    if (st == PD_ERR_STALLED)
+        pd_err_prefix(err, "rank %d, waiting for rank %d (the previous stage)", x->peers.rank, x->peers.prev);
     if (st)
         return st;
     *buf = x->rbuf[x->cur];

@@ -141,4 +141,45 @@ else
   fi
 fi
 wait || true
+
+# a rank stopped with SIGSTOP: the others back off instead of spinning, and
+# the stall watchdog ends the job naming the stopped stage
+( "${MPIRUN[@]}" -np 3 "$PIPEDEC" run --model "$m" --pages "$T/long/pages.jsonl" --out "$T/stall.jsonl" \
+    --batch 2 --stall-timeout 4 >"$T/stall.out" 2>"$T/stall.err" && echo 0 > "$T/stall.rc" || echo $? > "$T/stall.rc" ) &
+victim=""; waiter=""
+for _ in $(seq 1 100); do
+  for pid in $(pgrep -f "pipedec run --model $m --pages $T/long/pages.jsonl --out $T/stall" || true); do
+    r=$(tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
+    [ "$r" = 1 ] && victim=$pid
+    [ "$r" = 2 ] && waiter=$pid
+  done
+  [ -n "$victim" ] && [ -n "$waiter" ] && break
+  sleep 0.1
+done
+if [ -z "$victim" ] || [ -z "$waiter" ]; then
+  fail "could not find ranks 1 and 2 to stop"
+else
+  sleep 1
+  kill -STOP "$victim"
+  sleep 0.5
+  t0=$(awk '{print $14 + $15}' "/proc/$waiter/stat")
+  sleep 2
+  t1=$(awk '{print $14 + $15}' "/proc/$waiter/stat" 2>/dev/null || echo "$t0")
+  ticks=$((t1 - t0)); hz=$(getconf CLK_TCK)
+  # 2 s of waiting: at most 5 % of a core (spinning would be ~100 %)
+  [ "$ticks" -le $((hz / 10)) ] && pass "waiting rank used $ticks ticks of $((2 * hz)) while its peer was stopped" \
+    || fail "waiting rank spun: $ticks ticks of $((2 * hz)) in 2 s"
+  for _ in $(seq 1 300); do [ -f "$T/stall.rc" ] && break; sleep 0.1; done
+  if [ ! -f "$T/stall.rc" ]; then
+    fail "job still running 30 s after rank 1 stopped"
+    kill -CONT "$victim" 2>/dev/null || true
+    pkill -9 -f "pipedec run --model $m --pages $T/long/pages.jsonl --out $T/stall" || true
+  elif [ "$(cat "$T/stall.rc")" -ne 0 ] && grep -q "rank 2, waiting for rank 1 (the previous stage): no progress for 4 s" "$T/stall.err"; then
+    pass "stopped rank 1: the stall watchdog ended the job naming it (exit $(cat "$T/stall.rc"))"
+  else
+    fail "stall: exit $(cat "$T/stall.rc"), stderr:"; head -5 "$T/stall.err"
+  fi
+  kill -CONT "$victim" 2>/dev/null || true
+fi
+wait || true
 finish
