@@ -2,6 +2,7 @@
  * (`mpirun -np N pipedec run ...`). */
 #include "cluster/cli/cli.h"
 #include "cluster/cli/cmd.h"
+#include "cluster/runtime/budget.h"
 #include "cluster/runtime/run.h"
 
 #include <getopt.h>
@@ -19,7 +20,7 @@ static void run_usage(FILE *f)
             "         [--sample greedy|temp:T[,top_p:P][,top_k:K]] [--seed S] [--no-repeat-ngram N:WINDOW]\n"
             "         [--gemm invariant|openblas] [--layers 0-3,4-7,...] [--wire-dtype f32|f16]\n"
             "         [--stats FILE] [--progress] [--no-bind] [--digest] [--trace-hidden FILE]\n"
-            "         [--past-context] [--stall-timeout SECONDS]\n");
+            "         [--past-context] [--stall-timeout SECONDS] [--mem-limit BYTES|auto|none]\n");
 }
 
 /* Parses argv into o; PD_ERR_ARG with a message naming the flag. */
@@ -37,6 +38,7 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         {"wire-dtype", required_argument, 0, 'w'},    {"no-bind", no_argument, 0, 'B'},
         {"digest", no_argument, 0, 'D'},              {"trace-hidden", required_argument, 0, 'H'},
         {"past-context", no_argument, 0, 'X'},       {"stall-timeout", required_argument, 0, 'W'},
+        {"mem-limit", required_argument, 0, 'M'},
         {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
     pd_status st = PD_OK;
     int ch;
@@ -79,6 +81,7 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         case 'B': o->no_bind = true; break;
         case 'D': o->digest = true; break;
         case 'X': o->past_context = true; break;
+        case 'M': st = budget_parse(optarg, &o->mem_limit, e); break;
         case 'W': {
             uint32_t v;
             st = cli_u32("--stall-timeout", optarg, 0, 7u * 24 * 3600, &v, e);

@@ -28,6 +28,7 @@ struct head {
     vocab *vb;
     outfile *of;
     sched *sc;
+    budget *bud;              /* NULL: no admission budget */
     bool *skip;               /* [pages] already in the output file */
     head_pending *pending;
     size_t n_pending, cap_pending, next_write;
@@ -121,6 +122,7 @@ void head_free(head *h)
     free(h->inflight);
     free(h->skip);
     sched_free(h->sc);
+    budget_free(h->bud);
     outfile_free(h->of);
     vocab_free(h->vb);
     pages_free(h->pg);
@@ -130,6 +132,18 @@ void head_free(head *h)
 const pages *head_pages(const head *h)
 {
     return h->pg;
+}
+
+void head_use_budget(head *h, budget *b)
+{
+    budget_free(h->bud);
+    h->bud = b;
+    sched_set_admit(h->sc, budget_admit, budget_release, b);
+}
+
+const budget *head_budget(const head *h)
+{
+    return h->bud;
 }
 
 /* ---- output --------------------------------------------------------------- */

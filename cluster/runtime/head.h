@@ -19,6 +19,7 @@
 
 #include "base/status.h"
 #include "cluster/format/pages.h"
+#include "cluster/runtime/budget.h"
 #include "cluster/runtime/rank.h"
 #include "cluster/runtime/run.h"
 #include "cluster/runtime/sched.h"
@@ -33,6 +34,11 @@ pd_status head_open(rank *r, head **out, pd_err *err);
 void head_free(head *h);
 
 const pages *head_pages(const head *h);
+
+/* Takes ownership of b: pages are admitted only while every rank's
+ * predicted cache bytes fit its budget (budget.h). Before head_loop. */
+void head_use_budget(head *h, budget *b);
+const budget *head_budget(const head *h);
 
 /* Runs the pipeline from the head until every page is finished, then sends
  * the stop message. hooks may be NULL. Returns the first failure (the job

@@ -4,6 +4,9 @@
 
 #include "base/check.h"
 #include "base/cpu.h"
+#include "cluster/runtime/budget.h"
+
+#include <stdio.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -211,6 +214,34 @@ pd_status rank_agree_run(rank *r, pd_err *err)
             }
         }
     free(mine);
+    free(all);
+    return st;
+}
+
+pd_status rank_gather_budgets(rank *r, uint64_t **limit, uint32_t **first, uint32_t **layers, pd_err *err)
+{
+    uint64_t mine[3] = {r->o->mem_limit, r->lm.first[r->rank], r->lm.count[r->rank]};
+    pd_status st = PD_OK;
+    if (mine[0] == 0)
+        st = budget_auto(r->local_size, &mine[0], err);
+    /* a rank that could not measure still takes part, with no limit */
+    if (st) {
+        fprintf(stderr, "pipedec: rank %d: %s; this rank's cache memory is not limited\n", r->rank, err->msg);
+        mine[0] = UINT64_MAX;
+    }
+    uint64_t *all = calloc((size_t)r->size * 3, sizeof *all);
+    *limit = calloc((size_t)r->size, sizeof **limit);
+    *first = calloc((size_t)r->size, sizeof **first);
+    *layers = calloc((size_t)r->size, sizeof **layers);
+    st = (all && *limit && *first && *layers) ? PD_OK : pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+    pd_status gs = pipe_allgather(r->p, mine, sizeof mine, all, err);
+    if (st == PD_OK)
+        st = gs;
+    for (int k = 0; st == PD_OK && k < r->size; k++) {
+        (*limit)[k] = all[3 * k];
+        (*first)[k] = (uint32_t)all[3 * k + 1];
+        (*layers)[k] = (uint32_t)all[3 * k + 2];
+    }
     free(all);
     return st;
 }

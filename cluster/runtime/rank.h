@@ -82,6 +82,11 @@ pd_status rank_start(rank *r, pd_err *err);
  * every rank with PD_ERR_MISMATCH naming the first rank and field that
  * differ from rank 0. */
 pd_status rank_agree_run(rank *r, pd_err *err);
+/* Collective: every rank's cache budget (--mem-limit, or the automatic one
+ * measured now that every rank loaded its weights) and layer range, on
+ * every rank: limit/first/layers[size], owned by the caller (free). */
+pd_status rank_gather_budgets(rank *r, uint64_t **limit, uint32_t **first, uint32_t **layers, pd_err *err);
+
 /* --trace-hidden: opens this rank's trace (pg: the manifest, on the head). */
 pd_status rank_open_trace(rank *r, const pages *pg, pd_err *err);
 void rank_stop(rank *r);

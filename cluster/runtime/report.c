@@ -62,7 +62,7 @@ void report_free(report *rep)
 }
 
 static void report_stats_json(const report *rep, const rank *r, const sched_progress *pr, double wall,
-                              const msg_stats *all)
+                              const msg_stats *all, const budget *bud)
 {
     const run_opts *o = r->o;
     double tps = wall > 0 ? (double)pr->tokens_generated / wall : 0.0;
@@ -106,6 +106,14 @@ static void report_stats_json(const report *rep, const rank *r, const sched_prog
         cJSON_AddNumberToObject(st, "rows", s->rows);
         cJSON_AddNumberToObject(st, "cache_bytes_peak", s->cache_bytes_peak);
         cJSON_AddNumberToObject(st, "attention_bytes_peak", s->attention_bytes_peak);
+        if (bud) {
+            uint64_t lim = budget_limit(bud, k);
+            if (lim == UINT64_MAX)
+                cJSON_AddNullToObject(st, "mem_limit_bytes");
+            else
+                cJSON_AddNumberToObject(st, "mem_limit_bytes", (double)lim);
+            cJSON_AddNumberToObject(st, "cache_reserved_peak", (double)budget_peak(bud, k));
+        }
         cJSON *pl = cJSON_Parse(pj);
         if (pl)
             cJSON_AddItemToObject(st, "placement", pl);
@@ -149,7 +157,7 @@ pd_status report_end(report *rep, rank *r, head *h, pd_err *err)
             snprintf(failed, sizeof failed, "; %llu FAILED, see their \"error\" lines, a rerun retries them",
                      (unsigned long long)pr.pages_failed);
         if (r->o->stats_path)
-            report_stats_json(rep, r, &pr, wall, each);
+            report_stats_json(rep, r, &pr, wall, each, head_budget(h));
         printf("pipedec: %llu pages decoded (%llu skipped as already done%s), %llu tokens in %.2f s = %.1f tokens/s "
                "over %d rank%s; output %s\n",
                (unsigned long long)(pr.pages_done - pr.pages_failed), (unsigned long long)pr.pages_skipped, failed,

@@ -11,7 +11,7 @@
 void run_opts_default(run_opts *o)
 {
     *o = (run_opts){.batch = 8, .threads = 1, .seed = 0, .backend = GEMM_BACKEND_INVARIANT,
-                    .wire_dtype = MSG_DTYPE_F32, .stall_timeout = RUN_STALL_DEFAULT_S};
+                    .wire_dtype = MSG_DTYPE_F32, .stall_timeout = RUN_STALL_DEFAULT_S, .mem_limit = 0};
     policy_default(&o->policy);
     o->sample = (sample_params){.mode = SAMPLE_GREEDY, .temperature = 1.0f, .top_p = 1.0f};
     o->ngram = (sample_ngram){.n = 0};
@@ -74,7 +74,20 @@ int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
     }
 
     /* From here on a failure cannot be agreed on: report it, end the job. */
-    st = report_start(&r, &rep, &e);
+    uint64_t *lim = NULL;
+    uint32_t *first = NULL, *layers = NULL;
+    st = rank_gather_budgets(&r, &lim, &first, &layers, &e);
+    if (st == PD_OK && h) {
+        budget *b = NULL;
+        st = budget_new(&r.hp, &o->policy, r.size, lim, first, layers, &b, &e);
+        if (st == PD_OK)
+            head_use_budget(h, b);
+    }
+    free(lim);
+    free(first);
+    free(layers);
+    if (st == PD_OK)
+        st = report_start(&r, &rep, &e);
     if (st == PD_OK)
         st = xport_agree_caps(r.x, &e);
     if (st == PD_OK) {

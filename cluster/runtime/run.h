@@ -41,6 +41,7 @@ typedef struct run_opts {
     bool no_bind;             /* do not bind ranks to cores / NUMA nodes */
     bool digest;              /* each output line carries the page's logits digest */
     bool past_context;        /* run pages past the model's context_length (counted in --stats) */
+    uint64_t mem_limit;       /* cache bytes per rank: 0 = auto (budget.h), UINT64_MAX = none */
     double stall_timeout;     /* seconds a rank waits on a peer without progress before the job
                                  ends naming it (0 = forever) */
     const char *trace_path;   /* --trace-hidden: per-rank residual-row hashes, NULL = off

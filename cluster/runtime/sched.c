@@ -29,6 +29,7 @@ struct sched {
      * exactly the table slots i that are members of an outstanding slot. */
     stream_table *streams;
     bool *in_flight;          /* [max_streams] by table slot */
+    bool *reserved;           /* [max_streams] by table slot: admitted through cfg.admit */
     sched_slot *slots;
     uint32_t n_slots;
     uint64_t *pending_retire;
@@ -46,6 +47,7 @@ void sched_free(sched *s)
         return;
     stream_table_free(s->streams);
     free(s->in_flight);
+    free(s->reserved);
     for (uint32_t i = 0; s->slots && i < s->n_slots; i++) {
         sched_slot *sl = &s->slots[i];
         free(sl->rows);
@@ -80,9 +82,10 @@ pd_status sched_new(const sched_config *cfg, uint32_t max_inflight, sched **out,
         return st;
     }
     s->in_flight = calloc(cfg->max_streams, sizeof *s->in_flight);
+    s->reserved = calloc(cfg->max_streams, sizeof *s->reserved);
     s->slots = calloc(max_inflight, sizeof *s->slots);
     s->pending_retire = calloc(cfg->max_streams, sizeof *s->pending_retire);
-    bool ok = s->in_flight && s->slots && s->pending_retire;
+    bool ok = s->in_flight && s->reserved && s->slots && s->pending_retire;
     for (uint32_t i = 0; ok && i < max_inflight; i++) {
         sched_slot *sl = &s->slots[i];
         sl->rows = calloc(cfg->max_rows, sizeof *sl->rows);
@@ -119,6 +122,11 @@ static pd_status stream_finish(sched *s, stream_state *st, sched_stop stop, bool
                       .digest = st->digest,
                       .error = error};
     pd_status rc = s->cfg.on_done ? s->cfg.on_done(s->cfg.on_done_ctx, &r, err) : PD_OK;
+    for (uint32_t i = 0; i < s->cfg.max_streams; i++)
+        if (stream_table_at(s->streams, i) == st && s->reserved[i]) {
+            s->reserved[i] = false;
+            s->cfg.release(s->cfg.admit_ctx, (size_t)st->page, st->prefill_rows, st->max_new);
+        }
     s->prog.pages_done++;
     s->prog.pages_failed += stop == SCHED_STOP_ERROR;
     if (admitted)
@@ -203,6 +211,24 @@ static pd_status admit_next(sched *s, sched_slot *sl, uint32_t *na, uint32_t *sl
             if ((rc = stream_finish(s, st, SCHED_STOP_LENGTH, false, NULL, err)))
                 return rc;
             continue;
+        }
+        if (s->cfg.admit) {
+            char why[512] = "";
+            sched_admit a = s->cfg.admit(s->cfg.admit_ctx, (size_t)st->page, st->prefill_rows, st->max_new, why,
+                                         sizeof why);
+            if (a == SCHED_ADMIT_WAIT) {
+                /* not yet: the page stays first in the queue */
+                stream_table_drop(s->streams, st->id);
+                s->next_id--;
+                s->next_page--;
+                return PD_OK;
+            }
+            if (a == SCHED_ADMIT_NEVER) {
+                if ((rc = stream_finish(s, st, SCHED_STOP_ERROR, false, why, err)))
+                    return rc;
+                continue;
+            }
+            s->reserved[free_slot] = true;
         }
         sl->admit[(*na)++] = (mb_admit){.stream = st->id,
                                         .prefill_rows = (uint32_t)st->prefill_rows,
@@ -367,6 +393,14 @@ pd_status sched_complete(sched *s, const sched_batch *b, const uint32_t *tokens,
     sl->busy = false;
     s->inflight--;
     return rc;
+}
+
+void sched_set_admit(sched *s, sched_admit_fn admit, sched_release_fn release, void *ctx)
+{
+    CHECK(s->seq == 0);
+    s->cfg.admit = admit;
+    s->cfg.release = release;
+    s->cfg.admit_ctx = ctx;
 }
 
 bool sched_finished(const sched *s)

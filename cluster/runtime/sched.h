@@ -71,6 +71,15 @@ typedef struct sched_result {
 
 typedef pd_status (*sched_done_fn)(void *ctx, const sched_result *r, pd_err *err);
 
+/* Admission control (the memory budget): asked before a page becomes a
+ * stream, in manifest order. WAIT keeps the page (and every later one)
+ * queued until a stream ends; NEVER fails the page by itself with `why`. */
+typedef enum sched_admit { SCHED_ADMIT_OK, SCHED_ADMIT_WAIT, SCHED_ADMIT_NEVER } sched_admit;
+typedef sched_admit (*sched_admit_fn)(void *ctx, size_t page, uint64_t prefill_rows, uint32_t max_new, char *why,
+                                      size_t why_cap);
+/* A stream that admit let in has ended (any reason). */
+typedef void (*sched_release_fn)(void *ctx, size_t page, uint64_t prefill_rows, uint32_t max_new);
+
 typedef struct sched_config {
     const pages *pg;          /* borrowed */
     const model *m;           /* borrowed: embeddings (head), hparams */
@@ -85,6 +94,9 @@ typedef struct sched_config {
                                * context_length (else such a page fails by itself at admission) */
     sched_done_fn on_done;
     void *on_done_ctx;
+    sched_admit_fn admit;     /* NULL: admit whenever a stream slot is free */
+    sched_release_fn release;
+    void *admit_ctx;
 } sched_config;
 
 /* A micro-batch produced by sched_next. All arrays are owned by the sched and
@@ -103,6 +115,9 @@ typedef struct sched_batch {
 } sched_batch;
 
 typedef struct sched sched;
+
+/* Sets (or replaces) the admission control before the first sched_next. */
+void sched_set_admit(sched *s, sched_admit_fn admit, sched_release_fn release, void *ctx);
 
 /* max_inflight: micro-batches that may be out at once (>= 1). */
 pd_status sched_new(const sched_config *cfg, uint32_t max_inflight, sched **out, pd_err *err);
