@@ -2,10 +2,12 @@
  * of those layers, and the forward pass of a micro-batch through them.
  *
  * With one rank the stage holds every layer (head and tail are the same
- * process). Each stream gets, per layer, a kv_layer (full / window policies)
- * or a ring_layer (rswa) at admission; caches come from the stage's allocator
- * (a NUMA arena in the cluster). All scratch is sized at creation from
- * max_rows: stage_forward never allocates.
+ * process). Each stream gets, per layer, a layer cache container
+ * (cache/layer_cache.h: a kv layer for the full / window policies, a ring for
+ * rswa) at admission; the stage holds them as a table per (stream, layer) and
+ * never asks which kind it holds. Caches come from the stage's allocator (a
+ * NUMA arena in the cluster). All scratch is sized at creation from max_rows:
+ * stage_forward never allocates.
  *
  * Exactness: rows of many streams share each GEMM (row-invariant kernel);
  * attention runs per stream against its own cache; a prefill chunk's row i
@@ -81,9 +83,9 @@ void stage_memory(const stage *s, stage_mem *out);
  * stage_forward returns: the stream's next micro-batch may start at an earlier
  * position (rejected verify rows), and only that position says how many
  * survive. The stage therefore rolls back and confirms a stream's rows when
- * its next micro-batch arrives (kv layers: truncate_last, then
- * kv_layer_confirm; ring layers: ring_layer_draft_commit), or earlier when
- * the caller, who knows the accepted position, calls stage_settle. */
+ * its next micro-batch arrives (lcache_settle: a kv layer truncates and
+ * confirms, a ring commits its accepted verify rows), or earlier when the
+ * caller, who knows the accepted position, calls stage_settle. */
 
 /* The CMFS identity (comm/wire.h) of this stage's records for absolute layer
  * `layer`: wire_identity(model_digest as 8 little-endian bytes, layer,
@@ -100,7 +102,8 @@ uint64_t stage_layer_identity(const stage *s, uint32_t layer);
  * will do before it appends: forwarding after a settle gives the same bits
  * (hidden states and cache bytes) as forwarding without it. pos is at most
  * the stream's next position and at most as far back as forward accepts
- * (a ring: its pending verify rows; a kv layer: max_drafts + 1 rows).
+ * (lcache_rollback_limit: a ring's pending verify rows; a kv layer's rows of
+ * the last micro-batch, at most max_drafts + 1).
  * Afterwards every layer of the stream exports. Calling it with pos = the
  * stream's next position is the "nothing was rejected" settle.
  * Errors: PD_ERR_ARG unknown stream; PD_ERR_RANGE pos ahead of the stream or
