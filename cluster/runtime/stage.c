@@ -1,11 +1,8 @@
-/* stage: per-stream caches of a layer range and the micro-batch forward pass.
- *
- * Forward of one layer for rows [n]:
- *   h = rmsnorm(x) * attn_norm; q, k, v = h W^T (+ bias); RoPE at each row's
- *   absolute position; per stream: append its rows' K/V, then row j attends
- *   the first r0 + j + 1 rows (window: the last W of them); x += att Wo^T;
- *   h = rmsnorm(x) * ffn_norm; x += (silu(h Wg^T) * h Wu^T) Wd^T.
- * The GEMMs take all rows at once; attention runs one task per stream. */
+/* stage: the per-(stream, layer) cache containers of a layer range and the
+ * scheduling of a micro-batch through them: it checks the rows, splits them
+ * into one group per stream, and hands each layer its groups' containers;
+ * the layer math itself is the model's (model_layer_forward), which runs
+ * the GEMMs over all rows at once and one attention task per group. */
 #include "cluster/runtime/stage.h"
 
 #include "base/check.h"
@@ -42,17 +39,13 @@ struct stage {
     uint32_t group; /* Q heads per KV head */
     stage_stream *streams;
     uint32_t alive;
-    /* scratch [max_rows x width] */
-    float *h, *q, *k, *v, *att, *o, *g, *u;
-    uint16_t *half; /* [max_rows x hidden] (round_f16) */
-    uint8_t *roles; /* [max_rows] the rows' roles as lcache_role values */
-    stage_group *groups;
+    model_scratch *scratch; /* the layer math's buffers, max_rows rows */
+    uint16_t *half;         /* [max_rows x hidden] (round_f16) */
+    uint8_t *roles;         /* [max_rows] the rows' roles as lcache_role values */
+    uint64_t *pos;          /* [max_rows] the rows' positions */
+    stage_group *groups;    /* [max_rows] */
+    model_group *mgroups;   /* [max_rows] the groups with one layer's containers */
     uint32_t n_groups;
-    /* per-forward context for the attention tasks */
-    const mb_row *rows;
-    uint32_t layer;
-    pd_status task_status;
-    pd_err task_err;
 };
 
 /* mb_role and lcache_role are the same numbers (cache/ cannot include
@@ -60,11 +53,6 @@ struct stage {
 _Static_assert(MB_ROLE_PREFILL == (int)LCACHE_ROLE_PREFILL && MB_ROLE_DECODE == (int)LCACHE_ROLE_DECODE &&
                    MB_ROLE_VERIFY == (int)LCACHE_ROLE_VERIFY && MB_ROLE_COUNT == (int)LCACHE_ROLE_COUNT,
                "mb_role and lcache_role disagree");
-
-static void *xalloc_f(uint64_t n)
-{
-    return n ? aligned_alloc(64, ((n * sizeof(float)) + 63) & ~(uint64_t)63) : NULL;
-}
 
 pd_status stage_new(const stage_config *cfg, stage **out, pd_err *err)
 {
@@ -81,22 +69,18 @@ pd_status stage_new(const stage_config *cfg, stage **out, pd_err *err)
     s->first = model_first_layer(cfg->m);
     s->n_layers = model_layer_count(cfg->m);
     s->group = s->hp.n_heads / s->hp.n_kv_heads;
-    uint64_t R = cfg->max_rows, qd = (uint64_t)s->hp.n_heads * s->hp.head_dim,
-             kvd = (uint64_t)s->hp.n_kv_heads * s->hp.head_dim;
+    uint64_t R = cfg->max_rows;
+    if ((st = model_scratch_new(&s->hp, cfg->max_rows, &s->scratch, err)) != PD_OK) {
+        stage_free(s);
+        return st;
+    }
     s->streams = calloc(cfg->max_streams, sizeof *s->streams);
-    s->groups = calloc(cfg->max_rows, sizeof *s->groups);
-    s->roles = calloc(cfg->max_rows, sizeof *s->roles);
-    s->h = xalloc_f(R * s->hp.hidden);
-    s->o = xalloc_f(R * s->hp.hidden);
-    s->q = xalloc_f(R * qd);
-    s->att = xalloc_f(R * qd);
-    s->k = xalloc_f(R * kvd);
-    s->v = xalloc_f(R * kvd);
-    s->g = xalloc_f(R * s->hp.ffn);
-    s->u = xalloc_f(R * s->hp.ffn);
+    s->groups = calloc(R, sizeof *s->groups);
+    s->mgroups = calloc(R, sizeof *s->mgroups);
+    s->roles = calloc(R, sizeof *s->roles);
+    s->pos = calloc(R, sizeof *s->pos);
     s->half = cfg->round_f16 ? malloc(R * s->hp.hidden * sizeof(uint16_t)) : NULL;
-    if ((cfg->round_f16 && !s->half) || !s->streams || !s->groups || !s->roles || !s->h || !s->o || !s->q ||
-        !s->att || !s->k || !s->v || !s->g || !s->u) {
+    if ((cfg->round_f16 && !s->half) || !s->streams || !s->groups || !s->mgroups || !s->roles || !s->pos) {
         stage_free(s);
         return pd_err_set(err, PD_ERR_NOMEM, "stage: out of memory for %u-row scratch", cfg->max_rows);
     }
@@ -123,16 +107,11 @@ void stage_free(stage *s)
             stream_free_caches(&s->streams[i], s->hp.n_layers);
     free(s->streams);
     free(s->groups);
+    free(s->mgroups);
     free(s->roles);
-    free(s->h);
-    free(s->o);
-    free(s->q);
-    free(s->att);
-    free(s->k);
-    free(s->v);
-    free(s->g);
-    free(s->u);
+    free(s->pos);
     free(s->half);
+    model_scratch_free(s->scratch);
     free(s);
 }
 
@@ -221,6 +200,7 @@ static pd_status forward_plan(stage *s, const mb_row *rows, uint32_t n, pd_err *
         if (r->role >= MB_ROLE_COUNT)
             return pd_err_set(err, PD_ERR_FORMAT, "row %u: role %u is not prefill/decode/verify", i, r->role);
         s->roles[i] = r->role;
+        s->pos[i] = r->pos;
         if (i > 0 && rows[i - 1].stream == r->stream) {
             if (r->pos != rows[i - 1].pos + 1)
                 return pd_err_set(err, PD_ERR_FORMAT, "row %u: stream %llu position %llu does not follow %llu",
@@ -273,47 +253,10 @@ static pd_status forward_plan(stage *s, const mb_row *rows, uint32_t n, pd_err *
     return PD_OK;
 }
 
-/* Appends and attends the rows of group g for layer s->layer. */
-static pd_status group_attend(stage *s, const stage_group *gr, pd_err *err)
+static void stage_progress(void *ctx)
 {
-    const model_hparams *hp = &s->hp;
-    const uint64_t qd = (uint64_t)hp->n_heads * hp->head_dim, kvd = (uint64_t)hp->n_kv_heads * hp->head_dim;
-    lcache *c = gr->st->caches[s->layer];
-    lcache_group lg = {.pos = s->rows[gr->row0].pos, .n = gr->n, .roles = s->roles + gr->row0};
-    pd_status rc = lcache_append(c, &lg, s->k + gr->row0 * kvd, s->v + gr->row0 * kvd, err);
-    for (uint32_t j = 0; rc == PD_OK && j < gr->n; j++)
-        rc = lcache_attend(c, j, s->q + (gr->row0 + j) * qd, s->att + (gr->row0 + j) * qd, err);
-    if (rc == PD_OK)
-        rc = lcache_end(c, err);
-    return rc;
-}
-
-static void attend_task(void *ctx, uint32_t task, uint32_t thread)
-{
-    (void)thread;
-    stage *s = ctx;
-    pd_err e = {0};
-    pd_status rc = group_attend(s, &s->groups[task], &e);
-    if (rc != PD_OK) {
-        /* first failure wins; the pool runs tasks on several threads */
-        if (__atomic_exchange_n(&s->task_status, rc, __ATOMIC_ACQ_REL) == PD_OK)
-            s->task_err = e;
-    }
-}
-
-static void stage_progress(const stage *s)
-{
-    if (s->cfg.progress)
-        s->cfg.progress(s->cfg.progress_ctx);
-}
-
-static void add_bias(float *x, const float *b, uint32_t n, uint32_t width)
-{
-    if (!b)
-        return;
-    for (uint32_t i = 0; i < n; i++)
-        for (uint32_t c = 0; c < width; c++)
-            x[(uint64_t)i * width + c] += b[c];
+    const stage *s = ctx;
+    s->cfg.progress(s->cfg.progress_ctx);
 }
 
 pd_status stage_forward(stage *s, const mb_row *rows, uint32_t n, float *x, pd_err *err)
@@ -326,53 +269,19 @@ pd_status stage_forward(stage *s, const mb_row *rows, uint32_t n, float *x, pd_e
     pd_status rc = forward_plan(s, rows, n, err);
     if (rc)
         return rc;
-
-    const model_hparams *hp = &s->hp;
-    const uint32_t H = hp->hidden, hd = hp->head_dim;
-    const uint32_t qd = hp->n_heads * hd, kvd = hp->n_kv_heads * hd;
-    pool *p = s->cfg.pool;
-    s->rows = rows;
+    const uint32_t H = s->hp.hidden;
+    const model_hooks hooks = {.progress = s->cfg.progress ? stage_progress : NULL, .ctx = s};
+    const model_batch b = {.n = n, .pos = s->pos, .roles = s->roles, .groups = s->mgroups, .n_groups = s->n_groups};
     if (s->cfg.trace && s->first == 0)
         s->cfg.trace(s->cfg.trace_ctx, 0, rows, n, x);
     for (uint32_t L = s->first; L < s->first + s->n_layers; L++) {
-        const model_layer *ly = model_layer_get(s->cfg.m, L);
-        for (uint32_t i = 0; i < n; i++)
-            model_rmsnorm(x + (uint64_t)i * H, ly->attn_norm, H, hp->rms_eps, s->h + (uint64_t)i * H);
-        gemm_run(ly->wq, s->h, n, s->q, p);
-        gemm_run(ly->wk, s->h, n, s->k, p);
-        gemm_run(ly->wv, s->h, n, s->v, p);
-        stage_progress(s);
-        add_bias(s->q, ly->bq, n, qd);
-        add_bias(s->k, ly->bk, n, kvd);
-        add_bias(s->v, ly->bv, n, kvd);
-        for (uint32_t i = 0; i < n; i++) {
-            model_rope_row(s->q + (uint64_t)i * qd, hp->n_heads, hd, rows[i].pos, hp->rope_base, hp->rope);
-            model_rope_row(s->k + (uint64_t)i * kvd, hp->n_kv_heads, hd, rows[i].pos, hp->rope_base, hp->rope);
-        }
-        s->layer = L;
-        s->task_status = PD_OK;
-        pd_err_clear(&s->task_err);
-        pool_run(p, s->n_groups, attend_task, s);
-        if (s->task_status != PD_OK) {
-            /* A cache refused mid-layer: the stage's state is no longer
-             * consistent across layers, so the run must stop. */
-            pd_err_set(err, s->task_status, "layer %u: %s", L, s->task_err.msg);
-            return s->task_status;
-        }
-        stage_progress(s);
-        gemm_run(ly->wo, s->att, n, s->o, p);
-        for (uint64_t i = 0; i < (uint64_t)n * H; i++)
-            x[i] = x[i] + s->o[i];
-        for (uint32_t i = 0; i < n; i++)
-            model_rmsnorm(x + (uint64_t)i * H, ly->ffn_norm, H, hp->rms_eps, s->h + (uint64_t)i * H);
-        gemm_run(ly->wgate, s->h, n, s->g, p);
-        gemm_run(ly->wup, s->h, n, s->u, p);
-        stage_progress(s);
-        model_swiglu(s->g, s->u, n * hp->ffn, s->g);
-        gemm_run(ly->wdown, s->g, n, s->o, p);
-        stage_progress(s);
-        for (uint64_t i = 0; i < (uint64_t)n * H; i++)
-            x[i] = x[i] + s->o[i];
+        for (uint32_t g = 0; g < s->n_groups; g++)
+            s->mgroups[g] = (model_group){.row0 = s->groups[g].row0, .n = s->groups[g].n,
+                                          .cache = s->groups[g].st->caches[L]};
+        /* A cache refused mid-layer: the stage's state is no longer
+         * consistent across layers, so the run must stop. */
+        if ((rc = model_layer_forward(s->cfg.m, L, &b, x, s->scratch, s->cfg.pool, &hooks, err)) != PD_OK)
+            return rc;
         if (s->half) {
             pd_f32_to_f16_n(x, s->half, (size_t)n * H);
             pd_f16_to_f32_n(s->half, x, (size_t)n * H);
