@@ -32,10 +32,13 @@ typedef struct stage_group {
     stage_stream *st;
 } stage_group;
 
+/* INV: weights[L] holds absolute layer L exactly for L in [first, first +
+ * n_layers), NULL elsewhere; first + n_layers <= hp.n_layers. */
 struct stage {
     stage_config cfg;
     model_hparams hp;
     uint32_t first, n_layers;
+    const model **weights; /* [hp.n_layers] the model holding each layer's weights */
     uint32_t group; /* Q heads per KV head */
     stage_stream *streams;
     uint32_t alive;
@@ -74,16 +77,20 @@ pd_status stage_new(const stage_config *cfg, stage **out, pd_err *err)
         stage_free(s);
         return st;
     }
+    s->weights = calloc(s->hp.n_layers, sizeof *s->weights);
     s->streams = calloc(cfg->max_streams, sizeof *s->streams);
     s->groups = calloc(R, sizeof *s->groups);
     s->mgroups = calloc(R, sizeof *s->mgroups);
     s->roles = calloc(R, sizeof *s->roles);
     s->pos = calloc(R, sizeof *s->pos);
     s->half = cfg->round_f16 ? malloc(R * s->hp.hidden * sizeof(uint16_t)) : NULL;
-    if ((cfg->round_f16 && !s->half) || !s->streams || !s->groups || !s->mgroups || !s->roles || !s->pos) {
+    if ((cfg->round_f16 && !s->half) || !s->weights || !s->streams || !s->groups || !s->mgroups || !s->roles ||
+        !s->pos) {
         stage_free(s);
         return pd_err_set(err, PD_ERR_NOMEM, "stage: out of memory for %u-row scratch", cfg->max_rows);
     }
+    for (uint32_t L = s->first; L < s->first + s->n_layers; L++)
+        s->weights[L] = cfg->m;
     *out = s;
     return PD_OK;
 }
@@ -105,6 +112,7 @@ void stage_free(stage *s)
     for (uint32_t i = 0; s->streams && i < s->cfg.max_streams; i++)
         if (s->streams[i].used)
             stream_free_caches(&s->streams[i], s->hp.n_layers);
+    free(s->weights);
     free(s->streams);
     free(s->groups);
     free(s->mgroups);
@@ -280,7 +288,7 @@ pd_status stage_forward(stage *s, const mb_row *rows, uint32_t n, float *x, pd_e
                                           .cache = s->groups[g].st->caches[L]};
         /* A cache refused mid-layer: the stage's state is no longer
          * consistent across layers, so the run must stop. */
-        if ((rc = model_layer_forward(s->cfg.m, L, &b, x, s->scratch, s->cfg.pool, &hooks, err)) != PD_OK)
+        if ((rc = model_layer_forward(s->weights[L], L, &b, x, s->scratch, s->cfg.pool, &hooks, err)) != PD_OK)
             return rc;
         if (s->half) {
             pd_f32_to_f16_n(x, s->half, (size_t)n * H);
@@ -352,14 +360,18 @@ pd_status stage_settle(stage *s, uint64_t stream, uint64_t pos, pd_err *err)
         return pd_err_set(err, PD_ERR_RANGE, "stage: settle: stream %llu is at position %llu, not %llu",
                           (unsigned long long)stream, (unsigned long long)st->pos,
                           (unsigned long long)pos);
+    /* a layer added but not imported yet holds nothing of the stream: it is
+     * skipped (its import will bring final rows) */
     for (uint32_t L = s->first; L < s->first + s->n_layers; L++)
-        if (lcache_position(st->caches[L]) != st->pos || st->pos - pos > lcache_rollback_limit(st->caches[L]))
+        if (lcache_position(st->caches[L]) == st->pos && st->pos - pos > lcache_rollback_limit(st->caches[L]))
             return pd_err_set(err, PD_ERR_RANGE,
                               "stage: settle: stream %llu cannot roll back from %llu to %llu in layer %u, more "
                               "than speculation allows",
                               (unsigned long long)stream, (unsigned long long)st->pos,
                               (unsigned long long)pos, L);
     for (uint32_t L = s->first; L < s->first + s->n_layers; L++) {
+        if (lcache_position(st->caches[L]) != st->pos)
+            continue;
         pd_status rc = lcache_settle(st->caches[L], pos, err);
         /* checked above: every container takes it */
         CHECKF(rc == PD_OK, "stage: settle: stream %llu layer %u: %s", (unsigned long long)stream, L,
@@ -380,6 +392,9 @@ pd_status stage_export_layer(const stage *s, uint64_t stream, uint32_t layer, ui
         return pd_err_set(err, PD_ERR_RANGE, "stage: export: layer %u is not in this stage's layers [%u, %u)",
                           layer, s->first, s->first + s->n_layers);
     const lcache *c = st->caches[layer];
+    if (lcache_position(c) != st->pos)
+        return pd_err_set(err, PD_ERR_REFUSED, "stage: export: stream %llu layer %u awaits its import",
+                          (unsigned long long)stream, layer);
     pd_status rc = lcache_wire_export(c, stage_layer_identity(s, layer), layer, 0, out, len, err);
     if (rc == PD_ERR_REFUSED && lcache_pending(c))
         pd_err_prefix(err, "stage: export: stream %llu layer %u (its last micro-batch is not final "
@@ -387,5 +402,100 @@ pd_status stage_export_layer(const stage *s, uint64_t stream, uint32_t layer, ui
                       (unsigned long long)stream, layer);
     else if (rc != PD_OK)
         pd_err_prefix(err, "stage: export: stream %llu layer %u", (unsigned long long)stream, layer);
+    return rc;
+}
+
+/* ---- the layer range ------------------------------------------------------ */
+
+void stage_layers(const stage *s, uint32_t *first, uint32_t *n)
+{
+    *first = s->first;
+    *n = s->n_layers;
+}
+
+pd_status stage_add_layers(stage *s, uint32_t first, uint32_t n, const model *weights, pd_err *err)
+{
+    if (n == 0)
+        return pd_err_set(err, PD_ERR_ARG, "stage: adding 0 layers");
+    if (first > s->hp.n_layers || n > s->hp.n_layers - first)
+        return pd_err_set(err, PD_ERR_RANGE, "stage: layers [%u, %u) are past the model's %u layers", first,
+                          first + n, s->hp.n_layers);
+    if (s->n_layers && first + n != s->first && first != s->first + s->n_layers)
+        return pd_err_set(err, PD_ERR_RANGE, "stage: layers [%u, %u) are not next to this stage's [%u, %u)",
+                          first, first + n, s->first, s->first + s->n_layers);
+    const model *w = weights ? weights : s->cfg.m;
+    if (first < model_first_layer(w) || first + n > model_first_layer(w) + model_layer_count(w))
+        return pd_err_set(err, PD_ERR_RANGE, "stage: the weights hold layers [%u, %u), not [%u, %u)",
+                          model_first_layer(w), model_first_layer(w) + model_layer_count(w), first, first + n);
+    if (w != s->cfg.m && model_digest(w) != model_digest(s->cfg.m))
+        return pd_err_set(err, PD_ERR_MISMATCH, "stage: the weights of layers [%u, %u) come from another model file",
+                          first, first + n);
+    /* every container first, so a failure leaves nothing behind */
+    pd_status rc = PD_OK;
+    for (uint32_t i = 0; i < s->cfg.max_streams && rc == PD_OK; i++) {
+        stage_stream *st = &s->streams[i];
+        if (!st->used)
+            continue;
+        lcache_config cc = stream_cache_config(s, st);
+        for (uint32_t L = first; L < first + n && rc == PD_OK; L++)
+            rc = lcache_new(&cc, &st->caches[L], err);
+    }
+    if (rc != PD_OK) {
+        for (uint32_t i = 0; i < s->cfg.max_streams; i++)
+            for (uint32_t L = first; s->streams[i].used && L < first + n; L++) {
+                lcache_free(s->streams[i].caches[L]);
+                s->streams[i].caches[L] = NULL;
+            }
+        pd_err_prefix(err, "stage: adding layers [%u, %u)", first, first + n);
+        return rc;
+    }
+    for (uint32_t L = first; L < first + n; L++)
+        s->weights[L] = w;
+    if (s->n_layers == 0 || first < s->first)
+        s->first = first;
+    s->n_layers += n;
+    return PD_OK;
+}
+
+pd_status stage_remove_layers(stage *s, uint32_t first, uint32_t n, pd_err *err)
+{
+    if (n == 0)
+        return pd_err_set(err, PD_ERR_ARG, "stage: removing 0 layers");
+    uint32_t end = s->first + s->n_layers;
+    if (first < s->first || first > end || n > end - first || (first != s->first && first + n != end))
+        return pd_err_set(err, PD_ERR_RANGE, "stage: layers [%u, %u) are not at an end of this stage's [%u, %u)",
+                          first, first + n, s->first, end);
+    for (uint32_t i = 0; i < s->cfg.max_streams; i++)
+        for (uint32_t L = first; s->streams[i].used && L < first + n; L++) {
+            lcache_free(s->streams[i].caches[L]);
+            s->streams[i].caches[L] = NULL;
+        }
+    for (uint32_t L = first; L < first + n; L++)
+        s->weights[L] = NULL;
+    if (first == s->first)
+        s->first += n;
+    s->n_layers -= n;
+    return PD_OK;
+}
+
+pd_status stage_import_layer(stage *s, uint64_t stream, uint32_t layer, const void *buf, size_t len, pd_err *err)
+{
+    stage_stream *st = stream_find(s, stream);
+    if (!st)
+        return pd_err_set(err, PD_ERR_ARG, "stage: import: stream %llu was never admitted",
+                          (unsigned long long)stream);
+    if (layer < s->first || layer - s->first >= s->n_layers)
+        return pd_err_set(err, PD_ERR_RANGE, "stage: import: layer %u is not in this stage's layers [%u, %u)",
+                          layer, s->first, s->first + s->n_layers);
+    for (uint32_t L = s->first; L < s->first + s->n_layers; L++)
+        if (L != layer && lcache_pending(st->caches[L]))
+            return pd_err_set(err, PD_ERR_REFUSED,
+                              "stage: import: stream %llu has rows that are not final yet (layer %u): "
+                              "stage_settle first",
+                              (unsigned long long)stream, L);
+    pd_status rc = lcache_wire_import(st->caches[layer], stage_layer_identity(s, layer), layer, st->pos, buf, len,
+                                      0, err);
+    if (rc != PD_OK)
+        pd_err_prefix(err, "stage: import: stream %llu layer %u", (unsigned long long)stream, layer);
     return rc;
 }

@@ -105,7 +105,9 @@ uint64_t stage_layer_identity(const stage *s, uint32_t layer);
  * (lcache_rollback_limit: a ring's pending verify rows; a kv layer's rows of
  * the last micro-batch, at most max_drafts + 1).
  * Afterwards every layer of the stream exports. Calling it with pos = the
- * stream's next position is the "nothing was rejected" settle.
+ * stream's next position is the "nothing was rejected" settle. A layer added
+ * but not imported yet (stage_add_layers) holds nothing of the stream and is
+ * left alone.
  * Errors: PD_ERR_ARG unknown stream; PD_ERR_RANGE pos ahead of the stream or
  * further back than speculation allows (nothing changed on either). */
 pd_status stage_settle(stage *s, uint64_t stream, uint64_t pos, pd_err *err);
@@ -135,6 +137,55 @@ pd_status stage_settle(stage *s, uint64_t stream, uint64_t pos, pd_err *err);
  * describe; PD_ERR_NOMEM. */
 pd_status stage_export_layer(const stage *s, uint64_t stream, uint32_t layer, uint8_t **out,
                              size_t *len, pd_err *err);
+
+/* ---- the layer range of a running stage (live migration) ----------------
+ *
+ * A stage runs a contiguous range of absolute layers, at first the range of
+ * its model. Layers can leave either end and join either end while streams
+ * are alive; a moving layer's cache state travels as one CMFS record per
+ * stream (stage_export_layer on the giver, stage_import_layer on the
+ * receiver). Protocol at a step boundary: stage_settle every stream at its
+ * accepted position on both stages (records then hold final rows only, and
+ * the receiver's other layers have nothing pending); export; add on the
+ * receiver; import; remove on the giver. Forwarding a stream whose new layer
+ * has not been imported yet is refused, so a half-done move cannot silently
+ * compute with an empty cache. */
+
+/* The stage's current range: layers [*first, *first + *n). */
+void stage_layers(const stage *s, uint32_t *first, uint32_t *n);
+
+/* Adds layers [first, first + n) next to the range (first + n == the range's
+ * first, or first == its end; a stage without layers takes any range). Their
+ * weights come from `weights`, which must hold them and be loaded from the
+ * same file (model_digest) with the same GEMM backend as the stage's model;
+ * NULL = the stage's own model. Borrowed: must outlive the stage or the
+ * layers' removal. Every alive stream gets an empty container per new layer:
+ * a stream still at position 0 goes on as it is, any other needs
+ * stage_import_layer for each new layer before its next micro-batch (until
+ * then stage_forward refuses its rows, stage_export_layer refuses that
+ * layer, and stage_settle leaves it alone).
+ * Errors, nothing changed: PD_ERR_ARG n == 0; PD_ERR_RANGE not adjacent, past
+ * the model's layers or not held by weights; PD_ERR_MISMATCH weights of
+ * another file; PD_ERR_NOMEM. */
+pd_status stage_add_layers(stage *s, uint32_t first, uint32_t n, const model *weights, pd_err *err);
+
+/* Removes layers [first, first + n) at either end of the range (all of them
+ * is allowed: the stage then passes rows through unchanged) and frees every
+ * stream's containers of those layers (export them first). PD_ERR_ARG n == 0,
+ * PD_ERR_RANGE a range not at an end (nothing changed). */
+pd_status stage_remove_layers(stage *s, uint32_t first, uint32_t n, pd_err *err);
+
+/* Replaces stream's cache state of absolute layer `layer` with a record
+ * written by stage_export_layer on any stage of the same model file and
+ * policy (identity stage_layer_identity(s, layer), the record's layer, kind
+ * and geometry are checked). The stream's position on this stage is what the
+ * record stands for (a kv depth below it is accepted only under eviction).
+ * Errors, nothing changed: PD_ERR_ARG unknown stream; PD_ERR_RANGE layer
+ * outside the range; PD_ERR_REFUSED the stream has rows not yet final in
+ * another layer (stage_settle first); the wire's refusals (PD_ERR_MISMATCH,
+ * PD_ERR_FORMAT, PD_ERR_TRUNCATED, ...). */
+pd_status stage_import_layer(stage *s, uint64_t stream, uint32_t layer, const void *buf, size_t len,
+                             pd_err *err);
 
 /* Bytes one stream's caches take at admission (for admission budgets). */
 uint64_t stage_stream_bytes_estimate(const model_hparams *hp, const cache_policy *p,
