@@ -8,6 +8,7 @@
 #include "base/check.h"
 #include "base/fp16.h"
 #include "cluster/format/gguf.h"
+#include "cluster/model/rope.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -30,6 +31,7 @@ struct model {
     int digest_done;
     const void *token_types; /* int32 array in the file or NULL */
     uint64_t n_token_types;
+    rope_table *rope;        /* angles of positions [0, min(ctx, MODEL_ROPE_TABLE_POSITIONS)); NULL without layers */
 };
 
 static const char *const model_arch_names[MODEL_ARCH_COUNT] = {
@@ -339,6 +341,10 @@ pd_status model_load(const char *path, const model_load_opts *opts, model **out,
         for (uint32_t i = 0; st == PD_OK && i < m->n_layers; i++)
             st = layer_load(m, m->first + i, &m->layers[i], opts->backend, err);
     }
+    if (st == PD_OK && m->n_layers) {
+        uint32_t n_pos = m->hp.ctx < MODEL_ROPE_TABLE_POSITIONS ? m->hp.ctx : MODEL_ROPE_TABLE_POSITIONS;
+        st = rope_table_new(m->hp.rope_base, m->hp.head_dim, n_pos, m->alloc, &m->rope, err);
+    }
     if (st == PD_OK && (opts->want_embed || (opts->want_output && m->hp.tied_output)))
         st = tensor_get(m->file, "token_embd.weight", m->hp.hidden, m->hp.vocab, &m->embd, err);
     if (st == PD_OK && opts->want_output) {
@@ -376,6 +382,7 @@ void model_free(model *m)
     for (uint32_t i = 0; m->layers && i < m->n_layers; i++)
         layer_free(m, &m->layers[i]);
     free(m->layers);
+    rope_table_free(m->rope);
     gemm_free(m->out);
     pd_free_bytes(m->alloc, m->out_norm, m->hp.hidden * sizeof(float));
     gguf_close(m->file);
@@ -386,6 +393,11 @@ void model_free(model *m)
 const model_hparams *model_hp(const model *m) { return &m->hp; }
 uint32_t model_first_layer(const model *m) { return m->first; }
 uint32_t model_layer_count(const model *m) { return m->n_layers; }
+
+const rope_table *model_rope_table(const model *m)
+{
+    return m->rope;
+}
 
 const model_layer *model_layer_get(const model *m, uint32_t layer)
 {
@@ -639,9 +651,10 @@ pd_status model_layer_forward(const model *m, uint32_t layer, const model_batch 
     add_bias(s->q, ly->bq, n, qd);
     add_bias(s->k, ly->bk, n, kvd);
     add_bias(s->v, ly->bv, n, kvd);
+    const rope_pairs pairs = hp->rope == MODEL_ROPE_NORM ? ROPE_PAIRS_ADJACENT : ROPE_PAIRS_HALVES;
     for (uint32_t i = 0; i < n; i++) {
-        model_rope_row(s->q + (uint64_t)i * qd, hp->n_heads, hd, b->pos[i], hp->rope_base, hp->rope);
-        model_rope_row(s->k + (uint64_t)i * kvd, hp->n_kv_heads, hd, b->pos[i], hp->rope_base, hp->rope);
+        rope_table_apply(m->rope, s->q + (uint64_t)i * qd, hp->n_heads, b->pos[i], pairs);
+        rope_table_apply(m->rope, s->k + (uint64_t)i * kvd, hp->n_kv_heads, b->pos[i], pairs);
     }
     attend_ctx a = {.b = b, .s = s, .qd = qd, .kvd = kvd, .status = PD_OK};
     pool_run(p, b->n_groups, attend_task, &a);
@@ -672,15 +685,12 @@ void model_rmsnorm(const float *x, const float *w, uint32_t n, float eps, float 
 void model_rope_row(float *x, uint32_t n_heads, uint32_t head_dim, uint64_t pos, float base,
                     model_rope style)
 {
+    /* the table's routine, one row: the same bits as a model's table */
     uint32_t half = head_dim / 2;
     float cs[512], sn[512];
     CHECK(half <= 512);
-    for (uint32_t i = 0; i < half; i++) {
-        double freq = pow((double)base, -2.0 * (double)i / (double)head_dim);
-        double ang = (double)pos * freq;
-        cs[i] = (float)cos(ang);
-        sn[i] = (float)sin(ang);
-    }
+    for (uint32_t i = 0; i < half; i++)
+        rope_angle(pos, rope_freq(base, head_dim, i), &cs[i], &sn[i]);
     for (uint32_t h = 0; h < n_heads; h++) {
         float *v = x + (size_t)h * head_dim;
         for (uint32_t i = 0; i < half; i++) {

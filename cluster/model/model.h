@@ -25,6 +25,7 @@
 #include "cache/layer_cache.h"
 #include "cluster/model/gemm.h"
 #include "cluster/model/pool.h"
+#include "cluster/model/rope.h"
 
 #include <stdint.h>
 
@@ -97,6 +98,13 @@ uint32_t model_first_layer(const model *m);
 uint32_t model_layer_count(const model *m);
 /* Layer `layer` (absolute index) of this model's range. */
 const model_layer *model_layer_get(const model *m, uint32_t layer);
+/* Positions a model's RoPE table covers at most: min(ctx, this). Rows past
+ * it are computed by the same routine (the same bits, slower). With
+ * head_dim 128 the full table takes 64 MiB. */
+#define MODEL_ROPE_TABLE_POSITIONS (1u << 17)
+/* The RoPE angles of this model's layers (cluster/model/rope.h), built once
+ * at load when the model holds layers (NULL otherwise). Borrowed. */
+const rope_table *model_rope_table(const model *m);
 /* 64-bit digest of the whole file's tensor data and metadata (cached). */
 uint64_t model_digest(const model *m);
 /* Bytes of packed weights this model holds. */
@@ -172,7 +180,9 @@ void model_ffn(const model *m, uint32_t layer, const float *h, uint32_t n, float
 
 /* y = x * (1 / sqrt(mean(x^2) + eps)) * w, per row of n; mean via attn_dot8. */
 void model_rmsnorm(const float *x, const float *w, uint32_t n, float eps, float *y);
-/* Rotates one row of n_heads heads of head_dim in place for absolute position pos. */
+/* Rotates one row of n_heads heads of head_dim in place for absolute
+ * position pos, with angles from rope_freq / rope_angle computed for this
+ * call (no table): the bits a model's table gives. */
 void model_rope_row(float *x, uint32_t n_heads, uint32_t head_dim, uint64_t pos, float base,
                     model_rope style);
 /* a[i] = silu(g[i]) * u[i] with silu(x) = x / (1 + pd_expf(-x)). */
