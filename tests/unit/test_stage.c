@@ -1207,6 +1207,7 @@ START_TEST(stage_layer_changes_refuse_what_would_break_the_range)
     snap after = snap_stage(s, 1);
     snap_assert_equal(&after, &before, "refused layer changes");
     snap_free(&after);
+    snap_free(&before);
     /* a layer in the middle cannot go */
     ck_assert_int_eq(stage_add_layers(s, 2, 1, mdl, &e), PD_OK);
     ck_assert_int_eq(stage_remove_layers(s, 1, 1, &e), PD_ERR_RANGE);
