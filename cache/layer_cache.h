@@ -129,7 +129,13 @@ pd_status lcache_group_check(const lcache *c, const lcache_group *g, uint32_t *r
  * [n x n_kv_heads x head_dim]; borrowed until lcache_end. Validates g as
  * lcache_group_check first (nothing changed on refusal). Afterwards the
  * position is g->pos + n and the n rows are pending. PD_ERR_NOMEM when a kv
- * layer cannot grow (the rows appended before stay: the stream must stop). */
+ * layer cannot grow (the rows appended before stay: the stream must stop).
+ * Known difference: eviction runs once per group, so a group of several
+ * decode / verify rows ([decode p, verify p+1 .. p+4]) sees fewer rows than
+ * the same rows as sequential groups of one. Evicting before each row would
+ * equal the sequential steps, but a kv eviction is a confirm point (it drops
+ * the undo data), so rejected verify rows could then no longer be rolled
+ * back without a trace; that needs an eviction the kv layer can undo. */
 pd_status lcache_append(lcache *c, const lcache_group *g, const float *k, const float *v,
                         pd_err *err);
 

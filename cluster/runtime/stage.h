@@ -1,5 +1,6 @@
 /* stage: one pipeline stage — a contiguous layer range, the per-stream caches
- * of those layers, and the forward pass of a micro-batch through them.
+ * of those layers, and the scheduling of a micro-batch through them (the
+ * layer math is the model's: model_layer_forward).
  *
  * With one rank the stage holds every layer (head and tail are the same
  * process). Each stream gets, per layer, a layer cache container
@@ -29,7 +30,8 @@
 typedef struct stage stage;
 
 typedef struct stage_config {
-    const model *m;           /* borrowed: the layers this stage runs */
+    const model *m;           /* borrowed: the layers this stage starts with (the
+                                 range can change: stage_add_layers) */
     cache_policy policy;
     uint32_t max_rows;        /* rows per micro-batch */
     uint32_t max_streams;     /* streams alive at once */
@@ -67,7 +69,9 @@ uint32_t stage_streams(const stage *s);
 /* Runs rows [n] with hidden states x [n x hidden] (overwritten with the
  * output of the stage's last layer). Validates the rows first (known
  * streams, contiguous increasing positions, no position beyond what the
- * stage holds): PD_ERR_FORMAT naming the row, nothing changed. */
+ * stage holds, rollbacks and role sequences every container of the stream
+ * accepts (lcache_group_check), no layer awaiting its import):
+ * PD_ERR_FORMAT naming the row, nothing changed. */
 pd_status stage_forward(stage *s, const mb_row *rows, uint32_t n, float *x, pd_err *err);
 
 /* Cache bytes of every alive stream (attention state + recurrent state). */
