@@ -4,7 +4,7 @@
  * Pair i of a head (i < head_dim / 2) rotates by the angle
  *     theta(pos, i) = pos (x) f_i,   f_i = base ^ x_i,   x_i = -(2i) (/) head_dim
  * where (x) and (/) are one IEEE double multiplication / division, and f_i
- * is the double nearest to base ^ x_i (computed in double-double, ~2^-100
+ * is the double nearest to base ^ x_i (computed in double-double, ~2^-94
  * relative error, then rounded: the correctly rounded value except in
  * cases too close to a rounding boundary to occur in practice). This is the
  * angle of the usual `pos * pow(base, -2.0 * i / head_dim)` with a correctly
