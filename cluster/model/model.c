@@ -1,11 +1,14 @@
-/* model: GGUF hyperparameters, weight packing for one layer range, and the
- * row-local math every stage shares (RMSNorm, RoPE, SwiGLU). */
+/* model: GGUF hyperparameters, weight packing for one layer range, the layer
+ * math of a micro-batch (attention through the layer cache containers, the
+ * per-layer feed-forward kinds) and the row-local math every stage shares
+ * (RMSNorm, RoPE, SwiGLU). */
 #include "cluster/model/model.h"
 
 #include "cache/attn.h"
 #include "base/check.h"
 #include "base/fp16.h"
 #include "cluster/format/gguf.h"
+#include "cluster/model/rope.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -28,6 +31,7 @@ struct model {
     int digest_done;
     const void *token_types; /* int32 array in the file or NULL */
     uint64_t n_token_types;
+    rope_table *rope;        /* angles of positions [0, min(ctx, MODEL_ROPE_TABLE_POSITIONS)); NULL without layers */
 };
 
 static const char *const model_arch_names[MODEL_ARCH_COUNT] = {
@@ -235,6 +239,14 @@ static pd_status mat_load(const model *m, const char *name, uint64_t in, uint64_
     return st;
 }
 
+/* The feed-forward kind of layer L: llama and qwen2 are dense throughout. */
+static model_ffn_kind ffn_kind_of(const model_hparams *hp, uint32_t L)
+{
+    (void)hp;
+    (void)L;
+    return MODEL_FFN_SWIGLU;
+}
+
 static pd_status layer_load(model *m, uint32_t L, model_layer *ly, gemm_backend be, pd_err *err)
 {
     const model_hparams *hp = &m->hp;
@@ -247,11 +259,19 @@ static pd_status layer_load(model *m, uint32_t L, model_layer *ly, gemm_backend 
         (st = mat_load(m, LNAME("attn_q.weight"), hp->hidden, q_out, be, &ly->wq, err)) ||
         (st = mat_load(m, LNAME("attn_k.weight"), hp->hidden, kv_out, be, &ly->wk, err)) ||
         (st = mat_load(m, LNAME("attn_v.weight"), hp->hidden, kv_out, be, &ly->wv, err)) ||
-        (st = mat_load(m, LNAME("attn_output.weight"), q_out, hp->hidden, be, &ly->wo, err)) ||
-        (st = mat_load(m, LNAME("ffn_gate.weight"), hp->hidden, hp->ffn, be, &ly->wgate, err)) ||
-        (st = mat_load(m, LNAME("ffn_up.weight"), hp->hidden, hp->ffn, be, &ly->wup, err)) ||
-        (st = mat_load(m, LNAME("ffn_down.weight"), hp->ffn, hp->hidden, be, &ly->wdown, err)))
+        (st = mat_load(m, LNAME("attn_output.weight"), q_out, hp->hidden, be, &ly->wo, err)))
         return st;
+    ly->ffn = ffn_kind_of(hp, L);
+    switch (ly->ffn) {
+    case MODEL_FFN_SWIGLU:
+        if ((st = mat_load(m, LNAME("ffn_gate.weight"), hp->hidden, hp->ffn, be, &ly->wgate, err)) ||
+            (st = mat_load(m, LNAME("ffn_up.weight"), hp->hidden, hp->ffn, be, &ly->wup, err)) ||
+            (st = mat_load(m, LNAME("ffn_down.weight"), hp->ffn, hp->hidden, be, &ly->wdown, err)))
+            return st;
+        break;
+    default:
+        CHECKF(0, "layer %u: feed-forward kind %u", L, (unsigned)ly->ffn);
+    }
     if (hp->qkv_bias) {
         if ((st = vec_load(m, LNAME("attn_q.bias"), q_out, &ly->bq, err)) ||
             (st = vec_load(m, LNAME("attn_k.bias"), kv_out, &ly->bk, err)) ||
@@ -321,6 +341,10 @@ pd_status model_load(const char *path, const model_load_opts *opts, model **out,
         for (uint32_t i = 0; st == PD_OK && i < m->n_layers; i++)
             st = layer_load(m, m->first + i, &m->layers[i], opts->backend, err);
     }
+    if (st == PD_OK && m->n_layers) {
+        uint32_t n_pos = m->hp.ctx < MODEL_ROPE_TABLE_POSITIONS ? m->hp.ctx : MODEL_ROPE_TABLE_POSITIONS;
+        st = rope_table_new(m->hp.rope_base, m->hp.head_dim, n_pos, m->alloc, &m->rope, err);
+    }
     if (st == PD_OK && (opts->want_embed || (opts->want_output && m->hp.tied_output)))
         st = tensor_get(m->file, "token_embd.weight", m->hp.hidden, m->hp.vocab, &m->embd, err);
     if (st == PD_OK && opts->want_output) {
@@ -358,6 +382,7 @@ void model_free(model *m)
     for (uint32_t i = 0; m->layers && i < m->n_layers; i++)
         layer_free(m, &m->layers[i]);
     free(m->layers);
+    rope_table_free(m->rope);
     gemm_free(m->out);
     pd_free_bytes(m->alloc, m->out_norm, m->hp.hidden * sizeof(float));
     gguf_close(m->file);
@@ -368,6 +393,11 @@ void model_free(model *m)
 const model_hparams *model_hp(const model *m) { return &m->hp; }
 uint32_t model_first_layer(const model *m) { return m->first; }
 uint32_t model_layer_count(const model *m) { return m->n_layers; }
+
+const rope_table *model_rope_table(const model *m)
+{
+    return m->rope;
+}
 
 const model_layer *model_layer_get(const model *m, uint32_t layer)
 {
@@ -381,8 +411,9 @@ uint64_t model_weight_bytes(const model *m)
     uint64_t b = 0;
     for (uint32_t i = 0; i < m->n_layers; i++) {
         const model_layer *ly = &m->layers[i];
-        b += gemm_bytes(ly->wq) + gemm_bytes(ly->wk) + gemm_bytes(ly->wv) + gemm_bytes(ly->wo) +
-             gemm_bytes(ly->wgate) + gemm_bytes(ly->wup) + gemm_bytes(ly->wdown);
+        b += gemm_bytes(ly->wq) + gemm_bytes(ly->wk) + gemm_bytes(ly->wv) + gemm_bytes(ly->wo);
+        if (ly->ffn == MODEL_FFN_SWIGLU)
+            b += gemm_bytes(ly->wgate) + gemm_bytes(ly->wup) + gemm_bytes(ly->wdown);
     }
     if (m->out)
         b += gemm_bytes(m->out);
@@ -491,6 +522,196 @@ int32_t model_token_type(const model *m, uint32_t id)
     return gguf_arr_i32_at(m->token_types, id);
 }
 
+/* ---- one layer of a micro-batch ------------------------------------------ */
+
+/* INV: every buffer holds rows x its width floats (64-byte aligned). */
+struct model_scratch {
+    uint32_t rows;
+    float *h, *o;   /* [rows x hidden] */
+    float *q, *att; /* [rows x n_heads * head_dim] */
+    float *k, *v;   /* [rows x n_kv_heads * head_dim] */
+    float *g, *u;   /* SWIGLU: [rows x ffn] */
+};
+
+static float *scratch_f(uint64_t n)
+{
+    return n ? aligned_alloc(64, ((n * sizeof(float)) + 63) & ~(uint64_t)63) : NULL;
+}
+
+pd_status model_scratch_new(const model_hparams *hp, uint32_t max_rows, model_scratch **out, pd_err *err)
+{
+    if (max_rows == 0)
+        return pd_err_set(err, PD_ERR_ARG, "model: scratch for 0 rows");
+    model_scratch *s = calloc(1, sizeof *s);
+    if (!s)
+        return pd_err_set(err, PD_ERR_NOMEM, "model: out of memory");
+    uint64_t R = max_rows, qd = (uint64_t)hp->n_heads * hp->head_dim, kvd = (uint64_t)hp->n_kv_heads * hp->head_dim;
+    s->rows = max_rows;
+    s->h = scratch_f(R * hp->hidden);
+    s->o = scratch_f(R * hp->hidden);
+    s->q = scratch_f(R * qd);
+    s->att = scratch_f(R * qd);
+    s->k = scratch_f(R * kvd);
+    s->v = scratch_f(R * kvd);
+    s->g = scratch_f(R * hp->ffn);
+    s->u = scratch_f(R * hp->ffn);
+    if (!s->h || !s->o || !s->q || !s->att || !s->k || !s->v || !s->g || !s->u) {
+        model_scratch_free(s);
+        return pd_err_set(err, PD_ERR_NOMEM, "model: out of memory for %u-row scratch", max_rows);
+    }
+    *out = s;
+    return PD_OK;
+}
+
+void model_scratch_free(model_scratch *s)
+{
+    if (!s)
+        return;
+    free(s->h);
+    free(s->o);
+    free(s->q);
+    free(s->att);
+    free(s->k);
+    free(s->v);
+    free(s->g);
+    free(s->u);
+    free(s);
+}
+
+uint32_t model_scratch_rows(const model_scratch *s)
+{
+    return s->rows;
+}
+
+static void hooks_progress(const model_hooks *hk)
+{
+    if (hk && hk->progress)
+        hk->progress(hk->ctx);
+}
+
+/* ---- feed-forward kinds: one routine each, dispatched per layer ---------- */
+
+typedef void (*model_ffn_fn)(const model_layer *ly, const model_hparams *hp, const float *h, uint32_t n,
+                             float *out, model_scratch *s, pool *p, const model_hooks *hk);
+
+static void ffn_swiglu(const model_layer *ly, const model_hparams *hp, const float *h, uint32_t n, float *out,
+                       model_scratch *s, pool *p, const model_hooks *hk)
+{
+    gemm_run(ly->wgate, h, n, s->g, p);
+    gemm_run(ly->wup, h, n, s->u, p);
+    hooks_progress(hk);
+    model_swiglu(s->g, s->u, n * hp->ffn, s->g);
+    gemm_run(ly->wdown, s->g, n, out, p);
+    hooks_progress(hk);
+}
+
+static const struct {
+    const char *name;
+    model_ffn_fn run;
+} ffn_kinds[] = {
+    [MODEL_FFN_SWIGLU] = {"swiglu", ffn_swiglu},
+};
+_Static_assert(sizeof ffn_kinds / sizeof ffn_kinds[0] == MODEL_FFN_KIND_COUNT,
+               "every feed-forward kind has a routine");
+
+const char *model_ffn_kind_name(model_ffn_kind k)
+{
+    return (unsigned)k < MODEL_FFN_KIND_COUNT ? ffn_kinds[k].name : "unknown";
+}
+
+void model_ffn(const model *m, uint32_t layer, const float *h, uint32_t n, float *out, model_scratch *s,
+               pool *p, const model_hooks *hooks)
+{
+    const model_layer *ly = model_layer_get(m, layer);
+    CHECKF(n <= s->rows, "model: %u rows, scratch of %u", n, s->rows);
+    CHECKF((unsigned)ly->ffn < MODEL_FFN_KIND_COUNT, "layer %u: feed-forward kind %u", layer, (unsigned)ly->ffn);
+    ffn_kinds[ly->ffn].run(ly, &m->hp, h, n, out, s, p, hooks);
+}
+
+/* ---- attention: one pool task per group ---------------------------------- */
+
+typedef struct attend_ctx {
+    const model_batch *b;
+    model_scratch *s;
+    uint64_t qd, kvd;
+    pd_status status;
+    pd_err err;
+} attend_ctx;
+
+static pd_status group_attend(const attend_ctx *a, const model_group *gr, pd_err *err)
+{
+    const model_scratch *s = a->s;
+    lcache_group lg = {.pos = a->b->pos[gr->row0], .n = gr->n, .roles = a->b->roles + gr->row0};
+    pd_status rc = lcache_append(gr->cache, &lg, s->k + gr->row0 * a->kvd, s->v + gr->row0 * a->kvd, err);
+    for (uint32_t j = 0; rc == PD_OK && j < gr->n; j++)
+        rc = lcache_attend(gr->cache, j, s->q + (gr->row0 + j) * a->qd, s->att + (gr->row0 + j) * a->qd, err);
+    if (rc == PD_OK)
+        rc = lcache_end(gr->cache, err);
+    return rc;
+}
+
+static void attend_task(void *ctx, uint32_t task, uint32_t thread)
+{
+    (void)thread;
+    attend_ctx *a = ctx;
+    pd_err e = {0};
+    pd_status rc = group_attend(a, &a->b->groups[task], &e);
+    if (rc != PD_OK) {
+        /* first failure wins; the pool runs tasks on several threads */
+        if (__atomic_exchange_n(&a->status, rc, __ATOMIC_ACQ_REL) == PD_OK)
+            a->err = e;
+    }
+}
+
+static void add_bias(float *x, const float *b, uint32_t n, uint32_t width)
+{
+    if (!b)
+        return;
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t c = 0; c < width; c++)
+            x[(uint64_t)i * width + c] += b[c];
+}
+
+pd_status model_layer_forward(const model *m, uint32_t layer, const model_batch *b, float *x,
+                              model_scratch *s, pool *p, const model_hooks *hooks, pd_err *err)
+{
+    const model_hparams *hp = &m->hp;
+    const model_layer *ly = model_layer_get(m, layer);
+    const uint32_t H = hp->hidden, hd = hp->head_dim, n = b->n;
+    const uint32_t qd = hp->n_heads * hd, kvd = hp->n_kv_heads * hd;
+    CHECKF(n <= s->rows, "model: %u rows, scratch of %u", n, s->rows);
+    if (n == 0)
+        return PD_OK;
+    for (uint32_t i = 0; i < n; i++)
+        model_rmsnorm(x + (uint64_t)i * H, ly->attn_norm, H, hp->rms_eps, s->h + (uint64_t)i * H);
+    gemm_run(ly->wq, s->h, n, s->q, p);
+    gemm_run(ly->wk, s->h, n, s->k, p);
+    gemm_run(ly->wv, s->h, n, s->v, p);
+    hooks_progress(hooks);
+    add_bias(s->q, ly->bq, n, qd);
+    add_bias(s->k, ly->bk, n, kvd);
+    add_bias(s->v, ly->bv, n, kvd);
+    const rope_pairs pairs = hp->rope == MODEL_ROPE_NORM ? ROPE_PAIRS_ADJACENT : ROPE_PAIRS_HALVES;
+    for (uint32_t i = 0; i < n; i++) {
+        rope_table_apply(m->rope, s->q + (uint64_t)i * qd, hp->n_heads, b->pos[i], pairs);
+        rope_table_apply(m->rope, s->k + (uint64_t)i * kvd, hp->n_kv_heads, b->pos[i], pairs);
+    }
+    attend_ctx a = {.b = b, .s = s, .qd = qd, .kvd = kvd, .status = PD_OK};
+    pool_run(p, b->n_groups, attend_task, &a);
+    if (a.status != PD_OK)
+        return pd_err_set(err, a.status, "layer %u: %s", layer, a.err.msg);
+    hooks_progress(hooks);
+    gemm_run(ly->wo, s->att, n, s->o, p);
+    for (uint64_t i = 0; i < (uint64_t)n * H; i++)
+        x[i] = x[i] + s->o[i];
+    for (uint32_t i = 0; i < n; i++)
+        model_rmsnorm(x + (uint64_t)i * H, ly->ffn_norm, H, hp->rms_eps, s->h + (uint64_t)i * H);
+    model_ffn(m, layer, s->h, n, s->o, s, p, hooks);
+    for (uint64_t i = 0; i < (uint64_t)n * H; i++)
+        x[i] = x[i] + s->o[i];
+    return PD_OK;
+}
+
 /* ---- row-local math ----------------------------------------------------- */
 
 void model_rmsnorm(const float *x, const float *w, uint32_t n, float eps, float *y)
@@ -504,15 +725,12 @@ void model_rmsnorm(const float *x, const float *w, uint32_t n, float eps, float 
 void model_rope_row(float *x, uint32_t n_heads, uint32_t head_dim, uint64_t pos, float base,
                     model_rope style)
 {
+    /* the table's routine, one row: the same bits as a model's table */
     uint32_t half = head_dim / 2;
     float cs[512], sn[512];
     CHECK(half <= 512);
-    for (uint32_t i = 0; i < half; i++) {
-        double freq = pow((double)base, -2.0 * (double)i / (double)head_dim);
-        double ang = (double)pos * freq;
-        cs[i] = (float)cos(ang);
-        sn[i] = (float)sin(ang);
-    }
+    for (uint32_t i = 0; i < half; i++)
+        rope_angle(pos, rope_freq(base, head_dim, i), &cs[i], &sn[i]);
     for (uint32_t h = 0; h < n_heads; h++) {
         float *v = x + (size_t)h * head_dim;
         for (uint32_t i = 0; i < half; i++) {

@@ -11,14 +11,21 @@
  * Supported: architectures "llama" (RoPE normal: pairs (2i, 2i+1)) and
  * "qwen2" (RoPE NeoX: pairs (i, i + d/2), Q/K/V biases); RMSNorm, GQA,
  * SwiGLU MLP; tensor types F32, F16, BF16, Q8_0. Anything else is refused
- * with its name. */
+ * with its name.
+ *
+ * The model also computes: model_layer_forward runs one layer for the rows of
+ * a micro-batch, attending through each stream's layer cache container
+ * (cache/layer_cache.h); the stage only decides which rows, groups, caches
+ * and threads. */
 #ifndef PD_MODEL_H
 #define PD_MODEL_H
 
 #include "base/alloc.h"
 #include "base/status.h"
+#include "cache/layer_cache.h"
 #include "cluster/model/gemm.h"
 #include "cluster/model/pool.h"
+#include "cluster/model/rope.h"
 
 #include <stdint.h>
 
@@ -45,10 +52,23 @@ typedef struct model_hparams {
     model_vocab_kind vocab_kind;
 } model_hparams;
 
+/* The feed-forward of a layer, chosen per layer at load (an architecture
+ * may mix kinds, e.g. a dense first layer before mixture-of-experts layers).
+ * Each kind names the weights of model_layer it uses and one routine
+ * (model_ffn dispatches). */
+typedef enum model_ffn_kind {
+    MODEL_FFN_SWIGLU, /* dense: (silu(h Wgate^T) * h Wup^T) Wdown^T */
+    MODEL_FFN_KIND_COUNT
+} model_ffn_kind;
+
+/* "swiglu"; "unknown" out of range. */
+const char *model_ffn_kind_name(model_ffn_kind k);
+
 /* One layer's weights. Matrices are [out x in] as in GGUF. */
 typedef struct model_layer {
     gemm_w *wq, *wk, *wv, *wo;      /* [n_heads*hd x hidden], [n_kv*hd x hidden] x2, [hidden x n_heads*hd] */
-    gemm_w *wgate, *wup, *wdown;    /* [ffn x hidden] x2, [hidden x ffn] */
+    model_ffn_kind ffn;             /* which feed-forward runs, and which weights below it uses */
+    gemm_w *wgate, *wup, *wdown;    /* SWIGLU: [ffn x hidden] x2, [hidden x ffn] */
     float *attn_norm, *ffn_norm;    /* [hidden] */
     float *bq, *bk, *bv;            /* [n_heads*hd], [n_kv*hd] x2, or NULL */
 } model_layer;
@@ -78,6 +98,13 @@ uint32_t model_first_layer(const model *m);
 uint32_t model_layer_count(const model *m);
 /* Layer `layer` (absolute index) of this model's range. */
 const model_layer *model_layer_get(const model *m, uint32_t layer);
+/* Positions a model's RoPE table covers at most: min(ctx, this). Rows past
+ * it are computed by the same routine (the same bits, slower). With
+ * head_dim 128 the full table takes 64 MiB. */
+#define MODEL_ROPE_TABLE_POSITIONS (1u << 17)
+/* The RoPE angles of this model's layers (cluster/model/rope.h), built once
+ * at load when the model holds layers (NULL otherwise). Borrowed. */
+const rope_table *model_rope_table(const model *m);
 /* 64-bit digest of the whole file's tensor data and metadata (cached). */
 uint64_t model_digest(const model *m);
 /* A cheap 64-bit fingerprint of the file (size, header and tensor directory,
@@ -98,11 +125,68 @@ pd_status model_token(const model *m, uint32_t id, const char **s, size_t *len, 
 /* Token type of id (GGUF tokenizer.ggml.token_type; 1 when absent). */
 int32_t model_token_type(const model *m, uint32_t id);
 
+/* ---- one layer of a micro-batch ------------------------------------------ */
+
+/* The rows of one stream inside a micro-batch: rows [row0, row0 + n), at
+ * consecutive increasing positions, attending through `cache`, that stream's
+ * container of the layer being computed (borrowed). */
+typedef struct model_group {
+    uint32_t row0, n;
+    lcache *cache;
+} model_group;
+
+/* A micro-batch as one layer sees it (all borrowed for the call). */
+typedef struct model_batch {
+    uint32_t n;                /* rows */
+    const uint64_t *pos;       /* [n] absolute positions (RoPE) */
+    const uint8_t *roles;      /* [n] lcache_role values */
+    const model_group *groups; /* [n_groups]: disjoint, every row in exactly one */
+    uint32_t n_groups;
+} model_batch;
+
+/* Called between the GEMMs of a layer (progress may be NULL). */
+typedef struct model_hooks {
+    void (*progress)(void *ctx);
+    void *ctx;
+} model_hooks;
+
+/* Per-row work buffers of the layer math for up to max_rows rows, sized from
+ * the hyperparameters for every feed-forward kind. Opaque; owned, free with
+ * model_scratch_free. One forward at a time per scratch. */
+typedef struct model_scratch model_scratch;
+pd_status model_scratch_new(const model_hparams *hp, uint32_t max_rows, model_scratch **out, pd_err *err);
+void model_scratch_free(model_scratch *s);
+uint32_t model_scratch_rows(const model_scratch *s);
+
+/* One layer (absolute index `layer`, held by m) for the rows of b, x
+ * [n x hidden] in place:
+ *   h = rmsnorm(x) * attn_norm;  q, k, v = h Wq^T, h Wk^T, h Wv^T (+ biases);
+ *   RoPE on q and k at each row's absolute position;
+ *   per group, one pool task each: lcache_append(k, v), row j attends
+ *   (lcache_attend), lcache_end;
+ *   x += att Wo^T;  h = rmsnorm(x) * ffn_norm;  x += model_ffn(h).
+ * The GEMMs take every row at once (row-invariant kernels), so a row's bits
+ * do not depend on the other rows. hooks->progress runs after the QKV GEMMs,
+ * after attention and between the feed-forward's GEMMs.
+ * Errors: a container's refusal (e.g. a kv layer that cannot grow), as
+ * "layer L: ...". The layer is then half done: x and the containers of this
+ * and later layers no longer agree, and the caller must stop using them. */
+pd_status model_layer_forward(const model *m, uint32_t layer, const model_batch *b, float *x,
+                              model_scratch *s, pool *p, const model_hooks *hooks, pd_err *err);
+
+/* The feed-forward of layer `layer`, dispatched on its kind: out [n x hidden]
+ * from the normed rows h [n x hidden] (out may not alias h). n <= the
+ * scratch's rows; hooks may be NULL. */
+void model_ffn(const model *m, uint32_t layer, const float *h, uint32_t n, float *out, model_scratch *s,
+               pool *p, const model_hooks *hooks);
+
 /* ---- row-local math (fixed order, shared by every stage) ---------------- */
 
 /* y = x * (1 / sqrt(mean(x^2) + eps)) * w, per row of n; mean via attn_dot8. */
 void model_rmsnorm(const float *x, const float *w, uint32_t n, float eps, float *y);
-/* Rotates one row of n_heads heads of head_dim in place for absolute position pos. */
+/* Rotates one row of n_heads heads of head_dim in place for absolute
+ * position pos, with angles from rope_freq / rope_angle computed for this
+ * call (no table): the bits a model's table gives. */
 void model_rope_row(float *x, uint32_t n_heads, uint32_t head_dim, uint64_t pos, float base,
                     model_rope style);
 /* a[i] = silu(g[i]) * u[i] with silu(x) = x / (1 + pd_expf(-x)). */

@@ -110,6 +110,20 @@ pd_status policy_validate(const cache_policy *p, pd_err *err)
     return PD_OK;
 }
 
+void policy_lcache_config(const cache_policy *p, lcache_config *out)
+{
+    static const lcache_evict ev[] = {[POLICY_EVICT_NONE] = LCACHE_EVICT_NONE,
+                                      [POLICY_EVICT_RECENT] = LCACHE_EVICT_RECENT,
+                                      [POLICY_EVICT_IMPORTANCE] = LCACHE_EVICT_IMPORTANCE};
+    *out = (lcache_config){.kind = p->attn == POLICY_ATTN_RSWA ? LCACHE_KIND_RING : LCACHE_KIND_KV,
+                           .window = p->attn == POLICY_ATTN_FULL ? 0 : p->window,
+                           .mode = p->kv,
+                           .evict = ev[p->evict],
+                           .evict_budget = p->evict_budget,
+                           .evict_sinks = p->evict_sinks,
+                           .max_drafts = p->max_drafts};
+}
+
 void policy_describe(const cache_policy *p, char *buf, size_t cap)
 {
     static const char *const kv[] = {"f32", "q8k", "q8v", "q8"};

@@ -7,6 +7,7 @@
 #define PD_POLICY_H
 
 #include "cache/kv_layer.h"
+#include "cache/layer_cache.h"
 #include "base/status.h"
 
 #include <stddef.h>
@@ -35,6 +36,12 @@ pd_status policy_parse_kv(const char *s, cache_policy *p, pd_err *err);
 pd_status policy_parse_evict(const char *s, cache_policy *p, pd_err *err);
 /* Cross-flag checks (e.g. eviction needs KV layers, ring needs f32). */
 pd_status policy_validate(const cache_policy *p, pd_err *err);
+
+/* The layer cache container (cache/layer_cache.h) this policy asks for:
+ * kind (rswa: a ring, else a kv layer), window (rswa: ring slots; window:W:
+ * visible rows; full: 0), storage mode, eviction and draft limit. The
+ * geometry, the stream's sizes and the allocator are left 0 for the caller. */
+void policy_lcache_config(const cache_policy *p, lcache_config *out);
 
 /* Canonical text ("attn=rswa:128 kv=f32 evict=none"), written into buf. */
 void policy_describe(const cache_policy *p, char *buf, size_t cap);

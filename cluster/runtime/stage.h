@@ -1,11 +1,14 @@
 /* stage: one pipeline stage — a contiguous layer range, the per-stream caches
- * of those layers, and the forward pass of a micro-batch through them.
+ * of those layers, and the scheduling of a micro-batch through them (the
+ * layer math is the model's: model_layer_forward).
  *
  * With one rank the stage holds every layer (head and tail are the same
- * process). Each stream gets, per layer, a kv_layer (full / window policies)
- * or a ring_layer (rswa) at admission; caches come from the stage's allocator
- * (a NUMA arena in the cluster). All scratch is sized at creation from
- * max_rows: stage_forward never allocates.
+ * process). Each stream gets, per layer, a layer cache container
+ * (cache/layer_cache.h: a kv layer for the full / window policies, a ring for
+ * rswa) at admission; the stage holds them as a table per (stream, layer) and
+ * never asks which kind it holds. Caches come from the stage's allocator (a
+ * NUMA arena in the cluster). All scratch is sized at creation from max_rows:
+ * stage_forward never allocates.
  *
  * Exactness: rows of many streams share each GEMM (row-invariant kernel);
  * attention runs per stream against its own cache; a prefill chunk's row i
@@ -27,7 +30,8 @@
 typedef struct stage stage;
 
 typedef struct stage_config {
-    const model *m;           /* borrowed: the layers this stage runs */
+    const model *m;           /* borrowed: the layers this stage starts with (the
+                                 range can change: stage_add_layers) */
     cache_policy policy;
     uint32_t max_rows;        /* rows per micro-batch */
     uint32_t max_streams;     /* streams alive at once */
@@ -65,7 +69,9 @@ uint32_t stage_streams(const stage *s);
 /* Runs rows [n] with hidden states x [n x hidden] (overwritten with the
  * output of the stage's last layer). Validates the rows first (known
  * streams, contiguous increasing positions, no position beyond what the
- * stage holds): PD_ERR_FORMAT naming the row, nothing changed. */
+ * stage holds, rollbacks and role sequences every container of the stream
+ * accepts (lcache_group_check), no layer awaiting its import):
+ * PD_ERR_FORMAT naming the row, nothing changed. */
 pd_status stage_forward(stage *s, const mb_row *rows, uint32_t n, float *x, pd_err *err);
 
 /* Cache bytes of every alive stream (attention state + recurrent state). */
@@ -81,9 +87,9 @@ void stage_memory(const stage *s, stage_mem *out);
  * stage_forward returns: the stream's next micro-batch may start at an earlier
  * position (rejected verify rows), and only that position says how many
  * survive. The stage therefore rolls back and confirms a stream's rows when
- * its next micro-batch arrives (kv layers: truncate_last, then
- * kv_layer_confirm; ring layers: ring_layer_draft_commit), or earlier when
- * the caller, who knows the accepted position, calls stage_settle. */
+ * its next micro-batch arrives (lcache_settle: a kv layer truncates and
+ * confirms, a ring commits its accepted verify rows), or earlier when the
+ * caller, who knows the accepted position, calls stage_settle. */
 
 /* The CMFS identity (comm/wire.h) of this stage's records for absolute layer
  * `layer`: wire_identity(model_digest as 8 little-endian bytes, layer,
@@ -100,9 +106,12 @@ uint64_t stage_layer_identity(const stage *s, uint32_t layer);
  * will do before it appends: forwarding after a settle gives the same bits
  * (hidden states and cache bytes) as forwarding without it. pos is at most
  * the stream's next position and at most as far back as forward accepts
- * (a ring: its pending verify rows; a kv layer: max_drafts + 1 rows).
+ * (lcache_rollback_limit: a ring's pending verify rows; a kv layer's rows of
+ * the last micro-batch, at most max_drafts + 1).
  * Afterwards every layer of the stream exports. Calling it with pos = the
- * stream's next position is the "nothing was rejected" settle.
+ * stream's next position is the "nothing was rejected" settle. A layer added
+ * but not imported yet (stage_add_layers) holds nothing of the stream and is
+ * left alone.
  * Errors: PD_ERR_ARG unknown stream; PD_ERR_RANGE pos ahead of the stream or
  * further back than speculation allows (nothing changed on either). */
 pd_status stage_settle(stage *s, uint64_t stream, uint64_t pos, pd_err *err);
@@ -132,6 +141,55 @@ pd_status stage_settle(stage *s, uint64_t stream, uint64_t pos, pd_err *err);
  * describe; PD_ERR_NOMEM. */
 pd_status stage_export_layer(const stage *s, uint64_t stream, uint32_t layer, uint8_t **out,
                              size_t *len, pd_err *err);
+
+/* ---- the layer range of a running stage (live migration) ----------------
+ *
+ * A stage runs a contiguous range of absolute layers, at first the range of
+ * its model. Layers can leave either end and join either end while streams
+ * are alive; a moving layer's cache state travels as one CMFS record per
+ * stream (stage_export_layer on the giver, stage_import_layer on the
+ * receiver). Protocol at a step boundary: stage_settle every stream at its
+ * accepted position on both stages (records then hold final rows only, and
+ * the receiver's other layers have nothing pending); export; add on the
+ * receiver; import; remove on the giver. Forwarding a stream whose new layer
+ * has not been imported yet is refused, so a half-done move cannot silently
+ * compute with an empty cache. */
+
+/* The stage's current range: layers [*first, *first + *n). */
+void stage_layers(const stage *s, uint32_t *first, uint32_t *n);
+
+/* Adds layers [first, first + n) next to the range (first + n == the range's
+ * first, or first == its end; a stage without layers takes any range). Their
+ * weights come from `weights`, which must hold them and be loaded from the
+ * same file (model_digest) with the same GEMM backend as the stage's model;
+ * NULL = the stage's own model. Borrowed: must outlive the stage or the
+ * layers' removal. Every alive stream gets an empty container per new layer:
+ * a stream still at position 0 goes on as it is, any other needs
+ * stage_import_layer for each new layer before its next micro-batch (until
+ * then stage_forward refuses its rows, stage_export_layer refuses that
+ * layer, and stage_settle leaves it alone).
+ * Errors, nothing changed: PD_ERR_ARG n == 0; PD_ERR_RANGE not adjacent, past
+ * the model's layers or not held by weights; PD_ERR_MISMATCH weights of
+ * another file; PD_ERR_NOMEM. */
+pd_status stage_add_layers(stage *s, uint32_t first, uint32_t n, const model *weights, pd_err *err);
+
+/* Removes layers [first, first + n) at either end of the range (all of them
+ * is allowed: the stage then passes rows through unchanged) and frees every
+ * stream's containers of those layers (export them first). PD_ERR_ARG n == 0,
+ * PD_ERR_RANGE a range not at an end (nothing changed). */
+pd_status stage_remove_layers(stage *s, uint32_t first, uint32_t n, pd_err *err);
+
+/* Replaces stream's cache state of absolute layer `layer` with a record
+ * written by stage_export_layer on any stage of the same model file and
+ * policy (identity stage_layer_identity(s, layer), the record's layer, kind
+ * and geometry are checked). The stream's position on this stage is what the
+ * record stands for (a kv depth below it is accepted only under eviction).
+ * Errors, nothing changed: PD_ERR_ARG unknown stream; PD_ERR_RANGE layer
+ * outside the range; PD_ERR_REFUSED the stream has rows not yet final in
+ * another layer (stage_settle first); the wire's refusals (PD_ERR_MISMATCH,
+ * PD_ERR_FORMAT, PD_ERR_TRUNCATED, ...). */
+pd_status stage_import_layer(stage *s, uint64_t stream, uint32_t layer, const void *buf, size_t len,
+                             pd_err *err);
 
 /* Bytes one stream's caches take at admission (for admission budgets). */
 uint64_t stage_stream_bytes_estimate(const model_hparams *hp, const cache_policy *p,

@@ -1,7 +1,10 @@
 /* model: the row-local math against hand-computed values, and a whole layer
- * stack (stage_forward) against a naive double-precision reference written
- * here from the GGUF tensors: GQA head mapping, QKV bias, both RoPE styles,
- * SwiGLU and the residual stream. */
+ * stack against a naive double-precision reference written here from the
+ * GGUF tensors (GQA head mapping, QKV bias, both RoPE styles, SwiGLU and the
+ * residual stream) — through the stage (stage_forward) and through the
+ * model's own layer math (model_layer_forward) with kv and ring layer cache
+ * containers, which must give the stage's bits; and the per-layer
+ * feed-forward dispatch. */
 #include "pd_test.h"
 
 #include "cache/attn.h"
@@ -128,6 +131,11 @@ static void ref_rope(double *v, uint32_t hd, uint64_t pos, double base, int neox
     }
 }
 
+static void count_call(void *ctx)
+{
+    ++*(int *)ctx;
+}
+
 static void check_stack(model_arch arch, uint32_t heads, uint32_t kv_heads)
 {
     char path[] = "/tmp/pd_test_model_XXXXXX";
@@ -221,6 +229,8 @@ static void check_stack(model_arch arch, uint32_t heads, uint32_t kv_heads)
 #undef TB
     }
 
+    float x_in[R * 32];
+    memcpy(x_in, x, sizeof x_in);
     stage *st;
     cache_policy pol;
     policy_default(&pol);
@@ -241,6 +251,50 @@ static void check_stack(model_arch arch, uint32_t heads, uint32_t kv_heads)
     ck_assert_msg(worst < 2e-4, "%s %u/%u heads: max relative error %g against the reference",
                   arch == MODEL_ARCH_LLAMA ? "llama" : "qwen2", heads, kv_heads, worst);
     stage_free(st);
+
+    /* the model's layer math without a stage: one group of 3 prefill and 2
+     * decode rows per layer, through a kv and through a ring container
+     * (window 4 holds both decode rows, so it sees every row as well): the
+     * stage's bits exactly, and the progress hook between the GEMMs */
+    for (int kind = 0; kind < LCACHE_KIND_COUNT; kind++) {
+        lcache_config cc = {.kind = (lcache_kind)kind,
+                            .n_kv_heads = nkv,
+                            .head_dim = hd,
+                            .q_per_kv = group,
+                            .window = kind == LCACHE_KIND_RING ? 4 : 0,
+                            .prefill_rows = 3,
+                            .max_new = 2};
+        lcache *caches[2];
+        for (uint32_t L = 0; L < hp->n_layers; L++)
+            ck_assert_int_eq(lcache_new(&cc, &caches[L], &e), PD_OK);
+        model_scratch *scr;
+        ck_assert_int_eq(model_scratch_new(hp, R, &scr, &e), PD_OK);
+        ck_assert_uint_eq(model_scratch_rows(scr), R);
+        uint64_t pos[R];
+        uint8_t roles[R];
+        for (int r = 0; r < R; r++) {
+            pos[r] = (uint64_t)r;
+            roles[r] = r < 3 ? LCACHE_ROLE_PREFILL : LCACHE_ROLE_DECODE;
+        }
+        float y[R * 32];
+        memcpy(y, x_in, sizeof y);
+        int calls = 0;
+        model_hooks hk = {.progress = count_call, .ctx = &calls};
+        for (uint32_t L = 0; L < hp->n_layers; L++) {
+            model_group g = {.row0 = 0, .n = R, .cache = caches[L]};
+            model_batch b = {.n = R, .pos = pos, .roles = roles, .groups = &g, .n_groups = 1};
+            ck_assert_msg(model_layer_forward(m, L, &b, y, scr, NULL, &hk, &e) == PD_OK, "%s", e.msg);
+            lcache_check(caches[L]);
+            ck_assert_uint_eq(lcache_position(caches[L]), R);
+        }
+        ck_assert_int_eq(calls, 4 * (int)hp->n_layers);
+        ck_assert_msg(memcmp(y, x, (size_t)R * H * sizeof(float)) == 0,
+                      "model_layer_forward (%s container) differs from stage_forward",
+                      kind == LCACHE_KIND_RING ? "ring" : "kv");
+        for (uint32_t L = 0; L < hp->n_layers; L++)
+            lcache_free(caches[L]);
+        model_scratch_free(scr);
+    }
     gguf_close(f);
     model_free(m);
     unlink(path);
@@ -261,6 +315,57 @@ END_TEST
 START_TEST(model_stack_matches_reference_qwen2_gqa_with_bias)
 {
     check_stack(MODEL_ARCH_QWEN2, 4, 1);
+}
+END_TEST
+
+/* Each layer carries its feed-forward kind; model_ffn runs that kind's
+ * routine: for SWIGLU exactly the GEMMs and model_swiglu by hand. */
+START_TEST(model_ffn_runs_the_kind_each_layer_carries)
+{
+    char path[] = "/tmp/pd_test_model_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    mkmodel_opts o;
+    mkmodel_defaults(&o);
+    o.layers = 2;
+    o.hidden = 32;
+    o.heads = 4;
+    o.kv_heads = 2;
+    o.ffn = 40;
+    o.vocab = 300;
+    pd_err e = {0};
+    ck_assert_int_eq(mkmodel_write(&o, path, &e), PD_OK);
+    model *m;
+    model_load_opts lo = {.all_layers = 1};
+    ck_assert_int_eq(model_load(path, &lo, &m, &e), PD_OK);
+    const model_hparams *hp = model_hp(m);
+    enum { N = 3 };
+    model_scratch *scr;
+    ck_assert_int_eq(model_scratch_new(hp, N, &scr, &e), PD_OK);
+    ck_assert_int_eq(model_scratch_new(hp, 0, &(model_scratch *){NULL}, &e), PD_ERR_ARG);
+    float h[N * 32], out[N * 32], g[N * 40], u[N * 40], want[N * 32];
+    pd_rng r = {.s = 3};
+    pd_rng_fill(&r, h, sizeof h / sizeof h[0], -1, 1);
+    for (uint32_t L = 0; L < hp->n_layers; L++) {
+        const model_layer *ly = model_layer_get(m, L);
+        ck_assert_int_eq(ly->ffn, MODEL_FFN_SWIGLU);
+        ck_assert_str_eq(model_ffn_kind_name(ly->ffn), "swiglu");
+        int calls = 0;
+        model_hooks hk = {.progress = count_call, .ctx = &calls};
+        model_ffn(m, L, h, N, out, scr, NULL, &hk);
+        ck_assert_int_eq(calls, 2);
+        gemm_run(ly->wgate, h, N, g, NULL);
+        gemm_run(ly->wup, h, N, u, NULL);
+        model_swiglu(g, u, N * hp->ffn, g);
+        gemm_run(ly->wdown, g, N, want, NULL);
+        ck_assert_int_eq(memcmp(out, want, (size_t)N * hp->hidden * sizeof(float)), 0);
+    }
+    ck_assert_str_eq(model_ffn_kind_name(MODEL_FFN_KIND_COUNT), "unknown");
+    model_scratch_free(scr);
+    model_scratch_free(NULL);
+    model_free(m);
+    unlink(path);
 }
 END_TEST
 
@@ -339,6 +444,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, model_stack_matches_reference_llama_gqa);
     tcase_add_test(tc, model_stack_matches_reference_qwen2_mha_with_bias);
     tcase_add_test(tc, model_stack_matches_reference_qwen2_gqa_with_bias);
+    tcase_add_test(tc, model_ffn_runs_the_kind_each_layer_carries);
     tcase_add_test(tc, model_digest_is_stable_and_sees_one_weight_byte);
     tcase_add_test(tc, model_refuses_unsupported_architecture_and_types);
     suite_add_tcase(s, tc);

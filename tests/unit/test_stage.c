@@ -2,8 +2,9 @@
  * hidden states never depend on how its rows are split into micro-batches,
  * which other streams' rows share them, or the thread count), position-driven
  * rollback of verify rows leaving every cache byte as if the drafts were never
- * seen, the importance-eviction sink clamp, the export / settle API and the
- * refusals of bad micro-batches.
+ * seen, the importance-eviction sink clamp, the export / settle API, the
+ * refusals of bad micro-batches, and layers moving between running stages
+ * (add / remove at either end, export + import) without changing a bit.
  *
  * Every input row is a pure function of (stream, position, salt), so two
  * schedules feed the same bits and their outputs compare with memcmp. Cache
@@ -951,6 +952,312 @@ START_TEST(stage_refuses_bad_micro_batches_and_changes_nothing)
 }
 END_TEST
 
+/* ---- e: layers move between running stages --------------------------------- */
+
+static model *load_range(const char *path, uint32_t first, uint32_t n)
+{
+    model_load_opts o = {.first_layer = first, .n_layers = n};
+    model *m = NULL;
+    pd_err e = {0};
+    ck_assert_msg(model_load(path, &o, &m, &e) == PD_OK, "%s", e.msg);
+    return m;
+}
+
+/* Every layer's record of a stream on the stage's current range. */
+static snap snap_stage(const stage *s, uint64_t stream)
+{
+    uint32_t first, n;
+    stage_layers(s, &first, &n);
+    snap sn = {0};
+    for (uint32_t l = first; l < first + n; l++) {
+        uint8_t *rec = NULL;
+        size_t len = 0;
+        export_layer(s, stream, l, &rec, &len);
+        sn.bytes = realloc(sn.bytes, sn.len + len);
+        ck_assert_ptr_nonnull(sn.bytes);
+        memcpy(sn.bytes + sn.len, rec, len);
+        sn.len += len;
+        free(rec);
+    }
+    return sn;
+}
+
+enum { MV_STREAMS = 3, MV_DRAFTS = 2 };
+static const struct {
+    uint64_t id;
+    uint32_t prefill;
+} mv_streams[MV_STREAMS] = {{11, 9}, {22, 4}, {33, 5}};
+
+/* One pipeline of stages (A then B) next to a reference R holding every
+ * layer. next[] is each stream's next position (accepted rows), alive[]
+ * which streams run. */
+typedef struct mv_run {
+    stage *A, *B, *R;
+    uint64_t next[MV_STREAMS];
+    int alive[MV_STREAMS];
+    pd_rng rng;
+    const char *what;
+} mv_run;
+
+/* One micro-batch of every alive stream: a prefill chunk, or a decode row
+ * with up to MV_DRAFTS verify rows of which a random number is accepted
+ * (the rejected ones carry other tokens' rows). Through A then B, and
+ * through R: the same bits. */
+static void mv_round(mv_run *r, int round)
+{
+    mbatch b = {0};
+    uint32_t verify[MV_STREAMS] = {0}, acc[MV_STREAMS] = {0};
+    for (uint32_t k = 0; k < MV_STREAMS; k++) {
+        if (!r->alive[k])
+            continue;
+        uint64_t pos = r->next[k];
+        if (pos < mv_streams[k].prefill) {
+            uint32_t left = mv_streams[k].prefill - (uint32_t)pos, n = 1 + pd_rng_below(&r->rng, left);
+            mb_add(&b, mv_streams[k].id, pos, n, MB_ROLE_PREFILL, 0);
+            r->next[k] += n;
+            continue;
+        }
+        verify[k] = pd_rng_below(&r->rng, MV_DRAFTS + 1);
+        acc[k] = pd_rng_below(&r->rng, verify[k] + 1);
+        mb_add(&b, mv_streams[k].id, pos, 1, MB_ROLE_DECODE, 0);
+        for (uint32_t i = 0; i < verify[k]; i++)
+            mb_add(&b, mv_streams[k].id, pos + 1 + i, 1, MB_ROLE_VERIFY, i < acc[k] ? 0 : 40 + i);
+        r->next[k] += 1 + acc[k];
+    }
+    mb_fill_inputs(&b);
+    float *y = malloc((size_t)b.n * H * sizeof(float));
+    ck_assert_ptr_nonnull(y);
+    memcpy(y, b.x, (size_t)b.n * H * sizeof(float));
+    pd_err e = {0};
+    ck_assert_msg(stage_forward(r->A, b.rows, b.n, y, &e) == PD_OK, "%s: A: %s", r->what, e.msg);
+    ck_assert_msg(stage_forward(r->B, b.rows, b.n, y, &e) == PD_OK, "%s: B: %s", r->what, e.msg);
+    ck_assert_msg(stage_forward(r->R, b.rows, b.n, b.x, &e) == PD_OK, "%s: R: %s", r->what, e.msg);
+    for (uint32_t i = 0; i < b.n; i++) {
+        char w[160];
+        snprintf(w, sizeof w, "%s, round %d", r->what, round);
+        assert_rows_equal(y + (size_t)i * H, b.x + (size_t)i * H, w, b.rows[i].stream, b.rows[i].pos);
+    }
+    free(y);
+    mb_clear(&b);
+}
+
+/* Moves absolute layer L from `from` to `to` (to gains it at one end, from
+ * drops it at one end) with the protocol of stage.h. weights: what `to`
+ * takes the layer's weights from. Before the imports `to` refuses to run the
+ * streams; afterwards each moved record reads back byte for byte. */
+static void mv_move(mv_run *r, stage *from, stage *to, uint32_t L, const model *weights)
+{
+    pd_err e = {0};
+    uint8_t *rec[MV_STREAMS] = {0};
+    size_t len[MV_STREAMS] = {0};
+    for (uint32_t k = 0; k < MV_STREAMS; k++) {
+        if (!r->alive[k])
+            continue;
+        settle(from, mv_streams[k].id, r->next[k]);
+        settle(to, mv_streams[k].id, r->next[k]);
+        export_layer(from, mv_streams[k].id, L, &rec[k], &len[k]);
+    }
+    ck_assert_msg(stage_add_layers(to, L, 1, weights, &e) == PD_OK, "%s: %s", r->what, e.msg);
+    for (uint32_t k = 0; k < MV_STREAMS; k++) {
+        if (!r->alive[k])
+            continue;
+        /* not yet imported: no micro-batch, settle or export of the stream */
+        mb_row row = {.stream = mv_streams[k].id, .pos = r->next[k],
+                      .role = r->next[k] < mv_streams[k].prefill ? MB_ROLE_PREFILL : MB_ROLE_DECODE};
+        float x[256];
+        row_input(row.stream, row.pos, 0, x);
+        ck_assert_int_eq(stage_forward(to, &row, 1, x, &e), PD_ERR_FORMAT);
+        ck_assert_msg(strstr(e.msg, "import") != NULL, "%s", e.msg);
+        pd_err_clear(&e);
+        settle(to, row.stream, row.pos); /* the new layer is left alone */
+        uint8_t *bad = NULL;
+        size_t blen;
+        ck_assert_int_eq(stage_export_layer(to, row.stream, L, &bad, &blen, &e), PD_ERR_REFUSED);
+        ck_assert_ptr_null(bad);
+        ck_assert_msg(stage_import_layer(to, row.stream, L, rec[k], len[k], &e) == PD_OK, "%s: %s", r->what, e.msg);
+        uint8_t *back;
+        size_t blen2;
+        export_layer(to, row.stream, L, &back, &blen2);
+        ck_assert_msg(blen2 == len[k] && memcmp(back, rec[k], len[k]) == 0, "%s: layer %u record changed in the move",
+                      r->what, L);
+        free(back);
+        free(rec[k]);
+    }
+    ck_assert_msg(stage_remove_layers(from, L, 1, &e) == PD_OK, "%s: %s", r->what, e.msg);
+}
+
+/* A [0, 2) and B [2, 3) run as a pipeline beside R [0, 3). After some
+ * rounds A's last layer moves to B's front, a new stream joins, more rounds,
+ * then B's first layer moves back to A's end: every output row equals R's
+ * bit for bit throughout, and at the end every layer's record equals R's. */
+START_TEST(stage_layers_move_between_running_stages_bit_identically)
+{
+    const cache_policy pols[] = {
+        policy_of("full", "f32", "none", MV_DRAFTS),
+        policy_of("full", "q8", "none", MV_DRAFTS),
+        policy_of("window:8", "f32", "none", MV_DRAFTS),
+        policy_of("rswa:4", "f32", "none", MV_DRAFTS),
+        policy_of("full", "f32", "importance:12:3", MV_DRAFTS),
+    };
+    model *m01 = load_range(model_path, 0, 2), *m2 = load_range(model_path, 2, 1);
+    for (size_t pi = 0; pi < sizeof pols / sizeof pols[0]; pi++) {
+        const cache_policy *p = &pols[pi];
+        pool *pl = NULL;
+        pd_err e = {0};
+        ck_assert_int_eq(pool_new(2, &pl, &e), PD_OK);
+        mv_run r = {.A = stage_make(m01, p, pl, 64, MV_STREAMS),
+                    .B = stage_make(m2, p, NULL, 64, MV_STREAMS),
+                    .R = stage_make(mdl, p, NULL, 64, MV_STREAMS),
+                    .rng = {.s = 1000 + pi},
+                    .what = policy_name(p)};
+        for (uint32_t k = 0; k < 2; k++) {
+            admit(r.A, mv_streams[k].id, mv_streams[k].prefill, 64);
+            admit(r.B, mv_streams[k].id, mv_streams[k].prefill, 64);
+            admit(r.R, mv_streams[k].id, mv_streams[k].prefill, 64);
+            r.alive[k] = 1;
+        }
+        int round = 0;
+        for (; round < 12; round++)
+            mv_round(&r, round);
+        /* A drops its last layer, B gains it at its front (weights from a
+         * load of layers [1, 3)) */
+        mv_move(&r, r.A, r.B, 1, mdl_tail);
+        uint32_t f, n;
+        stage_layers(r.A, &f, &n);
+        ck_assert(f == 0 && n == 1);
+        stage_layers(r.B, &f, &n);
+        ck_assert(f == 1 && n == 2);
+        admit(r.A, mv_streams[2].id, mv_streams[2].prefill, 64);
+        admit(r.B, mv_streams[2].id, mv_streams[2].prefill, 64);
+        admit(r.R, mv_streams[2].id, mv_streams[2].prefill, 64);
+        r.alive[2] = 1;
+        for (; round < 24; round++)
+            mv_round(&r, round);
+        /* B drops its first layer, A gains it back at its end (its own model
+         * holds it) */
+        mv_move(&r, r.B, r.A, 1, NULL);
+        stage_layers(r.A, &f, &n);
+        ck_assert(f == 0 && n == 2);
+        stage_layers(r.B, &f, &n);
+        ck_assert(f == 2 && n == 1);
+        for (; round < 34; round++)
+            mv_round(&r, round);
+        for (uint32_t k = 0; k < MV_STREAMS; k++) {
+            uint64_t id = mv_streams[k].id;
+            settle(r.A, id, r.next[k]);
+            settle(r.B, id, r.next[k]);
+            settle(r.R, id, r.next[k]);
+            snap a = snap_stage(r.A, id), b = snap_stage(r.B, id), ref = snap_stage(r.R, id);
+            snap ab = {.len = a.len + b.len};
+            ab.bytes = malloc(ab.len);
+            memcpy(ab.bytes, a.bytes, a.len);
+            memcpy(ab.bytes + a.len, b.bytes, b.len);
+            snap_assert_equal(&ab, &ref, r.what);
+            snap_free(&a);
+            snap_free(&b);
+            snap_free(&ab);
+            snap_free(&ref);
+        }
+        stage_free(r.A);
+        stage_free(r.B);
+        stage_free(r.R);
+        pool_free(pl);
+    }
+    model_free(m01);
+    model_free(m2);
+}
+END_TEST
+
+/* Adds and removes only at the ends, with weights that hold the layers and
+ * come from the same file; imports only into settled streams; a stage may
+ * lose every layer (it then passes rows through) and take any range again.
+ * Every refusal changes nothing. */
+START_TEST(stage_layer_changes_refuse_what_would_break_the_range)
+{
+    const cache_policy p = policy_of("full", "f32", "none", 2);
+    model *m01 = load_range(model_path, 0, 2);
+    char other_path[64];
+    strcpy(other_path, "/tmp/pd_test_stage_XXXXXX");
+    int fd = mkstemp(other_path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    mkmodel_opts o;
+    mkmodel_defaults(&o);
+    o.layers = N_LAYERS, o.hidden = 64, o.heads = 4, o.kv_heads = 2, o.ffn = 96, o.vocab = 300, o.seed = 18;
+    pd_err e = {0};
+    ck_assert_msg(mkmodel_write(&o, other_path, &e) == PD_OK, "%s", e.msg);
+    model *other = load_range(other_path, 0, N_LAYERS);
+
+    stage *s = stage_make(m01, &p, NULL, 8, 2), *full = stage_make(mdl, &p, NULL, 8, 2);
+    admit(s, 1, 3, 10);
+    admit(full, 1, 3, 10);
+    forward_rows(s, 1, 0, 3, MB_ROLE_PREFILL, 0, NULL);
+    forward_rows(full, 1, 0, 3, MB_ROLE_PREFILL, 0, NULL);
+    snap before = snap_stage(s, 1);
+    uint32_t f, n;
+    ck_assert_int_eq(stage_add_layers(s, 2, 0, NULL, &e), PD_ERR_ARG);
+    ck_assert_int_eq(stage_add_layers(s, 3, 1, mdl, &e), PD_ERR_RANGE);  /* past the model */
+    ck_assert_int_eq(stage_add_layers(s, 2, 1, NULL, &e), PD_ERR_RANGE); /* m01 does not hold it */
+    ck_assert_int_eq(stage_add_layers(s, 2, 1, other, &e), PD_ERR_MISMATCH);
+    ck_assert_int_eq(stage_remove_layers(s, 0, 0, &e), PD_ERR_ARG);
+    ck_assert_int_eq(stage_remove_layers(s, 2, 1, &e), PD_ERR_RANGE);
+    ck_assert_int_eq(stage_remove_layers(s, 0, 3, &e), PD_ERR_RANGE);
+    stage_layers(s, &f, &n);
+    ck_assert(f == 0 && n == 2);
+    snap after = snap_stage(s, 1);
+    snap_assert_equal(&after, &before, "refused layer changes");
+    snap_free(&after);
+    snap_free(&before);
+    /* a layer in the middle cannot go */
+    ck_assert_int_eq(stage_add_layers(s, 2, 1, mdl, &e), PD_OK);
+    ck_assert_int_eq(stage_remove_layers(s, 1, 1, &e), PD_ERR_RANGE);
+    /* imports: unknown stream, layer outside, pending rows elsewhere, a
+     * record of another layer */
+    uint8_t *rec;
+    size_t len;
+    export_layer(full, 1, 2, &rec, &len);
+    ck_assert_int_eq(stage_import_layer(s, 9, 2, rec, len, &e), PD_ERR_ARG);
+    ck_assert_int_eq(stage_import_layer(s, 1, 3, rec, len, &e), PD_ERR_RANGE);
+    ck_assert_int_eq(stage_import_layer(s, 1, 2, rec, len, &e), PD_ERR_REFUSED); /* the prefill is pending */
+    settle(s, 1, 3);
+    settle(full, 1, 3);
+    free(rec);
+    export_layer(full, 1, 2, &rec, &len);
+    ck_assert_int_eq(stage_import_layer(s, 1, 1, rec, len, &e), PD_ERR_MISMATCH);
+    ck_assert_msg(stage_import_layer(s, 1, 2, rec, len, &e) == PD_OK, "%s", e.msg);
+    free(rec);
+    /* s now equals full: both go on identically */
+    float a[256], b[256];
+    forward_rows(s, 1, 3, 1, MB_ROLE_DECODE, 0, a);
+    forward_rows(full, 1, 3, 1, MB_ROLE_DECODE, 0, b);
+    assert_rows_equal(a, b, "after the import", 1, 3);
+    /* every layer leaves: rows pass through unchanged; a new range may be
+     * anywhere, and the stream (at position 4) must import it */
+    ck_assert_int_eq(stage_remove_layers(s, 0, 1, &e), PD_OK);
+    ck_assert_int_eq(stage_remove_layers(s, 2, 1, &e), PD_OK);
+    ck_assert_int_eq(stage_remove_layers(s, 1, 1, &e), PD_OK);
+    stage_layers(s, &f, &n);
+    ck_assert_uint_eq(n, 0);
+    row_input(1, 4, 0, a);
+    memcpy(b, a, sizeof a);
+    mb_row row = {.stream = 1, .pos = 4, .role = MB_ROLE_DECODE};
+    ck_assert_int_eq(stage_forward(s, &row, 1, a, &e), PD_OK);
+    ck_assert_int_eq(memcmp(a, b, H * sizeof(float)), 0);
+    stage_memory(s, &(stage_mem){0});
+    ck_assert_int_eq(stage_add_layers(s, 1, 1, mdl_tail, &e), PD_OK);
+    ck_assert_int_eq(stage_forward(s, &(mb_row){.stream = 1, .pos = 5, .role = MB_ROLE_DECODE}, 1, a, &e),
+                     PD_ERR_FORMAT);
+    /* a stream admitted now starts empty in the new range and simply runs */
+    admit(s, 2, 2, 4);
+    forward_rows(s, 2, 0, 2, MB_ROLE_PREFILL, 0, NULL);
+    stage_free(s);
+    stage_free(full);
+    model_free(m01);
+    model_free(other);
+    unlink(other_path);
+}
+END_TEST
+
 Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("stage");
@@ -963,6 +1270,8 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, stage_export_names_its_layer_and_refuses_unknown_streams_and_layers);
     tcase_add_test(tc, stage_settle_changes_nothing_the_next_micro_batch_would_not);
     tcase_add_test(tc, stage_refuses_bad_micro_batches_and_changes_nothing);
+    tcase_add_test(tc, stage_layers_move_between_running_stages_bit_identically);
+    tcase_add_test(tc, stage_layer_changes_refuse_what_would_break_the_range);
     suite_add_tcase(s, tc);
     return s;
 }

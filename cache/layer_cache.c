@@ -1,0 +1,442 @@
+/* layer_cache: one interface over a kv_layer or a ring_layer (see
+ * layer_cache.h). Owns the implementation object and the bookkeeping both
+ * need the same way: the stream position, the pending rows of the last
+ * group, and the open group between lcache_append and lcache_end. */
+#include "cache/layer_cache.h"
+
+#include "base/check.h"
+
+#include <string.h>
+
+/* The group between lcache_append and lcache_end.
+ * INV (open): 1 <= n; next_attend <= n; kv: r0 + n == rows of the layer;
+ * ring: written <= n, rows [0, written) are in the ring (decode) or in spill
+ * slots (verify), prefill rows are all written at append. */
+typedef struct lcache_open {
+    int open;
+    uint32_t n;
+    const uint8_t *roles; /* borrowed until lcache_end */
+    const float *k, *v;   /* borrowed until lcache_end */
+    uint32_t next_attend; /* the next j an attend may name is >= it */
+    uint64_t r0;          /* kv: stored rows before the group's rows */
+    uint32_t ref0;        /* ring: reference rows before the group's prefill rows */
+    uint32_t written;     /* ring: rows of the group in the cache so far */
+} lcache_open;
+
+/* INV: exactly one of kv / ring is set, of cfg.kind.
+ * INV: pending <= pos; kv: base + rows (the depth) <= pos, == pos without
+ *      eviction; ring: position + drafts == pos, drafts <= pending.
+ * INV: no open group => drafts of a ring are the verify rows of the last
+ *      group (all of them pending). */
+struct lcache {
+    lcache_config cfg;
+    kv_layer *kv;
+    kv_layer_config kv_cfg;
+    ring_layer *ring;
+    uint64_t pos;
+    uint32_t pending;
+    lcache_open g;
+};
+
+/* ---- creation -------------------------------------------------------------- */
+
+/* Rows a kv layer of this stream may need: prefill + generated + drafts (a
+ * window keeps about two windows, eviction the budget past the prefill). */
+static uint32_t kv_capacity(const lcache_config *c)
+{
+    uint64_t rows = (uint64_t)c->prefill_rows + c->max_new + c->max_drafts + 1;
+    if (c->window && rows > 2ull * c->window + c->max_drafts + 2)
+        rows = 2ull * c->window + c->max_drafts + 2;
+    if (c->evict != LCACHE_EVICT_NONE && rows > (uint64_t)c->evict_budget + c->prefill_rows + c->max_drafts + 1)
+        rows = (uint64_t)c->evict_budget + c->prefill_rows + c->max_drafts + 1;
+    return rows > UINT32_MAX - 2 ? UINT32_MAX - 2 : (uint32_t)rows;
+}
+
+static pd_status config_check(const lcache_config *c, pd_err *err)
+{
+    if (c->kind >= LCACHE_KIND_COUNT)
+        return pd_err_set(err, PD_ERR_ARG, "layer cache: kind %u is unknown", (unsigned)c->kind);
+    if (c->n_kv_heads == 0 || c->head_dim == 0 || c->q_per_kv == 0)
+        return pd_err_set(err, PD_ERR_ARG, "layer cache: n_kv_heads %u, head_dim %u, q_per_kv %u must be >= 1",
+                          c->n_kv_heads, c->head_dim, c->q_per_kv);
+    if (c->prefill_rows == 0)
+        return pd_err_set(err, PD_ERR_ARG, "layer cache: prefill_rows must be >= 1");
+    if (c->evict >= LCACHE_EVICT_COUNT)
+        return pd_err_set(err, PD_ERR_ARG, "layer cache: eviction %u is unknown", (unsigned)c->evict);
+    if (c->evict != LCACHE_EVICT_NONE && c->evict_budget == 0)
+        return pd_err_set(err, PD_ERR_ARG, "layer cache: eviction needs a budget >= 1");
+    if (c->kind == LCACHE_KIND_RING) {
+        if (c->window == 0)
+            return pd_err_set(err, PD_ERR_ARG, "layer cache: a ring needs window >= 1");
+        if (c->mode != KV_MODE_F32 || c->evict != LCACHE_EVICT_NONE)
+            return pd_err_set(err, PD_ERR_ARG, "layer cache: a ring stores f32 rows and bounds itself "
+                                               "(mode f32, no eviction)");
+    } else if (c->window && c->evict != LCACHE_EVICT_NONE) {
+        return pd_err_set(err, PD_ERR_ARG, "layer cache: a kv window trims itself (no eviction)");
+    }
+    return PD_OK;
+}
+
+pd_status lcache_new(const lcache_config *cfg, lcache **out, pd_err *err)
+{
+    pd_status st = config_check(cfg, err);
+    if (st != PD_OK)
+        return st;
+    lcache *c = pd_alloc_bytes(cfg->alloc, sizeof *c);
+    if (!c)
+        return pd_err_set(err, PD_ERR_NOMEM, "layer cache: out of memory");
+    memset(c, 0, sizeof *c);
+    c->cfg = *cfg;
+    if (cfg->kind == LCACHE_KIND_RING) {
+        ring_layer_config rc = {.n_kv_heads = cfg->n_kv_heads,
+                                .head_dim = cfg->head_dim,
+                                .window = cfg->window,
+                                .ref_capacity = cfg->prefill_rows,
+                                .max_drafts = cfg->max_drafts,
+                                .alloc = cfg->alloc,
+                                .max_group = cfg->q_per_kv};
+        st = ring_layer_new(&rc, &c->ring, err);
+    } else {
+        c->kv_cfg = (kv_layer_config){.n_kv_heads = cfg->n_kv_heads,
+                                      .head_dim = cfg->head_dim,
+                                      .mode = cfg->mode,
+                                      .capacity_rows = kv_capacity(cfg),
+                                      .alloc = cfg->alloc,
+                                      .spec_depth = cfg->max_drafts + 1,
+                                      .max_q_per_kv = cfg->q_per_kv};
+        st = kv_layer_new(&c->kv_cfg, &c->kv, err);
+    }
+    if (st != PD_OK) {
+        pd_free_bytes(cfg->alloc, c, sizeof *c);
+        return st;
+    }
+    *out = c;
+    return PD_OK;
+}
+
+void lcache_free(lcache *c)
+{
+    if (!c)
+        return;
+    kv_layer_free(c->kv);
+    ring_layer_free(c->ring);
+    pd_free_bytes(c->cfg.alloc, c, sizeof *c);
+}
+
+void lcache_config_get(const lcache *c, lcache_config *out)
+{
+    *out = c->cfg;
+}
+
+lcache_kind lcache_kind_of(const lcache *c)
+{
+    return c->cfg.kind;
+}
+
+/* ---- positions, rollback ---------------------------------------------------- */
+
+uint64_t lcache_position(const lcache *c)
+{
+    return c->pos;
+}
+
+uint32_t lcache_pending(const lcache *c)
+{
+    return c->pending;
+}
+
+uint64_t lcache_rollback_limit(const lcache *c)
+{
+    if (c->ring)
+        return ring_layer_drafts(c->ring);
+    /* the importance log keeps max_drafts + 1 query positions undoable, and
+     * rows before the last group are confirmed */
+    uint64_t lim = (uint64_t)c->cfg.max_drafts + 1;
+    return c->pending < lim ? c->pending : lim;
+}
+
+pd_status lcache_settle(lcache *c, uint64_t pos, pd_err *err)
+{
+    if (c->g.open)
+        return pd_err_set(err, PD_ERR_ARG, "layer cache: settle while a group is open");
+    if (pos > c->pos)
+        return pd_err_set(err, PD_ERR_RANGE, "layer cache: settle at position %llu, the cache is at %llu",
+                          (unsigned long long)pos, (unsigned long long)c->pos);
+    uint64_t back = c->pos - pos;
+    if (back > lcache_rollback_limit(c))
+        return pd_err_set(err, PD_ERR_RANGE,
+                          "layer cache: rolling back %llu positions (from %llu to %llu), at most %llu may be",
+                          (unsigned long long)back, (unsigned long long)c->pos, (unsigned long long)pos,
+                          (unsigned long long)lcache_rollback_limit(c));
+    pd_status rc = PD_OK;
+    if (c->ring) {
+        uint32_t drafts = ring_layer_drafts(c->ring);
+        if (drafts)
+            rc = ring_layer_draft_commit(c->ring, drafts - (uint32_t)back, err);
+    } else {
+        if (back)
+            rc = kv_layer_truncate_last(c->kv, back, err);
+        if (rc == PD_OK)
+            kv_layer_confirm(c->kv, kv_layer_pos_len(c->kv));
+    }
+    /* the checks above are what both implementations refuse on */
+    CHECKF(rc == PD_OK, "layer cache: settle refused after validation: %s", err ? err->msg : "");
+    c->pos = pos;
+    c->pending = 0;
+    return PD_OK;
+}
+
+/* ---- groups --------------------------------------------------------------- */
+
+pd_status lcache_group_check(const lcache *c, const lcache_group *g, uint32_t *row, pd_err *err)
+{
+    uint32_t bad = 0;
+    pd_status rc = PD_OK;
+    if (g->n == 0) {
+        rc = pd_err_set(err, PD_ERR_FORMAT, "empty group");
+    } else if (g->pos > c->pos) {
+        rc = pd_err_set(err, PD_ERR_FORMAT, "position %llu skips ahead of %llu", (unsigned long long)g->pos,
+                        (unsigned long long)c->pos);
+    } else if (c->pos - g->pos > lcache_rollback_limit(c)) {
+        rc = pd_err_set(err, PD_ERR_RANGE, "rolls back %llu positions, more than speculation allows (%llu)",
+                        (unsigned long long)(c->pos - g->pos), (unsigned long long)lcache_rollback_limit(c));
+    }
+    uint32_t verify = 0;
+    for (uint32_t j = 0; rc == PD_OK && j < g->n; j++) {
+        uint8_t r = g->roles[j], prev = j ? g->roles[j - 1] : LCACHE_ROLE_PREFILL;
+        bad = j;
+        if (r >= LCACHE_ROLE_COUNT)
+            rc = pd_err_set(err, PD_ERR_FORMAT, "role %u is not prefill/decode/verify", r);
+        else if (r == LCACHE_ROLE_PREFILL && prev != LCACHE_ROLE_PREFILL)
+            rc = pd_err_set(err, PD_ERR_FORMAT, "a prefill row after generated rows");
+        else if (c->ring && r == LCACHE_ROLE_VERIFY && j > 0 && prev == LCACHE_ROLE_PREFILL)
+            rc = pd_err_set(err, PD_ERR_FORMAT, "verify row right after prefill rows");
+        else if (c->ring && r == LCACHE_ROLE_DECODE && prev == LCACHE_ROLE_VERIFY)
+            rc = pd_err_set(err, PD_ERR_FORMAT, "decode row after verify rows");
+        else if (c->ring && r == LCACHE_ROLE_VERIFY && ++verify > c->cfg.max_drafts)
+            rc = pd_err_set(err, PD_ERR_FORMAT, "more than %u verify rows", c->cfg.max_drafts);
+    }
+    if (rc != PD_OK && row)
+        *row = bad;
+    return rc;
+}
+
+/* kv eviction before a group that does not start with a prefill row: room
+ * for its n rows within the budget (see lcache_append). */
+static void kv_evict_for(lcache *c, const lcache_group *g)
+{
+    const lcache_config *p = &c->cfg;
+    if (p->evict == LCACHE_EVICT_NONE || g->roles[0] == LCACHE_ROLE_PREFILL)
+        return;
+    if (kv_layer_rows(c->kv) + g->n > p->evict_budget && p->evict_budget > g->n) {
+        uint64_t keep = p->evict_budget - g->n;
+        /* sinks up to the budget, the library's own clamp: with S = N - 1 a
+         * decode step keeps N - 1 rows, all of them sinks */
+        uint64_t sinks = p->evict_sinks < keep ? p->evict_sinks : keep;
+        if (p->evict == LCACHE_EVICT_RECENT)
+            kv_layer_evict_recent(c->kv, keep);
+        else
+            kv_layer_evict_importance(c->kv, keep, sinks, keep / 2 ? keep / 2 : 1);
+    }
+}
+
+pd_status lcache_append(lcache *c, const lcache_group *g, const float *k, const float *v, pd_err *err)
+{
+    if (c->g.open)
+        return pd_err_set(err, PD_ERR_ARG, "layer cache: append while a group is open");
+    if (!k || !v)
+        return pd_err_set(err, PD_ERR_ARG, "layer cache: append without rows");
+    pd_status rc = lcache_group_check(c, g, NULL, err);
+    if (rc != PD_OK)
+        return rc;
+    if ((rc = lcache_settle(c, g->pos, err)) != PD_OK)
+        return rc;
+    c->g = (lcache_open){.open = 1, .n = g->n, .roles = g->roles, .k = k, .v = v};
+    if (c->ring) {
+        uint32_t np = 0;
+        while (np < g->n && g->roles[np] == LCACHE_ROLE_PREFILL)
+            np++;
+        c->g.ref0 = (uint32_t)ring_layer_position(c->ring);
+        if (np)
+            rc = ring_layer_prefill(c->ring, k, v, np, err);
+        c->g.written = np;
+    } else {
+        kv_evict_for(c, g);
+        c->g.r0 = kv_layer_rows(c->kv);
+        rc = kv_layer_append_rows(c->kv, g->n, k, v, err);
+    }
+    if (rc != PD_OK) {
+        /* a kv layer that could not grow keeps the rows it took: the
+         * container no longer matches its stream, which must stop */
+        c->g.open = 0;
+        return rc;
+    }
+    c->pos = g->pos + g->n;
+    c->pending = g->n;
+    return PD_OK;
+}
+
+/* Ring: writes group rows [written, upto) — decode rows into the ring,
+ * verify rows into spill slots. */
+static pd_status ring_write_upto(lcache *c, uint32_t upto, pd_err *err)
+{
+    const uint64_t kvd = (uint64_t)c->cfg.n_kv_heads * c->cfg.head_dim;
+    pd_status rc = PD_OK;
+    for (; rc == PD_OK && c->g.written < upto; c->g.written++) {
+        uint32_t j = c->g.written;
+        const float *k = c->g.k + j * kvd, *v = c->g.v + j * kvd;
+        if (c->g.roles[j] == LCACHE_ROLE_DECODE)
+            rc = ring_layer_write(c->ring, k, v, NULL, err);
+        else
+            rc = ring_layer_draft_put(c->ring, k, v, err);
+    }
+    return rc;
+}
+
+pd_status lcache_attend(lcache *c, uint32_t j, const float *q, float *out, pd_err *err)
+{
+    if (!c->g.open)
+        return pd_err_set(err, PD_ERR_ARG, "layer cache: attend without an open group");
+    if (j >= c->g.n || j < c->g.next_attend)
+        return pd_err_set(err, PD_ERR_ARG, "layer cache: attend of row %u (group of %u, next row %u)", j,
+                          c->g.n, c->g.next_attend);
+    c->g.next_attend = j + 1;
+    const uint32_t hd = c->cfg.head_dim, G = c->cfg.q_per_kv;
+    if (c->ring) {
+        ring_attend_opts opts = {.group = G};
+        uint8_t role = c->g.roles[j];
+        if (role == LCACHE_ROLE_PREFILL)
+            return ring_layer_attend_prefill(c->ring, c->g.ref0 + j, q, &opts, out, NULL, err);
+        pd_status rc = ring_write_upto(c, j + 1, err);
+        if (rc != PD_OK)
+            return rc;
+        if (role == LCACHE_ROLE_DECODE)
+            return ring_layer_attend(c->ring, q, &opts, out, NULL, err);
+        return ring_layer_draft_attend(c->ring, ring_layer_drafts(c->ring) - 1, q, &opts, out, NULL, err);
+    }
+    uint64_t upto = c->g.r0 + j + 1;
+    uint64_t first = c->cfg.window && upto > c->cfg.window ? upto - c->cfg.window : 0;
+    pd_status rc = PD_OK;
+    for (uint32_t h = 0; rc == PD_OK && h < c->cfg.n_kv_heads; h++) {
+        kv_attend a = {.kv_head = h,
+                       .q_head0 = h * G,
+                       .n_q = G,
+                       .q = q + (uint64_t)h * G * hd,
+                       .first = (uint32_t)first,
+                       .upto = (uint32_t)upto,
+                       .track_imp = c->cfg.evict == LCACHE_EVICT_IMPORTANCE,
+                       .out = out + (uint64_t)h * G * hd};
+        rc = kv_layer_attend(c->kv, &a, NULL, err);
+    }
+    return rc;
+}
+
+pd_status lcache_end(lcache *c, pd_err *err)
+{
+    if (!c->g.open)
+        return PD_OK;
+    pd_status rc = PD_OK;
+    if (c->ring)
+        rc = ring_write_upto(c, c->g.n, err);
+    else if (c->cfg.window)
+        kv_layer_trim_window(c->kv, c->cfg.window, c->cfg.max_drafts + 1, 1);
+    c->g = (lcache_open){0};
+    return rc;
+}
+
+int lcache_group_open(const lcache *c)
+{
+    return c->g.open;
+}
+
+/* ---- memory, invariants --------------------------------------------------- */
+
+void lcache_memory(const lcache *c, lcache_mem *out)
+{
+    if (c->ring) {
+        ring_layer_mem m;
+        ring_layer_mem_get(c->ring, &m);
+        out->allocated = m.allocated + sizeof *c;
+        out->live = m.live;
+    } else {
+        kv_memory m;
+        kv_layer_memory(c->kv, &m);
+        out->allocated = m.allocated + sizeof *c;
+        out->live = m.attention + m.recurrent;
+    }
+}
+
+uint64_t lcache_bytes_estimate(const lcache_config *c)
+{
+    uint64_t rows;
+    if (c->kind == LCACHE_KIND_RING) {
+        rows = (uint64_t)c->prefill_rows + c->window + c->max_drafts;
+    } else {
+        rows = (uint64_t)c->prefill_rows + c->max_new + c->max_drafts + 1;
+        if (c->window && rows > 2ull * c->window + c->max_drafts + 2)
+            rows = 2ull * c->window + c->max_drafts + 2;
+    }
+    uint64_t per_row_head = (c->mode & KV_MODE_Q8K ? c->head_dim + 4ull * ((c->head_dim + 31) / 32)
+                                                   : 4ull * c->head_dim) +
+                            (c->mode & KV_MODE_Q8V ? c->head_dim + 4ull : 4ull * c->head_dim);
+    return rows * (c->n_kv_heads * per_row_head + 4);
+}
+
+void lcache_check(const lcache *c)
+{
+    CHECK((c->kv != NULL) != (c->ring != NULL));
+    CHECK(c->cfg.kind == (c->ring ? LCACHE_KIND_RING : LCACHE_KIND_KV));
+    CHECK(c->pending <= c->pos);
+    if (c->ring) {
+        pd_err e = {0};
+        CHECKF(ring_layer_check(c->ring, &e) == PD_OK, "%s", e.msg);
+        if (!c->g.open) {
+            CHECK(ring_layer_position(c->ring) + ring_layer_drafts(c->ring) == c->pos);
+            CHECK(ring_layer_drafts(c->ring) <= c->pending);
+        }
+    } else {
+        kv_layer_check(c->kv);
+        uint64_t depth = kv_layer_pos_len(c->kv);
+        CHECK(depth <= c->pos);
+        CHECK(c->cfg.evict != LCACHE_EVICT_NONE || depth == c->pos);
+        CHECK(!c->g.open || c->g.r0 + c->g.n == kv_layer_rows(c->kv));
+    }
+    CHECK(!c->g.open || (c->g.n >= 1 && c->g.next_attend <= c->g.n && c->g.written <= c->g.n));
+}
+
+/* ---- the implementation object ------------------------------------------ */
+
+kv_layer *lcache_kv(const lcache *c)
+{
+    return c->kv;
+}
+
+ring_layer *lcache_ring(const lcache *c)
+{
+    return c->ring;
+}
+
+void lcache_kv_config(const lcache *c, kv_layer_config *out)
+{
+    CHECK(c->kv);
+    kv_layer_config_get(c->kv, out);
+}
+
+pd_status lcache_adopt_check(const lcache *c, uint64_t depth, uint64_t pos, pd_err *err)
+{
+    int ok = c->ring || c->cfg.evict == LCACHE_EVICT_NONE ? depth == pos : depth <= pos;
+    if (!ok)
+        return pd_err_set(err, PD_ERR_MISMATCH, "layer cache: a state of depth %llu cannot stand for position %llu%s",
+                          (unsigned long long)depth, (unsigned long long)pos,
+                          c->ring || c->cfg.evict == LCACHE_EVICT_NONE ? "" : " (eviction keeps at most that many)");
+    return PD_OK;
+}
+
+void lcache_adopt(lcache *c, uint64_t pos)
+{
+    uint64_t depth = c->ring ? ring_layer_position(c->ring) + ring_layer_drafts(c->ring) : kv_layer_pos_len(c->kv);
+    CHECK(lcache_adopt_check(c, depth, pos, NULL) == PD_OK);
+    c->g = (lcache_open){0};
+    c->pos = pos;
+    c->pending = 0;
+}
