@@ -404,6 +404,33 @@ static pd_status kv_create(const kv_layer_config *cfg, uint32_t cap, kv_layer **
     return PD_OK;
 }
 
+uint64_t kv_layer_bytes_for(const kv_layer_config *cfg)
+{
+    pd_err e = {0};
+    if (kv_config_check(cfg, &e) != PD_OK)
+        return 0;
+    /* the same core kv_create builds, without allocating */
+    kv_core c = {.n_kv = cfg->n_kv_heads,
+                 .hd = cfg->head_dim,
+                 .ngk = quant_groups(cfg->head_dim, KV_K_GROUP),
+                 .freeze_rows = cfg->freeze_rows ? cfg->freeze_rows : KV_FREEZE_ROWS_DEFAULT,
+                 .spec_depth = cfg->spec_depth ? cfg->spec_depth : KV_SPEC_DEPTH_DEFAULT,
+                 .max_q = cfg->max_q_per_kv ? cfg->max_q_per_kv : 1,
+                 .mode = cfg->mode};
+    for (uint32_t h = 0; h < c.n_kv; h++)
+        c.n_alive += cfg->alive ? (cfg->alive[h] != 0) : 1;
+    uint64_t b = sizeof(kv_layer) + sizeof(kv_head) * (uint64_t)c.n_kv + c.n_kv + sizeof(kv_pend) * (uint64_t)c.spec_depth;
+    b += (uint64_t)c.n_alive * (kv_fields_bytes(&c) + kv_snap_bytes(&c));
+    if (cfg->capacity_rows > 0) {
+        size_t sn;
+        size_t cap = kv_cap_bytes(&c, cfg->capacity_rows, &sn);
+        if (cap == 0)
+            return 0;
+        b += cap; /* (kv_regrow's pointer table is freed before it returns) */
+    }
+    return b;
+}
+
 pd_status kv_layer_new(const kv_layer_config *cfg, kv_layer **out, pd_err *err)
 {
     pd_status st = kv_config_check(cfg, err);

@@ -93,6 +93,12 @@ typedef struct kv_layer_config {
  * (then *out is left unchanged). */
 pd_status kv_layer_new(const kv_layer_config *cfg, kv_layer **out, pd_err *err);
 
+/* The `allocated` bytes (kv_layer_memory) a layer new from cfg holds at its
+ * capacity_rows, without creating it: what admission budgets reserve. The
+ * layer grows beyond it only when rows exceed capacity_rows. 0 for a
+ * configuration kv_layer_new would refuse. */
+uint64_t kv_layer_bytes_for(const kv_layer_config *cfg);
+
 /* Frees the layer and everything it owns; NULL is a no-op. */
 void kv_layer_free(kv_layer *l);
 

@@ -77,6 +77,30 @@ static pd_status config_check(const lcache_config *c, pd_err *err)
     return PD_OK;
 }
 
+/* The implementation configurations a container of cfg is built from (the
+ * estimate below asks the same questions of them). */
+static ring_layer_config ring_config_of(const lcache_config *cfg)
+{
+    return (ring_layer_config){.n_kv_heads = cfg->n_kv_heads,
+                               .head_dim = cfg->head_dim,
+                               .window = cfg->window,
+                               .ref_capacity = cfg->prefill_rows,
+                               .max_drafts = cfg->max_drafts,
+                               .alloc = cfg->alloc,
+                               .max_group = cfg->q_per_kv};
+}
+
+static kv_layer_config kv_config_of(const lcache_config *cfg)
+{
+    return (kv_layer_config){.n_kv_heads = cfg->n_kv_heads,
+                             .head_dim = cfg->head_dim,
+                             .mode = cfg->mode,
+                             .capacity_rows = kv_capacity(cfg),
+                             .alloc = cfg->alloc,
+                             .spec_depth = cfg->max_drafts + 1,
+                             .max_q_per_kv = cfg->q_per_kv};
+}
+
 pd_status lcache_new(const lcache_config *cfg, lcache **out, pd_err *err)
 {
     pd_status st = config_check(cfg, err);
@@ -88,22 +112,10 @@ pd_status lcache_new(const lcache_config *cfg, lcache **out, pd_err *err)
     memset(c, 0, sizeof *c);
     c->cfg = *cfg;
     if (cfg->kind == LCACHE_KIND_RING) {
-        ring_layer_config rc = {.n_kv_heads = cfg->n_kv_heads,
-                                .head_dim = cfg->head_dim,
-                                .window = cfg->window,
-                                .ref_capacity = cfg->prefill_rows,
-                                .max_drafts = cfg->max_drafts,
-                                .alloc = cfg->alloc,
-                                .max_group = cfg->q_per_kv};
+        ring_layer_config rc = ring_config_of(cfg);
         st = ring_layer_new(&rc, &c->ring, err);
     } else {
-        c->kv_cfg = (kv_layer_config){.n_kv_heads = cfg->n_kv_heads,
-                                      .head_dim = cfg->head_dim,
-                                      .mode = cfg->mode,
-                                      .capacity_rows = kv_capacity(cfg),
-                                      .alloc = cfg->alloc,
-                                      .spec_depth = cfg->max_drafts + 1,
-                                      .max_q_per_kv = cfg->q_per_kv};
+        c->kv_cfg = kv_config_of(cfg);
         st = kv_layer_new(&c->kv_cfg, &c->kv, err);
     }
     if (st != PD_OK) {
@@ -368,18 +380,15 @@ void lcache_memory(const lcache *c, lcache_mem *out)
 
 uint64_t lcache_bytes_estimate(const lcache_config *c)
 {
-    uint64_t rows;
+    /* exactly what the implementation allocates at creation, asked of the
+     * implementation (it allocates everything up front: its capacity
+     * covers the whole page) */
     if (c->kind == LCACHE_KIND_RING) {
-        rows = (uint64_t)c->prefill_rows + c->window + c->max_drafts;
-    } else {
-        rows = (uint64_t)c->prefill_rows + c->max_new + c->max_drafts + 1;
-        if (c->window && rows > 2ull * c->window + c->max_drafts + 2)
-            rows = 2ull * c->window + c->max_drafts + 2;
+        ring_layer_config rc = ring_config_of(c);
+        return sizeof(lcache) + ring_layer_bytes_for(&rc);
     }
-    uint64_t per_row_head = (c->mode & KV_MODE_Q8K ? c->head_dim + 4ull * ((c->head_dim + 31) / 32)
-                                                   : 4ull * c->head_dim) +
-                            (c->mode & KV_MODE_Q8V ? c->head_dim + 4ull : 4ull * c->head_dim);
-    return rows * (c->n_kv_heads * per_row_head + 4);
+    kv_layer_config kc = kv_config_of(c);
+    return sizeof(lcache) + kv_layer_bytes_for(&kc);
 }
 
 void lcache_check(const lcache *c)

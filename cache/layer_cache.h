@@ -180,11 +180,11 @@ typedef struct lcache_mem {
 } lcache_mem;
 void lcache_memory(const lcache *c, lcache_mem *out);
 
-/* Bytes one container of cfg is expected to hold for a stream whose prefill
- * and generation are cfg->prefill_rows and cfg->max_new (admission budgets):
- * rows x (n_kv_heads x per-row-head bytes + 4), with rows the prefill plus
- * the window (ring) or plus max_new + max_drafts + 1, at most 2 windows +
- * max_drafts + 2 (kv window). */
+/* Bytes one container of cfg holds for a stream whose prefill and generation
+ * are cfg->prefill_rows and cfg->max_new (admission budgets): exactly what
+ * lcache_memory reports as allocated after lcache_new, asked of the
+ * implementation (kv_layer_bytes_for / ring_layer_bytes_for), since both
+ * allocate their whole capacity up front; 0 for a refused configuration. */
 uint64_t lcache_bytes_estimate(const lcache_config *cfg);
 
 /* Validates the container's and the implementation's invariants; aborts

@@ -769,6 +769,15 @@ uint64_t ring_layer_position(const ring_layer *r)
     return r->c.ref_rows + r->c.writes;
 }
 
+uint64_t ring_layer_bytes_for(const ring_layer_config *cfg)
+{
+    pd_err e = {0};
+    ring_plan p;
+    if (ring_cfg_validate(cfg, &e) != PD_OK || ring_plan_make(cfg, &p, &e) != PD_OK)
+        return 0;
+    return (uint64_t)p.total + sizeof(ring_layer);
+}
+
 void ring_layer_mem_get(const ring_layer *r, ring_layer_mem *out)
 {
     const ring_core *c = &r->c;

@@ -241,6 +241,10 @@ typedef struct ring_layer_mem {
 
 void ring_layer_mem_get(const ring_layer *r, ring_layer_mem *out);
 
+/* Exactly the `allocated` bytes ring_layer_new(cfg) would hold (everything
+ * is allocated at creation); 0 for a configuration it would refuse. */
+uint64_t ring_layer_bytes_for(const ring_layer_config *cfg);
+
 /* Validates every invariant (see the INV comments in ring_layer.c, including
  * the int8 mirror matching the f32 rows). PD_OK, or PD_ERR_FORMAT naming the
  * broken invariant. Tests call it after every mutation. */

@@ -59,6 +59,20 @@ PY
   then pass "np $np: real cache peak <= reserved peak <= the budget"; else fail "np $np: budget stats"; fi
 done
 
+# every cache kind: the reservation bounds the real allocation
+for pol in "--kv q8" "--kv q8k" "--attn rswa:8" "--attn window:8" "--evict importance:16:2"; do
+  tag=$(echo "$pol" | tr -c 'a-z0-9' '_')
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/u$tag.jsonl" --batch 8 --digest --mem-limit none $pol >/dev/null 2>&1
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/t$tag.jsonl" --batch 8 --digest --mem-limit 64K $pol \
+    --stats "$T/t$tag.stats" >/dev/null 2>&1
+  same "$T/u$tag.jsonl" "$T/t$tag.jsonl" "$pol: --mem-limit 64K == unlimited"
+  python3 -c "
+import json, sys
+s = json.load(open(sys.argv[1]))['stages'][0]
+assert 0 < s['cache_bytes_peak'] <= s['cache_reserved_peak'] <= 65536, s" "$T/t$tag.stats" \
+    && pass "$pol: real cache peak <= reserved peak <= the budget" || fail "$pol: budget stats"
+done
+
 # an automatic budget is reported; bad values are refused naming the flag
 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/auto.jsonl" --batch 8 --digest --stats "$T/auto.stats" >/dev/null 2>&1
 python3 -c "import json,sys; s=json.load(open(sys.argv[1])); assert s['stages'][0]['mem_limit_bytes'] > 1e8" "$T/auto.stats" \

@@ -533,6 +533,37 @@ START_TEST(lcache_refuses_contradictory_configurations)
 END_TEST
 
 /* The figures are the implementation's, plus the container's handle. */
+START_TEST(lcache_bytes_estimate_is_what_a_new_container_holds)
+{
+    /* the admission budget reserves this: it must equal the real allocation
+     * for every kind, mode, window and eviction, before and after a decode */
+    const lcache_config cfgs[] = {
+        cfg_kv(KV_MODE_F32, 0, LCACHE_EVICT_NONE, 0, 0),     cfg_kv(KV_MODE_Q8, 0, LCACHE_EVICT_NONE, 0, 0),
+        cfg_kv(KV_MODE_Q8K, 0, LCACHE_EVICT_NONE, 0, 0),     cfg_kv(KV_MODE_Q8V, 8, LCACHE_EVICT_NONE, 0, 0),
+        cfg_kv(KV_MODE_F32, 0, LCACHE_EVICT_IMPORTANCE, 16, 2), cfg_kv(KV_MODE_Q8, 0, LCACHE_EVICT_RECENT, 9, 0),
+        cfg_ring(4),                                          cfg_ring(32),
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        lcache_config cfg = cfgs[i];
+        cfg.prefill_rows = 6;
+        lcache *c = make(&cfg);
+        lcache_mem m;
+        lcache_memory(c, &m);
+        ck_assert_msg(lcache_bytes_estimate(&cfg) == m.allocated, "config %zu: estimate %llu, allocated %llu", i,
+                      (unsigned long long)lcache_bytes_estimate(&cfg), (unsigned long long)m.allocated);
+        float k[6 * KVD], v[6 * KVD], q[6 * QD], o[6 * QD];
+        fill(k, sizeof k / 4, 7);
+        fill(v, sizeof v / 4, 8);
+        fill(q, sizeof q / 4, 9);
+        const uint8_t pre[6] = {0};
+        lc_group(c, 0, pre, 6, k, v, q, o);
+        lcache_memory(c, &m);
+        ck_assert_msg(m.allocated <= lcache_bytes_estimate(&cfg), "config %zu grew past its estimate", i);
+        lcache_free(c);
+    }
+}
+END_TEST
+
 START_TEST(lcache_memory_is_the_implementations)
 {
     for (int kind = 0; kind < LCACHE_KIND_COUNT; kind++) {
@@ -580,6 +611,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, lcache_refuses_bad_groups_and_calls_and_changes_nothing);
     tcase_add_test(tc, lcache_refuses_contradictory_configurations);
     tcase_add_test(tc, lcache_memory_is_the_implementations);
+    tcase_add_test(tc, lcache_bytes_estimate_is_what_a_new_container_holds);
     suite_add_tcase(s, tc);
     return s;
 }
