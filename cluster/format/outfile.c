@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "base/check.h"
+#include "base/fnv.h"
 
 /* INV: size == the file's length (we are its only writer: flock);
  *      ids is an open-addressing set of n distinct strings, cap a power of
@@ -32,17 +33,9 @@ struct outfile {
 
 /* ---- id set ---------------------------------------------------------------- */
 
-static uint64_t outfile_hash(const char *s)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
-    return h;
-}
-
 static size_t outfile_slot(char *const *ids, size_t cap, const char *id)
 {
-    size_t i = (size_t)outfile_hash(id) & (cap - 1);
+    size_t i = (size_t)pd_fnv_str(id) & (cap - 1);
     while (ids[i] && strcmp(ids[i], id) != 0)
         i = (i + 1) & (cap - 1);
     return i;

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 
 #include "base/check.h"
+#include "base/fnv.h"
 
 /* ---- arena: every string and array of a pages object ------------------- */
 
@@ -67,20 +68,12 @@ static char *pages_strdup(pages *p, const char *s)
 
 /* ---- ids ------------------------------------------------------------------ */
 
-static uint64_t pages_hash(const char *s)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
-    return h;
-}
-
 static long pages_lookup(const pages *p, const char *id)
 {
     if (!p->n_slots)
         return -1;
     size_t mask = p->n_slots - 1;
-    for (size_t i = (size_t)pages_hash(id) & mask;; i = (i + 1) & mask) {
+    for (size_t i = (size_t)pd_fnv_str(id) & mask;; i = (i + 1) & mask) {
         if (!p->slots[i])
             return -1;
         if (!strcmp(p->pg[p->slots[i] - 1].id, id))
@@ -99,7 +92,7 @@ static int pages_index(pages *p, size_t k)
         for (size_t i = 0; i < p->n_slots; i++) {
             if (!p->slots[i])
                 continue;
-            size_t j = (size_t)pages_hash(p->pg[p->slots[i] - 1].id) & (ns - 1);
+            size_t j = (size_t)pd_fnv_str(p->pg[p->slots[i] - 1].id) & (ns - 1);
             while (s[j])
                 j = (j + 1) & (ns - 1);
             s[j] = p->slots[i];
@@ -108,7 +101,7 @@ static int pages_index(pages *p, size_t k)
         p->slots = s;
         p->n_slots = ns;
     }
-    size_t j = (size_t)pages_hash(p->pg[k].id) & (p->n_slots - 1);
+    size_t j = (size_t)pd_fnv_str(p->pg[k].id) & (p->n_slots - 1);
     while (p->slots[j])
         j = (j + 1) & (p->n_slots - 1);
     p->slots[j] = k + 1;
