@@ -16,6 +16,7 @@
 
 #include "base/check.h"
 #include "base/fnv.h"
+#include "base/utf8.h"
 
 /* INV: size == the file's length (we are its only writer: flock);
  *      ids is an open-addressing set of n distinct strings, cap a power of
@@ -266,36 +267,6 @@ static void outfile_put(outfile_sb *b, const char *s, size_t n)
 
 static void outfile_puts(outfile_sb *b, const char *s) { outfile_put(b, s, strlen(s)); }
 
-/* Length of a well-formed UTF-8 sequence at s[0..n), or 0 when ill-formed
- * with *bad = the length of its maximal subpart (the bytes one U+FFFD
- * replaces, as in vocab.h). */
-static size_t outfile_utf8(const unsigned char *s, size_t n, size_t *bad)
-{
-    unsigned c = s[0];
-    size_t k;
-    unsigned lo = 0x80, hi = 0xbf;
-    *bad = 1;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xc2 && c <= 0xdf)
-        k = 1;
-    else if (c >= 0xe0 && c <= 0xef)
-        k = 2, lo = c == 0xe0 ? 0xa0 : 0x80, hi = c == 0xed ? 0x9f : 0xbf;
-    else if (c >= 0xf0 && c <= 0xf4)
-        k = 3, lo = c == 0xf0 ? 0x90 : 0x80, hi = c == 0xf4 ? 0x8f : 0xbf;
-    else
-        return 0;
-    for (size_t j = 1; j <= k; j++) {
-        if (j >= n)
-            return 0;
-        unsigned b = s[j];
-        if (b < (j == 1 ? lo : 0x80) || b > (j == 1 ? hi : 0xbf))
-            return 0;
-        *bad = j + 1;
-    }
-    return k + 1;
-}
-
 /* A JSON string literal of s[0..n): escapes, and U+FFFD for each ill-formed
  * subpart (text from vocab is already repaired; this is the last line of
  * defence for callers' text). */
@@ -320,7 +291,7 @@ static void outfile_put_json_string(outfile_sb *b, const char *s, size_t n)
             outfile_puts(b, sh);
             i++;
         } else {
-            size_t bad, k = outfile_utf8(u + i, n - i, &bad);
+            size_t bad, k = pd_utf8_decode(u + i, n - i, NULL, &bad);
             if (k) {
                 outfile_put(b, s + i, k);
                 i += k;
@@ -342,14 +313,11 @@ pd_status outfile_write_page(outfile *o, const outfile_page *pg, pd_err *err)
     if ((!pg->tokens && pg->n_tokens) || (!pg->text && pg->text_len) ||
         pg->stop >= OUTFILE_STOP_COUNT || (int)pg->stop < 0)
         return pd_err_set(err, PD_ERR_ARG, "outfile: %s: page \"%s\": bad fields", o->path, pg->id);
-    for (size_t i = 0, n = strlen(pg->id), bad; i < n;) {
-        size_t k = outfile_utf8((const unsigned char *)pg->id + i, n - i, &bad);
-        if (!k)
-            return pd_err_set(err, PD_ERR_ARG,
-                              "outfile: %s: page id is not valid UTF-8 (byte %zu); it would not "
-                              "read back the same on resume", o->path, i);
-        i += k;
-    }
+    size_t bad_at = 0;
+    if (!pd_utf8_valid(pg->id, strlen(pg->id), &bad_at))
+        return pd_err_set(err, PD_ERR_ARG,
+                          "outfile: %s: page id is not valid UTF-8 (byte %zu); it would not "
+                          "read back the same on resume", o->path, bad_at);
     if (outfile_has(o, pg->id))
         return pd_err_set(err, PD_ERR_REFUSED, "outfile: %s: page \"%s\" is already written",
                           o->path, pg->id);

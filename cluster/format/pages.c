@@ -16,6 +16,7 @@
 
 #include "base/check.h"
 #include "base/fnv.h"
+#include "base/utf8.h"
 
 /* ---- arena: every string and array of a pages object ------------------- */
 
@@ -106,39 +107,6 @@ static int pages_index(pages *p, size_t k)
         j = (j + 1) & (p->n_slots - 1);
     p->slots[j] = k + 1;
     return 0;
-}
-
-static bool pages_utf8_valid(const unsigned char *s, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        size_t k;
-        uint32_t cp, min;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if (c >= 0xc2 && c <= 0xdf) {
-            k = 1, cp = c & 0x1f, min = 0x80;
-        } else if (c >= 0xe0 && c <= 0xef) {
-            k = 2, cp = c & 0x0f, min = 0x800;
-        } else if (c >= 0xf0 && c <= 0xf4) {
-            k = 3, cp = c & 0x07, min = 0x10000;
-        } else {
-            return false;
-        }
-        if (n - i <= k)
-            return false;
-        for (size_t j = 1; j <= k; j++) {
-            if ((s[i + j] & 0xc0) != 0x80)
-                return false;
-            cp = cp << 6 | (s[i + j] & 0x3f);
-        }
-        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-            return false;
-        i += k + 1;
-    }
-    return true;
 }
 
 /* ---- one manifest line ---------------------------------------------------- */
@@ -258,7 +226,7 @@ static pd_status pages_parse_line(pages *p, pages_where *w, const char *text, si
                         PAGES_MAX_ID_BYTES);
         goto done;
     }
-    if (!pages_utf8_valid((const unsigned char *)id->valuestring, id_len)) {
+    if (!pd_utf8_valid(id->valuestring, id_len, NULL)) {
         st = pages_fail(w, PD_ERR_FORMAT, "id: not valid UTF-8");
         goto done;
     }
