@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "base/check.h"
+#include "base/file.h"
 
 /* ------------------------------------------------------------ type tables */
 
@@ -901,36 +902,28 @@ pd_status gguf_open(const char *path, gguf_file **out, pd_err *err)
 {
     if (!path || !out)
         return pd_err_set(err, PD_ERR_ARG, "gguf: open needs a path and an out pointer");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return pd_err_set(err, PD_ERR_IO, "gguf: cannot open '%s': %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
+    int fd = -1;
+    uint64_t size = 0;
+    pd_status s = pd_file_open_read(path, "gguf", &fd, &size, err);
+    if (s != PD_OK)
+        return s;
+    if (size > SIZE_MAX) {
         close(fd);
-        return pd_err_set(err, PD_ERR_IO, "gguf: cannot stat '%s': %s", path, strerror(e));
+        return pd_err_set(err, PD_ERR_IO, "gguf: %s: too large to map", path);
     }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return pd_err_set(err, PD_ERR_IO, "gguf: '%s' is not a regular file", path);
-    }
-    if ((uint64_t)st.st_size > SIZE_MAX) {
-        close(fd);
-        return pd_err_set(err, PD_ERR_IO, "gguf: '%s' is too large to map", path);
-    }
-    size_t len = (size_t)st.st_size;
+    size_t len = (size_t)size;
     const uint8_t *base = NULL;
     if (len > 0) {
         void *m = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
         if (m == MAP_FAILED) {
             int e = errno;
             close(fd);
-            return pd_err_set(err, PD_ERR_IO, "gguf: cannot map '%s': %s", path, strerror(e));
+            return pd_err_set(err, PD_ERR_IO, "gguf: %s: cannot map: %s", path, strerror(e));
         }
         base = m;
     }
     close(fd); /* the mapping keeps the file */
-    pd_status s = gg_open(base, len, len > 0, out, err);
+    s = gg_open(base, len, len > 0, out, err);
     if (s != PD_OK && base)
         munmap((void *)base, len);
     return s;

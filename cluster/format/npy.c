@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "base/check.h"
+#include "base/file.h"
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
                "npy reads '<f4' data by memcpy: a big-endian host needs a byte swap");
@@ -372,54 +373,20 @@ pd_status npy_parse_header(const void *buf, size_t len, uint64_t file_size, cons
 
 /* ---- files -------------------------------------------------------------- */
 
-/* Reads exactly n bytes at off; a short file is PD_ERR_TRUNCATED. */
-static pd_status npy_pread_all(int fd, void *dst, size_t n, uint64_t off, const char *name,
-                               pd_err *err)
-{
-    uint8_t *p = dst;
-    while (n) {
-        size_t chunk = n > (1u << 30) ? (1u << 30) : n;
-        ssize_t r = pread(fd, p, chunk, (off_t)off);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            return pd_err_set(err, PD_ERR_IO, "npy: %s: offset %" PRIu64 ": read: %s", name, off,
-                              strerror(errno));
-        }
-        if (r == 0)
-            return pd_err_set(err, PD_ERR_TRUNCATED,
-                              "npy: %s: offset %" PRIu64 ": file ended early (changed while read?)",
-                              name, off);
-        p += r;
-        n -= (size_t)r;
-        off += (uint64_t)r;
-    }
-    return PD_OK;
-}
-
 /* Opens path read-only and validates its header; *fd_out stays open on PD_OK. */
 static pd_status npy_open_info(const char *path, npy_info *info, int *fd_out, pd_err *err)
 {
     if (!path || !info)
         return pd_err_set(err, PD_ERR_ARG, "npy: NULL path or info");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return pd_err_set(err, PD_ERR_IO, "npy: %s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return pd_err_set(err, PD_ERR_IO, "npy: %s: stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return pd_err_set(err, PD_ERR_IO, "npy: %s: not a regular file", path);
-    }
-    uint64_t size = (uint64_t)sb.st_size;
+    int fd = -1;
+    uint64_t size = 0;
+    pd_status st = pd_file_open_read(path, "npy", &fd, &size, err);
+    if (st != PD_OK)
+        return st;
     uint8_t pre_buf[12];
     size_t pre_len = size < sizeof pre_buf ? (size_t)size : sizeof pre_buf;
     npy_prelude pre;
-    pd_status st = npy_pread_all(fd, pre_buf, pre_len, 0, path, err);
+    st = pd_file_read_at(fd, pre_buf, pre_len, 0, path, "npy", err);
     if (st == PD_OK)
         st = npy_prelude_parse(pre_buf, pre_len, size, path, &pre, err);
     if (st != PD_OK) {
@@ -435,7 +402,7 @@ static pd_status npy_open_info(const char *path, npy_info *info, int *fd_out, pd
         return pd_err_set(err, PD_ERR_NOMEM, "npy: %s: no memory for a %zu-byte header", path,
                           total);
     }
-    st = npy_pread_all(fd, hb, total, 0, path, err);
+    st = pd_file_read_at(fd, hb, total, 0, path, "npy", err);
     if (st == PD_OK)
         st = npy_parse_header(hb, total, size, path, info, err);
     if (hb != stack_buf)
@@ -486,8 +453,8 @@ pd_status npy_read_rows(const char *path, const npy_info *expect, uint64_t row0,
     }
     /* No overflow: rows * cols * 4 fit below file_size (npy_info INV). */
     uint64_t row_bytes = info.cols * 4;
-    st = npy_pread_all(fd, dst, (size_t)(n * row_bytes), info.data_offset + row0 * row_bytes,
-                       path, err);
+    st = pd_file_read_at(fd, dst, (size_t)(n * row_bytes), info.data_offset + row0 * row_bytes,
+                         path, "npy", err);
     close(fd);
     return st;
 }
@@ -510,7 +477,7 @@ pd_status npy_read_into(const char *path, float *dst, size_t cap, npy_info *info
         close(fd);
         return pd_err_set(err, PD_ERR_ARG, "npy: %s: NULL destination", path);
     }
-    st = npy_pread_all(fd, dst, (size_t)count * 4, in.data_offset, path, err);
+    st = pd_file_read_at(fd, dst, (size_t)count * 4, in.data_offset, path, "npy", err);
     close(fd);
     if (st == PD_OK && info)
         *info = in;
@@ -534,7 +501,7 @@ pd_status npy_load(const char *path, npy_info *info, float **out, pd_err *err)
             close(fd);
             return pd_err_set(err, PD_ERR_NOMEM, "npy: %s: no memory for %zu floats", path, count);
         }
-        st = npy_pread_all(fd, data, count * 4, in.data_offset, path, err);
+        st = pd_file_read_at(fd, data, count * 4, in.data_offset, path, "npy", err);
     }
     close(fd);
     if (st != PD_OK) {

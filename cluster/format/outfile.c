@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "base/check.h"
+#include "base/file.h"
 #include "base/fnv.h"
 #include "base/utf8.h"
 
@@ -183,26 +184,24 @@ pd_status outfile_open(const char *path, outfile **out, pd_err *err)
         return st;
     }
     pd_status st = PD_OK;
-    struct stat sb;
+    uint64_t size = 0;
     if (flock(o->fd, LOCK_EX | LOCK_NB) != 0)
         st = errno == EWOULDBLOCK
                  ? pd_err_set(err, PD_ERR_REFUSED, "outfile: %s: in use by another run (locked)",
                               path)
                  : pd_err_set(err, PD_ERR_IO, "outfile: %s: lock: %s", path, strerror(errno));
-    else if (fstat(o->fd, &sb) != 0)
-        st = pd_err_set(err, PD_ERR_IO, "outfile: %s: stat: %s", path, strerror(errno));
-    else if (!S_ISREG(sb.st_mode))
-        st = pd_err_set(err, PD_ERR_IO, "outfile: %s: not a regular file", path);
+    else
+        st = pd_file_check_regular(o->fd, path, "outfile", &size, err);
     uint64_t good = 0;
     if (st == PD_OK)
-        st = outfile_scan(o, (uint64_t)sb.st_size, &good, err);
-    if (st == PD_OK && good < (uint64_t)sb.st_size) {
+        st = outfile_scan(o, size, &good, err);
+    if (st == PD_OK && good < size) {
         /* A killed run's partial last line: cut it so appends start clean. */
         if (ftruncate(o->fd, (off_t)good) != 0 || fsync(o->fd) != 0)
             st = pd_err_set(err, PD_ERR_IO, "outfile: %s: cutting a partial last line: %s", path,
                             strerror(errno));
         else
-            o->cut = (uint64_t)sb.st_size - good;
+            o->cut = size - good;
     }
     if (st != PD_OK) {
         outfile_free(o);

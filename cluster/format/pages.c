@@ -5,16 +5,16 @@
 #include "cluster/format/pages.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/check.h"
+#include "base/file.h"
 #include "base/fnv.h"
 #include "base/utf8.h"
 
@@ -475,32 +475,28 @@ static pd_status pages_check_embeddings(pages *p, const pages_where *w, size_t d
     return PD_OK;
 }
 
+/* The whole manifest, NUL-terminated, in a new buffer (*buf owned, free()). */
 static pd_status pages_read_file(const char *path, char **buf, size_t *len, pd_err *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return pd_err_set(err, PD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(f);
-        return pd_err_set(err, PD_ERR_IO, "%s: not a regular file", path);
-    }
-    size_t n = (size_t)sb.st_size;
-    char *b = malloc(n + 1);
+    int fd = -1;
+    uint64_t size = 0;
+    pd_status st = pd_file_open_read(path, NULL, &fd, &size, err);
+    if (st != PD_OK)
+        return st;
+    char *b = size < SIZE_MAX ? malloc((size_t)size + 1) : NULL;
     if (!b) {
-        fclose(f);
-        return pd_err_set(err, PD_ERR_NOMEM, "%s: no memory for %zu bytes", path, n);
+        close(fd);
+        return pd_err_set(err, PD_ERR_NOMEM, "%s: no memory for %" PRIu64 " bytes", path, size);
     }
-    size_t got = fread(b, 1, n, f);
-    int bad = ferror(f);
-    fclose(f);
-    if (bad || got != n) {
+    st = pd_file_read_at(fd, b, (size_t)size, 0, path, NULL, err);
+    close(fd);
+    if (st != PD_OK) {
         free(b);
-        return pd_err_set(err, PD_ERR_IO, "%s: read %zu of %zu bytes", path, got, n);
+        return st;
     }
-    b[n] = '\0';
+    b[size] = '\0';
     *buf = b;
-    *len = n;
+    *len = (size_t)size;
     return PD_OK;
 }
 
