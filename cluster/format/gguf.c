@@ -5,7 +5,7 @@
  * then a fill pass into tables allocated once (so nothing is allocated from a
  * count the bytes have not yet backed). Cross-entry checks (duplicates,
  * bounds, overlaps) run on the filled tables. The writer encodes every field
- * little-endian and streams the file to path.tmp before an atomic rename. */
+ * little-endian and streams the file through an atomic publish (base/file.h). */
 #include "cluster/format/gguf.h"
 
 #include <errno.h>
@@ -1668,33 +1668,22 @@ pd_status gguf_writer_add_tensor_copy(gguf_writer *w, const char *name, uint32_t
     return gw_add(w, name, type, n_dims, ne, data, true);
 }
 
-/* Output: either a memory buffer sized up front, or a file descriptor behind
- * a small staging buffer (tensor data larger than it goes straight through). */
+/* Output: either a memory buffer sized up front, or a file being published
+ * behind a small staging buffer (tensor data larger than it goes straight
+ * through). */
 typedef struct gw_sink {
     uint8_t *buf;
     size_t cap, len;
-    int fd; /* -1 for memory */
-    const char *path;
+    pd_publish *pub; /* NULL for memory */
     pd_status st;
     pd_err *err;
 } gw_sink;
 
 static void sink_flush(gw_sink *s)
 {
-    if (s->fd < 0 || s->st != PD_OK)
+    if (!s->pub || s->st != PD_OK)
         return;
-    size_t o = 0;
-    while (o < s->len) {
-        ssize_t n = write(s->fd, s->buf + o, s->len - o);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            s->st = pd_err_set(s->err, PD_ERR_IO, "gguf writer: writing '%s': %s", s->path,
-                               n < 0 ? strerror(errno) : "no progress");
-            return;
-        }
-        o += (size_t)n;
-    }
+    s->st = pd_file_publish_write(s->pub, s->buf, s->len, s->err);
     s->len = 0;
 }
 
@@ -1702,7 +1691,7 @@ static void sink_put(gw_sink *s, const void *p, size_t n)
 {
     if (s->st != PD_OK || n == 0)
         return;
-    if (s->fd < 0) {
+    if (!s->pub) {
         CHECK(n <= s->cap - s->len);
         memcpy(s->buf + s->len, p, n);
         s->len += n;
@@ -1716,19 +1705,8 @@ static void sink_put(gw_sink *s, const void *p, size_t n)
         return;
     }
     /* larger than the staging buffer: write it directly */
-    const uint8_t *b = p;
-    size_t o = 0;
-    while (o < n && s->st == PD_OK) {
-        ssize_t k = write(s->fd, b + o, n - o);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0) {
-            s->st = pd_err_set(s->err, PD_ERR_IO, "gguf writer: writing '%s': %s", s->path,
-                               k < 0 ? strerror(errno) : "no progress");
-            return;
-        }
-        o += (size_t)k;
-    }
+    if (s->st == PD_OK)
+        s->st = pd_file_publish_write(s->pub, p, n, s->err);
 }
 
 static void sink_u32(gw_sink *s, uint32_t v)
@@ -1853,30 +1831,12 @@ pd_status gguf_writer_to_mem(gguf_writer *w, void **buf, size_t *len, pd_err *er
     uint8_t *b = malloc((size_t)total);
     if (!b)
         return pd_err_set(err, PD_ERR_NOMEM, "gguf writer: out of memory for %" PRIu64 " bytes", total);
-    gw_sink s = {.buf = b, .cap = (size_t)total, .fd = -1, .path = "(memory)", .err = err};
+    gw_sink s = {.buf = b, .cap = (size_t)total, .err = err};
     gw_emit(w, a, &s);
     CHECK(s.st == PD_OK && s.len == total);
     *buf = b;
     *len = (size_t)total;
     return PD_OK;
-}
-
-/* fsyncs the directory that holds path so a rename in it is durable. */
-static pd_status gw_sync_dir(const char *path, pd_err *err)
-{
-    const char *slash = strrchr(path, '/');
-    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-    if (!dir)
-        return pd_err_set(err, PD_ERR_NOMEM, "gguf writer: out of memory");
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    pd_status st = PD_OK;
-    if (fd < 0 || fsync(fd) != 0)
-        st = pd_err_set(err, PD_ERR_IO, "gguf writer: cannot sync directory '%s': %s", dir,
-                        strerror(errno));
-    if (fd >= 0)
-        close(fd);
-    free(dir);
-    return st;
 }
 
 pd_status gguf_writer_write(gguf_writer *w, const char *path, pd_err *err)
@@ -1888,40 +1848,25 @@ pd_status gguf_writer_write(gguf_writer *w, const char *path, pd_err *err)
     pd_status st = gw_layout(w, &a, &total, err);
     if (st != PD_OK)
         return st;
-    size_t pl = strlen(path);
-    char *tmp = malloc(pl + 5);
     enum { STAGE = 1 << 20 };
     uint8_t *stage = malloc(STAGE);
-    if (!tmp || !stage) {
-        free(tmp);
-        free(stage);
+    if (!stage)
         return pd_err_set(err, PD_ERR_NOMEM, "gguf writer: out of memory");
-    }
-    memcpy(tmp, path, pl);
-    memcpy(tmp + pl, ".tmp", 5);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        st = pd_err_set(err, PD_ERR_IO, "gguf writer: cannot create '%s': %s", tmp, strerror(errno));
-        free(tmp);
+    pd_publish *pub = NULL;
+    st = pd_file_publish_begin(path, 0644, "gguf writer", &pub, err);
+    if (st != PD_OK) {
         free(stage);
         return st;
     }
-    gw_sink s = {.buf = stage, .cap = STAGE, .fd = fd, .path = tmp, .err = err};
+    gw_sink s = {.buf = stage, .cap = STAGE, .pub = pub, .err = err};
     gw_emit(w, a, &s);
     sink_flush(&s);
-    st = s.st;
-    if (st == PD_OK && fsync(fd) != 0)
-        st = pd_err_set(err, PD_ERR_IO, "gguf writer: fsync '%s': %s", tmp, strerror(errno));
-    if (close(fd) != 0 && st == PD_OK)
-        st = pd_err_set(err, PD_ERR_IO, "gguf writer: close '%s': %s", tmp, strerror(errno));
-    if (st == PD_OK && rename(tmp, path) != 0)
-        st = pd_err_set(err, PD_ERR_IO, "gguf writer: rename '%s' to '%s': %s", tmp, path,
-                        strerror(errno));
-    if (st != PD_OK)
-        unlink(tmp);
-    else
-        st = gw_sync_dir(path, err);
-    free(tmp);
+    if (s.st == PD_OK) {
+        st = pd_file_publish_commit(pub, err);
+    } else {
+        pd_file_publish_abort(pub);
+        st = s.st;
+    }
     free(stage);
     return st;
 }

@@ -4,15 +4,12 @@
  * outside it is refused with the byte offset where it went wrong. */
 #include "cluster/format/npy.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/check.h"
@@ -516,23 +513,6 @@ pd_status npy_load(const char *path, npy_info *info, float **out, pd_err *err)
 
 /* ---- writer ------------------------------------------------------------- */
 
-static pd_status npy_write_all(int fd, const void *src, size_t n, const char *path, pd_err *err)
-{
-    const uint8_t *p = src;
-    while (n) {
-        size_t chunk = n > (1u << 30) ? (1u << 30) : n;
-        ssize_t w = write(fd, p, chunk);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return pd_err_set(err, PD_ERR_IO, "npy: %s: write: %s", path, strerror(errno));
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return PD_OK;
-}
-
 pd_status npy_write_f32(const char *path, uint64_t rows, uint64_t cols, const float *data,
                         pd_err *err)
 {
@@ -570,53 +550,16 @@ pd_status npy_write_f32(const char *path, uint64_t rows, uint64_t cols, const fl
     memset(head + start + dl, ' ', total - start - (size_t)dl - 1);
     head[total - 1] = '\n';
 
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 16);
-    if (!tmp)
-        return pd_err_set(err, PD_ERR_NOMEM, "npy: %s: no memory", path);
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp.XXXXXX", 12);
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        pd_status st = pd_err_set(err, PD_ERR_IO, "npy: %s: cannot create a temporary file: %s",
-                                  path, strerror(errno));
-        free(tmp);
+    pd_publish *pub = NULL;
+    pd_status st = pd_file_publish_begin(path, 0644, "npy", &pub, err);
+    if (st != PD_OK)
         return st;
-    }
-    pd_status st = PD_OK;
-    if (fchmod(fd, 0644) != 0)
-        st = pd_err_set(err, PD_ERR_IO, "npy: %s: chmod: %s", tmp, strerror(errno));
-    if (st == PD_OK)
-        st = npy_write_all(fd, head, total, path, err);
+    st = pd_file_publish_write(pub, head, total, err);
     if (st == PD_OK && count)
-        st = npy_write_all(fd, data, (size_t)count * 4, path, err);
-    if (st == PD_OK && fsync(fd) != 0)
-        st = pd_err_set(err, PD_ERR_IO, "npy: %s: fsync: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && st == PD_OK)
-        st = pd_err_set(err, PD_ERR_IO, "npy: %s: close: %s", tmp, strerror(errno));
-    if (st == PD_OK && rename(tmp, path) != 0)
-        st = pd_err_set(err, PD_ERR_IO, "npy: %s: rename: %s", path, strerror(errno));
+        st = pd_file_publish_write(pub, data, (size_t)count * 4, err);
     if (st != PD_OK) {
-        unlink(tmp);
-        free(tmp);
+        pd_file_publish_abort(pub);
         return st;
     }
-    free(tmp);
-    /* Make the rename durable: fsync the directory (best effort). */
-    char *dir = strdup(path);
-    if (dir) {
-        char *slash = strrchr(dir, '/');
-        const char *d = ".";
-        if (slash) {
-            slash[slash == dir ? 1 : 0] = '\0';
-            d = dir;
-        }
-        int dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            (void)fsync(dfd);
-            close(dfd);
-        }
-        free(dir);
-    }
-    return PD_OK;
+    return pd_file_publish_commit(pub, err);
 }
