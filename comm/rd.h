@@ -36,7 +36,7 @@ typedef struct rd {
     size_t len;       /* bytes in p */
     size_t off;       /* bytes consumed */
     size_t base;      /* added to off in messages (a record inside a bundle) */
-    const char *ctx;  /* message prefix, e.g. "wire" (static string) */
+    const char *ctx;  /* message prefix, e.g. "wire" (borrowed; outlives the reader) */
     pd_err *err;      /* where failures are reported (may be NULL) */
     pd_status status; /* first failure, sticky */
 } rd;
@@ -84,6 +84,13 @@ pd_status rd_i8_n(rd *r, const char *field, int8_t *dst, size_t n);
 
 /* Fails with PD_ERR_FORMAT naming the count when bytes remain. */
 pd_status rd_expect_end(rd *r);
+
+/* The next byte without consuming it, or -1 when none remains or the reader
+ * has failed: text decoders (the .npy header dict) look ahead with it. */
+static inline int rd_peek(const rd *r)
+{
+    return r->status == PD_OK && r->off < r->len ? r->p[r->off] : -1;
+}
 
 /* Little-endian loads from memory already bounds-checked by the caller. */
 uint16_t rd_le16(const uint8_t *p);

@@ -116,6 +116,25 @@ START_TEST(rd_arrays_decode_f32_f16_i8_and_skip_with_null)
 }
 END_TEST
 
+START_TEST(rd_peek_looks_ahead_without_consuming)
+{
+    const uint8_t b[2] = {0x93, 'N'};
+    pd_err e = {0};
+    rd r;
+    rd_init(&r, b, sizeof b, 0, "t", &e);
+    ck_assert_int_eq(rd_peek(&r), 0x93); /* a byte, not a negative char */
+    ck_assert_int_eq(rd_peek(&r), 0x93);
+    ck_assert_int_eq(rd_skip(&r, "a", 1), PD_OK);
+    ck_assert_int_eq(rd_peek(&r), 'N');
+    ck_assert_int_eq(rd_skip(&r, "b", 1), PD_OK);
+    ck_assert_int_eq(rd_peek(&r), -1); /* the end */
+    rd_init(&r, b, sizeof b, 0, "t", &e);
+    uint32_t v;
+    ck_assert_int_eq(rd_u32(&r, "c", &v), PD_ERR_TRUNCATED);
+    ck_assert_int_eq(rd_peek(&r), -1); /* a failed reader has nothing to show */
+}
+END_TEST
+
 START_TEST(rd_trailing_bytes_are_an_error)
 {
     uint8_t b[3] = {0};
@@ -363,6 +382,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, rd_truncated_read_names_offset_and_field_and_leaves_output);
     tcase_add_test(tc, rd_count_is_checked_against_remaining_and_overflow);
     tcase_add_test(tc, rd_arrays_decode_f32_f16_i8_and_skip_with_null);
+    tcase_add_test(tc, rd_peek_looks_ahead_without_consuming);
     tcase_add_test(tc, rd_trailing_bytes_are_an_error);
     tcase_add_test(tc, rd_fail_reports_first_failure_only);
     tcase_add_test(tc, rd_span_borrows_input_without_copy);
