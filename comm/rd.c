@@ -244,6 +244,20 @@ pd_status rd_i8_n(rd *r, const char *field, int8_t *dst, size_t n)
     return s;
 }
 
+pd_status rd_until(rd *r, uint8_t delim, const uint8_t **out, size_t *n, bool *found)
+{
+    if (r->status != PD_OK)
+        return r->status;
+    const uint8_t *start = r->p + r->off;
+    size_t left = rd_remaining(r);
+    const uint8_t *hit = left ? memchr(start, delim, left) : NULL;
+    *out = start;
+    *n = hit ? (size_t)(hit - start) : left;
+    *found = hit != NULL;
+    r->off += *n + (hit ? 1 : 0);
+    return PD_OK;
+}
+
 pd_status rd_expect_end(rd *r)
 {
     if (r->status != PD_OK)

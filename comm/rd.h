@@ -25,6 +25,7 @@
 
 #include "base/status.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -91,6 +92,12 @@ static inline int rd_peek(const rd *r)
 {
     return r->status == PD_OK && r->off < r->len ? r->p[r->off] : -1;
 }
+
+/* Borrows the bytes up to the next delim (*out, *n; delim excluded) and
+ * consumes them and the delimiter. *found is false when no delimiter
+ * remains: then they are all the remaining bytes (possibly none). Line-based
+ * text (page manifests, output files) is split with it. */
+pd_status rd_until(rd *r, uint8_t delim, const uint8_t **out, size_t *n, bool *found);
 
 /* Little-endian loads from memory already bounds-checked by the caller. */
 uint16_t rd_le16(const uint8_t *p);

@@ -1,7 +1,10 @@
 /* pages: loads and validates a JSON Lines page manifest (format in pages.h).
  * Owns the parsed pages (ids, token segments, resolved embedding paths) in one
  * bump arena, an id hash for uniqueness and lookup, and nothing else: the
- * embedding rows stay in their .npy files until pages_embed_read. */
+ * embedding rows stay in their .npy files until pages_embed_read. The
+ * manifest's bytes are split into lines and checked around each JSON object
+ * through comm/rd.h's bounds-checked reader; cJSON parses each line within
+ * its length. */
 #include "cluster/format/pages.h"
 
 #include <cjson/cJSON.h>
@@ -17,6 +20,7 @@
 #include "base/file.h"
 #include "base/fnv.h"
 #include "base/utf8.h"
+#include "comm/rd.h"
 
 /* ---- arena: every string and array of a pages object ------------------- */
 
@@ -178,7 +182,14 @@ static const char *pages_num_show(double v, char *buf, size_t cap)
     return buf;
 }
 
-static bool pages_is_ws(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+static bool pages_is_ws(int c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
+/* Consumes the white space at r (the manifest's white space: CRLF's '\r' too). */
+static void pages_skip_ws(rd *r)
+{
+    while (pages_is_ws(rd_peek(r)))
+        (void)rd_skip(r, "white space", 1);
+}
 
 enum { PAGES_KEY_ID, PAGES_KEY_PREFILL, PAGES_KEY_MAX_NEW, PAGES_KEY_COUNT };
 
@@ -194,13 +205,21 @@ static pd_status pages_parse_line(pages *p, pages_where *w, const char *text, si
         return pages_fail(w, PD_ERR_FORMAT, "not valid JSON (column %zu)", col);
     }
     pd_status st = PD_OK;
-    for (const char *q = end; q < text + len; q++)
-        if (!pages_is_ws(*q)) {
-            st = pages_fail(w, PD_ERR_FORMAT,
-                            "unexpected text after the JSON object (column %zu); one page a line",
-                            (size_t)(q - text) + 1);
-            goto done;
-        }
+    /* cJSON read the object within the line's length; what follows it on the
+     * line may only be white space. */
+    rd lr;
+    rd_init(&lr, text, len, 0, w->manifest, NULL);
+    if (!end || end < text || rd_skip(&lr, "JSON object", (size_t)(end - text)) != PD_OK) {
+        st = pages_fail(w, PD_ERR_FORMAT, "not valid JSON (column 1)");
+        goto done;
+    }
+    pages_skip_ws(&lr);
+    if (rd_remaining(&lr)) {
+        st = pages_fail(w, PD_ERR_FORMAT,
+                        "unexpected text after the JSON object (column %zu); one page a line",
+                        rd_offset(&lr) + 1);
+        goto done;
+    }
     if (!cJSON_IsObject(root)) {
         st = pages_fail(w, PD_ERR_FORMAT, "a page must be a JSON object");
         goto done;
@@ -528,20 +547,26 @@ pd_status pages_load(const char *path, uint32_t vocab_size, uint32_t hidden,
     float *scan = NULL;
     size_t scan_cap = 0;
     uint32_t line = 0;
-    for (size_t pos = 0; pos < len && st == PD_OK;) {
-        const char *ln = text + pos;
-        const char *nl = memchr(ln, '\n', len - pos);
-        size_t ll = nl ? (size_t)(nl - ln) : len - pos;
-        pos += ll + (nl ? 1 : 0);
+    /* The manifest's bytes are split into lines by comm/rd.h's reader; each
+     * line goes to the JSON parser with its length. */
+    rd r;
+    rd_init(&r, text, len, 0, path, err);
+    while (st == PD_OK && rd_remaining(&r)) {
+        const uint8_t *lb = NULL;
+        size_t ll = 0;
+        bool nl = false;
+        if ((st = rd_until(&r, '\n', &lb, &ll, &nl)) != PD_OK)
+            break;
+        const char *ln = (const char *)lb;
         if (line == UINT32_MAX) {
             st = pd_err_set(err, PD_ERR_RANGE, "%s: more than %u lines", path, UINT32_MAX);
             break;
         }
         line++;
-        size_t k = 0;
-        while (k < ll && pages_is_ws(ln[k]))
-            k++;
-        if (k == ll)
+        rd blank;
+        rd_init(&blank, ln, ll, 0, path, NULL);
+        pages_skip_ws(&blank);
+        if (!rd_remaining(&blank))
             continue;
         if (p->n == p->cap) {
             size_t nc = p->cap ? p->cap * 2 : 64;
