@@ -18,6 +18,7 @@
 #include "base/file.h"
 #include "base/fnv.h"
 #include "base/utf8.h"
+#include "comm/rd.h"
 
 /* INV: size == the file's length (we are its only writer: flock);
  *      ids is an open-addressing set of n distinct strings, cap a power of
@@ -133,9 +134,16 @@ static pd_status outfile_scan(outfile *o, uint64_t size, uint64_t *good, pd_err 
                             off, r < 0 ? strerror(errno) : "file shrank");
             break;
         }
-        for (size_t i = 0; i < (size_t)r && st == PD_OK;) {
-            const char *nl = memchr(chunk + i, '\n', (size_t)r - i);
-            size_t take = nl ? (size_t)(nl - (chunk + i)) : (size_t)r - i;
+        /* Lines are cut out of the chunk by comm/rd.h's reader (base = the
+         * chunk's file offset); a line may continue into the next chunk. */
+        rd cr;
+        rd_init(&cr, chunk, (size_t)r, (size_t)off, o->path, err);
+        while (st == PD_OK && rd_remaining(&cr)) {
+            const uint8_t *piece = NULL;
+            size_t take = 0;
+            bool nl = false;
+            if ((st = rd_until(&cr, '\n', &piece, &take, &nl)) != PD_OK)
+                break;
             if (line_len + take + 1 > line_cap) {
                 size_t nc = line_cap ? line_cap : 4096;
                 while (nc < line_len + take + 1)
@@ -148,14 +156,12 @@ static pd_status outfile_scan(outfile *o, uint64_t size, uint64_t *good, pd_err 
                 line = nb;
                 line_cap = nc;
             }
-            memcpy(line + line_len, chunk + i, take);
+            memcpy(line + line_len, piece, take);
             line_len += take;
-            i += take;
             if (nl) {
-                i++;
                 lineno++;
                 st = outfile_take_line(o, line, line_len, lineno, err);
-                *good = off + i;
+                *good = rd_offset(&cr);
                 line_len = 0;
             }
         }
