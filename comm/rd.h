@@ -1,6 +1,11 @@
 /* The one bounds-checked little-endian reader every untrusted byte goes
  * through (files, MPI messages), and the matching writer.
  *
+ * Binary formats (CMFS records, state bundles, pipeline messages, GGUF, .npy)
+ * are read with it field by field. JSON Lines text (page manifests, the
+ * output file read back at resume) is cut into lines with rd_until and each
+ * line handed to cJSON with its length.
+ *
  * Reader (rd): every read checks the bytes that remain before it touches
  * them; a count is checked against the remaining bytes and against
  * SIZE_MAX / element size before any caller allocates for it. Offsets are
@@ -125,10 +130,10 @@ pd_status wr_sink_file(void *file, const void *bytes, size_t n, pd_err *err);
 pd_status wr_sink_fd(void *fd_ptr, const void *bytes, size_t n, pd_err *err);
 
 typedef enum wr_mode {
-    WR_MODE_COUNT = 0, /* count only */
-    WR_MODE_BUFFER,    /* growable owned buffer */
-    WR_MODE_SINK,      /* staged into a caller buffer, flushed to a sink */
-    WR_MODE_COUNT_
+    WR_MODE_COUNTING = 0, /* count only */
+    WR_MODE_BUFFER,       /* growable owned buffer */
+    WR_MODE_SINK,         /* staged into a caller buffer, flushed to a sink */
+    WR_MODE_COUNT         /* number of modes (the project's enum convention) */
 } wr_mode;
 
 /* INV: fill <= cap; total counts every byte accepted (emitted or staged);
