@@ -6,9 +6,12 @@
  * which is what lets ranks on different CPUs share one cluster (DESIGN.md
  * section 1, "consistent kernels cluster-wide").
  *
- * The selection is process-wide and set once at start-up (a dispatch table is
- * the one mutable global the project allows: it carries no answer-relevant
- * state). PD_ISA=scalar in the environment forces the portable path. */
+ * The selection is process-wide and set once at start-up. It is one of the few
+ * process-wide mutable values the project keeps on purpose instead of passing
+ * state in a context (the others: the kv_layer generation source and the
+ * ring_layer identity counter in cache/, unique across the process by
+ * design); none of them carries answer-relevant state. PD_ISA=scalar in the
+ * environment forces the portable path. */
 #ifndef PD_CPU_H
 #define PD_CPU_H
 

@@ -92,7 +92,7 @@ struct kv_layer {
 };
 
 /* The process-wide generation source: an atomic counter, because the value
- * must be unique across every layer of the process (a device mirror keyed on
+ * must be unique across every layer of the process (a derived copy keyed on
  * (generation, rows) must never mistake one layer's rows for another's); it
  * carries no answer-relevant state. */
 static _Atomic uint64_t kv_gen_source = 1;

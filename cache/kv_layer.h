@@ -244,10 +244,12 @@ int kv_layer_frozen(const kv_layer *l);
 
 /* Storage generation: a process-unique value refreshed on every mutation
  * other than append (truncate, evict, trim, clear, freeze, install, import,
- * restore, set_linear). Device mirrors key their copies on (generation,
- * rows). The source is one process-wide atomic counter: uniqueness across
- * every layer of the process is the point, and it carries no answer-relevant
- * state. */
+ * restore, set_linear). Anything derived from the stored rows and kept
+ * elsewhere (a copy, a precomputed view) can be keyed on (generation, rows):
+ * an append only grows rows, every other change issues a new generation.
+ * Nothing in the tree keys on it yet; the tests pin the rule. The source is
+ * one process-wide atomic counter: uniqueness across every layer of the
+ * process is the point, and it carries no answer-relevant state. */
 uint64_t kv_layer_generation(const kv_layer *l);
 
 /* Exact memory figures in bytes.

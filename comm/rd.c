@@ -244,6 +244,20 @@ pd_status rd_i8_n(rd *r, const char *field, int8_t *dst, size_t n)
     return s;
 }
 
+pd_status rd_until(rd *r, uint8_t delim, const uint8_t **out, size_t *n, bool *found)
+{
+    if (r->status != PD_OK)
+        return r->status;
+    const uint8_t *start = r->p + r->off;
+    size_t left = rd_remaining(r);
+    const uint8_t *hit = left ? memchr(start, delim, left) : NULL;
+    *out = start;
+    *n = hit ? (size_t)(hit - start) : left;
+    *found = hit != NULL;
+    r->off += *n + (hit ? 1 : 0);
+    return PD_OK;
+}
+
 pd_status rd_expect_end(rd *r)
 {
     if (r->status != PD_OK)
@@ -325,7 +339,7 @@ pd_status wr_sink_fd(void *fd_ptr, const void *bytes, size_t n, pd_err *err)
 
 void wr_init_count(wr *w, pd_err *err)
 {
-    *w = (wr){.mode = WR_MODE_COUNT, .err = err, .status = PD_OK};
+    *w = (wr){.mode = WR_MODE_COUNTING, .err = err, .status = PD_OK};
 }
 
 pd_status wr_init_buffer(wr *w, size_t reserve, pd_err *err)
@@ -402,7 +416,7 @@ pd_status wr_bytes(wr *w, const void *p, size_t n)
     if (n == 0)
         return PD_OK;
     switch (w->mode) {
-    case WR_MODE_COUNT:
+    case WR_MODE_COUNTING:
         if (w->crc_on)
             w->crc = crc32c_update(w->crc, p, n);
         w->total += n;
@@ -507,7 +521,7 @@ pd_status wr_f16_n(wr *w, const float *x, size_t n)
     size_t bytes = 0;
     if (wr_array_bytes(w, n, 2, &bytes) != PD_OK)
         return w->status;
-    if (w->mode == WR_MODE_COUNT && !w->crc_on) {
+    if (w->mode == WR_MODE_COUNTING && !w->crc_on) {
         w->total += bytes; /* counting needs no conversion */
         return PD_OK;
     }

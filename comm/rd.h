@@ -1,6 +1,11 @@
 /* The one bounds-checked little-endian reader every untrusted byte goes
  * through (files, MPI messages), and the matching writer.
  *
+ * Binary formats (CMFS records, state bundles, pipeline messages, GGUF, .npy)
+ * are read with it field by field. JSON Lines text (page manifests, the
+ * output file read back at resume) is cut into lines with rd_until and each
+ * line handed to cJSON with its length.
+ *
  * Reader (rd): every read checks the bytes that remain before it touches
  * them; a count is checked against the remaining bytes and against
  * SIZE_MAX / element size before any caller allocates for it. Offsets are
@@ -25,6 +30,7 @@
 
 #include "base/status.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,7 +42,7 @@ typedef struct rd {
     size_t len;       /* bytes in p */
     size_t off;       /* bytes consumed */
     size_t base;      /* added to off in messages (a record inside a bundle) */
-    const char *ctx;  /* message prefix, e.g. "wire" (static string) */
+    const char *ctx;  /* message prefix, e.g. "wire" (borrowed; outlives the reader) */
     pd_err *err;      /* where failures are reported (may be NULL) */
     pd_status status; /* first failure, sticky */
 } rd;
@@ -85,6 +91,19 @@ pd_status rd_i8_n(rd *r, const char *field, int8_t *dst, size_t n);
 /* Fails with PD_ERR_FORMAT naming the count when bytes remain. */
 pd_status rd_expect_end(rd *r);
 
+/* The next byte without consuming it, or -1 when none remains or the reader
+ * has failed: text decoders (the .npy header dict) look ahead with it. */
+static inline int rd_peek(const rd *r)
+{
+    return r->status == PD_OK && r->off < r->len ? r->p[r->off] : -1;
+}
+
+/* Borrows the bytes up to the next delim (*out, *n; delim excluded) and
+ * consumes them and the delimiter. *found is false when no delimiter
+ * remains: then they are all the remaining bytes (possibly none). Line-based
+ * text (page manifests, output files) is split with it. */
+pd_status rd_until(rd *r, uint8_t delim, const uint8_t **out, size_t *n, bool *found);
+
 /* Little-endian loads from memory already bounds-checked by the caller. */
 uint16_t rd_le16(const uint8_t *p);
 uint32_t rd_le32(const uint8_t *p);
@@ -111,10 +130,10 @@ pd_status wr_sink_file(void *file, const void *bytes, size_t n, pd_err *err);
 pd_status wr_sink_fd(void *fd_ptr, const void *bytes, size_t n, pd_err *err);
 
 typedef enum wr_mode {
-    WR_MODE_COUNT = 0, /* count only */
-    WR_MODE_BUFFER,    /* growable owned buffer */
-    WR_MODE_SINK,      /* staged into a caller buffer, flushed to a sink */
-    WR_MODE_COUNT_
+    WR_MODE_COUNTING = 0, /* count only */
+    WR_MODE_BUFFER,       /* growable owned buffer */
+    WR_MODE_SINK,         /* staged into a caller buffer, flushed to a sink */
+    WR_MODE_COUNT         /* number of modes (the project's enum convention) */
 } wr_mode;
 
 /* INV: fill <= cap; total counts every byte accepted (emitted or staged);

@@ -9,6 +9,7 @@
 #include "comm/wire.h"
 
 #include "base/check.h"
+#include "base/fnv.h"
 #include "comm/rd.h"
 
 #include <stdio.h>
@@ -35,42 +36,20 @@ const char *wire_kind_name(unsigned kind)
 
 /* ---- identity ------------------------------------------------------------ */
 
-#define FNV_OFFSET 0xcbf29ce484222325ull
-#define FNV_PRIME 0x100000001b3ull
-
-static uint64_t fnv_bytes(uint64_t h, const void *p, size_t n)
-{
-    const uint8_t *b = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= FNV_PRIME;
-    }
-    return h;
-}
-
-static uint64_t fnv_le(uint64_t h, uint64_t v, int bytes)
-{
-    for (int i = 0; i < bytes; i++) {
-        h ^= (uint8_t)(v >> (8 * i));
-        h *= FNV_PRIME;
-    }
-    return h;
-}
-
 uint64_t wire_identity(const void *digest, size_t digest_len, uint32_t layer, const char *policy)
 {
     static const uint8_t tag[8] = {'C', 'M', 'F', 'S', '-', 'i', 'd', 0};
     if (!policy)
         policy = "";
     size_t plen = strlen(policy);
-    uint64_t h = FNV_OFFSET;
-    h = fnv_bytes(h, tag, sizeof tag);
-    h = fnv_le(h, digest_len, 8);
+    uint64_t h = PD_FNV_OFFSET;
+    h = pd_fnv_bytes(h, tag, sizeof tag);
+    h = pd_fnv_le(h, digest_len, 8);
     if (digest_len)
-        h = fnv_bytes(h, digest, digest_len);
-    h = fnv_le(h, layer, 4);
-    h = fnv_le(h, plen, 8);
-    h = fnv_bytes(h, policy, plen);
+        h = pd_fnv_bytes(h, digest, digest_len);
+    h = pd_fnv_le(h, layer, 4);
+    h = pd_fnv_le(h, plen, 8);
+    h = pd_fnv_bytes(h, policy, plen);
     /* splitmix64 finalizer: spreads FNV's weak high bits */
     h ^= h >> 30;
     h *= 0xbf58476d1ce4e5b9ull;

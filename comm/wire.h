@@ -85,10 +85,11 @@ uint64_t wire_identity(const void *digest, size_t digest_len, uint32_t layer, co
 
 /* Which layer a record comes from or goes to. Exactly one of kv / ring is set.
  * Borrowed for the duration of a call.
- * kv_cfg: the configuration kv was created with (kv_layer.h has no getter):
- * its n_kv_heads sizes the state view, and an import builds the fresh layer
- * from it (allocator, capacity, spec depth, scratch fan-out), so the swapped-in
- * state lives where the original did. It must describe kv truthfully. */
+ * kv_cfg: the configuration kv was created with (kv_layer_config_get(kv)
+ * returns it, capacity_rows being the current capacity): its n_kv_heads sizes
+ * the state view, and an import builds the fresh layer from it (allocator,
+ * capacity, spec depth, scratch fan-out), so the swapped-in state lives where
+ * the original did. It must describe kv truthfully. */
 typedef struct wire_layer_ref {
     uint64_t identity; /* header identity written / required */
     uint32_t layer;    /* header layer written / required */

@@ -29,7 +29,7 @@ typedef struct mkmodel_opts {
 void mkmodel_defaults(mkmodel_opts *o);
 
 /* Validates the options (names the bad one) and writes the model to path
- * atomically (path.tmp + rename). */
+ * atomically (gguf_writer_write: a temporary file renamed over path). */
 pd_status mkmodel_write(const mkmodel_opts *o, const char *path, pd_err *err);
 
 #endif

@@ -1,6 +1,7 @@
 /* mkpages: synthetic OCR-like page manifests with .npy embedding blocks. */
 #include "cluster/cli/mkpages.h"
 
+#include "base/file.h"
 #include "cluster/format/npy.h"
 
 #include <errno.h>
@@ -8,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 static uint64_t mp_mix(uint64_t z)
 {
@@ -31,18 +31,20 @@ pd_status mkpages_write(const mkpages_opts *o, const model_hparams *hp, const ch
     if (hp->vocab <= lo + 1)
         return pd_err_set(err, PD_ERR_ARG, "mkpages: vocabulary of %u tokens is too small", hp->vocab);
     size_t plen = strlen(dir) + 64;
-    char *path = malloc(plen), *tmp = malloc(plen);
+    char *path = malloc(plen);
     float *emb = malloc(((size_t)o->embed_rows ? o->embed_rows : 1) * hp->hidden * sizeof(float));
-    if (!path || !tmp || !emb) {
+    if (!path || !emb) {
         free(path);
-        free(tmp);
         free(emb);
         return pd_err_set(err, PD_ERR_NOMEM, "mkpages: out of memory");
     }
+    /* The manifest is published atomically once every .npy it names exists. */
     snprintf(path, plen, "%s/pages.jsonl", dir);
-    snprintf(tmp, plen, "%s/pages.jsonl.tmp", dir);
-    FILE *f = fopen(tmp, "w");
-    pd_status st = f ? PD_OK : pd_err_set(err, PD_ERR_IO, "mkpages: cannot write %s: %s", tmp, strerror(errno));
+    pd_publish *pub = NULL;
+    pd_status st = pd_file_publish_begin(path, 0644, "mkpages", &pub, err);
+    FILE *f = st == PD_OK ? pd_file_publish_stream(pub, err) : NULL;
+    if (st == PD_OK && !f)
+        st = PD_ERR_IO;
     for (uint32_t i = 0; st == PD_OK && i < o->count; i++) {
         uint64_t h = mp_mix(o->seed ^ mp_mix(i));
         uint32_t rows = o->embed_rows, max_new = o->max_new;
@@ -70,19 +72,11 @@ pd_status mkpages_write(const mkpages_opts *o, const model_hparams *hp, const ch
         }
         fprintf(f, "],\"max_new_tokens\":%u}\n", max_new);
     }
-    if (f) {
-        if (fflush(f) != 0 || fsync(fileno(f)) != 0)
-            st = st ? st : pd_err_set(err, PD_ERR_IO, "mkpages: writing %s: %s", tmp, strerror(errno));
-        if (fclose(f) != 0 && st == PD_OK)
-            st = pd_err_set(err, PD_ERR_IO, "mkpages: closing %s: %s", tmp, strerror(errno));
-        snprintf(path, plen, "%s/pages.jsonl", dir);
-        if (st == PD_OK && rename(tmp, path) != 0)
-            st = pd_err_set(err, PD_ERR_IO, "mkpages: renaming %s: %s", tmp, strerror(errno));
-        if (st != PD_OK)
-            unlink(tmp);
-    }
+    if (st == PD_OK)
+        st = pd_file_publish_commit(pub, err);
+    else
+        pd_file_publish_abort(pub);
     free(path);
-    free(tmp);
     free(emb);
     return st;
 }

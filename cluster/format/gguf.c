@@ -1,15 +1,14 @@
 /* GGUF v3 reader and writer (layout and the list of refused inputs: gguf.h).
  *
- * The reader walks the untrusted bytes twice through one bounds-checked
- * cursor: a counting pass that validates every field and sizes the tables,
- * then a fill pass into tables allocated once (so nothing is allocated from a
- * count the bytes have not yet backed). Cross-entry checks (duplicates,
+ * The reader walks the untrusted bytes twice through comm/rd.h's
+ * bounds-checked reader: a counting pass that validates every field and
+ * sizes the tables, then a fill pass into tables allocated once (so nothing
+ * is allocated from a count the bytes have not yet backed). Cross-entry checks (duplicates,
  * bounds, overlaps) run on the filled tables. The writer encodes every field
- * little-endian and streams the file to path.tmp before an atomic rename. */
+ * little-endian and streams the file through an atomic publish (base/file.h). */
 #include "cluster/format/gguf.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <float.h>
 #include <inttypes.h>
 #include <math.h>
@@ -18,10 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/check.h"
+#include "base/file.h"
+#include "comm/rd.h"
 
 /* ------------------------------------------------------------ type tables */
 
@@ -165,20 +165,7 @@ size_t gguf_type_row_bytes(uint32_t ggml_type, uint64_t ne0, pd_err *err)
 
 /* ------------------------------------------------------- little endian */
 
-static uint16_t ld_u16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (uint16_t)p[1] << 8);
-}
-
-static uint32_t ld_u32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t ld_u64(const uint8_t *p)
-{
-    return (uint64_t)ld_u32(p) | (uint64_t)ld_u32(p + 4) << 32;
-}
+/* Loads of bytes already bounds-checked use comm/rd.h (rd_le16/32/64). */
 
 static void st_u16(uint8_t *p, uint16_t v)
 {
@@ -200,7 +187,7 @@ static void st_u64(uint8_t *p, uint64_t v)
 
 float gguf_arr_f32_at(const void *data, uint64_t i)
 {
-    uint32_t bits = ld_u32((const uint8_t *)data + 4 * i);
+    uint32_t bits = rd_le32((const uint8_t *)data + 4 * i);
     float v;
     memcpy(&v, &bits, sizeof v);
     return v;
@@ -208,7 +195,7 @@ float gguf_arr_f32_at(const void *data, uint64_t i)
 
 int32_t gguf_arr_i32_at(const void *data, uint64_t i)
 {
-    uint32_t bits = ld_u32((const uint8_t *)data + 4 * i);
+    uint32_t bits = rd_le32((const uint8_t *)data + 4 * i);
     int32_t v;
     memcpy(&v, &bits, sizeof v);
     return v;
@@ -216,7 +203,7 @@ int32_t gguf_arr_i32_at(const void *data, uint64_t i)
 
 uint32_t gguf_arr_u32_at(const void *data, uint64_t i)
 {
-    return ld_u32((const uint8_t *)data + 4 * i);
+    return rd_le32((const uint8_t *)data + 4 * i);
 }
 
 /* ------------------------------------------------------------ reader */
@@ -270,49 +257,59 @@ struct gguf_file {
     bool changed; /* the fill pass met bytes that differ from the counting pass */
 };
 
-/* The one bounds-checked reader over the untrusted bytes. */
-typedef struct gg_cur {
-    const uint8_t *p;
-    size_t len;
-    size_t off;
-} gg_cur;
+/* Every untrusted byte is read through comm/rd.h's bounds-checked reader
+ * (context "gguf", so its messages read "gguf: offset N: ..."). Field names
+ * of messages are formatted only on the failure path: a vocabulary of 150k
+ * strings is walked twice per open and must not pay for a snprintf each. */
 
-static size_t cur_left(const gg_cur *c)
-{
-    return c->len - c->off;
-}
+enum { GG_FIELD_MAX = 176 };
 
-static bool cur_u32(gg_cur *c, uint32_t *v)
-{
-    if (cur_left(c) < 4)
-        return false;
-    *v = ld_u32(c->p + c->off);
-    c->off += 4;
-    return true;
-}
-
-static bool cur_u64(gg_cur *c, uint64_t *v)
-{
-    if (cur_left(c) < 8)
-        return false;
-    *v = ld_u64(c->p + c->off);
-    c->off += 8;
-    return true;
-}
-
-/* Formats "gguf: offset N: <msg>" into err and returns s. */
-static pd_status gg_fail(pd_err *err, pd_status s, size_t off, const char *fmt, ...)
+/* The name of a field of `size` bytes about to be read, for the reader's
+ * message ("<field> needs 4 bytes, N remain"): formatted from fmt into
+ * buf[GG_FIELD_MAX] only when fewer than size bytes remain, that is when the
+ * read is about to fail; otherwise a placeholder nobody sees. */
+static const char *gg_field(const rd *r, size_t size, char *buf, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-static pd_status gg_fail(pd_err *err, pd_status s, size_t off, const char *fmt, ...)
+static const char *gg_field(const rd *r, size_t size, char *buf, const char *fmt, ...)
 {
-    char msg[sizeof err->msg];
+    if (rd_remaining(r) >= size)
+        return "field";
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vsnprintf(buf, GG_FIELD_MAX, fmt, ap);
     va_end(ap);
-    char head[48];
-    snprintf(head, sizeof head, "gguf: offset %zu: ", off);
-    return pd_err_set(err, s, "%s%.*s", head, (int)(sizeof err->msg - strlen(head) - 1), msg);
+    return buf;
+}
+
+/* Reads a gguf string (u64 length + bytes) and borrows its bytes. Failures,
+ * at the offset of the length field, with what formatted from fmt: "<what>
+ * length needs 8 bytes, N remain" and "<what> length L exceeds the N
+ * remaining bytes". */
+static pd_status gg_read_str(rd *r, const uint8_t **s, uint64_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static pd_status gg_read_str(rd *r, const uint8_t **s, uint64_t *len, const char *fmt, ...)
+{
+    size_t at = rd_offset(r);
+    uint64_t n = 0;
+    if (rd_remaining(r) >= 8) {
+        (void)rd_u64(r, "string length", &n);
+        if (n <= rd_remaining(r)) {
+            *len = n;
+            return rd_span(r, "string", (size_t)n, s);
+        }
+    }
+    char what[GG_FIELD_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what - 8, fmt, ap);
+    va_end(ap);
+    if (rd_offset(r) == at) { /* not even the length field is there */
+        strcat(what, " length");
+        return rd_u64(r, what, &n);
+    }
+    return rd_fail_at(r, at, PD_ERR_TRUNCATED,
+                      "%s length %" PRIu64 " exceeds the %zu remaining bytes", what, n,
+                      rd_remaining(r));
 }
 
 /* A printable, bounded rendering of untrusted name bytes for messages. */
@@ -354,32 +351,6 @@ typedef struct gg_need {
     size_t strs;
 } gg_need;
 
-typedef enum gg_sres { GG_STR_OK, GG_STR_NO_LEN, GG_STR_TOO_LONG } gg_sres;
-
-/* Reads a gguf string (u64 length + bytes) at c. On GG_STR_TOO_LONG *len holds
- * the claimed length and the cursor sits after the length field. */
-static gg_sres cur_str(gg_cur *c, const uint8_t **s, uint64_t *len)
-{
-    if (!cur_u64(c, len))
-        return GG_STR_NO_LEN;
-    if (*len > cur_left(c))
-        return GG_STR_TOO_LONG;
-    *s = c->p + c->off;
-    c->off += (size_t)*len;
-    return GG_STR_OK;
-}
-
-/* Reports a failed cur_str; at is where the length field starts. */
-static pd_status gg_str_fail(pd_err *err, gg_sres r, const gg_cur *c, size_t at, uint64_t len,
-                             const char *what)
-{
-    if (r == GG_STR_NO_LEN)
-        return gg_fail(err, PD_ERR_TRUNCATED, at, "%s length needs 8 bytes, %zu remain", what,
-                       c->len - at);
-    return gg_fail(err, PD_ERR_TRUNCATED, at, "%s length %" PRIu64 " exceeds the %zu remaining bytes",
-                   what, len, cur_left(c));
-}
-
 static bool is_pow2(uint64_t v)
 {
     return v != 0 && (v & (v - 1)) == 0;
@@ -389,21 +360,18 @@ static bool is_pow2(uint64_t v)
  * byte; a tensor info at least name length + 1 byte + n_dims + ne[0] + type + offset. */
 enum { GG_KV_MIN = 8 + 1 + 4 + 1, GG_TI_MIN = 8 + 1 + 4 + 8 + 4 + 8, GG_HEADER = 24 };
 
-/* One metadata value of type vt at c (after the type field). kvname is the
+/* One metadata value of type vt at r (after the type field). kvname is the
  * quoted key for messages; i the entry's index. */
-static pd_status gg_value(gguf_file *f, bool fill, gg_need *need, gg_cur *c, uint64_t i,
-                          const char *kvname, uint32_t vt, gg_kv *kv, pd_err *err)
+static pd_status gg_value(gguf_file *f, bool fill, gg_need *need, rd *r, uint64_t i,
+                          const char *kvname, uint32_t vt, gg_kv *kv)
 {
-    size_t at = c->off;
+    size_t at = rd_offset(r);
+    char w[GG_FIELD_MAX];
     if (vt == GGUF_VTYPE_STRING) {
         const uint8_t *s = NULL;
         uint64_t n = 0;
-        gg_sres r = cur_str(c, &s, &n);
-        if (r != GG_STR_OK) {
-            char what[160];
-            snprintf(what, sizeof what, "kv %" PRIu64 " '%s' string", i, kvname);
-            return gg_str_fail(err, r, c, at, n, what);
-        }
+        if (gg_read_str(r, &s, &n, "kv %" PRIu64 " '%s' string", i, kvname) != PD_OK)
+            return r->status;
         need->pool += (size_t)n + 1;
         if (fill) {
             kv->str = pool_put(f, s, (size_t)n);
@@ -413,15 +381,15 @@ static pd_status gg_value(gguf_file *f, bool fill, gg_need *need, gg_cur *c, uin
     }
     if (vt != GGUF_VTYPE_ARRAY) {
         size_t sz = gguf_vtype_size[vt];
-        if (cur_left(c) < sz)
-            return gg_fail(err, PD_ERR_TRUNCATED, at,
-                           "kv %" PRIu64 " '%s' %s value needs %zu bytes, %zu remain", i, kvname,
-                           gguf_vtype_name(vt), sz, cur_left(c));
-        const uint8_t *v = c->p + c->off;
+        const uint8_t *v = NULL;
+        if (rd_span(r, gg_field(r, sz, w, "kv %" PRIu64 " '%s' %s value", i, kvname,
+                                gguf_vtype_name(vt)),
+                    sz, &v) != PD_OK)
+            return r->status;
         if (vt == GGUF_VTYPE_BOOL && v[0] > 1)
-            return gg_fail(err, PD_ERR_FORMAT, at, "kv %" PRIu64 " '%s' bool byte is %u, not 0 or 1",
-                           i, kvname, (unsigned)v[0]);
-        c->off += sz;
+            return rd_fail_at(r, at, PD_ERR_FORMAT,
+                              "kv %" PRIu64 " '%s' bool byte is %u, not 0 or 1", i, kvname,
+                              (unsigned)v[0]);
         if (fill)
             kv->val = v;
         return PD_OK;
@@ -429,43 +397,45 @@ static pd_status gg_value(gguf_file *f, bool fill, gg_need *need, gg_cur *c, uin
 
     uint32_t et = 0;
     uint64_t count = 0;
-    if (!cur_u32(c, &et))
-        return gg_fail(err, PD_ERR_TRUNCATED, at,
-                       "kv %" PRIu64 " '%s' array element type needs 4 bytes, %zu remain", i, kvname,
-                       cur_left(c));
+    if (rd_u32(r, gg_field(r, 4, w, "kv %" PRIu64 " '%s' array element type", i, kvname),
+               &et) != PD_OK)
+        return r->status;
     if (et >= GGUF_VTYPE_COUNT)
-        return gg_fail(err, PD_ERR_FORMAT, at,
-                       "kv %" PRIu64 " '%s' array element type %" PRIu32 " is out of range (0..%d)",
-                       i, kvname, et, GGUF_VTYPE_COUNT - 1);
+        return rd_fail_at(r, at, PD_ERR_FORMAT,
+                          "kv %" PRIu64 " '%s' array element type %" PRIu32
+                          " is out of range (0..%d)",
+                          i, kvname, et, GGUF_VTYPE_COUNT - 1);
     if (et == GGUF_VTYPE_ARRAY)
-        return gg_fail(err, PD_ERR_FORMAT, at,
-                       "kv %" PRIu64 " '%s' is an array of arrays, which is not supported", i, kvname);
-    size_t count_at = c->off;
-    if (!cur_u64(c, &count))
-        return gg_fail(err, PD_ERR_TRUNCATED, count_at,
-                       "kv %" PRIu64 " '%s' array count needs 8 bytes, %zu remain", i, kvname,
-                       cur_left(c));
+        return rd_fail_at(r, at, PD_ERR_FORMAT,
+                          "kv %" PRIu64 " '%s' is an array of arrays, which is not supported", i,
+                          kvname);
+    size_t count_at = rd_offset(r);
+    if (rd_u64(r, gg_field(r, 8, w, "kv %" PRIu64 " '%s' array count", i, kvname), &count) !=
+        PD_OK)
+        return r->status;
     size_t min = et == GGUF_VTYPE_STRING ? 8 : gguf_vtype_size[et];
-    if (count > cur_left(c) / min)
-        return gg_fail(err, PD_ERR_TRUNCATED, count_at,
-                       "kv %" PRIu64 " '%s' array count %" PRIu64
-                       " cannot fit in the %zu remaining bytes (%zu bytes per %s at least)",
-                       i, kvname, count, cur_left(c), min, gguf_vtype_name(et));
+    if (count > rd_remaining(r) / min)
+        return rd_fail_at(r, count_at, PD_ERR_TRUNCATED,
+                          "kv %" PRIu64 " '%s' array count %" PRIu64
+                          " cannot fit in the %zu remaining bytes (%zu bytes per %s at least)",
+                          i, kvname, count, rd_remaining(r), min, gguf_vtype_name(et));
     if (fill) {
         kv->info.elem_type = (gguf_vtype)et;
         kv->info.count = count;
     }
     if (et != GGUF_VTYPE_STRING) {
-        const uint8_t *v = c->p + c->off;
-        size_t bytes = (size_t)count * min;
+        size_t v_at = rd_offset(r);
+        const uint8_t *v = NULL;
+        size_t bytes = (size_t)count * min; /* fits: count <= remaining / min */
+        if (rd_span(r, "array elements", bytes, &v) != PD_OK)
+            return r->status;
         if (et == GGUF_VTYPE_BOOL) {
             for (size_t k = 0; k < bytes; k++)
                 if (v[k] > 1)
-                    return gg_fail(err, PD_ERR_FORMAT, c->off + k,
-                                   "kv %" PRIu64 " '%s' bool element %zu is %u, not 0 or 1", i,
-                                   kvname, k, (unsigned)v[k]);
+                    return rd_fail_at(r, v_at + k, PD_ERR_FORMAT,
+                                      "kv %" PRIu64 " '%s' bool element %zu is %u, not 0 or 1", i,
+                                      kvname, k, (unsigned)v[k]);
         }
-        c->off += bytes;
         if (fill)
             kv->val = v;
         return PD_OK;
@@ -473,16 +443,11 @@ static pd_status gg_value(gguf_file *f, bool fill, gg_need *need, gg_cur *c, uin
     if (fill)
         kv->str0 = f->strs_used;
     for (uint64_t k = 0; k < count; k++) {
-        size_t el_at = c->off;
         const uint8_t *s = NULL;
         uint64_t n = 0;
-        gg_sres r = cur_str(c, &s, &n);
-        if (r != GG_STR_OK) {
-            char what[160];
-            snprintf(what, sizeof what, "kv %" PRIu64 " '%s' string element %" PRIu64, i, kvname,
-                     k);
-            return gg_str_fail(err, r, c, el_at, n, what);
-        }
+        if (gg_read_str(r, &s, &n, "kv %" PRIu64 " '%s' string element %" PRIu64, i, kvname,
+                        k) != PD_OK)
+            return r->status;
         need->pool += (size_t)n + 1;
         need->strs += 1;
         if (fill && f->strs_used >= f->n_strs) {
@@ -496,91 +461,86 @@ static pd_status gg_value(gguf_file *f, bool fill, gg_need *need, gg_cur *c, uin
     return PD_OK;
 }
 
-/* One tensor info at c. */
-static pd_status gg_tensor_info(gguf_file *f, bool fill, gg_need *need, gg_cur *c, uint64_t i,
-                                pd_err *err)
+/* One tensor info at r. */
+static pd_status gg_tensor_info(gguf_file *f, bool fill, gg_need *need, rd *r, uint64_t i)
 {
-    size_t at = c->off;
+    size_t at = rd_offset(r);
+    char w[GG_FIELD_MAX];
     const uint8_t *name = NULL;
     uint64_t nlen = 0;
-    char what[48];
-    snprintf(what, sizeof what, "tensor %" PRIu64 " name", i);
-    gg_sres r = cur_str(c, &name, &nlen);
-    if (r != GG_STR_OK)
-        return gg_str_fail(err, r, c, at, nlen, what);
+    if (gg_read_str(r, &name, &nlen, "tensor %" PRIu64 " name", i) != PD_OK)
+        return r->status;
     char q[80];
     gg_quote(q, sizeof q, name, nlen);
     if (nlen == 0)
-        return gg_fail(err, PD_ERR_FORMAT, at, "tensor %" PRIu64 " name is empty", i);
+        return rd_fail_at(r, at, PD_ERR_FORMAT, "tensor %" PRIu64 " name is empty", i);
     if (nlen >= GGUF_NAME_MAX)
-        return gg_fail(err, PD_ERR_FORMAT, at,
-                       "tensor %" PRIu64 " name '%s' is %" PRIu64 " bytes, the limit is %u", i, q,
-                       nlen, GGUF_NAME_MAX - 1);
+        return rd_fail_at(r, at, PD_ERR_FORMAT,
+                          "tensor %" PRIu64 " name '%s' is %" PRIu64 " bytes, the limit is %u",
+                          i, q, nlen, GGUF_NAME_MAX - 1);
     if (memchr(name, 0, (size_t)nlen))
-        return gg_fail(err, PD_ERR_FORMAT, at, "tensor %" PRIu64 " name '%s' contains a NUL byte", i,
-                       q);
+        return rd_fail_at(r, at, PD_ERR_FORMAT, "tensor %" PRIu64 " name '%s' contains a NUL byte",
+                          i, q);
 
-    size_t f_at = c->off;
+    size_t f_at = rd_offset(r);
     uint32_t n_dims = 0;
-    if (!cur_u32(c, &n_dims))
-        return gg_fail(err, PD_ERR_TRUNCATED, f_at,
-                       "tensor %" PRIu64 " '%s' n_dims needs 4 bytes, %zu remain", i, q, cur_left(c));
+    if (rd_u32(r, gg_field(r, 4, w, "tensor %" PRIu64 " '%s' n_dims", i, q), &n_dims) != PD_OK)
+        return r->status;
     if (n_dims < 1 || n_dims > 4)
-        return gg_fail(err, PD_ERR_FORMAT, f_at,
-                       "tensor %" PRIu64 " '%s' n_dims %" PRIu32 " is outside 1..4", i, q, n_dims);
+        return rd_fail_at(r, f_at, PD_ERR_FORMAT,
+                          "tensor %" PRIu64 " '%s' n_dims %" PRIu32 " is outside 1..4", i, q,
+                          n_dims);
     uint64_t ne[4] = {1, 1, 1, 1};
     uint64_t nelem = 1;
     for (uint32_t d = 0; d < n_dims; d++) {
-        f_at = c->off;
-        if (!cur_u64(c, &ne[d]))
-            return gg_fail(err, PD_ERR_TRUNCATED, f_at,
-                           "tensor %" PRIu64 " '%s' ne[%" PRIu32 "] needs 8 bytes, %zu remain", i, q,
-                           d, cur_left(c));
+        f_at = rd_offset(r);
+        if (rd_u64(r, gg_field(r, 8, w, "tensor %" PRIu64 " '%s' ne[%" PRIu32 "]", i, q, d),
+                   &ne[d]) != PD_OK)
+            return r->status;
         if (ne[d] == 0 || ne[d] > (uint64_t)INT64_MAX)
-            return gg_fail(err, PD_ERR_FORMAT, f_at,
-                           "tensor %" PRIu64 " '%s' ne[%" PRIu32 "] = %" PRIu64
-                           " is outside 1..INT64_MAX",
-                           i, q, d, ne[d]);
+            return rd_fail_at(r, f_at, PD_ERR_FORMAT,
+                              "tensor %" PRIu64 " '%s' ne[%" PRIu32 "] = %" PRIu64
+                              " is outside 1..INT64_MAX",
+                              i, q, d, ne[d]);
         if (nelem > (uint64_t)INT64_MAX / ne[d])
-            return gg_fail(err, PD_ERR_FORMAT, f_at,
-                           "tensor %" PRIu64 " '%s' element count overflows int64 at ne[%" PRIu32 "]",
-                           i, q, d);
+            return rd_fail_at(r, f_at, PD_ERR_FORMAT,
+                              "tensor %" PRIu64 " '%s' element count overflows int64 at ne[%" PRIu32
+                              "]",
+                              i, q, d);
         nelem *= ne[d];
     }
-    f_at = c->off;
+    f_at = rd_offset(r);
     uint32_t type = 0;
-    if (!cur_u32(c, &type))
-        return gg_fail(err, PD_ERR_TRUNCATED, f_at,
-                       "tensor %" PRIu64 " '%s' type needs 4 bytes, %zu remain", i, q, cur_left(c));
+    if (rd_u32(r, gg_field(r, 4, w, "tensor %" PRIu64 " '%s' type", i, q), &type) != PD_OK)
+        return r->status;
     uint32_t be = 0, bb = 0;
     if (!gguf_type_block(type, &be, &bb)) {
         if (type < GGUF_TENSOR_TYPE_COUNT && gguf_types[type].name)
-            return gg_fail(err, PD_ERR_FORMAT, f_at,
-                           "tensor %" PRIu64 " '%s' has ggml type %s (%" PRIu32
-                           "), which ggml removed",
-                           i, q, gguf_types[type].name, type);
-        return gg_fail(err, PD_ERR_FORMAT, f_at, "tensor %" PRIu64 " '%s' has unknown ggml type %" PRIu32,
-                       i, q, type);
+            return rd_fail_at(r, f_at, PD_ERR_FORMAT,
+                              "tensor %" PRIu64 " '%s' has ggml type %s (%" PRIu32
+                              "), which ggml removed",
+                              i, q, gguf_types[type].name, type);
+        return rd_fail_at(r, f_at, PD_ERR_FORMAT,
+                          "tensor %" PRIu64 " '%s' has unknown ggml type %" PRIu32, i, q, type);
     }
     if (ne[0] % be != 0)
-        return gg_fail(err, PD_ERR_FORMAT, f_at,
-                       "tensor %" PRIu64 " '%s' ne[0] = %" PRIu64
-                       " is not a multiple of the %s block size %" PRIu32,
-                       i, q, ne[0], gguf_type_name(type), be);
+        return rd_fail_at(r, f_at, PD_ERR_FORMAT,
+                          "tensor %" PRIu64 " '%s' ne[0] = %" PRIu64
+                          " is not a multiple of the %s block size %" PRIu32,
+                          i, q, ne[0], gguf_type_name(type), be);
     uint64_t blocks = nelem / be;
     if (blocks > (uint64_t)INT64_MAX / bb)
-        return gg_fail(err, PD_ERR_FORMAT, f_at,
-                       "tensor %" PRIu64 " '%s' byte size overflows int64", i, q);
-    f_at = c->off;
+        return rd_fail_at(r, f_at, PD_ERR_FORMAT,
+                          "tensor %" PRIu64 " '%s' byte size overflows int64", i, q);
+    f_at = rd_offset(r);
     uint64_t offset = 0;
-    if (!cur_u64(c, &offset))
-        return gg_fail(err, PD_ERR_TRUNCATED, f_at,
-                       "tensor %" PRIu64 " '%s' offset needs 8 bytes, %zu remain", i, q, cur_left(c));
+    if (rd_u64(r, gg_field(r, 8, w, "tensor %" PRIu64 " '%s' offset", i, q), &offset) != PD_OK)
+        return r->status;
     if (offset % f->alignment != 0)
-        return gg_fail(err, PD_ERR_FORMAT, f_at,
-                       "tensor %" PRIu64 " '%s' offset %" PRIu64
-                       " is not a multiple of the alignment %" PRIu32,
-                       i, q, offset, f->alignment);
+        return rd_fail_at(r, f_at, PD_ERR_FORMAT,
+                          "tensor %" PRIu64 " '%s' offset %" PRIu64
+                          " is not a multiple of the alignment %" PRIu32,
+                          i, q, offset, f->alignment);
     need->pool += (size_t)nlen + 1;
     if (fill) {
         gg_tensor *t = &f->tensors[i];
@@ -602,45 +562,47 @@ static pd_status gg_tensor_info(gguf_file *f, bool fill, gg_need *need, gg_cur *
  * the tables are NULL; fill pass: tables sized from the counting pass. */
 static pd_status gg_walk(gguf_file *f, bool fill, gg_need *need, pd_err *err)
 {
-    gg_cur c = {.p = f->base, .len = f->len, .off = 0};
+    rd r;
+    rd_init(&r, f->base, f->len, 0, "gguf", err);
+    char w[GG_FIELD_MAX];
     *need = (gg_need){0};
-    if (f->len < 4)
-        return gg_fail(err, PD_ERR_TRUNCATED, 0, "magic needs 4 bytes, %zu remain", f->len);
-    if (memcmp(f->base, "GGUF", 4) != 0)
-        return gg_fail(err, PD_ERR_FORMAT, 0,
-                       "magic is %02x %02x %02x %02x, not \"GGUF\" (47 47 55 46)", f->base[0],
-                       f->base[1], f->base[2], f->base[3]);
-    c.off = 4;
+    uint8_t magic[4];
+    if (rd_bytes(&r, "magic", magic, 4) != PD_OK)
+        return r.status;
+    if (memcmp(magic, "GGUF", 4) != 0)
+        return rd_fail_at(&r, 0, PD_ERR_FORMAT,
+                          "magic is %02x %02x %02x %02x, not \"GGUF\" (47 47 55 46)", magic[0],
+                          magic[1], magic[2], magic[3]);
     uint32_t version = 0;
-    if (!cur_u32(&c, &version))
-        return gg_fail(err, PD_ERR_TRUNCATED, 4, "version needs 4 bytes, %zu remain", cur_left(&c));
+    if (rd_u32(&r, gg_field(&r, 4, w, "version"), &version) != PD_OK)
+        return r.status;
     if (version != 3 && version != 2) {
         const char *hint = "";
         if (version == 1)
             hint = " (GGUF v1 used 32-bit counts; convert the file with a current llama.cpp)";
         else if ((version & 0xffffu) == 0 && version != 0)
             hint = " (it looks byte-swapped: a big-endian GGUF file)";
-        return gg_fail(err, PD_ERR_VERSION, 4, "version %" PRIu32 " is not supported (2 and 3 are)%s",
-                       version, hint);
+        return rd_fail_at(&r, 4, PD_ERR_VERSION,
+                          "version %" PRIu32 " is not supported (2 and 3 are)%s", version, hint);
     }
     f->version = version;
     uint64_t n_tensors = 0, n_kv = 0;
-    if (!cur_u64(&c, &n_tensors))
-        return gg_fail(err, PD_ERR_TRUNCATED, 8, "tensor count needs 8 bytes, %zu remain",
-                       cur_left(&c));
-    if (!cur_u64(&c, &n_kv))
-        return gg_fail(err, PD_ERR_TRUNCATED, 16, "kv count needs 8 bytes, %zu remain", cur_left(&c));
+    if (rd_u64(&r, gg_field(&r, 8, w, "tensor count"), &n_tensors) != PD_OK ||
+        rd_u64(&r, gg_field(&r, 8, w, "kv count"), &n_kv) != PD_OK)
+        return r.status;
     /* Counts are checked against the bytes that remain before anything is
      * sized from them. */
-    if (n_kv > cur_left(&c) / GG_KV_MIN)
-        return gg_fail(err, PD_ERR_TRUNCATED, 16,
-                       "kv count %" PRIu64 " cannot fit in the %zu remaining bytes (%d bytes per kv at least)",
-                       n_kv, cur_left(&c), GG_KV_MIN);
-    if (n_tensors > (cur_left(&c) - n_kv * GG_KV_MIN) / GG_TI_MIN)
-        return gg_fail(err, PD_ERR_TRUNCATED, 8,
-                       "tensor count %" PRIu64 " with %" PRIu64
-                       " kvs cannot fit in the %zu remaining bytes (%d bytes per tensor info at least)",
-                       n_tensors, n_kv, cur_left(&c), GG_TI_MIN);
+    if (n_kv > rd_remaining(&r) / GG_KV_MIN)
+        return rd_fail_at(&r, 16, PD_ERR_TRUNCATED,
+                          "kv count %" PRIu64
+                          " cannot fit in the %zu remaining bytes (%d bytes per kv at least)",
+                          n_kv, rd_remaining(&r), GG_KV_MIN);
+    if (n_tensors > (rd_remaining(&r) - n_kv * GG_KV_MIN) / GG_TI_MIN)
+        return rd_fail_at(&r, 8, PD_ERR_TRUNCATED,
+                          "tensor count %" PRIu64 " with %" PRIu64
+                          " kvs cannot fit in the %zu remaining bytes (%d bytes per tensor info at "
+                          "least)",
+                          n_tensors, n_kv, rd_remaining(&r), GG_TI_MIN);
     if (fill && (n_kv != f->n_kv || n_tensors != f->n_tensors)) {
         f->changed = true; /* the tables were sized for other counts */
         return PD_OK;
@@ -650,31 +612,26 @@ static pd_status gg_walk(gguf_file *f, bool fill, gg_need *need, pd_err *err)
     f->alignment = GGUF_DEFAULT_ALIGNMENT;
 
     for (uint64_t i = 0; i < n_kv; i++) {
-        size_t at = c.off;
+        size_t at = rd_offset(&r);
         const uint8_t *key = NULL;
         uint64_t klen = 0;
-        char what[48];
-        snprintf(what, sizeof what, "kv %" PRIu64 " key", i);
-        gg_sres r = cur_str(&c, &key, &klen);
-        if (r != GG_STR_OK)
-            return gg_str_fail(err, r, &c, at, klen, what);
+        if (gg_read_str(&r, &key, &klen, "kv %" PRIu64 " key", i) != PD_OK)
+            return r.status;
         char q[80];
         gg_quote(q, sizeof q, key, klen);
         if (klen == 0)
-            return gg_fail(err, PD_ERR_FORMAT, at, "kv %" PRIu64 " key is empty", i);
+            return rd_fail_at(&r, at, PD_ERR_FORMAT, "kv %" PRIu64 " key is empty", i);
         if (memchr(key, 0, (size_t)klen))
-            return gg_fail(err, PD_ERR_FORMAT, at, "kv %" PRIu64 " key '%s' contains a NUL byte", i,
-                           q);
-        size_t t_at = c.off;
+            return rd_fail_at(&r, at, PD_ERR_FORMAT, "kv %" PRIu64 " key '%s' contains a NUL byte",
+                              i, q);
+        size_t t_at = rd_offset(&r);
         uint32_t vt = 0;
-        if (!cur_u32(&c, &vt))
-            return gg_fail(err, PD_ERR_TRUNCATED, t_at,
-                           "kv %" PRIu64 " '%s' value type needs 4 bytes, %zu remain", i, q,
-                           cur_left(&c));
+        if (rd_u32(&r, gg_field(&r, 4, w, "kv %" PRIu64 " '%s' value type", i, q), &vt) != PD_OK)
+            return r.status;
         if (vt >= GGUF_VTYPE_COUNT)
-            return gg_fail(err, PD_ERR_FORMAT, t_at,
-                           "kv %" PRIu64 " '%s' value type %" PRIu32 " is out of range (0..%d)", i, q,
-                           vt, GGUF_VTYPE_COUNT - 1);
+            return rd_fail_at(&r, t_at, PD_ERR_FORMAT,
+                              "kv %" PRIu64 " '%s' value type %" PRIu32 " is out of range (0..%d)",
+                              i, q, vt, GGUF_VTYPE_COUNT - 1);
         gg_kv *kv = NULL;
         need->pool += (size_t)klen + 1;
         if (fill) {
@@ -688,42 +645,41 @@ static pd_status gg_walk(gguf_file *f, bool fill, gg_need *need, pd_err *err)
                 .off = at,
             };
         }
-        size_t v_at = c.off;
-        pd_status s = gg_value(f, fill, need, &c, i, q, vt, kv, err);
-        if (s != PD_OK)
-            return s;
+        size_t v_at = rd_offset(&r);
+        if (gg_value(f, fill, need, &r, i, q, vt, kv) != PD_OK)
+            return r.status;
         static const char align_key[] = "general.alignment";
         if (klen == sizeof align_key - 1 && memcmp(key, align_key, klen) == 0) {
             if (vt != GGUF_VTYPE_UINT32)
-                return gg_fail(err, PD_ERR_FORMAT, t_at,
-                               "kv %" PRIu64 " general.alignment has type %s, expected uint32", i,
-                               gguf_vtype_name(vt));
-            uint32_t a = ld_u32(f->base + v_at);
+                return rd_fail_at(&r, t_at, PD_ERR_FORMAT,
+                                  "kv %" PRIu64 " general.alignment has type %s, expected uint32",
+                                  i, gguf_vtype_name(vt));
+            uint32_t a = rd_le32(f->base + v_at); /* the 4 bytes gg_value just read */
             if (!is_pow2(a))
-                return gg_fail(err, PD_ERR_FORMAT, v_at,
-                               "kv %" PRIu64 " general.alignment %" PRIu32 " is not a power of two",
-                               i, a);
+                return rd_fail_at(&r, v_at, PD_ERR_FORMAT,
+                                  "kv %" PRIu64 " general.alignment %" PRIu32
+                                  " is not a power of two",
+                                  i, a);
             f->alignment = a;
         }
     }
 
     /* The tensor count was checked against the bytes after the header; check it
      * again against what the metadata left. */
-    if (n_tensors > cur_left(&c) / GG_TI_MIN)
-        return gg_fail(err, PD_ERR_TRUNCATED, c.off,
+    if (n_tensors > rd_remaining(&r) / GG_TI_MIN)
+        return rd_fail(&r, PD_ERR_TRUNCATED,
                        "tensor count %" PRIu64
-                       " cannot fit in the %zu bytes after the metadata (%d bytes per tensor info at least)",
-                       n_tensors, cur_left(&c), GG_TI_MIN);
-    for (uint64_t i = 0; i < n_tensors; i++) {
-        pd_status s = gg_tensor_info(f, fill, need, &c, i, err);
-        if (s != PD_OK)
-            return s;
-    }
+                       " cannot fit in the %zu bytes after the metadata (%d bytes per tensor info "
+                       "at least)",
+                       n_tensors, rd_remaining(&r), GG_TI_MIN);
+    for (uint64_t i = 0; i < n_tensors; i++)
+        if (gg_tensor_info(f, fill, need, &r, i) != PD_OK)
+            return r.status;
 
-    size_t end = c.off;
+    size_t end = rd_offset(&r);
     size_t pad = (f->alignment - end % f->alignment) % f->alignment;
-    if (pad > f->len - end)
-        return gg_fail(err, PD_ERR_TRUNCATED, end,
+    if (pad > rd_remaining(&r))
+        return rd_fail(&r, PD_ERR_TRUNCATED,
                        "the data section starts at %zu (padding to alignment %" PRIu32
                        ") but the file has %zu bytes",
                        end + pad, f->alignment, f->len);
@@ -756,6 +712,8 @@ static int gg_tensor_off_cmp(const void *a, const void *b)
 /* Checks that need the filled tables: duplicates, bounds, overlaps. */
 static pd_status gg_cross_checks(gguf_file *f, pd_err *err)
 {
+    rd r; /* reads nothing: it formats "gguf: offset N: ..." like the walk */
+    rd_init(&r, f->base, f->len, 0, "gguf", err);
     for (uint64_t i = 0; i < f->n_kv; i++)
         f->kv_sorted[i] = &f->kvs[i];
     if (f->n_kv > 1)
@@ -765,8 +723,8 @@ static pd_status gg_cross_checks(gguf_file *f, pd_err *err)
         if (strcmp(a->info.key, b->info.key) == 0) {
             char q[80];
             gg_quote(q, sizeof q, (const uint8_t *)b->info.key, b->key_len);
-            return gg_fail(err, PD_ERR_FORMAT, b->off, "kv %td key '%s' duplicates kv %td", b - f->kvs,
-                           q, a - f->kvs);
+            return rd_fail_at(&r, b->off, PD_ERR_FORMAT, "kv %td key '%s' duplicates kv %td",
+                              b - f->kvs, q, a - f->kvs);
         }
     }
 
@@ -777,8 +735,9 @@ static pd_status gg_cross_checks(gguf_file *f, pd_err *err)
     for (uint64_t i = 1; i < f->n_tensors; i++) {
         const gg_tensor *a = f->t_sorted[i - 1], *b = f->t_sorted[i];
         if (strcmp(a->pub.name, b->pub.name) == 0)
-            return gg_fail(err, PD_ERR_FORMAT, b->info_off, "tensor %td name '%s' duplicates tensor %td",
-                           b - f->tensors, b->pub.name, a - f->tensors);
+            return rd_fail_at(&r, b->info_off, PD_ERR_FORMAT,
+                              "tensor %td name '%s' duplicates tensor %td", b - f->tensors,
+                              b->pub.name, a - f->tensors);
     }
 
     uint64_t avail = f->len - f->data_off;
@@ -786,17 +745,17 @@ static pd_status gg_cross_checks(gguf_file *f, pd_err *err)
         gg_tensor *t = &f->tensors[i];
         uint64_t o = t->pub.offset, n = t->pub.bytes;
         if (o > avail || n > avail - o)
-            return gg_fail(err, PD_ERR_TRUNCATED, t->info_off,
-                           "tensor %" PRIu64 " '%s' data [%" PRIu64 ", %" PRIu64
-                           ") extends past the %" PRIu64 " bytes of the data section",
-                           i, t->pub.name, o, o + n, avail);
+            return rd_fail_at(&r, t->info_off, PD_ERR_TRUNCATED,
+                              "tensor %" PRIu64 " '%s' data [%" PRIu64 ", %" PRIu64
+                              ") extends past the %" PRIu64 " bytes of the data section",
+                              i, t->pub.name, o, o + n, avail);
         uint64_t end = o + n;
         uint64_t pad = (f->alignment - end % f->alignment) % f->alignment;
         if (pad > avail - end)
-            return gg_fail(err, PD_ERR_TRUNCATED, t->info_off,
-                           "tensor %" PRIu64 " '%s' padding to %" PRIu64
-                           " extends past the %" PRIu64 " bytes of the data section",
-                           i, t->pub.name, end + pad, avail);
+            return rd_fail_at(&r, t->info_off, PD_ERR_TRUNCATED,
+                              "tensor %" PRIu64 " '%s' padding to %" PRIu64
+                              " extends past the %" PRIu64 " bytes of the data section",
+                              i, t->pub.name, end + pad, avail);
         t->pub.data = f->base + f->data_off + o;
     }
 
@@ -815,13 +774,13 @@ static pd_status gg_cross_checks(gguf_file *f, pd_err *err)
             if (b->pub.offset < a->pub.offset + a->pub.bytes) {
                 const gg_tensor *later = a->info_off > b->info_off ? a : b;
                 const gg_tensor *other = later == a ? b : a;
-                s = gg_fail(err, PD_ERR_FORMAT, later->info_off,
-                            "tensor %td '%s' data [%" PRIu64 ", %" PRIu64
-                            ") overlaps tensor %td '%s' [%" PRIu64 ", %" PRIu64 ")",
-                            later - f->tensors, later->pub.name, later->pub.offset,
-                            later->pub.offset + later->pub.bytes, other - f->tensors,
-                            other->pub.name, other->pub.offset,
-                            other->pub.offset + other->pub.bytes);
+                s = rd_fail_at(&r, later->info_off, PD_ERR_FORMAT,
+                               "tensor %td '%s' data [%" PRIu64 ", %" PRIu64
+                               ") overlaps tensor %td '%s' [%" PRIu64 ", %" PRIu64 ")",
+                               later - f->tensors, later->pub.name, later->pub.offset,
+                               later->pub.offset + later->pub.bytes, other - f->tensors,
+                               other->pub.name, other->pub.offset,
+                               other->pub.offset + other->pub.bytes);
             }
         }
         free(by_off);
@@ -901,36 +860,28 @@ pd_status gguf_open(const char *path, gguf_file **out, pd_err *err)
 {
     if (!path || !out)
         return pd_err_set(err, PD_ERR_ARG, "gguf: open needs a path and an out pointer");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return pd_err_set(err, PD_ERR_IO, "gguf: cannot open '%s': %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
+    int fd = -1;
+    uint64_t size = 0;
+    pd_status s = pd_file_open_read(path, "gguf", &fd, &size, err);
+    if (s != PD_OK)
+        return s;
+    if (size > SIZE_MAX) {
         close(fd);
-        return pd_err_set(err, PD_ERR_IO, "gguf: cannot stat '%s': %s", path, strerror(e));
+        return pd_err_set(err, PD_ERR_IO, "gguf: %s: too large to map", path);
     }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return pd_err_set(err, PD_ERR_IO, "gguf: '%s' is not a regular file", path);
-    }
-    if ((uint64_t)st.st_size > SIZE_MAX) {
-        close(fd);
-        return pd_err_set(err, PD_ERR_IO, "gguf: '%s' is too large to map", path);
-    }
-    size_t len = (size_t)st.st_size;
+    size_t len = (size_t)size;
     const uint8_t *base = NULL;
     if (len > 0) {
         void *m = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
         if (m == MAP_FAILED) {
             int e = errno;
             close(fd);
-            return pd_err_set(err, PD_ERR_IO, "gguf: cannot map '%s': %s", path, strerror(e));
+            return pd_err_set(err, PD_ERR_IO, "gguf: %s: cannot map: %s", path, strerror(e));
         }
         base = m;
     }
     close(fd); /* the mapping keeps the file */
-    pd_status s = gg_open(base, len, len > 0, out, err);
+    s = gg_open(base, len, len > 0, out, err);
     if (s != PD_OK && base)
         munmap((void *)base, len);
     return s;
@@ -1096,13 +1047,13 @@ static gg_int gg_int_of(const gg_kv *kv)
     int64_t s = 0;
     switch (kv->info.type) {
     case GGUF_VTYPE_UINT8: return (gg_int){.u = p[0]};
-    case GGUF_VTYPE_UINT16: return (gg_int){.u = ld_u16(p)};
-    case GGUF_VTYPE_UINT32: return (gg_int){.u = ld_u32(p)};
-    case GGUF_VTYPE_UINT64: return (gg_int){.u = ld_u64(p)};
+    case GGUF_VTYPE_UINT16: return (gg_int){.u = rd_le16(p)};
+    case GGUF_VTYPE_UINT32: return (gg_int){.u = rd_le32(p)};
+    case GGUF_VTYPE_UINT64: return (gg_int){.u = rd_le64(p)};
     case GGUF_VTYPE_INT8: s = (int8_t)p[0]; break;
-    case GGUF_VTYPE_INT16: s = (int16_t)ld_u16(p); break;
-    case GGUF_VTYPE_INT32: s = (int32_t)ld_u32(p); break;
-    case GGUF_VTYPE_INT64: s = (int64_t)ld_u64(p); break;
+    case GGUF_VTYPE_INT16: s = (int16_t)rd_le16(p); break;
+    case GGUF_VTYPE_INT32: s = (int32_t)rd_le32(p); break;
+    case GGUF_VTYPE_INT64: s = (int64_t)rd_le64(p); break;
     default: CHECKF(0, "gguf: type %u is not an integer", (unsigned)kv->info.type);
     }
     return s < 0 ? (gg_int){.neg = true, .s = s} : (gg_int){.u = (uint64_t)s};
@@ -1183,7 +1134,7 @@ pd_status gguf_get_f64(const gguf_file *f, const char *key, double *out, pd_err 
     if (kv->info.type == GGUF_VTYPE_FLOAT32) {
         d = gguf_arr_f32_at(kv->val, 0);
     } else {
-        uint64_t bits = ld_u64(kv->val);
+        uint64_t bits = rd_le64(kv->val);
         memcpy(&d, &bits, sizeof d);
     }
     if (out)
@@ -1201,7 +1152,7 @@ pd_status gguf_get_f32(const gguf_file *f, const char *key, float *out, pd_err *
     if (kv->info.type == GGUF_VTYPE_FLOAT32) {
         v = gguf_arr_f32_at(kv->val, 0);
     } else {
-        uint64_t bits = ld_u64(kv->val);
+        uint64_t bits = rd_le64(kv->val);
         double d;
         memcpy(&d, &bits, sizeof d);
         if (isfinite(d) && fabs(d) > FLT_MAX)
@@ -1675,33 +1626,22 @@ pd_status gguf_writer_add_tensor_copy(gguf_writer *w, const char *name, uint32_t
     return gw_add(w, name, type, n_dims, ne, data, true);
 }
 
-/* Output: either a memory buffer sized up front, or a file descriptor behind
- * a small staging buffer (tensor data larger than it goes straight through). */
+/* Output: either a memory buffer sized up front, or a file being published
+ * behind a small staging buffer (tensor data larger than it goes straight
+ * through). */
 typedef struct gw_sink {
     uint8_t *buf;
     size_t cap, len;
-    int fd; /* -1 for memory */
-    const char *path;
+    pd_publish *pub; /* NULL for memory */
     pd_status st;
     pd_err *err;
 } gw_sink;
 
 static void sink_flush(gw_sink *s)
 {
-    if (s->fd < 0 || s->st != PD_OK)
+    if (!s->pub || s->st != PD_OK)
         return;
-    size_t o = 0;
-    while (o < s->len) {
-        ssize_t n = write(s->fd, s->buf + o, s->len - o);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            s->st = pd_err_set(s->err, PD_ERR_IO, "gguf writer: writing '%s': %s", s->path,
-                               n < 0 ? strerror(errno) : "no progress");
-            return;
-        }
-        o += (size_t)n;
-    }
+    s->st = pd_file_publish_write(s->pub, s->buf, s->len, s->err);
     s->len = 0;
 }
 
@@ -1709,7 +1649,7 @@ static void sink_put(gw_sink *s, const void *p, size_t n)
 {
     if (s->st != PD_OK || n == 0)
         return;
-    if (s->fd < 0) {
+    if (!s->pub) {
         CHECK(n <= s->cap - s->len);
         memcpy(s->buf + s->len, p, n);
         s->len += n;
@@ -1723,19 +1663,8 @@ static void sink_put(gw_sink *s, const void *p, size_t n)
         return;
     }
     /* larger than the staging buffer: write it directly */
-    const uint8_t *b = p;
-    size_t o = 0;
-    while (o < n && s->st == PD_OK) {
-        ssize_t k = write(s->fd, b + o, n - o);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0) {
-            s->st = pd_err_set(s->err, PD_ERR_IO, "gguf writer: writing '%s': %s", s->path,
-                               k < 0 ? strerror(errno) : "no progress");
-            return;
-        }
-        o += (size_t)k;
-    }
+    if (s->st == PD_OK)
+        s->st = pd_file_publish_write(s->pub, p, n, s->err);
 }
 
 static void sink_u32(gw_sink *s, uint32_t v)
@@ -1790,7 +1719,7 @@ static pd_status gw_layout(gguf_writer *w, uint32_t *alignment, uint64_t *total,
             if (kv->type != GGUF_VTYPE_UINT32)
                 return pd_err_set(err, PD_ERR_ARG, "gguf writer: general.alignment is %s, must be uint32",
                                   gguf_vtype_name(kv->type));
-            a = ld_u32(kv->val);
+            a = rd_le32(kv->val);
             if (!is_pow2(a))
                 return pd_err_set(err, PD_ERR_ARG,
                                   "gguf writer: general.alignment %" PRIu32 " is not a power of two", a);
@@ -1860,30 +1789,12 @@ pd_status gguf_writer_to_mem(gguf_writer *w, void **buf, size_t *len, pd_err *er
     uint8_t *b = malloc((size_t)total);
     if (!b)
         return pd_err_set(err, PD_ERR_NOMEM, "gguf writer: out of memory for %" PRIu64 " bytes", total);
-    gw_sink s = {.buf = b, .cap = (size_t)total, .fd = -1, .path = "(memory)", .err = err};
+    gw_sink s = {.buf = b, .cap = (size_t)total, .err = err};
     gw_emit(w, a, &s);
     CHECK(s.st == PD_OK && s.len == total);
     *buf = b;
     *len = (size_t)total;
     return PD_OK;
-}
-
-/* fsyncs the directory that holds path so a rename in it is durable. */
-static pd_status gw_sync_dir(const char *path, pd_err *err)
-{
-    const char *slash = strrchr(path, '/');
-    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-    if (!dir)
-        return pd_err_set(err, PD_ERR_NOMEM, "gguf writer: out of memory");
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    pd_status st = PD_OK;
-    if (fd < 0 || fsync(fd) != 0)
-        st = pd_err_set(err, PD_ERR_IO, "gguf writer: cannot sync directory '%s': %s", dir,
-                        strerror(errno));
-    if (fd >= 0)
-        close(fd);
-    free(dir);
-    return st;
 }
 
 pd_status gguf_writer_write(gguf_writer *w, const char *path, pd_err *err)
@@ -1895,40 +1806,25 @@ pd_status gguf_writer_write(gguf_writer *w, const char *path, pd_err *err)
     pd_status st = gw_layout(w, &a, &total, err);
     if (st != PD_OK)
         return st;
-    size_t pl = strlen(path);
-    char *tmp = malloc(pl + 5);
     enum { STAGE = 1 << 20 };
     uint8_t *stage = malloc(STAGE);
-    if (!tmp || !stage) {
-        free(tmp);
-        free(stage);
+    if (!stage)
         return pd_err_set(err, PD_ERR_NOMEM, "gguf writer: out of memory");
-    }
-    memcpy(tmp, path, pl);
-    memcpy(tmp + pl, ".tmp", 5);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        st = pd_err_set(err, PD_ERR_IO, "gguf writer: cannot create '%s': %s", tmp, strerror(errno));
-        free(tmp);
+    pd_publish *pub = NULL;
+    st = pd_file_publish_begin(path, 0644, "gguf writer", &pub, err);
+    if (st != PD_OK) {
         free(stage);
         return st;
     }
-    gw_sink s = {.buf = stage, .cap = STAGE, .fd = fd, .path = tmp, .err = err};
+    gw_sink s = {.buf = stage, .cap = STAGE, .pub = pub, .err = err};
     gw_emit(w, a, &s);
     sink_flush(&s);
-    st = s.st;
-    if (st == PD_OK && fsync(fd) != 0)
-        st = pd_err_set(err, PD_ERR_IO, "gguf writer: fsync '%s': %s", tmp, strerror(errno));
-    if (close(fd) != 0 && st == PD_OK)
-        st = pd_err_set(err, PD_ERR_IO, "gguf writer: close '%s': %s", tmp, strerror(errno));
-    if (st == PD_OK && rename(tmp, path) != 0)
-        st = pd_err_set(err, PD_ERR_IO, "gguf writer: rename '%s' to '%s': %s", tmp, path,
-                        strerror(errno));
-    if (st != PD_OK)
-        unlink(tmp);
-    else
-        st = gw_sync_dir(path, err);
-    free(tmp);
+    if (s.st == PD_OK) {
+        st = pd_file_publish_commit(pub, err);
+    } else {
+        pd_file_publish_abort(pub);
+        st = s.st;
+    }
     free(stage);
     return st;
 }

@@ -4,7 +4,7 @@
  * The reader validates the whole header, metadata and tensor directory at
  * open and reports the first failure with its byte offset; after a successful
  * open every accessor is bounds-safe. The writer assembles metadata and tensors
- * in memory and writes them in one go (path.tmp, fsync, rename).
+ * in memory and writes them in one go (a temporary file, fsync, rename).
  *
  * Byte layout (all fields little-endian, written field by field):
  *
@@ -311,9 +311,11 @@ pd_status gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t type
 pd_status gguf_writer_add_tensor_copy(gguf_writer *w, const char *name, uint32_t type,
                                       uint32_t n_dims, const uint64_t *ne, const void *data);
 
-/* Writes the file to "<path>.tmp", fsyncs it, renames it over path and fsyncs
- * the directory, so path is either the old file or the complete new one. On
- * failure the temporary file is removed. May be called more than once. */
+/* Writes the file to a temporary file beside path ("<path>.tmp.XXXXXX", mode
+ * 0644), fsyncs it, renames it over path and fsyncs the directory
+ * (pd_file_publish_*, base/file.h), so path is either the old file or the
+ * complete new one. On failure the temporary file is removed. May be called
+ * more than once. */
 pd_status gguf_writer_write(gguf_writer *w, const char *path, pd_err *err);
 
 /* The same bytes into memory: *buf is owned by the caller (free with free()). */

@@ -1,21 +1,22 @@
 /* npy: strict reader and atomic writer of 2-D float32 .npy files (see npy.h
- * for the byte layout). The header dict is parsed by a small recursive-descent
- * parser over exactly the Python literal subset NumPy writes; everything
- * outside it is refused with the byte offset where it went wrong. */
+ * for the byte layout). Every byte of the prelude and the header is read
+ * through comm/rd.h's bounds-checked reader; the header dict is parsed by a
+ * small recursive-descent parser over exactly the Python literal subset NumPy
+ * writes; everything outside it is refused with the byte offset where it went
+ * wrong. */
 #include "cluster/format/npy.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/check.h"
+#include "base/file.h"
+#include "comm/rd.h"
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
                "npy reads '<f4' data by memcpy: a big-endian host needs a byte swap");
@@ -32,95 +33,102 @@ typedef struct npy_prelude {
 
 static const char *npy_name(const char *name) { return name ? name : "<npy>"; }
 
-static uint16_t npy_le16(const uint8_t *p) { return (uint16_t)(p[0] | (uint16_t)p[1] << 8); }
+/* Every byte of the prelude and the header dict is read through comm/rd.h's
+ * bounds-checked reader with the context "npy: NAME", so its messages read
+ * "npy: NAME: offset N: ...". A context longer than this is cut short. */
+#define NPY_CTX_MAX 320
 
-static uint32_t npy_le32(const uint8_t *p)
+static void npy_ctx(char ctx[NPY_CTX_MAX], const char *name)
 {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    snprintf(ctx, NPY_CTX_MAX, "npy: %s", npy_name(name));
 }
 
 /* Validates magic, version and header length of the first len bytes. */
 static pd_status npy_prelude_parse(const uint8_t *b, size_t len, uint64_t file_size,
-                                   const char *name, npy_prelude *pre, pd_err *err)
+                                   const char *ctx, npy_prelude *pre, pd_err *err)
 {
-    name = npy_name(name);
     uint64_t have = len < file_size ? len : file_size;
+    rd r;
+    rd_init(&r, b, (size_t)have, 0, ctx, err);
     for (size_t i = 0; i < sizeof NPY_MAGIC; i++) {
-        if (i >= have)
-            return pd_err_set(err, PD_ERR_TRUNCATED,
-                              "npy: %s: offset %zu: file ends inside the magic (%" PRIu64
-                              " bytes)", name, i, file_size);
-        if (b[i] != NPY_MAGIC[i])
-            return pd_err_set(err, PD_ERR_FORMAT,
-                              "npy: %s: offset %zu: not an .npy file (bad magic)", name, i);
+        uint8_t c = 0;
+        if (rd_remaining(&r) == 0)
+            return rd_fail(&r, PD_ERR_TRUNCATED,
+                           "file ends inside the magic (%" PRIu64 " bytes)", file_size);
+        if (rd_u8(&r, "magic", &c) != PD_OK)
+            return r.status;
+        if (c != NPY_MAGIC[i])
+            return rd_fail_at(&r, i, PD_ERR_FORMAT, "not an .npy file (bad magic)");
     }
-    if (have < 8)
-        return pd_err_set(err, PD_ERR_TRUNCATED,
-                          "npy: %s: offset %" PRIu64 ": file ends inside the version (%" PRIu64
-                          " bytes)", name, have, file_size);
-    uint8_t major = b[6], minor = b[7];
+    uint8_t major = 0, minor = 0;
+    if (rd_remaining(&r) < 2)
+        return rd_fail_at(&r, (size_t)have, PD_ERR_TRUNCATED,
+                          "file ends inside the version (%" PRIu64 " bytes)", file_size);
+    if (rd_u8(&r, "major version", &major) != PD_OK || rd_u8(&r, "minor version", &minor) != PD_OK)
+        return r.status;
     if (major < 1 || major > 3 || minor != 0)
-        return pd_err_set(err, PD_ERR_VERSION,
-                          "npy: %s: offset 6: format version %u.%u is not supported (1.0, 2.0, 3.0)",
-                          name, major, minor);
+        return rd_fail_at(&r, 6, PD_ERR_VERSION,
+                          "format version %u.%u is not supported (1.0, 2.0, 3.0)", major, minor);
     uint64_t start = major == 1 ? 10 : 12;
-    if (have < start)
-        return pd_err_set(err, PD_ERR_TRUNCATED,
-                          "npy: %s: offset %" PRIu64 ": file ends inside the header length (%"
-                          PRIu64 " bytes)", name, have, file_size);
-    uint64_t hlen = major == 1 ? npy_le16(b + 8) : npy_le32(b + 8);
+    if (rd_remaining(&r) < start - 8)
+        return rd_fail_at(&r, (size_t)have, PD_ERR_TRUNCATED,
+                          "file ends inside the header length (%" PRIu64 " bytes)", file_size);
+    uint64_t hlen = 0;
+    if (major == 1) {
+        uint16_t h16 = 0;
+        if (rd_u16(&r, "header length", &h16) != PD_OK)
+            return r.status;
+        hlen = h16;
+    } else {
+        uint32_t h32 = 0;
+        if (rd_u32(&r, "header length", &h32) != PD_OK)
+            return r.status;
+        hlen = h32;
+    }
     if (hlen > file_size - start)
-        return pd_err_set(err, PD_ERR_TRUNCATED,
-                          "npy: %s: offset 8: header length %" PRIu64 " exceeds file size %"
-                          PRIu64, name, hlen, file_size);
+        return rd_fail_at(&r, 8, PD_ERR_TRUNCATED,
+                          "header length %" PRIu64 " exceeds file size %" PRIu64, hlen, file_size);
     if (hlen > NPY_MAX_HEADER_LEN)
-        return pd_err_set(err, PD_ERR_FORMAT,
-                          "npy: %s: offset 8: header length %" PRIu64 " exceeds the %u-byte limit",
-                          name, hlen, NPY_MAX_HEADER_LEN);
+        return rd_fail_at(&r, 8, PD_ERR_FORMAT, "header length %" PRIu64 " exceeds the %u-byte limit",
+                          hlen, NPY_MAX_HEADER_LEN);
     *pre = (npy_prelude){.major = major, .minor = minor, .header_start = start, .header_len = hlen};
     return PD_OK;
 }
 
 /* ---- the header dict ---------------------------------------------------- */
 
-/* A cursor over the header text; offsets in messages are file offsets. */
-typedef struct npy_hp {
-    const uint8_t *s;
-    size_t n;
-    size_t pos;
-    uint64_t base;
-    const char *name;
-    pd_err *err;
-} npy_hp;
+/* The dict parser reads the header through a reader h over exactly the
+ * header's bytes (base = its file offset): rd_peek looks ahead, rd_skip
+ * consumes, and every message names the file offset. */
 
-static pd_status npy_hp_fail(npy_hp *h, pd_status st, const char *what, const char *detail)
+static pd_status npy_hp_fail(rd *h, pd_status st, const char *what, const char *detail)
 {
-    return pd_err_set(h->err, st, "npy: %s: offset %" PRIu64 ": header: %s%s", h->name,
-                      h->base + h->pos, what, detail ? detail : "");
+    return rd_fail(h, st, "header: %s%s", what, detail ? detail : "");
 }
 
-static bool npy_is_ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f'; }
+static bool npy_is_ws(int c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f'; }
 
-static void npy_hp_ws(npy_hp *h)
+/* Consumes one byte the caller has peeked. */
+static void npy_hp_next(rd *h) { (void)rd_skip(h, "header", 1); }
+
+static void npy_hp_ws(rd *h)
 {
-    while (h->pos < h->n && npy_is_ws(h->s[h->pos]))
-        h->pos++;
+    while (npy_is_ws(rd_peek(h)))
+        npy_hp_next(h);
 }
-
-static int npy_hp_peek(const npy_hp *h) { return h->pos < h->n ? h->s[h->pos] : -1; }
 
 /* A quoted string without escapes into out[cap]; quote may be ' or ". */
-static pd_status npy_hp_string(npy_hp *h, char *out, size_t cap)
+static pd_status npy_hp_string(rd *h, char *out, size_t cap)
 {
-    int q = npy_hp_peek(h);
+    int q = rd_peek(h);
     if (q != '\'' && q != '"')
         return npy_hp_fail(h, PD_ERR_FORMAT, "expected a quoted string", NULL);
-    h->pos++;
+    npy_hp_next(h);
     size_t k = 0;
     for (;;) {
-        if (h->pos >= h->n)
+        int c = rd_peek(h);
+        if (c < 0)
             return npy_hp_fail(h, PD_ERR_FORMAT, "unterminated string", NULL);
-        uint8_t c = h->s[h->pos];
         if (c == q)
             break;
         if (c == '\\')
@@ -131,37 +139,34 @@ static pd_status npy_hp_string(npy_hp *h, char *out, size_t cap)
         if (k + 1 >= cap)
             return npy_hp_fail(h, PD_ERR_FORMAT, "string too long", NULL);
         out[k++] = (char)c;
-        h->pos++;
+        npy_hp_next(h);
     }
     out[k] = '\0';
-    h->pos++;
+    npy_hp_next(h);
     return PD_OK;
 }
 
+static bool npy_is_digit(int c) { return c >= '0' && c <= '9'; }
+
 /* A non-negative Python int literal without sign, underscores or leading zeros. */
-static pd_status npy_hp_uint(npy_hp *h, uint64_t *v)
+static pd_status npy_hp_uint(rd *h, uint64_t *v)
 {
-    int c = npy_hp_peek(h);
+    int c = rd_peek(h);
     if (c == '-' || c == '+')
         return npy_hp_fail(h, PD_ERR_FORMAT, "shape: signed dimensions are not allowed", NULL);
-    if (c < '0' || c > '9')
+    if (!npy_is_digit(c))
         return npy_hp_fail(h, PD_ERR_FORMAT, "shape: expected a dimension (integer)", NULL);
-    size_t start = h->pos;
+    size_t start = rd_offset(h);
+    int first = c;
     uint64_t x = 0;
-    while (h->pos < h->n && h->s[h->pos] >= '0' && h->s[h->pos] <= '9') {
-        unsigned d = h->s[h->pos] - '0';
-        if (x > (UINT64_MAX - d) / 10) {
-            h->pos = start;
-            return npy_hp_fail(h, PD_ERR_FORMAT, "shape: dimension overflows 64 bits", NULL);
-        }
+    for (; npy_is_digit(c = rd_peek(h)); npy_hp_next(h)) {
+        unsigned d = (unsigned)(c - '0');
+        if (x > (UINT64_MAX - d) / 10)
+            return rd_fail_at(h, start, PD_ERR_FORMAT, "header: shape: dimension overflows 64 bits");
         x = x * 10 + d;
-        h->pos++;
     }
-    if (h->s[start] == '0' && h->pos - start > 1) {
-        h->pos = start;
-        return npy_hp_fail(h, PD_ERR_FORMAT, "shape: leading zeros in a dimension", NULL);
-    }
-    c = npy_hp_peek(h);
+    if (first == '0' && rd_offset(h) - start > 1)
+        return rd_fail_at(h, start, PD_ERR_FORMAT, "header: shape: leading zeros in a dimension");
     if (c == '_' || c == '.' || c == 'e' || c == 'E' || c == 'j' || c == 'J' || c == 'L' ||
         c == 'l' || c == 'x' || c == 'X')
         return npy_hp_fail(h, PD_ERR_FORMAT, "shape: dimensions must be plain decimal integers",
@@ -171,15 +176,15 @@ static pd_status npy_hp_uint(npy_hp *h, uint64_t *v)
 }
 
 /* The shape tuple: "()", "(a,)", "(a, b)", "(a, b,)"... up to 8 entries kept. */
-static pd_status npy_hp_shape(npy_hp *h, uint64_t *dims, size_t *ndim)
+static pd_status npy_hp_shape(rd *h, uint64_t *dims, size_t *ndim)
 {
-    if (npy_hp_peek(h) != '(')
+    if (rd_peek(h) != '(')
         return npy_hp_fail(h, PD_ERR_FORMAT, "shape: expected a tuple '('", NULL);
-    h->pos++;
+    npy_hp_next(h);
     size_t n = 0;
     bool comma = false;
     npy_hp_ws(h);
-    while (npy_hp_peek(h) != ')') {
+    while (rd_peek(h) != ')') {
         if (n == 8)
             return npy_hp_fail(h, PD_ERR_FORMAT, "shape: more than 8 dimensions", NULL);
         pd_status st = npy_hp_uint(h, &dims[n]);
@@ -187,10 +192,10 @@ static pd_status npy_hp_shape(npy_hp *h, uint64_t *dims, size_t *ndim)
             return st;
         n++;
         npy_hp_ws(h);
-        int c = npy_hp_peek(h);
+        int c = rd_peek(h);
         if (c == ',') {
             comma = true;
-            h->pos++;
+            npy_hp_next(h);
             npy_hp_ws(h);
         } else if (c != ')') {
             return npy_hp_fail(h, PD_ERR_FORMAT, "shape: expected ',' or ')'", NULL);
@@ -199,23 +204,20 @@ static pd_status npy_hp_shape(npy_hp *h, uint64_t *dims, size_t *ndim)
     if (n == 1 && !comma)
         return npy_hp_fail(h, PD_ERR_FORMAT, "shape: a parenthesized integer is not a tuple",
                            NULL);
-    h->pos++;
+    npy_hp_next(h);
     *ndim = n;
     return PD_OK;
 }
 
 /* An identifier made of letters (True, False, None, ...) into out[cap]. */
-static void npy_hp_word(npy_hp *h, char *out, size_t cap)
+static void npy_hp_word(rd *h, char *out, size_t cap)
 {
     size_t k = 0;
-    while (h->pos < h->n) {
-        uint8_t c = h->s[h->pos];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
-              (c >= '0' && c <= '9')))
+    for (int c; (c = rd_peek(h)) >= 0; npy_hp_next(h)) {
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || npy_is_digit(c)))
             break;
         if (k + 1 < cap)
             out[k++] = (char)c;
-        h->pos++;
     }
     out[k] = '\0';
 }
@@ -229,20 +231,24 @@ pd_status npy_parse_header(const void *buf, size_t len, uint64_t file_size, cons
     name = npy_name(name);
     if (!b && len)
         return pd_err_set(err, PD_ERR_ARG, "npy: %s: NULL buffer", name);
+    char ctx[NPY_CTX_MAX];
+    npy_ctx(ctx, name);
     npy_prelude pre;
-    pd_status st = npy_prelude_parse(b, len, file_size, name, &pre, err);
+    pd_status st = npy_prelude_parse(b, len, file_size, ctx, &pre, err);
     if (st != PD_OK)
         return st;
+    rd r;
+    rd_init(&r, b, len, 0, ctx, err);
     if (len < pre.header_start + pre.header_len)
-        return pd_err_set(err, PD_ERR_TRUNCATED,
-                          "npy: %s: offset %zu: header needs %" PRIu64 " bytes, buffer holds %zu",
-                          name, len, pre.header_start + pre.header_len, len);
+        return rd_fail_at(&r, len, PD_ERR_TRUNCATED, "header needs %" PRIu64 " bytes, buffer holds %zu",
+                          pre.header_start + pre.header_len, len);
+    const uint8_t *hb = NULL;
+    if (rd_skip(&r, "prelude", (size_t)pre.header_start) != PD_OK ||
+        rd_span(&r, "header", (size_t)pre.header_len, &hb) != PD_OK)
+        return r.status;
 
-    npy_hp h = {.s = b + pre.header_start,
-                .n = (size_t)pre.header_len,
-                .base = pre.header_start,
-                .name = name,
-                .err = err};
+    rd h;
+    rd_init(&h, hb, (size_t)pre.header_len, (size_t)pre.header_start, ctx, err);
     bool seen[NPY_KEY_COUNT] = {false};
     char descr[64] = "";
     bool fortran = false;
@@ -250,39 +256,33 @@ pd_status npy_parse_header(const void *buf, size_t len, uint64_t file_size, cons
     size_t ndim = 0;
 
     npy_hp_ws(&h);
-    if (npy_hp_peek(&h) != '{')
+    if (rd_peek(&h) != '{')
         return npy_hp_fail(&h, PD_ERR_FORMAT, "expected a dict '{'", NULL);
-    h.pos++;
+    npy_hp_next(&h);
     npy_hp_ws(&h);
-    while (npy_hp_peek(&h) != '}') {
+    while (rd_peek(&h) != '}') {
         char key[64];
-        size_t key_pos = h.pos;
+        size_t key_pos = rd_offset(&h);
         if ((st = npy_hp_string(&h, key, sizeof key)) != PD_OK)
             return st;
         int k = !strcmp(key, "descr")           ? NPY_KEY_DESCR
                 : !strcmp(key, "fortran_order") ? NPY_KEY_FORTRAN
                 : !strcmp(key, "shape")         ? NPY_KEY_SHAPE
                                                 : -1;
-        if (k < 0) {
-            h.pos = key_pos;
-            return pd_err_set(err, PD_ERR_FORMAT,
-                              "npy: %s: offset %" PRIu64 ": header: unknown key '%s' (expected "
-                              "descr, fortran_order, shape)", name, h.base + h.pos, key);
-        }
-        if (seen[k]) {
-            h.pos = key_pos;
-            return pd_err_set(err, PD_ERR_FORMAT,
-                              "npy: %s: offset %" PRIu64 ": header: key '%s' appears twice", name,
-                              h.base + h.pos, key);
-        }
+        if (k < 0)
+            return rd_fail_at(&h, key_pos, PD_ERR_FORMAT,
+                              "header: unknown key '%s' (expected descr, fortran_order, shape)",
+                              key);
+        if (seen[k])
+            return rd_fail_at(&h, key_pos, PD_ERR_FORMAT, "header: key '%s' appears twice", key);
         seen[k] = true;
         npy_hp_ws(&h);
-        if (npy_hp_peek(&h) != ':')
+        if (rd_peek(&h) != ':')
             return npy_hp_fail(&h, PD_ERR_FORMAT, "expected ':' after key ", key);
-        h.pos++;
+        npy_hp_next(&h);
         npy_hp_ws(&h);
         if (k == NPY_KEY_DESCR) {
-            int c = npy_hp_peek(&h);
+            int c = rd_peek(&h);
             if (c == '[' || c == '{' || c == '(')
                 return npy_hp_fail(&h, PD_ERR_UNSUPPORTED,
                                    "descr: structured dtypes are not supported (only '<f4')", NULL);
@@ -290,40 +290,37 @@ pd_status npy_parse_header(const void *buf, size_t len, uint64_t file_size, cons
                 return st;
         } else if (k == NPY_KEY_FORTRAN) {
             char word[16];
-            size_t wpos = h.pos;
+            size_t wpos = rd_offset(&h);
             npy_hp_word(&h, word, sizeof word);
-            if (!strcmp(word, "True")) {
+            if (!strcmp(word, "True"))
                 fortran = true;
-            } else if (!strcmp(word, "False")) {
+            else if (!strcmp(word, "False"))
                 fortran = false;
-            } else {
-                h.pos = wpos;
-                return npy_hp_fail(&h, PD_ERR_FORMAT, "fortran_order: expected True or False",
-                                   NULL);
-            }
+            else
+                return rd_fail_at(&h, wpos, PD_ERR_FORMAT,
+                                  "header: fortran_order: expected True or False");
         } else {
             if ((st = npy_hp_shape(&h, dims, &ndim)) != PD_OK)
                 return st;
         }
         npy_hp_ws(&h);
-        int c = npy_hp_peek(&h);
+        int c = rd_peek(&h);
         if (c == ',') {
-            h.pos++;
+            npy_hp_next(&h);
             npy_hp_ws(&h);
         } else if (c != '}') {
             return npy_hp_fail(&h, PD_ERR_FORMAT, "expected ',' or '}' after the value of ", key);
         }
     }
-    h.pos++;
-    size_t end = h.pos;
+    npy_hp_next(&h);
+    size_t end = rd_offset(&h);
     npy_hp_ws(&h);
-    if (h.pos != h.n)
+    if (rd_remaining(&h))
         return npy_hp_fail(&h, PD_ERR_FORMAT, "unexpected bytes after the dict", NULL);
-    h.pos = end;
     static const char *const key_names[NPY_KEY_COUNT] = {"descr", "fortran_order", "shape"};
     for (int k = 0; k < NPY_KEY_COUNT; k++)
         if (!seen[k])
-            return npy_hp_fail(&h, PD_ERR_FORMAT, "missing key ", key_names[k]);
+            return rd_fail_at(&h, end, PD_ERR_FORMAT, "header: missing key %s", key_names[k]);
 
     if (strcmp(descr, "<f4") != 0)
         return pd_err_set(err, PD_ERR_UNSUPPORTED,
@@ -351,15 +348,15 @@ pd_status npy_parse_header(const void *buf, size_t len, uint64_t file_size, cons
                           rows, cols);
     uint64_t need = data_offset + count * 4;
     if (need > file_size)
-        return pd_err_set(err, PD_ERR_TRUNCATED,
-                          "npy: %s: offset %" PRIu64 ": shape (%" PRIu64 ", %" PRIu64
-                          ") needs %" PRIu64 " data bytes, file has %" PRIu64, name, data_offset,
+        return rd_fail_at(&r, (size_t)data_offset, PD_ERR_TRUNCATED,
+                          "shape (%" PRIu64 ", %" PRIu64 ") needs %" PRIu64
+                          " data bytes, file has %" PRIu64,
                           rows, cols, count * 4, file_size - data_offset);
     if (need < file_size)
-        return pd_err_set(err, PD_ERR_FORMAT,
-                          "npy: %s: offset %" PRIu64 ": %" PRIu64 " trailing bytes after the data "
-                          "of shape (%" PRIu64 ", %" PRIu64 ")", name, need, file_size - need,
-                          rows, cols);
+        return rd_fail_at(&r, (size_t)need, PD_ERR_FORMAT,
+                          "%" PRIu64 " trailing bytes after the data of shape (%" PRIu64 ", %" PRIu64
+                          ")",
+                          file_size - need, rows, cols);
     *out = (npy_info){.major = pre.major,
                       .minor = pre.minor,
                       .header_len = pre.header_len,
@@ -372,56 +369,24 @@ pd_status npy_parse_header(const void *buf, size_t len, uint64_t file_size, cons
 
 /* ---- files -------------------------------------------------------------- */
 
-/* Reads exactly n bytes at off; a short file is PD_ERR_TRUNCATED. */
-static pd_status npy_pread_all(int fd, void *dst, size_t n, uint64_t off, const char *name,
-                               pd_err *err)
-{
-    uint8_t *p = dst;
-    while (n) {
-        size_t chunk = n > (1u << 30) ? (1u << 30) : n;
-        ssize_t r = pread(fd, p, chunk, (off_t)off);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            return pd_err_set(err, PD_ERR_IO, "npy: %s: offset %" PRIu64 ": read: %s", name, off,
-                              strerror(errno));
-        }
-        if (r == 0)
-            return pd_err_set(err, PD_ERR_TRUNCATED,
-                              "npy: %s: offset %" PRIu64 ": file ended early (changed while read?)",
-                              name, off);
-        p += r;
-        n -= (size_t)r;
-        off += (uint64_t)r;
-    }
-    return PD_OK;
-}
-
 /* Opens path read-only and validates its header; *fd_out stays open on PD_OK. */
 static pd_status npy_open_info(const char *path, npy_info *info, int *fd_out, pd_err *err)
 {
     if (!path || !info)
         return pd_err_set(err, PD_ERR_ARG, "npy: NULL path or info");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return pd_err_set(err, PD_ERR_IO, "npy: %s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return pd_err_set(err, PD_ERR_IO, "npy: %s: stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return pd_err_set(err, PD_ERR_IO, "npy: %s: not a regular file", path);
-    }
-    uint64_t size = (uint64_t)sb.st_size;
+    int fd = -1;
+    uint64_t size = 0;
+    pd_status st = pd_file_open_read(path, "npy", &fd, &size, err);
+    if (st != PD_OK)
+        return st;
+    char ctx[NPY_CTX_MAX];
+    npy_ctx(ctx, path);
     uint8_t pre_buf[12];
     size_t pre_len = size < sizeof pre_buf ? (size_t)size : sizeof pre_buf;
     npy_prelude pre;
-    pd_status st = npy_pread_all(fd, pre_buf, pre_len, 0, path, err);
+    st = pd_file_read_at(fd, pre_buf, pre_len, 0, path, "npy", err);
     if (st == PD_OK)
-        st = npy_prelude_parse(pre_buf, pre_len, size, path, &pre, err);
+        st = npy_prelude_parse(pre_buf, pre_len, size, ctx, &pre, err);
     if (st != PD_OK) {
         close(fd);
         return st;
@@ -435,7 +400,7 @@ static pd_status npy_open_info(const char *path, npy_info *info, int *fd_out, pd
         return pd_err_set(err, PD_ERR_NOMEM, "npy: %s: no memory for a %zu-byte header", path,
                           total);
     }
-    st = npy_pread_all(fd, hb, total, 0, path, err);
+    st = pd_file_read_at(fd, hb, total, 0, path, "npy", err);
     if (st == PD_OK)
         st = npy_parse_header(hb, total, size, path, info, err);
     if (hb != stack_buf)
@@ -486,8 +451,8 @@ pd_status npy_read_rows(const char *path, const npy_info *expect, uint64_t row0,
     }
     /* No overflow: rows * cols * 4 fit below file_size (npy_info INV). */
     uint64_t row_bytes = info.cols * 4;
-    st = npy_pread_all(fd, dst, (size_t)(n * row_bytes), info.data_offset + row0 * row_bytes,
-                       path, err);
+    st = pd_file_read_at(fd, dst, (size_t)(n * row_bytes), info.data_offset + row0 * row_bytes,
+                         path, "npy", err);
     close(fd);
     return st;
 }
@@ -510,7 +475,7 @@ pd_status npy_read_into(const char *path, float *dst, size_t cap, npy_info *info
         close(fd);
         return pd_err_set(err, PD_ERR_ARG, "npy: %s: NULL destination", path);
     }
-    st = npy_pread_all(fd, dst, (size_t)count * 4, in.data_offset, path, err);
+    st = pd_file_read_at(fd, dst, (size_t)count * 4, in.data_offset, path, "npy", err);
     close(fd);
     if (st == PD_OK && info)
         *info = in;
@@ -534,7 +499,7 @@ pd_status npy_load(const char *path, npy_info *info, float **out, pd_err *err)
             close(fd);
             return pd_err_set(err, PD_ERR_NOMEM, "npy: %s: no memory for %zu floats", path, count);
         }
-        st = npy_pread_all(fd, data, count * 4, in.data_offset, path, err);
+        st = pd_file_read_at(fd, data, count * 4, in.data_offset, path, "npy", err);
     }
     close(fd);
     if (st != PD_OK) {
@@ -548,23 +513,6 @@ pd_status npy_load(const char *path, npy_info *info, float **out, pd_err *err)
 }
 
 /* ---- writer ------------------------------------------------------------- */
-
-static pd_status npy_write_all(int fd, const void *src, size_t n, const char *path, pd_err *err)
-{
-    const uint8_t *p = src;
-    while (n) {
-        size_t chunk = n > (1u << 30) ? (1u << 30) : n;
-        ssize_t w = write(fd, p, chunk);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return pd_err_set(err, PD_ERR_IO, "npy: %s: write: %s", path, strerror(errno));
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return PD_OK;
-}
 
 pd_status npy_write_f32(const char *path, uint64_t rows, uint64_t cols, const float *data,
                         pd_err *err)
@@ -603,53 +551,16 @@ pd_status npy_write_f32(const char *path, uint64_t rows, uint64_t cols, const fl
     memset(head + start + dl, ' ', total - start - (size_t)dl - 1);
     head[total - 1] = '\n';
 
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 16);
-    if (!tmp)
-        return pd_err_set(err, PD_ERR_NOMEM, "npy: %s: no memory", path);
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp.XXXXXX", 12);
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        pd_status st = pd_err_set(err, PD_ERR_IO, "npy: %s: cannot create a temporary file: %s",
-                                  path, strerror(errno));
-        free(tmp);
+    pd_publish *pub = NULL;
+    pd_status st = pd_file_publish_begin(path, 0644, "npy", &pub, err);
+    if (st != PD_OK)
         return st;
-    }
-    pd_status st = PD_OK;
-    if (fchmod(fd, 0644) != 0)
-        st = pd_err_set(err, PD_ERR_IO, "npy: %s: chmod: %s", tmp, strerror(errno));
-    if (st == PD_OK)
-        st = npy_write_all(fd, head, total, path, err);
+    st = pd_file_publish_write(pub, head, total, err);
     if (st == PD_OK && count)
-        st = npy_write_all(fd, data, (size_t)count * 4, path, err);
-    if (st == PD_OK && fsync(fd) != 0)
-        st = pd_err_set(err, PD_ERR_IO, "npy: %s: fsync: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && st == PD_OK)
-        st = pd_err_set(err, PD_ERR_IO, "npy: %s: close: %s", tmp, strerror(errno));
-    if (st == PD_OK && rename(tmp, path) != 0)
-        st = pd_err_set(err, PD_ERR_IO, "npy: %s: rename: %s", path, strerror(errno));
+        st = pd_file_publish_write(pub, data, (size_t)count * 4, err);
     if (st != PD_OK) {
-        unlink(tmp);
-        free(tmp);
+        pd_file_publish_abort(pub);
         return st;
     }
-    free(tmp);
-    /* Make the rename durable: fsync the directory (best effort). */
-    char *dir = strdup(path);
-    if (dir) {
-        char *slash = strrchr(dir, '/');
-        const char *d = ".";
-        if (slash) {
-            slash[slash == dir ? 1 : 0] = '\0';
-            d = dir;
-        }
-        int dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            (void)fsync(dfd);
-            close(dfd);
-        }
-        free(dir);
-    }
-    return PD_OK;
+    return pd_file_publish_commit(pub, err);
 }

@@ -72,7 +72,8 @@ pd_status npy_read_into(const char *path, float *dst, size_t cap, npy_info *info
 pd_status npy_load(const char *path, npy_info *info, float **out, pd_err *err);
 
 /* Writes data [rows x cols] as a '<f4' C-order .npy file. Atomic: the bytes go
- * to a temporary file beside path which is fsynced and renamed over path, so
+ * to a temporary file beside path which is fsynced and renamed over path
+ * (pd_file_publish_*, base/file.h), so
  * path holds the old file or the complete new one, never a partial one. */
 pd_status npy_write_f32(const char *path, uint64_t rows, uint64_t cols, const float *data,
                         pd_err *err);

@@ -15,6 +15,10 @@
 #include <unistd.h>
 
 #include "base/check.h"
+#include "base/file.h"
+#include "base/fnv.h"
+#include "base/utf8.h"
+#include "comm/rd.h"
 
 /* INV: size == the file's length (we are its only writer: flock);
  *      ids is an open-addressing set of n distinct strings, cap a power of
@@ -33,17 +37,9 @@ struct outfile {
 
 /* ---- id set ---------------------------------------------------------------- */
 
-static uint64_t outfile_hash(const char *s)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
-    return h;
-}
-
 static size_t outfile_slot(char *const *ids, size_t cap, const char *id)
 {
-    size_t i = (size_t)outfile_hash(id) & (cap - 1);
+    size_t i = (size_t)pd_fnv_str(id) & (cap - 1);
     while (ids[i] && strcmp(ids[i], id) != 0)
         i = (i + 1) & (cap - 1);
     return i;
@@ -141,9 +137,16 @@ static pd_status outfile_scan(outfile *o, uint64_t size, uint64_t *good, pd_err 
                             off, r < 0 ? strerror(errno) : "file shrank");
             break;
         }
-        for (size_t i = 0; i < (size_t)r && st == PD_OK;) {
-            const char *nl = memchr(chunk + i, '\n', (size_t)r - i);
-            size_t take = nl ? (size_t)(nl - (chunk + i)) : (size_t)r - i;
+        /* Lines are cut out of the chunk by comm/rd.h's reader (base = the
+         * chunk's file offset); a line may continue into the next chunk. */
+        rd cr;
+        rd_init(&cr, chunk, (size_t)r, (size_t)off, o->path, err);
+        while (st == PD_OK && rd_remaining(&cr)) {
+            const uint8_t *piece = NULL;
+            size_t take = 0;
+            bool nl = false;
+            if ((st = rd_until(&cr, '\n', &piece, &take, &nl)) != PD_OK)
+                break;
             if (line_len + take + 1 > line_cap) {
                 size_t nc = line_cap ? line_cap : 4096;
                 while (nc < line_len + take + 1)
@@ -156,14 +159,12 @@ static pd_status outfile_scan(outfile *o, uint64_t size, uint64_t *good, pd_err 
                 line = nb;
                 line_cap = nc;
             }
-            memcpy(line + line_len, chunk + i, take);
+            memcpy(line + line_len, piece, take);
             line_len += take;
-            i += take;
             if (nl) {
-                i++;
                 lineno++;
                 st = outfile_take_line(o, line, line_len, lineno, err);
-                *good = off + i;
+                *good = rd_offset(&cr);
                 line_len = 0;
             }
         }
@@ -192,26 +193,24 @@ pd_status outfile_open(const char *path, outfile **out, pd_err *err)
         return st;
     }
     pd_status st = PD_OK;
-    struct stat sb;
+    uint64_t size = 0;
     if (flock(o->fd, LOCK_EX | LOCK_NB) != 0)
         st = errno == EWOULDBLOCK
                  ? pd_err_set(err, PD_ERR_REFUSED, "outfile: %s: in use by another run (locked)",
                               path)
                  : pd_err_set(err, PD_ERR_IO, "outfile: %s: lock: %s", path, strerror(errno));
-    else if (fstat(o->fd, &sb) != 0)
-        st = pd_err_set(err, PD_ERR_IO, "outfile: %s: stat: %s", path, strerror(errno));
-    else if (!S_ISREG(sb.st_mode))
-        st = pd_err_set(err, PD_ERR_IO, "outfile: %s: not a regular file", path);
+    else
+        st = pd_file_check_regular(o->fd, path, "outfile", &size, err);
     uint64_t good = 0;
     if (st == PD_OK)
-        st = outfile_scan(o, (uint64_t)sb.st_size, &good, err);
-    if (st == PD_OK && good < (uint64_t)sb.st_size) {
+        st = outfile_scan(o, size, &good, err);
+    if (st == PD_OK && good < size) {
         /* A killed run's partial last line: cut it so appends start clean. */
         if (ftruncate(o->fd, (off_t)good) != 0 || fsync(o->fd) != 0)
             st = pd_err_set(err, PD_ERR_IO, "outfile: %s: cutting a partial last line: %s", path,
                             strerror(errno));
         else
-            o->cut = (uint64_t)sb.st_size - good;
+            o->cut = size - good;
     }
     if (st != PD_OK) {
         outfile_free(o);
@@ -278,36 +277,6 @@ static void outfile_put(outfile_sb *b, const char *s, size_t n)
 
 static void outfile_puts(outfile_sb *b, const char *s) { outfile_put(b, s, strlen(s)); }
 
-/* Length of a well-formed UTF-8 sequence at s[0..n), or 0 when ill-formed
- * with *bad = the length of its maximal subpart (the bytes one U+FFFD
- * replaces, as in vocab.h). */
-static size_t outfile_utf8(const unsigned char *s, size_t n, size_t *bad)
-{
-    unsigned c = s[0];
-    size_t k;
-    unsigned lo = 0x80, hi = 0xbf;
-    *bad = 1;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xc2 && c <= 0xdf)
-        k = 1;
-    else if (c >= 0xe0 && c <= 0xef)
-        k = 2, lo = c == 0xe0 ? 0xa0 : 0x80, hi = c == 0xed ? 0x9f : 0xbf;
-    else if (c >= 0xf0 && c <= 0xf4)
-        k = 3, lo = c == 0xf0 ? 0x90 : 0x80, hi = c == 0xf4 ? 0x8f : 0xbf;
-    else
-        return 0;
-    for (size_t j = 1; j <= k; j++) {
-        if (j >= n)
-            return 0;
-        unsigned b = s[j];
-        if (b < (j == 1 ? lo : 0x80) || b > (j == 1 ? hi : 0xbf))
-            return 0;
-        *bad = j + 1;
-    }
-    return k + 1;
-}
-
 /* A JSON string literal of s[0..n): escapes, and U+FFFD for each ill-formed
  * subpart (text from vocab is already repaired; this is the last line of
  * defence for callers' text). */
@@ -332,7 +301,7 @@ static void outfile_put_json_string(outfile_sb *b, const char *s, size_t n)
             outfile_puts(b, sh);
             i++;
         } else {
-            size_t bad, k = outfile_utf8(u + i, n - i, &bad);
+            size_t bad, k = pd_utf8_decode(u + i, n - i, NULL, &bad);
             if (k) {
                 outfile_put(b, s + i, k);
                 i += k;
@@ -386,14 +355,11 @@ pd_status outfile_write_page(outfile *o, const outfile_page *pg, pd_err *err)
     if ((!pg->tokens && pg->n_tokens) || (!pg->text && pg->text_len) ||
         pg->stop >= OUTFILE_STOP_COUNT || (int)pg->stop < 0)
         return pd_err_set(err, PD_ERR_ARG, "outfile: %s: page \"%s\": bad fields", o->path, pg->id);
-    for (size_t i = 0, n = strlen(pg->id), bad; i < n;) {
-        size_t k = outfile_utf8((const unsigned char *)pg->id + i, n - i, &bad);
-        if (!k)
-            return pd_err_set(err, PD_ERR_ARG,
-                              "outfile: %s: page id is not valid UTF-8 (byte %zu); it would not "
-                              "read back the same on resume", o->path, i);
-        i += k;
-    }
+    size_t bad_at = 0;
+    if (!pd_utf8_valid(pg->id, strlen(pg->id), &bad_at))
+        return pd_err_set(err, PD_ERR_ARG,
+                          "outfile: %s: page id is not valid UTF-8 (byte %zu); it would not "
+                          "read back the same on resume", o->path, bad_at);
     if (outfile_has(o, pg->id))
         return pd_err_set(err, PD_ERR_REFUSED, "outfile: %s: page \"%s\" is already written",
                           o->path, pg->id);

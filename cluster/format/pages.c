@@ -1,20 +1,26 @@
 /* pages: loads and validates a JSON Lines page manifest (format in pages.h).
  * Owns the parsed pages (ids, token segments, resolved embedding paths) in one
  * bump arena, an id hash for uniqueness and lookup, and nothing else: the
- * embedding rows stay in their .npy files until pages_embed_read. */
+ * embedding rows stay in their .npy files until pages_embed_read. The
+ * manifest's bytes are split into lines and checked around each JSON object
+ * through comm/rd.h's bounds-checked reader; cJSON parses each line within
+ * its length. */
 #include "cluster/format/pages.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/check.h"
+#include "base/file.h"
+#include "base/fnv.h"
+#include "base/utf8.h"
+#include "comm/rd.h"
 
 /* ---- arena: every string and array of a pages object ------------------- */
 
@@ -67,20 +73,12 @@ static char *pages_strdup(pages *p, const char *s)
 
 /* ---- ids ------------------------------------------------------------------ */
 
-static uint64_t pages_hash(const char *s)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
-    return h;
-}
-
 static long pages_lookup(const pages *p, const char *id)
 {
     if (!p->n_slots)
         return -1;
     size_t mask = p->n_slots - 1;
-    for (size_t i = (size_t)pages_hash(id) & mask;; i = (i + 1) & mask) {
+    for (size_t i = (size_t)pd_fnv_str(id) & mask;; i = (i + 1) & mask) {
         if (!p->slots[i])
             return -1;
         if (!strcmp(p->pg[p->slots[i] - 1].id, id))
@@ -99,7 +97,7 @@ static int pages_index(pages *p, size_t k)
         for (size_t i = 0; i < p->n_slots; i++) {
             if (!p->slots[i])
                 continue;
-            size_t j = (size_t)pages_hash(p->pg[p->slots[i] - 1].id) & (ns - 1);
+            size_t j = (size_t)pd_fnv_str(p->pg[p->slots[i] - 1].id) & (ns - 1);
             while (s[j])
                 j = (j + 1) & (ns - 1);
             s[j] = p->slots[i];
@@ -108,44 +106,11 @@ static int pages_index(pages *p, size_t k)
         p->slots = s;
         p->n_slots = ns;
     }
-    size_t j = (size_t)pages_hash(p->pg[k].id) & (p->n_slots - 1);
+    size_t j = (size_t)pd_fnv_str(p->pg[k].id) & (p->n_slots - 1);
     while (p->slots[j])
         j = (j + 1) & (p->n_slots - 1);
     p->slots[j] = k + 1;
     return 0;
-}
-
-static bool pages_utf8_valid(const unsigned char *s, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        size_t k;
-        uint32_t cp, min;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if (c >= 0xc2 && c <= 0xdf) {
-            k = 1, cp = c & 0x1f, min = 0x80;
-        } else if (c >= 0xe0 && c <= 0xef) {
-            k = 2, cp = c & 0x0f, min = 0x800;
-        } else if (c >= 0xf0 && c <= 0xf4) {
-            k = 3, cp = c & 0x07, min = 0x10000;
-        } else {
-            return false;
-        }
-        if (n - i <= k)
-            return false;
-        for (size_t j = 1; j <= k; j++) {
-            if ((s[i + j] & 0xc0) != 0x80)
-                return false;
-            cp = cp << 6 | (s[i + j] & 0x3f);
-        }
-        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-            return false;
-        i += k + 1;
-    }
-    return true;
 }
 
 /* ---- one manifest line ---------------------------------------------------- */
@@ -217,7 +182,14 @@ static const char *pages_num_show(double v, char *buf, size_t cap)
     return buf;
 }
 
-static bool pages_is_ws(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+static bool pages_is_ws(int c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
+/* Consumes the white space at r (the manifest's white space: CRLF's '\r' too). */
+static void pages_skip_ws(rd *r)
+{
+    while (pages_is_ws(rd_peek(r)))
+        (void)rd_skip(r, "white space", 1);
+}
 
 enum { PAGES_KEY_ID, PAGES_KEY_PREFILL, PAGES_KEY_MAX_NEW, PAGES_KEY_COUNT };
 
@@ -233,13 +205,21 @@ static pd_status pages_parse_line(pages *p, pages_where *w, const char *text, si
         return pages_fail(w, PD_ERR_FORMAT, "not valid JSON (column %zu)", col);
     }
     pd_status st = PD_OK;
-    for (const char *q = end; q < text + len; q++)
-        if (!pages_is_ws(*q)) {
-            st = pages_fail(w, PD_ERR_FORMAT,
-                            "unexpected text after the JSON object (column %zu); one page a line",
-                            (size_t)(q - text) + 1);
-            goto done;
-        }
+    /* cJSON read the object within the line's length; what follows it on the
+     * line may only be white space. */
+    rd lr;
+    rd_init(&lr, text, len, 0, w->manifest, NULL);
+    if (!end || end < text || rd_skip(&lr, "JSON object", (size_t)(end - text)) != PD_OK) {
+        st = pages_fail(w, PD_ERR_FORMAT, "not valid JSON (column 1)");
+        goto done;
+    }
+    pages_skip_ws(&lr);
+    if (rd_remaining(&lr)) {
+        st = pages_fail(w, PD_ERR_FORMAT,
+                        "unexpected text after the JSON object (column %zu); one page a line",
+                        rd_offset(&lr) + 1);
+        goto done;
+    }
     if (!cJSON_IsObject(root)) {
         st = pages_fail(w, PD_ERR_FORMAT, "a page must be a JSON object");
         goto done;
@@ -265,7 +245,7 @@ static pd_status pages_parse_line(pages *p, pages_where *w, const char *text, si
                         PAGES_MAX_ID_BYTES);
         goto done;
     }
-    if (!pages_utf8_valid((const unsigned char *)id->valuestring, id_len)) {
+    if (!pd_utf8_valid(id->valuestring, id_len, NULL)) {
         st = pages_fail(w, PD_ERR_FORMAT, "id: not valid UTF-8");
         goto done;
     }
@@ -514,32 +494,28 @@ static pd_status pages_check_embeddings(pages *p, const pages_where *w, size_t d
     return PD_OK;
 }
 
+/* The whole manifest, NUL-terminated, in a new buffer (*buf owned, free()). */
 static pd_status pages_read_file(const char *path, char **buf, size_t *len, pd_err *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return pd_err_set(err, PD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(f);
-        return pd_err_set(err, PD_ERR_IO, "%s: not a regular file", path);
-    }
-    size_t n = (size_t)sb.st_size;
-    char *b = malloc(n + 1);
+    int fd = -1;
+    uint64_t size = 0;
+    pd_status st = pd_file_open_read(path, NULL, &fd, &size, err);
+    if (st != PD_OK)
+        return st;
+    char *b = size < SIZE_MAX ? malloc((size_t)size + 1) : NULL;
     if (!b) {
-        fclose(f);
-        return pd_err_set(err, PD_ERR_NOMEM, "%s: no memory for %zu bytes", path, n);
+        close(fd);
+        return pd_err_set(err, PD_ERR_NOMEM, "%s: no memory for %" PRIu64 " bytes", path, size);
     }
-    size_t got = fread(b, 1, n, f);
-    int bad = ferror(f);
-    fclose(f);
-    if (bad || got != n) {
+    st = pd_file_read_at(fd, b, (size_t)size, 0, path, NULL, err);
+    close(fd);
+    if (st != PD_OK) {
         free(b);
-        return pd_err_set(err, PD_ERR_IO, "%s: read %zu of %zu bytes", path, got, n);
+        return st;
     }
-    b[n] = '\0';
+    b[size] = '\0';
     *buf = b;
-    *len = n;
+    *len = (size_t)size;
     return PD_OK;
 }
 
@@ -571,20 +547,26 @@ pd_status pages_load(const char *path, uint32_t vocab_size, uint32_t hidden,
     float *scan = NULL;
     size_t scan_cap = 0;
     uint32_t line = 0;
-    for (size_t pos = 0; pos < len && st == PD_OK;) {
-        const char *ln = text + pos;
-        const char *nl = memchr(ln, '\n', len - pos);
-        size_t ll = nl ? (size_t)(nl - ln) : len - pos;
-        pos += ll + (nl ? 1 : 0);
+    /* The manifest's bytes are split into lines by comm/rd.h's reader; each
+     * line goes to the JSON parser with its length. */
+    rd r;
+    rd_init(&r, text, len, 0, path, err);
+    while (st == PD_OK && rd_remaining(&r)) {
+        const uint8_t *lb = NULL;
+        size_t ll = 0;
+        bool nl = false;
+        if ((st = rd_until(&r, '\n', &lb, &ll, &nl)) != PD_OK)
+            break;
+        const char *ln = (const char *)lb;
         if (line == UINT32_MAX) {
             st = pd_err_set(err, PD_ERR_RANGE, "%s: more than %u lines", path, UINT32_MAX);
             break;
         }
         line++;
-        size_t k = 0;
-        while (k < ll && pages_is_ws(ln[k]))
-            k++;
-        if (k == ll)
+        rd blank;
+        rd_init(&blank, ln, ll, 0, path, NULL);
+        pages_skip_ws(&blank);
+        if (!rd_remaining(&blank))
             continue;
         if (p->n == p->cap) {
             size_t nc = p->cap ? p->cap * 2 : 64;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "base/utf8.h"
 
 /* INV: off[0] == 0, off[i] <= off[i + 1], off[n] == bytes in pieces;
  *      max_piece == max(off[i + 1] - off[i]); types[i] < VOCAB_TT_COUNT;
@@ -50,54 +51,13 @@ static int vocab_gpt2_byte(const vocab_gpt2_inv *inv, uint32_t cp)
     return cp < 256 + 68 ? inv->byte[cp - 256] : -1;
 }
 
-/* Length of a well-formed UTF-8 sequence at s[0..n), its code point in *cp;
- * 0 when ill-formed. */
-static size_t vocab_utf8_seq(const unsigned char *s, size_t n, uint32_t *cp)
-{
-    unsigned c = s[0];
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    }
-    size_t k;
-    unsigned lo = 0x80, hi = 0xbf;
-    uint32_t v;
-    if (c >= 0xc2 && c <= 0xdf) {
-        k = 1, v = c & 0x1f;
-    } else if (c >= 0xe0 && c <= 0xef) {
-        k = 2, v = c & 0x0f;
-        if (c == 0xe0)
-            lo = 0xa0;
-        if (c == 0xed)
-            hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        k = 3, v = c & 0x07;
-        if (c == 0xf0)
-            lo = 0x90;
-        if (c == 0xf4)
-            hi = 0x8f;
-    } else {
-        return 0;
-    }
-    for (size_t j = 1; j <= k; j++) {
-        if (j >= n)
-            return 0;
-        unsigned b = s[j];
-        if (b < (j == 1 ? lo : 0x80) || b > (j == 1 ? hi : 0xbf))
-            return 0;
-        v = v << 6 | (b & 0x3f);
-    }
-    *cp = v;
-    return k + 1;
-}
-
 size_t vocab_utf8_repair(const char *in, size_t n, char *out)
 {
     const unsigned char *s = (const unsigned char *)in;
     size_t o = 0;
     for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        size_t k = vocab_utf8_seq(s + i, n - i, &cp);
+        size_t bad = 0;
+        size_t k = pd_utf8_decode(s + i, n - i, NULL, &bad);
         if (k) {
             memcpy(out + o, s + i, k);
             o += k;
@@ -106,21 +66,9 @@ size_t vocab_utf8_repair(const char *in, size_t n, char *out)
         }
         /* Maximal subpart: the longest prefix that could start a valid
          * sequence is consumed by one U+FFFD (at least one byte). */
-        size_t m = 1;
-        unsigned c = s[i];
-        size_t need = c >= 0xc2 && c <= 0xdf ? 1 : c >= 0xe0 && c <= 0xef ? 2
-                    : c >= 0xf0 && c <= 0xf4 ? 3 : 0;
-        unsigned lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80;
-        unsigned hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
-        while (m <= need && i + m < n) {
-            unsigned b = s[i + m];
-            if (b < (m == 1 ? lo : 0x80) || b > (m == 1 ? hi : 0xbf))
-                break;
-            m++;
-        }
         memcpy(out + o, "\xef\xbf\xbd", 3);
         o += 3;
-        i += m;
+        i += bad;
     }
     return o;
 }
@@ -175,7 +123,7 @@ static size_t vocab_decode(const vocab_gpt2_inv *inv, vocab_kind kind, vocab_tty
     const unsigned char *s = (const unsigned char *)t;
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        size_t k = vocab_utf8_seq(s + i, n - i, &cp);
+        size_t k = pd_utf8_decode(s + i, n - i, &cp, NULL);
         if (!k) { /* ill-formed text: keep the byte, the final repair handles it */
             dst[o++] = (char)s[i++];
             continue;

@@ -6,6 +6,7 @@
 
 #include "cache/attn.h"
 #include "base/check.h"
+#include "base/fnv.h"
 #include "base/fp16.h"
 #include "cluster/format/gguf.h"
 #include "cluster/model/rope.h"
@@ -444,8 +445,8 @@ uint64_t model_digest(const model *m)
     for (int i = 0; i < 4; i++) {
         d ^= h[i] + 0x9e3779b97f4a7c15ull + (d << 6) + (d >> 2);
     }
-    for (uint64_t i = n8 * 8; base && i < size; i++)
-        d = (d ^ base[i]) * 0x100000001b3ull;
+    if (base) /* the last size % 8 bytes: FNV-1a continued from d */
+        d = pd_fnv_bytes(d, base + n8 * 8, (size_t)(size - n8 * 8));
     mm->digest = d;
     mm->digest_done = 1;
     return d;

@@ -75,8 +75,8 @@ typedef struct model_layer {
 
 typedef struct model_load_opts {
     uint32_t first_layer;  /* layer range [first_layer, first_layer + n_layers) */
-    uint32_t n_layers;     /* 0 with want_all_layers = every layer */
-    int all_layers;
+    uint32_t n_layers;     /* 0 loads no layer (see want_embed / want_output) */
+    int all_layers;        /* every layer of the file; first_layer and n_layers ignored */
     int want_embed;        /* head stage */
     int want_output;       /* tail stage */
     gemm_backend backend;

@@ -13,6 +13,7 @@
 
 #include "cache/attn.h"
 #include "base/check.h"
+#include "base/fnv.h"
 
 /* pd_expf returns exactly 0 below this (attn.h), so such candidates can never
  * be drawn and add nothing to a sum: they are dropped before sorting. */
@@ -44,10 +45,7 @@ static uint64_t sample_mix(uint64_t z)
 
 uint64_t sample_page_key(const char *page_id)
 {
-    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a of the id bytes */
-    for (const unsigned char *c = (const unsigned char *)(page_id ? page_id : ""); *c; c++)
-        h = (h ^ *c) * 0x100000001b3ull;
-    return h;
+    return pd_fnv_str(page_id); /* FNV-1a 64 of the id bytes; NULL = "" */
 }
 
 float sample_uniform(uint64_t seed, const char *page_id, uint64_t index)

@@ -4,10 +4,11 @@
  * with the same keys, values and tensor bytes.
  *
  * Needs only these sources (scripts/fuzz.sh reads the next line):
- *   PD_FUZZ_SOURCES: cluster/format/gguf.c base/status.c
+ *   PD_FUZZ_SOURCES: cluster/format/gguf.c comm/rd.c comm/crc32c.c base/file.c base/fp16.c base/cpu.c base/status.c
  * By hand, from the source root:
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -I. \
- *         tests/fuzz/fuzz_gguf.c cluster/format/gguf.c base/status.c -o fuzz_gguf */
+ *         tests/fuzz/fuzz_gguf.c cluster/format/gguf.c comm/rd.c comm/crc32c.c base/file.c \
+ *         base/fp16.c base/cpu.c base/status.c -o fuzz_gguf */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

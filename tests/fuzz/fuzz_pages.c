@@ -4,11 +4,12 @@
  * input; a crash, a sanitizer report or a broken postcondition is a bug.
  *
  * For scripts/fuzz.sh (it needs -lcjson too: see PD_FUZZ_LIBS):
- *   PD_FUZZ_SOURCES: cluster/format/pages.c cluster/format/npy.c base/status.c
+ *   PD_FUZZ_SOURCES: cluster/format/pages.c cluster/format/npy.c comm/rd.c comm/crc32c.c base/file.c base/fnv.c base/utf8.c base/fp16.c base/cpu.c base/status.c
  *   PD_FUZZ_LIBS: -lcjson
  * Build and run by hand (from the source root; libFuzzer comes with clang):
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -I. \
- *     tests/fuzz/fuzz_pages.c cluster/format/pages.c cluster/format/npy.c base/status.c \
+ *     tests/fuzz/fuzz_pages.c cluster/format/pages.c cluster/format/npy.c comm/rd.c \
+ *     comm/crc32c.c base/file.c base/fnv.c base/utf8.c base/fp16.c base/cpu.c base/status.c \
  *     -lcjson -lm -o /tmp/fuzz_pages
  *   /tmp/fuzz_pages -max_total_time=60 -max_len=4096
  * Replay without libFuzzer (any C compiler): add -DPD_FUZZ_MAIN, drop

@@ -1005,7 +1005,7 @@ START_TEST(kv_evict_skips_tail_layer)
 }
 END_TEST
 
-/* The generation moves on every mutation a device copy cannot follow by its
+/* The generation moves on every mutation a derived copy cannot follow by its
  * row count (truncate too), and stays on appends. */
 START_TEST(kv_generation_changes_on_every_non_append_mutation)
 {

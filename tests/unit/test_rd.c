@@ -116,6 +116,52 @@ START_TEST(rd_arrays_decode_f32_f16_i8_and_skip_with_null)
 }
 END_TEST
 
+START_TEST(rd_peek_looks_ahead_without_consuming)
+{
+    const uint8_t b[2] = {0x93, 'N'};
+    pd_err e = {0};
+    rd r;
+    rd_init(&r, b, sizeof b, 0, "t", &e);
+    ck_assert_int_eq(rd_peek(&r), 0x93); /* a byte, not a negative char */
+    ck_assert_int_eq(rd_peek(&r), 0x93);
+    ck_assert_int_eq(rd_skip(&r, "a", 1), PD_OK);
+    ck_assert_int_eq(rd_peek(&r), 'N');
+    ck_assert_int_eq(rd_skip(&r, "b", 1), PD_OK);
+    ck_assert_int_eq(rd_peek(&r), -1); /* the end */
+    rd_init(&r, b, sizeof b, 0, "t", &e);
+    uint32_t v;
+    ck_assert_int_eq(rd_u32(&r, "c", &v), PD_ERR_TRUNCATED);
+    ck_assert_int_eq(rd_peek(&r), -1); /* a failed reader has nothing to show */
+}
+END_TEST
+
+START_TEST(rd_until_splits_lines_and_reports_the_last_unterminated_one)
+{
+    const char text[] = "ab\n\ncd";
+    rd r;
+    rd_init(&r, text, sizeof text - 1, 0, "t", NULL);
+    const uint8_t *s = NULL;
+    size_t n = 99;
+    bool found = false;
+    ck_assert_int_eq(rd_until(&r, '\n', &s, &n, &found), PD_OK);
+    ck_assert(found && n == 2 && memcmp(s, "ab", 2) == 0);
+    ck_assert_uint_eq(rd_offset(&r), 3);
+    ck_assert_int_eq(rd_until(&r, '\n', &s, &n, &found), PD_OK);
+    ck_assert(found && n == 0);
+    ck_assert_int_eq(rd_until(&r, '\n', &s, &n, &found), PD_OK);
+    ck_assert(!found && n == 2 && memcmp(s, "cd", 2) == 0);
+    ck_assert_uint_eq(rd_remaining(&r), 0);
+    ck_assert_int_eq(rd_until(&r, '\n', &s, &n, &found), PD_OK);
+    ck_assert(!found && n == 0);
+    /* a failed reader refuses and leaves the outputs alone */
+    uint8_t x;
+    ck_assert_int_eq(rd_u8(&r, "x", &x), PD_ERR_TRUNCATED);
+    n = 7;
+    ck_assert_int_eq(rd_until(&r, '\n', &s, &n, &found), PD_ERR_TRUNCATED);
+    ck_assert_uint_eq(n, 7);
+}
+END_TEST
+
 START_TEST(rd_trailing_bytes_are_an_error)
 {
     uint8_t b[3] = {0};
@@ -363,6 +409,8 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, rd_truncated_read_names_offset_and_field_and_leaves_output);
     tcase_add_test(tc, rd_count_is_checked_against_remaining_and_overflow);
     tcase_add_test(tc, rd_arrays_decode_f32_f16_i8_and_skip_with_null);
+    tcase_add_test(tc, rd_peek_looks_ahead_without_consuming);
+    tcase_add_test(tc, rd_until_splits_lines_and_reports_the_last_unterminated_one);
     tcase_add_test(tc, rd_trailing_bytes_are_an_error);
     tcase_add_test(tc, rd_fail_reports_first_failure_only);
     tcase_add_test(tc, rd_span_borrows_input_without_copy);

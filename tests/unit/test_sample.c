@@ -78,6 +78,21 @@ START_TEST(sample_uniform_is_a_pure_function_of_seed_id_and_index)
 }
 END_TEST
 
+/* The page key and the numbers drawn from it, pinned: values computed before
+ * the key's FNV-1a loop moved to base/fnv.c. A change here changes every
+ * sampled token of every page. */
+START_TEST(sample_page_key_and_uniform_are_pinned)
+{
+    ck_assert_uint_eq(sample_page_key("p00000"), 0x08a2935a7995037dull);
+    ck_assert_uint_eq(sample_page_key("p7"), 0x08d59107b575e088ull);
+    ck_assert_uint_eq(sample_page_key(""), 0xcbf29ce484222325ull);
+    ck_assert_uint_eq(sample_page_key(NULL), sample_page_key(""));
+    ck_assert(sample_uniform(7, "page-1", 3) == 0x1.140af4p-1f);
+    ck_assert(sample_uniform(0, "p00000", 0) == 0x1.70d22p-5f);
+    ck_assert(sample_uniform_key(7, 0x08a2935a7995037dull, 3) == 0x1.72822ap-1f);
+}
+END_TEST
+
 START_TEST(sample_tokens_do_not_depend_on_call_order_or_sampler)
 {
     enum { V = 64, STEPS = 50 };
@@ -500,6 +515,7 @@ Suite *pd_test_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, sample_greedy_picks_the_max_and_the_lowest_index_on_ties);
     tcase_add_test(tc, sample_uniform_is_a_pure_function_of_seed_id_and_index);
+    tcase_add_test(tc, sample_page_key_and_uniform_are_pinned);
     tcase_add_test(tc, sample_tokens_do_not_depend_on_call_order_or_sampler);
     tcase_add_test(tc, sample_top_k_top_p_match_a_brute_force_reference);
     tcase_add_test(tc, sample_top_k_boundary_breaks_ties_by_index);
