@@ -452,22 +452,6 @@ uint64_t model_digest(const model *m)
     return d;
 }
 
-/* FNV-1a 64 over n bytes, continuing from h. */
-static uint64_t fp_bytes(uint64_t h, const uint8_t *p, uint64_t n)
-{
-    for (uint64_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
-}
-
-static uint64_t fp_u64(uint64_t h, uint64_t v)
-{
-    uint8_t b[8];
-    for (int i = 0; i < 8; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-    return fp_bytes(h, b, 8);
-}
-
 /* What ranks compare at start-up: cheap (it reads the header and 12 KiB
  * per tensor, not the whole file), yet a different model — other weights,
  * other shapes, another file version — differs: the file size, every byte
@@ -477,17 +461,17 @@ uint64_t model_fingerprint(const model *m)
 {
     const uint8_t *base = gguf_bytes(m->file);
     uint64_t size = gguf_file_size(m->file), data = gguf_data_offset(m->file);
-    uint64_t h = fp_u64(0xcbf29ce484222325ull, size);
+    uint64_t h = pd_fnv_le(PD_FNV_OFFSET, size, 8);
     if (!base)
         return h;
-    h = fp_bytes(h, base, data < size ? data : size);
+    h = pd_fnv_bytes(h, base, (size_t)(data < size ? data : size));
     for (uint64_t i = 0; i < gguf_tensor_count(m->file); i++) {
         const gguf_tensor *t = gguf_tensor_at(m->file, i);
         const uint8_t *p = t->data;
         uint64_t span = t->bytes < 4096 ? t->bytes : 4096;
         uint64_t at[3] = {0, (t->bytes - span) / 2, t->bytes - span};
         for (int k = 0; k < 3; k++)
-            h = fp_bytes(h, p + at[k], span);
+            h = pd_fnv_bytes(h, p + at[k], (size_t)span);
     }
     return h;
 }

@@ -420,6 +420,47 @@ START_TEST(model_digest_is_stable_and_sees_one_weight_byte)
 }
 END_TEST
 
+/* The fingerprint ranks compare at start-up: equal for every load of the
+ * same file whatever the layer range, different after one weight byte
+ * changes in a sampled span (here the last bytes of the last tensor) or in
+ * the header, while reading far less than the whole file. */
+START_TEST(model_fingerprint_is_stable_and_sees_weights_and_header)
+{
+    char path[] = "/tmp/pd_test_model_XXXXXX";
+    small_model(path);
+    pd_err e = {0};
+    model *a, *b;
+    model_load_opts la = {.all_layers = 1, .want_embed = 1, .want_output = 1};
+    model_load_opts lb = {.first_layer = 1, .n_layers = 1};
+    ck_assert_int_eq(model_load(path, &la, &a, &e), PD_OK);
+    ck_assert_int_eq(model_load(path, &lb, &b, &e), PD_OK);
+    uint64_t f0 = model_fingerprint(a);
+    ck_assert_uint_eq(f0, model_fingerprint(b));
+    ck_assert_uint_ne(f0, model_digest(a));
+    model_free(a);
+    model_free(b);
+    long offs[2] = {-3, 40}; /* a weight byte at the end; a metadata byte */
+    for (int k = 0; k < 2; k++) {
+        FILE *f = fopen(path, "r+b");
+        ck_assert_ptr_nonnull(f);
+        ck_assert_int_eq(fseek(f, offs[k], offs[k] < 0 ? SEEK_END : SEEK_SET), 0);
+        int c = fgetc(f);
+        ck_assert_int_eq(fseek(f, offs[k], offs[k] < 0 ? SEEK_END : SEEK_SET), 0);
+        fputc(c ^ 0x10, f);
+        fclose(f);
+        if (model_load(path, &la, &a, &e) == PD_OK) {
+            ck_assert_uint_ne(model_fingerprint(a), f0);
+            model_free(a);
+        }
+        f = fopen(path, "r+b");
+        ck_assert_int_eq(fseek(f, offs[k], offs[k] < 0 ? SEEK_END : SEEK_SET), 0);
+        fputc(c, f);
+        fclose(f);
+    }
+    unlink(path);
+}
+END_TEST
+
 /* The digest of a fixed synthetic model, pinned (values computed before the
  * digest's FNV-1a tail moved to base/fnv.c): once as written (a multiple of 8
  * bytes) and once with 5 trailing bytes, which only the FNV tail reads.
@@ -480,6 +521,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, model_stack_matches_reference_qwen2_gqa_with_bias);
     tcase_add_test(tc, model_ffn_runs_the_kind_each_layer_carries);
     tcase_add_test(tc, model_digest_is_stable_and_sees_one_weight_byte);
+    tcase_add_test(tc, model_fingerprint_is_stable_and_sees_weights_and_header);
     tcase_add_test(tc, model_digest_is_pinned_including_the_unaligned_tail);
     tcase_add_test(tc, model_refuses_unsupported_architecture_and_types);
     suite_add_tcase(s, tc);
