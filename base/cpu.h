@@ -3,8 +3,8 @@
  * Every kernel in the project has a portable C path and (where it pays) an
  * AVX2/FMA path that is bit-identical to it; tests check the equality. The
  * choice is therefore a speed setting only, never an answer-changing one,
- * which is what lets ranks on different CPUs share one cluster (DESIGN.md
- * section 1, "consistent kernels cluster-wide").
+ * which is what lets ranks on different CPUs share one cluster (ARCHITECTURE.md
+ * §1).
  *
  * The selection is process-wide and set once at start-up. It is one of the few
  * process-wide mutable values the project keeps on purpose instead of passing

@@ -3,7 +3,7 @@
  * Every function that can fail on bad input returns a pd_status and, when it
  * fails, fills a caller-owned pd_err with what went wrong and where
  * ("wire: offset 132: head 3 claims 4096 values, 512 bytes remain").
- * Failure leaves the target unchanged (STYLE.md habit 5). Broken internal
+ * Failure leaves the target unchanged (ARCHITECTURE.md §9). Broken internal
  * invariants are not statuses: they abort through CHECK (check.h). */
 #ifndef PD_STATUS_H
 #define PD_STATUS_H

@@ -3,7 +3,7 @@
  * Both cache layers (kv_layer.h, ring_layer.h), decode rows, prefill rows and
  * verify rows all attend through attn_run, so a KV layer and a ring layer that
  * hold the same rows answer bit-identically, and a prefill chunk's row i
- * equals the decode step at position i (DESIGN.md section 1).
+ * equals the decode step at position i (ARCHITECTURE.md §1).
  *
  * The visible rows of one KV head are handed in as segments in logical order
  * (a KV layer: one segment; a ring layer: reference ++ ring in age order ++

@@ -4,7 +4,7 @@
  * A micro-batch is a set of rows; each row is one position of one stream.
  * Rows of a stream are contiguous and in increasing position order; a row's
  * absolute position drives rollback: a stage holding a stream's state beyond
- * it rolls back first (DESIGN.md section 2). */
+ * it rolls back first (ARCHITECTURE.md §2). */
 #ifndef PD_BATCH_H
 #define PD_BATCH_H
 

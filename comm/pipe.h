@@ -1,6 +1,6 @@
 /* pipe: the MPI transport of the pipeline — a communicator duplicated from
  * the caller's, every call checked, failures turned into statuses carrying
- * MPI_Error_string (STYLE.md habit 6). Messages are byte buffers encoded by
+ * MPI_Error_string (ARCHITECTURE.md §9). Messages are byte buffers encoded by
  * msg.h; pipe knows nothing of their content. */
 #ifndef PD_COMM_PIPE_H
 #define PD_COMM_PIPE_H

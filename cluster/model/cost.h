@@ -48,7 +48,7 @@ typedef struct cost_rule {
     double kv_value_bytes; /* bytes per cached K/V value (f32 cache: 4) */
 } cost_rule;
 
-/* Defaults (DESIGN.md section 8, measured on one core of the CI machine):
+/* Defaults (ARCHITECTURE.md §7, measured on one core of the CI machine):
  * bandwidth 19.6e9 B/s, peak 82e9 FLOP/s, rows 4, depth 512, kv_value_bytes 4. */
 #define COST_BANDWIDTH 19.6e9
 #define COST_PEAK 82e9

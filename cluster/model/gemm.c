@@ -372,7 +372,7 @@ static inline __attribute__((always_inline)) void gemm_avx2_store(float *c, __m2
 }
 
 /* Accumulators are named variables (c<row><half>): gcc 12 keeps them in
- * registers, where an array of __m256 was spilled every k (KERNELS.md).
+ * registers, where an array of __m256 was spilled every k (ARCHITECTURE.md §8).
  * mr and type are compile-time constants in every instantiation below, so
  * the row guards and type branches fold away. */
 #define GEMM_AVX2_ROW(i, kk)                                                     \

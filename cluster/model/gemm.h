@@ -25,7 +25,7 @@
  *
  * GEMM_BACKEND_OPENBLAS (opt-in, `--gemm openblas`): cblas_sgemm on an f32
  * copy of the weights. NOT batch invariant: the bits of a row change with M
- * and with the thread count (DESIGN.md section 1). gemm_run sets OpenBLAS's
+ * and with the thread count (ARCHITECTURE.md §1). gemm_run sets OpenBLAS's
  * thread count to pool_threads(p) with openblas_set_num_threads, which is
  * process-wide: with several pools or ranks per node the last call wins, and
  * OpenBLAS runs its own threads while the pool's workers stay parked. */

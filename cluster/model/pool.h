@@ -4,7 +4,7 @@
  * has run.
  *
  * Results must never depend on which thread runs which task or in what order
- * (DESIGN.md section 1): the pool only promises that every task index in
+ * (ARCHITECTURE.md §1): the pool only promises that every task index in
  * [0, n_tasks) runs exactly once before pool_run returns. Tasks are claimed
  * dynamically, so a worker that the OS has descheduled never holds up tasks it
  * has not claimed yet.

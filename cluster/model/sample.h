@@ -4,7 +4,7 @@
  * the settings, global seed, page id, token index): the random number of a
  * step is a hash of (seed, page id, index) — never a shared RNG — so a token
  * does not depend on which other pages share a batch, the rank count, or a
- * restart (DESIGN.md section 1).
+ * restart (ARCHITECTURE.md §1).
  *
  * Order of operations for one step:
  *   1. no-repeat n-gram ban (when on): with L = tokens generated so far and

@@ -5,7 +5,7 @@
  * in order, with no gap or overlap, one non-empty range per rank.
  *
  * Without a map the layers are split to minimize the most expensive stage
- * (the pipeline runs at the pace of its slowest stage, DESIGN.md section 8).
+ * (the pipeline runs at the pace of its slowest stage, ARCHITECTURE.md §7).
  * A stage costs the sum of its layers' costs, plus the head's extra (the
  * embedding lookup) on stage 0 and the tail's extra (final norm, output
  * projection, sampling) on the last stage. layermap_for_model takes the costs

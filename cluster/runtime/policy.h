@@ -1,7 +1,7 @@
 /* policy: the attention / cache policy of a run, parsed from the CLI flags
  * --attn full|rswa:W|window:W, --kv f32|q8|q8k|q8v,
  * --evict none|recent:N|importance:N:SINKS.
- * It is part of what a token is a function of (DESIGN.md section 1), so it is
+ * It is part of what a token is a function of (ARCHITECTURE.md §1), so it is
  * also part of the CMFS identity (policy_describe gives the canonical string). */
 #ifndef PD_POLICY_H
 #define PD_POLICY_H

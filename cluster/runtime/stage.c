@@ -337,7 +337,7 @@ uint64_t stage_stream_bytes_estimate(const model_hparams *hp, const cache_policy
 
 uint64_t stage_layer_identity(const stage *s, uint32_t layer)
 {
-    /* speculation changes no token (DESIGN.md section 1), so the draft limit
+    /* speculation changes no token (ARCHITECTURE.md §1), so the draft limit
      * is not part of what makes a record meaningful */
     cache_policy pol = s->cfg.policy;
     pol.max_drafts = 0;
