@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -249,4 +250,35 @@ pd_status pd_file_publish_commit(pd_publish *p, pd_err *err)
     st = publish_sync_dir(p, err);
     publish_free(p);
     return st;
+}
+
+/* The absolute path of p with its directory resolved (the file itself need
+ * not exist); NULL when the directory cannot be resolved. Owned. */
+static char *file_canonical(const char *p)
+{
+    const char *slash = strrchr(p, '/');
+    char *dir = slash ? strndup(p, (size_t)(slash - p) + (slash == p)) : strdup(".");
+    const char *base = slash ? slash + 1 : p;
+    char *real = dir ? realpath(dir, NULL) : NULL;
+    free(dir);
+    if (!real)
+        return NULL;
+    size_t n = strlen(real) + strlen(base) + 2;
+    char *out = malloc(n);
+    if (out)
+        snprintf(out, n, "%s%s%s", real, strcmp(real, "/") == 0 ? "" : "/", base);
+    free(real);
+    return out;
+}
+
+bool pd_file_same(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    if (stat(a, &sa) == 0 && stat(b, &sb) == 0)
+        return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    char *ca = file_canonical(a), *cb = file_canonical(b);
+    bool same = ca && cb && strcmp(ca, cb) == 0;
+    free(ca);
+    free(cb);
+    return same;
 }

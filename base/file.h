@@ -24,6 +24,7 @@
 #ifndef PD_FILE_H
 #define PD_FILE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -101,5 +102,11 @@ pd_status pd_file_publish_commit(pd_publish *p, pd_err *err);
 /* Gives up: closes and removes the temporary file, leaves the target as it
  * was, frees p. pd_file_publish_abort(NULL) is a no-op. */
 void pd_file_publish_abort(pd_publish *p);
+
+/* True when paths a and b name the same file: the same device and inode
+ * when both exist, else the same absolute path once each one's directory is
+ * resolved (symlinks, "..", relative paths), so an output that does not
+ * exist yet is still caught when it would land on an input. */
+bool pd_file_same(const char *a, const char *b);
 
 #endif

@@ -240,8 +240,12 @@ static void kv_evict_for(lcache *c, const lcache_group *g)
     const lcache_config *p = &c->cfg;
     if (p->evict == LCACHE_EVICT_NONE || g->roles[0] == LCACHE_ROLE_PREFILL)
         return;
-    if (kv_layer_rows(c->kv) + g->n > p->evict_budget && p->evict_budget > g->n) {
-        uint64_t keep = p->evict_budget - g->n;
+    /* every budget >= 1 holds: with budget N and a group of n rows the
+     * stored rows are cut to N - n first (0 with recent:1 and one decode
+     * row: the row attends only itself); policy_validate refuses budgets
+     * below a verify group's rows */
+    if (kv_layer_rows(c->kv) + g->n > p->evict_budget) {
+        uint64_t keep = p->evict_budget > g->n ? p->evict_budget - g->n : 0;
         /* sinks up to the budget, the library's own clamp: with S = N - 1 a
          * decode step keeps N - 1 rows, all of them sinks */
         uint64_t sinks = p->evict_sinks < keep ? p->evict_sinks : keep;

@@ -130,9 +130,15 @@ int cmd_run(int argc, char **argv)
     } else {
         code = run_main(&o, MPI_COMM_WORLD, NULL);
         if (code == RUN_EXIT_ABORT) {
+            int size = 1;
+            MPI_Comm_size(MPI_COMM_WORLD, &size);
             /* this rank failed mid-run; its peers may be blocked in a
-             * receive and cannot learn of it otherwise: end the job */
-            MPI_Abort(MPI_COMM_WORLD, 1);
+             * receive and cannot learn of it otherwise: end the job. Alone,
+             * there is nobody to tell: exit plainly, so pipedec's message is
+             * the last thing the user reads (no Open MPI abort banner). */
+            if (size > 1)
+                MPI_Abort(MPI_COMM_WORLD, 1);
+            code = 1;
         }
     }
     MPI_Finalize();

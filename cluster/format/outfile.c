@@ -321,19 +321,29 @@ static pd_status outfile_emit(outfile *o, outfile_sb *b, const outfile_page *pg,
     if (b->oom)
         return pd_err_set(err, PD_ERR_NOMEM, "outfile: %s: page \"%s\": no memory for the line",
                           o->path, pg->id);
-    ssize_t w;
-    do
-        w = write(o->fd, o->buf, b->len);
-    while (w < 0 && errno == EINTR);
-    if (w != (ssize_t)b->len) {
-        int e = w < 0 ? errno : EIO;
+    /* normally one write(); a short one (a full disk writes what fits) is
+     * continued, so the failure that follows says why (ENOSPC, EDQUOT ...) */
+    size_t done = 0;
+    int e = 0;
+    while (done < b->len) {
+        ssize_t w = write(o->fd, o->buf + done, b->len - done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            e = w < 0 ? errno : EIO;
+            break;
+        }
+        done += (size_t)w;
+    }
+    if (done != b->len) {
         /* Never leave a partial line behind: cut back to the last full line. */
-        if (w > 0 && ftruncate(o->fd, (off_t)o->size) != 0)
+        if (done > 0 && ftruncate(o->fd, (off_t)o->size) != 0)
             return pd_err_set(err, PD_ERR_IO,
                               "outfile: %s: page \"%s\": short write and the partial line could "
                               "not be cut: %s", o->path, pg->id, strerror(errno));
-        return pd_err_set(err, PD_ERR_IO, "outfile: %s: page \"%s\": write: %s", o->path, pg->id,
-                          strerror(e));
+        return pd_err_set(err, PD_ERR_IO, "outfile: %s: page \"%s\": write: %s%s", o->path, pg->id, strerror(e),
+                          e == ENOSPC || e == EDQUOT ? " (the output keeps every page written before; free space "
+                                                       "and rerun to resume)" : "");
     }
     o->size += b->len;
     if (pg->error)

@@ -15,9 +15,11 @@
  * could not be found again on resume), so every line is valid JSON in valid
  * UTF-8.
  *
- * Crash safety: a line goes out with ONE write() on an O_APPEND descriptor,
- * then fdatasync, so a line is complete or absent — except after a kill in the
- * middle of that write, which can leave a partial last line. outfile_open
+ * Crash safety: a line goes out with one write() on an O_APPEND descriptor
+ * (continued only after a short write, e.g. on a full disk, so the error
+ * that follows is the real one: ENOSPC, not "I/O error"), then fdatasync, so
+ * a line is complete or absent — except after a kill in the middle of that
+ * write, which can leave a partial last line. outfile_open
  * therefore reads the existing file: every complete line (ending in '\n') must
  * be a JSON object with a non-empty string "id" (blank lines are ignored), its
  * id counts as done; a partial last line is cut off (ftruncate + fsync) before

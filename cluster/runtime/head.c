@@ -3,6 +3,7 @@
 #include "cluster/runtime/head.h"
 
 #include "base/check.h"
+#include "base/file.h"
 #include "cluster/format/outfile.h"
 #include "cluster/format/vocab.h"
 
@@ -74,6 +75,42 @@ static pd_status head_vocab(head *h, pd_err *err)
 
 static pd_status head_on_done(void *ctx, const sched_result *r, pd_err *err);
 
+/* No output may land on an input or on another output: --stats naming the
+ * output replaced the results, naming the model overwrote it, and --out
+ * naming the manifest "skipped" every page. Checked before any output is
+ * opened, so a refused run touches nothing. */
+static pd_status head_check_paths(const head *h, pd_err *err)
+{
+    const run_opts *o = h->r->o;
+    struct {
+        const char *flag, *path;
+    } outs[] = {{"--out", o->out_path}, {"--stats", o->stats_path}, {"--trace-hidden", o->trace_path}};
+    enum { N_OUT = sizeof outs / sizeof outs[0] };
+    for (int i = 0; i < N_OUT; i++) {
+        if (!outs[i].path)
+            continue;
+        if (pd_file_same(outs[i].path, o->model_path))
+            return pd_err_set(err, PD_ERR_ARG, "%s %s is the model file (--model %s): refusing to overwrite it",
+                              outs[i].flag, outs[i].path, o->model_path);
+        if (pd_file_same(outs[i].path, o->pages_path))
+            return pd_err_set(err, PD_ERR_ARG, "%s %s is the page manifest (--pages %s): refusing to overwrite it",
+                              outs[i].flag, outs[i].path, o->pages_path);
+        for (int j = 0; j < i; j++)
+            if (outs[j].path && pd_file_same(outs[i].path, outs[j].path))
+                return pd_err_set(err, PD_ERR_ARG, "%s and %s name the same file %s: each output needs its own",
+                                  outs[j].flag, outs[i].flag, outs[i].path);
+        for (size_t p = 0; p < pages_count(h->pg); p++) {
+            const pages_page *pg = pages_get(h->pg, p);
+            for (uint32_t k = 0; k < pg->n_segs; k++)
+                if (pg->segs[k].path && pd_file_same(outs[i].path, pg->segs[k].path))
+                    return pd_err_set(err, PD_ERR_ARG,
+                                      "%s %s is page \"%s\"'s embeddings file: refusing to overwrite it",
+                                      outs[i].flag, outs[i].path, pg->id);
+        }
+    }
+    return PD_OK;
+}
+
 pd_status head_open(rank *r, head **out, pd_err *err)
 {
     head *h = calloc(1, sizeof *h);
@@ -87,6 +124,8 @@ pd_status head_open(rank *r, head **out, pd_err *err)
     if ((st = pages_load(o->pages_path, r->hp.vocab, r->hp.hidden, NULL, &h->pg, err)))
         return st;
     if ((st = head_vocab(h, err)))
+        return st;
+    if ((st = head_check_paths(h, err)))
         return st;
     if ((st = outfile_open(o->out_path, &h->of, err)))
         return st;

@@ -107,6 +107,10 @@ pd_status policy_validate(const cache_policy *p, pd_err *err)
         return pd_err_set(err, PD_ERR_ARG, "--attn rswa bounds itself; --evict must be none");
     if (p->attn == POLICY_ATTN_WINDOW && p->evict != POLICY_EVICT_NONE)
         return pd_err_set(err, PD_ERR_ARG, "--attn window:W trims itself; --evict must be none");
+    if (p->evict != POLICY_EVICT_NONE && p->evict_budget < p->max_drafts + 1u)
+        return pd_err_set(err, PD_ERR_ARG,
+                          "--evict budget %u is below the %u rows of a verify step (drafts + 1): it could not hold",
+                          p->evict_budget, p->max_drafts + 1u);
     return PD_OK;
 }
 

@@ -3,6 +3,7 @@
 #include "cluster/runtime/report.h"
 
 #include "base/cpu.h"
+#include "base/file.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -119,12 +120,18 @@ static void report_stats_json(const report *rep, const rank *r, const sched_prog
             cJSON_AddItemToObject(st, "placement", pl);
         cJSON_AddItemToArray(stages, st);
     }
+    /* written whole or not at all: a temporary file renamed over the target */
     char *txt = cJSON_Print(j);
-    FILE *f = fopen(o->stats_path, "w");
-    if (!f || !txt || fputs(txt, f) < 0 || fputc('\n', f) < 0)
-        fprintf(stderr, "pipedec: cannot write stats to %s\n", o->stats_path);
-    if (f)
-        fclose(f);
+    pd_err e = {0};
+    pd_publish *pub = NULL;
+    pd_status st = txt ? pd_file_publish_begin(o->stats_path, 0644, "--stats", &pub, &e)
+                       : pd_err_set(&e, PD_ERR_NOMEM, "--stats: out of memory");
+    if (st == PD_OK && (st = pd_file_publish_write(pub, txt, strlen(txt), &e)) == PD_OK)
+        st = pd_file_publish_write(pub, "\n", 1, &e);
+    if (pub) /* a failed write fails the publish: commit then cleans up and returns it */
+        st = pd_file_publish_commit(pub, &e);
+    if (st)
+        fprintf(stderr, "pipedec: %s (the decode itself succeeded)\n", e.msg);
     free(txt);
     cJSON_Delete(j);
 }

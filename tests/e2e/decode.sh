@@ -94,6 +94,11 @@ PY
   same "$T/$arch.rec.jsonl" "$T/$arch.rec1.jsonl" "$arch: recent eviction batch/chunk invariant"
   differ "$T/$arch.alone.jsonl" "$T/$arch.rec.jsonl" "$arch: control: --evict recent:16 vs none"
   differ "$T/$arch.ev.jsonl" "$T/$arch.rec.jsonl" "$arch: control: --evict importance:16:2 vs recent:16"
+  # every budget >= 1 holds: recent:1 keeps only the row being decoded
+  run --model "$m" --pages "$P" --out "$T/$arch.rec1a.jsonl" --batch 4 --evict recent:1 --stats "$T/$arch.rec1.stats"
+  run --model "$m" --pages "$P" --out "$T/$arch.rec1b.jsonl" --batch 1 --evict recent:1 --prefill-chunk 3
+  same "$T/$arch.rec1a.jsonl" "$T/$arch.rec1b.jsonl" "$arch: recent:1 batch/chunk invariant"
+  differ "$T/$arch.alone.jsonl" "$T/$arch.rec1a.jsonl" "$arch: control: --evict recent:1 vs none"
   run --model "$m" --pages "$P" --out "$T/$arch.q8k.jsonl" --batch 4 --kv q8k
   run --model "$m" --pages "$P" --out "$T/$arch.q8k1.jsonl" --batch 1 --kv q8k --prefill-chunk 2
   same "$T/$arch.q8k.jsonl" "$T/$arch.q8k1.jsonl" "$arch: q8k KV batch/chunk invariant"

@@ -63,6 +63,54 @@ expect_fail "unwritable --trace-hidden" "trace-hidden: cannot create .*/nodir/t"
 expect_fail "--trace-hidden without a file" "trace-hidden|incomplete" \
   "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --trace-hidden
 check_untouched "bad flags"
+
+# no output may land on an input or another output (issue 11): refused before
+# anything is opened for writing, every file byte-identical afterwards
+cp "$m" "$T/m.orig"; cp "$P" "$T/P.orig"; cp "$T/pages/p00001.npy" "$T/npy.orig"
+expect_fail "--stats naming --out" "--out and --stats name the same file" \
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --stats "$T/keep.jsonl"
+expect_fail "--stats naming the model" "--stats .* is the model file" \
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --stats "$m"
+expect_fail "--out naming the manifest" "--out .* is the page manifest" \
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$P"
+expect_fail "--out naming the manifest by another path" "--out .* is the page manifest" \
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/pages/../pages/pages.jsonl"
+expect_fail "--out naming an embeddings file" "is page \"p00001\"'s embeddings file" \
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/pages/p00001.npy"
+expect_fail "--trace-hidden naming the model" "--trace-hidden .* is the model file" \
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --trace-hidden "$m"
+same_bytes "$T/m.orig" "$m" "the model is untouched"
+same_bytes "$T/P.orig" "$P" "the manifest is untouched"
+same_bytes "$T/npy.orig" "$T/pages/p00001.npy" "the embeddings are untouched"
+check_untouched "outputs naming inputs"
+# max_new_tokens 0 (undefined behaviour once: a NULL token array copied):
+# an empty, valid line; under the sanitizers in CI
+printf '{"id":"z0","prefill":[{"tokens":[1,5,6]}],"max_new_tokens":0}\n' > "$T/zero.jsonl"
+"$PIPEDEC" run --model "$m" --pages "$T/zero.jsonl" --out "$T/zero.out" --digest >/dev/null 2>&1 \
+  && [ "$(cat "$T/zero.out")" = '{"id":"z0","tokens":[],"text":"","prefill_rows":3,"generated":0,"stop":"length","digest":"0000000070646467"}' ] \
+  && pass "max_new_tokens 0: an empty, valid line" || fail "max_new_tokens 0"
+# a disk that fills up mid-run (an LD_PRELOAD shim): the error says so, it
+# is the only thing on stderr of a one-process run (no Open MPI abort
+# banner), no partial line stays, and a rerun with space completes the file
+"$PIPEDEC" run --model "$m" --pages "$P" --out "$T/clean.jsonl" --digest >/dev/null 2>&1
+: > "$T/full.jsonl"
+rc=0
+ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0" \
+  PD_FULL_DISK_PATH="$(realpath "$T/full.jsonl")" PD_FULL_DISK_BYTES=300 LD_PRELOAD="$PD_BUILD/tests/libpd_full_disk.so" \
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/full.jsonl" --digest >/dev/null 2>"$T/full.err" || rc=$?
+if [ "$rc" -ne 0 ] && grep -q "No space left on device" "$T/full.err" && [ "$(wc -l < "$T/full.err")" -eq 1 ] \
+   && { [ ! -s "$T/full.jsonl" ] || [ "$(tail -c 1 "$T/full.jsonl" | od -An -c | tr -d ' ')" = '\n' ]; }; then
+  pass "full disk: ENOSPC named, alone on stderr, no partial line (exit $rc)"
+else
+  fail "full disk: exit $rc"; cat "$T/full.err" | head -5
+fi
+"$PIPEDEC" run --model "$m" --pages "$P" --out "$T/full.jsonl" --digest >/dev/null 2>&1
+same "$T/clean.jsonl" "$T/full.jsonl" "full disk: a rerun with space completes the file as a clean run"
+
+# the stats file is published whole (temporary file + rename): no temp left
+"$PIPEDEC" run --model "$m" --pages "$P" --out "$T/st.jsonl" --stats "$T/st.json" >/dev/null 2>&1
+python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$T/st.json" && [ -z "$(ls "$T" | grep 'st.json.tmp')" ] \
+  && pass "stats written atomically, no temporary file left" || fail "stats publish"
 expect_fail "mkmodel bad heads" "--heads" "$PIPEDEC" mkmodel --heads 3 --kv-heads 2 --out "$T/x.gguf"
 expect_fail "mkpages missing model" "none.gguf" "$PIPEDEC" mkpages --model "$T/none.gguf" --out "$T/pp"
 # a corrupt complete line in an existing output is refused and left alone

@@ -7,6 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/resource.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -146,6 +149,34 @@ START_TEST(outfile_error_lines_are_not_done_and_a_rerun_retries_them)
     o = open_ok();
     ck_assert(outfile_has(o, "p\"1"));
     ck_assert_uint_eq(outfile_count(o), 1);
+    outfile_free(o);
+}
+END_TEST
+
+START_TEST(outfile_reports_the_real_error_of_a_short_write_and_cuts_it)
+{
+    /* a file size limit makes the kernel write what fits and then refuse:
+     * the same shape as a full disk. The error must say why (EFBIG here,
+     * ENOSPC on a full disk), not "Input/output error", and no partial line
+     * may stay behind. (Check forks each test: the limit ends with it.) */
+    outfile *o = open_ok();
+    write_ok(o, "first", NULL, 0, "ok", OUTFILE_STOP_EOS);
+    struct stat sb;
+    ck_assert_int_eq(stat(path, &sb), 0);
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl = {.rlim_cur = (rlim_t)sb.st_size + 20, .rlim_max = RLIM_INFINITY};
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
+    static char text[400];
+    memset(text, 'x', sizeof text - 1);
+    outfile_page pg = {.id = "second", .text = text, .text_len = sizeof text - 1, .stop = OUTFILE_STOP_EOS};
+    pd_err err = {0};
+    ck_assert_int_eq(outfile_write_page(o, &pg, &err), PD_ERR_IO);
+    ck_assert_msg(strstr(err.msg, strerror(EFBIG)) != NULL, "%s", err.msg);
+    ck_assert(!outfile_has(o, "second"));
+    struct stat sa;
+    ck_assert_int_eq(stat(path, &sa), 0);
+    ck_assert_int_eq(sa.st_size, sb.st_size);
+    outfile_check(o);
     outfile_free(o);
 }
 END_TEST
@@ -342,6 +373,7 @@ Suite *pd_test_suite(void)
     tcase_add_checked_fixture(tc, setup_dir, teardown_dir);
     tcase_add_test(tc, outfile_writes_one_exact_json_line_per_page);
     tcase_add_test(tc, outfile_escapes_strings_and_repairs_utf8);
+    tcase_add_test(tc, outfile_reports_the_real_error_of_a_short_write_and_cuts_it);
     tcase_add_test(tc, outfile_error_lines_are_not_done_and_a_rerun_retries_them);
     tcase_add_test(tc, outfile_writes_the_digest_last_as_16_hex_digits);
     tcase_add_test(tc, outfile_resume_skips_finished_ids_and_refuses_duplicates);

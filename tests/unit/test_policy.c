@@ -335,6 +335,21 @@ START_TEST(policy_maps_to_the_container_it_asks_for)
 }
 END_TEST
 
+START_TEST(policy_refuses_an_eviction_budget_below_a_verify_step)
+{
+    cache_policy p;
+    policy_default(&p);
+    pd_err e = {0};
+    ck_assert_int_eq(policy_parse_evict("recent:1", &p, &e), PD_OK);
+    ck_assert_int_eq(policy_validate(&p, &e), PD_OK); /* no drafts: one row per step */
+    p.max_drafts = 4;
+    ck_assert_int_eq(policy_validate(&p, &e), PD_ERR_ARG);
+    ck_assert_msg(strstr(e.msg, "--evict budget 1") != NULL, "%s", e.msg);
+    p.evict_budget = 5;
+    ck_assert_int_eq(policy_validate(&p, &e), PD_OK);
+}
+END_TEST
+
 Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("policy");
@@ -350,6 +365,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, policy_parsed_flags_validate_together);
     tcase_add_test(tc, policy_describe_gives_the_canonical_strings);
     tcase_add_test(tc, policy_maps_to_the_container_it_asks_for);
+    tcase_add_test(tc, policy_refuses_an_eviction_budget_below_a_verify_step);
     suite_add_tcase(s, tc);
     return s;
 }
