@@ -278,6 +278,14 @@ pd_status pipe_allgather(pipe_link *p, const void *mine, size_t len, void *all, 
     return PD_OK;
 }
 
+pd_status pipe_bcast(pipe_link *p, void *buf, size_t len, pd_err *err)
+{
+    if (len > (size_t)0x7fffffff)
+        return pd_err_set(err, PD_ERR_RANGE, "pipe: broadcast of %zu bytes", len);
+    PIPE_CALL(MPI_Bcast(buf, (int)len, MPI_BYTE, 0, p->comm), "MPI_Bcast");
+    return PD_OK;
+}
+
 pd_status pipe_max_double(pipe_link *p, double mine, double *out, pd_err *err)
 {
     PIPE_CALL(MPI_Allreduce(&mine, out, 1, MPI_DOUBLE, MPI_MAX, p->comm), "MPI_Allreduce");

@@ -86,6 +86,9 @@ pd_status pipe_gather(pipe_link *p, const void *mine, size_t len, void *all, pd_
  * Collective. */
 pd_status pipe_allgather(pipe_link *p, const void *mine, size_t len, void *all, pd_err *err);
 
+/* Rank 0's len bytes of buf, on every rank. Collective. */
+pd_status pipe_bcast(pipe_link *p, void *buf, size_t len, pd_err *err);
+
 /* The maximum of a double over all ranks, on every rank. Collective. */
 pd_status pipe_max_double(pipe_link *p, double mine, double *out, pd_err *err);
 

@@ -20,7 +20,8 @@ static void run_usage(FILE *f)
             "         [--sample greedy|temp:T[,top_p:P][,top_k:K]] [--seed S] [--no-repeat-ngram N:WINDOW]\n"
             "         [--gemm invariant|openblas] [--layers 0-3,4-7,...] [--wire-dtype f32|f16]\n"
             "         [--stats FILE] [--progress] [--no-bind] [--digest] [--trace-hidden FILE]\n"
-            "         [--past-context] [--stall-timeout SECONDS] [--mem-limit BYTES|auto|none]\n");
+            "         [--past-context] [--stall-timeout SECONDS] [--mem-limit BYTES|auto|none]\n"
+            "         [--checkpoint-dir D [--checkpoint-every SECONDS]]\n");
 }
 
 /* Parses argv into o; PD_ERR_ARG with a message naming the flag. */
@@ -38,7 +39,8 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         {"wire-dtype", required_argument, 0, 'w'},    {"no-bind", no_argument, 0, 'B'},
         {"digest", no_argument, 0, 'D'},              {"trace-hidden", required_argument, 0, 'H'},
         {"past-context", no_argument, 0, 'X'},       {"stall-timeout", required_argument, 0, 'W'},
-        {"mem-limit", required_argument, 0, 'M'},
+        {"mem-limit", required_argument, 0, 'M'},     {"checkpoint-dir", required_argument, 0, 'C'},
+        {"checkpoint-every", required_argument, 0, 'Y'},
         {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
     pd_status st = PD_OK;
     int ch;
@@ -82,6 +84,13 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         case 'D': o->digest = true; break;
         case 'X': o->past_context = true; break;
         case 'M': st = budget_parse(optarg, &o->mem_limit, e); break;
+        case 'C': o->checkpoint_dir = optarg; break;
+        case 'Y': {
+            uint32_t v;
+            st = cli_u32("--checkpoint-every", optarg, 1, 30u * 24 * 3600, &v, e);
+            o->checkpoint_every = v;
+            break;
+        }
         case 'W': {
             uint32_t v;
             st = cli_u32("--stall-timeout", optarg, 0, 7u * 24 * 3600, &v, e);
@@ -97,6 +106,8 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         st = pd_err_set(e, PD_ERR_ARG, "unexpected argument '%s'", argv[optind]);
     if (st == PD_OK && (!o->model_path || !o->pages_path || !o->out_path))
         st = pd_err_set(e, PD_ERR_ARG, "--model, --pages and --out are required");
+    if (st == PD_OK && o->checkpoint_every > 0 && !o->checkpoint_dir)
+        st = pd_err_set(e, PD_ERR_ARG, "--checkpoint-every needs --checkpoint-dir");
     if (st == PD_OK)
         st = policy_validate(&o->policy, e);
     return st;

@@ -241,6 +241,8 @@ uint64_t outfile_cut_bytes(const outfile *o) { return o ? o->cut : 0; }
 
 size_t outfile_error_lines(const outfile *o) { return o ? o->n_error_lines : 0; }
 
+uint64_t outfile_size(const outfile *o) { return o ? o->size : 0; }
+
 /* ---- write ------------------------------------------------------------------- */
 
 /* A growing byte string over the outfile's reusable buffer. */

@@ -74,6 +74,9 @@ size_t outfile_count(const outfile *o);
 /* Bytes of a partial last line cut off by outfile_open (0 when none). */
 uint64_t outfile_cut_bytes(const outfile *o);
 
+/* Bytes of complete lines in the file (all durable once a write returned). */
+uint64_t outfile_size(const outfile *o);
+
 /* Lines reporting failed pages, found by outfile_open or written since. */
 size_t outfile_error_lines(const outfile *o);
 

@@ -4,6 +4,10 @@
 
 #include "base/check.h"
 #include "base/file.h"
+#include "cluster/runtime/ckpt.h"
+
+#include <errno.h>
+#include <sys/stat.h>
 #include "cluster/format/outfile.h"
 #include "cluster/format/vocab.h"
 
@@ -38,6 +42,8 @@ struct head {
     uint64_t formed;          /* micro-batches formed (= the next one's seq) */
     uint64_t asked;           /* the step want_drain was last asked about */
     uint32_t drains;          /* drain points held */
+    uint64_t resume_seq;      /* checkpoint resumed (0 = none) */
+    uint64_t ckpt_newest;     /* highest checkpoint number in --checkpoint-dir */
     double t_start, t_progress;
 };
 
@@ -74,6 +80,7 @@ static pd_status head_vocab(head *h, pd_err *err)
 }
 
 static pd_status head_on_done(void *ctx, const sched_result *r, pd_err *err);
+static pd_status head_find_checkpoint(head *h, pd_err *err);
 
 /* No output may land on an input or on another output: --stats naming the
  * output replaced the results, naming the model overwrote it, and --out
@@ -127,6 +134,8 @@ pd_status head_open(rank *r, head **out, pd_err *err)
         return st;
     if ((st = head_check_paths(h, err)))
         return st;
+    if (o->checkpoint_dir && (st = head_find_checkpoint(h, err)))
+        return st;
     if ((st = outfile_open(o->out_path, &h->of, err)))
         return st;
     size_t n = pages_count(h->pg);
@@ -171,6 +180,58 @@ void head_free(head *h)
 const pages *head_pages(const head *h)
 {
     return h->pg;
+}
+
+sched *head_sched(head *h)
+{
+    return h->sc;
+}
+
+uint64_t head_out_size(const head *h)
+{
+    return outfile_size(h->of);
+}
+
+uint64_t head_resume_seq(const head *h, uint64_t *newest)
+{
+    *newest = h->ckpt_newest;
+    return h->resume_seq;
+}
+
+/* --checkpoint-dir: the checkpoint to resume, and out.jsonl cut back to the
+ * bytes it recorded durable (lines written after it are decoded again). */
+static pd_status head_find_checkpoint(head *h, pd_err *err)
+{
+    const run_opts *o = h->r->o;
+    uint64_t digest;
+    pd_status st = ckpt_file_digest(o->pages_path, &digest, err);
+    char *settings = ckpt_settings(o);
+    if (st == PD_OK && !settings)
+        st = pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+    ckpt_manifest m = {0};
+    if (st == PD_OK)
+        st = ckpt_find(o->checkpoint_dir, model_fingerprint(h->r->m), digest, settings, h->r->hp.n_layers, &m,
+                       &h->resume_seq, err);
+    free(settings);
+    h->ckpt_newest = ckpt_newest(o->checkpoint_dir);
+    if (st || !h->resume_seq)
+        return st;
+    struct stat sb;
+    if (stat(o->out_path, &sb) != 0 || (uint64_t)sb.st_size < m.out_size)
+        st = pd_err_set(err, PD_ERR_MISMATCH,
+                        "%s holds %lld bytes but checkpoint %llu recorded %llu written: it is not the output this "
+                        "checkpoint belongs to",
+                        o->out_path, stat(o->out_path, &sb) == 0 ? (long long)sb.st_size : -1LL,
+                        (unsigned long long)h->resume_seq, (unsigned long long)m.out_size);
+    else if ((uint64_t)sb.st_size > m.out_size && truncate(o->out_path, (off_t)m.out_size) != 0)
+        st = pd_err_set(err, PD_ERR_IO, "%s: cutting back to %llu bytes: %s", o->out_path,
+                        (unsigned long long)m.out_size, strerror(errno));
+    if (st == PD_OK)
+        fprintf(stderr, "pipedec: resuming from %s/ckpt-%llu (%u streams in flight, %s cut back to %llu bytes)\n",
+                o->checkpoint_dir, (unsigned long long)h->resume_seq, m.n_streams, o->out_path,
+                (unsigned long long)m.out_size);
+    ckpt_manifest_free(&m);
+    return st;
 }
 
 void head_use_budget(head *h, budget *b)
@@ -394,6 +455,8 @@ pd_status head_loop(head *h, const run_hooks *hooks, pd_err *err)
             if ((st = head_drain(h, hk, drain_action, err)))
                 return st;
             drain_action = 0;
+            if (hk->stop_after_drain && hk->stop_after_drain(hk->ctx))
+                break;
             continue;
         }
         sched_batch b;
@@ -425,6 +488,7 @@ pd_status head_loop(head *h, const run_hooks *hooks, pd_err *err)
             CHECK(sched_finished(h->sc));
             break;
         }
+        CHECK(inflight > 0);
         /* wait for the oldest results from the tail */
         if ((st = head_take_results(h, err)))
             return st;

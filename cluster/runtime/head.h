@@ -34,6 +34,14 @@ pd_status head_open(rank *r, head **out, pd_err *err);
 void head_free(head *h);
 
 const pages *head_pages(const head *h);
+sched *head_sched(head *h);
+/* Durable bytes of out.jsonl (what a checkpoint records). */
+uint64_t head_out_size(const head *h);
+/* The checkpoint this run resumes (0 = none), chosen at head_open when
+ * --checkpoint-dir is given: out.jsonl was cut back to its recorded size
+ * before it was opened. *newest: the highest checkpoint number in the
+ * directory (the next one written is newest + 1). */
+uint64_t head_resume_seq(const head *h, uint64_t *newest);
 
 /* Takes ownership of b: pages are admitted only while every rank's
  * predicted cache bytes fit its budget (budget.h). Before head_loop. */

@@ -6,7 +6,101 @@
 #include "cluster/runtime/rank.h"
 #include "cluster/runtime/report.h"
 
+#include "cluster/runtime/ckpt.h"
+
+#include <signal.h>
 #include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Signals, with --checkpoint-dir: SIGUSR1 = checkpoint at the next step
+ * boundary and go on; SIGUSR2 / SIGTERM = checkpoint, then exit 75
+ * (resumable); a second SIGTERM, or SIGINT, exits at once (the previous
+ * checkpoint stays intact). A handler can only set a flag: these are the
+ * process's only mutable globals, read by the head between micro-batches. */
+static volatile sig_atomic_t run_sig_ckpt, run_sig_exit;
+
+static void run_on_signal(int sig)
+{
+    if (sig == SIGUSR1)
+        run_sig_ckpt = 1;
+    else if (sig == SIGINT || (sig == SIGTERM && run_sig_exit))
+        _exit(128 + sig);
+    else
+        run_sig_exit = 1;
+}
+
+static void run_catch_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = run_on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGUSR2, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+}
+
+enum { RUN_ACT_CKPT = 1, RUN_ACT_CKPT_EXIT = 2 };
+
+/* The checkpoint hooks of a run (run_hooks.ctx). */
+typedef struct run_ckpt {
+    rank *r;
+    head *h;                 /* rank 0 only */
+    uint64_t base;           /* checkpoint numbers of this run are base + 1, ... */
+    double last;             /* time of the last checkpoint (or the start) */
+    int exit_code;           /* 0, or what the run ends with after a stop */
+    bool stop;
+} run_ckpt;
+
+static uint32_t run_ckpt_want(void *ctx, uint64_t step)
+{
+    (void)step;
+    run_ckpt *c = ctx;
+    if (run_sig_exit)
+        return RUN_ACT_CKPT_EXIT;
+    if (run_sig_ckpt) {
+        run_sig_ckpt = 0;
+        return RUN_ACT_CKPT;
+    }
+    if (c->r->o->checkpoint_every > 0 && MPI_Wtime() - c->last >= c->r->o->checkpoint_every)
+        return RUN_ACT_CKPT;
+    return 0;
+}
+
+static pd_status run_ckpt_act(void *ctx, const run_drain *d, pd_err *err)
+{
+    run_ckpt *c = ctx;
+    uint64_t seq = c->base + d->number + 1;
+    double t0 = MPI_Wtime();
+    pd_err e = {0};
+    pd_status st = ckpt_write(c->r, c->h ? head_sched(c->h) : NULL, c->r->o->checkpoint_dir, seq,
+                              c->h ? head_out_size(c->h) : 0, &e);
+    c->last = MPI_Wtime();
+    if (c->r->is_head) {
+        if (st == PD_OK)
+            fprintf(stderr, "pipedec: checkpoint %s/ckpt-%llu written at step %llu in %.2f s%s\n",
+                    c->r->o->checkpoint_dir, (unsigned long long)seq, (unsigned long long)d->step, c->last - t0,
+                    d->action == RUN_ACT_CKPT_EXIT ? "; exiting (resumable, status 75)" : "");
+        else
+            fprintf(stderr, "pipedec: checkpoint %llu failed, the previous one stays the newest%s: %s\n",
+                    (unsigned long long)seq, d->action == RUN_ACT_CKPT_EXIT ? "; exiting" : "; decoding goes on",
+                    e.msg);
+    }
+    if (d->action == RUN_ACT_CKPT_EXIT) {
+        c->stop = true;
+        c->exit_code = st == PD_OK ? RUN_EXIT_RESUMABLE : RUN_EXIT_FAIL;
+    }
+    (void)err;
+    return PD_OK; /* a failed checkpoint does not stop the decode */
+}
+
+static bool run_ckpt_stop(void *ctx)
+{
+    return ((run_ckpt *)ctx)->stop;
+}
 
 void run_opts_default(run_opts *o)
 {
@@ -86,6 +180,22 @@ int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
     free(lim);
     free(first);
     free(layers);
+    /* --checkpoint-dir: resume what the head found, on every rank */
+    run_ckpt rc = {.r = &r, .h = h, .last = MPI_Wtime()};
+    run_hooks ck_hooks = {.want_drain = run_ckpt_want, .at_drain = run_ckpt_act, .stop_after_drain = run_ckpt_stop,
+                          .ctx = &rc};
+    if (st == PD_OK && o->checkpoint_dir) {
+        uint64_t seqs[2] = {0, 0};
+        if (h)
+            seqs[0] = head_resume_seq(h, &seqs[1]);
+        st = pipe_bcast(p, seqs, sizeof seqs, &e);
+        rc.base = seqs[1];
+        if (st == PD_OK && seqs[0])
+            st = ckpt_restore(&r, h ? head_sched(h) : NULL, o->checkpoint_dir, seqs[0], &e);
+        if (!hooks)
+            hooks = &ck_hooks;
+        run_catch_signals();
+    }
     if (st == PD_OK)
         st = report_start(&r, &rep, &e);
     if (st == PD_OK)
@@ -101,7 +211,7 @@ int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
         head_progress_line(h, true);
     if (st == PD_OK)
         st = report_end(rep, &r, h, &e);
-    int code = RUN_EXIT_OK;
+    int code = rc.exit_code ? rc.exit_code : RUN_EXIT_OK;
     if (st) {
         fprintf(stderr, "pipedec: rank %d: %s: %s\n", r.rank, pd_status_str(st), e.msg);
         fflush(stderr);

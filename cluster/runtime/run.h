@@ -42,6 +42,8 @@ typedef struct run_opts {
     bool digest;              /* each output line carries the page's logits digest */
     bool past_context;        /* run pages past the model's context_length (counted in --stats) */
     uint64_t mem_limit;       /* cache bytes per rank: 0 = auto (budget.h), UINT64_MAX = none */
+    const char *checkpoint_dir; /* checkpoints and resume (ckpt.h), NULL = off */
+    double checkpoint_every;  /* seconds between checkpoints, 0 = only on a signal */
     double stall_timeout;     /* seconds a rank waits on a peer without progress before the job
                                  ends naming it (0 = forever) */
     const char *trace_path;   /* --trace-hidden: per-rank residual-row hashes, NULL = off
@@ -76,10 +78,13 @@ typedef struct run_hooks {
     /* Every rank, at the drain point. A failure on any rank ends the run
      * (all ranks agree on it before the pipeline resumes). */
     pd_status (*at_drain)(void *ctx, const run_drain *d, pd_err *err);
+    /* Head only, after a drain point: true = stop the run now (a checkpoint
+     * before exit): no new micro-batch, every rank ends its loop. */
+    bool (*stop_after_drain)(void *ctx);
     void *ctx;
 } run_hooks;
 
-enum { RUN_EXIT_OK = 0, RUN_EXIT_FAIL = 1, RUN_EXIT_ABORT = 3 };
+enum { RUN_EXIT_OK = 0, RUN_EXIT_FAIL = 1, RUN_EXIT_ABORT = 3, RUN_EXIT_RESUMABLE = 75 };
 
 /* Runs this rank. Returns RUN_EXIT_OK, RUN_EXIT_FAIL (start-up failed on
  * some rank; every rank returns it, nothing was decoded) or RUN_EXIT_ABORT

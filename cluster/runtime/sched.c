@@ -30,6 +30,7 @@ struct sched {
     stream_table *streams;
     bool *in_flight;          /* [max_streams] by table slot */
     bool *reserved;           /* [max_streams] by table slot: admitted through cfg.admit */
+    bool *taken;              /* [pages] restored from a checkpoint: never admitted again */
     sched_slot *slots;
     uint32_t n_slots;
     uint64_t *pending_retire;
@@ -48,6 +49,7 @@ void sched_free(sched *s)
     stream_table_free(s->streams);
     free(s->in_flight);
     free(s->reserved);
+    free(s->taken);
     for (uint32_t i = 0; s->slots && i < s->n_slots; i++) {
         sched_slot *sl = &s->slots[i];
         free(sl->rows);
@@ -83,9 +85,10 @@ pd_status sched_new(const sched_config *cfg, uint32_t max_inflight, sched **out,
     }
     s->in_flight = calloc(cfg->max_streams, sizeof *s->in_flight);
     s->reserved = calloc(cfg->max_streams, sizeof *s->reserved);
+    s->taken = calloc(pages_count(cfg->pg) ? pages_count(cfg->pg) : 1, sizeof *s->taken);
     s->slots = calloc(max_inflight, sizeof *s->slots);
     s->pending_retire = calloc(cfg->max_streams, sizeof *s->pending_retire);
-    bool ok = s->in_flight && s->reserved && s->slots && s->pending_retire;
+    bool ok = s->in_flight && s->reserved && s->taken && s->slots && s->pending_retire;
     for (uint32_t i = 0; ok && i < max_inflight; i++) {
         sched_slot *sl = &s->slots[i];
         sl->rows = calloc(cfg->max_rows, sizeof *sl->rows);
@@ -178,7 +181,7 @@ static pd_status admit_next(sched *s, sched_slot *sl, uint32_t *na, uint32_t *sl
     size_t n_pages = pages_count(s->cfg.pg);
     for (;;) {
         *slot = UINT32_MAX;
-        while (s->next_page < n_pages && s->cfg.skip && s->cfg.skip[s->next_page])
+        while (s->next_page < n_pages && ((s->cfg.skip && s->cfg.skip[s->next_page]) || s->taken[s->next_page]))
             s->next_page++;
         if (stream_table_count(s->streams) == s->cfg.max_streams || s->next_page >= n_pages)
             return PD_OK;
@@ -395,6 +398,44 @@ pd_status sched_complete(sched *s, const sched_batch *b, const uint32_t *tokens,
     return rc;
 }
 
+stream_table *sched_streams(sched *s)
+{
+    return s->streams;
+}
+
+uint64_t sched_next_id(const sched *s)
+{
+    return s->next_id;
+}
+
+pd_status sched_restore(sched *s, stream_state *restored, uint32_t n, uint64_t next_id, pd_err *err)
+{
+    CHECK(s->seq == 0);
+    size_t n_pages = pages_count(s->cfg.pg);
+    for (uint32_t i = 0; i < n; i++) {
+        if (restored[i].page >= n_pages)
+            return pd_err_set(err, PD_ERR_FORMAT, "restored stream %llu names page %llu of %zu",
+                              (unsigned long long)restored[i].id, (unsigned long long)restored[i].page, n_pages);
+        s->taken[restored[i].page] = true;
+        s->prog.prefill_rows += restored[i].prefill_rows;
+        s->prog.tokens_generated += restored[i].n_tokens;
+        uint32_t slot;
+        pd_status st = stream_table_put(s->streams, &restored[i], &slot, err);
+        if (st)
+            return st;
+        if (s->cfg.admit) {
+            char why[512];
+            stream_state *rs = stream_table_at(s->streams, slot);
+            /* the budget counts them too; a restored stream always runs */
+            if (s->cfg.admit(s->cfg.admit_ctx, (size_t)rs->page, rs->prefill_rows, rs->max_new, why, sizeof why) ==
+                SCHED_ADMIT_OK)
+                s->reserved[slot] = true;
+        }
+    }
+    s->next_id = next_id;
+    return PD_OK;
+}
+
 void sched_set_admit(sched *s, sched_admit_fn admit, sched_release_fn release, void *ctx)
 {
     CHECK(s->seq == 0);
@@ -411,7 +452,7 @@ bool sched_finished(const sched *s)
         return false;
     size_t n = pages_count(s->cfg.pg);
     for (size_t p = s->next_page; p < n; p++)
-        if (!s->cfg.skip || !s->cfg.skip[p])
+        if ((!s->cfg.skip || !s->cfg.skip[p]) && !s->taken[p])
             return false;
     return true;
 }

@@ -44,6 +44,7 @@
 #include "base/status.h"
 #include "cluster/model/model.h"
 #include "cluster/format/pages.h"
+#include "cluster/runtime/stream.h"
 #include "comm/batch.h"
 
 #include <stdbool.h>
@@ -115,6 +116,13 @@ typedef struct sched_batch {
 } sched_batch;
 
 typedef struct sched sched;
+
+/* Checkpoints: the authoritative stream table (borrowed), the next stream
+ * id; and, before the first sched_next, the streams a resumed run restores
+ * (taken over from restored[0..n): their pages are never admitted again). */
+stream_table *sched_streams(sched *s);
+uint64_t sched_next_id(const sched *s);
+pd_status sched_restore(sched *s, stream_state *restored, uint32_t n, uint64_t next_id, pd_err *err);
 
 /* Sets (or replaces) the admission control before the first sched_next. */
 void sched_set_admit(sched *s, sched_admit_fn admit, sched_release_fn release, void *ctx);

@@ -182,6 +182,28 @@ pd_status stage_admit(stage *s, const mb_admit *a, pd_err *err)
     return PD_OK;
 }
 
+pd_status stage_admit_at(stage *s, const mb_admit *a, uint64_t pos, pd_err *err)
+{
+    pd_status rc = stage_admit(s, a, err);
+    if (rc == PD_OK)
+        stream_find(s, a->stream)->pos = pos;
+    return rc;
+}
+
+uint32_t stage_stream_list(const stage *s, uint64_t *ids, uint64_t *pos, uint32_t cap)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < s->cfg.max_streams; i++)
+        if (s->streams[i].used) {
+            if (n < cap) {
+                ids[n] = s->streams[i].id;
+                pos[n] = s->streams[i].pos;
+            }
+            n++;
+        }
+    return n;
+}
+
 void stage_retire(stage *s, uint64_t stream)
 {
     stage_stream *st = stream_find(s, stream);

@@ -62,6 +62,15 @@ void stage_free(stage *s);
 /* Creates the stream's caches for every layer of the stage.
  * PD_ERR_RANGE when max_streams are alive, PD_ERR_ARG for a duplicate id. */
 pd_status stage_admit(stage *s, const mb_admit *a, pd_err *err);
+/* Admits a stream restored from a checkpoint at position pos (the next
+ * position its rows take): every layer of the stage must then get the
+ * stream's record through stage_import_layer before the stream runs. */
+pd_status stage_admit_at(stage *s, const mb_admit *a, uint64_t pos, pd_err *err);
+
+/* The alive streams: up to cap ids and positions, in slot order; returns
+ * how many are alive. */
+uint32_t stage_stream_list(const stage *s, uint64_t *ids, uint64_t *pos, uint32_t cap);
+
 /* Frees the stream's caches; unknown ids are ignored. */
 void stage_retire(stage *s, uint64_t stream);
 uint32_t stage_streams(const stage *s);

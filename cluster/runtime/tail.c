@@ -74,6 +74,20 @@ pd_status tail_admit(tail *t, const mb_admit *a, pd_err *err)
     return st;
 }
 
+pd_status tail_restore(tail *t, const stream_state *s, pd_err *err)
+{
+    mb_admit a = {.stream = s->id, .prefill_rows = (uint32_t)s->prefill_rows, .max_new = s->max_new,
+                  .sample_key = s->key};
+    pd_status st = tail_admit(t, &a, err);
+    if (st)
+        return st;
+    stream_state *d = stream_table_find(t->streams, s->id);
+    memcpy(d->tokens, s->tokens, (size_t)s->n_tokens * sizeof *d->tokens);
+    d->n_tokens = s->n_tokens;
+    d->digest = s->digest;
+    return PD_OK;
+}
+
 void tail_retire(tail *t, uint64_t stream)
 {
     stream_table_drop(t->streams, stream);

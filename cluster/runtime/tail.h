@@ -11,6 +11,7 @@
 #include "cluster/model/model.h"
 #include "cluster/model/pool.h"
 #include "cluster/model/sample.h"
+#include "cluster/runtime/stream.h"
 #include "comm/batch.h"
 
 #include <stdint.h>
@@ -32,6 +33,9 @@ void tail_free(tail *t);
 
 pd_status tail_admit(tail *t, const mb_admit *a, pd_err *err);
 void tail_retire(tail *t, uint64_t stream);
+/* Admits a stream restored from a checkpoint with its sampled history
+ * (tokens, digest) copied from s, so sampling continues exactly. */
+pd_status tail_restore(tail *t, const stream_state *s, pd_err *err);
 
 /* For rows with wants_logits (in row order): logits of x's row, sample.
  * x [n x hidden] is read only. tokens gets one token per logits row and

@@ -250,6 +250,7 @@ Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("layermap");
     TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120); /* the largest shapes take seconds under the sanitizers */
     tcase_add_test(tc, layermap_parses_explicit_ranges);
     tcase_add_test(tc, layermap_refuses_gaps_overlaps_and_wrong_counts);
     tcase_add_test(tc, layermap_balance_moves_layers_off_the_tail);

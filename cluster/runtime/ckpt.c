@@ -1,0 +1,696 @@
+/* ckpt: writing checkpoints at a drain point and resuming from them
+ * (contract and manifest layout in ckpt.h). */
+#include "cluster/runtime/ckpt.h"
+
+#include "base/check.h"
+#include "base/file.h"
+#include "base/fnv.h"
+#include "comm/bundle.h"
+#include "comm/crc32c.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const uint8_t ckpt_magic[4] = {'P', 'D', 'C', 'K'};
+#define CKPT_MAX_TEXT 4096u
+#define CKPT_MAX_RECORD (1u << 26)
+
+/* ---- manifest ------------------------------------------------------------- */
+
+static void wr_text(wr *w, const char *s)
+{
+    uint32_t n = (uint32_t)strlen(s);
+    wr_u32(w, n);
+    wr_bytes(w, s, n);
+}
+
+pd_status ckpt_manifest_encode(const ckpt_manifest *m, wr *w)
+{
+    wr_crc_begin(w);
+    wr_bytes(w, ckpt_magic, 4);
+    wr_u16(w, CKPT_VERSION);
+    wr_u16(w, 0);
+    wr_u64(w, m->seq);
+    wr_u64(w, m->model_fp);
+    wr_u64(w, m->pages_digest);
+    wr_u64(w, m->out_size);
+    wr_u64(w, m->next_id);
+    wr_u32(w, m->n_layers);
+    wr_u32(w, m->n_streams);
+    wr_text(w, m->settings);
+    wr_text(w, m->layer_map);
+    for (uint32_t i = 0; i < m->n_layers; i++) {
+        wr_u32(w, m->bundles[i].layer);
+        wr_u64(w, m->bundles[i].bytes);
+        wr_u32(w, m->bundles[i].crc);
+    }
+    for (uint32_t i = 0; i < m->n_streams; i++) {
+        wr_u32(w, (uint32_t)stream_encoded_size(&m->streams[i]));
+        stream_encode(&m->streams[i], w);
+    }
+    uint32_t crc = wr_crc_end(w);
+    wr_u32(w, crc);
+    return w->status;
+}
+
+void ckpt_manifest_free(ckpt_manifest *m)
+{
+    if (!m)
+        return;
+    free(m->settings);
+    free(m->layer_map);
+    free(m->bundles);
+    for (uint32_t i = 0; m->streams && i < m->n_streams; i++)
+        stream_release(&m->streams[i]);
+    free(m->streams);
+    memset(m, 0, sizeof *m);
+}
+
+static char *rd_text(rd *r, const char *field)
+{
+    uint32_t n;
+    const uint8_t *p;
+    size_t at = rd_offset(r);
+    if (rd_u32(r, field, &n))
+        return NULL;
+    if (n > CKPT_MAX_TEXT) {
+        rd_fail_at(r, at, PD_ERR_FORMAT, "%s of %u bytes (at most %u)", field, n, CKPT_MAX_TEXT);
+        return NULL;
+    }
+    if (rd_span(r, field, n, &p))
+        return NULL;
+    char *s = malloc((size_t)n + 1);
+    if (!s) {
+        rd_fail(r, PD_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    memcpy(s, p, n);
+    s[n] = '\0';
+    if (memchr(s, 0, n)) {
+        free(s);
+        rd_fail_at(r, at + 4, PD_ERR_FORMAT, "%s holds a NUL byte", field);
+        return NULL;
+    }
+    return s;
+}
+
+pd_status ckpt_manifest_decode(const void *buf, size_t len, const stream_limits *lim, uint32_t max_layers,
+                               ckpt_manifest *out, pd_err *err)
+{
+    rd r;
+    rd_init(&r, buf, len, 0, "checkpoint manifest", err);
+    if (len < 4 + 4)
+        return rd_fail(&r, PD_ERR_TRUNCATED, "%zu bytes: too short for a manifest", len);
+    uint32_t want = (uint32_t)((const uint8_t *)buf)[len - 4] | (uint32_t)((const uint8_t *)buf)[len - 3] << 8 |
+                    (uint32_t)((const uint8_t *)buf)[len - 2] << 16 | (uint32_t)((const uint8_t *)buf)[len - 1] << 24;
+    const uint8_t *mg;
+    if (rd_span(&r, "magic", 4, &mg))
+        return r.status;
+    if (memcmp(mg, ckpt_magic, 4) != 0)
+        return rd_fail_at(&r, 0, PD_ERR_FORMAT, "bad magic (not a pipedec checkpoint manifest)");
+    uint16_t ver, z;
+    if (rd_u16(&r, "version", &ver) || rd_u16(&r, "reserved", &z))
+        return r.status;
+    if (ver != CKPT_VERSION)
+        return rd_fail_at(&r, 4, PD_ERR_VERSION, "manifest version %u, this build reads %u", ver, CKPT_VERSION);
+    if (crc32c_update(0, buf, len - 4) != want)
+        return rd_fail_at(&r, len - 4, PD_ERR_CHECKSUM, "CRC32C does not match the manifest's bytes (torn or damaged)");
+    if (z != 0)
+        return rd_fail_at(&r, 6, PD_ERR_FORMAT, "reserved bytes are not zero");
+    ckpt_manifest m = {0};
+    if (rd_u64(&r, "seq", &m.seq) || rd_u64(&r, "model fingerprint", &m.model_fp) ||
+        rd_u64(&r, "manifest digest", &m.pages_digest) || rd_u64(&r, "out.jsonl size", &m.out_size) ||
+        rd_u64(&r, "next stream id", &m.next_id) || rd_u32(&r, "layer count", &m.n_layers) ||
+        rd_u32(&r, "stream count", &m.n_streams))
+        return r.status;
+    if (m.n_layers == 0 || m.n_layers > max_layers)
+        return rd_fail_at(&r, 48, PD_ERR_RANGE, "layer count %u outside 1..%u", m.n_layers, max_layers);
+    size_t sb;
+    if (rd_check_count(&r, "streams", m.n_streams, 4 + 68, &sb))
+        return r.status;
+    pd_status st = PD_OK;
+    m.settings = rd_text(&r, "settings");
+    m.layer_map = m.settings ? rd_text(&r, "layer map") : NULL;
+    if (!m.layer_map)
+        st = r.status;
+    if (st == PD_OK && rd_check_count(&r, "bundles", m.n_layers, 16, &sb))
+        st = r.status;
+    if (st == PD_OK) {
+        m.bundles = calloc(m.n_layers, sizeof *m.bundles);
+        m.streams = calloc(m.n_streams ? m.n_streams : 1, sizeof *m.streams);
+        if (!m.bundles || !m.streams)
+            st = rd_fail(&r, PD_ERR_NOMEM, "out of memory");
+    }
+    for (uint32_t i = 0; st == PD_OK && i < m.n_layers; i++) {
+        size_t at = rd_offset(&r);
+        if (rd_u32(&r, "bundle layer", &m.bundles[i].layer) || rd_u64(&r, "bundle bytes", &m.bundles[i].bytes) ||
+            rd_u32(&r, "bundle CRC", &m.bundles[i].crc))
+            st = r.status;
+        else if (m.bundles[i].layer != i)
+            st = rd_fail_at(&r, at, PD_ERR_FORMAT, "bundle %u names layer %u", i, m.bundles[i].layer);
+    }
+    uint32_t decoded = 0;
+    for (uint32_t i = 0; st == PD_OK && i < m.n_streams; i++) {
+        uint32_t n;
+        const uint8_t *p;
+        size_t at = rd_offset(&r);
+        if (rd_u32(&r, "stream record length", &n) || rd_span(&r, "stream record", n, &p)) {
+            st = r.status;
+            break;
+        }
+        if (n > CKPT_MAX_RECORD) {
+            st = rd_fail_at(&r, at, PD_ERR_FORMAT, "stream record of %u bytes", n);
+            break;
+        }
+        rd sr;
+        rd_init(&sr, p, n, at + 4, "checkpoint manifest", err);
+        if ((st = stream_decode(&sr, lim, &m.streams[i])))
+            break;
+        decoded++;
+        for (uint32_t k = 0; k < i; k++)
+            if (m.streams[k].id == m.streams[i].id || m.streams[k].page == m.streams[i].page) {
+                st = rd_fail_at(&r, at, PD_ERR_FORMAT, "stream %u repeats the id or page of stream %u", i, k);
+                break;
+            }
+        if (st == PD_OK && m.streams[i].id >= m.next_id)
+            st = rd_fail_at(&r, at, PD_ERR_FORMAT, "stream id %llu is not below the next id %llu",
+                            (unsigned long long)m.streams[i].id, (unsigned long long)m.next_id);
+    }
+    if (st == PD_OK && rd_remaining(&r) != 4)
+        st = rd_fail(&r, PD_ERR_FORMAT, "%zu bytes between the last stream record and the CRC", rd_remaining(&r) - 4);
+    if (st) {
+        m.n_streams = decoded;
+        ckpt_manifest_free(&m);
+        return st;
+    }
+    *out = m;
+    return PD_OK;
+}
+
+/* ---- small helpers ------------------------------------------------------------ */
+
+char *ckpt_settings(const run_opts *o)
+{
+    char pol[160];
+    policy_describe(&o->policy, pol, sizeof pol);
+    char *s = malloc(512);
+    if (s)
+        snprintf(s, 512, "policy %s; sample mode %d temperature %a top_p %a top_k %u; seed %llu; ngram %u:%u; gemm %s; "
+                 "wire %s",
+                 pol, (int)o->sample.mode, (double)o->sample.temperature, (double)o->sample.top_p,
+                 (unsigned)o->sample.top_k, (unsigned long long)o->seed, (unsigned)o->ngram.n,
+                 (unsigned)o->ngram.window, o->backend == GEMM_BACKEND_OPENBLAS ? "openblas" : "invariant",
+                 o->wire_dtype == MSG_DTYPE_F16 ? "f16" : "f32");
+    return s;
+}
+
+/* The whole file in a new buffer (owned), through the checked opener. */
+static pd_status read_whole(const char *path, const char *ctx, uint8_t **out, size_t *len, pd_err *err)
+{
+    int fd;
+    uint64_t size;
+    pd_status st = pd_file_open_read(path, ctx, &fd, &size, err);
+    if (st)
+        return st;
+    uint8_t *b = size > SIZE_MAX - 1 ? NULL : malloc((size_t)size + 1);
+    if (!b) {
+        close(fd);
+        return pd_err_set(err, PD_ERR_NOMEM, "%s: %s: %" PRIu64 " bytes do not fit in memory", ctx, path, size);
+    }
+    st = pd_file_read_at(fd, b, (size_t)size, 0, path, ctx, err);
+    close(fd);
+    if (st) {
+        free(b);
+        return st;
+    }
+    *out = b;
+    *len = (size_t)size;
+    return PD_OK;
+}
+
+pd_status ckpt_file_digest(const char *path, uint64_t *out, pd_err *err)
+{
+    uint8_t *b;
+    size_t n;
+    pd_status st = read_whole(path, "checkpoint", &b, &n, err);
+    if (st)
+        return st;
+    *out = pd_fnv_bytes(PD_FNV_OFFSET, b, n);
+    free(b);
+    return PD_OK;
+}
+
+static void layer_file(char *out, size_t cap, const char *dir, uint32_t layer)
+{
+    snprintf(out, cap, "%s/layer-%05u.cmfb", dir, layer);
+}
+
+/* fsync of a directory (its entries survive a crash). */
+static pd_status sync_dir(const char *dir, pd_err *err)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return pd_err_set(err, PD_ERR_IO, "checkpoint: %s: open directory: %s", dir, strerror(errno));
+    int rc = fsync(fd);
+    int e = errno;
+    close(fd);
+    if (rc != 0 && e != EINVAL)
+        return pd_err_set(err, PD_ERR_IO, "checkpoint: %s: fsync directory: %s", dir, strerror(e));
+    return PD_OK;
+}
+
+static void remove_tree(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *de;
+    char p[4096];
+    while ((de = readdir(d)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+            snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+            unlink(p);
+        }
+    closedir(d);
+    rmdir(dir);
+}
+
+/* Checkpoint sequence numbers in dir, newest first (owned array). */
+static uint32_t list_ckpts(const char *dir, uint64_t **seqs)
+{
+    *seqs = NULL;
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    uint32_t n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        unsigned long long s;
+        char rest;
+        if (sscanf(de->d_name, "ckpt-%llu%c", &s, &rest) != 1 || s == 0)
+            continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 8;
+            uint64_t *ns = realloc(*seqs, cap * sizeof *ns);
+            if (!ns)
+                break;
+            *seqs = ns;
+        }
+        (*seqs)[n++] = s;
+    }
+    closedir(d);
+    for (uint32_t i = 1; i < n; i++)
+        for (uint32_t j = i; j > 0 && (*seqs)[j] > (*seqs)[j - 1]; j--) {
+            uint64_t t = (*seqs)[j];
+            (*seqs)[j] = (*seqs)[j - 1];
+            (*seqs)[j - 1] = t;
+        }
+    return n;
+}
+
+uint64_t ckpt_newest(const char *dir)
+{
+    uint64_t *seqs;
+    uint32_t n = list_ckpts(dir, &seqs);
+    uint64_t s = n ? seqs[0] : 0;
+    free(seqs);
+    return s;
+}
+
+/* ---- finding the checkpoint to resume -------------------------------------- */
+
+/* Reads and checks dir/ckpt-seq: manifest, and every bundle's size and CRC. */
+static pd_status check_one(const char *dir, uint64_t seq, uint32_t n_layers, ckpt_manifest *m, pd_err *err)
+{
+    char cd[4096], path[4200];
+    snprintf(cd, sizeof cd, "%s/ckpt-%llu", dir, (unsigned long long)seq);
+    snprintf(path, sizeof path, "%s/manifest.pdck", cd);
+    uint8_t *b;
+    size_t n;
+    pd_status st = read_whole(path, "checkpoint", &b, &n, err);
+    if (st)
+        return st;
+    stream_limits lim = {.max_new = UINT32_MAX - 1, .max_prefill = UINT64_MAX};
+    st = ckpt_manifest_decode(b, n, &lim, n_layers, m, err);
+    free(b);
+    if (st) {
+        pd_err_prefix(err, "%s", path);
+        return st;
+    }
+    if (m->seq != seq || m->n_layers != n_layers) {
+        st = pd_err_set(err, PD_ERR_FORMAT, "%s: says checkpoint %llu of %u layers, expected %llu of %u", path,
+                        (unsigned long long)m->seq, m->n_layers, (unsigned long long)seq, n_layers);
+        ckpt_manifest_free(m);
+        return st;
+    }
+    for (uint32_t L = 0; L < n_layers; L++) {
+        layer_file(path, sizeof path, cd, L);
+        st = read_whole(path, "checkpoint", &b, &n, err);
+        if (st == PD_OK) {
+            if (n != m->bundles[L].bytes)
+                st = pd_err_set(err, PD_ERR_TRUNCATED, "%s: %zu bytes, the manifest says %" PRIu64, path, n,
+                                m->bundles[L].bytes);
+            else if (crc32c_update(0, b, n) != m->bundles[L].crc)
+                st = pd_err_set(err, PD_ERR_CHECKSUM, "%s: CRC32C does not match the manifest", path);
+            free(b);
+        }
+        if (st) {
+            ckpt_manifest_free(m);
+            return st;
+        }
+    }
+    return PD_OK;
+}
+
+pd_status ckpt_find(const char *dir, uint64_t model_fp, uint64_t pages_digest, const char *settings,
+                    uint32_t n_layers, ckpt_manifest *m, uint64_t *seq, pd_err *err)
+{
+    *seq = 0;
+    uint64_t *seqs;
+    uint32_t n = list_ckpts(dir, &seqs);
+    pd_status st = PD_OK;
+    for (uint32_t i = 0; i < n && *seq == 0; i++) {
+        pd_err e = {0};
+        ckpt_manifest c = {0};
+        if (check_one(dir, seqs[i], n_layers, &c, &e) != PD_OK) {
+            fprintf(stderr, "pipedec: checkpoint %llu is not usable, trying an older one: %s\n",
+                    (unsigned long long)seqs[i], e.msg);
+            continue;
+        }
+        if (c.model_fp != model_fp)
+            st = pd_err_set(err, PD_ERR_MISMATCH,
+                            "%s/ckpt-%llu was written with another model (fingerprint %016llx, this one %016llx): "
+                            "resume with the model it was written with, or give another --checkpoint-dir",
+                            dir, (unsigned long long)seqs[i], (unsigned long long)c.model_fp,
+                            (unsigned long long)model_fp);
+        else if (c.pages_digest != pages_digest)
+            st = pd_err_set(err, PD_ERR_MISMATCH,
+                            "%s/ckpt-%llu was written for another page manifest (digest %016llx, this one %016llx)",
+                            dir, (unsigned long long)seqs[i], (unsigned long long)c.pages_digest,
+                            (unsigned long long)pages_digest);
+        else if (strcmp(c.settings, settings) != 0)
+            st = pd_err_set(err, PD_ERR_MISMATCH,
+                            "%s/ckpt-%llu was written with other settings (%s), this run has %s", dir,
+                            (unsigned long long)seqs[i], c.settings, settings);
+        if (st) {
+            ckpt_manifest_free(&c);
+            break;
+        }
+        *m = c;
+        *seq = seqs[i];
+    }
+    if (st == PD_OK && *seq == 0 && n > 0)
+        fprintf(stderr, "pipedec: no usable checkpoint in %s: starting from scratch\n", dir);
+    free(seqs);
+    return st;
+}
+
+/* ---- writing ---------------------------------------------------------------- */
+
+typedef struct crc_sink {
+    int fd;
+    uint32_t crc;
+    uint64_t bytes;
+    const char *path;
+} crc_sink;
+
+static pd_status crc_sink_write(void *ctx, const void *bytes, size_t n, pd_err *err)
+{
+    crc_sink *s = ctx;
+    const uint8_t *p = bytes;
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = write(s->fd, p + done, n - done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return pd_err_set(err, PD_ERR_IO, "checkpoint: %s: write: %s", s->path, w < 0 ? strerror(errno) : "no progress");
+        done += (size_t)w;
+    }
+    s->crc = crc32c_update(s->crc, bytes, n);
+    s->bytes += n;
+    return PD_OK;
+}
+
+/* This rank's bundles of the streams ids[0..n) into dir; info[L] filled for
+ * the layers it owns. */
+static pd_status write_bundles(rank *r, const char *dir, const uint64_t *ids, uint32_t n, ckpt_bundle_info *info,
+                               pd_err *err)
+{
+    uint32_t first, cnt;
+    stage_layers(r->st, &first, &cnt);
+    for (uint32_t L = first; L < first + cnt; L++) {
+        char path[4200];
+        layer_file(path, sizeof path, dir, L);
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0)
+            return pd_err_set(err, PD_ERR_IO, "checkpoint: %s: create: %s", path, strerror(errno));
+        crc_sink cs = {.fd = fd, .path = path};
+        bundle_writer *bw = NULL;
+        pd_status st = bundle_writer_new(crc_sink_write, &cs, stage_layer_identity(r->st, L), L, n, &bw, err);
+        for (uint32_t i = 0; st == PD_OK && i < n; i++) {
+            uint8_t *rec;
+            size_t len;
+            if ((st = stage_export_layer(r->st, ids[i], L, &rec, &len, err)) == PD_OK) {
+                st = bundle_writer_add_record(bw, ids[i], rec, len, err);
+                free(rec);
+            }
+        }
+        if (st == PD_OK)
+            st = bundle_writer_finish(bw, err);
+        bundle_writer_free(bw);
+        if (st == PD_OK && fsync(fd) != 0)
+            st = pd_err_set(err, PD_ERR_IO, "checkpoint: %s: fsync: %s", path, strerror(errno));
+        if (close(fd) != 0 && st == PD_OK)
+            st = pd_err_set(err, PD_ERR_IO, "checkpoint: %s: close: %s", path, strerror(errno));
+        if (st)
+            return st;
+        info[L] = (ckpt_bundle_info){.layer = L, .bytes = cs.bytes, .crc = cs.crc};
+    }
+    return PD_OK;
+}
+
+/* The next position a restored stream's rows take on every stage. */
+static uint64_t stream_next_pos(const stream_state *s)
+{
+    return s->n_tokens ? s->prefill_rows + s->n_tokens - 1 : s->fed;
+}
+
+pd_status ckpt_write(rank *r, sched *sc, const char *dir, uint64_t seq, uint64_t out_size, pd_err *err)
+{
+    char tmp[4096], fin[4096];
+    snprintf(tmp, sizeof tmp, "%s/.ckpt-%llu.tmp", dir, (unsigned long long)seq);
+    snprintf(fin, sizeof fin, "%s/ckpt-%llu", dir, (unsigned long long)seq);
+    uint32_t L_all = r->hp.n_layers;
+    pd_err e = {0};
+    pd_status st = PD_OK, all;
+
+    /* 1. the head makes the temporary directory and names the streams */
+    uint64_t cnt = 0;
+    uint64_t *ids = calloc(r->sz.max_streams + 1, sizeof *ids);
+    if (!ids)
+        st = pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
+    if (r->is_head && st == PD_OK) {
+        remove_tree(tmp);
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+            st = pd_err_set(&e, PD_ERR_IO, "checkpoint: %s: mkdir: %s", dir, strerror(errno));
+        else if (mkdir(tmp, 0755) != 0)
+            st = pd_err_set(&e, PD_ERR_IO, "checkpoint: %s: mkdir: %s", tmp, strerror(errno));
+        stream_table *t = sched_streams(sc);
+        for (uint32_t i = 0; i < stream_table_capacity(t); i++)
+            if (stream_table_at(t, i))
+                ids[cnt++] = stream_table_at(t, i)->id;
+    }
+    if ((all = pipe_agree(r->p, st, err)) != PD_OK) {
+        if (!st)
+            pd_err_set(err, all, "checkpoint %llu: another rank could not start it", (unsigned long long)seq);
+        else
+            *err = e;
+        free(ids);
+        return all;
+    }
+    /* every rank learns the streams the head holds (retirements not yet
+     * sent are not among them) */
+    pd_status bs = pipe_bcast(r->p, &cnt, sizeof cnt, err);
+    if (bs == PD_OK && cnt)
+        bs = pipe_bcast(r->p, ids, (size_t)cnt * sizeof *ids, err);
+    if (bs) {
+        free(ids);
+        return bs;
+    }
+
+    /* 2. every rank settles and writes its layers' bundles */
+    ckpt_bundle_info *info = calloc(L_all, sizeof *info);
+    st = info ? PD_OK : pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
+    uint64_t *sid = calloc(r->sz.max_streams + 1, sizeof *sid), *spos = calloc(r->sz.max_streams + 1, sizeof *spos);
+    if (st == PD_OK && (!sid || !spos))
+        st = pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
+    if (st == PD_OK) {
+        uint32_t alive = stage_stream_list(r->st, sid, spos, r->sz.max_streams);
+        for (uint32_t i = 0; st == PD_OK && i < alive; i++)
+            st = stage_settle(r->st, sid[i], spos[i], &e); /* nothing was rejected: the rows are final */
+    }
+    if (st == PD_OK)
+        st = write_bundles(r, tmp, ids, (uint32_t)cnt, info, &e);
+    free(sid);
+    free(spos);
+    ckpt_bundle_info *every = r->is_head ? calloc((size_t)r->size * L_all, sizeof *every) : NULL;
+    pd_status gs = pipe_gather(r->p, info ? info : (void *)ids, (size_t)L_all * sizeof *info, every, err);
+    if ((all = pipe_agree(r->p, st ? st : gs, err)) != PD_OK) {
+        if (st)
+            *err = e;
+        else
+            pd_err_set(err, all, "checkpoint %llu: another rank could not write its layers", (unsigned long long)seq);
+        if (r->is_head)
+            remove_tree(tmp);
+        free(info);
+        free(every);
+        free(ids);
+        return all;
+    }
+
+    /* 3. the head writes the manifest and publishes */
+    st = PD_OK;
+    if (r->is_head) {
+        ckpt_manifest m = {.seq = seq, .out_size = out_size, .next_id = sched_next_id(sc), .n_layers = L_all,
+                           .n_streams = (uint32_t)cnt};
+        m.model_fp = model_fingerprint(r->m);
+        st = ckpt_file_digest(r->o->pages_path, &m.pages_digest, &e);
+        m.settings = ckpt_settings(r->o);
+        char lm[512];
+        layermap_format(&r->lm, lm, sizeof lm);
+        m.layer_map = lm;
+        m.bundles = calloc(L_all, sizeof *m.bundles);
+        m.streams = calloc(cnt ? cnt : 1, sizeof *m.streams);
+        if (st == PD_OK && (!m.settings || !m.bundles || !m.streams))
+            st = pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
+        for (int k = 0; st == PD_OK && k < r->size; k++)
+            for (uint32_t L = r->lm.first[k]; L < r->lm.first[k] + r->lm.count[k]; L++)
+                m.bundles[L] = every[(size_t)k * L_all + L];
+        for (uint64_t i = 0; st == PD_OK && i < cnt; i++)
+            m.streams[i] = *stream_table_find(sched_streams(sc), ids[i]); /* shallow: not freed here */
+        wr w;
+        char path[4200];
+        snprintf(path, sizeof path, "%s/manifest.pdck", tmp);
+        pd_publish *pub = NULL;
+        if (st == PD_OK && (st = wr_init_buffer(&w, 4096, &e)) == PD_OK) {
+            st = ckpt_manifest_encode(&m, &w);
+            size_t len;
+            uint8_t *bytes = wr_take(&w, &len);
+            if (st == PD_OK && !bytes)
+                st = pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
+            if (st == PD_OK && (st = pd_file_publish_begin(path, 0644, "checkpoint", &pub, &e)) == PD_OK &&
+                (st = pd_file_publish_write(pub, bytes, len, &e)) == PD_OK)
+                st = pd_file_publish_commit(pub, &e);
+            else if (pub)
+                pd_file_publish_abort(pub);
+            free(bytes);
+            wr_dispose(&w);
+        }
+        if (st == PD_OK)
+            st = sync_dir(tmp, &e);
+        if (st == PD_OK && rename(tmp, fin) != 0)
+            st = pd_err_set(&e, PD_ERR_IO, "checkpoint: rename %s to %s: %s", tmp, fin, strerror(errno));
+        if (st == PD_OK)
+            st = sync_dir(dir, &e);
+        if (st)
+            remove_tree(tmp);
+        else {
+            /* keep the last two */
+            uint64_t *seqs;
+            uint32_t n = list_ckpts(dir, &seqs);
+            for (uint32_t i = 2; i < n; i++) {
+                char old[4200];
+                snprintf(old, sizeof old, "%s/ckpt-%llu", dir, (unsigned long long)seqs[i]);
+                remove_tree(old);
+            }
+            free(seqs);
+        }
+        free(m.settings);
+        free(m.bundles);
+        free(m.streams);
+    }
+    free(info);
+    free(every);
+    free(ids);
+    if ((all = pipe_agree(r->p, st, err)) != PD_OK) {
+        if (st)
+            *err = e;
+        else
+            pd_err_set(err, all, "checkpoint %llu: the head could not publish it", (unsigned long long)seq);
+    }
+    return all;
+}
+
+/* ---- restoring --------------------------------------------------------------- */
+
+pd_status ckpt_restore(rank *r, sched *sc, const char *dir, uint64_t seq, pd_err *err)
+{
+    char cd[4096], path[4200];
+    snprintf(cd, sizeof cd, "%s/ckpt-%llu", dir, (unsigned long long)seq);
+    snprintf(path, sizeof path, "%s/manifest.pdck", cd);
+    ckpt_manifest m = {0};
+    uint8_t *b = NULL;
+    size_t n = 0;
+    pd_err e = {0};
+    pd_status st = read_whole(path, "checkpoint", &b, &n, &e);
+    stream_limits lim = {.max_new = UINT32_MAX - 1, .max_prefill = UINT64_MAX};
+    if (st == PD_OK)
+        st = ckpt_manifest_decode(b, n, &lim, r->hp.n_layers, &m, &e);
+    free(b);
+    if (st == PD_OK && m.n_streams > r->sz.max_streams)
+        st = pd_err_set(&e, PD_ERR_RANGE, "checkpoint %llu holds %u streams; resume with --batch %u or more",
+                        (unsigned long long)seq, m.n_streams, m.n_streams);
+    /* streams: on every stage, the tail and the head's scheduler */
+    for (uint32_t i = 0; st == PD_OK && i < m.n_streams; i++) {
+        const stream_state *s = &m.streams[i];
+        mb_admit a = {.stream = s->id, .prefill_rows = (uint32_t)s->prefill_rows, .max_new = s->max_new,
+                      .sample_key = s->key};
+        st = stage_admit_at(r->st, &a, stream_next_pos(s), &e);
+        if (st == PD_OK && r->tl)
+            st = tail_restore(r->tl, s, &e);
+    }
+    /* this rank's layers, from their bundles */
+    uint32_t first, cnt;
+    stage_layers(r->st, &first, &cnt);
+    for (uint32_t L = first; st == PD_OK && L < first + cnt; L++) {
+        snprintf(path, sizeof path, "%s/layer-%05u.cmfb", cd, L);
+        if ((st = read_whole(path, "checkpoint", &b, &n, &e)))
+            break;
+        bundle_view *v = NULL;
+        if (crc32c_update(0, b, n) != m.bundles[L].crc || n != m.bundles[L].bytes)
+            st = pd_err_set(&e, PD_ERR_CHECKSUM, "%s does not match the manifest (size or CRC32C)", path);
+        if (st == PD_OK)
+            st = bundle_parse(b, n, &v, &e);
+        if (st == PD_OK && v->n_streams != m.n_streams)
+            st = pd_err_set(&e, PD_ERR_FORMAT, "%s holds %llu streams, the manifest %u", path,
+                            (unsigned long long)v->n_streams, m.n_streams);
+        for (uint64_t i = 0; st == PD_OK && i < v->n_streams; i++)
+            st = stage_import_layer(r->st, v->entries[i].stream, L, v->entries[i].record, v->entries[i].len, &e);
+        if (st)
+            pd_err_prefix(&e, "%s", path);
+        bundle_view_free(v);
+        free(b);
+    }
+    if (st == PD_OK && sc) {
+        stream_state *mine = m.streams;
+        uint32_t ns = m.n_streams;
+        st = sched_restore(sc, mine, ns, m.next_id, &e); /* takes the records over */
+        for (uint32_t i = 0; i < ns; i++)
+            stream_release(&mine[i]); /* no-op on the ones taken */
+    }
+    ckpt_manifest_free(&m);
+    pd_status all = pipe_agree(r->p, st, err);
+    if (st)
+        *err = e;
+    else if (all)
+        pd_err_set(err, all, "restoring checkpoint %llu failed on another rank", (unsigned long long)seq);
+    return all;
+}

@@ -1,0 +1,101 @@
+/* ckpt: checkpoints of a running job, and resuming from them.
+ *
+ * A checkpoint is taken at a drain point (run.h: nothing in flight, every
+ * rank at the same step boundary) into D/ckpt-SEQ/:
+ *   layer-LLLLL.cmfb   one state bundle per model layer (comm/bundle.h), written
+ *                      by the rank that owns the layer: every alive stream's
+ *                      record of that layer
+ *   manifest.pdck      written by the head last (layout below)
+ * Every rank writes its bundles into D/.ckpt-SEQ.tmp and fsyncs them; only
+ * when every rank succeeded does the head write the manifest, fsync the
+ * directory, rename it to ckpt-SEQ and fsync D (atomic publish). Any failure
+ * removes the temporary directory, is reported, and decoding goes on: the
+ * previous checkpoint stays the newest. The last two are kept.
+ * D must be on a file system every rank sees (a shared or node-local
+ * directory when all ranks share a node).
+ *
+ * Resuming (the same command line): the head takes the newest checkpoint
+ * whose manifest and bundle files all check (size and CRC32C), walking back
+ * past broken ones with the reason on stderr; the model fingerprint, the
+ * manifest digest and the token-affecting settings must match (else a clear
+ * error). out.jsonl is cut back to the size recorded durable, every rank
+ * restores the alive streams (the head's stream records, the stages' layer
+ * records for the layers each rank owns now — any rank count, any map) and
+ * decoding continues where it stood, byte for byte.
+ *
+ * manifest.pdck, little-endian (version 1):
+ *   0   magic "PDCK", u16 version, u16 reserved 0
+ *   8   u64 seq, u64 model fingerprint, u64 manifest digest (FNV-1a 64 of
+ *       pages.jsonl's bytes), u64 out.jsonl durable bytes, u64 next stream id
+ *   48  u32 layer count, u32 stream count
+ *   56  u32 n, n bytes: the token-affecting settings (text)
+ *       u32 n, n bytes: the layer map it was written with (text)
+ *       layer count x (u32 layer, u64 bundle bytes, u32 bundle CRC32C)
+ *       stream count x (u32 n, n bytes: a stream record, stream.h)
+ *   u32 CRC32C of every byte before it
+ */
+#ifndef PD_RUNTIME_CKPT_H
+#define PD_RUNTIME_CKPT_H
+
+#include "base/status.h"
+#include "cluster/runtime/rank.h"
+#include "cluster/runtime/sched.h"
+#include "cluster/runtime/stream.h"
+
+#include <stdint.h>
+
+#define CKPT_VERSION 1u
+
+typedef struct ckpt_bundle_info {
+    uint32_t layer;
+    uint64_t bytes;
+    uint32_t crc;
+} ckpt_bundle_info;
+
+typedef struct ckpt_manifest {
+    uint64_t seq;
+    uint64_t model_fp, pages_digest, out_size, next_id;
+    char *settings;           /* owned */
+    char *layer_map;          /* owned */
+    uint32_t n_layers;
+    ckpt_bundle_info *bundles; /* [n_layers], owned */
+    uint32_t n_streams;
+    stream_state *streams;     /* [n_streams], owned */
+} ckpt_manifest;
+
+pd_status ckpt_manifest_encode(const ckpt_manifest *m, wr *w);
+/* Validates all of it (CRC first) before filling *out; limits bound every
+ * count. */
+pd_status ckpt_manifest_decode(const void *buf, size_t len, const stream_limits *lim, uint32_t max_layers,
+                               ckpt_manifest *out, pd_err *err);
+void ckpt_manifest_free(ckpt_manifest *m);
+
+/* The settings text a run's tokens depend on (compared on resume). Owned. */
+char *ckpt_settings(const run_opts *o);
+/* FNV-1a 64 of a file's bytes. */
+pd_status ckpt_file_digest(const char *path, uint64_t *out, pd_err *err);
+
+/* Head, at start-up: the newest valid checkpoint of dir for this run
+ * (*m filled, *seq >= 1), or *seq = 0 when there is none to resume (said on
+ * stderr when some were skipped). A checkpoint of another model, manifest or
+ * settings is an error naming what differs. */
+pd_status ckpt_find(const char *dir, uint64_t model_fp, uint64_t pages_digest, const char *settings,
+                    uint32_t n_layers, ckpt_manifest *m, uint64_t *seq, pd_err *err);
+
+/* The highest checkpoint number in dir (0 when none). */
+uint64_t ckpt_newest(const char *dir);
+
+/* The drain action: writes checkpoint seq of every rank's state (collective;
+ * h: the head's scheduler, NULL elsewhere; out_size: the head's durable
+ * output bytes). Returns PD_OK when the checkpoint was published; a failure
+ * is returned on every rank alike, after cleaning up, so the caller can
+ * report it and go on decoding. */
+pd_status ckpt_write(rank *r, sched *sc, const char *dir, uint64_t seq, uint64_t out_size, pd_err *err);
+
+/* Every rank, at start-up, after ckpt_find on the head: restores the
+ * streams of checkpoint seq into this rank's stage (the layers it owns) and
+ * tail; the head also gets the stream records into its scheduler (sc).
+ * Collective verdict. */
+pd_status ckpt_restore(rank *r, sched *sc, const char *dir, uint64_t seq, pd_err *err);
+
+#endif

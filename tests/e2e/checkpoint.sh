@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# Checkpoint and restart (issue 13): a job stopped by SIGUSR2 (checkpoint,
+# exit 75) resumes with the same command on another rank count and layer map,
+# and the final out.jsonl — digests included — is byte-identical to an
+# uninterrupted run, for each cache policy and seeded sampling. SIGUSR1
+# checkpoints and goes on (the last two kept); kill -9 after a checkpoint
+# loses nothing; a damaged newest checkpoint falls back to the previous one,
+# two damaged ones to a fresh start; a failed checkpoint (full disk) leaves
+# the previous one and the decode goes on; another model is refused.
+source "$(dirname "$0")/lib.bash"
+T="$E2E_TMP"
+m="$T/m.gguf"
+"$PIPEDEC" mkmodel --arch llama --layers 4 --hidden 64 --heads 4 --kv-heads 2 --ffn 96 --vocab 320 --seed 8 \
+  --out "$m" >/dev/null
+"$PIPEDEC" mkpages --model "$m" --count 40 --embed-rows 12 --prompt-tokens 3 --max-new 300 --seed 6 \
+  --out "$T/pages" >/dev/null
+P="$T/pages/pages.jsonl"
+MPIRUN=(mpirun --oversubscribe --bind-to none)
+
+# launch N OUT DIR SIGNAL extra...: starts a job, sends SIGNAL (to mpirun,
+# which forwards it to every rank) once the first page is out, waits; the
+# exit status lands in OUT.rc
+launch() {
+  local n="$1" out="$2" dir="$3" sig="$4"; shift 4
+  local cmd=("$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 3 --digest --checkpoint-dir "$dir" "$@")
+  [ "$n" -gt 0 ] && cmd=("${MPIRUN[@]}" -np "$n" "${cmd[@]}")
+  ( rc=0; timeout 300 "${cmd[@]}" >"$out.log" 2>&1 </dev/null || rc=$?; echo "$rc" > "$out.rc" ) &
+  local job=$!
+  for _ in $(seq 1 3000); do [ -s "$out" ] && break; sleep 0.01; done
+  # mpirun forwards the signal to every rank; alone, pipedec gets it
+  local target
+  if [ "$n" -gt 0 ]; then target=$(pgrep -f -o "^mpirun.*--out $out " || true)
+  else target=$(pgrep -f -n "^$PIPEDEC.*--out $out " || true); fi
+  [ -n "$target" ] && kill -"$sig" "$target" 2>/dev/null || true
+  wait "$job" || true
+}
+
+# finish N OUT DIR extra...: the same command line, run to the end
+finish_run() {
+  local n="$1" out="$2" dir="$3"; shift 3
+  local cmd=("$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 3 --digest --checkpoint-dir "$dir" "$@")
+  [ "$n" -gt 0 ] && cmd=("${MPIRUN[@]}" -np "$n" "${cmd[@]}")
+  timeout 300 "${cmd[@]}" >"$out.resume.log" 2>&1 </dev/null
+}
+
+# stop on N1 ranks, resume on N2 with MAP (0 = no mpirun), per policy
+cases=(
+  "1|3|0,1-2,3|"
+  "2|1||--kv q8"
+  "3|4|0,1,2,3|--attn rswa:8"
+  "4|2|0-2,3|--evict importance:16:2"
+  "0|2|0,1-3|--sample temp:0.8,top_p:0.9,top_k:40 --seed 3"
+)
+for c in "${cases[@]}"; do
+  IFS='|' read -r n1 n2 map pol <<<"$c"
+  tag=$(echo "s$n1-$n2$pol" | tr -c 'a-zA-Z0-9-' '_')
+  # shellcheck disable=SC2086
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/$tag.ref" --batch 3 --digest $pol >/dev/null 2>&1
+  # shellcheck disable=SC2086
+  launch "$n1" "$T/$tag.out" "$T/$tag.d" USR2 $pol
+  rc=$(cat "$T/$tag.out.rc")
+  if [ "$rc" -eq 75 ] && [ -d "$T/$tag.d/ckpt-1" ] && [ "$(wc -l < "$T/$tag.out")" -lt 40 ]; then
+    pass "$tag: SIGUSR2 checkpointed and exited 75 with $(wc -l < "$T/$tag.out") of 40 pages out"
+  else
+    fail "$tag: exit $rc after SIGUSR2"; tail -3 "$T/$tag.out.log"
+  fi
+  extra=(); [ -n "$map" ] && extra=(--layers "$map")
+  # shellcheck disable=SC2086
+  finish_run "$n2" "$T/$tag.out" "$T/$tag.d" "${extra[@]}" $pol || fail "$tag: resume exited non-zero"
+  grep -q "resuming from" "$T/$tag.out.resume.log" || fail "$tag: the rerun did not say it resumed"
+  same "$T/$tag.ref" "$T/$tag.out" "$tag: resumed on ${n2} rank(s) ${map:+(map $map) }== uninterrupted"
+done
+
+# SIGUSR1 checkpoints and goes on; the last two are kept
+out="$T/u1.jsonl"; d="$T/u1.d"
+( rc=0; timeout 300 "$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 3 --digest --checkpoint-dir "$d" \
+    >"$out.log" 2>&1 || rc=$?; echo "$rc" > "$out.rc" ) &
+job=$!
+for _ in $(seq 1 3000); do [ -s "$out" ] && break; sleep 0.01; done
+pid=$(pgrep -f -n "^$PIPEDEC.*--out $out " || true)
+for _ in 1 2 3; do kill -USR1 "$pid" 2>/dev/null || true; sleep 0.05; done
+wait "$job" || true
+n_ck=$(grep -c "written at step" "$out.log" || true)
+if [ "$(cat "$out.rc")" -eq 0 ] && [ "$n_ck" -ge 1 ] && [ "$(ls "$d" | grep -c '^ckpt-')" -le 2 ]; then
+  pass "SIGUSR1: $n_ck checkpoint(s) written, decoding went on, at most two kept"
+else
+  fail "SIGUSR1: exit $(cat "$out.rc"), $n_ck checkpoints, kept: $(ls "$d" | tr '\n' ' ')"
+fi
+same "$T/s1-3_.ref" "$out" "SIGUSR1: output == uninterrupted"
+
+# kill -9 of the whole job after a checkpoint: the rerun resumes, nothing lost or duplicated
+out="$T/k9.jsonl"; d="$T/k9.d"
+( rc=0; timeout 300 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 3 --digest \
+    --checkpoint-dir "$d" --checkpoint-every 1 >"$out.log" 2>&1 </dev/null || rc=$?; echo "$rc" > "$out.rc" ) &
+job=$!
+for _ in $(seq 1 3000); do [ -d "$d/ckpt-1" ] && break; sleep 0.01; done
+pkill -9 -f "pipedec run --model $m --pages $P --out $out " || true
+wait "$job" || true
+finish_run 2 "$out" "$d"
+grep -q "resuming from" "$out.resume.log" && pass "kill -9: the rerun resumed from the last published checkpoint" \
+  || fail "kill -9: the rerun did not resume"
+same "$T/s1-3_.ref" "$out" "kill -9 after a checkpoint: the rerun completes the output exactly"
+
+# a damaged newest checkpoint falls back to the previous one
+out="$T/twock.jsonl"; d="$T/twock.d"
+( rc=0; timeout 300 "$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 3 --digest --checkpoint-dir "$d" \
+    >"$out.log" 2>&1 || rc=$?; echo "$rc" > "$out.rc" ) &
+job=$!
+for _ in $(seq 1 3000); do [ -s "$out" ] && break; sleep 0.01; done
+pid=$(pgrep -f -n "^$PIPEDEC.*--out $out " || true)
+kill -USR1 "$pid" 2>/dev/null || true
+for _ in $(seq 1 300); do [ -d "$d/ckpt-1" ] && break; sleep 0.01; done
+kill -USR2 "$pid" 2>/dev/null || true
+wait "$job" || true
+if [ -d "$d/ckpt-1" ] && [ -d "$d/ckpt-2" ]; then
+  printf '\x55' | dd of="$d/ckpt-2/layer-00001.cmfb" bs=1 seek=40 conv=notrunc 2>/dev/null
+  finish_run 0 "$out" "$d"
+  grep -q "checkpoint 2 is not usable.*CRC32C" "$out.resume.log" && grep -q "resuming from .*ckpt-1" "$out.resume.log" \
+    && pass "a damaged newest checkpoint is reported and the previous one used" || { fail "damaged newest"; head -3 "$out.resume.log"; }
+  same "$T/s1-3_.ref" "$out" "resumed from the previous checkpoint == uninterrupted"
+else
+  fail "could not make two checkpoints ($(ls "$d" | tr '\n' ' '))"
+fi
+
+# another model's checkpoint is refused, naming it
+"$PIPEDEC" mkmodel --arch llama --layers 4 --hidden 64 --heads 4 --kv-heads 2 --ffn 96 --vocab 320 --seed 9 \
+  --out "$T/other.gguf" >/dev/null
+expect_fail "a checkpoint of another model" "written with another model" \
+  "$PIPEDEC" run --model "$T/other.gguf" --pages "$P" --out "$T/other.out" --batch 3 --checkpoint-dir "$T/u1.d"
+
+# a full disk during the checkpoint: reported, previous intact, the decode goes on
+out="$T/full.jsonl"; d="$T/full.d"
+mkdir -p "$d"
+( rc=0; ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0" \
+  PD_FULL_DISK_PATH="$(realpath "$d")/.ckpt-1.tmp/layer-00000.cmfb" PD_FULL_DISK_BYTES=100 \
+  LD_PRELOAD="$PD_BUILD/tests/libpd_full_disk.so" timeout 300 "$PIPEDEC" run --model "$m" --pages "$P" --out "$out" \
+  --batch 3 --digest --checkpoint-dir "$d" >"$out.log" 2>&1 || rc=$?; echo "${rc:-0}" > "$out.rc" ) &
+job=$!
+for _ in $(seq 1 3000); do [ -s "$out" ] && break; sleep 0.01; done
+kill -USR1 "$(pgrep -f -n "^$PIPEDEC.*--out $out " || echo 0)" 2>/dev/null || true
+wait "$job" || true
+if [ "$(cat "$out.rc")" -eq 0 ] && grep -q "checkpoint 1 failed.*No space left on device" "$out.log" \
+   && [ ! -e "$d/ckpt-1" ] && [ ! -e "$d/.ckpt-1.tmp" ]; then
+  pass "full disk during a checkpoint: reported, nothing published, no temporary left, decode went on"
+else
+  fail "full disk during a checkpoint: exit $(cat "$out.rc")"; grep -i checkpoint "$out.log" | head -3
+fi
+same "$T/s1-3_.ref" "$out" "full disk during a checkpoint: output == uninterrupted"
+finish
