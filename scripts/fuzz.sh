@@ -78,7 +78,7 @@ for t in "${targets[@]}"; do
   corpus="$work/corpus_$t"
   found="$work/findings_$t"
   mkdir -p "$corpus" "$found"
-  cp -n "$src"/tests/data/*.cmf* "$src"/tests/data/*.pdss "$src"/tests/data/*.bin "$src"/tests/data/*.gguf "$corpus"/ 2>/dev/null || true
+  cp -n "$src"/tests/data/*.cmf* "$src"/tests/data/*.pdss "$src"/tests/data/*.pdck "$src"/tests/data/*.bin "$src"/tests/data/*.gguf "$corpus"/ 2>/dev/null || true
   log="$work/$t.log"
   rc=0
   t1=$(date +%s)

@@ -71,6 +71,20 @@ def stream_record():
     return out + page_id + struct.pack("<%dI" % len(tokens), *tokens)
 
 
+def ckpt_manifest():
+    # the checkpoint manifest of cluster/runtime/ckpt_manifest.h, version 1:
+    # 2 layers, one stream (stream_record's)
+    rec = stream_record()
+    settings, lmap = b"policy attn=full; seed 0", b"0-1"
+    out = b"PDCK" + struct.pack("<HH", 1, 0)
+    out += struct.pack("<5Q", 1, 0x1111, 0x2222, 0, 4) + struct.pack("<II", 2, 1)
+    out += struct.pack("<I", len(settings)) + settings + struct.pack("<I", len(lmap)) + lmap
+    for layer in range(2):
+        out += struct.pack("<IQI", layer, 36, 0x1234 + layer)
+    out += struct.pack("<I", len(rec)) + rec
+    return out + struct.pack("<I", crc32c(out))
+
+
 def main():
     out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
     full32 = header(0, 0, 2) + full_body(0)
@@ -87,6 +101,7 @@ def main():
         "two_streams.cmfb": bundle([(7, full32), (1 << 40, tail)]),
         "bad_crc.cmfb": bytearray(bundle([(7, full32), (9, ring_record())])),
         "stream.pdss": stream_record(),
+        "manifest.pdck": ckpt_manifest(),
     }
     files["bad_crc.cmfb"][-1] ^= 0x40
     for name, data in files.items():
