@@ -91,8 +91,10 @@ same "$T/s1-3_.ref" "$out" "SIGUSR1: output == uninterrupted"
 # kill -9 of the whole job after a checkpoint: the rerun resumes, nothing lost or duplicated
 out="$T/k9.jsonl"; d="$T/k9.d"
 ( rc=0; timeout 300 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 3 --digest \
-    --checkpoint-dir "$d" --checkpoint-every 1 >"$out.log" 2>&1 </dev/null || rc=$?; echo "$rc" > "$out.rc" ) &
+    --checkpoint-dir "$d" --checkpoint-every 3600 >"$out.log" 2>&1 </dev/null || rc=$?; echo "$rc" > "$out.rc" ) &
 job=$!
+for _ in $(seq 1 3000); do [ -s "$out" ] && break; sleep 0.01; done
+kill -USR1 "$(pgrep -f -o "^mpirun.*--out $out " || echo 0)" 2>/dev/null || true
 for _ in $(seq 1 3000); do [ -d "$d/ckpt-1" ] && break; sleep 0.01; done
 pkill -9 -f "pipedec run --model $m --pages $P --out $out " || true
 wait "$job" || true
