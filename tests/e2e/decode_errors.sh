@@ -50,6 +50,23 @@ expect_fail "truncated .npy" "short.npy" "$PIPEDEC" run --model "$m" --pages "$T
 check_untouched "bad manifests"
 expect_fail "missing manifest" "nothere.jsonl" "$PIPEDEC" run --model "$m" --pages "$T/nothere.jsonl" --out "$T/keep.jsonl"
 
+# a fifo in place of the model, the manifest or an embeddings file is refused
+# at once, naming it (opening one must not wait for a writer)
+mkfifo "$T/fifo.gguf" "$T/fifo.jsonl" "$T/fifo.npy"
+printf '{"id":"a","prefill":[{"embeddings":"fifo.npy"}],"max_new_tokens":3}\n' > "$T/fifonpy.jsonl"
+fifo_fails() {
+  local name="$1" pat="$2" t0 t1; shift 2
+  t0=$(date +%s)
+  expect_fail "$name" "$pat" timeout 10 "$@"
+  t1=$(date +%s)
+  if [ $((t1 - t0)) -le 5 ]; then pass "$name: refused in $((t1 - t0)) s"; else fail "$name: took $((t1 - t0)) s"; fi
+}
+fifo_fails "fifo as the model" "fifo.gguf: not a regular file" "$PIPEDEC" run --model "$T/fifo.gguf" --pages "$P" --out "$T/keep.jsonl"
+fifo_fails "fifo as the manifest" "fifo.jsonl: not a regular file" "$PIPEDEC" run --model "$m" --pages "$T/fifo.jsonl" --out "$T/keep.jsonl"
+fifo_fails "fifo as an embeddings file" 'fifonpy.jsonl:1: page "a": prefill\[0\]\.embeddings: .*fifo.npy: not a regular file' \
+  "$PIPEDEC" run --model "$m" --pages "$T/fifonpy.jsonl" --out "$T/keep.jsonl"
+check_untouched "fifo inputs"
+
 # flags
 expect_fail "bad --attn" "--attn" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --attn ring:4
 expect_fail "bad --kv" "--kv" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --kv q4

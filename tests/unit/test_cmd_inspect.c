@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define ID 0xabcdef0123456789ull
@@ -217,7 +218,7 @@ START_TEST(inspect_unusable_input_exits_two_or_one)
     run r;
     inspect(&r, "/nonexistent/pd_inspect", NULL, NULL);
     ck_assert_int_eq(r.rc, 2);
-    ck_assert_ptr_nonnull(strstr(r.err, "cannot open /nonexistent/pd_inspect"));
+    ck_assert_ptr_nonnull(strstr(r.err, "/nonexistent/pd_inspect: cannot open"));
     inspect(&r, "/nonexistent/pd_inspect", "--json", NULL);
     ck_assert_int_eq(r.rc, 2);
     cJSON *j = parse_json(&r);
@@ -248,6 +249,37 @@ START_TEST(inspect_unusable_input_exits_two_or_one)
 }
 END_TEST
 
+/* Only a regular file is read: a fifo would block until a writer came (or
+ * forever), a device such as /dev/zero reads until memory runs out, and a
+ * directory is no input. Each is refused before reading, naming the path,
+ * with exit 2 (unreadable), as text and as JSON. */
+START_TEST(inspect_refuses_what_is_not_a_regular_file)
+{
+    char dir[] = "/tmp/pd_inspect_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char fifo[64];
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    const char *paths[] = {fifo, "/dev/null", "/dev/zero", dir};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        run r;
+        inspect(&r, paths[i], NULL, NULL);
+        ck_assert_msg(r.rc == 2, "%s: exit %d", paths[i], r.rc);
+        char want[96];
+        snprintf(want, sizeof want, "%s: not a regular file", paths[i]);
+        ck_assert_msg(strstr(r.err, want) != NULL, "%s: %s", paths[i], r.err);
+        inspect(&r, paths[i], "--json", NULL);
+        ck_assert_int_eq(r.rc, 2);
+        cJSON *j = parse_json(&r);
+        ck_assert(cJSON_IsFalse(cJSON_GetObjectItem(j, "valid")));
+        ck_assert_ptr_nonnull(strstr(cJSON_GetObjectItem(j, "error")->valuestring, want));
+        cJSON_Delete(j);
+    }
+    unlink(fifo);
+    rmdir(dir);
+}
+END_TEST
+
 Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("cmd_inspect");
@@ -256,6 +288,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, inspect_corrupt_record_exits_one_naming_the_offset);
     tcase_add_test(tc, inspect_bundle_lists_one_line_per_stream);
     tcase_add_test(tc, inspect_unusable_input_exits_two_or_one);
+    tcase_add_test(tc, inspect_refuses_what_is_not_a_regular_file);
     suite_add_tcase(s, tc);
     return s;
 }
