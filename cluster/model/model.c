@@ -68,6 +68,80 @@ static pd_status hp_f32(const gguf_file *f, const char *arch, const char *suffix
     return gguf_get_f32(f, key, out, err);
 }
 
+/* ---- the tensor set ------------------------------------------------------ */
+
+/* The per-layer tensors layer_load reads ("blk.L." + part); the Q/K/V biases
+ * only when the file has them (hp->qkv_bias). */
+static const char *const model_layer_parts[] = {
+    "attn_norm.weight", "ffn_norm.weight", "attn_q.weight",   "attn_k.weight",
+    "attn_v.weight",    "attn_output.weight", "ffn_gate.weight", "ffn_up.weight",
+    "ffn_down.weight",
+};
+static const char *const model_layer_bias_parts[] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
+
+/* Whether the architecture reads a tensor of this name (model_load,
+ * layer_load): token_embd.weight, output_norm.weight, output.weight, and
+ * blk.L.<part> for L < n_layers written as the loader writes it (no leading
+ * zeros). */
+static int tensor_used(const model_hparams *hp, const char *name)
+{
+    if (!strcmp(name, "token_embd.weight") || !strcmp(name, "output_norm.weight") ||
+        !strcmp(name, "output.weight"))
+        return 1;
+    if (strncmp(name, "blk.", 4) != 0)
+        return 0;
+    const char *p = name + 4;
+    uint64_t L = 0;
+    const char *d = p;
+    while (*p >= '0' && *p <= '9' && L < hp->n_layers)
+        L = L * 10 + (uint64_t)(*p++ - '0');
+    if (p == d || (*d == '0' && p - d > 1) || L >= hp->n_layers || *p != '.')
+        return 0;
+    p++;
+    for (size_t i = 0; i < sizeof model_layer_parts / sizeof model_layer_parts[0]; i++)
+        if (!strcmp(p, model_layer_parts[i]))
+            return 1;
+    for (size_t i = 0; hp->qkv_bias && i < sizeof model_layer_bias_parts / sizeof model_layer_bias_parts[0];
+         i++)
+        if (!strcmp(p, model_layer_bias_parts[i]))
+            return 1;
+    return 0;
+}
+
+/* Refuses a file holding tensors the architecture does not read, naming them
+ * (the first few, and how many there are). Like llama.cpp, which refuses a
+ * file whose tensor count differs from what the architecture creates: a
+ * renamed output.weight would otherwise silently mean tied embeddings, a
+ * tensor of an unsupported variant (rope_freqs.weight, a layer beyond
+ * block_count) would silently be ignored. */
+static pd_status tensors_check_used(const gguf_file *f, const model_hparams *hp, const char *arch,
+                                    pd_err *err)
+{
+    char list[300] = "";
+    size_t k = 0;
+    uint64_t unused = 0;
+    for (uint64_t i = 0; i < gguf_tensor_count(f); i++) {
+        const char *name = gguf_tensor_at(f, i)->name;
+        if (tensor_used(hp, name))
+            continue;
+        if (unused++ >= 4)
+            continue;
+        if (k)
+            k += (size_t)snprintf(list + k, sizeof list - k, ", ");
+        /* names are any bytes but NUL: show control bytes as '?' */
+        for (const char *c = name; *c && k + 1 < sizeof list; c++)
+            list[k++] = (unsigned char)*c < 0x20 || *c == 0x7f ? '?' : *c;
+        list[k] = '\0';
+    }
+    if (!unused)
+        return PD_OK;
+    return pd_err_set(err, PD_ERR_FORMAT,
+                      "%llu tensor%s not used by architecture %s (renamed, or from another "
+                      "architecture or variant): %s%s",
+                      (unsigned long long)unused, unused == 1 ? " is" : "s are", arch, list,
+                      unused > 4 ? ", ..." : "");
+}
+
 static pd_status hparams_read(const gguf_file *f, model_hparams *hp, pd_err *err)
 {
     memset(hp, 0, sizeof *hp);
@@ -144,7 +218,7 @@ static pd_status hparams_read(const gguf_file *f, model_hparams *hp, pd_err *err
                           hp->eos, hp->vocab);
     hp->qkv_bias = gguf_tensor_find(f, "blk.0.attn_q.bias") != NULL;
     hp->tied_output = gguf_tensor_find(f, "output.weight") == NULL;
-    return PD_OK;
+    return tensors_check_used(f, hp, archz, err);
 }
 
 /* ---- tensors ------------------------------------------------------------ */
@@ -254,6 +328,8 @@ static pd_status layer_load(model *m, uint32_t L, model_layer *ly, gemm_backend 
     uint64_t q_out = (uint64_t)hp->n_heads * hp->head_dim, kv_out = (uint64_t)hp->n_kv_heads * hp->head_dim;
     char n[96];
     pd_status st;
+    /* every name read here is listed in model_layer_parts / model_layer_bias_parts
+     * (tensor_used): a file holding any other tensor is refused */
 #define LNAME(s) (snprintf(n, sizeof n, "blk.%u." s, L), n)
     if ((st = vec_load(m, LNAME("attn_norm.weight"), hp->hidden, &ly->attn_norm, err)) ||
         (st = vec_load(m, LNAME("ffn_norm.weight"), hp->hidden, &ly->ffn_norm, err)) ||

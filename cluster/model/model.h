@@ -11,7 +11,8 @@
  * Supported: architectures "llama" (RoPE normal: pairs (2i, 2i+1)) and
  * "qwen2" (RoPE NeoX: pairs (i, i + d/2), Q/K/V biases); RMSNorm, GQA,
  * SwiGLU MLP; tensor types F32, F16, BF16, Q8_0. Anything else is refused
- * with its name.
+ * with its name, and so is a file holding a tensor the architecture does not
+ * read (a renamed output.weight must not silently mean tied embeddings).
  *
  * The model also computes: model_layer_forward runs one layer for the rows of
  * a micro-batch, attending through each stream's layer cache container

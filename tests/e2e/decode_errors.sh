@@ -22,6 +22,17 @@ expect_fail "truncated model" "offset [0-9]+" "$PIPEDEC" run --model "$T/trunc.g
 check_untouched "truncated model"
 printf 'GGUF\x09\x00\x00\x00' > "$T/v9.gguf"; head -c 100 /dev/zero >> "$T/v9.gguf"
 expect_fail "unsupported gguf version" "version" "$PIPEDEC" run --model "$T/v9.gguf" --pages "$P" --out "$T/keep.jsonl"
+# one flipped byte in a tensor name: output.weight -> outpuT.weight would load
+# as tied embeddings and decode one repeated token; refused, naming it
+python3 - "$m" "$T/renamed.gguf" <<'PY'
+import sys
+b = open(sys.argv[1], 'rb').read()
+i = b.index(b'\x00output.weight') + 1
+open(sys.argv[2], 'wb').write(b[:i + 5] + b'T' + b[i + 6:])
+PY
+expect_fail "renamed output.weight" "renamed.gguf: 1 tensor is not used by architecture llama .*: outpuT.weight" \
+  "$PIPEDEC" run --model "$T/renamed.gguf" --pages "$P" --out "$T/keep.jsonl"
+check_untouched "renamed tensor"
 
 # manifest problems
 printf '{"id":"a","prefill":[{"tokens":[1,999]}],"max_new_tokens":3}\n' > "$T/badtok.jsonl"
