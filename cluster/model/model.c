@@ -42,8 +42,11 @@ static const char *const model_arch_names[MODEL_ARCH_COUNT] = {
 
 /* ---- hyperparameters ---------------------------------------------------- */
 
+/* Reads key "<arch>.<suffix>". Absent: an error when required, else *out =
+ * dflt and bit `opt` (a model_hp_key) set in *defaulted. */
 static pd_status hp_u32(const gguf_file *f, const char *arch, const char *suffix, uint32_t *out,
-                        int required, uint32_t dflt, pd_err *err)
+                        int required, uint32_t dflt, uint32_t *defaulted, model_hp_key opt,
+                        pd_err *err)
 {
     char key[160];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
@@ -51,21 +54,69 @@ static pd_status hp_u32(const gguf_file *f, const char *arch, const char *suffix
         if (required)
             return pd_err_set(err, PD_ERR_FORMAT, "missing metadata key %s", key);
         *out = dflt;
+        *defaulted |= 1u << opt;
         return PD_OK;
     }
     return gguf_get_u32(f, key, out, err);
 }
 
 static pd_status hp_f32(const gguf_file *f, const char *arch, const char *suffix, float *out,
-                        float dflt, pd_err *err)
+                        float dflt, uint32_t *defaulted, model_hp_key opt, pd_err *err)
 {
     char key[160];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     if (gguf_find_key(f, key) < 0) {
         *out = dflt;
+        *defaulted |= 1u << opt;
         return PD_OK;
     }
     return gguf_get_f32(f, key, out, err);
+}
+
+/* hp->assumed from hp->defaulted: each defaulted key's value and name, in
+ * model_hp_key order. */
+static void hparams_describe_assumed(model_hparams *hp, const char *arch)
+{
+    char *o = hp->assumed;
+    size_t cap = sizeof hp->assumed, k = 0;
+    o[0] = '\0';
+    for (int key = 0; key < MODEL_HP_KEY_COUNT; key++) {
+        if (!(hp->defaulted & (1u << key)))
+            continue;
+        const char *sep = k ? ", " : "";
+        int n = 0;
+        switch ((model_hp_key)key) {
+        case MODEL_HP_KEY_KV_HEADS:
+            n = snprintf(o + k, cap - k, "%skv heads %u (%s.attention.head_count_kv absent)", sep,
+                         hp->n_kv_heads, arch);
+            break;
+        case MODEL_HP_KEY_CTX:
+            n = snprintf(o + k, cap - k, "%scontext length %u (%s.context_length absent)", sep,
+                         hp->ctx, arch);
+            break;
+        case MODEL_HP_KEY_ROPE_BASE:
+            n = snprintf(o + k, cap - k, "%srope base %g (%s.rope.freq_base absent)", sep,
+                         (double)hp->rope_base, arch);
+            break;
+        case MODEL_HP_KEY_RMS_EPS:
+            n = snprintf(o + k, cap - k,
+                         "%srms epsilon %g (%s.attention.layer_norm_rms_epsilon absent)", sep,
+                         (double)hp->rms_eps, arch);
+            break;
+        case MODEL_HP_KEY_ALIGNMENT:
+            n = snprintf(o + k, cap - k, "%salignment %u (general.alignment absent)", sep,
+                         GGUF_DEFAULT_ALIGNMENT);
+            break;
+        case MODEL_HP_KEY_TOKEN_TYPE:
+            n = snprintf(o + k, cap - k,
+                         "%severy token type normal (tokenizer.ggml.token_type absent)", sep);
+            break;
+        case MODEL_HP_KEY_COUNT:
+            break;
+        }
+        /* 6 keys of at most ~90 bytes each fit; a cut text stays terminated */
+        k = n > 0 && (size_t)n < cap - k ? k + (size_t)n : cap - 1;
+    }
 }
 
 /* ---- the tensor set ------------------------------------------------------ */
@@ -165,15 +216,24 @@ static pd_status hparams_read(const gguf_file *f, model_hparams *hp, pd_err *err
         return pd_err_set(err, PD_ERR_UNSUPPORTED,
                           "architecture \"%s\" is not supported (supported: llama, qwen2)", archz);
     hp->rope = hp->arch == MODEL_ARCH_QWEN2 ? MODEL_ROPE_NEOX : MODEL_ROPE_NORM;
-    if ((st = hp_u32(f, archz, "block_count", &hp->n_layers, 1, 0, err)) ||
-        (st = hp_u32(f, archz, "embedding_length", &hp->hidden, 1, 0, err)) ||
-        (st = hp_u32(f, archz, "feed_forward_length", &hp->ffn, 1, 0, err)) ||
-        (st = hp_u32(f, archz, "attention.head_count", &hp->n_heads, 1, 0, err)) ||
-        (st = hp_u32(f, archz, "attention.head_count_kv", &hp->n_kv_heads, 0, hp->n_heads, err)) ||
-        (st = hp_u32(f, archz, "context_length", &hp->ctx, 0, 4096, err)) ||
-        (st = hp_f32(f, archz, "rope.freq_base", &hp->rope_base, 10000.0f, err)) ||
-        (st = hp_f32(f, archz, "attention.layer_norm_rms_epsilon", &hp->rms_eps, 1e-5f, err)))
+    uint32_t *dfl = &hp->defaulted;
+    const model_hp_key req = MODEL_HP_KEY_COUNT; /* required: never defaulted */
+    if ((st = hp_u32(f, archz, "block_count", &hp->n_layers, 1, 0, dfl, req, err)) ||
+        (st = hp_u32(f, archz, "embedding_length", &hp->hidden, 1, 0, dfl, req, err)) ||
+        (st = hp_u32(f, archz, "feed_forward_length", &hp->ffn, 1, 0, dfl, req, err)) ||
+        (st = hp_u32(f, archz, "attention.head_count", &hp->n_heads, 1, 0, dfl, req, err)) ||
+        (st = hp_u32(f, archz, "attention.head_count_kv", &hp->n_kv_heads, 0, hp->n_heads, dfl,
+                     MODEL_HP_KEY_KV_HEADS, err)) ||
+        (st = hp_u32(f, archz, "context_length", &hp->ctx, 0, 4096, dfl, MODEL_HP_KEY_CTX, err)) ||
+        (st = hp_f32(f, archz, "rope.freq_base", &hp->rope_base, 10000.0f, dfl,
+                     MODEL_HP_KEY_ROPE_BASE, err)) ||
+        (st = hp_f32(f, archz, "attention.layer_norm_rms_epsilon", &hp->rms_eps, 1e-5f, dfl,
+                     MODEL_HP_KEY_RMS_EPS, err)))
         return st;
+    if (gguf_find_key(f, "general.alignment") < 0)
+        hp->defaulted |= 1u << MODEL_HP_KEY_ALIGNMENT;
+    if (gguf_find_key(f, "tokenizer.ggml.token_type") < 0)
+        hp->defaulted |= 1u << MODEL_HP_KEY_TOKEN_TYPE;
     if (hp->n_layers == 0 || hp->hidden == 0 || hp->ffn == 0 || hp->n_heads == 0 ||
         hp->n_kv_heads == 0)
         return pd_err_set(err, PD_ERR_FORMAT, "%s: zero layer count, width or head count", archz);
@@ -218,7 +278,10 @@ static pd_status hparams_read(const gguf_file *f, model_hparams *hp, pd_err *err
                           hp->eos, hp->vocab);
     hp->qkv_bias = gguf_tensor_find(f, "blk.0.attn_q.bias") != NULL;
     hp->tied_output = gguf_tensor_find(f, "output.weight") == NULL;
-    return tensors_check_used(f, hp, archz, err);
+    if ((st = tensors_check_used(f, hp, archz, err)))
+        return st;
+    hparams_describe_assumed(hp, archz);
+    return PD_OK;
 }
 
 /* ---- tensors ------------------------------------------------------------ */

@@ -34,6 +34,21 @@ typedef enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_COUNT }
 typedef enum model_rope { MODEL_ROPE_NORM, MODEL_ROPE_NEOX } model_rope;
 typedef enum model_vocab_kind { MODEL_VOCAB_LLAMA, MODEL_VOCAB_GPT2 } model_vocab_kind;
 
+/* Optional metadata keys a file may leave out; the hyperparameters then hold
+ * a default (bit 1u << k of model_hparams.defaulted for key k). */
+typedef enum model_hp_key {
+    MODEL_HP_KEY_KV_HEADS,   /* <arch>.attention.head_count_kv: head_count (no GQA) */
+    MODEL_HP_KEY_CTX,        /* <arch>.context_length: 4096 */
+    MODEL_HP_KEY_ROPE_BASE,  /* <arch>.rope.freq_base: 10000 */
+    MODEL_HP_KEY_RMS_EPS,    /* <arch>.attention.layer_norm_rms_epsilon: 1e-5 */
+    MODEL_HP_KEY_ALIGNMENT,  /* general.alignment: 32 (GGUF_DEFAULT_ALIGNMENT) */
+    MODEL_HP_KEY_TOKEN_TYPE, /* tokenizer.ggml.token_type: every token normal (1) */
+    MODEL_HP_KEY_COUNT
+} model_hp_key;
+
+/* Bytes of model_hparams.assumed, terminator included. */
+#define MODEL_ASSUMED_BYTES 512
+
 typedef struct model_hparams {
     model_arch arch;
     model_rope rope;
@@ -51,6 +66,12 @@ typedef struct model_hparams {
     int tied_output;
     uint32_t bos, eos;
     model_vocab_kind vocab_kind;
+    uint32_t defaulted;  /* bit 1u << k for each model_hp_key the file lacks */
+    /* The same for people, so a run can say what it assumed, in model_hp_key
+     * order: "rope base 10000 (llama.rope.freq_base absent), rms epsilon
+     * 1e-05 (llama.attention.layer_norm_rms_epsilon absent)"; "" when the
+     * file gives every optional key. */
+    char assumed[MODEL_ASSUMED_BYTES];
 } model_hparams;
 
 /* The feed-forward of a layer, chosen per layer at load (an architecture

@@ -93,6 +93,27 @@ expect_fail "--trace-hidden without a file" "trace-hidden|incomplete" \
 check_untouched "bad flags"
 expect_fail "mkmodel bad heads" "--heads" "$PIPEDEC" mkmodel --heads 3 --kv-heads 2 --out "$T/x.gguf"
 expect_fail "mkpages missing model" "none.gguf" "$PIPEDEC" mkpages --model "$T/none.gguf" --out "$T/pp"
+# a model without its optional rope and rms keys still runs on the defaults,
+# and the start-up line says what was assumed (here the defaults equal the
+# values mkmodel writes, so the output is the same); a complete model's line
+# assumes nothing
+python3 - "$m" "$T/nokeys.gguf" <<'PY'
+import sys
+b = open(sys.argv[1], 'rb').read()
+for key in (b'llama.rope.freq_base', b'llama.attention.layer_norm_rms_epsilon'):
+    i = b.index(b'\x00' + key) + 1 + len(key) - 1   # last byte: now an unrelated key
+    b = b[:i] + b'_' + b[i + 1:]
+open(sys.argv[2], 'wb').write(b)
+PY
+"$PIPEDEC" run --digest --model "$m" --pages "$T/pages/two.jsonl" --out "$T/full.jsonl" >"$T/full.log" 2>&1
+"$PIPEDEC" run --digest --model "$T/nokeys.gguf" --pages "$T/pages/two.jsonl" --out "$T/nokeys.jsonl" >"$T/nokeys.log" 2>&1
+want='on every rank; assumed: rope base 10000 (llama.rope.freq_base absent), rms epsilon 1e-05 (llama.attention.layer_norm_rms_epsilon absent)$'
+if grep -q "^pipedec: 1 rank, model .*nokeys.gguf .*$want" "$T/nokeys.log"; then pass "defaulted keys listed in the start-up line"
+else fail "defaulted keys: start-up line: $(grep -m1 '^pipedec: 1 rank' "$T/nokeys.log")"; fi
+if grep -q '^pipedec: 1 rank, model .* on every rank$' "$T/full.log"; then pass "a complete model assumes nothing"
+else fail "complete model: start-up line: $(grep -m1 '^pipedec: 1 rank' "$T/full.log")"; fi
+same "$T/full.jsonl" "$T/nokeys.jsonl" "defaults equal to the written values decode the same"
+
 # a corrupt complete line in an existing output is refused and left alone
 printf 'not json\n' > "$T/corrupt.jsonl"; cp "$T/corrupt.jsonl" "$T/corrupt.orig"
 expect_fail "corrupt existing output" "corrupt.jsonl" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/corrupt.jsonl"

@@ -551,6 +551,47 @@ START_TEST(model_refuses_tensors_the_architecture_does_not_use)
 }
 END_TEST
 
+/* Optional keys a file leaves out are filled with defaults, and the
+ * hyperparameters say which, so a run can tell its user what it assumed. */
+START_TEST(model_hparams_list_the_keys_that_defaulted)
+{
+    char path[] = "/tmp/pd_test_model_XXXXXX";
+    small_model(path);
+    model_hparams hp;
+    pd_err e = {0};
+    ck_assert_msg(model_read_hparams(path, &hp, &e) == PD_OK, "%s", e.msg);
+    ck_assert_uint_eq(hp.defaulted, 0); /* mkmodel writes every key */
+    ck_assert_str_eq(hp.assumed, "");
+    rename_in_file(path, "llama.rope.freq_base", 19, 'E'); /* now an unrelated key */
+    ck_assert_msg(model_read_hparams(path, &hp, &e) == PD_OK, "%s", e.msg);
+    ck_assert_uint_eq(hp.defaulted, 1u << MODEL_HP_KEY_ROPE_BASE);
+    ck_assert(hp.rope_base == 10000.0f);
+    ck_assert_str_eq(hp.assumed, "rope base 10000 (llama.rope.freq_base absent)");
+    model *m = NULL;
+    model_load_opts la = {.all_layers = 1, .want_embed = 1, .want_output = 1};
+    ck_assert_msg(model_load(path, &la, &m, &e) == PD_OK, "%s", e.msg);
+    ck_assert_uint_eq(model_hp(m)->defaulted, 1u << MODEL_HP_KEY_ROPE_BASE);
+    ck_assert_str_eq(model_hp(m)->assumed, "rope base 10000 (llama.rope.freq_base absent)");
+    model_free(m);
+    /* several, in model_hp_key order (the kv head default does not fit this
+     * file's tensors, so only the hyperparameters are read) */
+    rename_in_file(path, "llama.attention.layer_norm_rms_epsilon", 37, 'N');
+    rename_in_file(path, "llama.attention.head_count_kv", 28, 'V');
+    rename_in_file(path, "general.alignment", 16, 'T');
+    ck_assert_msg(model_read_hparams(path, &hp, &e) == PD_OK, "%s", e.msg);
+    ck_assert_uint_eq(hp.defaulted, (1u << MODEL_HP_KEY_ROPE_BASE) | (1u << MODEL_HP_KEY_RMS_EPS) |
+                                        (1u << MODEL_HP_KEY_KV_HEADS) |
+                                        (1u << MODEL_HP_KEY_ALIGNMENT));
+    ck_assert_uint_eq(hp.n_kv_heads, hp.n_heads);
+    ck_assert_str_eq(hp.assumed,
+                     "kv heads 2 (llama.attention.head_count_kv absent), rope base 10000 "
+                     "(llama.rope.freq_base absent), rms epsilon 1e-05 "
+                     "(llama.attention.layer_norm_rms_epsilon absent), alignment 32 "
+                     "(general.alignment absent)");
+    unlink(path);
+}
+END_TEST
+
 START_TEST(model_refuses_unsupported_architecture_and_types)
 {
     char path[] = "/tmp/pd_test_model_XXXXXX";
@@ -590,6 +631,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, model_digest_is_pinned_including_the_unaligned_tail);
     tcase_add_test(tc, model_refuses_unsupported_architecture_and_types);
     tcase_add_test(tc, model_refuses_tensors_the_architecture_does_not_use);
+    tcase_add_test(tc, model_hparams_list_the_keys_that_defaulted);
     suite_add_tcase(s, tc);
     return s;
 }
