@@ -89,7 +89,57 @@ typedef struct waux {
 
 static size_t dt_size(uint8_t dt) { return dt == DT_F32 ? 4 : dt == DT_F16 ? 2 : 1; }
 
-/* Checks and consumes n elements of type dt; records the span when out != NULL. */
+/* Index of the first NaN or infinity in x[0..n), or n. The common all-finite
+ * case is one max-reduction pass over the magnitudes' bits. */
+static size_t first_nonfinite(const float *x, size_t n)
+{
+    enum { B = 4096 };
+    for (size_t i0 = 0; i0 < n; i0 += B) {
+        size_t m = n - i0 < B ? n - i0 : B;
+        if (rd_f32_max_abs_bits(x + i0, m) >= 0x7f800000u)
+            for (size_t i = i0; i < i0 + m; i++)
+                if (rd_f32_max_abs_bits(x + i, 1) >= 0x7f800000u)
+                    return i;
+    }
+    return n;
+}
+
+/* Index of the first NaN or infinity among the n little-endian f32 / f16
+ * values at p (any alignment), or n; *bad is that value as f32. Aligned f32
+ * on a little-endian host is scanned in place, the rest through a small
+ * buffer (no allocation). */
+static size_t span_first_nonfinite(const uint8_t *p, size_t n, uint8_t dt, float *bad)
+{
+    if (dt == DT_F32 && WIRE_HOST_LE && ((uintptr_t)p % _Alignof(float)) == 0) {
+        const float *x = (const float *)(const void *)p;
+        size_t i = first_nonfinite(x, n);
+        if (i < n)
+            *bad = x[i];
+        return i;
+    }
+    float buf[1024];
+    for (size_t i0 = 0; i0 < n; i0 += 1024) {
+        size_t m = n - i0 < 1024 ? n - i0 : 1024;
+        if (dt == DT_F16)
+            rd_f16_decode(p + i0 * 2, buf, m);
+        else
+            rd_f32_decode(p + i0 * 4, buf, m);
+        size_t i = first_nonfinite(buf, m);
+        if (i < m) {
+            *bad = buf[i];
+            return i0 + i;
+        }
+    }
+    return n;
+}
+
+/* Checks and consumes n elements of type dt; records the span when out != NULL.
+ * The validating walk (out == NULL: wire_inspect, bundle validation and the
+ * first walk of an import) also checks that every f32 / f16 value is finite:
+ * a NaN or infinity is corrupt state (and the layers quantize rows, which is
+ * undefined for NaN), refused with the value's offset, so what inspect calls
+ * valid is what import installs. field ends in " count"; the message names
+ * the array without it ("head 3 k value 5 is not finite (nan)"). */
 static pd_status take_array(rd *r, const char *field, uint64_t n, uint8_t dt, wspan *out)
 {
     size_t bytes = 0;
@@ -97,9 +147,21 @@ static pd_status take_array(rd *r, const char *field, uint64_t n, uint8_t dt, ws
     if (rd_check_count(r, field, n, dt_size(dt), &bytes) != PD_OK ||
         rd_span(r, field, bytes, &p) != PD_OK)
         return r->status;
-    if (out)
+    if (out) {
         *out = (wspan){.p = p, .n = n, .dt = dt};
-    return PD_OK;
+        return PD_OK;
+    }
+    if (dt == DT_I8)
+        return PD_OK;
+    float v = 0.0f;
+    size_t bad = span_first_nonfinite(p, (size_t)n, dt, &v);
+    if (bad == n)
+        return PD_OK;
+    size_t flen = strlen(field), suffix = sizeof " count" - 1;
+    if (flen >= suffix && strcmp(field + flen - suffix, " count") == 0)
+        flen -= suffix;
+    return rd_fail_at(r, r->base + (size_t)(p - r->p) + bad * dt_size(dt), PD_ERR_FORMAT,
+                      "%.*s value %zu is not finite (%g)", (int)flen, field, bad, (double)v);
 }
 
 /* Reads a u32 count that must be a or b. */
@@ -910,12 +972,9 @@ struct wire_pending {
 
 /* Payload arrays as f32 pointers: aligned little-endian f32 spans are used
  * in place (the fresh layer copies them); the rest is widened into one
- * scratch block. Every value must be finite: a NaN or infinity is corrupt
- * state (and the layers quantize rows, which is undefined for NaN), so it is
- * refused with the offset of the value. r is the reader of the record (for
- * offsets and the sticky failure). */
+ * scratch block. Every value is finite: the validating walk (take_array)
+ * refused the record otherwise. */
 typedef struct wmat {
-    rd *r;
     float *scratch;
     size_t used, cap;
 } wmat;
@@ -928,25 +987,9 @@ static int span_direct(const wspan *s)
 
 static size_t span_scratch_floats(const wspan *s) { return s->n && !span_direct(s) ? s->n : 0; }
 
-/* Index of the first NaN or infinity in x[0..n), or n. The common all-finite
- * case is one max-reduction pass over the magnitudes' bits. */
-static size_t first_nonfinite(const float *x, size_t n)
+static const float *span_f32(const wspan *s, wmat *m)
 {
-    enum { B = 4096 };
-    for (size_t i0 = 0; i0 < n; i0 += B) {
-        size_t m = n - i0 < B ? n - i0 : B;
-        if (rd_f32_max_abs_bits(x + i0, m) >= 0x7f800000u)
-            for (size_t i = i0; i < i0 + m; i++)
-                if (rd_f32_max_abs_bits(x + i, 1) >= 0x7f800000u)
-                    return i;
-    }
-    return n;
-}
-
-/* head == UINT32_MAX: an array that belongs to no head. */
-static const float *span_f32(const wspan *s, wmat *m, const char *what, uint32_t head)
-{
-    if (s->n == 0 || m->r->status != PD_OK)
+    if (s->n == 0)
         return NULL;
     CHECK(s->dt != DT_I8);
     const float *x;
@@ -961,17 +1004,6 @@ static const float *span_f32(const wspan *s, wmat *m, const char *what, uint32_t
         else
             rd_f32_decode(s->p, dst, s->n);
         x = dst;
-    }
-    size_t bad = first_nonfinite(x, s->n);
-    if (bad < s->n) {
-        size_t at = m->r->base + (size_t)(s->p - m->r->p) + bad * dt_size(s->dt);
-        if (head == UINT32_MAX)
-            rd_fail_at(m->r, at, PD_ERR_FORMAT, "%s value %zu is not finite (%g)", what, bad,
-                       (double)x[bad]);
-        else
-            rd_fail_at(m->r, at, PD_ERR_FORMAT, "head %u %s value %zu is not finite (%g)", head,
-                       what, bad, (double)x[bad]);
-        return NULL;
     }
     return x;
 }
@@ -1031,7 +1063,7 @@ static pd_status prepare_kv(const wire_layer_ref *ref, rd *r, const wire_info *i
     if (per_head)
         for (size_t i = 0; i < (size_t)H * HS_COUNT; i++)
             need += span_scratch_floats(&sp->heads[i]);
-    wmat m = {.r = r, .cap = need};
+    wmat m = {.cap = need};
     kv_head_state *heads = calloc(H, sizeof *heads);
     uint8_t *alive = malloc(H);
     if (need && !(m.scratch = malloc(need * sizeof(float))))
@@ -1050,7 +1082,7 @@ static pd_status prepare_kv(const wire_layer_ref *ref, rd *r, const wire_info *i
         .alive = alive,
         .tail_window = tst->tail_window,
         .heads = heads,
-        .linear = span_f32(&sp->linear, &m, "linear", UINT32_MAX),
+        .linear = span_f32(&sp->linear, &m),
         .n_linear = sp->linear.n,
     };
     switch (in->kind) {
@@ -1060,7 +1092,7 @@ static pd_status prepare_kv(const wire_layer_ref *ref, rd *r, const wire_info *i
         s.rows = in->rows;
         s.base = in->base;
         s.frozen = in->frozen;
-        s.imp = span_f32(&sp->imp, &m, "importance", UINT32_MAX);
+        s.imp = span_f32(&sp->imp, &m);
         s.n_imp = sp->imp.n;
         for (uint32_t h = 0; h < H; h++) {
             const wspan *hs = &sp->heads[(size_t)h * HS_COUNT];
@@ -1068,15 +1100,15 @@ static pd_status prepare_kv(const wire_layer_ref *ref, rd *r, const wire_info *i
             if (hs[HS_K].dt == DT_I8)
                 o->kq = span_i8(&hs[HS_K]);
             else
-                o->k = span_f32(&hs[HS_K], &m, "k", h);
+                o->k = span_f32(&hs[HS_K], &m);
             if (hs[HS_V].dt == DT_I8)
                 o->vq = span_i8(&hs[HS_V]);
             else
-                o->v = span_f32(&hs[HS_V], &m, "v", h);
-            o->ks = span_f32(&hs[HS_KS], &m, "k scale", h);
-            o->vs = span_f32(&hs[HS_VS], &m, "v scale", h);
-            o->kcol = span_f32(&hs[HS_KCOL], &m, "k field", h);
-            o->vcol = span_f32(&hs[HS_VCOL], &m, "v field", h);
+                o->v = span_f32(&hs[HS_V], &m);
+            o->ks = span_f32(&hs[HS_KS], &m);
+            o->vs = span_f32(&hs[HS_VS], &m);
+            o->kcol = span_f32(&hs[HS_KCOL], &m);
+            o->vcol = span_f32(&hs[HS_VCOL], &m);
         }
         break;
     case WIRE_KIND_LINEAR:
@@ -1088,18 +1120,12 @@ static pd_status prepare_kv(const wire_layer_ref *ref, rd *r, const wire_info *i
             .window = in->window,
             .len = in->position,
             .head = (uint32_t)(in->position % in->window),
-            .k = span_f32(&sp->bk, &m, "bounded ring k", UINT32_MAX),
-            .v = span_f32(&sp->bv, &m, "bounded ring v", UINT32_MAX),
+            .k = span_f32(&sp->bk, &m),
+            .v = span_f32(&sp->bv, &m),
         };
         break;
     default:
         CHECKF(0, "kv import of kind %u", in->kind);
-    }
-    if (r->status != PD_OK) { /* a non-finite value */
-        free(m.scratch);
-        free(heads);
-        free(alive);
-        return r->status;
     }
     kv_layer_config c = *cfg;
     if (s.rows > c.capacity_rows)
@@ -1155,7 +1181,7 @@ static pd_status prepare_ring(const wire_layer_ref *ref, rd *r, const wire_info 
     size_t need = 0;
     for (size_t i = 0; i < (size_t)H * HS_COUNT; i++)
         need += span_scratch_floats(&sp->heads[i]);
-    wmat m = {.r = r, .cap = need};
+    wmat m = {.cap = need};
     const float **ptrs = calloc((size_t)H * 4, sizeof *ptrs);
     if ((need && !(m.scratch = malloc(need * sizeof(float)))) || !ptrs) {
         free(m.scratch);
@@ -1164,17 +1190,11 @@ static pd_status prepare_ring(const wire_layer_ref *ref, rd *r, const wire_info 
     }
     /* Empty regions still need a valid pointer per head. */
     static const float none[1] = {0.0f};
-    static const char *const what[4] = {"ref k", "ref v", "ring k", "ring v"};
     for (uint32_t h = 0; h < H; h++)
         for (int s = 0; s < 4; s++) {
-            const float *p = span_f32(&sp->heads[(size_t)h * HS_COUNT + s], &m, what[s], h);
+            const float *p = span_f32(&sp->heads[(size_t)h * HS_COUNT + s], &m);
             ptrs[(size_t)s * H + h] = p ? p : none;
         }
-    if (r->status != PD_OK) {
-        free(m.scratch);
-        free(ptrs);
-        return r->status;
-    }
     ring_state s = {
         .n_kv_heads = H,
         .head_dim = in->head_dim,

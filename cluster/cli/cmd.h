@@ -29,7 +29,8 @@ enum {
 /* `pipedec inspect FILE [--json] [--legacy]`: describes and validates a CMFS
  * record or a state bundle (see docs/wire.md). Exit 0 when valid, 1 with the
  * first error's byte offset and reason when not, 2 for usage or an
- * unreadable file. */
+ * unreadable file (anything but a regular file or "-" for standard input is
+ * refused, naming the path, before it is read). */
 int cmd_inspect(int argc, char **argv);
 
 /* cmd_inspect with explicit output streams (tests capture them). */

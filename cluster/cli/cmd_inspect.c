@@ -1,9 +1,10 @@
 /* `pipedec inspect FILE [--json] [--legacy]`: tells a CMFS record from a state
  * bundle by its magic, validates it completely (wire_inspect / bundle_parse)
- * and describes it as text or one JSON object. Owns nothing beyond the file
- * buffer it reads. */
+ * and describes it as text or one JSON object. Reads a regular file or
+ * standard input, nothing else. Owns nothing beyond the file buffer it reads. */
 #include "cluster/cli/cmd.h"
 
+#include "base/file.h"
 #include "comm/bundle.h"
 #include "comm/wire.h"
 
@@ -12,6 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef enum insp_type { INSP_UNKNOWN = 0, INSP_RECORD, INSP_BUNDLE } insp_type;
 
@@ -42,17 +44,12 @@ static void usage(FILE *f)
                "  exit: 0 valid, 1 invalid (the error names the byte offset), 2 usage or unreadable\n");
 }
 
-/* Reads the whole file (or stdin for "-"). Returns 0, or -1 with errno-style text in why. */
-static int read_all(const char *path, uint8_t **out, size_t *len, char *why, size_t whylen)
+/* Reads a stream to its end (stdin for "-": a pipe has no size to check
+ * first). */
+static pd_status read_stream(FILE *f, const char *path, uint8_t **out, size_t *len, pd_err *err)
 {
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
-    if (!f) {
-        snprintf(why, whylen, "cannot open %s: %s", path, strerror(errno));
-        return -1;
-    }
     size_t cap = 1 << 16, n = 0;
     uint8_t *b = malloc(cap);
-    int rc = 0;
     while (b) {
         if (n == cap) {
             uint8_t *nb = cap <= SIZE_MAX / 2 ? realloc(b, cap * 2) : NULL;
@@ -69,20 +66,46 @@ static int read_all(const char *path, uint8_t **out, size_t *len, char *why, siz
         if (k == 0)
             break;
     }
-    if (!b) {
-        snprintf(why, whylen, "cannot read %s: out of memory", path);
-        rc = -1;
-    } else if (ferror(f)) {
-        snprintf(why, whylen, "cannot read %s: %s", path, strerror(errno));
+    if (!b)
+        return pd_err_set(err, PD_ERR_NOMEM, "cannot read %s: out of memory", path);
+    if (ferror(f)) {
         free(b);
-        b = NULL;
-        rc = -1;
+        return pd_err_set(err, PD_ERR_IO, "cannot read %s: %s", path, strerror(errno));
     }
-    if (f != stdin)
-        fclose(f);
     *out = b;
     *len = n;
-    return rc;
+    return PD_OK;
+}
+
+/* Reads the whole file (or stdin for "-"). A path must name a regular file
+ * (base/file.h): a fifo would block for a writer and a device such as
+ * /dev/zero would be read until memory runs out, so both are refused before
+ * anything is read; the size known up front bounds the read. On failure err
+ * names the path and nothing is returned. */
+static pd_status read_all(const char *path, uint8_t **out, size_t *len, pd_err *err)
+{
+    if (strcmp(path, "-") == 0)
+        return read_stream(stdin, path, out, len, err);
+    int fd = -1;
+    uint64_t size = 0;
+    pd_status st = pd_file_open_read(path, NULL, &fd, &size, err);
+    if (st != PD_OK)
+        return st;
+    uint8_t *b = size < SIZE_MAX ? malloc(size ? (size_t)size : 1) : NULL;
+    if (!b) {
+        close(fd);
+        return pd_err_set(err, PD_ERR_NOMEM, "cannot read %s: out of memory for %llu bytes", path,
+                          (unsigned long long)size);
+    }
+    st = pd_file_read_at(fd, b, (size_t)size, 0, path, NULL, err);
+    close(fd);
+    if (st != PD_OK) {
+        free(b);
+        return st;
+    }
+    *out = b;
+    *len = (size_t)size;
+    return PD_OK;
 }
 
 static void inspect_bytes(insp *in, const uint8_t *buf, size_t len, int legacy)
@@ -366,16 +389,14 @@ int cmd_inspect_run(int argc, char **argv, FILE *out, FILE *err)
     insp in = {.path = path};
     uint8_t *buf = NULL;
     size_t len = 0;
-    char why[600];
-    if (read_all(path, &buf, &len, why, sizeof why) != 0) {
+    if (read_all(path, &buf, &len, &in.err) != PD_OK) {
         if (json) {
-            pd_err_set(&in.err, PD_ERR_IO, "%s", why);
             char *t = render_json(&in);
             if (t)
                 fprintf(out, "%s\n", t);
             cJSON_free(t);
         }
-        fprintf(err, "pipedec inspect: %s\n", why);
+        fprintf(err, "pipedec inspect: %s\n", in.err.msg);
         return CMD_EXIT_USAGE;
     }
     inspect_bytes(&in, buf, len, legacy);

@@ -191,6 +191,156 @@ static void pages_skip_ws(rd *r)
         (void)rd_skip(r, "white space", 1);
 }
 
+/* ---- NUL characters ------------------------------------------------------ */
+
+/* cJSON decodes a string's \u0000 escape (or a raw 0x00 byte) into a NUL and
+ * keeps only a C string, so everything after it is silently cut: "a\u0000x"
+ * would become the id "a" and collide with a page "a", a key
+ * "max_new_tokens\u0000x" would count as max_new_tokens, a path would name
+ * another file. No field of a page may hold one, so the line's raw text is
+ * scanned for them before its values are used, and the first is refused
+ * with the field it sits in. The line already parsed as JSON; the scan reads
+ * it through comm/rd.h all the same and gives up quietly on anything
+ * unexpected (cJSON's verdict stands then). */
+
+#define PAGES_PATH_DEPTH 8 /* containers whose key / index the field path names */
+
+/* One open container on the way to the current value. */
+typedef struct pages_frame {
+    bool object;
+    bool key_next;      /* object: the next string is a key */
+    uint64_t index;     /* array: the current element */
+    const uint8_t *key; /* object: the current key's raw text (escapes as written) */
+    size_t key_len;
+} pages_frame;
+
+/* Appends raw JSON text to a message: control bytes as \xNN, at most ~40 bytes. */
+static void pages_show_raw(char *out, size_t cap, const uint8_t *t, size_t n)
+{
+    size_t k = strlen(out);
+    for (size_t i = 0; i < n && k + 8 < cap; i++) {
+        if (i == 40) {
+            k += (size_t)snprintf(out + k, cap - k, "...");
+            break;
+        }
+        if (t[i] < 0x20 || t[i] == 0x7f)
+            k += (size_t)snprintf(out + k, cap - k, "\\x%02x", t[i]);
+        else
+            out[k++] = (char)t[i];
+    }
+    out[k] = '\0';
+}
+
+/* The field path of the current value ("id", "prefill[1].embeddings") from
+ * frames [1, depth) (frame 0 is the page object; its key starts the path). */
+static void pages_field_path(char *out, size_t cap, const pages_frame *fr, size_t depth,
+                             bool with_last_key)
+{
+    out[0] = '\0';
+    size_t shown = depth < PAGES_PATH_DEPTH ? depth : PAGES_PATH_DEPTH;
+    for (size_t i = 0; i < shown; i++) {
+        size_t k = strlen(out);
+        if (!fr[i].object)
+            snprintf(out + k, cap - k, "[%" PRIu64 "]", fr[i].index);
+        else if (fr[i].key && (with_last_key || i + 1 < depth)) {
+            if (i)
+                snprintf(out + k, cap - k, ".");
+            pages_show_raw(out, cap, fr[i].key, fr[i].key_len);
+        }
+    }
+    if (depth > PAGES_PATH_DEPTH) {
+        size_t k = strlen(out);
+        snprintf(out + k, cap - k, "...");
+    }
+}
+
+/* Reads the string whose opening quote r is at; *nul_col is the 1-based
+ * column of its first NUL (escape or raw byte), 0 when none. Returns false
+ * when the text is not as expected. */
+static bool pages_scan_string(rd *r, const uint8_t **text, size_t *len, size_t *nul_col)
+{
+    uint8_t c = 0;
+    if (rd_u8(r, "quote", &c) != PD_OK)
+        return false;
+    size_t start = rd_offset(r);
+    *text = r->p + r->off;
+    *nul_col = 0;
+    for (;;) {
+        size_t at = rd_offset(r);
+        if (rd_u8(r, "string", &c) != PD_OK)
+            return false;
+        if (c == '"') {
+            *len = at - start;
+            return true;
+        }
+        if (c == 0 && !*nul_col)
+            *nul_col = at + 1;
+        if (c != '\\')
+            continue;
+        if (rd_u8(r, "escape", &c) != PD_OK)
+            return false;
+        if (c != 'u')
+            continue;
+        const uint8_t *hex = NULL;
+        if (rd_span(r, "escape", 4, &hex) != PD_OK)
+            return false;
+        if (!memcmp(hex, "0000", 4) && !*nul_col)
+            *nul_col = at + 1;
+    }
+}
+
+/* Scans a line that parsed as one JSON object; on the first NUL in a string
+ * fails naming the field (PD_ERR_FORMAT), else PD_OK. */
+static pd_status pages_refuse_nul(const pages_where *w, const char *text, size_t len)
+{
+    pages_frame fr[PAGES_PATH_DEPTH];
+    size_t depth = 0;
+    rd r;
+    rd_init(&r, text, len, 0, w->manifest, NULL);
+    for (int c; (c = rd_peek(&r)) >= 0;) {
+        pages_frame *top = depth && depth <= PAGES_PATH_DEPTH ? &fr[depth - 1] : NULL;
+        if (c == '"') {
+            const uint8_t *str = NULL;
+            size_t n = 0, col = 0;
+            bool is_key = top && top->object && top->key_next;
+            if (!pages_scan_string(&r, &str, &n, &col))
+                return PD_OK;
+            if (is_key) {
+                top->key = str;
+                top->key_len = n;
+                top->key_next = false;
+            }
+            if (!col)
+                continue;
+            char field[160];
+            pages_field_path(field, sizeof field, fr, depth, !is_key);
+            if (is_key) {
+                size_t k = strlen(field);
+                snprintf(field + k, sizeof field - k, "%skey \"", k ? ": " : "");
+                pages_show_raw(field, sizeof field, str, n);
+                k = strlen(field);
+                snprintf(field + k, sizeof field - k, "\"");
+            }
+            return pages_fail(w, PD_ERR_FORMAT, "%s: contains a NUL character (\\u0000) at column %zu",
+                              field, col);
+        }
+        (void)rd_skip(&r, "JSON", 1);
+        if (c == '{' || c == '[') {
+            if (depth < PAGES_PATH_DEPTH)
+                fr[depth] = (pages_frame){.object = c == '{', .key_next = c == '{'};
+            depth++;
+        } else if ((c == '}' || c == ']') && depth) {
+            depth--;
+        } else if (c == ',' && top) {
+            if (top->object)
+                top->key_next = true;
+            else
+                top->index++;
+        }
+    }
+    return PD_OK;
+}
+
 enum { PAGES_KEY_ID, PAGES_KEY_PREFILL, PAGES_KEY_MAX_NEW, PAGES_KEY_COUNT };
 
 /* Validates one line; when p is set, also stores it as page p->n (not yet
@@ -224,6 +374,8 @@ static pd_status pages_parse_line(pages *p, pages_where *w, const char *text, si
         st = pages_fail(w, PD_ERR_FORMAT, "a page must be a JSON object");
         goto done;
     }
+    if ((st = pages_refuse_nul(w, text, len)) != PD_OK)
+        goto done;
 
     const cJSON *id = NULL;
     for (const cJSON *c = root->child; c; c = c->next)

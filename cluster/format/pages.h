@@ -17,7 +17,9 @@
  *   max_new_tokens  integer in [0, PAGES_MAX_NEW_TOKENS]
  * Every key is required. Unknown keys, in a page or a segment, are refused
  * (a typo such as "max_new_token" must not silently mean a default), and so
- * are keys given twice. A page's prefill has at most PAGES_MAX_PREFILL_ROWS
+ * are keys given twice. No string (id, key, path) may contain a NUL character
+ * (\u0000 or a raw 0x00 byte): the parsed text would end there, so "a\u0000b"
+ * would silently be the id "a". A page's prefill has at most PAGES_MAX_PREFILL_ROWS
  * rows in total.
  *
  * Errors name the manifest (as the caller spelled its path), the 1-based line,

@@ -42,8 +42,11 @@ static const char *const model_arch_names[MODEL_ARCH_COUNT] = {
 
 /* ---- hyperparameters ---------------------------------------------------- */
 
+/* Reads key "<arch>.<suffix>". Absent: an error when required, else *out =
+ * dflt and bit `opt` (a model_hp_key) set in *defaulted. */
 static pd_status hp_u32(const gguf_file *f, const char *arch, const char *suffix, uint32_t *out,
-                        int required, uint32_t dflt, pd_err *err)
+                        int required, uint32_t dflt, uint32_t *defaulted, model_hp_key opt,
+                        pd_err *err)
 {
     char key[160];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
@@ -51,21 +54,143 @@ static pd_status hp_u32(const gguf_file *f, const char *arch, const char *suffix
         if (required)
             return pd_err_set(err, PD_ERR_FORMAT, "missing metadata key %s", key);
         *out = dflt;
+        *defaulted |= 1u << opt;
         return PD_OK;
     }
     return gguf_get_u32(f, key, out, err);
 }
 
 static pd_status hp_f32(const gguf_file *f, const char *arch, const char *suffix, float *out,
-                        float dflt, pd_err *err)
+                        float dflt, uint32_t *defaulted, model_hp_key opt, pd_err *err)
 {
     char key[160];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     if (gguf_find_key(f, key) < 0) {
         *out = dflt;
+        *defaulted |= 1u << opt;
         return PD_OK;
     }
     return gguf_get_f32(f, key, out, err);
+}
+
+/* hp->assumed from hp->defaulted: each defaulted key's value and name, in
+ * model_hp_key order. */
+static void hparams_describe_assumed(model_hparams *hp, const char *arch)
+{
+    char *o = hp->assumed;
+    size_t cap = sizeof hp->assumed, k = 0;
+    o[0] = '\0';
+    for (int key = 0; key < MODEL_HP_KEY_COUNT; key++) {
+        if (!(hp->defaulted & (1u << key)))
+            continue;
+        const char *sep = k ? ", " : "";
+        int n = 0;
+        switch ((model_hp_key)key) {
+        case MODEL_HP_KEY_KV_HEADS:
+            n = snprintf(o + k, cap - k, "%skv heads %u (%s.attention.head_count_kv absent)", sep,
+                         hp->n_kv_heads, arch);
+            break;
+        case MODEL_HP_KEY_CTX:
+            n = snprintf(o + k, cap - k, "%scontext length %u (%s.context_length absent)", sep,
+                         hp->ctx, arch);
+            break;
+        case MODEL_HP_KEY_ROPE_BASE:
+            n = snprintf(o + k, cap - k, "%srope base %g (%s.rope.freq_base absent)", sep,
+                         (double)hp->rope_base, arch);
+            break;
+        case MODEL_HP_KEY_RMS_EPS:
+            n = snprintf(o + k, cap - k,
+                         "%srms epsilon %g (%s.attention.layer_norm_rms_epsilon absent)", sep,
+                         (double)hp->rms_eps, arch);
+            break;
+        case MODEL_HP_KEY_ALIGNMENT:
+            n = snprintf(o + k, cap - k, "%salignment %u (general.alignment absent)", sep,
+                         GGUF_DEFAULT_ALIGNMENT);
+            break;
+        case MODEL_HP_KEY_TOKEN_TYPE:
+            n = snprintf(o + k, cap - k,
+                         "%severy token type normal (tokenizer.ggml.token_type absent)", sep);
+            break;
+        case MODEL_HP_KEY_COUNT:
+            break;
+        }
+        /* 6 keys of at most ~90 bytes each fit; a cut text stays terminated */
+        k = n > 0 && (size_t)n < cap - k ? k + (size_t)n : cap - 1;
+    }
+}
+
+/* ---- the tensor set ------------------------------------------------------ */
+
+/* The per-layer tensors layer_load reads ("blk.L." + part); the Q/K/V biases
+ * only when the file has them (hp->qkv_bias). */
+static const char *const model_layer_parts[] = {
+    "attn_norm.weight", "ffn_norm.weight", "attn_q.weight",   "attn_k.weight",
+    "attn_v.weight",    "attn_output.weight", "ffn_gate.weight", "ffn_up.weight",
+    "ffn_down.weight",
+};
+static const char *const model_layer_bias_parts[] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
+
+/* Whether the architecture reads a tensor of this name (model_load,
+ * layer_load): token_embd.weight, output_norm.weight, output.weight, and
+ * blk.L.<part> for L < n_layers written as the loader writes it (no leading
+ * zeros). */
+static int tensor_used(const model_hparams *hp, const char *name)
+{
+    if (!strcmp(name, "token_embd.weight") || !strcmp(name, "output_norm.weight") ||
+        !strcmp(name, "output.weight"))
+        return 1;
+    if (strncmp(name, "blk.", 4) != 0)
+        return 0;
+    const char *p = name + 4;
+    uint64_t L = 0;
+    const char *d = p;
+    while (*p >= '0' && *p <= '9' && L < hp->n_layers)
+        L = L * 10 + (uint64_t)(*p++ - '0');
+    if (p == d || (*d == '0' && p - d > 1) || L >= hp->n_layers || *p != '.')
+        return 0;
+    p++;
+    for (size_t i = 0; i < sizeof model_layer_parts / sizeof model_layer_parts[0]; i++)
+        if (!strcmp(p, model_layer_parts[i]))
+            return 1;
+    for (size_t i = 0; hp->qkv_bias && i < sizeof model_layer_bias_parts / sizeof model_layer_bias_parts[0];
+         i++)
+        if (!strcmp(p, model_layer_bias_parts[i]))
+            return 1;
+    return 0;
+}
+
+/* Refuses a file holding tensors the architecture does not read, naming them
+ * (the first few, and how many there are). Like llama.cpp, which refuses a
+ * file whose tensor count differs from what the architecture creates: a
+ * renamed output.weight would otherwise silently mean tied embeddings, a
+ * tensor of an unsupported variant (rope_freqs.weight, a layer beyond
+ * block_count) would silently be ignored. */
+static pd_status tensors_check_used(const gguf_file *f, const model_hparams *hp, const char *arch,
+                                    pd_err *err)
+{
+    char list[300] = "";
+    size_t k = 0;
+    uint64_t unused = 0;
+    for (uint64_t i = 0; i < gguf_tensor_count(f); i++) {
+        const char *name = gguf_tensor_at(f, i)->name;
+        if (tensor_used(hp, name))
+            continue;
+        if (unused++ >= 4)
+            continue;
+        if (k)
+            k += (size_t)snprintf(list + k, sizeof list - k, ", ");
+        /* names are any bytes but NUL: show control bytes as '?' */
+        for (const char *c = name; *c && k + 1 < sizeof list; c++)
+            list[k++] = (unsigned char)*c < 0x20 || *c == 0x7f ? '?' : *c;
+        list[k] = '\0';
+    }
+    if (!unused)
+        return PD_OK;
+    return pd_err_set(err, PD_ERR_FORMAT,
+                      "%llu tensor%s not used by architecture %s (renamed, or from another "
+                      "architecture or variant): %s%s",
+                      (unsigned long long)unused, unused == 1 ? " is" : "s are", arch, list,
+                      unused > 4 ? ", ..." : "");
 }
 
 static pd_status hparams_read(const gguf_file *f, model_hparams *hp, pd_err *err)
@@ -91,15 +216,24 @@ static pd_status hparams_read(const gguf_file *f, model_hparams *hp, pd_err *err
         return pd_err_set(err, PD_ERR_UNSUPPORTED,
                           "architecture \"%s\" is not supported (supported: llama, qwen2)", archz);
     hp->rope = hp->arch == MODEL_ARCH_QWEN2 ? MODEL_ROPE_NEOX : MODEL_ROPE_NORM;
-    if ((st = hp_u32(f, archz, "block_count", &hp->n_layers, 1, 0, err)) ||
-        (st = hp_u32(f, archz, "embedding_length", &hp->hidden, 1, 0, err)) ||
-        (st = hp_u32(f, archz, "feed_forward_length", &hp->ffn, 1, 0, err)) ||
-        (st = hp_u32(f, archz, "attention.head_count", &hp->n_heads, 1, 0, err)) ||
-        (st = hp_u32(f, archz, "attention.head_count_kv", &hp->n_kv_heads, 0, hp->n_heads, err)) ||
-        (st = hp_u32(f, archz, "context_length", &hp->ctx, 0, 4096, err)) ||
-        (st = hp_f32(f, archz, "rope.freq_base", &hp->rope_base, 10000.0f, err)) ||
-        (st = hp_f32(f, archz, "attention.layer_norm_rms_epsilon", &hp->rms_eps, 1e-5f, err)))
+    uint32_t *dfl = &hp->defaulted;
+    const model_hp_key req = MODEL_HP_KEY_COUNT; /* required: never defaulted */
+    if ((st = hp_u32(f, archz, "block_count", &hp->n_layers, 1, 0, dfl, req, err)) ||
+        (st = hp_u32(f, archz, "embedding_length", &hp->hidden, 1, 0, dfl, req, err)) ||
+        (st = hp_u32(f, archz, "feed_forward_length", &hp->ffn, 1, 0, dfl, req, err)) ||
+        (st = hp_u32(f, archz, "attention.head_count", &hp->n_heads, 1, 0, dfl, req, err)) ||
+        (st = hp_u32(f, archz, "attention.head_count_kv", &hp->n_kv_heads, 0, hp->n_heads, dfl,
+                     MODEL_HP_KEY_KV_HEADS, err)) ||
+        (st = hp_u32(f, archz, "context_length", &hp->ctx, 0, 4096, dfl, MODEL_HP_KEY_CTX, err)) ||
+        (st = hp_f32(f, archz, "rope.freq_base", &hp->rope_base, 10000.0f, dfl,
+                     MODEL_HP_KEY_ROPE_BASE, err)) ||
+        (st = hp_f32(f, archz, "attention.layer_norm_rms_epsilon", &hp->rms_eps, 1e-5f, dfl,
+                     MODEL_HP_KEY_RMS_EPS, err)))
         return st;
+    if (gguf_find_key(f, "general.alignment") < 0)
+        hp->defaulted |= 1u << MODEL_HP_KEY_ALIGNMENT;
+    if (gguf_find_key(f, "tokenizer.ggml.token_type") < 0)
+        hp->defaulted |= 1u << MODEL_HP_KEY_TOKEN_TYPE;
     if (hp->n_layers == 0 || hp->hidden == 0 || hp->ffn == 0 || hp->n_heads == 0 ||
         hp->n_kv_heads == 0)
         return pd_err_set(err, PD_ERR_FORMAT, "%s: zero layer count, width or head count", archz);
@@ -144,6 +278,9 @@ static pd_status hparams_read(const gguf_file *f, model_hparams *hp, pd_err *err
                           hp->eos, hp->vocab);
     hp->qkv_bias = gguf_tensor_find(f, "blk.0.attn_q.bias") != NULL;
     hp->tied_output = gguf_tensor_find(f, "output.weight") == NULL;
+    if ((st = tensors_check_used(f, hp, archz, err)))
+        return st;
+    hparams_describe_assumed(hp, archz);
     return PD_OK;
 }
 
@@ -254,6 +391,8 @@ static pd_status layer_load(model *m, uint32_t L, model_layer *ly, gemm_backend 
     uint64_t q_out = (uint64_t)hp->n_heads * hp->head_dim, kv_out = (uint64_t)hp->n_kv_heads * hp->head_dim;
     char n[96];
     pd_status st;
+    /* every name read here is listed in model_layer_parts / model_layer_bias_parts
+     * (tensor_used): a file holding any other tensor is refused */
 #define LNAME(s) (snprintf(n, sizeof n, "blk.%u." s, L), n)
     if ((st = vec_load(m, LNAME("attn_norm.weight"), hp->hidden, &ly->attn_norm, err)) ||
         (st = vec_load(m, LNAME("ffn_norm.weight"), hp->hidden, &ly->ffn_norm, err)) ||

@@ -11,7 +11,8 @@
  * Supported: architectures "llama" (RoPE normal: pairs (2i, 2i+1)) and
  * "qwen2" (RoPE NeoX: pairs (i, i + d/2), Q/K/V biases); RMSNorm, GQA,
  * SwiGLU MLP; tensor types F32, F16, BF16, Q8_0. Anything else is refused
- * with its name.
+ * with its name, and so is a file holding a tensor the architecture does not
+ * read (a renamed output.weight must not silently mean tied embeddings).
  *
  * The model also computes: model_layer_forward runs one layer for the rows of
  * a micro-batch, attending through each stream's layer cache container
@@ -33,6 +34,21 @@ typedef enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_COUNT }
 typedef enum model_rope { MODEL_ROPE_NORM, MODEL_ROPE_NEOX } model_rope;
 typedef enum model_vocab_kind { MODEL_VOCAB_LLAMA, MODEL_VOCAB_GPT2 } model_vocab_kind;
 
+/* Optional metadata keys a file may leave out; the hyperparameters then hold
+ * a default (bit 1u << k of model_hparams.defaulted for key k). */
+typedef enum model_hp_key {
+    MODEL_HP_KEY_KV_HEADS,   /* <arch>.attention.head_count_kv: head_count (no GQA) */
+    MODEL_HP_KEY_CTX,        /* <arch>.context_length: 4096 */
+    MODEL_HP_KEY_ROPE_BASE,  /* <arch>.rope.freq_base: 10000 */
+    MODEL_HP_KEY_RMS_EPS,    /* <arch>.attention.layer_norm_rms_epsilon: 1e-5 */
+    MODEL_HP_KEY_ALIGNMENT,  /* general.alignment: 32 (GGUF_DEFAULT_ALIGNMENT) */
+    MODEL_HP_KEY_TOKEN_TYPE, /* tokenizer.ggml.token_type: every token normal (1) */
+    MODEL_HP_KEY_COUNT
+} model_hp_key;
+
+/* Bytes of model_hparams.assumed, terminator included. */
+#define MODEL_ASSUMED_BYTES 512
+
 typedef struct model_hparams {
     model_arch arch;
     model_rope rope;
@@ -50,6 +66,12 @@ typedef struct model_hparams {
     int tied_output;
     uint32_t bos, eos;
     model_vocab_kind vocab_kind;
+    uint32_t defaulted;  /* bit 1u << k for each model_hp_key the file lacks */
+    /* The same for people, so a run can say what it assumed, in model_hp_key
+     * order: "rope base 10000 (llama.rope.freq_base absent), rms epsilon
+     * 1e-05 (llama.attention.layer_norm_rms_epsilon absent)"; "" when the
+     * file gives every optional key. */
+    char assumed[MODEL_ASSUMED_BYTES];
 } model_hparams;
 
 /* The feed-forward of a layer, chosen per layer at load (an architecture

@@ -22,6 +22,17 @@ expect_fail "truncated model" "offset [0-9]+" "$PIPEDEC" run --model "$T/trunc.g
 check_untouched "truncated model"
 printf 'GGUF\x09\x00\x00\x00' > "$T/v9.gguf"; head -c 100 /dev/zero >> "$T/v9.gguf"
 expect_fail "unsupported gguf version" "version" "$PIPEDEC" run --model "$T/v9.gguf" --pages "$P" --out "$T/keep.jsonl"
+# one flipped byte in a tensor name: output.weight -> outpuT.weight would load
+# as tied embeddings and decode one repeated token; refused, naming it
+python3 - "$m" "$T/renamed.gguf" <<'PY'
+import sys
+b = open(sys.argv[1], 'rb').read()
+i = b.index(b'\x00output.weight') + 1
+open(sys.argv[2], 'wb').write(b[:i + 5] + b'T' + b[i + 6:])
+PY
+expect_fail "renamed output.weight" "renamed.gguf: 1 tensor is not used by architecture llama .*: outpuT.weight" \
+  "$PIPEDEC" run --model "$T/renamed.gguf" --pages "$P" --out "$T/keep.jsonl"
+check_untouched "renamed tensor"
 
 # manifest problems
 printf '{"id":"a","prefill":[{"tokens":[1,999]}],"max_new_tokens":3}\n' > "$T/badtok.jsonl"
@@ -49,6 +60,23 @@ printf '{"id":"a","prefill":[{"embeddings":"short.npy"}],"max_new_tokens":3}\n' 
 expect_fail "truncated .npy" "short.npy" "$PIPEDEC" run --model "$m" --pages "$T/short.jsonl" --out "$T/keep.jsonl"
 check_untouched "bad manifests"
 expect_fail "missing manifest" "nothere.jsonl" "$PIPEDEC" run --model "$m" --pages "$T/nothere.jsonl" --out "$T/keep.jsonl"
+
+# a fifo in place of the model, the manifest or an embeddings file is refused
+# at once, naming it (opening one must not wait for a writer)
+mkfifo "$T/fifo.gguf" "$T/fifo.jsonl" "$T/fifo.npy"
+printf '{"id":"a","prefill":[{"embeddings":"fifo.npy"}],"max_new_tokens":3}\n' > "$T/fifonpy.jsonl"
+fifo_fails() {
+  local name="$1" pat="$2" t0 t1; shift 2
+  t0=$(date +%s)
+  expect_fail "$name" "$pat" timeout 10 "$@"
+  t1=$(date +%s)
+  if [ $((t1 - t0)) -le 5 ]; then pass "$name: refused in $((t1 - t0)) s"; else fail "$name: took $((t1 - t0)) s"; fi
+}
+fifo_fails "fifo as the model" "fifo.gguf: not a regular file" "$PIPEDEC" run --model "$T/fifo.gguf" --pages "$P" --out "$T/keep.jsonl"
+fifo_fails "fifo as the manifest" "fifo.jsonl: not a regular file" "$PIPEDEC" run --model "$m" --pages "$T/fifo.jsonl" --out "$T/keep.jsonl"
+fifo_fails "fifo as an embeddings file" 'fifonpy.jsonl:1: page "a": prefill\[0\]\.embeddings: .*fifo.npy: not a regular file' \
+  "$PIPEDEC" run --model "$m" --pages "$T/fifonpy.jsonl" --out "$T/keep.jsonl"
+check_untouched "fifo inputs"
 
 # flags
 expect_fail "bad --attn" "--attn" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --attn ring:4
@@ -113,6 +141,27 @@ python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$T/st.json" && [ -z 
   && pass "stats written atomically, no temporary file left" || fail "stats publish"
 expect_fail "mkmodel bad heads" "--heads" "$PIPEDEC" mkmodel --heads 3 --kv-heads 2 --out "$T/x.gguf"
 expect_fail "mkpages missing model" "none.gguf" "$PIPEDEC" mkpages --model "$T/none.gguf" --out "$T/pp"
+# a model without its optional rope and rms keys still runs on the defaults,
+# and the start-up line says what was assumed (here the defaults equal the
+# values mkmodel writes, so the output is the same); a complete model's line
+# assumes nothing
+python3 - "$m" "$T/nokeys.gguf" <<'PY'
+import sys
+b = open(sys.argv[1], 'rb').read()
+for key in (b'llama.rope.freq_base', b'llama.attention.layer_norm_rms_epsilon'):
+    i = b.index(b'\x00' + key) + 1 + len(key) - 1   # last byte: now an unrelated key
+    b = b[:i] + b'_' + b[i + 1:]
+open(sys.argv[2], 'wb').write(b)
+PY
+"$PIPEDEC" run --digest --model "$m" --pages "$T/pages/two.jsonl" --out "$T/full.jsonl" >"$T/full.log" 2>&1
+"$PIPEDEC" run --digest --model "$T/nokeys.gguf" --pages "$T/pages/two.jsonl" --out "$T/nokeys.jsonl" >"$T/nokeys.log" 2>&1
+want='on every rank; assumed: rope base 10000 (llama.rope.freq_base absent), rms epsilon 1e-05 (llama.attention.layer_norm_rms_epsilon absent)$'
+if grep -q "^pipedec: 1 rank, model .*nokeys.gguf .*$want" "$T/nokeys.log"; then pass "defaulted keys listed in the start-up line"
+else fail "defaulted keys: start-up line: $(grep -m1 '^pipedec: 1 rank' "$T/nokeys.log")"; fi
+if grep -q '^pipedec: 1 rank, model .* on every rank$' "$T/full.log"; then pass "a complete model assumes nothing"
+else fail "complete model: start-up line: $(grep -m1 '^pipedec: 1 rank' "$T/full.log")"; fi
+same "$T/full.jsonl" "$T/nokeys.jsonl" "defaults equal to the written values decode the same"
+
 # a corrupt complete line in an existing output is refused and left alone
 printf 'not json\n' > "$T/corrupt.jsonl"; cp "$T/corrupt.jsonl" "$T/corrupt.orig"
 expect_fail "corrupt existing output" "corrupt.jsonl" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/corrupt.jsonl"

@@ -95,4 +95,17 @@ rc=0; "$bin" inspect a b >/dev/null 2>&1 || rc=$?; [ "$rc" -eq 2 ] || fail "two 
 rc=0; "$bin" nosuchcommand >/dev/null 2>&1 || rc=$?; [ "$rc" -eq 2 ] || fail "unknown command: exit $rc"
 "$bin" --help | grep -q inspect || fail "--help lists inspect"
 "$bin" inspect - <"$data/ring.cmfs" >/dev/null || fail "stdin input"
+
+# Only regular files are read: a device has no meaningful size (/dev/zero
+# would be read until memory runs out; /dev/null stands for it here), a fifo
+# blocks for a writer. Both exit 2 at once, naming the path.
+notreg() {
+  local file="$1" rc=0
+  timeout 10 "$bin" inspect "$file" >/dev/null 2>"$tmp/notreg.err" || rc=$?
+  [ "$rc" -eq 2 ] || fail "$file: exit $rc, expected 2: $(head -c 300 "$tmp/notreg.err")"
+  grep -qF "$file: not a regular file" "$tmp/notreg.err" || fail "$file: stderr: $(head -c 300 "$tmp/notreg.err")"
+}
+notreg /dev/null
+mkfifo "$tmp/fifo"
+notreg "$tmp/fifo"
 echo "inspect.sh: ok"

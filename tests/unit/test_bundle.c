@@ -383,6 +383,49 @@ START_TEST(bundle_duplicate_stream_ids_are_refused)
 }
 END_TEST
 
+/* A record whose K holds a NaN, inside an entry whose CRC is right: import
+ * would refuse it, so validating the bundle refuses it too, naming the
+ * value's offset in the bundle (an infinity in V the same). */
+START_TEST(bundle_non_finite_values_are_refused_before_install)
+{
+    pd_rng g = {.s = 9};
+    world w;
+    world_mk(&w, &g);
+    uint8_t *recs[2];
+    size_t lens[2];
+    for (int i = 0; i < 2; i++) {
+        wire_layer_ref r = ref_of(w.src[i]);
+        ck_assert_int_eq(wire_export(&r, 0, &recs[i], &lens[i], NULL), PD_OK);
+    }
+    uint8_t *buf = malloc(36 + 2 * 20 + lens[0] + lens[1]);
+    const uint64_t ids[2] = {9, 4};
+    /* record 1 (ring, 2 reference rows): header 32, ring fields 36, then head
+     * 0's reference K count and its values; value 1 at record offset 76 */
+    const size_t k1 = 32 + 36 + 4 + 4;
+    const float nan = __builtin_nanf(""), inf = __builtin_inff();
+    memcpy(recs[1] + k1, &nan, 4);
+    size_t n = assemble(buf, ids, recs, lens, 2);
+    const size_t at = 36 + 20 + lens[0] + 16 + k1; /* in the bundle */
+    char want[96];
+    snprintf(want, sizeof want, "offset %zu: head 0 ref k value 1 is not finite", at);
+    refused(buf, n, PD_ERR_FORMAT, want);
+    refused(buf, n, PD_ERR_FORMAT, "stream 4");
+    /* an infinity in head 0's reference V (each head: K count + 8 values, then V) */
+    float one = 1.0f;
+    memcpy(recs[1] + k1, &one, 4);
+    const size_t v0 = 32 + 36 + 4 + 2 * 4 * 4 + 4; /* head 0 ref v value 0 */
+    memcpy(recs[1] + v0, &inf, 4);
+    n = assemble(buf, ids, recs, lens, 2);
+    snprintf(want, sizeof want, "offset %zu: head 0 ref v value 0 is not finite (inf)",
+             36 + 20 + lens[0] + 16 + v0);
+    refused(buf, n, PD_ERR_FORMAT, want);
+    for (int i = 0; i < 2; i++)
+        free(recs[i]);
+    free(buf);
+    world_free(&w);
+}
+END_TEST
+
 START_TEST(bundle_install_is_all_or_nothing)
 {
     pd_rng g = {.s = 7};
@@ -547,6 +590,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, bundle_header_faults_are_refused);
     tcase_add_test(tc, bundle_duplicate_stream_ids_are_refused);
     tcase_add_test(tc, bundle_install_is_all_or_nothing);
+    tcase_add_test(tc, bundle_non_finite_values_are_refused_before_install);
     tcase_add_test(tc, bundle_writer_refuses_what_would_make_an_invalid_bundle);
     tcase_add_test(tc, bundle_streams_large_states_without_holding_them);
     tcase_add_test(tc, bundle_with_no_streams_is_valid);

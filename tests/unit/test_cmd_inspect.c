@@ -6,12 +6,14 @@
 #include "cache/ring_layer.h"
 #include "cluster/cli/cmd.h"
 #include "comm/bundle.h"
+#include "comm/crc32c.h"
 #include "comm/wire.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define ID 0xabcdef0123456789ull
@@ -212,12 +214,75 @@ START_TEST(inspect_bundle_lists_one_line_per_stream)
 }
 END_TEST
 
+/* A NaN in K (or an infinity in a bundle entry whose CRC is right) is a
+ * record import refuses: inspect says invalid, exit 1, naming the value's
+ * byte offset, instead of "valid: yes". */
+START_TEST(inspect_non_finite_values_are_invalid)
+{
+    char path[] = "/tmp/pd_inspect_XXXXXX";
+    uint8_t *bytes = NULL;
+    size_t n = record_file(path, &bytes);
+    /* ring record: header 32, ring fields 36, head 0's reference K count, K */
+    const size_t k0 = 32 + 36 + 4;
+    memcpy(bytes + k0, &(float){__builtin_nanf("")}, 4);
+    write_file(path, bytes, n);
+    run r;
+    inspect(&r, path, NULL, NULL);
+    ck_assert_int_eq(r.rc, 1);
+    ck_assert_ptr_nonnull(strstr(r.out, "valid: no\n"));
+    ck_assert_ptr_nonnull(strstr(r.out, "offset 72: head 0 ref k value 0 is not finite (nan)"));
+    inspect(&r, path, "--json", NULL);
+    ck_assert_int_eq(r.rc, 1);
+    cJSON *j = parse_json(&r);
+    ck_assert(cJSON_IsFalse(cJSON_GetObjectItem(j, "valid")));
+    ck_assert_int_eq(cJSON_GetObjectItem(j, "error_offset")->valueint, 72);
+    cJSON_Delete(j);
+
+    /* the same record as the one entry of a bundle with correct CRCs */
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    bundle_writer *bw = NULL;
+    pd_err e = {0};
+    ck_assert_int_eq(bundle_writer_new(sink_file, f, ID, 9, 1, &bw, &e), PD_OK);
+    bytes[k0] = 0; /* a finite value, so the writer takes the record */
+    bytes[k0 + 1] = bytes[k0 + 2] = bytes[k0 + 3] = 0;
+    ck_assert_msg(bundle_writer_add_record(bw, 5, bytes, n, &e) == PD_OK, "%s", e.msg);
+    ck_assert_int_eq(bundle_writer_finish(bw, &e), PD_OK);
+    bundle_writer_free(bw);
+    fclose(f);
+    inspect(&r, path, NULL, NULL);
+    ck_assert_msg(r.rc == 0, "%s", r.err);
+    /* an infinity in head 0's reference K, entry CRC recomputed */
+    uint8_t b[4096];
+    f = fopen(path, "rb");
+    size_t bn = fread(b, 1, sizeof b, f);
+    fclose(f);
+    ck_assert_uint_eq(bn, BUNDLE_HEADER_BYTES + BUNDLE_ENTRY_OVERHEAD + n);
+    const size_t rec = BUNDLE_HEADER_BYTES + 16, at = rec + k0;
+    memcpy(b + at, &(float){__builtin_inff()}, 4);
+    uint32_t crc = crc32c_update(0, b + BUNDLE_HEADER_BYTES, 16 + n);
+    for (int i = 0; i < 4; i++)
+        b[rec + n + (size_t)i] = (uint8_t)(crc >> (8 * i));
+    write_file(path, b, bn);
+    inspect(&r, path, "--json", NULL);
+    ck_assert_int_eq(r.rc, 1);
+    j = parse_json(&r);
+    ck_assert(cJSON_IsFalse(cJSON_GetObjectItem(j, "valid")));
+    ck_assert_int_eq(cJSON_GetObjectItem(j, "error_offset")->valueint, (int)at);
+    ck_assert_ptr_nonnull(
+        strstr(cJSON_GetObjectItem(j, "error")->valuestring, "head 0 ref k value 0 is not finite (inf)"));
+    cJSON_Delete(j);
+    unlink(path);
+    free(bytes);
+}
+END_TEST
+
 START_TEST(inspect_unusable_input_exits_two_or_one)
 {
     run r;
     inspect(&r, "/nonexistent/pd_inspect", NULL, NULL);
     ck_assert_int_eq(r.rc, 2);
-    ck_assert_ptr_nonnull(strstr(r.err, "cannot open /nonexistent/pd_inspect"));
+    ck_assert_ptr_nonnull(strstr(r.err, "/nonexistent/pd_inspect: cannot open"));
     inspect(&r, "/nonexistent/pd_inspect", "--json", NULL);
     ck_assert_int_eq(r.rc, 2);
     cJSON *j = parse_json(&r);
@@ -248,6 +313,37 @@ START_TEST(inspect_unusable_input_exits_two_or_one)
 }
 END_TEST
 
+/* Only a regular file is read: a fifo would block until a writer came (or
+ * forever), a device such as /dev/zero reads until memory runs out, and a
+ * directory is no input. Each is refused before reading, naming the path,
+ * with exit 2 (unreadable), as text and as JSON. */
+START_TEST(inspect_refuses_what_is_not_a_regular_file)
+{
+    char dir[] = "/tmp/pd_inspect_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char fifo[64];
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    const char *paths[] = {fifo, "/dev/null", "/dev/zero", dir};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        run r;
+        inspect(&r, paths[i], NULL, NULL);
+        ck_assert_msg(r.rc == 2, "%s: exit %d", paths[i], r.rc);
+        char want[96];
+        snprintf(want, sizeof want, "%s: not a regular file", paths[i]);
+        ck_assert_msg(strstr(r.err, want) != NULL, "%s: %s", paths[i], r.err);
+        inspect(&r, paths[i], "--json", NULL);
+        ck_assert_int_eq(r.rc, 2);
+        cJSON *j = parse_json(&r);
+        ck_assert(cJSON_IsFalse(cJSON_GetObjectItem(j, "valid")));
+        ck_assert_ptr_nonnull(strstr(cJSON_GetObjectItem(j, "error")->valuestring, want));
+        cJSON_Delete(j);
+    }
+    unlink(fifo);
+    rmdir(dir);
+}
+END_TEST
+
 Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("cmd_inspect");
@@ -255,7 +351,9 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, inspect_valid_record_exits_zero_and_describes_it);
     tcase_add_test(tc, inspect_corrupt_record_exits_one_naming_the_offset);
     tcase_add_test(tc, inspect_bundle_lists_one_line_per_stream);
+    tcase_add_test(tc, inspect_non_finite_values_are_invalid);
     tcase_add_test(tc, inspect_unusable_input_exits_two_or_one);
+    tcase_add_test(tc, inspect_refuses_what_is_not_a_regular_file);
     suite_add_tcase(s, tc);
     return s;
 }

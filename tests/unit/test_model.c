@@ -372,11 +372,8 @@ END_TEST
 /* Writes the fixed small model of the digest tests (2 layers, hidden 16, 2
  * heads over 1 KV head, ffn 24, vocab 300, default seed) to a new temporary
  * file; path is a mkstemp template, filled in. */
-static void small_model(char *path)
+static void small_model_write(const char *path)
 {
-    int fd = mkstemp(path);
-    ck_assert_int_ge(fd, 0);
-    close(fd);
     mkmodel_opts o;
     mkmodel_defaults(&o);
     o.layers = 2;
@@ -387,6 +384,14 @@ static void small_model(char *path)
     o.vocab = 300;
     pd_err e = {0};
     ck_assert_msg(mkmodel_write(&o, path, &e) == PD_OK, "%s", e.msg);
+}
+
+static void small_model(char *path)
+{
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    small_model_write(path);
 }
 
 /* The digest identifies the file's bytes: the same file gives the same
@@ -486,6 +491,107 @@ START_TEST(model_digest_is_pinned_including_the_unaligned_tail)
 }
 END_TEST
 
+/* Flips the first byte `at` bytes into the first occurrence of name in the
+ * file at path (a tensor name in the directory: the file stays well formed). */
+static void rename_in_file(const char *path, const char *name, size_t at, char to)
+{
+    FILE *f = fopen(path, "r+b");
+    ck_assert_ptr_nonnull(f);
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    size_t len = strlen(name);
+    char *hit = NULL;
+    for (size_t i = 1; i + len <= n && !hit; i++)
+        if (!memcmp(buf + i, name, len) && buf[i - 1] == 0 /* u64 length's high byte */)
+            hit = buf + i;
+    ck_assert_msg(hit != NULL, "%s not in the first %zu bytes", name, n);
+    ck_assert_int_eq(fseek(f, (long)(hit - buf + (ptrdiff_t)at), SEEK_SET), 0);
+    fputc(to, f);
+    fclose(f);
+}
+
+/* A tensor the architecture does not read is refused by name, like
+ * llama.cpp does: a renamed output.weight would otherwise load as a model
+ * with tied embeddings (and decode one repeated token), a renamed layer
+ * weight would only be found missing. */
+START_TEST(model_refuses_tensors_the_architecture_does_not_use)
+{
+    char path[] = "/tmp/pd_test_model_XXXXXX";
+    small_model(path);
+    model_load_opts la = {.all_layers = 1, .want_embed = 1, .want_output = 1};
+    model *m = NULL;
+    model_hparams hp;
+    pd_err e = {0};
+    ck_assert_msg(model_load(path, &la, &m, &e) == PD_OK, "%s", e.msg);
+    ck_assert(!model_hp(m)->tied_output);
+    model_free(m);
+    m = NULL;
+    rename_in_file(path, "output.weight", 5, 'T'); /* "outpuT.weight" */
+    ck_assert_int_eq(model_load(path, &la, &m, &e), PD_ERR_FORMAT);
+    ck_assert_ptr_null(m);
+    ck_assert_msg(strstr(e.msg, path) && strstr(e.msg, "outpuT.weight") &&
+                      strstr(e.msg, "not used by architecture llama"),
+                  "%s", e.msg);
+    pd_err_clear(&e);
+    ck_assert_int_eq(model_read_hparams(path, &hp, &e), PD_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(e.msg, "outpuT.weight"));
+    /* a layer's tensor: named as unused, not only as missing */
+    small_model_write(path);
+    rename_in_file(path, "blk.1.ffn_up.weight", 10, 'U');
+    pd_err_clear(&e);
+    ck_assert_int_eq(model_load(path, &la, &m, &e), PD_ERR_FORMAT);
+    ck_assert_msg(strstr(e.msg, "blk.1.ffn_Up.weight"), "%s", e.msg);
+    /* a layer beyond block_count */
+    small_model_write(path);
+    rename_in_file(path, "blk.1.attn_norm.weight", 4, '7');
+    pd_err_clear(&e);
+    ck_assert_int_eq(model_read_hparams(path, &hp, &e), PD_ERR_FORMAT);
+    ck_assert_msg(strstr(e.msg, "blk.7.attn_norm.weight"), "%s", e.msg);
+    unlink(path);
+}
+END_TEST
+
+/* Optional keys a file leaves out are filled with defaults, and the
+ * hyperparameters say which, so a run can tell its user what it assumed. */
+START_TEST(model_hparams_list_the_keys_that_defaulted)
+{
+    char path[] = "/tmp/pd_test_model_XXXXXX";
+    small_model(path);
+    model_hparams hp;
+    pd_err e = {0};
+    ck_assert_msg(model_read_hparams(path, &hp, &e) == PD_OK, "%s", e.msg);
+    ck_assert_uint_eq(hp.defaulted, 0); /* mkmodel writes every key */
+    ck_assert_str_eq(hp.assumed, "");
+    rename_in_file(path, "llama.rope.freq_base", 19, 'E'); /* now an unrelated key */
+    ck_assert_msg(model_read_hparams(path, &hp, &e) == PD_OK, "%s", e.msg);
+    ck_assert_uint_eq(hp.defaulted, 1u << MODEL_HP_KEY_ROPE_BASE);
+    ck_assert(hp.rope_base == 10000.0f);
+    ck_assert_str_eq(hp.assumed, "rope base 10000 (llama.rope.freq_base absent)");
+    model *m = NULL;
+    model_load_opts la = {.all_layers = 1, .want_embed = 1, .want_output = 1};
+    ck_assert_msg(model_load(path, &la, &m, &e) == PD_OK, "%s", e.msg);
+    ck_assert_uint_eq(model_hp(m)->defaulted, 1u << MODEL_HP_KEY_ROPE_BASE);
+    ck_assert_str_eq(model_hp(m)->assumed, "rope base 10000 (llama.rope.freq_base absent)");
+    model_free(m);
+    /* several, in model_hp_key order (the kv head default does not fit this
+     * file's tensors, so only the hyperparameters are read) */
+    rename_in_file(path, "llama.attention.layer_norm_rms_epsilon", 37, 'N');
+    rename_in_file(path, "llama.attention.head_count_kv", 28, 'V');
+    rename_in_file(path, "general.alignment", 16, 'T');
+    ck_assert_msg(model_read_hparams(path, &hp, &e) == PD_OK, "%s", e.msg);
+    ck_assert_uint_eq(hp.defaulted, (1u << MODEL_HP_KEY_ROPE_BASE) | (1u << MODEL_HP_KEY_RMS_EPS) |
+                                        (1u << MODEL_HP_KEY_KV_HEADS) |
+                                        (1u << MODEL_HP_KEY_ALIGNMENT));
+    ck_assert_uint_eq(hp.n_kv_heads, hp.n_heads);
+    ck_assert_str_eq(hp.assumed,
+                     "kv heads 2 (llama.attention.head_count_kv absent), rope base 10000 "
+                     "(llama.rope.freq_base absent), rms epsilon 1e-05 "
+                     "(llama.attention.layer_norm_rms_epsilon absent), alignment 32 "
+                     "(general.alignment absent)");
+    unlink(path);
+}
+END_TEST
+
 START_TEST(model_refuses_unsupported_architecture_and_types)
 {
     char path[] = "/tmp/pd_test_model_XXXXXX";
@@ -524,6 +630,8 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, model_fingerprint_is_stable_and_sees_weights_and_header);
     tcase_add_test(tc, model_digest_is_pinned_including_the_unaligned_tail);
     tcase_add_test(tc, model_refuses_unsupported_architecture_and_types);
+    tcase_add_test(tc, model_refuses_tensors_the_architecture_does_not_use);
+    tcase_add_test(tc, model_hparams_list_the_keys_that_defaulted);
     suite_add_tcase(s, tc);
     return s;
 }

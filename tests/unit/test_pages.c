@@ -321,6 +321,20 @@ static const bad_case BAD[] = {
      "pages.jsonl:3: unexpected text after the JSON object (column 65); one page a line"},
     {"{\"id\": \"a\\\"b\\n\", \"prefill\": 3, \"max_new_tokens\": 5}", PD_ERR_FORMAT,
      "pages.jsonl:3: page \"a\\\"b\\x0a\": prefill: must be a non-empty array of segments"},
+    /* a NUL would cut the text: "p1\u0000x" would silently be the id "p1" and
+     * collide with line 1; a key or a path would mean another one */
+    {"{\"id\": \"p1\\u0000x\", \"prefill\": [{\"tokens\": [1]}], \"max_new_tokens\": 5}",
+     PD_ERR_FORMAT, "pages.jsonl:3: id: contains a NUL character (\\u0000) at column 11"},
+    {"{\"id\": \"\\u0000\", \"prefill\": [{\"tokens\": [1]}], \"max_new_tokens\": 5}",
+     PD_ERR_FORMAT, "pages.jsonl:3: id: contains a NUL character (\\u0000) at column 9"},
+    {"{\"id\": \"p3\", \"prefill\": [{\"tokens\": [1]}, {\"embeddings\": \"e8.npy\\u0000.x\"}], "
+     "\"max_new_tokens\": 5}",
+     PD_ERR_FORMAT,
+     "pages.jsonl:3: prefill[1].embeddings: contains a NUL character (\\u0000) at column 65"},
+    {"{\"id\": \"p3\", \"prefill\": [{\"tokens\": [1]}], \"max_new_tokens\\u0000x\": 5}",
+     PD_ERR_FORMAT,
+     "pages.jsonl:3: key \"max_new_tokens\\u0000x\": contains a NUL character (\\u0000) at column "
+     "59"},
 };
 
 START_TEST(pages_every_validation_error_names_line_page_and_field)
@@ -382,6 +396,22 @@ START_TEST(pages_line_check_validates_without_files)
 }
 END_TEST
 
+/* A raw 0x00 byte inside a string cuts the text like the \u0000 escape does
+ * (cJSON accepts it): refused the same way, with its column. */
+START_TEST(pages_refuse_a_raw_nul_byte_in_a_string)
+{
+    static const char line[] = "{\"id\": \"q\0r\", \"prefill\": [{\"tokens\": [3]}], "
+                               "\"max_new_tokens\": 2}";
+    pd_err err = {0};
+    ck_assert_int_eq(pages_line_check(line, sizeof line - 1, 10, &err), PD_ERR_FORMAT);
+    ck_assert_str_eq(err.msg, "line:1: id: contains a NUL character (\\u0000) at column 10");
+    /* the same id without the byte is fine */
+    static const char ok[] = "{\"id\": \"q\", \"prefill\": [{\"tokens\": [3]}], \"max_new_tokens\": 2}";
+    pd_err_clear(&err);
+    ck_assert_int_eq(pages_line_check(ok, sizeof ok - 1, 10, &err), PD_OK);
+}
+END_TEST
+
 START_TEST(pages_empty_manifest_has_no_pages)
 {
     put("empty.jsonl", "");
@@ -438,6 +468,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, pages_header_only_defers_the_finite_check_to_reads);
     tcase_add_test(tc, pages_every_validation_error_names_line_page_and_field);
     tcase_add_test(tc, pages_line_check_validates_without_files);
+    tcase_add_test(tc, pages_refuse_a_raw_nul_byte_in_a_string);
     tcase_add_test(tc, pages_empty_manifest_has_no_pages);
     tcase_add_test(tc, pages_thousands_of_pages_load_and_find);
     suite_add_tcase(s, tc);

@@ -1248,7 +1248,7 @@ START_TEST(wire_messages_name_absolute_offsets_inside_an_enclosing_file)
 }
 END_TEST
 
-START_TEST(wire_non_finite_values_are_refused_on_import)
+START_TEST(wire_non_finite_values_are_refused_on_import_and_inspect)
 {
     const uint8_t alive[2] = {1, 0};
     kvfix t;
@@ -1271,6 +1271,22 @@ START_TEST(wire_non_finite_values_are_refused_on_import)
     h.b[32 + 24 + 12 + 4 + 8 + 4 + 3] = 0x7c;
     kv_refused(&t, h.b, h.n, PD_ERR_FORMAT, "head 0 v value 1 is not finite");
     kv_layer_free(t.l);
+    /* inspect (no target) refuses the same records with the same message:
+     * what it calls valid, import installs */
+    pd_err ie = {0};
+    ck_assert_int_eq(wire_inspect(gold.b, gold.n, 0, 0, NULL, &ie), PD_OK);
+    c = gold;
+    memcpy(c.b + 76, &(float){__builtin_nanf("")}, 4);
+    ck_assert_int_eq(wire_inspect(c.b, c.n, 0, 0, NULL, &ie), PD_ERR_FORMAT);
+    ck_assert_str_eq(ie.msg, "wire: offset 76: head 0 k value 1 is not finite (nan)");
+    c = gold;
+    memcpy(c.b + 60, &(float){-__builtin_inff()}, 4);
+    pd_err_clear(&ie);
+    ck_assert_int_eq(wire_inspect(c.b, c.n, 0, 1000, NULL, &ie), PD_ERR_FORMAT);
+    ck_assert_str_eq(ie.msg, "wire: offset 1060: importance value 0 is not finite (-inf)");
+    pd_err_clear(&ie);
+    ck_assert_int_eq(wire_inspect(h.b, h.n, 0, 0, NULL, &ie), PD_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(ie.msg, "head 0 v value 1 is not finite (inf)"));
     /* a ring record with a NaN row and the int8 mirror on (fuzzer finding:
      * the mirror's quantization of NaN was undefined behaviour) */
     bb r = {.n = 0};
@@ -1299,6 +1315,9 @@ START_TEST(wire_non_finite_values_are_refused_on_import)
     ck_assert_int_eq(wire_import(&rr, r.b, r.n, 0, 0, &e), PD_ERR_FORMAT);
     ck_assert_ptr_nonnull(strstr(e.msg, "head 0 ref k value 0 is not finite"));
     ck_assert_uint_eq(ring_layer_id(rf.r), id);
+    pd_err_clear(&e);
+    ck_assert_int_eq(wire_inspect(r.b, r.n, 0, 0, NULL, &e), PD_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(e.msg, "head 0 ref k value 0 is not finite"));
     ring_layer_free(rf.r);
 }
 END_TEST
@@ -1363,7 +1382,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(kv, wire_counts_near_uint32_max_are_refused_before_allocation);
     tcase_add_test(kv, wire_export_refuses_state_it_cannot_describe);
     tcase_add_test(kv, wire_two_phase_import_changes_nothing_until_commit);
-    tcase_add_test(kv, wire_non_finite_values_are_refused_on_import);
+    tcase_add_test(kv, wire_non_finite_values_are_refused_on_import_and_inspect);
     tcase_add_test(kv, wire_f16_export_refuses_values_beyond_half_range);
     suite_add_tcase(s, kv);
     return s;
