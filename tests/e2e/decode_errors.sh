@@ -121,19 +121,19 @@ printf '{"id":"z0","prefill":[{"tokens":[1,5,6]}],"max_new_tokens":0}\n' > "$T/z
 # is the only thing on stderr of a one-process run (no Open MPI abort
 # banner), no partial line stays, and a rerun with space completes the file
 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/clean.jsonl" --digest >/dev/null 2>&1
-: > "$T/full.jsonl"
+: > "$T/diskfull.jsonl"
 rc=0
 ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0" \
-  PD_FULL_DISK_PATH="$(realpath "$T/full.jsonl")" PD_FULL_DISK_BYTES=300 LD_PRELOAD="$PD_BUILD/tests/libpd_full_disk.so" \
-  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/full.jsonl" --digest >/dev/null 2>"$T/full.err" || rc=$?
-if [ "$rc" -ne 0 ] && grep -q "No space left on device" "$T/full.err" && [ "$(wc -l < "$T/full.err")" -eq 1 ] \
-   && { [ ! -s "$T/full.jsonl" ] || [ "$(tail -c 1 "$T/full.jsonl" | od -An -c | tr -d ' ')" = '\n' ]; }; then
+  PD_FULL_DISK_PATH="$(realpath "$T/diskfull.jsonl")" PD_FULL_DISK_BYTES=300 LD_PRELOAD="$PD_BUILD/tests/libpd_full_disk.so" \
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/diskfull.jsonl" --digest >/dev/null 2>"$T/diskfull.err" || rc=$?
+if [ "$rc" -ne 0 ] && grep -q "No space left on device" "$T/diskfull.err" && [ "$(wc -l < "$T/diskfull.err")" -eq 1 ] \
+   && { [ ! -s "$T/diskfull.jsonl" ] || [ "$(tail -c 1 "$T/diskfull.jsonl" | od -An -c | tr -d ' ')" = '\n' ]; }; then
   pass "full disk: ENOSPC named, alone on stderr, no partial line (exit $rc)"
 else
-  fail "full disk: exit $rc"; cat "$T/full.err" | head -5
+  fail "full disk: exit $rc"; cat "$T/diskfull.err" | head -5
 fi
-"$PIPEDEC" run --model "$m" --pages "$P" --out "$T/full.jsonl" --digest >/dev/null 2>&1
-same "$T/clean.jsonl" "$T/full.jsonl" "full disk: a rerun with space completes the file as a clean run"
+"$PIPEDEC" run --model "$m" --pages "$P" --out "$T/diskfull.jsonl" --digest >/dev/null 2>&1
+same "$T/clean.jsonl" "$T/diskfull.jsonl" "full disk: a rerun with space completes the file as a clean run"
 
 # the stats file is published whole (temporary file + rename): no temp left
 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/st.jsonl" --stats "$T/st.json" >/dev/null 2>&1
