@@ -5,6 +5,7 @@
 #include "cluster/cli/cmd.h"
 
 #include "base/file.h"
+#include "cluster/runtime/ckpt.h"
 #include "comm/bundle.h"
 #include "comm/wire.h"
 
@@ -13,6 +14,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 typedef enum insp_type { INSP_UNKNOWN = 0, INSP_RECORD, INSP_BUNDLE } insp_type;
@@ -36,7 +38,7 @@ typedef struct insp {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: pipedec inspect FILE [--json] [--legacy]\n"
+    fprintf(f, "usage: pipedec inspect FILE|CHECKPOINT_DIR [--json] [--legacy]\n"
                "  Describes and validates a CMFS record or state bundle (docs/wire.md).\n"
                "  --json    print one JSON object (valid, kind, layer, identity, position, error, ...)\n"
                "  --legacy  read a file without the CMFS magic as the unversioned legacy body\n"
@@ -358,6 +360,53 @@ static char *render_json(const insp *in)
 
 /* ---- command ------------------------------------------------------------- */
 
+/* A checkpoint directory (D/ckpt-SEQ, or D: its newest): every bundle
+ * checked against the manifest (ckpt_inspect). */
+static int inspect_checkpoint(const char *path, int json, FILE *out, FILE *err)
+{
+    ckpt_manifest m = {0};
+    uint64_t seq = 0;
+    pd_err e = {0};
+    pd_status st = ckpt_inspect(path, &m, &seq, &e);
+    if (json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddBoolToObject(o, "valid", st == PD_OK);
+        cJSON_AddStringToObject(o, "kind", "checkpoint");
+        json_u64(o, "seq", seq);
+        if (st == PD_OK) {
+            json_hex(o, "model_fingerprint", m.model_fp);
+            json_hex(o, "manifest_digest", m.pages_digest);
+            json_u64(o, "out_bytes", m.out_size);
+            json_u64(o, "layers", m.n_layers);
+            json_u64(o, "streams", m.n_streams);
+            cJSON_AddStringToObject(o, "settings", m.settings);
+            cJSON_AddStringToObject(o, "layer_map", m.layer_map);
+            cJSON_AddNullToObject(o, "error");
+        } else
+            cJSON_AddStringToObject(o, "error", e.msg);
+        char *t = cJSON_PrintUnformatted(o);
+        if (t)
+            fprintf(out, "%s\n", t);
+        cJSON_free(t);
+        cJSON_Delete(o);
+    } else if (st == PD_OK) {
+        fprintf(out, "kind: checkpoint\nseq: %llu\nlayers: %u\nstreams: %u\nout_bytes: %llu\n"
+                     "model_fingerprint: %016llx\nmanifest_digest: %016llx\nsettings: %s\nlayer_map: %s\n",
+                (unsigned long long)seq, m.n_layers, m.n_streams, (unsigned long long)m.out_size,
+                (unsigned long long)m.model_fp, (unsigned long long)m.pages_digest, m.settings, m.layer_map);
+        for (uint32_t i = 0; i < m.n_streams; i++)
+            fprintf(out, "stream %llu: page \"%s\", %llu of %llu prefill rows, %u tokens\n",
+                    (unsigned long long)m.streams[i].id, m.streams[i].page_id,
+                    (unsigned long long)m.streams[i].fed, (unsigned long long)m.streams[i].prefill_rows,
+                    m.streams[i].n_tokens);
+        fprintf(out, "valid: yes\n");
+    }
+    if (st)
+        fprintf(err, "pipedec inspect: %s: invalid: %s\n", path, e.msg);
+    ckpt_manifest_free(&m);
+    return st ? CMD_EXIT_INVALID : CMD_EXIT_OK;
+}
+
 int cmd_inspect_run(int argc, char **argv, FILE *out, FILE *err)
 {
     const char *path = NULL;
@@ -386,6 +435,9 @@ int cmd_inspect_run(int argc, char **argv, FILE *out, FILE *err)
         usage(err);
         return CMD_EXIT_USAGE;
     }
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return inspect_checkpoint(path, json, out, err);
     insp in = {.path = path};
     uint8_t *buf = NULL;
     size_t len = 0;

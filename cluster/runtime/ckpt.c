@@ -149,6 +149,66 @@ uint64_t ckpt_newest(const char *dir)
     return s;
 }
 
+pd_status ckpt_inspect(const char *path, ckpt_manifest *m, uint64_t *seq, pd_err *err)
+{
+    char cd[4096], p[4200];
+    snprintf(p, sizeof p, "%s/manifest.pdck", path);
+    struct stat sb;
+    if (stat(p, &sb) == 0)
+        snprintf(cd, sizeof cd, "%s", path);
+    else {
+        uint64_t newest = ckpt_newest(path);
+        if (!newest)
+            return pd_err_set(err, PD_ERR_FORMAT, "%s: neither a checkpoint (no manifest.pdck) nor a directory of them",
+                              path);
+        snprintf(cd, sizeof cd, "%s/ckpt-%llu", path, (unsigned long long)newest);
+        snprintf(p, sizeof p, "%s/manifest.pdck", cd);
+    }
+    uint8_t *b;
+    size_t n;
+    pd_status st = read_whole(p, "checkpoint", &b, &n, err);
+    if (st)
+        return st;
+    stream_limits lim = {.max_new = UINT32_MAX - 1, .max_prefill = UINT64_MAX};
+    st = ckpt_manifest_decode(b, n, &lim, 1u << 20, m, err);
+    free(b);
+    if (st) {
+        pd_err_prefix(err, "%s", p);
+        return st;
+    }
+    *seq = m->seq;
+    for (uint32_t L = 0; st == PD_OK && L < m->n_layers; L++) {
+        layer_file(p, sizeof p, cd, L);
+        if ((st = read_whole(p, "checkpoint", &b, &n, err)))
+            break;
+        bundle_view *v = NULL;
+        if (n != m->bundles[L].bytes)
+            st = pd_err_set(err, PD_ERR_TRUNCATED, "%s: %zu bytes, the manifest says %" PRIu64, p, n, m->bundles[L].bytes);
+        else if (crc32c_update(0, b, n) != m->bundles[L].crc)
+            st = pd_err_set(err, PD_ERR_CHECKSUM, "%s: CRC32C does not match the manifest", p);
+        else if ((st = bundle_parse(b, n, &v, err)) != PD_OK)
+            pd_err_prefix(err, "%s", p);
+        else if (v->layer != L)
+            st = pd_err_set(err, PD_ERR_FORMAT, "%s: holds layer %u", p, v->layer);
+        else if (v->n_streams != m->n_streams)
+            st = pd_err_set(err, PD_ERR_FORMAT, "%s: %llu streams, the manifest has %u", p,
+                            (unsigned long long)v->n_streams, m->n_streams);
+        for (uint64_t i = 0; st == PD_OK && i < v->n_streams; i++) {
+            bool known = false;
+            for (uint32_t k = 0; k < m->n_streams; k++)
+                known |= m->streams[k].id == v->entries[i].stream;
+            if (!known)
+                st = pd_err_set(err, PD_ERR_FORMAT, "%s: stream %llu is not in the manifest", p,
+                                (unsigned long long)v->entries[i].stream);
+        }
+        bundle_view_free(v);
+        free(b);
+    }
+    if (st)
+        ckpt_manifest_free(m);
+    return st;
+}
+
 /* ---- finding the checkpoint to resume -------------------------------------- */
 
 /* Reads and checks dir/ckpt-seq: manifest, and every bundle's size and CRC. */

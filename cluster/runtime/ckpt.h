@@ -48,6 +48,13 @@ pd_status ckpt_file_digest(const char *path, uint64_t *out, pd_err *err);
 pd_status ckpt_find(const char *dir, uint64_t model_fp, uint64_t pages_digest, const char *settings,
                     uint32_t n_layers, ckpt_manifest *m, uint64_t *seq, pd_err *err);
 
+/* Validates one checkpoint directory (D/ckpt-SEQ) without a model: the
+ * manifest, every layer bundle's size, CRC32C and structure (bundle_parse),
+ * and that every bundle holds exactly the manifest's streams. On success
+ * *m is filled (owned: ckpt_manifest_free). path may also be D: then the
+ * newest checkpoint in it is checked (*seq says which). */
+pd_status ckpt_inspect(const char *path, ckpt_manifest *m, uint64_t *seq, pd_err *err);
+
 /* The highest checkpoint number in dir (0 when none). */
 uint64_t ckpt_newest(const char *dir);
 

@@ -124,6 +124,15 @@ else
   fail "could not make two checkpoints ($(ls "$d" | tr '\n' ' '))"
 fi
 
+# pipedec inspect validates a checkpoint: the good one, the damaged one
+if [ -d "$d/ckpt-1" ]; then
+  "$PIPEDEC" inspect "$d/ckpt-1" > "$T/insp.txt" && grep -q "^valid: yes" "$T/insp.txt" \
+    && pass "inspect: the previous checkpoint is valid" || fail "inspect of a good checkpoint"
+  "$PIPEDEC" inspect "$d/ckpt-1" --json | python3 -c "import json,sys; j=json.load(sys.stdin); assert j['valid'] and j['kind']=='checkpoint' and j['layers']==4" \
+    && pass "inspect --json describes it" || fail "inspect --json of a checkpoint"
+  expect_fail "inspect: the damaged checkpoint" "layer-00001.cmfb: CRC32C does not match" "$PIPEDEC" inspect "$d/ckpt-2"
+fi
+
 # another model's checkpoint is refused, naming it
 "$PIPEDEC" mkmodel --arch llama --layers 4 --hidden 64 --heads 4 --kv-heads 2 --ffn 96 --vocab 320 --seed 9 \
   --out "$T/other.gguf" >/dev/null
