@@ -190,8 +190,13 @@ int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
             seqs[0] = head_resume_seq(h, &seqs[1]);
         st = pipe_bcast(p, seqs, sizeof seqs, &e);
         rc.base = seqs[1];
-        if (st == PD_OK && seqs[0])
+        if (st == PD_OK && seqs[0]) {
+            double t0 = MPI_Wtime();
             st = ckpt_restore(&r, h ? head_sched(h) : NULL, o->checkpoint_dir, seqs[0], &e);
+            if (st == PD_OK && h)
+                fprintf(stderr, "pipedec: restored checkpoint %llu in %.3f s\n", (unsigned long long)seqs[0],
+                        MPI_Wtime() - t0);
+        }
         if (!hooks)
             hooks = &ck_hooks;
         run_catch_signals();
