@@ -133,6 +133,16 @@ if [ -d "$d/ckpt-1" ]; then
   expect_fail "inspect: the damaged checkpoint" "layer-00001.cmfb: CRC32C does not match" "$PIPEDEC" inspect "$d/ckpt-2"
 fi
 
+# both damaged: reported, and the run starts from scratch (same bytes)
+if [ -d "$d/ckpt-1" ]; then
+  printf '\x55' | dd of="$d/ckpt-1/manifest.pdck" bs=1 seek=20 conv=notrunc 2>/dev/null
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/scratch.jsonl" --batch 3 --digest --checkpoint-dir "$d" \
+    >/dev/null 2>"$T/scratch.err" || fail "both damaged: exit $?"
+  grep -q "checkpoint 1 is not usable" "$T/scratch.err" && grep -q "starting from scratch" "$T/scratch.err" \
+    && pass "both checkpoints damaged: reported, started from scratch" || { fail "both damaged"; head -3 "$T/scratch.err"; }
+  same "$T/s1-3_.ref" "$T/scratch.jsonl" "from scratch == uninterrupted"
+fi
+
 # another model's checkpoint is refused, naming it
 "$PIPEDEC" mkmodel --arch llama --layers 4 --hidden 64 --heads 4 --kv-heads 2 --ffn 96 --vocab 320 --seed 9 \
   --out "$T/other.gguf" >/dev/null
