@@ -22,6 +22,9 @@ typedef struct mb_row {
     uint64_t pos;         /* absolute position */
     uint8_t role;         /* mb_role */
     uint8_t wants_logits; /* the tail computes logits and samples for this row */
+    uint32_t token;       /* decode / verify: the token this row feeds (a verify row's
+                           * is its draft: the tail accepts it iff it equals the token
+                           * sampled from the row before); prefill: 0 */
 } mb_row;
 
 /* Admission of a stream, announced on the micro-batch header before its first row. */

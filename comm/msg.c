@@ -11,7 +11,7 @@ size_t msg_batch_bytes(const msg_batch *b)
 {
     size_t el = b->dtype == MSG_DTYPE_F16 ? 2 : 4;
     return MSG_HEADER_BYTES + 16 + (size_t)b->n_admit * 24 + (size_t)b->n_retire * 8 +
-           (size_t)b->n_rows * 20 + (size_t)b->n_rows * b->hidden * el;
+           (size_t)b->n_rows * 24 + (size_t)b->n_rows * b->hidden * el;
 }
 
 size_t msg_results_bytes(uint32_t n_tokens)
@@ -81,6 +81,7 @@ pd_status msg_encode_batch(const msg_batch *b, void *buf, size_t cap, size_t *le
         wr_u8(&w, b->rows[i].role);
         wr_u8(&w, b->rows[i].wants_logits);
         wr_u16(&w, 0);
+        wr_u32(&w, b->rows[i].token);
     }
     size_t n = (size_t)b->n_rows * b->hidden;
     if (b->dtype == MSG_DTYPE_F16)
@@ -259,7 +260,7 @@ pd_status msg_decode_batch(const void *buf, size_t len, const msg_limits *lim, m
         return rd_fail_at(&r, at + 12, PD_ERR_MISMATCH, "hidden size %u, this stage runs %u", hidden,
                           lim->hidden);
     size_t el = dt == MSG_DTYPE_F16 ? 2 : 4;
-    uint64_t need = (uint64_t)na * 24 + (uint64_t)nt * 8 + (uint64_t)nr * 20 + (uint64_t)nr * hidden * el;
+    uint64_t need = (uint64_t)na * 24 + (uint64_t)nt * 8 + (uint64_t)nr * 24 + (uint64_t)nr * hidden * el;
     if (need != rd_remaining(&r))
         return rd_fail(&r, need > rd_remaining(&r) ? PD_ERR_TRUNCATED : PD_ERR_FORMAT,
                        "counts need %llu bytes of body, %zu remain", (unsigned long long)need,
@@ -290,6 +291,8 @@ pd_status msg_decode_batch(const void *buf, size_t len, const msg_limits *lim, m
         rd_u8(&probe, "row role", &role);
         rd_u8(&probe, "row wants_logits", &lg);
         rd_u16(&probe, "row reserved", &z);
+        uint32_t tk;
+        rd_u32(&probe, "row token", &tk);
         if (probe.status)
             return probe.status;
         if (role >= MB_ROLE_COUNT)
@@ -315,6 +318,7 @@ pd_status msg_decode_batch(const void *buf, size_t len, const msg_limits *lim, m
         rd_u8(&r, "row role", &out->rows[i].role);
         rd_u8(&r, "row wants_logits", &out->rows[i].wants_logits);
         rd_u16(&r, "row reserved", &z);
+        rd_u32(&r, "row token", &out->rows[i].token);
     }
     size_t n = (size_t)nr * hidden;
     if (dt == MSG_DTYPE_F16)

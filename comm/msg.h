@@ -11,11 +11,13 @@
  *   16  u32 n_admit, u32 n_retire, u32 n_rows, u32 hidden
  *   32  n_admit x (u64 stream, u32 prefill_rows, u32 max_new, u64 sample_key)   24 B each
  *       n_retire x u64 stream
- *       n_rows x (u64 stream, u64 pos, u8 role, u8 wants_logits, u16 reserved 0) 20 B each
+ *       n_rows x (u64 stream, u64 pos, u8 role, u8 wants_logits, u16 reserved 0,
+ *                 u32 token: the token a decode/verify row feeds, 0 for prefill) 24 B each
  *       n_rows x hidden x (f32 | f16)
  * results (kind 2), tail -> head:
  *   16  u32 n_tokens, u32 reserved 0
- *   24  n_tokens x u32 token (the sampled token of each wants_logits row, in row order)
+ *   24  n_tokens x u32 token (the sampled token of each wants_logits row, in row order;
+ *       MSG_TOKEN_REJECTED for a row after a rejected draft: nothing was sampled there)
  *       n_tokens x u64 digest (digest_f32 of the logits row each token was sampled from)
  * stop (kind 3): the header only; travels head -> ... -> tail when the run ends.
  * drain (kind 4), head -> next stage -> ... -> tail, sent when nothing is in
@@ -46,6 +48,7 @@
 
 #define MSG_VERSION 2u /* 2: results carry the logits row digests */
 #define MSG_HEADER_BYTES 16u
+#define MSG_TOKEN_REJECTED 0xFFFFFFFFu /* results: the row's draft was not accepted */
 
 typedef enum msg_kind {
     MSG_KIND_BATCH = 1,

@@ -436,7 +436,9 @@ int cmd_inspect_run(int argc, char **argv, FILE *out, FILE *err)
         return CMD_EXIT_USAGE;
     }
     struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+    char mpath[4200];
+    snprintf(mpath, sizeof mpath, "%s/manifest.pdck", path);
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode) && (access(mpath, F_OK) == 0 || ckpt_newest(path) > 0))
         return inspect_checkpoint(path, json, out, err);
     insp in = {.path = path};
     uint8_t *buf = NULL;

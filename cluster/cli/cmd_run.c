@@ -21,7 +21,7 @@ static void run_usage(FILE *f)
             "         [--gemm invariant|openblas] [--layers 0-3,4-7,...] [--wire-dtype f32|f16]\n"
             "         [--stats FILE] [--progress] [--no-bind] [--digest] [--trace-hidden FILE]\n"
             "         [--past-context] [--stall-timeout SECONDS] [--mem-limit BYTES|auto|none]\n"
-            "         [--checkpoint-dir D [--checkpoint-every SECONDS]]\n");
+            "         [--checkpoint-dir D [--checkpoint-every SECONDS]] [--draft none|ngram[:N[:K]]]\n");
 }
 
 /* Parses argv into o; PD_ERR_ARG with a message naming the flag. */
@@ -40,7 +40,7 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         {"digest", no_argument, 0, 'D'},              {"trace-hidden", required_argument, 0, 'H'},
         {"past-context", no_argument, 0, 'X'},       {"stall-timeout", required_argument, 0, 'W'},
         {"mem-limit", required_argument, 0, 'M'},     {"checkpoint-dir", required_argument, 0, 'C'},
-        {"checkpoint-every", required_argument, 0, 'Y'},
+        {"checkpoint-every", required_argument, 0, 'Y'}, {"draft", required_argument, 0, 'R'},
         {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
     pd_status st = PD_OK;
     int ch;
@@ -85,6 +85,7 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         case 'X': o->past_context = true; break;
         case 'M': st = budget_parse(optarg, &o->mem_limit, e); break;
         case 'C': o->checkpoint_dir = optarg; break;
+        case 'R': st = draft_parse(optarg, &o->draft, e); break;
         case 'Y': {
             uint32_t v;
             st = cli_u32("--checkpoint-every", optarg, 1, 30u * 24 * 3600, &v, e);
@@ -106,6 +107,12 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         st = pd_err_set(e, PD_ERR_ARG, "unexpected argument '%s'", argv[optind]);
     if (st == PD_OK && (!o->model_path || !o->pages_path || !o->out_path))
         st = pd_err_set(e, PD_ERR_ARG, "--model, --pages and --out are required");
+    /* the caches keep room for the drafts a verify step carries */
+    o->policy.max_drafts = o->draft.mode == DRAFT_NONE ? 0 : o->draft.k;
+    if (st == PD_OK && o->draft.mode != DRAFT_NONE && o->policy.evict != POLICY_EVICT_NONE)
+        st = pd_err_set(e, PD_ERR_ARG,
+                        "--draft with --evict is refused: eviction runs once per micro-batch, so a verify step "
+                        "would keep other rows than the same tokens decoded one by one (a different answer)");
     if (st == PD_OK && o->checkpoint_every > 0 && !o->checkpoint_dir)
         st = pd_err_set(e, PD_ERR_ARG, "--checkpoint-every needs --checkpoint-dir");
     if (st == PD_OK)

@@ -297,6 +297,12 @@ pd_status ckpt_find(const char *dir, uint64_t model_fp, uint64_t pages_digest, c
     return st;
 }
 
+/* The next position a restored stream's rows take on every stage. */
+static uint64_t stream_next_pos(const stream_state *s)
+{
+    return s->n_tokens ? s->prefill_rows + s->n_tokens - 1 : s->fed;
+}
+
 /* ---- writing ---------------------------------------------------------------- */
 
 typedef struct crc_sink {
@@ -362,12 +368,6 @@ static pd_status write_bundles(rank *r, const char *dir, const uint64_t *ids, ui
     return PD_OK;
 }
 
-/* The next position a restored stream's rows take on every stage. */
-static uint64_t stream_next_pos(const stream_state *s)
-{
-    return s->n_tokens ? s->prefill_rows + s->n_tokens - 1 : s->fed;
-}
-
 pd_status ckpt_write(rank *r, sched *sc, const char *dir, uint64_t seq, uint64_t out_size, pd_err *err)
 {
     char tmp[4096], fin[4096];
@@ -380,7 +380,8 @@ pd_status ckpt_write(rank *r, sched *sc, const char *dir, uint64_t seq, uint64_t
     /* 1. the head makes the temporary directory and names the streams */
     uint64_t cnt = 0;
     uint64_t *ids = calloc(r->sz.max_streams + 1, sizeof *ids);
-    if (!ids)
+    uint64_t *pos = calloc(r->sz.max_streams + 1, sizeof *pos);
+    if (!ids || !pos)
         st = pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
     if (r->is_head && st == PD_OK) {
         remove_tree(tmp);
@@ -390,8 +391,10 @@ pd_status ckpt_write(rank *r, sched *sc, const char *dir, uint64_t seq, uint64_t
             st = pd_err_set(&e, PD_ERR_IO, "checkpoint: %s: mkdir: %s", tmp, strerror(errno));
         stream_table *t = sched_streams(sc);
         for (uint32_t i = 0; i < stream_table_capacity(t); i++)
-            if (stream_table_at(t, i))
+            if (stream_table_at(t, i)) {
+                pos[cnt] = stream_next_pos(stream_table_at(t, i));
                 ids[cnt++] = stream_table_at(t, i)->id;
+            }
     }
     if ((all = pipe_agree(r->p, st, err)) != PD_OK) {
         if (!st)
@@ -399,6 +402,7 @@ pd_status ckpt_write(rank *r, sched *sc, const char *dir, uint64_t seq, uint64_t
         else
             *err = e;
         free(ids);
+        free(pos);
         return all;
     }
     /* every rank learns the streams the head holds (retirements not yet
@@ -406,26 +410,23 @@ pd_status ckpt_write(rank *r, sched *sc, const char *dir, uint64_t seq, uint64_t
     pd_status bs = pipe_bcast(r->p, &cnt, sizeof cnt, err);
     if (bs == PD_OK && cnt)
         bs = pipe_bcast(r->p, ids, (size_t)cnt * sizeof *ids, err);
+    if (bs == PD_OK && cnt)
+        bs = pipe_bcast(r->p, pos, (size_t)cnt * sizeof *pos, err);
     if (bs) {
         free(ids);
+        free(pos);
         return bs;
     }
 
     /* 2. every rank settles and writes its layers' bundles */
     ckpt_bundle_info *info = calloc(L_all, sizeof *info);
     st = info ? PD_OK : pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
-    uint64_t *sid = calloc(r->sz.max_streams + 1, sizeof *sid), *spos = calloc(r->sz.max_streams + 1, sizeof *spos);
-    if (st == PD_OK && (!sid || !spos))
-        st = pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
-    if (st == PD_OK) {
-        uint32_t alive = stage_stream_list(r->st, sid, spos, r->sz.max_streams);
-        for (uint32_t i = 0; st == PD_OK && i < alive; i++)
-            st = stage_settle(r->st, sid[i], spos[i], &e); /* nothing was rejected: the rows are final */
-    }
+    /* the rows up to the head's position are final; rejected drafts past
+     * it are dropped (the position-driven rollback the next pass would do) */
+    for (uint64_t i = 0; st == PD_OK && i < cnt; i++)
+        st = stage_settle(r->st, ids[i], pos[i], &e);
     if (st == PD_OK)
         st = write_bundles(r, tmp, ids, (uint32_t)cnt, info, &e);
-    free(sid);
-    free(spos);
     ckpt_bundle_info *every = r->is_head ? calloc((size_t)r->size * L_all, sizeof *every) : NULL;
     pd_status gs = pipe_gather(r->p, info ? info : (void *)ids, (size_t)L_all * sizeof *info, every, err);
     if ((all = pipe_agree(r->p, st ? st : gs, err)) != PD_OK) {
@@ -438,6 +439,7 @@ pd_status ckpt_write(rank *r, sched *sc, const char *dir, uint64_t seq, uint64_t
         free(info);
         free(every);
         free(ids);
+        free(pos);
         return all;
     }
 
@@ -505,6 +507,7 @@ pd_status ckpt_write(rank *r, sched *sc, const char *dir, uint64_t seq, uint64_t
     free(info);
     free(every);
     free(ids);
+    free(pos);
     if ((all = pipe_agree(r->p, st, err)) != PD_OK) {
         if (st)
             *err = e;

@@ -153,6 +153,7 @@ pd_status head_open(rank *r, head **out, pd_err *err)
                         .rows_per_batch = r->sz.rows_per_batch,
                         .skip = h->skip,
                         .past_context = o->past_context,
+                        .draft = o->draft,
                         .on_done = head_on_done,
                         .on_done_ctx = h};
     return sched_new(&cfg, h->n_inflight, &h->sc, err);

@@ -77,6 +77,12 @@ static void report_stats_json(const report *rep, const rank *r, const sched_prog
     cJSON_AddNumberToObject(j, "pages_skipped", (double)pr->pages_skipped);
     cJSON_AddNumberToObject(j, "pages_failed", (double)pr->pages_failed);
     cJSON_AddNumberToObject(j, "pages_past_context", (double)pr->pages_past_context);
+    if (o->draft.mode != DRAFT_NONE) {
+        cJSON *sp = cJSON_AddObjectToObject(j, "spec");
+        cJSON_AddNumberToObject(sp, "drafted", (double)pr->drafted);
+        cJSON_AddNumberToObject(sp, "accepted", (double)pr->accepted);
+        cJSON_AddNumberToObject(sp, "passes", (double)pr->spec_passes);
+    }
     cJSON_AddNumberToObject(j, "context_length", r->hp.ctx);
     cJSON_AddNumberToObject(j, "tokens", (double)pr->tokens_generated);
     cJSON_AddNumberToObject(j, "prefill_rows", (double)pr->prefill_rows);

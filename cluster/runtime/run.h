@@ -14,6 +14,7 @@
 #define PD_RUN_H
 
 #include "cluster/model/gemm.h"
+#include "cluster/runtime/draft.h"
 #include "cluster/runtime/policy.h"
 #include "cluster/model/sample.h"
 #include "comm/msg.h"
@@ -42,6 +43,7 @@ typedef struct run_opts {
     bool digest;              /* each output line carries the page's logits digest */
     bool past_context;        /* run pages past the model's context_length (counted in --stats) */
     uint64_t mem_limit;       /* cache bytes per rank: 0 = auto (budget.h), UINT64_MAX = none */
+    draft_config draft;       /* --draft: speculation (draft.h); policy.max_drafts = its K */
     const char *checkpoint_dir; /* checkpoints and resume (ckpt.h), NULL = off */
     double checkpoint_every;  /* seconds between checkpoints, 0 = only on a signal */
     double stall_timeout;     /* seconds a rank waits on a peer without progress before the job

@@ -3,6 +3,10 @@
 
 #include "base/check.h"
 #include "cluster/runtime/stream.h"
+#include "comm/msg.h"
+
+#define SCHED_MAX_DRAFTS 16u /* draft.h's largest K */
+#define SCHED_SPEC_PROBE 8u  /* passes a stream that stopped drafting waits before it probes */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +35,11 @@ struct sched {
     bool *in_flight;          /* [max_streams] by table slot */
     bool *reserved;           /* [max_streams] by table slot: admitted through cfg.admit */
     bool *taken;              /* [pages] restored from a checkpoint: never admitted again */
+    /* speculation, by table slot: current K, idle passes while stopped,
+     * drafts sent in the outstanding pass; scratch for lookups */
+    uint32_t *spec_k, *spec_idle, *spec_sent;
+    uint32_t *hist_buf, *draft_buf;
+    size_t hist_cap;
     sched_slot *slots;
     uint32_t n_slots;
     uint64_t *pending_retire;
@@ -50,6 +59,11 @@ void sched_free(sched *s)
     free(s->in_flight);
     free(s->reserved);
     free(s->taken);
+    free(s->spec_k);
+    free(s->spec_idle);
+    free(s->spec_sent);
+    free(s->hist_buf);
+    free(s->draft_buf);
     for (uint32_t i = 0; s->slots && i < s->n_slots; i++) {
         sched_slot *sl = &s->slots[i];
         free(sl->rows);
@@ -88,7 +102,20 @@ pd_status sched_new(const sched_config *cfg, uint32_t max_inflight, sched **out,
     s->taken = calloc(pages_count(cfg->pg) ? pages_count(cfg->pg) : 1, sizeof *s->taken);
     s->slots = calloc(max_inflight, sizeof *s->slots);
     s->pending_retire = calloc(cfg->max_streams, sizeof *s->pending_retire);
-    bool ok = s->in_flight && s->reserved && s->taken && s->slots && s->pending_retire;
+    s->spec_k = calloc(cfg->max_streams, sizeof *s->spec_k);
+    s->spec_idle = calloc(cfg->max_streams, sizeof *s->spec_idle);
+    s->spec_sent = calloc(cfg->max_streams, sizeof *s->spec_sent);
+    s->draft_buf = calloc(SCHED_MAX_DRAFTS + 1, sizeof *s->draft_buf);
+    /* lookups see every prompt token and every generated one */
+    for (size_t p = 0; p < pages_count(cfg->pg); p++) {
+        const pages_page *pg = pages_get(cfg->pg, p);
+        size_t h = (size_t)pg->prefill_rows + pg->max_new_tokens + 1;
+        if (h > s->hist_cap)
+            s->hist_cap = h;
+    }
+    s->hist_buf = calloc(s->hist_cap ? s->hist_cap : 1, sizeof *s->hist_buf);
+    bool ok = s->in_flight && s->reserved && s->taken && s->slots && s->pending_retire && s->spec_k &&
+              s->spec_idle && s->spec_sent && s->draft_buf && s->hist_buf;
     for (uint32_t i = 0; ok && i < max_inflight; i++) {
         sched_slot *sl = &s->slots[i];
         sl->rows = calloc(cfg->max_rows, sizeof *sl->rows);
@@ -196,6 +223,8 @@ static pd_status admit_next(sched *s, sched_slot *sl, uint32_t *na, uint32_t *sl
         s->next_id++;
         s->next_page++;
         stream_state *st = stream_table_at(s->streams, free_slot);
+        s->spec_k[free_slot] = s->cfg.draft.k;
+        s->spec_idle[free_slot] = s->spec_sent[free_slot] = 0;
         uint32_t ctx = model_hp(s->cfg.m)->ctx;
         if (ctx && s->cfg.past_context && st->prefill_rows + st->max_new > ctx)
             s->prog.pages_past_context++;
@@ -291,6 +320,73 @@ static pd_status add_prefill(sched *s, sched_slot *sl, uint32_t i, uint32_t room
     return PD_OK;
 }
 
+/* The token history drafts are looked up in: the page's prompt tokens,
+ * then the stream's sampled tokens; into s->hist_buf, returns its length. */
+static size_t spec_history(sched *s, const stream_state *st)
+{
+    const pages_page *pg = pages_get(s->cfg.pg, (size_t)st->page);
+    size_t n = 0;
+    for (uint32_t k = 0; k < pg->n_segs; k++)
+        if (pg->segs[k].kind == PAGES_SEG_TOKENS)
+            for (uint32_t j = 0; j < pg->segs[k].rows && n < s->hist_cap; j++)
+                s->hist_buf[n++] = (uint32_t)pg->segs[k].tokens[j];
+    for (uint32_t j = 0; j < st->n_tokens && n < s->hist_cap; j++)
+        s->hist_buf[n++] = st->tokens[j];
+    return n;
+}
+
+/* Drafts for stream slot i (into s->draft_buf): no more than its adaptive K,
+ * the tokens it may still generate after this row, and the room left. */
+static uint32_t spec_drafts(sched *s, uint32_t i, const stream_state *st, uint32_t room)
+{
+    if (s->cfg.draft.mode == DRAFT_NONE)
+        return 0;
+    if (s->spec_k[i] == 0) {
+        /* stopped after rejections: probe again with one draft later */
+        if (++s->spec_idle[i] < SCHED_SPEC_PROBE)
+            return 0;
+        s->spec_idle[i] = 0;
+        s->spec_k[i] = 1;
+    }
+    uint32_t k = s->spec_k[i];
+    uint32_t left = st->max_new - st->n_tokens; /* tokens still to come, this row's included */
+    if (k > left - 1)
+        k = left - 1;
+    if (k > room)
+        k = room;
+    if (k == 0)
+        return 0;
+    return draft_ngram(s->hist_buf, spec_history(s, st), s->cfg.draft.n, k, s->draft_buf);
+}
+
+/* After a pass: how many drafts each speculating stream got accepted, and
+ * its next K (all accepted: one more, up to the configured K; none: half). */
+static void spec_account(sched *s, const sched_slot *sl, const sched_batch *b, const uint32_t *tokens)
+{
+    if (s->cfg.draft.mode == DRAFT_NONE)
+        return;
+    for (uint32_t l = 0; l < b->n_logits;) {
+        uint32_t i = sl->logit_stream[l];
+        uint32_t rows = 0, ok = 0;
+        while (l < b->n_logits && sl->logit_stream[l] == i) {
+            ok += tokens[l] != MSG_TOKEN_REJECTED;
+            rows++;
+            l++;
+        }
+        uint32_t sent = s->spec_sent[i];
+        if (sent == 0 || rows != sent + 1)
+            continue; /* a prefill chunk's last row, or no drafts */
+        uint32_t accepted = ok - 1;
+        s->prog.spec_passes++;
+        s->prog.accepted += accepted;
+        if (accepted == sent && s->spec_k[i] < s->cfg.draft.k)
+            s->spec_k[i]++;
+        else if (accepted == 0)
+            s->spec_k[i] /= 2;
+        s->spec_sent[i] = 0;
+    }
+}
+
 pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
 {
     memset(b, 0, sizeof *b);
@@ -319,15 +415,31 @@ pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
         if (!st || s->in_flight[i] || st->fed < st->prefill_rows)
             continue;
         CHECK(st->n_tokens >= 1);
+        uint32_t last = st->tokens[st->n_tokens - 1];
         sl->rows[nr] = (mb_row){.stream = st->id,
                                 .pos = st->prefill_rows + st->n_tokens - 1,
                                 .role = MB_ROLE_DECODE,
-                                .wants_logits = 1};
-        model_embed(s->cfg.m, &st->tokens[st->n_tokens - 1], 1, sl->x + (size_t)nr * H);
+                                .wants_logits = 1,
+                                .token = last};
+        model_embed(s->cfg.m, &last, 1, sl->x + (size_t)nr * H);
         sl->logit_stream[nl++] = i;
         sl->members[sl->n_members++] = i;
         s->in_flight[i] = true;
         nr++;
+        /* speculation: drafts ride behind the decode row as verify rows */
+        uint32_t nd = spec_drafts(s, i, st, R - nr);
+        for (uint32_t d = 0; d < nd; d++) {
+            sl->rows[nr] = (mb_row){.stream = st->id,
+                                    .pos = st->prefill_rows + st->n_tokens + d,
+                                    .role = MB_ROLE_VERIFY,
+                                    .wants_logits = 1,
+                                    .token = s->draft_buf[d]};
+            model_embed(s->cfg.m, &s->draft_buf[d], 1, sl->x + (size_t)nr * H);
+            sl->logit_stream[nl++] = i;
+            nr++;
+        }
+        s->spec_sent[i] = nd;
+        s->prog.drafted += nd;
     }
     /* prefill chunks of admitted streams, then of pages admitted now: a page
      * is admitted when its first rows fit, so its stages allocate its state
@@ -379,11 +491,14 @@ pd_status sched_complete(sched *s, const sched_batch *b, const uint32_t *tokens,
     pd_status rc = PD_OK;
     for (uint32_t m = 0; m < sl->n_members; m++)
         s->in_flight[sl->members[m]] = false;
+    spec_account(s, sl, b, tokens);
     for (uint32_t l = 0; l < b->n_logits; l++) {
         stream_state *st = stream_table_at(s->streams, sl->logit_stream[l]);
         if (!st)
             continue;
         uint32_t t = tokens[l];
+        if (t == MSG_TOKEN_REJECTED)
+            continue; /* a rejected draft's row: nothing was sampled there */
         s->prog.tokens_generated++;
         pd_status r2 = stream_push(st, t, row_digests[l], err);
         if (r2 == PD_OK && t == s->eos)
@@ -423,6 +538,8 @@ pd_status sched_restore(sched *s, stream_state *restored, uint32_t n, uint64_t n
         pd_status st = stream_table_put(s->streams, &restored[i], &slot, err);
         if (st)
             return st;
+        s->spec_k[slot] = s->cfg.draft.k;
+        s->spec_idle[slot] = s->spec_sent[slot] = 0;
         if (s->cfg.admit) {
             char why[512];
             stream_state *rs = stream_table_at(s->streams, slot);

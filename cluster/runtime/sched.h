@@ -44,6 +44,7 @@
 #include "base/status.h"
 #include "cluster/model/model.h"
 #include "cluster/format/pages.h"
+#include "cluster/runtime/draft.h"
 #include "cluster/runtime/stream.h"
 #include "comm/batch.h"
 
@@ -95,6 +96,7 @@ typedef struct sched_config {
                                * context_length (else such a page fails by itself at admission) */
     sched_done_fn on_done;
     void *on_done_ctx;
+    draft_config draft;       /* speculation (draft.h): verify rows behind decode rows */
     sched_admit_fn admit;     /* NULL: admit whenever a stream slot is free */
     sched_release_fn release;
     void *admit_ctx;
@@ -157,6 +159,7 @@ typedef struct sched_progress {
     uint64_t tokens_generated, prefill_rows; /* tokens sampled, EOS included (it costs a step) */
     uint64_t pages_failed;    /* finished with SCHED_STOP_ERROR (counted in pages_done too) */
     uint64_t pages_past_context; /* admitted past the model's context (past_context) */
+    uint64_t drafted, accepted, spec_passes; /* speculation: drafts sent, accepted, passes that carried drafts */
     uint32_t streams_alive;
 } sched_progress;
 void sched_get_progress(const sched *s, sched_progress *out);

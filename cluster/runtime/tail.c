@@ -3,7 +3,9 @@
 
 #include "cluster/runtime/digest.h"
 #include "cluster/runtime/stream.h"
+#include "comm/msg.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -108,8 +110,19 @@ pd_status tail_sample(tail *t, const mb_row *rows, uint32_t n, const float *x, u
     if (m == 0)
         return PD_OK;
     model_logits(t->cfg.m, t->xs, m, t->logits, t->cfg.pool);
+    /* speculation: a verify row's draft is accepted iff it equals the token
+     * sampled from the row before (and that was not EOS); from the first
+     * rejection on, the stream's rows in this batch sample nothing */
+    uint64_t rejected = UINT64_MAX;
+    bool any_rejected = false;
+    const uint32_t eos = model_hp(t->cfg.m)->eos;
     for (uint32_t j = 0; j < m; j++) {
         const mb_row *r = &rows[t->row_of[j]];
+        if (any_rejected && r->stream == rejected) {
+            tokens[j] = MSG_TOKEN_REJECTED;
+            row_digests[j] = 0;
+            continue;
+        }
         stream_state *s = stream_table_find(t->streams, r->stream);
         if (!s)
             return pd_err_set(err, PD_ERR_FORMAT, "tail: row of unknown stream %llu", (unsigned long long)r->stream);
@@ -127,6 +140,12 @@ pd_status tail_sample(tail *t, const mb_row *rows, uint32_t n, const float *x, u
         row_digests[j] = digest_f32(lg, t->vocab);
         if ((st = stream_push(s, (uint32_t)tok, row_digests[j], err)))
             return st;
+        const mb_row *nx = j + 1 < m ? &rows[t->row_of[j + 1]] : NULL;
+        if (nx && nx->stream == r->stream && nx->role == MB_ROLE_VERIFY &&
+            (nx->token != (uint32_t)tok || (uint32_t)tok == eos || s->n_tokens >= s->max_new)) {
+            rejected = r->stream;
+            any_rejected = true;
+        }
     }
     *n_tokens = m;
     return PD_OK;

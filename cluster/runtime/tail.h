@@ -41,7 +41,10 @@ pd_status tail_restore(tail *t, const stream_state *s, pd_err *err);
  * x [n x hidden] is read only. tokens gets one token per logits row and
  * row_digests the digest_f32 of that logits row (the exact bits the token
  * was sampled from; the head chains them into the page's digest);
- * *n_tokens their count. */
+ * *n_tokens their count. Verify rows: a draft (the row's token) is accepted
+ * iff it equals the token sampled from the stream's row before; the rows of
+ * that stream after a rejection get MSG_TOKEN_REJECTED and digest 0 and
+ * change nothing (only accepted tokens enter the history). */
 pd_status tail_sample(tail *t, const mb_row *rows, uint32_t n, const float *x, uint32_t *tokens,
                       uint64_t *row_digests, uint32_t *n_tokens, pd_err *err);
 

@@ -50,6 +50,7 @@ cases=(
   "3|4|0,1,2,3|--attn rswa:8"
   "4|2|0-2,3|--evict importance:16:2"
   "0|2|0,1-3|--sample temp:0.8,top_p:0.9,top_k:40 --seed 3"
+  "1|2|0-1,2-3|--draft ngram:1:6"
 )
 for c in "${cases[@]}"; do
   IFS='|' read -r n1 n2 map pol <<<"$c"

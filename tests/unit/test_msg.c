@@ -117,7 +117,9 @@ START_TEST(msg_batch_flipped_header_and_row_bytes_are_refused)
      * are free-form and decode to other valid values) */
     size_t rows_at = 32 + 2 * 24 + 8;
     for (size_t i = 0; i < len; i++) {
-        int structural = i < 32 || (i >= rows_at && i < rows_at + 3 * 20 && ((i - rows_at) % 20) >= 16);
+        /* a row is 24 bytes: stream, pos, then role, logits, reserved (structural), then a free-form token */
+        int structural = i < 32 || (i >= rows_at && i < rows_at + 3 * 24 && ((i - rows_at) % 24) >= 16 &&
+                                    ((i - rows_at) % 24) < 20);
         if (!structural || (i >= 8 && i < 16))
             continue; /* seq is free-form */
         for (int bit = 0; bit < 8; bit++) {
@@ -132,8 +134,8 @@ START_TEST(msg_batch_flipped_header_and_row_bytes_are_refused)
             pd_status st = msg_decode_batch(c, len, &l, &d.b, &e);
             if (st == PD_OK) {
                 /* only a role flip to another valid role or logits 0<->1 can pass */
-                int ok_flip = i >= rows_at && ((i - rows_at) % 20) == 16 && c[i] < MB_ROLE_COUNT;
-                ok_flip |= i >= rows_at && ((i - rows_at) % 20) == 17 && c[i] <= 1;
+                int ok_flip = i >= rows_at && ((i - rows_at) % 24) == 16 && c[i] < MB_ROLE_COUNT;
+                ok_flip |= i >= rows_at && ((i - rows_at) % 24) == 17 && c[i] <= 1;
                 ck_assert_msg(ok_flip, "flip at byte %zu bit %d accepted", i, bit);
             } else {
                 ck_assert_int_eq(memcmp(&d, &ref, sizeof d), 0);

@@ -1,0 +1,60 @@
+/* draft: --draft parsing and n-gram prompt lookup (contract in draft.h). */
+#include "cluster/runtime/draft.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Digits at *p into *v (at most 4 of them); advances *p. */
+static int draft_uint(const char **p, unsigned *v)
+{
+    unsigned x = 0, d = 0;
+    while (**p >= '0' && **p <= '9' && d < 4) {
+        x = x * 10 + (unsigned)(**p - '0');
+        (*p)++;
+        d++;
+    }
+    *v = x;
+    return d > 0;
+}
+
+pd_status draft_parse(const char *s, draft_config *out, pd_err *err)
+{
+    if (strcmp(s, "none") == 0) {
+        *out = (draft_config){.mode = DRAFT_NONE};
+        return PD_OK;
+    }
+    unsigned n = 3, k = 4;
+    const char *p = s;
+    int ok = strncmp(p, "ngram", 5) == 0;
+    p += ok ? 5 : 0;
+    if (ok && *p == ':') {
+        p++;
+        ok = draft_uint(&p, &n);
+        if (ok && *p == ':') {
+            p++;
+            ok = draft_uint(&p, &k);
+        }
+    }
+    if (!ok || *p != '\0' || n < 1 || n > 64 || k < 1 || k > 16)
+        return pd_err_set(err, PD_ERR_ARG, "--draft '%s': expected none or ngram[:N[:K]] (N 1..64, K 1..16)", s);
+    *out = (draft_config){.mode = DRAFT_NGRAM, .n = n, .k = k};
+    return PD_OK;
+}
+
+uint32_t draft_ngram(const uint32_t *hist, size_t n_hist, uint32_t n, uint32_t k, uint32_t *out)
+{
+    if (n == 0 || n_hist < (size_t)n + 1)
+        return 0;
+    const uint32_t *tail = hist + n_hist - n;
+    /* the latest earlier occurrence: start at the one ending just before the tail */
+    for (size_t at = n_hist - n; at-- > 0;) {
+        if (memcmp(hist + at, tail, (size_t)n * sizeof *hist) != 0)
+            continue;
+        uint32_t got = 0;
+        for (size_t j = at + n; j < n_hist && got < k; j++)
+            out[got++] = hist[j];
+        return got;
+    }
+    return 0;
+}

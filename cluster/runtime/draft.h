@@ -1,0 +1,38 @@
+/* draft: proposing speculative tokens on the head (--draft). A stream's
+ * drafts ride as verify rows behind its decode row; the tail accepts the
+ * longest prefix that equals what it samples itself, plus that token, so a
+ * draft never changes a token (ARCHITECTURE.md §1), only how many come per
+ * pass through the pipeline.
+ *
+ *   ngram[:N[:K]]  prompt lookup: the latest earlier occurrence of the
+ *                  stream's last N tokens (prompt tokens, then generated) and
+ *                  up to K tokens that followed it (default N 3, K 4)
+ *   none           no speculation (default)
+ *
+ * Per stream K adapts to the acceptance history (sched.c): all accepted
+ * grows it back to K, none accepted halves it, and a stream at 0 stops
+ * drafting for a while before it probes with one draft again. */
+#ifndef PD_RUNTIME_DRAFT_H
+#define PD_RUNTIME_DRAFT_H
+
+#include "base/status.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum draft_mode { DRAFT_NONE, DRAFT_NGRAM } draft_mode;
+
+typedef struct draft_config {
+    draft_mode mode;
+    uint32_t n; /* ngram: tokens matched */
+    uint32_t k; /* drafts at most per pass (1..16) */
+} draft_config;
+
+/* "none", "ngram", "ngram:N", "ngram:N:K"; PD_ERR_ARG naming the flag. */
+pd_status draft_parse(const char *s, draft_config *out, pd_err *err);
+
+/* Prompt lookup over hist[0..n_hist): writes up to k drafts into out and
+ * returns how many (0 when the last n tokens never occurred before). */
+uint32_t draft_ngram(const uint32_t *hist, size_t n_hist, uint32_t n, uint32_t k, uint32_t *out);
+
+#endif
