@@ -10,9 +10,13 @@
 
 static void mkmodel_usage(FILE *f)
 {
-    fprintf(f, "usage: pipedec mkmodel --out FILE [--arch llama|qwen2] [--layers N] [--hidden N] [--heads N]\n"
-               "                        [--kv-heads N] [--ffn N] [--vocab N] [--ctx N] [--dtype f32|f16]\n"
-               "                        [--seed S] [--eos-boost X]\n");
+    fprintf(f, "usage: pipedec mkmodel --out FILE [--arch llama|qwen2|deepseek] [--layers N] [--hidden N]\n"
+               "                        [--heads N] [--kv-heads N] [--ffn N] [--vocab N] [--ctx N]\n"
+               "                        [--dtype f32|f16] [--seed S] [--eos-boost X]\n"
+               "       deepseek only:   [--dense-layers N] [--experts N] [--experts-used K]\n"
+               "                        [--expert-ffn N] [--shared N] [--expert-scale X]\n"
+               "  --arch deepseek defaults to DeepSeek-OCR's decoder: 12 layers, hidden 1280, 10 heads (MHA),\n"
+               "  1 dense layer of ffn 6848, 64 experts (top 6) of ffn 896, 2 shared, vocab 129280, ctx 8192\n");
 }
 
 int cmd_mkmodel(int argc, char **argv)
@@ -24,9 +28,15 @@ int cmd_mkmodel(int argc, char **argv)
         {"vocab", required_argument, 0, 'v'},  {"ctx", required_argument, 0, 'c'},
         {"dtype", required_argument, 0, 'd'},  {"seed", required_argument, 0, 's'},
         {"out", required_argument, 0, 'o'},    {"eos-boost", required_argument, 0, 'e'},
+        {"dense-layers", required_argument, 0, 'D'}, {"experts", required_argument, 0, 'E'},
+        {"experts-used", required_argument, 0, 'K'}, {"expert-ffn", required_argument, 0, 'F'},
+        {"shared", required_argument, 0, 'S'},  {"expert-scale", required_argument, 0, 'X'},
         {"help", no_argument, 0, 'Z'},         {0, 0, 0, 0}};
+    /* options are parsed into mo and remembered in `given`; an architecture's
+     * defaults then fill what was not given, whatever the flag order */
     mkmodel_opts mo;
     mkmodel_defaults(&mo);
+    uint64_t given = 0;
     const char *out = NULL;
     pd_err e = {0};
     pd_status st = PD_OK;
@@ -34,15 +44,31 @@ int cmd_mkmodel(int argc, char **argv)
     optind = 1;
     opterr = 0;
     while (st == PD_OK && (ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        if (ch >= 'A' && ch <= 'z') /* the option letters above; 'z' - 'A' < 64 */
+            given |= 1ull << (ch - 'A');
         switch (ch) {
         case 'a':
             if (strcmp(optarg, "llama") == 0)
                 mo.arch = MODEL_ARCH_LLAMA;
             else if (strcmp(optarg, "qwen2") == 0)
                 mo.arch = MODEL_ARCH_QWEN2;
+            else if (strcmp(optarg, "deepseek") == 0)
+                mo.arch = MODEL_ARCH_DEEPSEEK;
             else
-                st = pd_err_set(&e, PD_ERR_ARG, "--arch '%s': expected llama or qwen2", optarg);
+                st = pd_err_set(&e, PD_ERR_ARG, "--arch '%s': expected llama, qwen2 or deepseek", optarg);
             break;
+        case 'D': st = cli_u32("--dense-layers", optarg, 0, 1024, &mo.dense_lead, &e); break;
+        case 'E': st = cli_u32("--experts", optarg, 1, 512, &mo.experts, &e); break;
+        case 'K': st = cli_u32("--experts-used", optarg, 1, 512, &mo.experts_used, &e); break;
+        case 'F': st = cli_u32("--expert-ffn", optarg, 1, 1u << 20, &mo.expert_ffn, &e); break;
+        case 'S': st = cli_u32("--shared", optarg, 1, 1024, &mo.shared, &e); break;
+        case 'X': {
+            char *end;
+            mo.expert_scale = strtof(optarg, &end);
+            if (*end || !(mo.expert_scale > 0.0f) || mo.expert_scale > 1e6f)
+                st = pd_err_set(&e, PD_ERR_ARG, "--expert-scale '%s': expected a number in (0, 1e6]", optarg);
+            break;
+        }
         case 'l': st = cli_u32("--layers", optarg, 1, 1024, &mo.layers, &e); break;
         case 'H': st = cli_u32("--hidden", optarg, 2, 65536, &mo.hidden, &e); break;
         case 'h': st = cli_u32("--heads", optarg, 1, 1024, &mo.heads, &e); break;
@@ -74,6 +100,21 @@ int cmd_mkmodel(int argc, char **argv)
             st = pd_err_set(&e, PD_ERR_ARG, "unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
+    if (st == PD_OK && mo.arch == MODEL_ARCH_DEEPSEEK) {
+        mkmodel_opts d;
+        mkmodel_defaults_deepseek(&d);
+#define KEEP(letter, field) \
+    if (given & (1ull << ((letter) - 'A')))  \
+        d.field = mo.field;
+        KEEP('l', layers) KEEP('H', hidden) KEEP('h', heads) KEEP('k', kv_heads) KEEP('f', ffn)
+        KEEP('v', vocab) KEEP('c', ctx) KEEP('d', f16) KEEP('s', seed) KEEP('e', eos_boost)
+        KEEP('D', dense_lead) KEEP('E', experts) KEEP('K', experts_used) KEEP('F', expert_ffn)
+        KEEP('S', shared) KEEP('X', expert_scale)
+#undef KEEP
+        mo = d;
+    } else if (st == PD_OK && (given & ((1ull << ('D' - 'A')) | (1ull << ('E' - 'A')) | (1ull << ('K' - 'A')) |
+                                        (1ull << ('F' - 'A')) | (1ull << ('S' - 'A')) | (1ull << ('X' - 'A')))))
+        st = pd_err_set(&e, PD_ERR_ARG, "the expert options need --arch deepseek");
     if (st == PD_OK && optind < argc)
         st = pd_err_set(&e, PD_ERR_ARG, "unexpected argument '%s'", argv[optind]);
     if (st == PD_OK && !out)
@@ -86,8 +127,12 @@ int cmd_mkmodel(int argc, char **argv)
             mkmodel_usage(stderr);
         return 2;
     }
-    printf("pipedec mkmodel: wrote %s (%s, %u layers, hidden %u, %u heads / %u kv heads, ffn %u, vocab %u, %s)\n",
-           out, mo.arch == MODEL_ARCH_LLAMA ? "llama" : "qwen2", mo.layers, mo.hidden, mo.heads, mo.kv_heads,
-           mo.ffn, mo.vocab, mo.f16 ? "f16" : "f32");
+    printf("pipedec mkmodel: wrote %s (%s, %u layers, hidden %u, %u heads / %u kv heads, ffn %u, vocab %u, %s",
+           out, mo.arch == MODEL_ARCH_LLAMA ? "llama" : mo.arch == MODEL_ARCH_QWEN2 ? "qwen2" : "deepseek",
+           mo.layers, mo.hidden, mo.heads, mo.kv_heads, mo.ffn, mo.vocab, mo.f16 ? "f16" : "f32");
+    if (mo.arch == MODEL_ARCH_DEEPSEEK)
+        printf("; %u dense layers, %u experts (top %u) of ffn %u, %u shared", mo.dense_lead, mo.experts,
+               mo.experts_used, mo.expert_ffn, mo.shared);
+    printf(")\n");
     return 0;
 }

@@ -1,4 +1,4 @@
-/* mkmodel: deterministic synthetic llama / qwen2 GGUF files. */
+/* mkmodel: deterministic synthetic llama / qwen2 / deepseek GGUF files. */
 #include "cluster/cli/mkmodel.h"
 
 #include "base/fp16.h"
@@ -21,6 +21,26 @@ void mkmodel_defaults(mkmodel_opts *o)
                         .ctx = 2048,
                         .seed = 1,
                         .eos_boost = 1.0f};
+}
+
+void mkmodel_defaults_deepseek(mkmodel_opts *o)
+{
+    *o = (mkmodel_opts){.arch = MODEL_ARCH_DEEPSEEK,
+                        .layers = 12,
+                        .hidden = 1280,
+                        .heads = 10,
+                        .kv_heads = 10,
+                        .ffn = 6848,
+                        .vocab = 129280,
+                        .ctx = 8192,
+                        .seed = 1,
+                        .eos_boost = 1.0f,
+                        .dense_lead = 1,
+                        .experts = 64,
+                        .experts_used = 6,
+                        .expert_ffn = 896,
+                        .shared = 2,
+                        .expert_scale = 1.0f};
 }
 
 static uint64_t mix64(uint64_t z)
@@ -62,12 +82,13 @@ static void *mk_keep(mk_ctx *c, size_t bytes)
     return p;
 }
 
-/* Adds tensor `name` of shape [ne0 x ne1] (ne1 = 0: a vector) with values
- * base + uniform(-a, a); matrices honour --dtype f16. */
-static pd_status mk_tensor(mk_ctx *c, const char *name, uint64_t ne0, uint64_t ne1, float base, float a,
-                           int matrix, pd_err *err)
+/* Adds tensor `name` of shape [ne0 x ne1 x ne2] (ne1 = 0: a vector; ne2 = 0:
+ * at most 2 dimensions) with values base + uniform(-a, a); matrices honour
+ * --dtype f16. */
+static pd_status mk_tensor3(mk_ctx *c, const char *name, uint64_t ne0, uint64_t ne1, uint64_t ne2, float base,
+                            float a, int matrix, pd_err *err)
 {
-    uint64_t n = ne0 * (ne1 ? ne1 : 1);
+    uint64_t n = ne0 * (ne1 ? ne1 : 1) * (ne2 ? ne2 : 1);
     uint64_t tag = ++c->tag;
     int f16 = matrix && c->o->f16;
     void *buf = mk_keep(c, n * (f16 ? 2 : 4));
@@ -80,12 +101,18 @@ static pd_status mk_tensor(mk_ctx *c, const char *name, uint64_t ne0, uint64_t n
         else
             ((float *)buf)[i] = x;
     }
-    uint64_t ne[2] = {ne0, ne1};
-    pd_status st = gguf_writer_add_tensor(c->w, name, f16 ? GGUF_TENSOR_F16 : GGUF_TENSOR_F32, ne1 ? 2 : 1,
-                                          ne, buf);
+    uint64_t ne[3] = {ne0, ne1, ne2};
+    pd_status st = gguf_writer_add_tensor(c->w, name, f16 ? GGUF_TENSOR_F16 : GGUF_TENSOR_F32,
+                                          ne2 ? 3 : ne1 ? 2 : 1, ne, buf);
     if (st)
         return pd_err_set(err, st, "mkmodel: cannot add tensor %s", name);
     return PD_OK;
+}
+
+static pd_status mk_tensor(mk_ctx *c, const char *name, uint64_t ne0, uint64_t ne1, float base, float a,
+                           int matrix, pd_err *err)
+{
+    return mk_tensor3(c, name, ne0, ne1, 0, base, a, matrix, err);
 }
 
 static const char *const mk_syl[] = {"ka", "to", "ri", "ne", "su", "mo", "la", "pe", "di", "an",
@@ -124,7 +151,7 @@ static pd_status mk_vocab(mk_ctx *c, pd_err *err)
     if (!toks || !types || !scores)
         st = pd_err_set(err, PD_ERR_NOMEM, "mkmodel: out of memory for the vocabulary");
     uint32_t bos, eos;
-    int llama = o->arch == MODEL_ARCH_LLAMA;
+    int llama = o->arch == MODEL_ARCH_LLAMA, deepseek = o->arch == MODEL_ARCH_DEEPSEEK;
     for (uint32_t i = 0; st == PD_OK && i < V; i++) {
         char piece[96];
         int32_t type = 1;
@@ -147,7 +174,10 @@ static pd_status mk_vocab(mk_ctx *c, pd_err *err)
                 }
             }
         } else {
-            if (i == 0) { snprintf(piece, sizeof piece, "<|endoftext|>"); type = 3; }
+            /* DeepSeek's specials are BOS 0, EOS 1 ("｜" U+FF5C, "▁" U+2581) */
+            if (i == 0 && deepseek) { snprintf(piece, sizeof piece, "<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"); type = 3; }
+            else if (i == 1 && deepseek) { snprintf(piece, sizeof piece, "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"); type = 3; }
+            else if (i == 0) { snprintf(piece, sizeof piece, "<|endoftext|>"); type = 3; }
             else if (i == 1) { snprintf(piece, sizeof piece, "<|bos|>"); type = 3; }
             else if (i < 2 + 256) {
                 /* GPT-2 bytes_to_unicode: printable bytes map to themselves,
@@ -187,6 +217,9 @@ static pd_status mk_vocab(mk_ctx *c, pd_err *err)
     if (llama) {
         bos = 1;
         eos = 2;
+    } else if (deepseek) {
+        bos = 0;
+        eos = 1;
     } else {
         bos = 1;
         eos = 0;
@@ -212,7 +245,21 @@ static pd_status mk_vocab(mk_ctx *c, pd_err *err)
 pd_status mkmodel_write(const mkmodel_opts *o, const char *path, pd_err *err)
 {
     if (o->arch >= MODEL_ARCH_COUNT)
-        return pd_err_set(err, PD_ERR_ARG, "mkmodel: --arch must be llama or qwen2");
+        return pd_err_set(err, PD_ERR_ARG, "mkmodel: --arch must be llama, qwen2 or deepseek");
+    const int moe = o->arch == MODEL_ARCH_DEEPSEEK;
+    if (moe && o->dense_lead > o->layers)
+        return pd_err_set(err, PD_ERR_ARG, "mkmodel: --dense-layers %u exceeds --layers %u", o->dense_lead,
+                          o->layers);
+    if (moe && (o->experts < 1 || o->experts > 512))
+        return pd_err_set(err, PD_ERR_ARG, "mkmodel: --experts %u: expected 1..512", o->experts);
+    if (moe && (o->experts_used < 1 || o->experts_used > o->experts))
+        return pd_err_set(err, PD_ERR_ARG, "mkmodel: --experts-used %u: expected 1..--experts %u",
+                          o->experts_used, o->experts);
+    if (moe && (o->expert_ffn < 1 || o->shared < 1 || (uint64_t)o->expert_ffn * o->shared > (1u << 20)))
+        return pd_err_set(err, PD_ERR_ARG, "mkmodel: --expert-ffn %u x --shared %u: expected 1..2^20",
+                          o->expert_ffn, o->shared);
+    if (moe && !(o->expert_scale > 0.0f))
+        return pd_err_set(err, PD_ERR_ARG, "mkmodel: --expert-scale must be positive");
     if (o->layers < 1 || o->layers > 1024)
         return pd_err_set(err, PD_ERR_ARG, "mkmodel: --layers %u: expected 1..1024", o->layers);
     if (o->heads < 1 || o->kv_heads < 1 || o->heads % o->kv_heads)
@@ -234,7 +281,7 @@ pd_status mkmodel_write(const mkmodel_opts *o, const char *path, pd_err *err)
     mk_ctx c = {.o = o, .w = gguf_writer_new()};
     if (!c.w)
         return pd_err_set(err, PD_ERR_NOMEM, "mkmodel: out of memory");
-    const char *arch = o->arch == MODEL_ARCH_LLAMA ? "llama" : "qwen2";
+    const char *arch = o->arch == MODEL_ARCH_LLAMA ? "llama" : o->arch == MODEL_ARCH_QWEN2 ? "qwen2" : "deepseek";
     char key[128];
     gguf_writer *w = c.w;
     gguf_writer_set_str(w, "general.architecture", arch);
@@ -249,6 +296,14 @@ pd_status mkmodel_write(const mkmodel_opts *o, const char *path, pd_err *err)
     gguf_writer_set_u32(w, KEY("context_length"), o->ctx);
     gguf_writer_set_f32(w, KEY("rope.freq_base"), 10000.0f);
     gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
+    if (moe) {
+        gguf_writer_set_u32(w, KEY("leading_dense_block_count"), o->dense_lead);
+        gguf_writer_set_u32(w, KEY("expert_count"), o->experts);
+        gguf_writer_set_u32(w, KEY("expert_used_count"), o->experts_used);
+        gguf_writer_set_u32(w, KEY("expert_shared_count"), o->shared);
+        gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), o->expert_ffn);
+        gguf_writer_set_f32(w, KEY("expert_weights_scale"), o->expert_scale);
+    }
 #undef KEY
     pd_status st = mk_vocab(&c, err);
     uint32_t H = o->hidden, hd = o->hidden / o->heads, F = o->ffn;
@@ -265,11 +320,28 @@ pd_status mkmodel_write(const mkmodel_opts *o, const char *path, pd_err *err)
             (st = mk_tensor(&c, T("attn_k.weight"), H, kvd, 0.0f, a_in * 1.5f, 1, err)) ||
             (st = mk_tensor(&c, T("attn_v.weight"), H, kvd, 0.0f, a_in, 1, err)) ||
             (st = mk_tensor(&c, T("attn_output.weight"), qd, H, 0.0f, sqrtf(3.0f / (float)qd) * damp, 1, err)) ||
-            (st = mk_tensor(&c, T("ffn_norm.weight"), H, 0, 1.0f, 0.1f, 0, err)) ||
-            (st = mk_tensor(&c, T("ffn_gate.weight"), H, F, 0.0f, a_in, 1, err)) ||
-            (st = mk_tensor(&c, T("ffn_up.weight"), H, F, 0.0f, a_in, 1, err)) ||
-            (st = mk_tensor(&c, T("ffn_down.weight"), F, H, 0.0f, sqrtf(3.0f / (float)F) * damp * 2.0f, 1, err)))
+            (st = mk_tensor(&c, T("ffn_norm.weight"), H, 0, 1.0f, 0.1f, 0, err)))
             break;
+        if (!moe || L < o->dense_lead) {
+            if ((st = mk_tensor(&c, T("ffn_gate.weight"), H, F, 0.0f, a_in, 1, err)) ||
+                (st = mk_tensor(&c, T("ffn_up.weight"), H, F, 0.0f, a_in, 1, err)) ||
+                (st = mk_tensor(&c, T("ffn_down.weight"), F, H, 0.0f, sqrtf(3.0f / (float)F) * damp * 2.0f, 1, err)))
+                break;
+        } else {
+            /* router logits of std ~2: a peaked but not one-hot softmax;
+             * the routed sum (weights <= 1) and the shared experts each
+             * carry about half of a dense layer's output */
+            uint32_t FE = o->expert_ffn, FS = o->expert_ffn * o->shared, E = o->experts;
+            float a_fe = sqrtf(3.0f / (float)FE) * damp * 2.0f, a_fs = sqrtf(3.0f / (float)FS) * damp * 1.4f;
+            if ((st = mk_tensor(&c, T("ffn_gate_inp.weight"), H, E, 0.0f, a_in * 2.0f, 1, err)) ||
+                (st = mk_tensor3(&c, T("ffn_gate_exps.weight"), H, FE, E, 0.0f, a_in, 1, err)) ||
+                (st = mk_tensor3(&c, T("ffn_up_exps.weight"), H, FE, E, 0.0f, a_in, 1, err)) ||
+                (st = mk_tensor3(&c, T("ffn_down_exps.weight"), FE, H, E, 0.0f, a_fe * 2.0f, 1, err)) ||
+                (st = mk_tensor(&c, T("ffn_gate_shexp.weight"), H, FS, 0.0f, a_in, 1, err)) ||
+                (st = mk_tensor(&c, T("ffn_up_shexp.weight"), H, FS, 0.0f, a_in, 1, err)) ||
+                (st = mk_tensor(&c, T("ffn_down_shexp.weight"), FS, H, 0.0f, a_fs, 1, err)))
+                break;
+        }
         if (o->arch == MODEL_ARCH_QWEN2 &&
             ((st = mk_tensor(&c, T("attn_q.bias"), qd, 0, 0.0f, 0.1f, 0, err)) ||
              (st = mk_tensor(&c, T("attn_k.bias"), kvd, 0, 0.0f, 0.1f, 0, err)) ||
@@ -284,7 +356,7 @@ pd_status mkmodel_write(const mkmodel_opts *o, const char *path, pd_err *err)
         st = mk_tensor(&c, "output.weight", H, o->vocab, 0.0f, a_in * 4.0f, 1, err);
         if (st == PD_OK && o->eos_boost != 1.0f) {
             /* the last buffer is output.weight: scale the EOS row */
-            uint32_t eos = o->arch == MODEL_ARCH_LLAMA ? 2 : 0;
+            uint32_t eos = o->arch == MODEL_ARCH_LLAMA ? 2 : o->arch == MODEL_ARCH_DEEPSEEK ? 1 : 0;
             void *buf = c.bufs[c.n_bufs - 1];
             for (uint32_t i = 0; i < H; i++) {
                 if (o->f16) {

@@ -7,7 +7,13 @@
  * 1/sqrt(2 * layers), norms are near one. The vocabulary detokenizes to
  * printable text: llama-style models get SentencePiece pieces ("▁" word marks,
  * 256 <0xNN> byte tokens, <unk>/<s>/</s>), qwen2-style models get GPT-2
- * byte-level BPE pieces ("Ġ" for a space) and <|endoftext|>. */
+ * byte-level BPE pieces ("Ġ" for a space) and <|endoftext|>; deepseek models
+ * the same pieces with DeepSeek's specials (BOS 0, EOS 1).
+ *
+ * deepseek: llama.cpp's keys and tensor names (model.h): `dense_lead` dense
+ * layers, then MoE layers with `experts` routed experts of width
+ * `expert_ffn` (top `experts_used`) and `shared` shared experts. The router
+ * weights are scaled so that the softmax is neither flat nor one-hot. */
 #ifndef PD_MKMODEL_H
 #define PD_MKMODEL_H
 
@@ -22,11 +28,19 @@ typedef struct mkmodel_opts {
     int f16;           /* matrices stored as F16 instead of F32 */
     uint64_t seed;
     float eos_boost;   /* multiplies the output row of EOS (1 = none) */
+    /* deepseek only */
+    uint32_t dense_lead, experts, experts_used, expert_ffn, shared;
+    float expert_scale; /* deepseek.expert_weights_scale */
 } mkmodel_opts;
 
 /* Defaults: llama, 4 layers, hidden 64, 4 heads, 2 kv heads, ffn 128,
  * vocab 512, ctx 2048, f32, seed 1. */
 void mkmodel_defaults(mkmodel_opts *o);
+/* Defaults for --arch deepseek: DeepSeek-OCR's decoder shape, 12 layers,
+ * hidden 1280, 10 x 128 heads (MHA), 1 dense layer of ffn 6848, 64 experts
+ * (top 6) of ffn 896, 2 shared, vocab 129280, ctx 8192, expert scale 1,
+ * f32, seed 1. */
+void mkmodel_defaults_deepseek(mkmodel_opts *o);
 
 /* Validates the options (names the bad one) and writes the model to path
  * atomically (gguf_writer_write: a temporary file renamed over path). */

@@ -89,6 +89,31 @@ static pd_status cost_add_mat(const gguf_file *f, const char *name, uint64_t in,
     return PD_OK;
 }
 
+/* An expert stack [in x outn x n_expert] (model.c's experts_load): every
+ * expert's bytes are weights of the step (at the batch sizes the cost rule is
+ * made for, most experts are used by some row), but a row multiplies only
+ * through its top-k experts: in x outn x k multiply-adds. */
+static pd_status cost_add_experts(const gguf_file *f, const char *name, uint64_t in, uint64_t outn,
+                                  const model_hparams *hp, cost_part *p, pd_err *err)
+{
+    const gguf_tensor *t = gguf_tensor_find(f, name);
+    if (!t)
+        return pd_err_set(err, PD_ERR_FORMAT, "tensor %s is missing", name);
+    if (t->n_dims != 3 || t->ne[0] != in || t->ne[1] != outn || t->ne[2] != hp->n_expert)
+        return pd_err_set(err, PD_ERR_FORMAT,
+                          "tensor %s has shape [%llu, %llu, %llu] (%u dims), expected [%llu, %llu, %u] "
+                          "(the last is expert_count)",
+                          name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+                          (unsigned long long)(t->n_dims > 2 ? t->ne[2] : 1), t->n_dims, (unsigned long long)in,
+                          (unsigned long long)outn, hp->n_expert);
+    if (!gguf_type_supported(t->type))
+        return pd_err_set(err, PD_ERR_UNSUPPORTED, "tensor %s has type %s; supported: f32, f16, bf16, q8_0", name,
+                          gguf_type_name(t->type));
+    p->weight_bytes += t->bytes;
+    p->macs += in * outn * hp->n_expert_used;
+    return PD_OK;
+}
+
 /* A norm weight or a bias of n values: kept as f32 whatever its stored type
  * (model.c vec_load), one multiply or add per value. */
 static pd_status cost_add_vec(const gguf_file *f, const char *name, uint64_t n, cost_part *p, pd_err *err)
@@ -114,10 +139,23 @@ static pd_status cost_layer(const gguf_file *f, const model_hparams *hp, uint32_
         (st = cost_add_mat(f, LNAME("attn_q.weight"), hp->hidden, q_out, p, err)) ||
         (st = cost_add_mat(f, LNAME("attn_k.weight"), hp->hidden, kv_out, p, err)) ||
         (st = cost_add_mat(f, LNAME("attn_v.weight"), hp->hidden, kv_out, p, err)) ||
-        (st = cost_add_mat(f, LNAME("attn_output.weight"), q_out, hp->hidden, p, err)) ||
-        (st = cost_add_mat(f, LNAME("ffn_gate.weight"), hp->hidden, hp->ffn, p, err)) ||
-        (st = cost_add_mat(f, LNAME("ffn_up.weight"), hp->hidden, hp->ffn, p, err)) ||
-        (st = cost_add_mat(f, LNAME("ffn_down.weight"), hp->ffn, hp->hidden, p, err)))
+        (st = cost_add_mat(f, LNAME("attn_output.weight"), q_out, hp->hidden, p, err)))
+        return st;
+    if (hp->arch == MODEL_ARCH_DEEPSEEK && L >= hp->n_dense_lead) {
+        /* MoE: the router, the routed experts (all bytes, top-k active), the
+         * shared experts (dense) */
+        uint64_t fe = hp->ffn_exp, fs = (uint64_t)hp->ffn_exp * hp->n_expert_shared;
+        if ((st = cost_add_mat(f, LNAME("ffn_gate_inp.weight"), hp->hidden, hp->n_expert, p, err)) ||
+            (st = cost_add_experts(f, LNAME("ffn_gate_exps.weight"), hp->hidden, fe, hp, p, err)) ||
+            (st = cost_add_experts(f, LNAME("ffn_up_exps.weight"), hp->hidden, fe, hp, p, err)) ||
+            (st = cost_add_experts(f, LNAME("ffn_down_exps.weight"), fe, hp->hidden, hp, p, err)) ||
+            (st = cost_add_mat(f, LNAME("ffn_gate_shexp.weight"), hp->hidden, fs, p, err)) ||
+            (st = cost_add_mat(f, LNAME("ffn_up_shexp.weight"), hp->hidden, fs, p, err)) ||
+            (st = cost_add_mat(f, LNAME("ffn_down_shexp.weight"), fs, hp->hidden, p, err)))
+            return st;
+    } else if ((st = cost_add_mat(f, LNAME("ffn_gate.weight"), hp->hidden, hp->ffn, p, err)) ||
+               (st = cost_add_mat(f, LNAME("ffn_up.weight"), hp->hidden, hp->ffn, p, err)) ||
+               (st = cost_add_mat(f, LNAME("ffn_down.weight"), hp->ffn, hp->hidden, p, err)))
         return st;
     if (hp->qkv_bias &&
         ((st = cost_add_vec(f, LNAME("attn_q.bias"), q_out, p, err)) ||

@@ -30,7 +30,9 @@ typedef struct cost_part {
     uint64_t weight_bytes; /* weights read once per step: matrices at their stored type,
                               norms and biases at 4 bytes (they are kept as f32) */
     uint64_t macs;         /* multiply-adds per row outside attention: ne0 x ne1 per matrix
-                              (dense: every weight is active), ne0 per norm or bias */
+                              (dense: every weight is active), ne0 per norm or bias; an
+                              MoE layer's routed experts count expert_used_count experts
+                              (the active parameters), their weight_bytes all experts */
     uint64_t row_bytes;    /* other bytes per row: the embedding row the head reads,
                               the logits row the tail writes and sampling reads */
     uint64_t attn_values;  /* cache values read per row per attended row:

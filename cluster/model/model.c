@@ -38,7 +38,11 @@ struct model {
 static const char *const model_arch_names[MODEL_ARCH_COUNT] = {
     [MODEL_ARCH_LLAMA] = "llama",
     [MODEL_ARCH_QWEN2] = "qwen2",
+    [MODEL_ARCH_DEEPSEEK] = "deepseek",
 };
+
+/* llama.cpp's LLAMA_MAX_EXPERTS: a file claiming more is refused. */
+#define MODEL_MAX_EXPERTS 512u
 
 /* ---- hyperparameters ---------------------------------------------------- */
 
@@ -121,13 +125,25 @@ static void hparams_describe_assumed(model_hparams *hp, const char *arch)
 
 /* ---- the tensor set ------------------------------------------------------ */
 
-/* The per-layer tensors layer_load reads ("blk.L." + part); the Q/K/V biases
- * only when the file has them (hp->qkv_bias). */
+/* The per-layer tensors layer_load reads ("blk.L." + part): the attention
+ * parts of every layer, the feed-forward parts of the layer's kind; the Q/K/V
+ * biases only when the file has them (hp->qkv_bias). */
 static const char *const model_layer_parts[] = {
-    "attn_norm.weight", "ffn_norm.weight", "attn_q.weight",   "attn_k.weight",
-    "attn_v.weight",    "attn_output.weight", "ffn_gate.weight", "ffn_up.weight",
-    "ffn_down.weight",
+    "attn_norm.weight", "ffn_norm.weight", "attn_q.weight", "attn_k.weight",
+    "attn_v.weight",    "attn_output.weight",
 };
+static const char *const model_swiglu_parts[] = {"ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"};
+static const char *const model_moe_parts[] = {
+    "ffn_gate_inp.weight",   "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight",
+    "ffn_gate_shexp.weight", "ffn_up_shexp.weight",  "ffn_down_shexp.weight",
+};
+
+/* The feed-forward kind of layer L: llama and qwen2 are dense throughout,
+ * deepseek after its leading dense layers is a mixture of experts. */
+static model_ffn_kind ffn_kind_of(const model_hparams *hp, uint32_t L)
+{
+    return hp->arch == MODEL_ARCH_DEEPSEEK && L >= hp->n_dense_lead ? MODEL_FFN_MOE : MODEL_FFN_SWIGLU;
+}
 static const char *const model_layer_bias_parts[] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
 
 /* Whether the architecture reads a tensor of this name (model_load,
@@ -151,6 +167,13 @@ static int tensor_used(const model_hparams *hp, const char *name)
     p++;
     for (size_t i = 0; i < sizeof model_layer_parts / sizeof model_layer_parts[0]; i++)
         if (!strcmp(p, model_layer_parts[i]))
+            return 1;
+    int moe = ffn_kind_of(hp, (uint32_t)L) == MODEL_FFN_MOE;
+    const char *const *ffn_parts = moe ? model_moe_parts : model_swiglu_parts;
+    size_t n_ffn = moe ? sizeof model_moe_parts / sizeof model_moe_parts[0]
+                       : sizeof model_swiglu_parts / sizeof model_swiglu_parts[0];
+    for (size_t i = 0; i < n_ffn; i++)
+        if (!strcmp(p, ffn_parts[i]))
             return 1;
     for (size_t i = 0; hp->qkv_bias && i < sizeof model_layer_bias_parts / sizeof model_layer_bias_parts[0];
          i++)
@@ -193,6 +216,47 @@ static pd_status tensors_check_used(const gguf_file *f, const model_hparams *hp,
                       unused > 4 ? ", ..." : "");
 }
 
+/* The mixture-of-experts keys, every one required as llama.cpp requires them
+ * for deepseek (expert_count and expert_used_count are required here too: a
+ * deepseek file without experts is not one). */
+static pd_status moe_hparams_read(const gguf_file *f, model_hparams *hp, const char *archz, pd_err *err)
+{
+    uint32_t *dfl = &hp->defaulted;
+    const model_hp_key req = MODEL_HP_KEY_COUNT;
+    char key[160];
+    pd_status st;
+    if ((st = hp_u32(f, archz, "leading_dense_block_count", &hp->n_dense_lead, 1, 0, dfl, req, err)) ||
+        (st = hp_u32(f, archz, "expert_count", &hp->n_expert, 1, 0, dfl, req, err)) ||
+        (st = hp_u32(f, archz, "expert_used_count", &hp->n_expert_used, 1, 0, dfl, req, err)) ||
+        (st = hp_u32(f, archz, "expert_shared_count", &hp->n_expert_shared, 1, 0, dfl, req, err)) ||
+        (st = hp_u32(f, archz, "expert_feed_forward_length", &hp->ffn_exp, 1, 0, dfl, req, err)))
+        return st;
+    snprintf(key, sizeof key, "%s.expert_weights_scale", archz);
+    if (gguf_find_key(f, key) < 0)
+        return pd_err_set(err, PD_ERR_FORMAT, "missing metadata key %s", key);
+    if ((st = gguf_get_f32(f, key, &hp->expert_weights_scale, err)))
+        return st;
+    if (hp->n_dense_lead > hp->n_layers)
+        return pd_err_set(err, PD_ERR_FORMAT, "%s.leading_dense_block_count %u exceeds block_count %u", archz,
+                          hp->n_dense_lead, hp->n_layers);
+    if (hp->n_expert == 0 || hp->n_expert > MODEL_MAX_EXPERTS)
+        return pd_err_set(err, PD_ERR_FORMAT, "%s.expert_count %u: expected 1..%u", archz, hp->n_expert,
+                          MODEL_MAX_EXPERTS);
+    if (hp->n_expert_used == 0 || hp->n_expert_used > hp->n_expert)
+        return pd_err_set(err, PD_ERR_FORMAT, "%s.expert_used_count %u: expected 1..expert_count %u", archz,
+                          hp->n_expert_used, hp->n_expert);
+    if (hp->n_expert_shared == 0 || hp->ffn_exp == 0 ||
+        (uint64_t)hp->n_expert_shared * hp->ffn_exp > (1u << 24))
+        return pd_err_set(err, PD_ERR_FORMAT,
+                          "%s.expert_shared_count %u x expert_feed_forward_length %u: expected 1..2^24 "
+                          "(a layer without a shared expert is not supported)",
+                          archz, hp->n_expert_shared, hp->ffn_exp);
+    if (!(hp->expert_weights_scale > 0.0f) || hp->expert_weights_scale > 1e6f)
+        return pd_err_set(err, PD_ERR_FORMAT, "%s.expert_weights_scale %g out of range", archz,
+                          (double)hp->expert_weights_scale);
+    return PD_OK;
+}
+
 static pd_status hparams_read(const gguf_file *f, model_hparams *hp, pd_err *err)
 {
     memset(hp, 0, sizeof *hp);
@@ -214,7 +278,9 @@ static pd_status hparams_read(const gguf_file *f, model_hparams *hp, pd_err *err
         }
     if (!found)
         return pd_err_set(err, PD_ERR_UNSUPPORTED,
-                          "architecture \"%s\" is not supported (supported: llama, qwen2)", archz);
+                          "architecture \"%s\" is not supported (supported: llama, qwen2, deepseek)",
+                          archz);
+    /* llama.cpp's rope type: NEOX for qwen2, NORM for llama and deepseek */
     hp->rope = hp->arch == MODEL_ARCH_QWEN2 ? MODEL_ROPE_NEOX : MODEL_ROPE_NORM;
     uint32_t *dfl = &hp->defaulted;
     const model_hp_key req = MODEL_HP_KEY_COUNT; /* required: never defaulted */
@@ -229,6 +295,8 @@ static pd_status hparams_read(const gguf_file *f, model_hparams *hp, pd_err *err
                      MODEL_HP_KEY_ROPE_BASE, err)) ||
         (st = hp_f32(f, archz, "attention.layer_norm_rms_epsilon", &hp->rms_eps, 1e-5f, dfl,
                      MODEL_HP_KEY_RMS_EPS, err)))
+        return st;
+    if (hp->arch == MODEL_ARCH_DEEPSEEK && (st = moe_hparams_read(f, hp, archz, err)))
         return st;
     if (gguf_find_key(f, "general.alignment") < 0)
         hp->defaulted |= 1u << MODEL_HP_KEY_ALIGNMENT;
@@ -278,6 +346,8 @@ static pd_status hparams_read(const gguf_file *f, model_hparams *hp, pd_err *err
                           hp->eos, hp->vocab);
     hp->qkv_bias = gguf_tensor_find(f, "blk.0.attn_q.bias") != NULL;
     hp->tied_output = gguf_tensor_find(f, "output.weight") == NULL;
+    if (hp->tied_output && hp->arch == MODEL_ARCH_DEEPSEEK)
+        return pd_err_set(err, PD_ERR_FORMAT, "tensor output.weight is missing (deepseek's output is not tied)");
     if ((st = tensors_check_used(f, hp, archz, err)))
         return st;
     hparams_describe_assumed(hp, archz);
@@ -302,6 +372,27 @@ static pd_status tensor_get(const gguf_file *f, const char *name, uint64_t ne0, 
         return pd_err_set(err, PD_ERR_UNSUPPORTED,
                           "tensor %s has type %s; supported: f32, f16, bf16, q8_0", name,
                           gguf_type_name(t->type));
+    *out = t;
+    return PD_OK;
+}
+
+/* A 3-dimensional tensor [ne0, ne1, ne2] (expert stacks: ne2 = experts). */
+static pd_status tensor_get3(const gguf_file *f, const char *name, uint64_t ne0, uint64_t ne1, uint64_t ne2,
+                             const gguf_tensor **out, pd_err *err)
+{
+    const gguf_tensor *t = gguf_tensor_find(f, name);
+    if (!t)
+        return pd_err_set(err, PD_ERR_FORMAT, "tensor %s is missing", name);
+    if (t->n_dims != 3 || t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != ne2)
+        return pd_err_set(err, PD_ERR_FORMAT,
+                          "tensor %s has shape [%llu, %llu, %llu] (%u dims), expected [%llu, %llu, %llu] "
+                          "(the last is expert_count)",
+                          name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+                          (unsigned long long)(t->n_dims > 2 ? t->ne[2] : 1), t->n_dims,
+                          (unsigned long long)ne0, (unsigned long long)ne1, (unsigned long long)ne2);
+    if (!gguf_type_supported(t->type))
+        return pd_err_set(err, PD_ERR_UNSUPPORTED, "tensor %s has type %s; supported: f32, f16, bf16, q8_0",
+                          name, gguf_type_name(t->type));
     *out = t;
     return PD_OK;
 }
@@ -356,33 +447,58 @@ static pd_status vec_load(const model *m, const char *name, uint64_t n, float **
     return PD_OK;
 }
 
+static pd_status tensor_wtype(const gguf_tensor *t, const char *name, gemm_wtype *wt, pd_err *err)
+{
+    switch (t->type) {
+    case GGUF_TENSOR_F32: *wt = GEMM_W_F32; return PD_OK;
+    case GGUF_TENSOR_F16: *wt = GEMM_W_F16; return PD_OK;
+    case GGUF_TENSOR_BF16: *wt = GEMM_W_BF16; return PD_OK;
+    case GGUF_TENSOR_Q8_0: *wt = GEMM_W_Q8_0; return PD_OK;
+    default: return pd_err_set(err, PD_ERR_UNSUPPORTED, "tensor %s: type %s", name, gguf_type_name(t->type));
+    }
+}
+
 static pd_status mat_load(const model *m, const char *name, uint64_t in, uint64_t outn,
                           gemm_backend be, gemm_w **out, pd_err *err)
 {
-    const gguf_tensor *t;
+    const gguf_tensor *t = NULL;
+    gemm_wtype wt = GEMM_W_F32;
     pd_status st = tensor_get(m->file, name, in, outn, &t, err);
-    if (st)
+    if (st || (st = tensor_wtype(t, name, &wt, err)))
         return st;
-    gemm_wtype wt;
-    switch (t->type) {
-    case GGUF_TENSOR_F32: wt = GEMM_W_F32; break;
-    case GGUF_TENSOR_F16: wt = GEMM_W_F16; break;
-    case GGUF_TENSOR_BF16: wt = GEMM_W_BF16; break;
-    case GGUF_TENSOR_Q8_0: wt = GEMM_W_Q8_0; break;
-    default: return pd_err_set(err, PD_ERR_UNSUPPORTED, "tensor %s: type %s", name, gguf_type_name(t->type));
-    }
     st = gemm_pack(t->data, wt, (uint32_t)outn, (uint32_t)in, be, m->alloc, out, err);
     if (st)
         pd_err_prefix(err, "tensor %s", name);
     return st;
 }
 
-/* The feed-forward kind of layer L: llama and qwen2 are dense throughout. */
-static model_ffn_kind ffn_kind_of(const model_hparams *hp, uint32_t L)
+/* An expert stack [in, outn, n_expert] packed as n_expert matrices [outn x in]
+ * (expert e is the e-th slab of outn rows): out[e], an array calloc'd here. */
+static pd_status experts_load(const model *m, const char *name, uint64_t in, uint64_t outn,
+                              gemm_backend be, gemm_w ***out, pd_err *err)
 {
-    (void)hp;
-    (void)L;
-    return MODEL_FFN_SWIGLU;
+    const uint32_t E = m->hp.n_expert;
+    const gguf_tensor *t = NULL;
+    gemm_wtype wt = GEMM_W_F32;
+    pd_status st = tensor_get3(m->file, name, in, outn, E, &t, err);
+    if (st || (st = tensor_wtype(t, name, &wt, err)))
+        return st;
+    size_t row = gemm_row_bytes(wt, (uint32_t)in);
+    if (row == 0)
+        return pd_err_set(err, PD_ERR_FORMAT, "tensor %s: rows of %llu %s values", name, (unsigned long long)in,
+                          gemm_wtype_name(wt));
+    gemm_w **w = calloc(E, sizeof *w);
+    if (!w)
+        return pd_err_set(err, PD_ERR_NOMEM, "tensor %s: out of memory", name);
+    *out = w; /* layer_free frees what was packed when a later expert fails */
+    for (uint32_t e = 0; e < E; e++) {
+        const uint8_t *slab = (const uint8_t *)t->data + (size_t)e * outn * row;
+        if ((st = gemm_pack(slab, wt, (uint32_t)outn, (uint32_t)in, be, m->alloc, &w[e], err))) {
+            pd_err_prefix(err, "tensor %s, expert %u", name, e);
+            return st;
+        }
+    }
+    return PD_OK;
 }
 
 static pd_status layer_load(model *m, uint32_t L, model_layer *ly, gemm_backend be, pd_err *err)
@@ -409,6 +525,18 @@ static pd_status layer_load(model *m, uint32_t L, model_layer *ly, gemm_backend 
             (st = mat_load(m, LNAME("ffn_down.weight"), hp->ffn, hp->hidden, be, &ly->wdown, err)))
             return st;
         break;
+    case MODEL_FFN_MOE: {
+        uint64_t fe = hp->ffn_exp, fs = (uint64_t)hp->ffn_exp * hp->n_expert_shared;
+        if ((st = mat_load(m, LNAME("ffn_gate_inp.weight"), hp->hidden, hp->n_expert, be, &ly->router, err)) ||
+            (st = experts_load(m, LNAME("ffn_gate_exps.weight"), hp->hidden, fe, be, &ly->egate, err)) ||
+            (st = experts_load(m, LNAME("ffn_up_exps.weight"), hp->hidden, fe, be, &ly->eup, err)) ||
+            (st = experts_load(m, LNAME("ffn_down_exps.weight"), fe, hp->hidden, be, &ly->edown, err)) ||
+            (st = mat_load(m, LNAME("ffn_gate_shexp.weight"), hp->hidden, fs, be, &ly->wgate, err)) ||
+            (st = mat_load(m, LNAME("ffn_up_shexp.weight"), hp->hidden, fs, be, &ly->wup, err)) ||
+            (st = mat_load(m, LNAME("ffn_down_shexp.weight"), fs, hp->hidden, be, &ly->wdown, err)))
+            return st;
+        break;
+    }
     default:
         CHECKF(0, "layer %u: feed-forward kind %u", L, (unsigned)ly->ffn);
     }
@@ -433,6 +561,13 @@ static void layer_free(const model *m, model_layer *ly)
     gemm_free(ly->wgate);
     gemm_free(ly->wup);
     gemm_free(ly->wdown);
+    gemm_free(ly->router);
+    gemm_w **stacks[3] = {ly->egate, ly->eup, ly->edown};
+    for (int s = 0; s < 3; s++) {
+        for (uint32_t e = 0; stacks[s] && e < hp->n_expert; e++)
+            gemm_free(stacks[s][e]);
+        free(stacks[s]);
+    }
     pd_free_bytes(m->alloc, ly->attn_norm, hp->hidden * sizeof(float));
     pd_free_bytes(m->alloc, ly->ffn_norm, hp->hidden * sizeof(float));
     pd_free_bytes(m->alloc, ly->bq, q_out * sizeof(float));
@@ -552,8 +687,12 @@ uint64_t model_weight_bytes(const model *m)
     for (uint32_t i = 0; i < m->n_layers; i++) {
         const model_layer *ly = &m->layers[i];
         b += gemm_bytes(ly->wq) + gemm_bytes(ly->wk) + gemm_bytes(ly->wv) + gemm_bytes(ly->wo);
-        if (ly->ffn == MODEL_FFN_SWIGLU)
-            b += gemm_bytes(ly->wgate) + gemm_bytes(ly->wup) + gemm_bytes(ly->wdown);
+        b += gemm_bytes(ly->wgate) + gemm_bytes(ly->wup) + gemm_bytes(ly->wdown);
+        if (ly->ffn == MODEL_FFN_MOE) {
+            b += gemm_bytes(ly->router);
+            for (uint32_t e = 0; e < m->hp.n_expert; e++)
+                b += gemm_bytes(ly->egate[e]) + gemm_bytes(ly->eup[e]) + gemm_bytes(ly->edown[e]);
+        }
     }
     if (m->out)
         b += gemm_bytes(m->out);
@@ -648,13 +787,24 @@ int32_t model_token_type(const model *m, uint32_t id)
 
 /* ---- one layer of a micro-batch ------------------------------------------ */
 
-/* INV: every buffer holds rows x its width floats (64-byte aligned). */
+/* INV: every buffer holds rows x its width floats (64-byte aligned); the MOE
+ * buffers are NULL when the model has no experts (n_expert == 0). */
 struct model_scratch {
     uint32_t rows;
     float *h, *o;   /* [rows x hidden] */
     float *q, *att; /* [rows x n_heads * head_dim] */
     float *k, *v;   /* [rows x n_kv_heads * head_dim] */
-    float *g, *u;   /* SWIGLU: [rows x ffn] */
+    float *g, *u;   /* SWIGLU / MOE shared experts: [rows x max(ffn, ffn_exp * n_expert_shared)] */
+    /* MOE, K = n_expert_used, E = n_expert: */
+    float *probs;   /* [rows x E] router logits, then probabilities */
+    uint32_t *sel;  /* [rows x K] row i's experts in rank order */
+    float *wt;      /* [rows x K] their weights */
+    uint32_t *slot; /* [rows x K] where (row i, rank r) sits among the gathered rows */
+    uint32_t *off;  /* [E + 1] expert e's gathered rows are [off[e], off[e + 1]) */
+    uint32_t *fill; /* [E] rows placed so far while gathering */
+    uint32_t *act;  /* [E] experts used by some row, increasing */
+    float *xa, *xy; /* [rows x K x hidden] gathered inputs, expert outputs */
+    float *xg, *xu; /* [rows x K x ffn_exp] */
 };
 
 static float *scratch_f(uint64_t n)
@@ -677,9 +827,28 @@ pd_status model_scratch_new(const model_hparams *hp, uint32_t max_rows, model_sc
     s->att = scratch_f(R * qd);
     s->k = scratch_f(R * kvd);
     s->v = scratch_f(R * kvd);
-    s->g = scratch_f(R * hp->ffn);
-    s->u = scratch_f(R * hp->ffn);
-    if (!s->h || !s->o || !s->q || !s->att || !s->k || !s->v || !s->g || !s->u) {
+    uint64_t gw = hp->ffn, shw = (uint64_t)hp->ffn_exp * hp->n_expert_shared;
+    gw = shw > gw ? shw : gw;
+    s->g = scratch_f(R * gw);
+    s->u = scratch_f(R * gw);
+    int moe_ok = 1;
+    if (hp->n_expert) {
+        uint64_t E = hp->n_expert, RK = R * hp->n_expert_used;
+        s->probs = scratch_f(R * E);
+        s->wt = scratch_f(RK);
+        s->sel = malloc(RK * sizeof *s->sel);
+        s->slot = malloc(RK * sizeof *s->slot);
+        s->off = malloc((E + 1) * sizeof *s->off);
+        s->fill = malloc(E * sizeof *s->fill);
+        s->act = malloc(E * sizeof *s->act);
+        s->xa = scratch_f(RK * hp->hidden);
+        s->xy = scratch_f(RK * hp->hidden);
+        s->xg = scratch_f(RK * hp->ffn_exp);
+        s->xu = scratch_f(RK * hp->ffn_exp);
+        moe_ok = s->probs && s->wt && s->sel && s->slot && s->off && s->fill && s->act && s->xa && s->xy &&
+                 s->xg && s->xu;
+    }
+    if (!s->h || !s->o || !s->q || !s->att || !s->k || !s->v || !s->g || !s->u || !moe_ok) {
         model_scratch_free(s);
         return pd_err_set(err, PD_ERR_NOMEM, "model: out of memory for %u-row scratch", max_rows);
     }
@@ -699,6 +868,17 @@ void model_scratch_free(model_scratch *s)
     free(s->v);
     free(s->g);
     free(s->u);
+    free(s->probs);
+    free(s->wt);
+    free(s->sel);
+    free(s->slot);
+    free(s->off);
+    free(s->fill);
+    free(s->act);
+    free(s->xa);
+    free(s->xy);
+    free(s->xg);
+    free(s->xu);
     free(s);
 }
 
@@ -729,11 +909,97 @@ static void ffn_swiglu(const model_layer *ly, const model_hparams *hp, const flo
     hooks_progress(hk);
 }
 
+/* One routed expert on its gathered rows (a pool task per active expert). */
+typedef struct moe_ctx {
+    const model_layer *ly;
+    const model_hparams *hp;
+    model_scratch *s;
+    pool *p; /* for the GEMMs when experts run one after the other, else NULL */
+} moe_ctx;
+
+static void moe_expert_task(void *ctxp, uint32_t task, uint32_t thread)
+{
+    (void)thread;
+    const moe_ctx *c = ctxp;
+    const model_scratch *s = c->s;
+    const uint32_t e = s->act[task], r0 = s->off[e], nr = s->off[e + 1] - r0;
+    const uint64_t H = c->hp->hidden, F = c->hp->ffn_exp;
+    float *g = s->xg + r0 * F, *u = s->xu + r0 * F;
+    gemm_run(c->ly->egate[e], s->xa + r0 * H, nr, g, c->p);
+    gemm_run(c->ly->eup[e], s->xa + r0 * H, nr, u, c->p);
+    model_swiglu(g, u, (uint32_t)(nr * F), g);
+    gemm_run(c->ly->edown[e], g, nr, s->xy + r0 * H, c->p);
+}
+
+static void ffn_moe(const model_layer *ly, const model_hparams *hp, const float *h, uint32_t n, float *out,
+                    model_scratch *s, pool *p, const model_hooks *hk)
+{
+    const uint32_t E = hp->n_expert, K = hp->n_expert_used;
+    const uint64_t H = hp->hidden, FS = (uint64_t)hp->ffn_exp * hp->n_expert_shared;
+    /* route every row */
+    gemm_run(ly->router, h, n, s->probs, p);
+    for (uint32_t i = 0; i < n; i++)
+        model_moe_route(s->probs + (uint64_t)i * E, E, K, s->probs + (uint64_t)i * E, s->sel + (uint64_t)i * K,
+                        s->wt + (uint64_t)i * K);
+    /* the shared experts' gate/up on every row */
+    gemm_run(ly->wgate, h, n, s->g, p);
+    gemm_run(ly->wup, h, n, s->u, p);
+    hooks_progress(hk);
+    /* gather: expert e's rows in row order at [off[e], off[e + 1]) */
+    memset(s->off, 0, (E + 1) * sizeof *s->off);
+    for (uint64_t j = 0; j < (uint64_t)n * K; j++)
+        s->off[s->sel[j] + 1]++;
+    uint32_t n_act = 0;
+    for (uint32_t e = 0; e < E; e++) {
+        if (s->off[e + 1])
+            s->act[n_act++] = e;
+        s->off[e + 1] += s->off[e];
+        s->fill[e] = 0;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t r = 0; r < K; r++) {
+            uint32_t e = s->sel[(uint64_t)i * K + r], at = s->off[e] + s->fill[e]++;
+            s->slot[(uint64_t)i * K + r] = at;
+            memcpy(s->xa + at * H, h + i * H, H * sizeof(float));
+        }
+    /* each used expert once, on all its rows: a pool task each (its GEMMs on
+     * that thread); OpenBLAS sets a process-wide thread count per call, so
+     * that backend runs the experts one after the other, each GEMM on the
+     * pool */
+    int serial = gemm_get_backend(ly->router) == GEMM_BACKEND_OPENBLAS || pool_threads(p) == 1;
+    moe_ctx c = {.ly = ly, .hp = hp, .s = s, .p = serial ? p : NULL};
+    if (serial)
+        for (uint32_t t = 0; t < n_act; t++)
+            moe_expert_task(&c, t, 0);
+    else
+        pool_run(p, n_act, moe_expert_task, &c);
+    /* the shared experts' down projection into out */
+    model_swiglu(s->g, s->u, (uint32_t)(n * FS), s->g);
+    gemm_run(ly->wdown, s->g, n, out, p);
+    hooks_progress(hk);
+    /* scatter: per row, the weighted expert outputs in rank order, then the
+     * shared experts' output (MODEL_FFN_MOE's order; separate multiply and
+     * add, kernels build with -ffp-contract=off) */
+    for (uint32_t i = 0; i < n; i++) {
+        const uint32_t *sl = s->slot + (uint64_t)i * K;
+        const float *w = s->wt + (uint64_t)i * K;
+        float *o = out + i * H;
+        const float *y0 = s->xy + sl[0] * H;
+        for (uint64_t c0 = 0; c0 < H; c0++) {
+            float acc = y0[c0] * w[0];
+            for (uint32_t r = 1; r < K; r++)
+                acc = acc + s->xy[sl[r] * H + c0] * w[r];
+            o[c0] = acc + o[c0];
+        }
+    }
+}
+
 static const struct {
     const char *name;
     model_ffn_fn run;
 } ffn_kinds[] = {
     [MODEL_FFN_SWIGLU] = {"swiglu", ffn_swiglu},
+    [MODEL_FFN_MOE] = {"moe", ffn_moe},
 };
 _Static_assert(sizeof ffn_kinds / sizeof ffn_kinds[0] == MODEL_FFN_KIND_COUNT,
                "every feed-forward kind has a routine");
@@ -864,6 +1130,38 @@ void model_rope_row(float *x, uint32_t n_heads, uint32_t head_dim, uint64_t pos,
             v[a] = x0 * cs[i] - x1 * sn[i];
             v[b] = x0 * sn[i] + x1 * cs[i];
         }
+    }
+}
+
+void model_moe_route(const float *logits, uint32_t n_expert, uint32_t k, float *p, uint32_t *sel, float *w)
+{
+    CHECKF(k >= 1 && k <= n_expert, "model_moe_route: top %u of %u", k, n_expert);
+    float mx = logits[0];
+    for (uint32_t e = 1; e < n_expert; e++)
+        mx = logits[e] > mx ? logits[e] : mx;
+    for (uint32_t e = 0; e < n_expert; e++)
+        p[e] = logits[e] - mx;
+    pd_expf_n(p, p, n_expert);
+    double sum = 0.0;
+    for (uint32_t e = 0; e < n_expert; e++)
+        sum += (double)p[e];
+    const float inv = (float)(1.0 / sum);
+    for (uint32_t e = 0; e < n_expert; e++)
+        p[e] = p[e] * inv;
+    /* selection: the largest remaining each time, strictly greater wins, so
+     * among equal probabilities the lowest index comes first. k x n_expert
+     * compares (64 x 6 for the OCR decoder): cheaper than a sort. */
+    for (uint32_t r = 0; r < k; r++) {
+        uint32_t best = UINT32_MAX;
+        for (uint32_t e = 0; e < n_expert; e++) {
+            int taken = 0;
+            for (uint32_t q = 0; q < r && !taken; q++)
+                taken = sel[q] == e;
+            if (!taken && (best == UINT32_MAX || p[e] > p[best]))
+                best = e;
+        }
+        sel[r] = best;
+        w[r] = p[best];
     }
 }
 

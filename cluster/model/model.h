@@ -8,11 +8,15 @@
  * Tensors outside the range are never read, so their pages are never mapped
  * in: a stage costs the memory of its own layers.
  *
- * Supported: architectures "llama" (RoPE normal: pairs (2i, 2i+1)) and
- * "qwen2" (RoPE NeoX: pairs (i, i + d/2), Q/K/V biases); RMSNorm, GQA,
- * SwiGLU MLP; tensor types F32, F16, BF16, Q8_0. Anything else is refused
- * with its name, and so is a file holding a tensor the architecture does not
- * read (a renamed output.weight must not silently mean tied embeddings).
+ * Supported: architectures "llama" (RoPE normal: pairs (2i, 2i+1)),
+ * "qwen2" (RoPE NeoX: pairs (i, i + d/2), Q/K/V biases) and "deepseek"
+ * (DeepSeek MoE without MLA, as llama.cpp stores it: RoPE normal, untied
+ * output, leading_dense_block_count dense SwiGLU layers, then
+ * mixture-of-experts layers, see MODEL_FFN_MOE); RMSNorm, GQA; tensor types
+ * F32, F16, BF16, Q8_0 for every matrix, expert tensors included. Anything
+ * else is refused with its name, and so is a file holding a tensor the
+ * architecture does not read (a renamed output.weight must not silently mean
+ * tied embeddings).
  *
  * The model also computes: model_layer_forward runs one layer for the rows of
  * a micro-batch, attending through each stream's layer cache container
@@ -30,7 +34,7 @@
 
 #include <stdint.h>
 
-typedef enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_COUNT } model_arch;
+typedef enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_DEEPSEEK, MODEL_ARCH_COUNT } model_arch;
 typedef enum model_rope { MODEL_ROPE_NORM, MODEL_ROPE_NEOX } model_rope;
 typedef enum model_vocab_kind { MODEL_VOCAB_LLAMA, MODEL_VOCAB_GPT2 } model_vocab_kind;
 
@@ -66,6 +70,15 @@ typedef struct model_hparams {
     int tied_output;
     uint32_t bos, eos;
     model_vocab_kind vocab_kind;
+    /* Mixture of experts (deepseek; all 0 for llama and qwen2). Layers
+     * [0, n_dense_lead) are dense SWIGLU of width ffn, the rest MOE. */
+    uint32_t n_dense_lead;   /* deepseek.leading_dense_block_count */
+    uint32_t n_expert;       /* deepseek.expert_count (routed experts) */
+    uint32_t n_expert_used;  /* deepseek.expert_used_count (top-k), 1..n_expert */
+    uint32_t n_expert_shared;/* deepseek.expert_shared_count (>= 1) */
+    uint32_t ffn_exp;        /* deepseek.expert_feed_forward_length: one expert's width */
+    float expert_weights_scale; /* deepseek.expert_weights_scale: read, NOT applied (llama.cpp's
+                                   deepseek graph passes scale_w = false) */
     uint32_t defaulted;  /* bit 1u << k for each model_hp_key the file lacks */
     /* The same for people, so a run can say what it assumed, in model_hp_key
      * order: "rope base 10000 (llama.rope.freq_base absent), rms epsilon
@@ -80,17 +93,41 @@ typedef struct model_hparams {
  * (model_ffn dispatches). */
 typedef enum model_ffn_kind {
     MODEL_FFN_SWIGLU, /* dense: (silu(h Wgate^T) * h Wup^T) Wdown^T */
+    /* DeepSeek mixture of experts, llama.cpp's build_moe_ffn with softmax
+     * gating, norm_w = false, scale_w = false, plus the shared experts:
+     *   p = softmax(h Wrouter^T) over all n_expert experts (max, exp(l - max)
+     *       in expert order, the sum in expert order in double, p_e = e_e *
+     *       (float)(1 / sum), as ggml's soft_max);
+     *   top-k: the n_expert_used largest p_e in decreasing order, ties to the
+     *       lower expert index; weight w_r = p_{e_r} (no renormalisation, no
+     *       expert_weights_scale, as llama.cpp's deepseek graph);
+     *   y_r = SwiGLU of expert e_r on h (its own gate/up/down);
+     *   out = ((w_0 y_0 + w_1 y_1) + ... + w_{k-1} y_{k-1}) + shared(h)
+     * summed per element in RANK order (the top-k order, as llama.cpp's
+     * aggregation), each w_r y_r a separate multiply then an add (no FMA),
+     * the shared experts' SwiGLU (one of width ffn_exp x n_expert_shared)
+     * added last. Batch invariance: the rows routed to an expert are gathered
+     * (in row order) and run through that expert's GEMMs at once (row-
+     * invariant kernels), so a row's y_r and thus its sum do not depend on
+     * which other rows share its experts. */
+    MODEL_FFN_MOE,
     MODEL_FFN_KIND_COUNT
 } model_ffn_kind;
 
-/* "swiglu"; "unknown" out of range. */
+/* "swiglu", "moe"; "unknown" out of range. */
 const char *model_ffn_kind_name(model_ffn_kind k);
 
 /* One layer's weights. Matrices are [out x in] as in GGUF. */
 typedef struct model_layer {
     gemm_w *wq, *wk, *wv, *wo;      /* [n_heads*hd x hidden], [n_kv*hd x hidden] x2, [hidden x n_heads*hd] */
     model_ffn_kind ffn;             /* which feed-forward runs, and which weights below it uses */
-    gemm_w *wgate, *wup, *wdown;    /* SWIGLU: [ffn x hidden] x2, [hidden x ffn] */
+    gemm_w *wgate, *wup, *wdown;    /* SWIGLU: [ffn x hidden] x2, [hidden x ffn];
+                                       MOE: the shared experts, F = ffn_exp x n_expert_shared:
+                                       [F x hidden] x2, [hidden x F] */
+    gemm_w *router;                 /* MOE: ffn_gate_inp [n_expert x hidden] */
+    gemm_w **egate, **eup, **edown; /* MOE: [n_expert] each, expert e packed on its own from
+                                       ffn_{gate,up,down}_exps: [ffn_exp x hidden] x2,
+                                       [hidden x ffn_exp] */
     float *attn_norm, *ffn_norm;    /* [hidden] */
     float *bq, *bk, *bv;            /* [n_heads*hd], [n_kv*hd] x2, or NULL */
 } model_layer;
@@ -173,7 +210,8 @@ typedef struct model_hooks {
 } model_hooks;
 
 /* Per-row work buffers of the layer math for up to max_rows rows, sized from
- * the hyperparameters for every feed-forward kind. Opaque; owned, free with
+ * the hyperparameters for every feed-forward kind (MOE: max_rows x
+ * n_expert_used gathered rows). Opaque; owned, free with
  * model_scratch_free. One forward at a time per scratch. */
 typedef struct model_scratch model_scratch;
 pd_status model_scratch_new(const model_hparams *hp, uint32_t max_rows, model_scratch **out, pd_err *err);
@@ -198,7 +236,11 @@ pd_status model_layer_forward(const model *m, uint32_t layer, const model_batch 
 
 /* The feed-forward of layer `layer`, dispatched on its kind: out [n x hidden]
  * from the normed rows h [n x hidden] (out may not alias h). n <= the
- * scratch's rows; hooks may be NULL. */
+ * scratch's rows; hooks may be NULL. hooks->progress runs twice per call
+ * (SWIGLU: after gate/up and after down; MOE: after the router and the shared
+ * experts' gate/up, and after the experts and the shared down). MOE spreads
+ * the routed experts over p's threads, one task per expert used by some row
+ * (each expert's weights are read once for all its rows). */
 void model_ffn(const model *m, uint32_t layer, const float *h, uint32_t n, float *out, model_scratch *s,
                pool *p, const model_hooks *hooks);
 
@@ -213,5 +255,11 @@ void model_rope_row(float *x, uint32_t n_heads, uint32_t head_dim, uint64_t pos,
                     model_rope style);
 /* a[i] = silu(g[i]) * u[i] with silu(x) = x / (1 + pd_expf(-x)). */
 void model_swiglu(const float *g, const float *u, uint32_t n, float *a);
+/* The MOE router for one row: p[e] = softmax(logits)[e] over n_expert
+ * (MODEL_FFN_MOE's formula), then the k largest in decreasing order, ties to
+ * the lower index: sel[r] = expert, w[r] = p[sel[r]] for r < k. p may alias
+ * logits. 1 <= k <= n_expert. */
+void model_moe_route(const float *logits, uint32_t n_expert, uint32_t k, float *p, uint32_t *sel,
+                     float *w);
 
 #endif

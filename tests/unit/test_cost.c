@@ -590,6 +590,54 @@ START_TEST(cost_layer_map_refuses_more_ranks_than_layers)
 }
 END_TEST
 
+/* A deepseek MoE layer counts its active parameters per row (router, top-k
+ * experts, shared experts) and every expert's bytes; the dense leading layer
+ * counts as a llama layer. */
+START_TEST(cost_moe_layers_count_active_parameters_and_all_expert_bytes)
+{
+    char path[] = "/tmp/pd_test_cost_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    mkmodel_opts o;
+    mkmodel_defaults(&o);
+    o.arch = MODEL_ARCH_DEEPSEEK;
+    o.layers = 2;
+    o.hidden = 64;
+    o.heads = 4;
+    o.kv_heads = 4;
+    o.ffn = 96;
+    o.vocab = 320;
+    o.dense_lead = 1;
+    o.experts = 16;
+    o.experts_used = 2;
+    o.expert_ffn = 32;
+    o.shared = 2;
+    o.expert_scale = 1.0f;
+    pd_err e = {0};
+    ck_assert_msg(mkmodel_write(&o, path, &e) == PD_OK, "%s", e.msg);
+    cost_table *t;
+    ck_assert_msg(cost_table_read(path, &t, &e) == PD_OK, "%s", e.msg);
+    const uint64_t H = 64, attn = 4 * H * H, norms = 2 * H;
+    const cost_part *d = cost_table_layer(t, 0), *m = cost_table_layer(t, 1);
+    ck_assert_uint_eq(d->macs, attn + 3 * H * 96 + norms);
+    ck_assert_uint_eq(d->weight_bytes, 4 * (attn + 3 * H * 96) + 4 * norms);
+    const uint64_t router = H * 16, routed_active = 2 * 3 * H * 32, shared = 3 * H * 64;
+    ck_assert_uint_eq(m->macs, attn + router + routed_active + shared + norms);
+    ck_assert_uint_eq(m->weight_bytes, 4 * (attn + router + 16 * 3 * H * 32 + shared) + 4 * norms);
+    ck_assert_uint_eq(m->attn_values, d->attn_values);
+    /* and what model_load packs for the MoE layer is those bytes (f32, every
+     * width a multiple of the 16-column panel: no padding) */
+    model *mm;
+    model_load_opts lo = {.first_layer = 1, .n_layers = 1};
+    ck_assert_msg(model_load(path, &lo, &mm, &e) == PD_OK, "%s", e.msg);
+    ck_assert_uint_eq(model_weight_bytes(mm) + 4 * norms, m->weight_bytes);
+    model_free(mm);
+    cost_table_free(t);
+    unlink(path);
+}
+END_TEST
+
 Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("cost");
@@ -605,6 +653,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, cost_units_are_picoseconds_with_depth_clipped_to_context);
     tcase_add_test(tc, cost_layer_maps_follow_the_tensor_types);
     tcase_add_test(tc, cost_layer_map_refuses_more_ranks_than_layers);
+    tcase_add_test(tc, cost_moe_layers_count_active_parameters_and_all_expert_bytes);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -136,6 +136,83 @@ static void count_call(void *ctx)
     ++*(int *)ctx;
 }
 
+/* The reference feed-forward of layer L on the normed row h: dense SwiGLU,
+ * or (deepseek past its dense layers) the MoE of llama.cpp's graph in double:
+ * softmax router, top-k by probability (ties to the lower index), the
+ * probabilities as weights without renormalisation, plus the shared experts. */
+static void ref_ffn(gguf_file *f, const model_hparams *hp, uint32_t L, const double *h, double *out)
+{
+    const uint32_t H = hp->hidden;
+    char n[64];
+    double g[256], u[256], a[256], y[64];
+#define T(s) (snprintf(n, sizeof n, "blk.%u." s, L), tensor(f, n))
+    if (hp->arch != MODEL_ARCH_DEEPSEEK || L < hp->n_dense_lead) {
+        const uint32_t F = hp->ffn;
+        ck_assert_uint_le(F, 256);
+        ref_matvec(T("ffn_gate.weight"), NULL, h, H, F, g);
+        ref_matvec(T("ffn_up.weight"), NULL, h, H, F, u);
+        for (uint32_t i = 0; i < F; i++)
+            a[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+        ref_matvec(T("ffn_down.weight"), NULL, a, F, H, out);
+        return;
+    }
+    const uint32_t E = hp->n_expert, K = hp->n_expert_used, FE = hp->ffn_exp, FS = FE * hp->n_expert_shared;
+    ck_assert_uint_le(FS, 256);
+    ck_assert_uint_le(E, 64);
+    double lg[64], mx = -1e300, sum = 0;
+    ref_matvec(T("ffn_gate_inp.weight"), NULL, h, H, E, lg);
+    for (uint32_t e = 0; e < E; e++)
+        mx = lg[e] > mx ? lg[e] : mx;
+    for (uint32_t e = 0; e < E; e++)
+        sum += (lg[e] = exp(lg[e] - mx));
+    int taken[64] = {0};
+    for (uint32_t i = 0; i < H; i++)
+        out[i] = 0;
+    const float *wg = T("ffn_gate_exps.weight"), *wu = T("ffn_up_exps.weight"), *wd = T("ffn_down_exps.weight");
+    for (uint32_t r = 0; r < K; r++) {
+        uint32_t best = E;
+        for (uint32_t e = 0; e < E; e++)
+            if (!taken[e] && (best == E || lg[e] > lg[best]))
+                best = e;
+        taken[best] = 1;
+        ref_matvec(wg + (size_t)best * FE * H, NULL, h, H, FE, g);
+        ref_matvec(wu + (size_t)best * FE * H, NULL, h, H, FE, u);
+        for (uint32_t i = 0; i < FE; i++)
+            a[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+        ref_matvec(wd + (size_t)best * H * FE, NULL, a, FE, H, y);
+        for (uint32_t i = 0; i < H; i++)
+            out[i] += lg[best] / sum * y[i];
+    }
+    ref_matvec(T("ffn_gate_shexp.weight"), NULL, h, H, FS, g);
+    ref_matvec(T("ffn_up_shexp.weight"), NULL, h, H, FS, u);
+    for (uint32_t i = 0; i < FS; i++)
+        a[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+    ref_matvec(T("ffn_down_shexp.weight"), NULL, a, FS, H, y);
+    for (uint32_t i = 0; i < H; i++)
+        out[i] += y[i];
+#undef T
+}
+
+/* A small deepseek: 3 layers (1 dense), 8 experts of width 16, top 2 (or
+ * top k), 2 shared experts. */
+static void deepseek_small_opts(mkmodel_opts *o, uint32_t k)
+{
+    mkmodel_defaults(o);
+    o->arch = MODEL_ARCH_DEEPSEEK;
+    o->layers = 3;
+    o->hidden = 32;
+    o->heads = 4;
+    o->kv_heads = 4;
+    o->ffn = 40;
+    o->vocab = 300;
+    o->dense_lead = 1;
+    o->experts = 8;
+    o->experts_used = k;
+    o->expert_ffn = 16;
+    o->shared = 2;
+    o->expert_scale = 1.0f;
+}
+
 static void check_stack(model_arch arch, uint32_t heads, uint32_t kv_heads)
 {
     char path[] = "/tmp/pd_test_model_XXXXXX";
@@ -144,8 +221,10 @@ static void check_stack(model_arch arch, uint32_t heads, uint32_t kv_heads)
     close(fd);
     mkmodel_opts o;
     mkmodel_defaults(&o);
+    if (arch == MODEL_ARCH_DEEPSEEK)
+        deepseek_small_opts(&o, 2);
     o.arch = arch;
-    o.layers = 2;
+    o.layers = arch == MODEL_ARCH_DEEPSEEK ? 3 : 2;
     o.hidden = 32;
     o.heads = heads;
     o.kv_heads = kv_heads;
@@ -165,7 +244,7 @@ static void check_stack(model_arch arch, uint32_t heads, uint32_t kv_heads)
     ck_assert_int_eq(gguf_open(path, &f, &e), PD_OK);
 
     enum { R = 5 };
-    const uint32_t H = hp->hidden, hd = hp->head_dim, nh = hp->n_heads, nkv = hp->n_kv_heads, F = hp->ffn;
+    const uint32_t H = hp->hidden, hd = hp->head_dim, nh = hp->n_heads, nkv = hp->n_kv_heads;
     const uint32_t group = nh / nkv;
     float x[R * 32];
     pd_rng rng = {.s = 77};
@@ -212,16 +291,12 @@ static void check_stack(model_arch arch, uint32_t heads, uint32_t kv_heads)
                 }
             }
         for (int r = 0; r < R; r++) {
-            double o2[32], g[64], u[64], a[64];
+            double o2[32];
             ref_matvec(T("attn_output.weight"), NULL, att[r], nh * hd, H, o2);
             for (uint32_t i = 0; i < H; i++)
                 ref[r][i] += o2[i];
             ref_norm(ref[r], T("ffn_norm.weight"), H, hp->rms_eps, h);
-            ref_matvec(T("ffn_gate.weight"), NULL, h, H, F, g);
-            ref_matvec(T("ffn_up.weight"), NULL, h, H, F, u);
-            for (uint32_t i = 0; i < F; i++)
-                a[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
-            ref_matvec(T("ffn_down.weight"), NULL, a, F, H, o2);
+            ref_ffn(f, hp, L, h, o2);
             for (uint32_t i = 0; i < H; i++)
                 ref[r][i] += o2[i];
         }
@@ -249,7 +324,8 @@ static void check_stack(model_arch arch, uint32_t heads, uint32_t kv_heads)
             worst = d > worst ? d : worst;
         }
     ck_assert_msg(worst < 2e-4, "%s %u/%u heads: max relative error %g against the reference",
-                  arch == MODEL_ARCH_LLAMA ? "llama" : "qwen2", heads, kv_heads, worst);
+                  arch == MODEL_ARCH_LLAMA ? "llama" : arch == MODEL_ARCH_QWEN2 ? "qwen2" : "deepseek", heads,
+                  kv_heads, worst);
     stage_free(st);
 
     /* the model's layer math without a stage: one group of 3 prefill and 2
@@ -264,7 +340,7 @@ static void check_stack(model_arch arch, uint32_t heads, uint32_t kv_heads)
                             .window = kind == LCACHE_KIND_RING ? 4 : 0,
                             .prefill_rows = 3,
                             .max_new = 2};
-        lcache *caches[2];
+        lcache *caches[3];
         for (uint32_t L = 0; L < hp->n_layers; L++)
             ck_assert_int_eq(lcache_new(&cc, &caches[L], &e), PD_OK);
         model_scratch *scr;
@@ -315,6 +391,208 @@ END_TEST
 START_TEST(model_stack_matches_reference_qwen2_gqa_with_bias)
 {
     check_stack(MODEL_ARCH_QWEN2, 4, 1);
+}
+END_TEST
+
+/* deepseek: a dense layer, then two MoE layers (router, top-2 of 8 experts,
+ * 2 shared experts) against the double-precision reference */
+START_TEST(model_stack_matches_reference_deepseek_moe)
+{
+    check_stack(MODEL_ARCH_DEEPSEEK, 4, 4);
+}
+END_TEST
+
+/* The router: softmax over every expert against double precision, the top k
+ * in decreasing order, equal probabilities in increasing expert index, the
+ * weights the probabilities themselves (no renormalisation). */
+START_TEST(model_moe_route_is_softmax_top_k_with_ties_to_the_lower_index)
+{
+    const float lg[8] = {0.5f, 2.0f, -1.0f, 2.0f, 0.25f, 2.0f, -3.0f, 1.0f};
+    float p[8];
+    uint32_t sel[5];
+    float w[5];
+    model_moe_route(lg, 8, 5, p, sel, w);
+    double mx = 2.0, sum = 0;
+    for (int e = 0; e < 8; e++)
+        sum += exp(lg[e] - mx);
+    for (int e = 0; e < 8; e++)
+        ck_assert_double_eq_tol(p[e], exp(lg[e] - mx) / sum, 1e-7);
+    const uint32_t want[5] = {1, 3, 5, 7, 0}; /* three-way tie at 2.0 in index order */
+    for (int r = 0; r < 5; r++) {
+        ck_assert_uint_eq(sel[r], want[r]);
+        ck_assert_int_eq(memcmp(&w[r], &p[want[r]], sizeof(float)), 0);
+    }
+    /* the same in place, and every expert (k = n) in a total order */
+    float q[8];
+    memcpy(q, lg, sizeof q);
+    uint32_t all[8];
+    float wa[8];
+    model_moe_route(q, 8, 8, q, all, wa);
+    ck_assert_int_eq(memcmp(q, p, sizeof p), 0);
+    const uint32_t order[8] = {1, 3, 5, 7, 0, 4, 2, 6};
+    for (int r = 0; r < 8; r++)
+        ck_assert_uint_eq(all[r], order[r]);
+    /* all equal: the first k experts, each weight 1/n */
+    const float flat[4] = {0.3f, 0.3f, 0.3f, 0.3f};
+    uint32_t s2[2];
+    float w2[2], p2[4];
+    model_moe_route(flat, 4, 2, p2, s2, w2);
+    ck_assert_uint_eq(s2[0], 0);
+    ck_assert_uint_eq(s2[1], 1);
+    ck_assert_float_eq(w2[0], 0.25f);
+}
+END_TEST
+
+/* A row's MoE output bits do not depend on the other rows of its batch (which
+ * experts they share with it), on their order, or on the thread count: each
+ * row alone equals the same row inside batches of 7 rows in two orders, with
+ * a pool of 1 and of 3 threads. */
+START_TEST(model_moe_rows_do_not_depend_on_their_batch)
+{
+    char path[] = "/tmp/pd_test_model_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    mkmodel_opts o;
+    deepseek_small_opts(&o, 3);
+    pd_err e = {0};
+    ck_assert_msg(mkmodel_write(&o, path, &e) == PD_OK, "%s", e.msg);
+    model *m;
+    model_load_opts lo = {.first_layer = 1, .n_layers = 2};
+    ck_assert_msg(model_load(path, &lo, &m, &e) == PD_OK, "%s", e.msg);
+    const model_hparams *hp = model_hp(m);
+    ck_assert_int_eq(model_layer_get(m, 1)->ffn, MODEL_FFN_MOE);
+    ck_assert_str_eq(model_ffn_kind_name(MODEL_FFN_MOE), "moe");
+    enum { N = 7 };
+    const uint32_t H = hp->hidden;
+    model_scratch *scr;
+    ck_assert_int_eq(model_scratch_new(hp, N, &scr, &e), PD_OK);
+    pool *p3;
+    ck_assert_int_eq(pool_new(3, &p3, &e), PD_OK);
+    float h[N * 32], hr[N * 32], alone[N * 32], out[N * 32];
+    pd_rng r = {.s = 11};
+    pd_rng_fill(&r, h, N * H, -1.5f, 1.5f);
+    for (int i = 0; i < N; i++)
+        memcpy(hr + (N - 1 - i) * H, h + i * H, H * sizeof(float));
+    for (uint32_t L = 1; L <= 2; L++) {
+        for (int i = 0; i < N; i++)
+            model_ffn(m, L, h + i * H, 1, alone + i * H, scr, NULL, NULL);
+        pool *pools[2] = {NULL, p3};
+        for (int k = 0; k < 2; k++) {
+            int calls = 0;
+            model_hooks hk = {.progress = count_call, .ctx = &calls};
+            model_ffn(m, L, h, N, out, scr, pools[k], &hk);
+            ck_assert_int_eq(calls, 2);
+            ck_assert_msg(memcmp(out, alone, sizeof out) == 0, "layer %u, %d threads: batch != alone", L,
+                          k ? 3 : 1);
+            model_ffn(m, L, hr, N, out, scr, pools[k], NULL);
+            for (int i = 0; i < N; i++)
+                ck_assert_int_eq(memcmp(out + (N - 1 - i) * H, alone + i * H, H * sizeof(float)), 0);
+        }
+    }
+    pool_free(p3);
+    model_scratch_free(scr);
+    model_free(m);
+    unlink(path);
+}
+END_TEST
+
+static void rename_in_file(const char *path, const char *name, size_t at, char to);
+
+/* Overwrites the u32 value of metadata key `key` (its type word follows the
+ * name, then the value). */
+static void set_key_u32(const char *path, const char *key, uint32_t v)
+{
+    FILE *f = fopen(path, "r+b");
+    ck_assert_ptr_nonnull(f);
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf, f), len = strlen(key);
+    size_t at = 0;
+    for (size_t i = 8; i + len + 8 <= n && !at; i++)
+        if (!memcmp(buf + i, key, len) && buf[i - 1] == 0 && buf[i + len] == 4 /* GGUF u32 */)
+            at = i + len + 4;
+    ck_assert_msg(at, "key %s not found", key);
+    ck_assert_int_eq(fseek(f, (long)at, SEEK_SET), 0);
+    ck_assert_uint_eq(fwrite(&v, 4, 1, f), 1); /* little-endian host (x86-64) */
+    fclose(f);
+}
+
+/* Loader errors of a deepseek file say which key or tensor and why. */
+START_TEST(model_deepseek_loader_names_bad_moe_keys_and_tensors)
+{
+    char path[] = "/tmp/pd_test_model_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    mkmodel_opts o;
+    deepseek_small_opts(&o, 2);
+    pd_err e = {0};
+    model_hparams hp;
+    model *m = NULL;
+    model_load_opts la = {.all_layers = 1, .want_embed = 1, .want_output = 1};
+    ck_assert_msg(mkmodel_write(&o, path, &e) == PD_OK, "%s", e.msg);
+    ck_assert_msg(model_read_hparams(path, &hp, &e) == PD_OK, "%s", e.msg);
+    ck_assert_int_eq(hp.arch, MODEL_ARCH_DEEPSEEK);
+    ck_assert_int_eq(hp.rope, MODEL_ROPE_NORM);
+    ck_assert_uint_eq(hp.n_dense_lead, 1);
+    ck_assert_uint_eq(hp.n_expert, 8);
+    ck_assert_uint_eq(hp.n_expert_used, 2);
+    ck_assert_uint_eq(hp.n_expert_shared, 2);
+    ck_assert_uint_eq(hp.ffn_exp, 16);
+    ck_assert(hp.expert_weights_scale == 1.0f);
+    ck_assert_uint_eq(hp.eos, 1);
+    ck_assert_uint_eq(hp.bos, 0);
+    /* missing keys, each named */
+    const char *keys[] = {"deepseek.expert_count", "deepseek.expert_used_count", "deepseek.expert_shared_count",
+                          "deepseek.expert_feed_forward_length", "deepseek.leading_dense_block_count",
+                          "deepseek.expert_weights_scale"};
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        ck_assert_int_eq(mkmodel_write(&o, path, &e), PD_OK);
+        rename_in_file(path, keys[k], strlen(keys[k]) - 1, '_'); /* "…coun_" */
+        pd_err_clear(&e);
+        ck_assert_int_eq(model_load(path, &la, &m, &e), PD_ERR_FORMAT);
+        ck_assert_ptr_null(m);
+        ck_assert_msg(strstr(e.msg, "missing metadata key") && strstr(e.msg, keys[k]), "%s", e.msg);
+    }
+    /* expert_used_count > expert_count */
+    ck_assert_int_eq(mkmodel_write(&o, path, &e), PD_OK);
+    set_key_u32(path, "deepseek.expert_used_count", 9);
+    pd_err_clear(&e);
+    ck_assert_int_eq(model_read_hparams(path, &hp, &e), PD_ERR_FORMAT);
+    ck_assert_msg(strstr(e.msg, "deepseek.expert_used_count 9: expected 1..expert_count 8"), "%s", e.msg);
+    /* expert_count not matching the tensors */
+    ck_assert_int_eq(mkmodel_write(&o, path, &e), PD_OK);
+    set_key_u32(path, "deepseek.expert_count", 4);
+    pd_err_clear(&e);
+    ck_assert_int_eq(model_load(path, &la, &m, &e), PD_ERR_FORMAT);
+    ck_assert_msg(strstr(e.msg, "blk.1.ffn_gate_inp.weight has shape [32, 8]"), "%s", e.msg);
+    ck_assert_int_eq(mkmodel_write(&o, path, &e), PD_OK);
+    set_key_u32(path, "deepseek.expert_feed_forward_length", 8);
+    pd_err_clear(&e);
+    ck_assert_int_eq(model_load(path, &la, &m, &e), PD_ERR_FORMAT);
+    ck_assert_msg(strstr(e.msg, "blk.1.ffn_gate_exps.weight has shape [32, 16, 8] (3 dims), expected [32, 8, 8]"),
+                  "%s", e.msg);
+    /* a dense count that makes layer 1 dense: its MoE tensors are unused,
+     * its dense ones missing */
+    ck_assert_int_eq(mkmodel_write(&o, path, &e), PD_OK);
+    set_key_u32(path, "deepseek.leading_dense_block_count", 2);
+    pd_err_clear(&e);
+    ck_assert_int_eq(model_load(path, &la, &m, &e), PD_ERR_FORMAT);
+    ck_assert_msg(strstr(e.msg, "not used by architecture deepseek") && strstr(e.msg, "blk.1.ffn_gate_inp.weight"),
+                  "%s", e.msg);
+    /* a renamed expert tensor */
+    ck_assert_int_eq(mkmodel_write(&o, path, &e), PD_OK);
+    rename_in_file(path, "blk.2.ffn_down_exps.weight", 10, 'D');
+    pd_err_clear(&e);
+    ck_assert_int_eq(model_load(path, &la, &m, &e), PD_ERR_FORMAT);
+    ck_assert_msg(strstr(e.msg, "blk.2.ffn_Down_exps.weight"), "%s", e.msg);
+    /* the output is not tied */
+    ck_assert_int_eq(mkmodel_write(&o, path, &e), PD_OK);
+    rename_in_file(path, "output.weight", 5, 'T');
+    pd_err_clear(&e);
+    ck_assert_int_eq(model_read_hparams(path, &hp, &e), PD_ERR_FORMAT);
+    ck_assert_msg(strstr(e.msg, "output.weight is missing"), "%s", e.msg);
+    unlink(path);
 }
 END_TEST
 
@@ -624,6 +902,10 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, model_swiglu_blocks_equal_the_scalar_formula);
     tcase_add_test(tc, model_stack_matches_reference_llama_gqa);
     tcase_add_test(tc, model_stack_matches_reference_qwen2_mha_with_bias);
+    tcase_add_test(tc, model_stack_matches_reference_deepseek_moe);
+    tcase_add_test(tc, model_moe_route_is_softmax_top_k_with_ties_to_the_lower_index);
+    tcase_add_test(tc, model_moe_rows_do_not_depend_on_their_batch);
+    tcase_add_test(tc, model_deepseek_loader_names_bad_moe_keys_and_tensors);
     tcase_add_test(tc, model_stack_matches_reference_qwen2_gqa_with_bias);
     tcase_add_test(tc, model_ffn_runs_the_kind_each_layer_carries);
     tcase_add_test(tc, model_digest_is_stable_and_sees_one_weight_byte);
