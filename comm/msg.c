@@ -10,7 +10,7 @@ static const uint8_t msg_magic[4] = {'P', 'D', 'M', 'B'};
 size_t msg_batch_bytes(const msg_batch *b)
 {
     size_t el = b->dtype == MSG_DTYPE_F16 ? 2 : 4;
-    return MSG_HEADER_BYTES + 16 + (size_t)b->n_admit * 24 + (size_t)b->n_retire * 8 +
+    return MSG_HEADER_BYTES + 20 + (size_t)b->n_admit * 24 + (size_t)b->n_retire * 8 +
            (size_t)b->n_rows * 24 + (size_t)b->n_rows * b->hidden * el;
 }
 
@@ -67,6 +67,7 @@ pd_status msg_encode_batch(const msg_batch *b, void *buf, size_t cap, size_t *le
     wr_u32(&w, b->n_retire);
     wr_u32(&w, b->n_rows);
     wr_u32(&w, b->hidden);
+    wr_u32(&w, b->flags);
     for (uint32_t i = 0; i < b->n_admit; i++) {
         wr_u64(&w, b->admit[i].stream);
         wr_u32(&w, b->admit[i].prefill_rows);
@@ -91,8 +92,8 @@ pd_status msg_encode_batch(const msg_batch *b, void *buf, size_t cap, size_t *le
     return msg_finish(&w, &m, len);
 }
 
-pd_status msg_encode_results(uint64_t seq, const uint32_t *tokens, const uint64_t *digests, uint32_t n,
-                             void *buf, size_t cap, size_t *len, pd_err *err)
+pd_status msg_encode_results(uint64_t seq, uint32_t flags, const uint32_t *tokens, const uint64_t *digests,
+                             uint32_t n, void *buf, size_t cap, size_t *len, pd_err *err)
 {
     msg_mem m = {.p = buf, .cap = cap};
     uint8_t staging[256];
@@ -100,7 +101,7 @@ pd_status msg_encode_results(uint64_t seq, const uint32_t *tokens, const uint64_
     wr_init_sink(&w, msg_mem_sink, &m, staging, sizeof staging, err);
     msg_header(&w, MSG_KIND_RESULTS, MSG_DTYPE_F32, seq);
     wr_u32(&w, n);
-    wr_u32(&w, 0);
+    wr_u32(&w, flags);
     for (uint32_t i = 0; i < n; i++)
         wr_u32(&w, tokens[i]);
     for (uint32_t i = 0; i < n; i++)
@@ -247,9 +248,12 @@ pd_status msg_decode_batch(const void *buf, size_t len, const msg_limits *lim, m
         return rd_fail_at(&r, 6, PD_ERR_FORMAT, "expected a batch message, got kind %d", (int)kind);
     uint32_t na, nt, nr, hidden;
     size_t at = rd_offset(&r);
+    uint32_t flags;
     if (rd_u32(&r, "n_admit", &na) || rd_u32(&r, "n_retire", &nt) || rd_u32(&r, "n_rows", &nr) ||
-        rd_u32(&r, "hidden", &hidden))
+        rd_u32(&r, "hidden", &hidden) || rd_u32(&r, "flags", &flags))
         return r.status;
+    if (flags & ~MSG_FLAGS_KNOWN)
+        return rd_fail_at(&r, at + 16, PD_ERR_FORMAT, "flags %#x: unknown bits", flags);
     if (na > lim->max_admit)
         return rd_fail_at(&r, at, PD_ERR_RANGE, "n_admit %u exceeds the limit %u", na, lim->max_admit);
     if (nt > lim->max_retire)
@@ -333,10 +337,11 @@ pd_status msg_decode_batch(const void *buf, size_t len, const msg_limits *lim, m
     out->n_admit = na;
     out->n_retire = nt;
     out->n_rows = nr;
+    out->flags = flags;
     return PD_OK;
 }
 
-pd_status msg_decode_results(const void *buf, size_t len, const msg_limits *lim, uint64_t *seq,
+pd_status msg_decode_results(const void *buf, size_t len, const msg_limits *lim, uint64_t *seq, uint32_t *flags,
                              uint32_t *tokens, uint64_t *digests, uint32_t *n, pd_err *err)
 {
     rd r;
@@ -350,12 +355,12 @@ pd_status msg_decode_results(const void *buf, size_t len, const msg_limits *lim,
         return rd_fail_at(&r, 6, PD_ERR_FORMAT, "expected a results message, got kind %d", (int)kind);
     uint32_t cnt, z;
     size_t at = rd_offset(&r);
-    if (rd_u32(&r, "n_tokens", &cnt) || rd_u32(&r, "reserved", &z))
+    if (rd_u32(&r, "n_tokens", &cnt) || rd_u32(&r, "flags", &z))
         return r.status;
     if (cnt > lim->max_tokens)
         return rd_fail_at(&r, at, PD_ERR_RANGE, "n_tokens %u exceeds the limit %u", cnt, lim->max_tokens);
-    if (z != 0)
-        return rd_fail_at(&r, at + 4, PD_ERR_FORMAT, "reserved bytes are not zero");
+    if (z & ~MSG_FLAGS_KNOWN)
+        return rd_fail_at(&r, at + 4, PD_ERR_FORMAT, "flags %#x: unknown bits", z);
     size_t tok_bytes;
     if (rd_check_count(&r, "tokens and digests", cnt, 12, &tok_bytes))
         return r.status;
@@ -369,6 +374,7 @@ pd_status msg_decode_results(const void *buf, size_t len, const msg_limits *lim,
     if (r.status)
         return r.status;
     *seq = s;
+    *flags = z;
     *n = cnt;
     return PD_OK;
 }

@@ -8,14 +8,14 @@
  *   7   u8  dtype of hidden states: 0 f32, 1 f16 (0 for non-batch kinds)
  *   8   u64 seq (micro-batch number)
  * batch (kind 1), head -> next stage -> ... -> tail:
- *   16  u32 n_admit, u32 n_retire, u32 n_rows, u32 hidden
- *   32  n_admit x (u64 stream, u32 prefill_rows, u32 max_new, u64 sample_key)   24 B each
+ *   16  u32 n_admit, u32 n_retire, u32 n_rows, u32 hidden, u32 flags (MSG_FLAG_*)
+ *   36  n_admit x (u64 stream, u32 prefill_rows, u32 max_new, u64 sample_key)   24 B each
  *       n_retire x u64 stream
  *       n_rows x (u64 stream, u64 pos, u8 role, u8 wants_logits, u16 reserved 0,
  *                 u32 token: the token a decode/verify row feeds, 0 for prefill) 24 B each
  *       n_rows x hidden x (f32 | f16)
  * results (kind 2), tail -> head:
- *   16  u32 n_tokens, u32 reserved 0
+ *   16  u32 n_tokens, u32 flags (MSG_FLAG_*)
  *   24  n_tokens x u32 token (the sampled token of each wants_logits row, in row order;
  *       MSG_TOKEN_REJECTED for a row after a rejected draft: nothing was sampled there)
  *       n_tokens x u64 digest (digest_f32 of the logits row each token was sampled from)
@@ -49,6 +49,12 @@
 #define MSG_VERSION 2u /* 2: results carry the logits row digests */
 #define MSG_HEADER_BYTES 16u
 #define MSG_TOKEN_REJECTED 0xFFFFFFFFu /* results: the row's draft was not accepted */
+/* Requests a rank learned of (a signal) on their way to the head, riding on
+ * batches (down the pipeline) and results (tail -> head): whichever rank a
+ * signal reaches, the head acts on it for every rank. Other bits refused. */
+#define MSG_FLAG_CKPT 1u /* checkpoint at the next step boundary and go on */
+#define MSG_FLAG_STOP 2u /* checkpoint, then end the run (resumable) */
+#define MSG_FLAGS_KNOWN (MSG_FLAG_CKPT | MSG_FLAG_STOP)
 
 typedef enum msg_kind {
     MSG_KIND_BATCH = 1,
@@ -66,6 +72,7 @@ typedef struct msg_batch {
     msg_dtype dtype;
     uint32_t hidden;
     uint32_t n_admit, n_retire, n_rows;
+    uint32_t flags; /* MSG_FLAG_* */
     mb_admit *admit;
     uint64_t *retire;
     mb_row *rows;
@@ -83,8 +90,8 @@ size_t msg_results_bytes(uint32_t n_tokens);
 
 /* Encode into buf[0..cap) (cap >= the size above); returns bytes written in *len. */
 pd_status msg_encode_batch(const msg_batch *b, void *buf, size_t cap, size_t *len, pd_err *err);
-pd_status msg_encode_results(uint64_t seq, const uint32_t *tokens, const uint64_t *digests, uint32_t n,
-                             void *buf, size_t cap, size_t *len, pd_err *err);
+pd_status msg_encode_results(uint64_t seq, uint32_t flags, const uint32_t *tokens, const uint64_t *digests,
+                             uint32_t n, void *buf, size_t cap, size_t *len, pd_err *err);
 pd_status msg_encode_stop(uint64_t seq, void *buf, size_t cap, size_t *len, pd_err *err);
 pd_status msg_encode_drain(uint64_t seq, uint32_t action, uint32_t number, void *buf, size_t cap, size_t *len,
                            pd_err *err);
@@ -97,7 +104,7 @@ pd_status msg_peek(const void *buf, size_t len, msg_kind *kind, uint64_t *seq, p
  * (arrays are filled only on success). */
 pd_status msg_decode_batch(const void *buf, size_t len, const msg_limits *lim, msg_batch *out,
                            pd_err *err);
-pd_status msg_decode_results(const void *buf, size_t len, const msg_limits *lim, uint64_t *seq,
+pd_status msg_decode_results(const void *buf, size_t len, const msg_limits *lim, uint64_t *seq, uint32_t *flags,
                              uint32_t *tokens, uint64_t *digests, uint32_t *n, pd_err *err);
 pd_status msg_decode_drain(const void *buf, size_t len, uint64_t *seq, uint32_t *action, uint32_t *number,
                            pd_err *err);

@@ -1,6 +1,8 @@
 /* follow: the stage / tail loop of ranks 1..N-1 (contract in follow.h). */
 #include "cluster/runtime/follow.h"
 
+#include "cluster/runtime/signals.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,7 +56,8 @@ static pd_status follow_batch(rank *r, msg_batch *b, pd_err *err)
         uint32_t nt = 0;
         if ((st = rank_sample(r, b->rows, b->n_rows, b->x, &nt, err)) ||
             (st = xport_sendbuf(r->x, &buf, &slot, err)) ||
-            (st = msg_encode_results(b->seq, r->tokens, r->digests, nt, buf, xport_send_cap(r->x), &len, err)))
+            (st = msg_encode_results(b->seq, b->flags | sig_take(), r->tokens, r->digests, nt, buf,
+                                     xport_send_cap(r->x), &len, err)))
             return st;
         return xport_send(r->x, pe->head, slot, len, err);
     }
@@ -62,6 +65,7 @@ static pd_status follow_batch(rank *r, msg_batch *b, pd_err *err)
         return st;
     msg_batch out = *b;
     out.dtype = r->o->wire_dtype;
+    out.flags = b->flags | sig_take(); /* this rank's signals travel on towards the head */
     if ((st = msg_encode_batch(&out, buf, xport_send_cap(r->x), &len, err)))
         return st;
     return xport_send(r->x, pe->next, slot, len, err);

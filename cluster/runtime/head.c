@@ -5,6 +5,7 @@
 #include "base/check.h"
 #include "base/file.h"
 #include "cluster/runtime/ckpt.h"
+#include "cluster/runtime/signals.h"
 
 #include <errno.h>
 #include <sys/stat.h>
@@ -388,9 +389,10 @@ static pd_status head_take_results(head *h, pd_err *err)
         return st;
     msg_limits lim = {.max_tokens = r->sz.max_logits, .hidden = r->hp.hidden};
     uint64_t seq;
-    uint32_t nt;
-    if ((st = msg_decode_results(buf, len, &lim, &seq, r->tokens, r->digests, &nt, err)))
+    uint32_t nt, flags;
+    if ((st = msg_decode_results(buf, len, &lim, &seq, &flags, r->tokens, r->digests, &nt, err)))
         return st;
+    sig_note(flags); /* a signal another rank received */
     sched_batch *done = NULL;
     for (uint32_t s = 0; s < h->n_inflight; s++)
         if (h->inflight[s].seq == seq &&

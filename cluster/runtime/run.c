@@ -7,41 +7,12 @@
 #include "cluster/runtime/report.h"
 
 #include "cluster/runtime/ckpt.h"
+#include "cluster/runtime/signals.h"
 
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
-
-/* Signals, with --checkpoint-dir: SIGUSR1 = checkpoint at the next step
- * boundary and go on; SIGUSR2 / SIGTERM = checkpoint, then exit 75
- * (resumable); a second SIGTERM, or SIGINT, exits at once (the previous
- * checkpoint stays intact). A handler can only set a flag: these are the
- * process's only mutable globals, read by the head between micro-batches. */
-static volatile sig_atomic_t run_sig_ckpt, run_sig_exit;
-
-static void run_on_signal(int sig)
-{
-    if (sig == SIGUSR1)
-        run_sig_ckpt = 1;
-    else if (sig == SIGINT || (sig == SIGTERM && run_sig_exit))
-        _exit(128 + sig);
-    else
-        run_sig_exit = 1;
-}
-
-static void run_catch_signals(void)
-{
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = run_on_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
-    sigaction(SIGUSR1, &sa, NULL);
-    sigaction(SIGUSR2, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-}
 
 enum { RUN_ACT_CKPT = 1, RUN_ACT_CKPT_EXIT = 2 };
 
@@ -59,12 +30,11 @@ static uint32_t run_ckpt_want(void *ctx, uint64_t step)
 {
     (void)step;
     run_ckpt *c = ctx;
-    if (run_sig_exit)
+    uint32_t f = sig_take();
+    if (f & MSG_FLAG_STOP)
         return RUN_ACT_CKPT_EXIT;
-    if (run_sig_ckpt) {
-        run_sig_ckpt = 0;
+    if (f & MSG_FLAG_CKPT)
         return RUN_ACT_CKPT;
-    }
     if (c->r->o->checkpoint_every > 0 && MPI_Wtime() - c->last >= c->r->o->checkpoint_every)
         return RUN_ACT_CKPT;
     return 0;
@@ -199,7 +169,7 @@ int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
         }
         if (!hooks)
             hooks = &ck_hooks;
-        run_catch_signals();
+        sig_install();
     }
     if (st == PD_OK)
         st = report_start(&r, &rep, &e);

@@ -72,6 +72,31 @@ for c in "${cases[@]}"; do
   same "$T/$tag.ref" "$T/$tag.out" "$tag: resumed on ${n2} rank(s) ${map:+(map $map) }== uninterrupted"
 done
 
+# a signal to one rank that is not the head: it travels on the next message
+# to the head, and the whole job acts on it (rank 1 middle: SIGUSR1, then the
+# tail rank 2: SIGUSR2)
+rank_pid() { # rank_pid OUT R
+  for pid in $(pgrep -f "^$PIPEDEC.*--out $1 " || true); do
+    if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then echo "$pid"; return; fi
+  done
+}
+out="$T/onerank.jsonl"; d="$T/onerank.d"
+( rc=0; timeout 300 "${MPIRUN[@]}" -np 3 "$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 3 --digest \
+    --checkpoint-dir "$d" >"$out.log" 2>&1 </dev/null || rc=$?; echo "$rc" > "$out.rc" ) &
+job=$!
+for _ in $(seq 1 3000); do [ -s "$out" ] && break; sleep 0.01; done
+kill -USR1 "$(rank_pid "$out" 1)" 2>/dev/null || true
+for _ in $(seq 1 3000); do [ -d "$d/ckpt-1" ] && break; sleep 0.01; done
+kill -USR2 "$(rank_pid "$out" 2)" 2>/dev/null || true
+wait "$job" || true
+if [ "$(cat "$out.rc")" -eq 75 ] && [ -d "$d/ckpt-1" ] && [ -d "$d/ckpt-2" ]; then
+  pass "SIGUSR1 to rank 1 and SIGUSR2 to rank 2 alone: the whole job checkpointed twice and exited 75"
+else
+  fail "signals to non-head ranks: exit $(cat "$out.rc"), $(ls "$d" 2>/dev/null | tr '\n' ' ')"; grep -i checkpoint "$out.log" | head -3
+fi
+finish_run 2 "$out" "$d"
+same "$T/s1-3_.ref" "$out" "signals to non-head ranks: resumed output == uninterrupted"
+
 # SIGUSR1 checkpoints and goes on; the last two are kept
 out="$T/u1.jsonl"; d="$T/u1.d"
 ( rc=0; timeout 300 "$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 3 --digest --checkpoint-dir "$d" \

@@ -40,10 +40,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 abort(); /* an accepted f32 batch must re-encode to itself */
         }
     } else if (kind == MSG_KIND_RESULTS) {
-        uint32_t n;
-        if (msg_decode_results(data, size, &lim, &seq, tokens, digests, &n, &e) == PD_OK) {
+        uint32_t n, flags;
+        if (msg_decode_results(data, size, &lim, &seq, &flags, tokens, digests, &n, &e) == PD_OK) {
             size_t len = 0;
-            if (msg_encode_results(seq, tokens, digests, n, again, sizeof again, &len, &e) != PD_OK ||
+            if (msg_encode_results(seq, flags, tokens, digests, n, again, sizeof again, &len, &e) != PD_OK ||
                 len != size || memcmp(again, data, size) != 0)
                 abort(); /* accepted results must re-encode to themselves */
         }

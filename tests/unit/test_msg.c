@@ -115,10 +115,10 @@ START_TEST(msg_batch_flipped_header_and_row_bytes_are_refused)
     /* every byte of the fixed header, counts, and row flags/reserved: any
      * change there must be refused (stream ids, positions and hidden values
      * are free-form and decode to other valid values) */
-    size_t rows_at = 32 + 2 * 24 + 8;
+    size_t rows_at = 36 + 2 * 24 + 8;
     for (size_t i = 0; i < len; i++) {
         /* a row is 24 bytes: stream, pos, then role, logits, reserved (structural), then a free-form token */
-        int structural = i < 32 || (i >= rows_at && i < rows_at + 3 * 24 && ((i - rows_at) % 24) >= 16 &&
+        int structural = i < 36 || (i >= rows_at && i < rows_at + 3 * 24 && ((i - rows_at) % 24) >= 16 &&
                                     ((i - rows_at) % 24) < 20);
         if (!structural || (i >= 8 && i < 16))
             continue; /* seq is free-form */
@@ -135,6 +135,7 @@ START_TEST(msg_batch_flipped_header_and_row_bytes_are_refused)
             if (st == PD_OK) {
                 /* only a role flip to another valid role or logits 0<->1 can pass */
                 int ok_flip = i >= rows_at && ((i - rows_at) % 24) == 16 && c[i] < MB_ROLE_COUNT;
+                ok_flip |= i == 32 && (c[i] & ~MSG_FLAGS_KNOWN) == 0; /* another valid flags value */
                 ok_flip |= i >= rows_at && ((i - rows_at) % 24) == 17 && c[i] <= 1;
                 ck_assert_msg(ok_flip, "flip at byte %zu bit %d accepted", i, bit);
             } else {
@@ -200,7 +201,7 @@ START_TEST(msg_results_and_stop_round_trip_and_refuse_damage)
     uint64_t dig[3] = {0x0123456789abcdefull, 0, UINT64_MAX};
     size_t len;
     pd_err e = {0};
-    ck_assert_int_eq(msg_encode_results(9, toks, dig, 3, buf, sizeof buf, &len, &e), PD_OK);
+    ck_assert_int_eq(msg_encode_results(9, MSG_FLAG_STOP, toks, dig, 3, buf, sizeof buf, &len, &e), PD_OK);
     ck_assert_uint_eq(len, msg_results_bytes(3));
     ck_assert_uint_eq(len, 16 + 8 + 3 * 4 + 3 * 8);
     /* little-endian, tokens first, then the digests */
@@ -209,31 +210,38 @@ START_TEST(msg_results_and_stop_round_trip_and_refuse_damage)
     msg_limits l = lim();
     uint32_t out[8] = {0};
     uint64_t dout[8] = {0};
-    uint32_t n = 0;
+    uint32_t n = 0, flags = 0;
     uint64_t seq = 0;
-    ck_assert_int_eq(msg_decode_results(buf, len, &l, &seq, out, dout, &n, &e), PD_OK);
+    ck_assert_int_eq(msg_decode_results(buf, len, &l, &seq, &flags, out, dout, &n, &e), PD_OK);
+    ck_assert_uint_eq(flags, MSG_FLAG_STOP);
     ck_assert_uint_eq(seq, 9);
     ck_assert_uint_eq(n, 3);
     ck_assert_int_eq(memcmp(out, toks, sizeof toks), 0);
     ck_assert_int_eq(memcmp(dout, dig, sizeof dig), 0);
     for (size_t cut = 0; cut < len; cut++) {
         pd_err_clear(&e);
-        ck_assert_int_ne(msg_decode_results(buf, cut, &l, &seq, out, dout, &n, &e), PD_OK);
+        ck_assert_int_ne(msg_decode_results(buf, cut, &l, &seq, &flags, out, dout, &n, &e), PD_OK);
     }
     /* one byte more is a trailing byte, not a longer message */
     buf[len] = 0;
     pd_err_clear(&e);
-    ck_assert_int_eq(msg_decode_results(buf, len + 1, &l, &seq, out, dout, &n, &e), PD_ERR_FORMAT);
+    ck_assert_int_eq(msg_decode_results(buf, len + 1, &l, &seq, &flags, out, dout, &n, &e), PD_ERR_FORMAT);
     ck_assert_msg(strstr(e.msg, "trailing") != NULL, "%s", e.msg);
     /* a count the bytes cannot hold is refused before anything is read */
     buf[16] = 0xff;
     l.max_tokens = 1000;
     pd_err_clear(&e);
-    ck_assert_int_eq(msg_decode_results(buf, len, &l, &seq, out, dout, &n, &e), PD_ERR_TRUNCATED);
+    ck_assert_int_eq(msg_decode_results(buf, len, &l, &seq, &flags, out, dout, &n, &e), PD_ERR_TRUNCATED);
     buf[16] = 3;
+    /* unknown flag bits are refused */
+    buf[20] = 0x80;
+    pd_err_clear(&e);
+    ck_assert_int_eq(msg_decode_results(buf, len, &l, &seq, &flags, out, dout, &n, &e), PD_ERR_FORMAT);
+    ck_assert_msg(strstr(e.msg, "flags") != NULL, "%s", e.msg);
+    buf[20] = MSG_FLAG_STOP;
     l.max_tokens = 2;
     pd_err_clear(&e);
-    ck_assert_int_eq(msg_decode_results(buf, len, &l, &seq, out, dout, &n, &e), PD_ERR_RANGE);
+    ck_assert_int_eq(msg_decode_results(buf, len, &l, &seq, &flags, out, dout, &n, &e), PD_ERR_RANGE);
     ck_assert_int_eq(msg_encode_stop(11, buf, sizeof buf, &len, &e), PD_OK);
     msg_kind k;
     ck_assert_int_eq(msg_peek(buf, len, &k, &seq, &e), PD_OK);
@@ -274,7 +282,7 @@ START_TEST(msg_drain_round_trips_and_refuses_damage)
     uint64_t dig[4];
     uint32_t n;
     pd_err_clear(&e);
-    ck_assert_int_eq(msg_decode_results(buf, len, &l, &seq, toks, dig, &n, &e), PD_ERR_FORMAT);
+    ck_assert_int_eq(msg_decode_results(buf, len, &l, &seq, &n, toks, dig, &n, &e), PD_ERR_FORMAT);
     ck_assert_int_eq(msg_encode_stop(3, buf, sizeof buf, &len, &e), PD_OK);
     pd_err_clear(&e);
     ck_assert_int_eq(msg_decode_drain(buf, len, &seq, &action, &number, &e), PD_ERR_FORMAT);
