@@ -282,3 +282,28 @@ bool pd_file_same(const char *a, const char *b)
     free(cb);
     return same;
 }
+
+pd_status pd_file_read_all(const char *path, const char *ctx, uint8_t **out, size_t *len, pd_err *err)
+{
+    int fd = -1;
+    uint64_t size = 0;
+    pd_status st = pd_file_open_read(path, ctx, &fd, &size, err);
+    if (st != PD_OK)
+        return st;
+    uint8_t *b = size < SIZE_MAX ? malloc((size_t)size + 1) : NULL;
+    if (!b) {
+        close(fd);
+        return pd_err_set(err, PD_ERR_NOMEM, "%s%s%s: no memory for %" PRIu64 " bytes", ctx ? ctx : "",
+                          ctx ? ": " : "", path, size);
+    }
+    st = pd_file_read_at(fd, b, (size_t)size, 0, path, ctx, err);
+    close(fd);
+    if (st != PD_OK) {
+        free(b);
+        return st;
+    }
+    b[size] = '\0';
+    *out = b;
+    *len = (size_t)size;
+    return PD_OK;
+}

@@ -60,6 +60,12 @@ pd_status pd_file_read_at(int fd, void *dst, size_t n, uint64_t off, const char 
  * INV: between begin and commit / abort the temporary file exists, its
  *      descriptor is open (owned by the stream once one was asked for), and
  *      the target is untouched. */
+/* The whole regular file at path in a new buffer (owned, free()), with a NUL
+ * after its *len bytes so text parsers may treat it as a string; the same
+ * checks and messages as pd_file_open_read and pd_file_read_at (ctx may be
+ * NULL). */
+pd_status pd_file_read_all(const char *path, const char *ctx, uint8_t **out, size_t *len, pd_err *err);
+
 typedef struct pd_publish pd_publish;
 
 /* Creates the temporary file for publishing at path with permission bits

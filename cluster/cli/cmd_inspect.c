@@ -88,26 +88,7 @@ static pd_status read_all(const char *path, uint8_t **out, size_t *len, pd_err *
 {
     if (strcmp(path, "-") == 0)
         return read_stream(stdin, path, out, len, err);
-    int fd = -1;
-    uint64_t size = 0;
-    pd_status st = pd_file_open_read(path, NULL, &fd, &size, err);
-    if (st != PD_OK)
-        return st;
-    uint8_t *b = size < SIZE_MAX ? malloc(size ? (size_t)size : 1) : NULL;
-    if (!b) {
-        close(fd);
-        return pd_err_set(err, PD_ERR_NOMEM, "cannot read %s: out of memory for %llu bytes", path,
-                          (unsigned long long)size);
-    }
-    st = pd_file_read_at(fd, b, (size_t)size, 0, path, NULL, err);
-    close(fd);
-    if (st != PD_OK) {
-        free(b);
-        return st;
-    }
-    *out = b;
-    *len = (size_t)size;
-    return PD_OK;
+    return pd_file_read_all(path, NULL, out, len, err);
 }
 
 static void inspect_bytes(insp *in, const uint8_t *buf, size_t len, int legacy)

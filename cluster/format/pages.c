@@ -646,31 +646,6 @@ static pd_status pages_check_embeddings(pages *p, const pages_where *w, size_t d
     return PD_OK;
 }
 
-/* The whole manifest, NUL-terminated, in a new buffer (*buf owned, free()). */
-static pd_status pages_read_file(const char *path, char **buf, size_t *len, pd_err *err)
-{
-    int fd = -1;
-    uint64_t size = 0;
-    pd_status st = pd_file_open_read(path, NULL, &fd, &size, err);
-    if (st != PD_OK)
-        return st;
-    char *b = size < SIZE_MAX ? malloc((size_t)size + 1) : NULL;
-    if (!b) {
-        close(fd);
-        return pd_err_set(err, PD_ERR_NOMEM, "%s: no memory for %" PRIu64 " bytes", path, size);
-    }
-    st = pd_file_read_at(fd, b, (size_t)size, 0, path, NULL, err);
-    close(fd);
-    if (st != PD_OK) {
-        free(b);
-        return st;
-    }
-    b[size] = '\0';
-    *buf = b;
-    *len = (size_t)size;
-    return PD_OK;
-}
-
 pd_status pages_load(const char *path, uint32_t vocab_size, uint32_t hidden,
                      const pages_opts *opts, pages **out, pd_err *err)
 {
@@ -682,7 +657,7 @@ pd_status pages_load(const char *path, uint32_t vocab_size, uint32_t hidden,
     bool header_only = opts && opts->header_only;
     char *text = NULL;
     size_t len = 0;
-    pd_status st = pages_read_file(path, &text, &len, err);
+    pd_status st = pd_file_read_all(path, NULL, (uint8_t **)&text, &len, err); /* NUL-terminated */
     if (st != PD_OK)
         return st;
     pages *p = calloc(1, sizeof *p);

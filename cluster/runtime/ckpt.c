@@ -36,35 +36,11 @@ char *ckpt_settings(const run_opts *o)
     return s;
 }
 
-/* The whole file in a new buffer (owned), through the checked opener. */
-static pd_status read_whole(const char *path, const char *ctx, uint8_t **out, size_t *len, pd_err *err)
-{
-    int fd;
-    uint64_t size;
-    pd_status st = pd_file_open_read(path, ctx, &fd, &size, err);
-    if (st)
-        return st;
-    uint8_t *b = size > SIZE_MAX - 1 ? NULL : malloc((size_t)size + 1);
-    if (!b) {
-        close(fd);
-        return pd_err_set(err, PD_ERR_NOMEM, "%s: %s: %" PRIu64 " bytes do not fit in memory", ctx, path, size);
-    }
-    st = pd_file_read_at(fd, b, (size_t)size, 0, path, ctx, err);
-    close(fd);
-    if (st) {
-        free(b);
-        return st;
-    }
-    *out = b;
-    *len = (size_t)size;
-    return PD_OK;
-}
-
 pd_status ckpt_file_digest(const char *path, uint64_t *out, pd_err *err)
 {
     uint8_t *b;
     size_t n;
-    pd_status st = read_whole(path, "checkpoint", &b, &n, err);
+    pd_status st = pd_file_read_all(path, "checkpoint", &b, &n, err);
     if (st)
         return st;
     *out = pd_fnv_bytes(PD_FNV_OFFSET, b, n);
@@ -166,7 +142,7 @@ pd_status ckpt_inspect(const char *path, ckpt_manifest *m, uint64_t *seq, pd_err
     }
     uint8_t *b;
     size_t n;
-    pd_status st = read_whole(p, "checkpoint", &b, &n, err);
+    pd_status st = pd_file_read_all(p, "checkpoint", &b, &n, err);
     if (st)
         return st;
     stream_limits lim = {.max_new = UINT32_MAX - 1, .max_prefill = UINT64_MAX};
@@ -179,7 +155,7 @@ pd_status ckpt_inspect(const char *path, ckpt_manifest *m, uint64_t *seq, pd_err
     *seq = m->seq;
     for (uint32_t L = 0; st == PD_OK && L < m->n_layers; L++) {
         layer_file(p, sizeof p, cd, L);
-        if ((st = read_whole(p, "checkpoint", &b, &n, err)))
+        if ((st = pd_file_read_all(p, "checkpoint", &b, &n, err)))
             break;
         bundle_view *v = NULL;
         if (n != m->bundles[L].bytes)
@@ -219,7 +195,7 @@ static pd_status check_one(const char *dir, uint64_t seq, uint32_t n_layers, ckp
     snprintf(path, sizeof path, "%s/manifest.pdck", cd);
     uint8_t *b;
     size_t n;
-    pd_status st = read_whole(path, "checkpoint", &b, &n, err);
+    pd_status st = pd_file_read_all(path, "checkpoint", &b, &n, err);
     if (st)
         return st;
     stream_limits lim = {.max_new = UINT32_MAX - 1, .max_prefill = UINT64_MAX};
@@ -237,7 +213,7 @@ static pd_status check_one(const char *dir, uint64_t seq, uint32_t n_layers, ckp
     }
     for (uint32_t L = 0; L < n_layers; L++) {
         layer_file(path, sizeof path, cd, L);
-        st = read_whole(path, "checkpoint", &b, &n, err);
+        st = pd_file_read_all(path, "checkpoint", &b, &n, err);
         if (st == PD_OK) {
             if (n != m->bundles[L].bytes)
                 st = pd_err_set(err, PD_ERR_TRUNCATED, "%s: %zu bytes, the manifest says %" PRIu64, path, n,
@@ -528,7 +504,7 @@ pd_status ckpt_restore(rank *r, sched *sc, const char *dir, uint64_t seq, pd_err
     uint8_t *b = NULL;
     size_t n = 0;
     pd_err e = {0};
-    pd_status st = read_whole(path, "checkpoint", &b, &n, &e);
+    pd_status st = pd_file_read_all(path, "checkpoint", &b, &n, &e);
     stream_limits lim = {.max_new = UINT32_MAX - 1, .max_prefill = UINT64_MAX};
     if (st == PD_OK)
         st = ckpt_manifest_decode(b, n, &lim, r->hp.n_layers, &m, &e);
@@ -550,7 +526,7 @@ pd_status ckpt_restore(rank *r, sched *sc, const char *dir, uint64_t seq, pd_err
     stage_layers(r->st, &first, &cnt);
     for (uint32_t L = first; st == PD_OK && L < first + cnt; L++) {
         snprintf(path, sizeof path, "%s/layer-%05u.cmfb", cd, L);
-        if ((st = read_whole(path, "checkpoint", &b, &n, &e)))
+        if ((st = pd_file_read_all(path, "checkpoint", &b, &n, &e)))
             break;
         bundle_view *v = NULL;
         if (crc32c_update(0, b, n) != m.bundles[L].crc || n != m.bundles[L].bytes)

@@ -188,6 +188,35 @@ static int entries(void)
     return n;
 }
 
+START_TEST(file_read_all_reads_the_whole_file_nul_terminated)
+{
+    char p[128];
+    path_in(p, sizeof p, "all.bin");
+    put(p, "ab\0cd", 5);
+    uint8_t *b = NULL;
+    size_t n = 0;
+    pd_err e = {0};
+    ck_assert_int_eq(pd_file_read_all(p, "test", &b, &n, &e), PD_OK);
+    ck_assert_uint_eq(n, 5);
+    ck_assert_int_eq(memcmp(b, "ab\0cd", 5), 0);
+    ck_assert_uint_eq(b[5], 0);
+    free(b);
+    put(p, "", 0);
+    ck_assert_int_eq(pd_file_read_all(p, NULL, &b, &n, &e), PD_OK);
+    ck_assert_uint_eq(n, 0);
+    ck_assert_uint_eq(b[0], 0);
+    free(b);
+    /* what is not a regular file is refused, naming it */
+    pd_err_clear(&e);
+    ck_assert_int_ne(pd_file_read_all(tmpdir, "test", &b, &n, &e), PD_OK);
+    ck_assert_msg(strstr(e.msg, tmpdir) != NULL, "%s", e.msg);
+    path_in(p, sizeof p, "missing");
+    pd_err_clear(&e);
+    ck_assert_int_ne(pd_file_read_all(p, "test", &b, &n, &e), PD_OK);
+    ck_assert_msg(strstr(e.msg, "missing") != NULL, "%s", e.msg);
+}
+END_TEST
+
 START_TEST(file_publish_replaces_the_target_only_at_commit)
 {
     char p[128], buf[64];
@@ -325,6 +354,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, file_open_read_refuses_what_is_not_a_regular_file);
     tcase_add_test(tc, file_check_regular_takes_a_descriptor_opened_elsewhere);
     tcase_add_test(tc, file_read_at_names_the_offset_where_the_file_ended);
+    tcase_add_test(tc, file_read_all_reads_the_whole_file_nul_terminated);
     suite_add_tcase(s, tc);
     tc = tcase_create("publish");
     tcase_add_checked_fixture(tc, setup, teardown);
