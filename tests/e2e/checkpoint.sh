@@ -30,7 +30,7 @@ launch() {
   # mpirun forwards the signal to every rank; alone, pipedec gets it
   local target
   if [ "$n" -gt 0 ]; then target=$(pgrep -f -o "^mpirun.*--out $out " || true)
-  else target=$(pgrep -f -n "^$PIPEDEC.*--out $out " || true); fi
+  else target=$(pgrep -f -n "^$PIPEDEC_BIN.*--out $out " || true); fi
   [ -n "$target" ] && kill -"$sig" "$target" 2>/dev/null || true
   wait "$job" || true
 }
@@ -76,7 +76,7 @@ done
 # to the head, and the whole job acts on it (rank 1 middle: SIGUSR1, then the
 # tail rank 2: SIGUSR2)
 rank_pid() { # rank_pid OUT R
-  for pid in $(pgrep -f "^$PIPEDEC.*--out $1 " || true); do
+  for pid in $(pgrep -f "^$PIPEDEC_BIN.*--out $1 " || true); do
     if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then echo "$pid"; return; fi
   done
 }
@@ -103,7 +103,7 @@ out="$T/u1.jsonl"; d="$T/u1.d"
     >"$out.log" 2>&1 || rc=$?; echo "$rc" > "$out.rc" ) &
 job=$!
 for _ in $(seq 1 3000); do [ -s "$out" ] && break; sleep 0.01; done
-pid=$(pgrep -f -n "^$PIPEDEC.*--out $out " || true)
+pid=$(pgrep -f -n "^$PIPEDEC_BIN.*--out $out " || true)
 for _ in 1 2 3; do kill -USR1 "$pid" 2>/dev/null || true; sleep 0.05; done
 wait "$job" || true
 n_ck=$(grep -c "written at step" "$out.log" || true)
@@ -135,7 +135,7 @@ out="$T/twock.jsonl"; d="$T/twock.d"
     >"$out.log" 2>&1 || rc=$?; echo "$rc" > "$out.rc" ) &
 job=$!
 for _ in $(seq 1 3000); do [ -s "$out" ] && break; sleep 0.01; done
-pid=$(pgrep -f -n "^$PIPEDEC.*--out $out " || true)
+pid=$(pgrep -f -n "^$PIPEDEC_BIN.*--out $out " || true)
 kill -USR1 "$pid" 2>/dev/null || true
 for _ in $(seq 1 300); do [ -d "$d/ckpt-1" ] && break; sleep 0.01; done
 kill -USR2 "$pid" 2>/dev/null || true
@@ -184,7 +184,7 @@ mkdir -p "$d"
   --batch 3 --digest --checkpoint-dir "$d" >"$out.log" 2>&1 || rc=$?; echo "${rc:-0}" > "$out.rc" ) &
 job=$!
 for _ in $(seq 1 3000); do [ -s "$out" ] && break; sleep 0.01; done
-kill -USR1 "$(pgrep -f -n "^$PIPEDEC.*--out $out " || echo 0)" 2>/dev/null || true
+kill -USR1 "$(pgrep -f -n "^$PIPEDEC_BIN.*--out $out " || echo 0)" 2>/dev/null || true
 wait "$job" || true
 if [ "$(cat "$out.rc")" -eq 0 ] && grep -q "checkpoint 1 failed.*No space left on device" "$out.log" \
    && [ ! -e "$d/ckpt-1" ] && [ ! -e "$d/.ckpt-1.tmp" ]; then

@@ -7,7 +7,8 @@
 set -euo pipefail
 : "${PD_BUILD:?set PD_BUILD to the build directory}"
 : "${PD_SRC:?set PD_SRC to the source directory}"
-bin="$PD_BUILD/pipedec"
+export PD_BUILD
+bin="$PD_SRC/tests/e2e/helpers/pipedec"   # private session dir per run
 data="$PD_SRC/tests/data"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT

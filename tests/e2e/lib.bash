@@ -3,7 +3,10 @@
 set -euo pipefail
 : "${PD_BUILD:?PD_BUILD must name the build directory}"
 : "${PD_SRC:?PD_SRC must name the source directory}"
-PIPEDEC="$PD_BUILD/pipedec"
+# a private session directory per singleton run: see helpers/pipedec
+PIPEDEC="$PD_SRC/tests/e2e/helpers/pipedec"
+PIPEDEC_BIN="$PD_BUILD/pipedec"   # what pgrep sees once the helper has exec-ed
+export PD_BUILD
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl="${OMPI_MCA_btl:-self,vader}"
 export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
