@@ -172,6 +172,16 @@ uint64_t lcache_rollback_limit(const lcache *c);
  * PD_ERR_ARG while a group is open. */
 pd_status lcache_settle(lcache *c, uint64_t pos, pd_err *err);
 
+/* Drops every row at positions >= pos, final ones included, and makes the
+ * rest final: for a container that keeps each row it was given unchanged —
+ * a full-attention kv layer storing f32 without eviction — whose rows past pos were
+ * guesses (the head's draft model runs its own drafts as ordinary groups
+ * and throws the unaccepted ones away several groups later). PD_ERR_REFUSED
+ * for a ring, a window, eviction or a q8 mode (what they keep before pos depends on
+ * the rows after it); PD_ERR_RANGE pos > position; PD_ERR_ARG while a group
+ * is open. Nothing changed on error. */
+pd_status lcache_truncate(lcache *c, uint64_t pos, pd_err *err);
+
 /* ---- memory, invariants --------------------------------------------------- */
 
 typedef struct lcache_mem {

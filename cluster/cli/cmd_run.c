@@ -21,7 +21,7 @@ static void run_usage(FILE *f)
             "         [--gemm invariant|openblas] [--layers 0-3,4-7,...] [--wire-dtype f32|f16]\n"
             "         [--stats FILE] [--progress] [--no-bind] [--digest] [--trace-hidden FILE]\n"
             "         [--past-context] [--stall-timeout SECONDS] [--mem-limit BYTES|auto|none]\n"
-            "         [--checkpoint-dir D [--checkpoint-every SECONDS]] [--draft none|ngram[:N[:K]]]\n");
+            "         [--checkpoint-dir D [--checkpoint-every SECONDS]] [--draft none|ngram[:N[:K]]|model:FILE[:K]]\n");
 }
 
 /* Parses argv into o; PD_ERR_ARG with a message naming the flag. */

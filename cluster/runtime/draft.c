@@ -25,6 +25,21 @@ pd_status draft_parse(const char *s, draft_config *out, pd_err *err)
         return PD_OK;
     }
     unsigned n = 3, k = 4;
+    if (strncmp(s, "model:", 6) == 0) {
+        const char *file = s + 6, *colon = strrchr(file, ':');
+        const char *kp = colon ? colon + 1 : NULL;
+        int has_k = kp && *kp && draft_uint(&kp, &k) && *kp == '\0';
+        size_t flen = has_k ? (size_t)(colon - file) : strlen(file);
+        if (flen == 0 || (has_k && (k < 1 || k > 16)))
+            return pd_err_set(err, PD_ERR_ARG, "--draft '%s': expected model:FILE[:K] (K 1..16)", s);
+        if (flen >= sizeof out->path)
+            return pd_err_set(err, PD_ERR_ARG, "--draft model: the file name is longer than %zu bytes",
+                              sizeof out->path - 1);
+        *out = (draft_config){.mode = DRAFT_MODEL, .k = k};
+        memcpy(out->path, file, flen);
+        out->path[flen] = '\0';
+        return PD_OK;
+    }
     const char *p = s;
     int ok = strncmp(p, "ngram", 5) == 0;
     p += ok ? 5 : 0;
@@ -37,7 +52,7 @@ pd_status draft_parse(const char *s, draft_config *out, pd_err *err)
         }
     }
     if (!ok || *p != '\0' || n < 1 || n > 64 || k < 1 || k > 16)
-        return pd_err_set(err, PD_ERR_ARG, "--draft '%s': expected none or ngram[:N[:K]] (N 1..64, K 1..16)", s);
+        return pd_err_set(err, PD_ERR_ARG, "--draft '%s': expected none, ngram[:N[:K]] (N 1..64, K 1..16) or model:FILE[:K]", s);
     *out = (draft_config){.mode = DRAFT_NGRAM, .n = n, .k = k};
     return PD_OK;
 }

@@ -7,6 +7,9 @@
  *   ngram[:N[:K]]  prompt lookup: the latest earlier occurrence of the
  *                  stream's last N tokens (prompt tokens, then generated) and
  *                  up to K tokens that followed it (default N 3, K 4)
+ *   model:FILE[:K] a draft model (drafter.h): a smaller GGUF with the same
+ *                  vocabulary, run greedily on the head (default K 4; a FILE
+ *                  whose name ends in ":DIGITS" needs the :K spelled out)
  *   none           no speculation (default)
  *
  * Per stream K adapts to the acceptance history (sched.c): all accepted
@@ -20,15 +23,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum draft_mode { DRAFT_NONE, DRAFT_NGRAM } draft_mode;
+typedef enum draft_mode { DRAFT_NONE, DRAFT_NGRAM, DRAFT_MODEL } draft_mode;
 
 typedef struct draft_config {
     draft_mode mode;
     uint32_t n; /* ngram: tokens matched */
     uint32_t k; /* drafts at most per pass (1..16) */
+    char path[1024];  /* model: the draft model's file */
 } draft_config;
 
-/* "none", "ngram", "ngram:N", "ngram:N:K"; PD_ERR_ARG naming the flag. */
+/* "none", "ngram", "ngram:N", "ngram:N:K", "model:FILE", "model:FILE:K";
+ * PD_ERR_ARG naming the flag. */
 pd_status draft_parse(const char *s, draft_config *out, pd_err *err);
 
 /* Prompt lookup over hist[0..n_hist): writes up to k drafts into out and

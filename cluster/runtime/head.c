@@ -34,6 +34,7 @@ struct head {
     vocab *vb;
     outfile *of;
     sched *sc;
+    drafter *dr;              /* --draft model: the draft model, else NULL */
     budget *bud;              /* NULL: no admission budget */
     bool *skip;               /* [pages] already in the output file */
     head_pending *pending;
@@ -100,6 +101,9 @@ static pd_status head_check_paths(const head *h, pd_err *err)
         if (pd_file_same(outs[i].path, o->model_path))
             return pd_err_set(err, PD_ERR_ARG, "%s %s is the model file (--model %s): refusing to overwrite it",
                               outs[i].flag, outs[i].path, o->model_path);
+        if (o->draft.mode == DRAFT_MODEL && pd_file_same(outs[i].path, o->draft.path))
+            return pd_err_set(err, PD_ERR_ARG, "%s %s is the draft model (--draft model:%s): refusing to overwrite it",
+                              outs[i].flag, outs[i].path, o->draft.path);
         if (pd_file_same(outs[i].path, o->pages_path))
             return pd_err_set(err, PD_ERR_ARG, "%s %s is the page manifest (--pages %s): refusing to overwrite it",
                               outs[i].flag, outs[i].path, o->pages_path);
@@ -137,6 +141,17 @@ pd_status head_open(rank *r, head **out, pd_err *err)
         return st;
     if (o->checkpoint_dir && (st = head_find_checkpoint(h, err)))
         return st;
+    if (o->draft.mode == DRAFT_MODEL) {
+        /* a draft model of another vocabulary is refused before any output */
+        drafter_config dc = {.path = o->draft.path,
+                             .target = r->m,
+                             .max_streams = r->sz.max_streams,
+                             .max_rows = r->sz.max_rows,
+                             .backend = o->backend,
+                             .pool = r->pool};
+        if ((st = drafter_open(&dc, &h->dr, err)))
+            return st;
+    }
     if ((st = outfile_open(o->out_path, &h->of, err)))
         return st;
     size_t n = pages_count(h->pg);
@@ -155,6 +170,7 @@ pd_status head_open(rank *r, head **out, pd_err *err)
                         .skip = h->skip,
                         .past_context = o->past_context,
                         .draft = o->draft,
+                        .drafter = h->dr,
                         .on_done = head_on_done,
                         .on_done_ctx = h};
     return sched_new(&cfg, h->n_inflight, &h->sc, err);
@@ -172,6 +188,7 @@ void head_free(head *h)
     free(h->inflight);
     free(h->skip);
     sched_free(h->sc);
+    drafter_free(h->dr);
     budget_free(h->bud);
     outfile_free(h->of);
     vocab_free(h->vb);

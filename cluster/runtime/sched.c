@@ -40,6 +40,10 @@ struct sched {
     uint32_t *spec_k, *spec_idle, *spec_sent;
     uint32_t *hist_buf, *draft_buf;
     size_t hist_cap;
+    /* --draft model: the proposals asked for in the batch being formed, their
+     * drafts (SCHED_MAX_DRAFTS per request) and first verify row */
+    drafter_req *mreq;
+    uint32_t *mdrafts, *mrow0;
     sched_slot *slots;
     uint32_t n_slots;
     uint64_t *pending_retire;
@@ -64,6 +68,9 @@ void sched_free(sched *s)
     free(s->spec_sent);
     free(s->hist_buf);
     free(s->draft_buf);
+    free(s->mreq);
+    free(s->mdrafts);
+    free(s->mrow0);
     for (uint32_t i = 0; s->slots && i < s->n_slots; i++) {
         sched_slot *sl = &s->slots[i];
         free(sl->rows);
@@ -114,8 +121,11 @@ pd_status sched_new(const sched_config *cfg, uint32_t max_inflight, sched **out,
             s->hist_cap = h;
     }
     s->hist_buf = calloc(s->hist_cap ? s->hist_cap : 1, sizeof *s->hist_buf);
+    s->mreq = calloc(cfg->max_streams, sizeof *s->mreq);
+    s->mdrafts = calloc((size_t)cfg->max_streams * SCHED_MAX_DRAFTS, sizeof *s->mdrafts);
+    s->mrow0 = calloc(cfg->max_streams, sizeof *s->mrow0);
     bool ok = s->in_flight && s->reserved && s->taken && s->slots && s->pending_retire && s->spec_k &&
-              s->spec_idle && s->spec_sent && s->draft_buf && s->hist_buf;
+              s->spec_idle && s->spec_sent && s->draft_buf && s->hist_buf && s->mreq && s->mdrafts && s->mrow0;
     for (uint32_t i = 0; ok && i < max_inflight; i++) {
         sched_slot *sl = &s->slots[i];
         sl->rows = calloc(cfg->max_rows, sizeof *sl->rows);
@@ -161,13 +171,16 @@ static pd_status stream_finish(sched *s, stream_state *st, sched_stop stop, bool
     s->prog.pages_failed += stop == SCHED_STOP_ERROR;
     if (admitted)
         s->pending_retire[s->n_pending_retire++] = st->id;
+    if (s->cfg.drafter)
+        drafter_retire(s->cfg.drafter, st->id);
     stream_table_drop(s->streams, st->id);
     return rc;
 }
 
-/* Embeds prefill rows [from, from + n) of stream st into x. */
-static pd_status prefill_rows(sched *s, const stream_state *st, uint64_t from, uint32_t n, float *x,
-                              pd_err *err)
+/* Embeds prefill rows [from, from + n) of stream st into x, the prompt
+ * tokens through em's embedding table (the target's, or the draft model's). */
+static pd_status prefill_rows(sched *s, const stream_state *st, const model *em, uint64_t from, uint32_t n,
+                              float *x, pd_err *err)
 {
     const pages_page *pg = pages_get(s->cfg.pg, st->page);
     uint64_t seg0 = 0;
@@ -185,7 +198,7 @@ static pd_status prefill_rows(sched *s, const stream_state *st, uint64_t from, u
             if (sg->kind == PAGES_SEG_TOKENS) {
                 for (uint32_t i = 0; i < cnt; i++) {
                     uint32_t t = (uint32_t)sg->tokens[off + i];
-                    model_embed(s->cfg.m, &t, 1, dst + (size_t)i * s->hidden);
+                    model_embed(em, &t, 1, dst + (size_t)i * s->hidden);
                 }
             } else {
                 pd_status rc = pages_embed_read(s->cfg.pg, st->page, k, off, cnt, dst, err);
@@ -299,7 +312,7 @@ static pd_status add_prefill(sched *s, sched_slot *sl, uint32_t i, uint32_t room
     if (n > room)
         n = room;
     pd_err pe = {0};
-    pd_status rc = prefill_rows(s, st, st->fed, n, sl->x + (size_t)*nr * s->hidden, &pe);
+    pd_status rc = prefill_rows(s, st, s->cfg.m, st->fed, n, sl->x + (size_t)*nr * s->hidden, &pe);
     if (rc == PD_ERR_NOMEM) {
         *err = pe;
         return rc;
@@ -335,9 +348,9 @@ static size_t spec_history(sched *s, const stream_state *st)
     return n;
 }
 
-/* Drafts for stream slot i (into s->draft_buf): no more than its adaptive K,
+/* How many drafts stream slot i may carry: no more than its adaptive K,
  * the tokens it may still generate after this row, and the room left. */
-static uint32_t spec_drafts(sched *s, uint32_t i, const stream_state *st, uint32_t room)
+static uint32_t spec_budget(sched *s, uint32_t i, const stream_state *st, uint32_t room)
 {
     if (s->cfg.draft.mode == DRAFT_NONE)
         return 0;
@@ -354,9 +367,83 @@ static uint32_t spec_drafts(sched *s, uint32_t i, const stream_state *st, uint32
         k = left - 1;
     if (k > room)
         k = room;
+    return k;
+}
+
+/* The prompt tokens of a page (its token segments, in order). */
+static uint64_t prompt_tokens(const pages_page *pg)
+{
+    uint64_t n = 0;
+    for (uint32_t k = 0; k < pg->n_segs; k++)
+        if (pg->segs[k].kind == PAGES_SEG_TOKENS)
+            n += pg->segs[k].rows;
+    return n;
+}
+
+static uint32_t prompt_token_at(const pages_page *pg, uint64_t j)
+{
+    for (uint32_t k = 0; k < pg->n_segs; k++) {
+        if (pg->segs[k].kind != PAGES_SEG_TOKENS)
+            continue;
+        if (j < pg->segs[k].rows)
+            return (uint32_t)pg->segs[k].tokens[j];
+        j -= pg->segs[k].rows;
+    }
+    CHECKF(0, "prompt token %llu past the page's prompt", (unsigned long long)j);
+    return 0;
+}
+
+/* The draft model's context of a stream (drafter.h): the prefill rows then
+ * the generated tokens when it reads embeddings, else the prompt tokens
+ * then the generated ones. */
+static pd_status draft_ctx(void *ctx, const drafter_req *r, uint64_t from, uint32_t n, float *x, pd_err *err)
+{
+    sched *s = ctx;
+    const stream_state *st = r->user;
+    const model *dm = drafter_model(s->cfg.drafter);
+    const uint32_t H = model_hp(dm)->hidden;
+    const pages_page *pg = pages_get(s->cfg.pg, (size_t)st->page);
+    bool emb = drafter_sees_embeddings(s->cfg.drafter);
+    uint64_t P = emb ? st->prefill_rows : prompt_tokens(pg);
+    uint32_t np = from < P ? (uint32_t)(P - from < n ? P - from : n) : 0;
+    if (np && emb) {
+        pd_status rc = prefill_rows(s, st, dm, from, np, x, err);
+        if (rc)
+            return rc;
+    }
+    for (uint32_t j = 0; j < n; j++) {
+        if (j < np && emb)
+            continue;
+        uint64_t p = from + j;
+        uint32_t t = p < P ? prompt_token_at(pg, p) : st->tokens[p - P];
+        model_embed(dm, &t, 1, x + (size_t)j * H);
+    }
+    return PD_OK;
+}
+
+/* A draft-model proposal for stream slot i, whose k verify rows start at
+ * row0: queued in s->mreq[*nq] and run for the whole batch at once. Returns
+ * k cut to what the draft model's context length allows. */
+static uint32_t draft_model_queue(sched *s, const stream_state *st, uint32_t k, uint32_t row0, uint32_t *nq)
+{
+    const pages_page *pg = pages_get(s->cfg.pg, (size_t)st->page);
+    uint64_t P = drafter_sees_embeddings(s->cfg.drafter) ? st->prefill_rows : prompt_tokens(pg);
+    uint64_t n_ctx = P + st->n_tokens - 1, ctx_len = drafter_ctx_len(s->cfg.drafter);
+    if (n_ctx + k > ctx_len)
+        k = ctx_len > n_ctx ? (uint32_t)(ctx_len - n_ctx) : 0;
     if (k == 0)
         return 0;
-    return draft_ngram(s->hist_buf, spec_history(s, st), s->cfg.draft.n, k, s->draft_buf);
+    uint32_t q = (*nq)++;
+    s->mreq[q] = (drafter_req){.stream = st->id,
+                               .n_ctx = n_ctx,
+                               .n_prefill = P,
+                               .last = st->tokens[st->n_tokens - 1],
+                               .k = k,
+                               .max_rows = (uint32_t)(P + st->max_new),
+                               .out = s->mdrafts + (size_t)q * SCHED_MAX_DRAFTS,
+                               .user = st};
+    s->mrow0[q] = row0;
+    return k;
 }
 
 /* After a pass: how many drafts each speculating stream got accepted, and
@@ -406,7 +493,7 @@ pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
      * streams, so the batches in flight cost about the same and every stage
      * stays busy */
     const uint32_t member_cap = (s->cfg.max_streams + s->n_slots - 1) / s->n_slots;
-    uint32_t nr = 0, nl = 0, na = 0;
+    uint32_t nr = 0, nl = 0, na = 0, nq = 0;
     sl->n_members = 0;
 
     /* decode rows: the last sampled token of decoding streams */
@@ -426,25 +513,69 @@ pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
         sl->members[sl->n_members++] = i;
         s->in_flight[i] = true;
         nr++;
-        /* speculation: drafts ride behind the decode row as verify rows */
-        uint32_t nd = spec_drafts(s, i, st, R - nr);
+        /* speculation: drafts ride behind the decode row as verify rows; a
+         * draft model's are filled in below, for every stream at once */
+        uint32_t nd = spec_budget(s, i, st, R - nr);
+        if (nd && s->cfg.draft.mode == DRAFT_NGRAM)
+            nd = draft_ngram(s->hist_buf, spec_history(s, st), s->cfg.draft.n, nd, s->draft_buf);
+        else if (nd)
+            nd = draft_model_queue(s, st, nd, nr, &nq);
         for (uint32_t d = 0; d < nd; d++) {
             sl->rows[nr] = (mb_row){.stream = st->id,
                                     .pos = st->prefill_rows + st->n_tokens + d,
                                     .role = MB_ROLE_VERIFY,
                                     .wants_logits = 1,
-                                    .token = s->draft_buf[d]};
-            model_embed(s->cfg.m, &s->draft_buf[d], 1, sl->x + (size_t)nr * H);
+                                    .token = s->cfg.draft.mode == DRAFT_NGRAM ? s->draft_buf[d] : 0};
+            if (s->cfg.draft.mode == DRAFT_NGRAM)
+                model_embed(s->cfg.m, &s->draft_buf[d], 1, sl->x + (size_t)nr * H);
             sl->logit_stream[nl++] = i;
             nr++;
         }
         s->spec_sent[i] = nd;
         s->prog.drafted += nd;
     }
+    pd_status rc;
+    if (nq) {
+        if ((rc = drafter_propose(s->cfg.drafter, s->mreq, nq, draft_ctx, s, err))) {
+            /* the batch is not sent: its streams are free again */
+            for (uint32_t m = 0; m < sl->n_members; m++)
+                s->in_flight[sl->members[m]] = false;
+            sl->n_members = 0;
+            return rc;
+        }
+        /* every row so far wants logits (nl == nr): the rows of drafts the
+         * model did not make (it stopped at end-of-sequence) leave, and
+         * the rows after them move up */
+        CHECK(nl == nr);
+        for (uint32_t q = 0; q < nq; q++) {
+            uint32_t i = sl->logit_stream[s->mrow0[q] - 1]; /* the stream's decode row */
+            s->spec_sent[i] = s->mreq[q].got;
+            s->prog.drafted -= s->mreq[q].k - s->mreq[q].got;
+        }
+        uint32_t w = 0;
+        for (uint32_t q = 0, r = 0; r < nr; r++) {
+            while (q < nq && r >= s->mrow0[q] + s->mreq[q].k)
+                q++;
+            bool draft = q < nq && r >= s->mrow0[q];
+            if (draft && r - s->mrow0[q] >= s->mreq[q].got)
+                continue;
+            if (w != r) {
+                sl->rows[w] = sl->rows[r];
+                sl->logit_stream[w] = sl->logit_stream[r];
+                memcpy(sl->x + (size_t)w * H, sl->x + (size_t)r * H, H * sizeof *sl->x);
+            }
+            if (draft) {
+                uint32_t t = s->mreq[q].out[r - s->mrow0[q]];
+                sl->rows[w].token = t;
+                model_embed(s->cfg.m, &t, 1, sl->x + (size_t)w * H);
+            }
+            w++;
+        }
+        nr = nl = w;
+    }
     /* prefill chunks of admitted streams, then of pages admitted now: a page
      * is admitted when its first rows fit, so its stages allocate its state
      * in the micro-batch that first uses it */
-    pd_status rc;
     for (uint32_t i = 0; i < s->cfg.max_streams && nr < R && sl->n_members < member_cap; i++) {
         stream_state *st = stream_table_at(s->streams, i);
         if (!st || s->in_flight[i] || st->fed >= st->prefill_rows)

@@ -45,6 +45,7 @@
 #include "cluster/model/model.h"
 #include "cluster/format/pages.h"
 #include "cluster/runtime/draft.h"
+#include "cluster/runtime/drafter.h"
 #include "cluster/runtime/stream.h"
 #include "comm/batch.h"
 
@@ -97,6 +98,7 @@ typedef struct sched_config {
     sched_done_fn on_done;
     void *on_done_ctx;
     draft_config draft;       /* speculation (draft.h): verify rows behind decode rows */
+    drafter *drafter;         /* borrowed: the draft model when draft.mode is DRAFT_MODEL */
     sched_admit_fn admit;     /* NULL: admit whenever a stream slot is free */
     sched_release_fn release;
     void *admit_ctx;

@@ -403,6 +403,29 @@ pd_status stage_settle(stage *s, uint64_t stream, uint64_t pos, pd_err *err)
     return PD_OK;
 }
 
+pd_status stage_truncate(stage *s, uint64_t stream, uint64_t pos, pd_err *err)
+{
+    stage_stream *st = stream_find(s, stream);
+    if (!st)
+        return pd_err_set(err, PD_ERR_ARG, "stage: truncate: stream %llu was never admitted",
+                          (unsigned long long)stream);
+    if (pos > st->pos)
+        return pd_err_set(err, PD_ERR_RANGE, "stage: truncate: stream %llu is at position %llu, not %llu",
+                          (unsigned long long)stream, (unsigned long long)st->pos, (unsigned long long)pos);
+    const cache_policy *p = &s->cfg.policy;
+    if (p->attn != POLICY_ATTN_FULL || p->kv != KV_MODE_F32 || p->evict != POLICY_EVICT_NONE)
+        return pd_err_set(err, PD_ERR_REFUSED,
+                          "stage: truncate needs full attention, f32 KV and no eviction");
+    for (uint32_t L = s->first; L < s->first + s->n_layers; L++) {
+        pd_status rc = lcache_truncate(st->caches[L], pos, err);
+        /* the policy check above is what every container refuses on */
+        CHECKF(rc == PD_OK, "stage: truncate: stream %llu layer %u: %s", (unsigned long long)stream, L,
+               err ? err->msg : "");
+    }
+    st->pos = pos;
+    return PD_OK;
+}
+
 pd_status stage_export_layer(const stage *s, uint64_t stream, uint32_t layer, uint8_t **out,
                              size_t *len, pd_err *err)
 {

@@ -125,6 +125,15 @@ uint64_t stage_layer_identity(const stage *s, uint32_t layer);
  * further back than speculation allows (nothing changed on either). */
 pd_status stage_settle(stage *s, uint64_t stream, uint64_t pos, pd_err *err);
 
+/* Drops the stream's rows at positions >= pos, however many micro-batches
+ * ago they came, and makes the rest final (lcache_truncate on every layer).
+ * Only a stage whose policy is full attention, f32 KV, no eviction keeps
+ * rows that such a cut leaves exact: the head's draft model (drafter.h),
+ * which feeds its own guesses back in and discards the ones the target did
+ * not accept. PD_ERR_ARG unknown stream, PD_ERR_RANGE pos ahead of the
+ * stream, PD_ERR_REFUSED another policy; nothing changed on error. */
+pd_status stage_truncate(stage *s, uint64_t stream, uint64_t pos, pd_err *err);
+
 /* The CMFS record (comm/wire.h, f32 payload) of one stream's cache for
  * absolute layer `layer` (model numbering, in [first, first + n_layers) of
  * the stage's model), header identity stage_layer_identity(s, layer).

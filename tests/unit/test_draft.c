@@ -1,4 +1,5 @@
-/* Tests for cluster/runtime/draft.h: the --draft parser and the n-gram
+/* Tests for cluster/runtime/draft.h: the --draft parser (ngram and model
+ * forms) and the n-gram
  * prompt lookup (latest earlier occurrence, at most K, nothing when the
  * suffix never occurred). */
 #include "pd_test.h"
@@ -19,8 +20,19 @@ START_TEST(draft_parse_accepts_the_documented_forms_and_refuses_others)
     ck_assert(c.n == 2 && c.k == 4);
     ck_assert_int_eq(draft_parse("ngram:1:16", &c, &e), PD_OK);
     ck_assert(c.n == 1 && c.k == 16);
+    /* model:FILE[:K]: K is the digits after the last colon, if any */
+    ck_assert_int_eq(draft_parse("model:small.gguf", &c, &e), PD_OK);
+    ck_assert(c.mode == DRAFT_MODEL && c.k == 4 && strcmp(c.path, "small.gguf") == 0);
+    ck_assert_int_eq(draft_parse("model:/d/a:b.gguf:7", &c, &e), PD_OK);
+    ck_assert(c.mode == DRAFT_MODEL && c.k == 7 && strcmp(c.path, "/d/a:b.gguf") == 0);
+    ck_assert_int_eq(draft_parse("model:x.gguf:", &c, &e), PD_OK); /* an empty K is part of the name */
+    ck_assert(c.k == 4 && strcmp(c.path, "x.gguf:") == 0);
+    char long_name[1200] = "model:";
+    memset(long_name + 6, 'a', 1100);
+    long_name[1106] = '\0';
     const char *bad[] = {"", "ngram:", "ngram:0", "ngram:65", "ngram:3:0", "ngram:3:17", "ngram:3:4:5", "ngram:x",
-                         "ngram:3:", "ngrams", "model", "ngram:99999"};
+                         "ngram:3:", "ngrams", "model", "ngram:99999", "model:", "model::4", "model:m.gguf:0",
+                         "model:m.gguf:17", long_name};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         pd_err_clear(&e);
         ck_assert_msg(draft_parse(bad[i], &c, &e) == PD_ERR_ARG, "'%s' accepted", bad[i]);

@@ -1258,6 +1258,64 @@ START_TEST(stage_layer_changes_refuse_what_would_break_the_range)
 }
 END_TEST
 
+/* ---- stage_truncate: the draft model's guesses leave without a trace ----- */
+
+/* A stream that ran guesses in five micro-batches of one row and was cut
+ * back gives the same bits afterwards as one that never ran them; other
+ * policies refuse, changing nothing. */
+START_TEST(stage_truncate_drops_rows_of_earlier_micro_batches_exactly)
+{
+    const cache_policy full = policy_of("full", "f32", "none", 0);
+    stage *a = stage_make(mdl, &full, NULL, 16, 2), *b = stage_make(mdl, &full, NULL, 16, 2);
+    admit(a, 1, 6, 32);
+    admit(b, 1, 6, 32);
+    float oa[H], ob[H];
+    forward_rows(a, 1, 0, 6, MB_ROLE_PREFILL, 0, NULL);
+    forward_rows(b, 1, 0, 6, MB_ROLE_PREFILL, 0, NULL);
+    forward_rows(a, 1, 6, 1, MB_ROLE_DECODE, 0, NULL);
+    forward_rows(b, 1, 6, 1, MB_ROLE_DECODE, 0, NULL);
+    for (uint32_t g = 0; g < 5; g++) /* guesses, salted: other tokens' rows */
+        forward_rows(a, 1, 7 + g, 1, MB_ROLE_DECODE, 9, NULL);
+    pd_err e = {0};
+    ck_assert_int_eq(stage_truncate(a, 1, 13, &e), PD_ERR_RANGE); /* ahead of the stream */
+    ck_assert_int_eq(stage_truncate(a, 2, 7, &e), PD_ERR_ARG);    /* unknown stream */
+    ck_assert_msg(stage_truncate(a, 1, 7, &e) == PD_OK, "%s", e.msg);
+    ck_assert_msg(stage_truncate(a, 1, 7, &e) == PD_OK, "%s", e.msg); /* again: nothing more */
+    for (uint32_t p = 7; p < 10; p++) {
+        forward_rows(a, 1, p, 1, MB_ROLE_DECODE, 0, oa);
+        forward_rows(b, 1, p, 1, MB_ROLE_DECODE, 0, ob);
+        ck_assert_msg(memcmp(oa, ob, sizeof oa) == 0, "position %u differs after the cut", p);
+    }
+    for (uint32_t L = 0; L < model_hp(mdl)->n_layers; L++) {
+        uint8_t *ra, *rb;
+        size_t la, lb;
+        export_layer(a, 1, L, &ra, &la);
+        export_layer(b, 1, L, &rb, &lb);
+        ck_assert_msg(la == lb && memcmp(ra, rb, la) == 0, "layer %u's record differs", L);
+        free(ra);
+        free(rb);
+    }
+    stage_free(a);
+    stage_free(b);
+
+    const char *other[][3] = {{"full", "q8", "none"}, {"rswa:4", "f32", "none"}, {"window:8", "f32", "none"},
+                              {"full", "f32", "recent:8"}};
+    for (size_t i = 0; i < sizeof other / sizeof other[0]; i++) {
+        const cache_policy p = policy_of(other[i][0], other[i][1], other[i][2], 0);
+        stage *s = stage_make(mdl, &p, NULL, 16, 1);
+        admit(s, 1, 6, 32);
+        forward_rows(s, 1, 0, 6, MB_ROLE_PREFILL, 0, NULL);
+        forward_rows(s, 1, 6, 1, MB_ROLE_DECODE, 0, NULL);
+        pd_err_clear(&e);
+        ck_assert_msg(stage_truncate(s, 1, 6, &e) == PD_ERR_REFUSED, "%s: cut allowed", policy_name(&p));
+        ck_assert_msg(strstr(e.msg, "full attention, f32 KV and no eviction") != NULL, "%s", e.msg);
+        /* nothing changed: the stream goes on at 7 */
+        forward_rows(s, 1, 7, 1, MB_ROLE_DECODE, 0, NULL);
+        stage_free(s);
+    }
+}
+END_TEST
+
 Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("stage");
@@ -1272,6 +1330,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, stage_refuses_bad_micro_batches_and_changes_nothing);
     tcase_add_test(tc, stage_layers_move_between_running_stages_bit_identically);
     tcase_add_test(tc, stage_layer_changes_refuse_what_would_break_the_range);
+    tcase_add_test(tc, stage_truncate_drops_rows_of_earlier_micro_batches_exactly);
     suite_add_tcase(s, tc);
     return s;
 }
