@@ -12,11 +12,12 @@ static void mkmodel_usage(FILE *f)
 {
     fprintf(f, "usage: pipedec mkmodel --out FILE [--arch llama|qwen2|deepseek] [--layers N] [--hidden N]\n"
                "                        [--heads N] [--kv-heads N] [--ffn N] [--vocab N] [--ctx N]\n"
-               "                        [--dtype f32|f16] [--seed S] [--eos-boost X]\n"
+               "                        [--dtype f32|f16] [--seed S] [--eos-boost X] [--repeat P]\n"
                "       deepseek only:   [--dense-layers N] [--experts N] [--experts-used K]\n"
                "                        [--expert-ffn N] [--shared N] [--expert-scale X]\n"
                "  --arch deepseek defaults to DeepSeek-OCR's decoder: 12 layers, hidden 1280, 10 heads (MHA),\n"
-               "  1 dense layer of ffn 6848, 64 experts (top 6) of ffn 896, 2 shared, vocab 129280, ctx 8192\n");
+               "  1 dense layer of ffn 6848, 64 experts (top 6) of ffn 896, 2 shared, vocab 129280, ctx 8192\n"
+               "  --repeat P: greedy text cycles through the vocabulary's last P tokens (speculation benchmarks)\n");
 }
 
 int cmd_mkmodel(int argc, char **argv)
@@ -31,7 +32,7 @@ int cmd_mkmodel(int argc, char **argv)
         {"dense-layers", required_argument, 0, 'D'}, {"experts", required_argument, 0, 'E'},
         {"experts-used", required_argument, 0, 'K'}, {"expert-ffn", required_argument, 0, 'F'},
         {"shared", required_argument, 0, 'S'},  {"expert-scale", required_argument, 0, 'X'},
-        {"help", no_argument, 0, 'Z'},         {0, 0, 0, 0}};
+        {"repeat", required_argument, 0, 'R'}, {"help", no_argument, 0, 'Z'},         {0, 0, 0, 0}};
     /* options are parsed into mo and remembered in `given`; an architecture's
      * defaults then fill what was not given, whatever the flag order */
     mkmodel_opts mo;
@@ -92,6 +93,7 @@ int cmd_mkmodel(int argc, char **argv)
                 st = pd_err_set(&e, PD_ERR_ARG, "--eos-boost '%s': expected a number in (0, 1000]", optarg);
             break;
         }
+        case 'R': st = cli_u32("--repeat", optarg, 1, 1u << 20, &mo.repeat, &e); break;
         case 'o': out = optarg; break;
         case 'Z':
             mkmodel_usage(stdout);
@@ -107,7 +109,7 @@ int cmd_mkmodel(int argc, char **argv)
     if (given & (1ull << ((letter) - 'A')))  \
         d.field = mo.field;
         KEEP('l', layers) KEEP('H', hidden) KEEP('h', heads) KEEP('k', kv_heads) KEEP('f', ffn)
-        KEEP('v', vocab) KEEP('c', ctx) KEEP('d', f16) KEEP('s', seed) KEEP('e', eos_boost)
+        KEEP('v', vocab) KEEP('c', ctx) KEEP('d', f16) KEEP('s', seed) KEEP('e', eos_boost) KEEP('R', repeat)
         KEEP('D', dense_lead) KEEP('E', experts) KEEP('K', experts_used) KEEP('F', expert_ffn)
         KEEP('S', shared) KEEP('X', expert_scale)
 #undef KEEP

@@ -28,6 +28,11 @@ typedef struct mkmodel_opts {
     int f16;           /* matrices stored as F16 instead of F32 */
     uint64_t seed;
     float eos_boost;   /* multiplies the output row of EOS (1 = none) */
+    uint32_t repeat;   /* > 0: greedy text cycles through the last `repeat`
+                          tokens of the vocabulary (benchmarks of speculation):
+                          each token's embedding is added, scaled, to the
+                          output row of its successor in the cycle (a token
+                          outside it leads into it) */
     /* deepseek only */
     uint32_t dense_lead, experts, experts_used, expert_ffn, shared;
     float expert_scale; /* deepseek.expert_weights_scale */

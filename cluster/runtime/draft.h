@@ -12,9 +12,10 @@
  *                  whose name ends in ":DIGITS" needs the :K spelled out)
  *   none           no speculation (default)
  *
- * Per stream K adapts to the acceptance history (sched.c): all accepted
- * grows it back to K, none accepted halves it, and a stream at 0 stops
- * drafting for a while before it probes with one draft again. */
+ * Per stream K adapts to the acceptance history (sched.c): a stream starts
+ * with one draft, all accepted doubles it up to K, none accepted halves it,
+ * and a stream at 0 stops drafting for a while (8 passes, doubled after
+ * every failed probe up to 256) before it probes with one draft again. */
 #ifndef PD_RUNTIME_DRAFT_H
 #define PD_RUNTIME_DRAFT_H
 

@@ -6,7 +6,8 @@
 #include "comm/msg.h"
 
 #define SCHED_MAX_DRAFTS 16u /* draft.h's largest K */
-#define SCHED_SPEC_PROBE 8u  /* passes a stream that stopped drafting waits before it probes */
+#define SCHED_SPEC_PROBE 8u      /* passes a stream that stopped drafting waits before it probes, */
+#define SCHED_SPEC_PROBE_MAX 256u /* doubled after every probe that fails, up to this */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,7 +38,7 @@ struct sched {
     bool *taken;              /* [pages] restored from a checkpoint: never admitted again */
     /* speculation, by table slot: current K, idle passes while stopped,
      * drafts sent in the outstanding pass; scratch for lookups */
-    uint32_t *spec_k, *spec_idle, *spec_sent;
+    uint32_t *spec_k, *spec_idle, *spec_wait, *spec_sent;
     uint32_t *hist_buf, *draft_buf;
     size_t hist_cap;
     /* --draft model: the proposals asked for in the batch being formed, their
@@ -65,6 +66,7 @@ void sched_free(sched *s)
     free(s->taken);
     free(s->spec_k);
     free(s->spec_idle);
+    free(s->spec_wait);
     free(s->spec_sent);
     free(s->hist_buf);
     free(s->draft_buf);
@@ -111,6 +113,7 @@ pd_status sched_new(const sched_config *cfg, uint32_t max_inflight, sched **out,
     s->pending_retire = calloc(cfg->max_streams, sizeof *s->pending_retire);
     s->spec_k = calloc(cfg->max_streams, sizeof *s->spec_k);
     s->spec_idle = calloc(cfg->max_streams, sizeof *s->spec_idle);
+    s->spec_wait = calloc(cfg->max_streams, sizeof *s->spec_wait);
     s->spec_sent = calloc(cfg->max_streams, sizeof *s->spec_sent);
     s->draft_buf = calloc(SCHED_MAX_DRAFTS + 1, sizeof *s->draft_buf);
     /* lookups see every prompt token and every generated one */
@@ -125,7 +128,7 @@ pd_status sched_new(const sched_config *cfg, uint32_t max_inflight, sched **out,
     s->mdrafts = calloc((size_t)cfg->max_streams * SCHED_MAX_DRAFTS, sizeof *s->mdrafts);
     s->mrow0 = calloc(cfg->max_streams, sizeof *s->mrow0);
     bool ok = s->in_flight && s->reserved && s->taken && s->slots && s->pending_retire && s->spec_k &&
-              s->spec_idle && s->spec_sent && s->draft_buf && s->hist_buf && s->mreq && s->mdrafts && s->mrow0;
+              s->spec_idle && s->spec_wait && s->spec_sent && s->draft_buf && s->hist_buf && s->mreq && s->mdrafts && s->mrow0;
     for (uint32_t i = 0; ok && i < max_inflight; i++) {
         sched_slot *sl = &s->slots[i];
         sl->rows = calloc(cfg->max_rows, sizeof *sl->rows);
@@ -213,6 +216,16 @@ static pd_status prefill_rows(sched *s, const stream_state *st, const model *em,
     return PD_OK;
 }
 
+/* A new stream's speculation: one draft at first (a stream whose drafts
+ * are never right costs one verify row before it stops), doubled up to K
+ * while every draft is accepted, halved when none is. */
+static void spec_start(sched *s, uint32_t i)
+{
+    s->spec_k[i] = 1;
+    s->spec_wait[i] = SCHED_SPEC_PROBE;
+    s->spec_idle[i] = s->spec_sent[i] = 0;
+}
+
 /* Takes the next page of the manifest into a free stream slot: its index in
  * *slot, or UINT32_MAX when no slot is free or no page is left. A page that
  * asks for no tokens finishes at once and the next one is tried. */
@@ -236,8 +249,7 @@ static pd_status admit_next(sched *s, sched_slot *sl, uint32_t *na, uint32_t *sl
         s->next_id++;
         s->next_page++;
         stream_state *st = stream_table_at(s->streams, free_slot);
-        s->spec_k[free_slot] = s->cfg.draft.k;
-        s->spec_idle[free_slot] = s->spec_sent[free_slot] = 0;
+        spec_start(s, free_slot);
         uint32_t ctx = model_hp(s->cfg.m)->ctx;
         if (ctx && s->cfg.past_context && st->prefill_rows + st->max_new > ctx)
             s->prog.pages_past_context++;
@@ -356,7 +368,7 @@ static uint32_t spec_budget(sched *s, uint32_t i, const stream_state *st, uint32
         return 0;
     if (s->spec_k[i] == 0) {
         /* stopped after rejections: probe again with one draft later */
-        if (++s->spec_idle[i] < SCHED_SPEC_PROBE)
+        if (++s->spec_idle[i] < s->spec_wait[i])
             return 0;
         s->spec_idle[i] = 0;
         s->spec_k[i] = 1;
@@ -466,10 +478,16 @@ static void spec_account(sched *s, const sched_slot *sl, const sched_batch *b, c
         uint32_t accepted = ok - 1;
         s->prog.spec_passes++;
         s->prog.accepted += accepted;
-        if (accepted == sent && s->spec_k[i] < s->cfg.draft.k)
-            s->spec_k[i]++;
-        else if (accepted == 0)
+        if (accepted == sent) {
+            s->spec_k[i] = s->spec_k[i] * 2 < s->cfg.draft.k ? s->spec_k[i] * 2 : s->cfg.draft.k;
+            s->spec_wait[i] = SCHED_SPEC_PROBE;
+        } else if (accepted == 0) {
+            if (s->spec_k[i] == 1 && s->spec_wait[i] < SCHED_SPEC_PROBE_MAX)
+                s->spec_wait[i] *= 2; /* the smallest draft failed: probe less often */
             s->spec_k[i] /= 2;
+        } else {
+            s->spec_wait[i] = SCHED_SPEC_PROBE;
+        }
         s->spec_sent[i] = 0;
     }
 }
@@ -669,8 +687,7 @@ pd_status sched_restore(sched *s, stream_state *restored, uint32_t n, uint64_t n
         pd_status st = stream_table_put(s->streams, &restored[i], &slot, err);
         if (st)
             return st;
-        s->spec_k[slot] = s->cfg.draft.k;
-        s->spec_idle[slot] = s->spec_sent[slot] = 0;
+        spec_start(s, slot);
         if (s->cfg.admit) {
             char why[512];
             stream_state *rs = stream_table_at(s->streams, slot);
