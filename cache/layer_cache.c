@@ -27,7 +27,9 @@ typedef struct lcache_open {
  * INV: pending <= pos; kv: base + rows (the depth) <= pos, == pos without
  *      eviction; ring: position + drafts == pos, drafts <= pending.
  * INV: no open group => drafts of a ring are the verify rows of the last
- *      group (all of them pending). */
+ *      group (all of them pending).
+ * INV: cfg.undo_rows > 0 => a kv layer, no eviction, pending == pos - fin
+ *      <= undo_rows and the kv layer confirmed up to fin. */
 struct lcache {
     lcache_config cfg;
     kv_layer *kv;
@@ -35,6 +37,7 @@ struct lcache {
     ring_layer *ring;
     uint64_t pos;
     uint32_t pending;
+    uint64_t fin; /* undo_rows > 0: rows before it are final */
     lcache_open g;
 };
 
@@ -44,9 +47,9 @@ struct lcache {
  * window keeps about two windows, eviction the budget past the prefill). */
 static uint32_t kv_capacity(const lcache_config *c)
 {
-    uint64_t rows = (uint64_t)c->prefill_rows + c->max_new + c->max_drafts + 1;
-    if (c->window && rows > 2ull * c->window + c->max_drafts + 2)
-        rows = 2ull * c->window + c->max_drafts + 2;
+    uint64_t rows = (uint64_t)c->prefill_rows + c->max_new + c->max_drafts + 1 + c->undo_rows;
+    if (c->window && rows > 2ull * c->window + c->max_drafts + 2 + c->undo_rows)
+        rows = 2ull * c->window + c->max_drafts + 2 + c->undo_rows;
     if (c->evict != LCACHE_EVICT_NONE && rows > (uint64_t)c->evict_budget + c->prefill_rows + c->max_drafts + 1)
         rows = (uint64_t)c->evict_budget + c->prefill_rows + c->max_drafts + 1;
     return rows > UINT32_MAX - 2 ? UINT32_MAX - 2 : (uint32_t)rows;
@@ -74,6 +77,9 @@ static pd_status config_check(const lcache_config *c, pd_err *err)
     } else if (c->window && c->evict != LCACHE_EVICT_NONE) {
         return pd_err_set(err, PD_ERR_ARG, "layer cache: a kv window trims itself (no eviction)");
     }
+    if (c->undo_rows && (c->kind != LCACHE_KIND_KV || c->evict != LCACHE_EVICT_NONE))
+        return pd_err_set(err, PD_ERR_ARG, "layer cache: undo across groups (undo_rows) needs a kv layer "
+                                           "without eviction");
     return PD_OK;
 }
 
@@ -159,6 +165,8 @@ uint32_t lcache_pending(const lcache *c)
 
 uint64_t lcache_rollback_limit(const lcache *c)
 {
+    if (c->cfg.undo_rows)
+        return c->pos - c->fin;
     if (c->ring)
         return ring_layer_drafts(c->ring);
     /* the importance log keeps max_drafts + 1 query positions undoable, and
@@ -181,7 +189,13 @@ pd_status lcache_settle(lcache *c, uint64_t pos, pd_err *err)
                           (unsigned long long)back, (unsigned long long)c->pos, (unsigned long long)pos,
                           (unsigned long long)lcache_rollback_limit(c));
     pd_status rc = PD_OK;
-    if (c->ring) {
+    if (c->cfg.undo_rows) {
+        if (back)
+            rc = kv_layer_truncate_last(c->kv, back, err);
+        if (rc == PD_OK)
+            kv_layer_confirm(c->kv, pos);
+        c->fin = pos;
+    } else if (c->ring) {
         uint32_t drafts = ring_layer_drafts(c->ring);
         if (drafts)
             rc = ring_layer_draft_commit(c->ring, drafts - (uint32_t)back, err);
@@ -216,6 +230,7 @@ pd_status lcache_truncate(lcache *c, uint64_t pos, pd_err *err)
     }
     kv_layer_confirm(c->kv, kv_layer_pos_len(c->kv));
     c->pos = pos;
+    c->fin = pos;
     c->pending = 0;
     return PD_OK;
 }
@@ -287,8 +302,16 @@ pd_status lcache_append(lcache *c, const lcache_group *g, const float *k, const 
     pd_status rc = lcache_group_check(c, g, NULL, err);
     if (rc != PD_OK)
         return rc;
-    if ((rc = lcache_settle(c, g->pos, err)) != PD_OK)
+    if (c->cfg.undo_rows) {
+        /* back to the group's start; what stays is final only once undo_rows
+         * newer positions follow it (below) */
+        uint64_t back = c->pos - g->pos;
+        if (back && (rc = kv_layer_truncate_last(c->kv, back, err)) != PD_OK)
+            return rc;
+        c->pos = g->pos;
+    } else if ((rc = lcache_settle(c, g->pos, err)) != PD_OK) {
         return rc;
+    }
     c->g = (lcache_open){.open = 1, .n = g->n, .roles = g->roles, .k = k, .v = v};
     if (c->ring) {
         uint32_t np = 0;
@@ -311,6 +334,13 @@ pd_status lcache_append(lcache *c, const lcache_group *g, const float *k, const 
     }
     c->pos = g->pos + g->n;
     c->pending = g->n;
+    if (c->cfg.undo_rows) {
+        if (c->pos - c->fin > c->cfg.undo_rows) {
+            c->fin = c->pos - c->cfg.undo_rows;
+            kv_layer_confirm(c->kv, c->fin);
+        }
+        c->pending = (uint32_t)(c->pos - c->fin);
+    }
     return PD_OK;
 }
 
@@ -377,7 +407,7 @@ pd_status lcache_end(lcache *c, pd_err *err)
     if (c->ring)
         rc = ring_write_upto(c, c->g.n, err);
     else if (c->cfg.window)
-        kv_layer_trim_window(c->kv, c->cfg.window, c->cfg.max_drafts + 1, 1);
+        kv_layer_trim_window(c->kv, c->cfg.window, c->cfg.undo_rows ? c->cfg.undo_rows : c->cfg.max_drafts + 1, 1);
     c->g = (lcache_open){0};
     return rc;
 }
@@ -435,6 +465,8 @@ void lcache_check(const lcache *c)
         CHECK(depth <= c->pos);
         CHECK(c->cfg.evict != LCACHE_EVICT_NONE || depth == c->pos);
         CHECK(!c->g.open || c->g.r0 + c->g.n == kv_layer_rows(c->kv));
+        CHECK(!c->cfg.undo_rows || (c->fin <= c->pos && c->pos - c->fin <= c->cfg.undo_rows &&
+                                    c->pending == c->pos - c->fin));
     }
     CHECK(!c->g.open || (c->g.n >= 1 && c->g.next_attend <= c->g.n && c->g.written <= c->g.n));
 }
@@ -473,5 +505,6 @@ void lcache_adopt(lcache *c, uint64_t pos)
     CHECK(lcache_adopt_check(c, depth, pos, NULL) == PD_OK);
     c->g = (lcache_open){0};
     c->pos = pos;
+    c->fin = pos;
     c->pending = 0;
 }

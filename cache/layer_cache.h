@@ -85,6 +85,12 @@ typedef struct lcache_config {
     uint32_t evict_budget; /* rows kept (evict != NONE), >= 1 */
     uint32_t evict_sinks;  /* importance: oldest rows always kept */
     uint32_t max_drafts;   /* verify rows a group may carry */
+    uint32_t undo_rows;    /* 0: a group may roll back only rows of the last
+                              group (at most max_drafts + 1). > 0 (asynchronous
+                              speculation; a kv layer without eviction only):
+                              any of the last undo_rows positions, across
+                              groups — a row becomes final once undo_rows newer
+                              positions follow it, or at lcache_settle */
     uint32_t prefill_rows; /* the stream's prefill (ring: reference capacity), >= 1 */
     uint32_t max_new;      /* generated rows at most (kv preallocation) */
     const pd_alloc *alloc; /* borrowed, must outlive the container; NULL = malloc */

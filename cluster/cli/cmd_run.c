@@ -21,7 +21,8 @@ static void run_usage(FILE *f)
             "         [--gemm invariant|openblas] [--layers 0-3,4-7,...] [--wire-dtype f32|f16]\n"
             "         [--stats FILE] [--progress] [--no-bind] [--digest] [--trace-hidden FILE]\n"
             "         [--past-context] [--stall-timeout SECONDS] [--mem-limit BYTES|auto|none]\n"
-            "         [--checkpoint-dir D [--checkpoint-every SECONDS]] [--draft none|ngram[:N[:K]]|model:FILE[:K]]\n");
+            "         [--checkpoint-dir D [--checkpoint-every SECONDS]] [--draft none|ngram[:N[:K]]|model:FILE[:K]]\n"
+            "         [--draft-async]\n");
 }
 
 /* Parses argv into o; PD_ERR_ARG with a message naming the flag. */
@@ -41,7 +42,7 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         {"past-context", no_argument, 0, 'X'},       {"stall-timeout", required_argument, 0, 'W'},
         {"mem-limit", required_argument, 0, 'M'},     {"checkpoint-dir", required_argument, 0, 'C'},
         {"checkpoint-every", required_argument, 0, 'Y'}, {"draft", required_argument, 0, 'R'},
-        {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
+        {"draft-async", no_argument, 0, 'y'},         {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
     pd_status st = PD_OK;
     int ch;
     optind = 1;
@@ -86,6 +87,7 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         case 'M': st = budget_parse(optarg, &o->mem_limit, e); break;
         case 'C': o->checkpoint_dir = optarg; break;
         case 'R': st = draft_parse(optarg, &o->draft, e); break;
+        case 'y': o->policy.spec_async = true; break;
         case 'Y': {
             uint32_t v;
             st = cli_u32("--checkpoint-every", optarg, 1, 30u * 24 * 3600, &v, e);

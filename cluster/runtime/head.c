@@ -171,6 +171,7 @@ pd_status head_open(rank *r, head **out, pd_err *err)
                         .past_context = o->past_context,
                         .draft = o->draft,
                         .drafter = h->dr,
+                        .spec_async = o->policy.spec_async,
                         .on_done = head_on_done,
                         .on_done_ctx = h};
     return sched_new(&cfg, h->n_inflight, &h->sc, err);

@@ -107,6 +107,16 @@ pd_status policy_validate(const cache_policy *p, pd_err *err)
         return pd_err_set(err, PD_ERR_ARG, "--attn rswa bounds itself; --evict must be none");
     if (p->attn == POLICY_ATTN_WINDOW && p->evict != POLICY_EVICT_NONE)
         return pd_err_set(err, PD_ERR_ARG, "--attn window:W trims itself; --evict must be none");
+    if (p->spec_async && p->max_drafts == 0)
+        return pd_err_set(err, PD_ERR_ARG, "--draft-async needs --draft");
+    if (p->spec_async && p->attn == POLICY_ATTN_RSWA)
+        return pd_err_set(err, PD_ERR_ARG,
+                          "--draft-async with --attn rswa is refused: a ring commits a micro-batch's verify rows when "
+                          "the next one starts, so it cannot undo two micro-batches");
+    if (p->spec_async && p->evict != POLICY_EVICT_NONE)
+        return pd_err_set(err, PD_ERR_ARG,
+                          "--draft-async with --evict is refused: eviction confirms rows a later rejection would "
+                          "have to undo");
     if (p->evict != POLICY_EVICT_NONE && p->evict_budget < p->max_drafts + 1u)
         return pd_err_set(err, PD_ERR_ARG,
                           "--evict budget %u is below the %u rows of a verify step (drafts + 1): it could not hold",
@@ -125,7 +135,8 @@ void policy_lcache_config(const cache_policy *p, lcache_config *out)
                            .evict = ev[p->evict],
                            .evict_budget = p->evict_budget,
                            .evict_sinks = p->evict_sinks,
-                           .max_drafts = p->max_drafts};
+                           .max_drafts = p->max_drafts,
+                           .undo_rows = p->spec_async ? 2 * (p->max_drafts + 1) : 0};
 }
 
 void policy_describe(const cache_policy *p, char *buf, size_t cap)
@@ -142,5 +153,6 @@ void policy_describe(const cache_policy *p, char *buf, size_t cap)
         snprintf(ev, sizeof ev, "recent:%u", p->evict_budget);
     else
         snprintf(ev, sizeof ev, "importance:%u:%u", p->evict_budget, p->evict_sinks);
-    snprintf(buf, cap, "attn=%s kv=%s evict=%s drafts=%u", attn, kv[p->kv & 3], ev, p->max_drafts);
+    snprintf(buf, cap, "attn=%s kv=%s evict=%s drafts=%u%s", attn, kv[p->kv & 3], ev, p->max_drafts,
+             p->spec_async ? " async" : "");
 }

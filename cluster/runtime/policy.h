@@ -10,6 +10,7 @@
 #include "cache/layer_cache.h"
 #include "base/status.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,6 +25,10 @@ typedef struct cache_policy {
     uint32_t evict_budget;/* rows kept */
     uint32_t evict_sinks; /* importance: oldest rows always kept */
     uint32_t max_drafts;  /* verify rows a stream may carry per micro-batch */
+    bool spec_async;      /* asynchronous speculation: a stream may have a second
+                             micro-batch in flight built on its first one's drafts,
+                             so caches undo up to 2 x (max_drafts + 1) positions
+                             across micro-batches (kv layers without eviction) */
 } cache_policy;
 
 /* Defaults: full attention, f32 KV, no eviction, 0 drafts. */

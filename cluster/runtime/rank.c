@@ -178,7 +178,7 @@ static void rank_fields(const rank *r, char (*f)[RANK_FIELD])
     snprintf(f[k++], RANK_FIELD, "%s", o->wire_dtype == MSG_DTYPE_F16 ? "f16" : "f32");
     snprintf(f[k++], RANK_FIELD, "%u", o->batch);
     snprintf(f[k++], RANK_FIELD, "%u", r->sz.prefill_chunk);
-    snprintf(f[k++], RANK_FIELD, "%u", o->policy.max_drafts);
+    snprintf(f[k++], RANK_FIELD, "%u%s", o->policy.max_drafts, o->policy.spec_async ? " async" : "");
     snprintf(f[k++], RANK_FIELD, "%d", r->size);
     CHECK(k == RANK_FIELDS);
     snprintf(f[k], RANK_FIELD, "%s", o->model_path);

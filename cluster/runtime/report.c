@@ -82,6 +82,8 @@ static void report_stats_json(const report *rep, const rank *r, const sched_prog
         cJSON_AddNumberToObject(sp, "drafted", (double)pr->drafted);
         cJSON_AddNumberToObject(sp, "accepted", (double)pr->accepted);
         cJSON_AddNumberToObject(sp, "passes", (double)pr->spec_passes);
+        if (o->policy.spec_async)
+            cJSON_AddNumberToObject(sp, "stale", (double)pr->stale_rows);
     }
     cJSON_AddNumberToObject(j, "context_length", r->hp.ctx);
     cJSON_AddNumberToObject(j, "tokens", (double)pr->tokens_generated);

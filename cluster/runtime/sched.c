@@ -8,6 +8,7 @@
 #define SCHED_MAX_DRAFTS 16u /* draft.h's largest K */
 #define SCHED_SPEC_PROBE 8u      /* passes a stream that stopped drafting waits before it probes, */
 #define SCHED_SPEC_PROBE_MAX 256u /* doubled after every probe that fails, up to this */
+#define SCHED_CHAIN_CAP (2u * SCHED_MAX_DRAFTS + 2u) /* assumed tokens of two batches in flight */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,30 +22,62 @@ typedef struct sched_slot {
     mb_admit *admit;
     uint64_t *retire;
     uint32_t *logit_stream; /* [max_rows] stream slot of each logits row */
+    uint32_t *logit_member; /* [max_rows] its member index */
     uint32_t *members;      /* stream slots in this batch */
+    uint64_t *member_id;    /* the stream each member was (a slot may be reused
+                               by a new stream while an old one's batch travels) */
+    uint32_t *member_sent;  /* drafts the member carries */
+    uint8_t *member_chain;  /* 1: verify rows only, continuing the member's
+                               previous micro-batch (asynchronous speculation) */
     uint32_t n_members;
+    uint64_t seq;
 } sched_slot;
+
+/* The newest micro-batch in flight of a stream, for asynchronous
+ * speculation: nothing to build on, its drafts to build on (assuming every
+ * one is accepted), or known to be rejected before it was verified. */
+enum { FL_WAIT, FL_CHAIN, FL_STALE };
+
+/* A decoding stream's rows in the micro-batch being formed. */
+typedef struct spec_entry {
+    uint32_t slot;
+    uint8_t chained;   /* verify rows only (FL_CHAIN on its newest batch) */
+    uint32_t k;        /* drafts asked for */
+    uint32_t got;      /* drafts made */
+    uint32_t *drafts;  /* [SCHED_MAX_DRAFTS] */
+    int32_t q;         /* its draft-model request, or -1 */
+} spec_entry;
 
 struct sched {
     sched_config cfg;
     uint32_t hidden;
     uint32_t eos;
     /* INV: every stream in the table has page < pages_count and is not yet
-     * finished (a finished stream leaves at once); in_flight[i] is set for
-     * exactly the table slots i that are members of an outstanding slot. */
+     * finished (a finished stream leaves at once); in_flight[i] counts the
+     * outstanding slots that hold table slot i's current stream as a member
+     * (at most 1, or 2 under asynchronous speculation). */
     stream_table *streams;
-    bool *in_flight;          /* [max_streams] by table slot */
+    uint8_t *in_flight;       /* [max_streams] by table slot */
     bool *reserved;           /* [max_streams] by table slot: admitted through cfg.admit */
     bool *taken;              /* [pages] restored from a checkpoint: never admitted again */
     /* speculation, by table slot: current K, idle passes while stopped,
      * drafts sent in the outstanding pass; scratch for lookups */
     uint32_t *spec_k, *spec_idle, *spec_wait, *spec_sent;
+    /* asynchronous speculation, by table slot: the state of the newest batch
+     * in flight (FL_*), its seq, the seq of a batch known stale; chain[0,
+     * chain_n) the tokens assumed past the stream's sampled ones if every
+     * batch in flight is accepted, chain_y where the newest batch's own
+     * guesses start (0 when one batch is in flight) */
+    uint8_t *fl_state;
+    uint64_t *fl_seq, *stale_seq;
+    uint32_t *chain, *chain_n, *chain_y;
+    spec_entry *forms;        /* [max_streams] the batch being formed */
     uint32_t *hist_buf, *draft_buf;
     size_t hist_cap;
-    /* --draft model: the proposals asked for in the batch being formed, their
-     * drafts (SCHED_MAX_DRAFTS per request) and first verify row */
+    /* --draft model: the proposals asked for in the batch being formed; the
+     * drafts of its entries (SCHED_MAX_DRAFTS each) */
     drafter_req *mreq;
-    uint32_t *mdrafts, *mrow0;
+    uint32_t *mdrafts;
     sched_slot *slots;
     uint32_t n_slots;
     uint64_t *pending_retire;
@@ -68,11 +101,17 @@ void sched_free(sched *s)
     free(s->spec_idle);
     free(s->spec_wait);
     free(s->spec_sent);
+    free(s->fl_state);
+    free(s->fl_seq);
+    free(s->stale_seq);
+    free(s->chain);
+    free(s->chain_n);
+    free(s->chain_y);
+    free(s->forms);
     free(s->hist_buf);
     free(s->draft_buf);
     free(s->mreq);
     free(s->mdrafts);
-    free(s->mrow0);
     for (uint32_t i = 0; s->slots && i < s->n_slots; i++) {
         sched_slot *sl = &s->slots[i];
         free(sl->rows);
@@ -80,7 +119,11 @@ void sched_free(sched *s)
         free(sl->admit);
         free(sl->retire);
         free(sl->logit_stream);
+        free(sl->logit_member);
         free(sl->members);
+        free(sl->member_id);
+        free(sl->member_sent);
+        free(sl->member_chain);
     }
     free(s->slots);
     free(s->pending_retire);
@@ -115,6 +158,13 @@ pd_status sched_new(const sched_config *cfg, uint32_t max_inflight, sched **out,
     s->spec_idle = calloc(cfg->max_streams, sizeof *s->spec_idle);
     s->spec_wait = calloc(cfg->max_streams, sizeof *s->spec_wait);
     s->spec_sent = calloc(cfg->max_streams, sizeof *s->spec_sent);
+    s->fl_state = calloc(cfg->max_streams, sizeof *s->fl_state);
+    s->fl_seq = calloc(cfg->max_streams, sizeof *s->fl_seq);
+    s->stale_seq = calloc(cfg->max_streams, sizeof *s->stale_seq);
+    s->chain = calloc((size_t)cfg->max_streams * SCHED_CHAIN_CAP, sizeof *s->chain);
+    s->chain_n = calloc(cfg->max_streams, sizeof *s->chain_n);
+    s->chain_y = calloc(cfg->max_streams, sizeof *s->chain_y);
+    s->forms = calloc(cfg->max_streams, sizeof *s->forms);
     s->draft_buf = calloc(SCHED_MAX_DRAFTS + 1, sizeof *s->draft_buf);
     /* lookups see every prompt token and every generated one */
     for (size_t p = 0; p < pages_count(cfg->pg); p++) {
@@ -126,9 +176,9 @@ pd_status sched_new(const sched_config *cfg, uint32_t max_inflight, sched **out,
     s->hist_buf = calloc(s->hist_cap ? s->hist_cap : 1, sizeof *s->hist_buf);
     s->mreq = calloc(cfg->max_streams, sizeof *s->mreq);
     s->mdrafts = calloc((size_t)cfg->max_streams * SCHED_MAX_DRAFTS, sizeof *s->mdrafts);
-    s->mrow0 = calloc(cfg->max_streams, sizeof *s->mrow0);
     bool ok = s->in_flight && s->reserved && s->taken && s->slots && s->pending_retire && s->spec_k &&
-              s->spec_idle && s->spec_wait && s->spec_sent && s->draft_buf && s->hist_buf && s->mreq && s->mdrafts && s->mrow0;
+              s->spec_idle && s->spec_wait && s->spec_sent && s->draft_buf && s->hist_buf && s->mreq && s->mdrafts &&
+              s->fl_state && s->fl_seq && s->stale_seq && s->chain && s->chain_n && s->chain_y && s->forms;
     for (uint32_t i = 0; ok && i < max_inflight; i++) {
         sched_slot *sl = &s->slots[i];
         sl->rows = calloc(cfg->max_rows, sizeof *sl->rows);
@@ -136,8 +186,13 @@ pd_status sched_new(const sched_config *cfg, uint32_t max_inflight, sched **out,
         sl->admit = calloc(cfg->max_streams, sizeof *sl->admit);
         sl->retire = calloc(cfg->max_streams, sizeof *sl->retire);
         sl->logit_stream = calloc(cfg->max_rows, sizeof *sl->logit_stream);
+        sl->logit_member = calloc(cfg->max_rows, sizeof *sl->logit_member);
         sl->members = calloc(cfg->max_streams, sizeof *sl->members);
-        ok = sl->rows && sl->x && sl->admit && sl->retire && sl->logit_stream && sl->members;
+        sl->member_id = calloc(cfg->max_streams, sizeof *sl->member_id);
+        sl->member_sent = calloc(cfg->max_streams, sizeof *sl->member_sent);
+        sl->member_chain = calloc(cfg->max_streams, sizeof *sl->member_chain);
+        ok = sl->rows && sl->x && sl->admit && sl->retire && sl->logit_stream && sl->logit_member && sl->members &&
+             sl->member_id && sl->member_sent && sl->member_chain;
     }
     if (!ok) {
         sched_free(s);
@@ -165,11 +220,19 @@ static pd_status stream_finish(sched *s, stream_state *st, sched_stop stop, bool
                       .digest = st->digest,
                       .error = error};
     pd_status rc = s->cfg.on_done ? s->cfg.on_done(s->cfg.on_done_ctx, &r, err) : PD_OK;
-    for (uint32_t i = 0; i < s->cfg.max_streams; i++)
-        if (stream_table_at(s->streams, i) == st && s->reserved[i]) {
+    for (uint32_t i = 0; i < s->cfg.max_streams; i++) {
+        if (stream_table_at(s->streams, i) != st)
+            continue;
+        if (s->reserved[i]) {
             s->reserved[i] = false;
             s->cfg.release(s->cfg.admit_ctx, (size_t)st->page, st->prefill_rows, st->max_new);
         }
+        /* a batch of it still in flight (asynchronous speculation) is
+         * recognised by its stream id when it returns */
+        s->in_flight[i] = 0;
+        s->chain_n[i] = 0;
+        s->fl_state[i] = FL_WAIT;
+    }
     s->prog.pages_done++;
     s->prog.pages_failed += stop == SCHED_STOP_ERROR;
     if (admitted)
@@ -224,6 +287,10 @@ static void spec_start(sched *s, uint32_t i)
     s->spec_k[i] = 1;
     s->spec_wait[i] = SCHED_SPEC_PROBE;
     s->spec_idle[i] = s->spec_sent[i] = 0;
+    s->in_flight[i] = 0;
+    s->fl_state[i] = FL_WAIT;
+    s->stale_seq[i] = UINT64_MAX;
+    s->chain_n[i] = s->chain_y[i] = 0;
 }
 
 /* Takes the next page of the manifest into a free stream slot: its index in
@@ -331,23 +398,43 @@ static pd_status add_prefill(sched *s, sched_slot *sl, uint32_t i, uint32_t room
     }
     if (rc)
         return page_fail(s, sl, st, na, pe.msg, err);
+    bool last_row = false;
     for (uint32_t j = 0; j < n; j++) {
         uint64_t pos = st->fed + j;
         bool last = pos + 1 == st->prefill_rows;
+        last_row = last_row || last;
         sl->rows[*nr + j] = (mb_row){.stream = st->id, .pos = pos, .role = MB_ROLE_PREFILL, .wants_logits = last};
         if (last)
             sl->logit_stream[(*nl)++] = i;
     }
     st->fed += n;
-    s->in_flight[i] = true;
+    s->in_flight[i]++;
+    sl->member_id[sl->n_members] = st->id;
+    sl->member_sent[sl->n_members] = 0;
+    sl->member_chain[sl->n_members] = 0;
+    if (last_row)
+        sl->logit_member[*nl - 1] = sl->n_members;
     sl->members[sl->n_members++] = i;
     *nr += n;
     return PD_OK;
 }
 
+/* The tokens assumed past stream slot i's sampled ones when its rows build
+ * on the batches in flight (asynchronous speculation), else none. */
+static uint32_t chain_len(const sched *s, const spec_entry *e)
+{
+    return e->chained ? s->chain_n[e->slot] : 0;
+}
+
+static const uint32_t *chain_of(const sched *s, uint32_t i)
+{
+    return s->chain + (size_t)i * SCHED_CHAIN_CAP;
+}
+
 /* The token history drafts are looked up in: the page's prompt tokens,
- * then the stream's sampled tokens; into s->hist_buf, returns its length. */
-static size_t spec_history(sched *s, const stream_state *st)
+ * then the stream's sampled tokens, then the tokens e's rows assume; into
+ * s->hist_buf, returns its length. */
+static size_t spec_history(sched *s, const stream_state *st, const spec_entry *e)
 {
     const pages_page *pg = pages_get(s->cfg.pg, (size_t)st->page);
     size_t n = 0;
@@ -357,12 +444,17 @@ static size_t spec_history(sched *s, const stream_state *st)
                 s->hist_buf[n++] = (uint32_t)pg->segs[k].tokens[j];
     for (uint32_t j = 0; j < st->n_tokens && n < s->hist_cap; j++)
         s->hist_buf[n++] = st->tokens[j];
+    for (uint32_t j = 0; j < chain_len(s, e) && n < s->hist_cap; j++)
+        s->hist_buf[n++] = chain_of(s, e->slot)[j];
     return n;
 }
 
 /* How many drafts stream slot i may carry: no more than its adaptive K,
- * the tokens it may still generate after this row, and the room left. */
-static uint32_t spec_budget(sched *s, uint32_t i, const stream_state *st, uint32_t room)
+ * the tokens it may still generate after this row (after the assumed ones
+ * when `assumed` tokens and the in-flight batch's own next token come
+ * first), and the room left. */
+static uint32_t spec_budget(sched *s, uint32_t i, const stream_state *st, uint32_t assumed, bool chained,
+                            uint32_t room)
 {
     if (s->cfg.draft.mode == DRAFT_NONE)
         return 0;
@@ -374,9 +466,12 @@ static uint32_t spec_budget(sched *s, uint32_t i, const stream_state *st, uint32
         s->spec_k[i] = 1;
     }
     uint32_t k = s->spec_k[i];
-    uint32_t left = st->max_new - st->n_tokens; /* tokens still to come, this row's included */
-    if (k > left - 1)
-        k = left - 1;
+    /* tokens still to come: this row's included, or (chained) after the
+     * in-flight batch's assumed tokens and its own next one */
+    uint64_t done = (uint64_t)st->n_tokens + (chained ? assumed + 1 : 1);
+    uint64_t left = st->max_new > done ? st->max_new - done : 0;
+    if (k > left)
+        k = (uint32_t)left;
     if (k > room)
         k = room;
     return k;
@@ -411,7 +506,8 @@ static uint32_t prompt_token_at(const pages_page *pg, uint64_t j)
 static pd_status draft_ctx(void *ctx, const drafter_req *r, uint64_t from, uint32_t n, float *x, pd_err *err)
 {
     sched *s = ctx;
-    const stream_state *st = r->user;
+    const spec_entry *e = r->user;
+    const stream_state *st = stream_table_at(s->streams, e->slot);
     const model *dm = drafter_model(s->cfg.drafter);
     const uint32_t H = model_hp(dm)->hidden;
     const pages_page *pg = pages_get(s->cfg.pg, (size_t)st->page);
@@ -427,20 +523,23 @@ static pd_status draft_ctx(void *ctx, const drafter_req *r, uint64_t from, uint3
         if (j < np && emb)
             continue;
         uint64_t p = from + j;
-        uint32_t t = p < P ? prompt_token_at(pg, p) : st->tokens[p - P];
+        uint32_t t = p < P                       ? prompt_token_at(pg, p)
+                     : p - P < st->n_tokens      ? st->tokens[p - P]
+                                                 : chain_of(s, e->slot)[p - P - st->n_tokens];
         model_embed(dm, &t, 1, x + (size_t)j * H);
     }
     return PD_OK;
 }
 
-/* A draft-model proposal for stream slot i, whose k verify rows start at
- * row0: queued in s->mreq[*nq] and run for the whole batch at once. Returns
- * k cut to what the draft model's context length allows. */
-static uint32_t draft_model_queue(sched *s, const stream_state *st, uint32_t k, uint32_t row0, uint32_t *nq)
+/* A draft-model proposal for entry e (its stream's sampled tokens and the
+ * tokens e assumes): queued in s->mreq[*nq] and run for the whole batch at
+ * once. Returns k cut to what the draft model's context length allows. */
+static uint32_t draft_model_queue(sched *s, const stream_state *st, spec_entry *e, uint32_t k, uint32_t *nq)
 {
     const pages_page *pg = pages_get(s->cfg.pg, (size_t)st->page);
+    uint32_t cn = chain_len(s, e);
     uint64_t P = drafter_sees_embeddings(s->cfg.drafter) ? st->prefill_rows : prompt_tokens(pg);
-    uint64_t n_ctx = P + st->n_tokens - 1, ctx_len = drafter_ctx_len(s->cfg.drafter);
+    uint64_t n_ctx = P + st->n_tokens + cn - 1, ctx_len = drafter_ctx_len(s->cfg.drafter);
     if (n_ctx + k > ctx_len)
         k = ctx_len > n_ctx ? (uint32_t)(ctx_len - n_ctx) : 0;
     if (k == 0)
@@ -449,33 +548,45 @@ static uint32_t draft_model_queue(sched *s, const stream_state *st, uint32_t k, 
     s->mreq[q] = (drafter_req){.stream = st->id,
                                .n_ctx = n_ctx,
                                .n_prefill = P,
-                               .last = st->tokens[st->n_tokens - 1],
+                               .last = cn ? chain_of(s, e->slot)[cn - 1] : st->tokens[st->n_tokens - 1],
                                .k = k,
-                               .max_rows = (uint32_t)(P + st->max_new),
-                               .out = s->mdrafts + (size_t)q * SCHED_MAX_DRAFTS,
-                               .user = st};
-    s->mrow0[q] = row0;
+                               .max_rows = (uint32_t)(P + st->max_new + SCHED_CHAIN_CAP),
+                               .out = e->drafts,
+                               .user = e};
+    e->q = (int32_t)q;
     return k;
 }
 
-/* After a pass: how many drafts each speculating stream got accepted, and
- * its next K (all accepted: one more, up to the configured K; none: half). */
-static void spec_account(sched *s, const sched_slot *sl, const sched_batch *b, const uint32_t *tokens)
+/* The current stream of member m of sl, or NULL when it has finished
+ * since (its table slot may hold another stream by now). */
+static stream_state *member_stream(sched *s, const sched_slot *sl, uint32_t m)
+{
+    stream_state *st = stream_table_at(s->streams, sl->members[m]);
+    return st && st->id == sl->member_id[m] ? st : NULL;
+}
+
+/* After a pass: per speculating member, its drafts accepted (a decode row's
+ * drafts: the rows that sampled minus the decode row; a chained member's:
+ * every row that sampled), and its stream's next K (all accepted: doubled
+ * up to K; none: halved). A chained member known stale counts its rows as
+ * stale and changes no K: its rejection says nothing of its drafts. */
+static void spec_account(sched *s, const sched_slot *sl, const sched_batch *b, const uint32_t *tokens,
+                         const bool *stale)
 {
     if (s->cfg.draft.mode == DRAFT_NONE)
         return;
-    for (uint32_t l = 0; l < b->n_logits;) {
-        uint32_t i = sl->logit_stream[l];
-        uint32_t rows = 0, ok = 0;
-        while (l < b->n_logits && sl->logit_stream[l] == i) {
-            ok += tokens[l] != MSG_TOKEN_REJECTED;
-            rows++;
-            l++;
+    for (uint32_t m = 0; m < sl->n_members; m++) {
+        uint32_t sent = sl->member_sent[m], i = sl->members[m];
+        if (sent == 0 || !member_stream(s, sl, m))
+            continue;
+        uint32_t ok = 0;
+        for (uint32_t l = 0; l < b->n_logits; l++)
+            ok += sl->logit_member[l] == m && tokens[l] != MSG_TOKEN_REJECTED;
+        if (stale[m]) {
+            s->prog.stale_rows += sent;
+            continue;
         }
-        uint32_t sent = s->spec_sent[i];
-        if (sent == 0 || rows != sent + 1)
-            continue; /* a prefill chunk's last row, or no drafts */
-        uint32_t accepted = ok - 1;
+        uint32_t accepted = sl->member_chain[m] ? ok : ok - 1;
         s->prog.spec_passes++;
         s->prog.accepted += accepted;
         if (accepted == sent) {
@@ -488,8 +599,113 @@ static void spec_account(sched *s, const sched_slot *sl, const sched_batch *b, c
         } else {
             s->spec_wait[i] = SCHED_SPEC_PROBE;
         }
-        s->spec_sent[i] = 0;
     }
+}
+
+/* What a decoding stream's rows in the next batch can be: none (it waits
+ * for a result), a decode row from its sampled tokens (plus drafts), or —
+ * asynchronous speculation — verify rows only, continuing the batch in
+ * flight as if all its drafts were accepted. With its newest batch known
+ * stale, a new decode row may go before the stale batch returns. */
+typedef enum { FORM_SKIP, FORM_DECODE, FORM_CHAIN } form_kind;
+
+static form_kind spec_form(const sched *s, uint32_t i)
+{
+    if (s->in_flight[i] == 0)
+        return FORM_DECODE;
+    if (!s->cfg.spec_async || s->in_flight[i] >= 2)
+        return FORM_SKIP;
+    return s->fl_state[i] == FL_STALE ? FORM_DECODE : s->fl_state[i] == FL_CHAIN ? FORM_CHAIN : FORM_SKIP;
+}
+
+/* The decode and verify rows of the streams that can have rows in this
+ * batch (first pass: what they are and, for n-gram drafting, the drafts;
+ * the draft model then proposes for all of them at once; second pass:
+ * the rows). Returns the rows written in *nr, *nl and members in sl. */
+static pd_status form_decode_rows(sched *s, sched_slot *sl, uint32_t R, uint32_t member_cap, uint32_t *nr,
+                                  uint32_t *nl, pd_err *err)
+{
+    const uint32_t H = s->hidden;
+    uint32_t nf = 0, nq = 0, reserved = 0;
+    for (uint32_t i = 0; i < s->cfg.max_streams && reserved < R && nf < member_cap; i++) {
+        stream_state *st = stream_table_at(s->streams, i);
+        if (!st || st->fed < st->prefill_rows)
+            continue;
+        form_kind fk = spec_form(s, i);
+        if (fk == FORM_SKIP)
+            continue;
+        spec_entry *e = &s->forms[nf];
+        *e = (spec_entry){.slot = i, .chained = fk == FORM_CHAIN, .q = -1,
+                          .drafts = s->mdrafts + (size_t)nf * SCHED_MAX_DRAFTS};
+        uint32_t room = R - reserved - (e->chained ? 0 : 1);
+        uint32_t k = spec_budget(s, i, st, chain_len(s, e), e->chained, room);
+        if (k && s->cfg.draft.mode == DRAFT_NGRAM)
+            k = e->got = draft_ngram(s->hist_buf, spec_history(s, st, e), s->cfg.draft.n, k, e->drafts);
+        else if (k)
+            k = draft_model_queue(s, st, e, k, &nq);
+        if (e->chained && k == 0)
+            continue; /* nothing to continue with */
+        e->k = k;
+        reserved += (e->chained ? 0 : 1) + k;
+        nf++;
+    }
+    if (nq) {
+        pd_status rc = drafter_propose(s->cfg.drafter, s->mreq, nq, draft_ctx, s, err);
+        if (rc)
+            return rc;
+        for (uint32_t f = 0; f < nf; f++)
+            if (s->forms[f].q >= 0)
+                s->forms[f].got = s->mreq[s->forms[f].q].got;
+    }
+    for (uint32_t f = 0; f < nf; f++) {
+        spec_entry *e = &s->forms[f];
+        uint32_t i = e->slot, m = sl->n_members;
+        stream_state *st = stream_table_at(s->streams, i);
+        if (e->chained && e->got == 0)
+            continue; /* the draft model stopped before its first guess */
+        uint32_t *chain = s->chain + (size_t)i * SCHED_CHAIN_CAP;
+        /* the position of the stream's last sampled token, and of the tokens
+         * the in-flight batches assume after it */
+        uint64_t p = st->prefill_rows + st->n_tokens - 1 + chain_len(s, e);
+        if (!e->chained) {
+            uint32_t last = st->tokens[st->n_tokens - 1];
+            sl->rows[*nr] = (mb_row){.stream = st->id, .pos = p, .role = MB_ROLE_DECODE, .wants_logits = 1,
+                                     .token = last};
+            model_embed(s->cfg.m, &last, 1, sl->x + (size_t)*nr * H);
+            sl->logit_stream[*nl] = i;
+            sl->logit_member[(*nl)++] = m;
+            (*nr)++;
+        }
+        for (uint32_t d = 0; d < e->got; d++) {
+            sl->rows[*nr] = (mb_row){.stream = st->id, .pos = p + 1 + d, .role = MB_ROLE_VERIFY, .wants_logits = 1,
+                                     .token = e->drafts[d]};
+            model_embed(s->cfg.m, &e->drafts[d], 1, sl->x + (size_t)*nr * H);
+            sl->logit_stream[*nl] = i;
+            sl->logit_member[(*nl)++] = m;
+            (*nr)++;
+        }
+        sl->members[m] = i;
+        sl->member_id[m] = st->id;
+        sl->member_sent[m] = e->got;
+        sl->member_chain[m] = e->chained;
+        sl->n_members++;
+        s->spec_sent[i] = e->got;
+        s->prog.drafted += e->got;
+        /* asynchronous speculation: what a next batch of the stream may
+         * assume; a decode row starts afresh from the sampled tokens */
+        if (!e->chained)
+            s->chain_n[i] = s->chain_y[i] = 0;
+        s->chain_y[i] = s->chain_n[i];
+        CHECK(s->chain_n[i] + e->got <= SCHED_CHAIN_CAP);
+        memcpy(chain + s->chain_n[i], e->drafts, e->got * sizeof *chain);
+        s->chain_n[i] += e->got;
+        if (!e->chained)
+            s->chain_y[i] = 0;
+        s->fl_state[i] = e->got ? FL_CHAIN : FL_WAIT;
+        s->fl_seq[i] = s->seq;
+        s->in_flight[i]++;
+    }
+    return PD_OK;
 }
 
 pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
@@ -504,93 +720,21 @@ pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
         }
     if (!sl)
         return PD_OK;
-    const uint32_t H = s->hidden;
     const uint32_t R = s->cfg.rows_per_batch && s->cfg.rows_per_batch < s->cfg.max_rows ? s->cfg.rows_per_batch
                                                                                          : s->cfg.max_rows;
     /* with several micro-batches in flight each carries its share of the
      * streams, so the batches in flight cost about the same and every stage
      * stays busy */
     const uint32_t member_cap = (s->cfg.max_streams + s->n_slots - 1) / s->n_slots;
-    uint32_t nr = 0, nl = 0, na = 0, nq = 0;
+    uint32_t nr = 0, nl = 0, na = 0;
     sl->n_members = 0;
+    sl->seq = s->seq;
 
-    /* decode rows: the last sampled token of decoding streams */
-    for (uint32_t i = 0; i < s->cfg.max_streams && nr < R && sl->n_members < member_cap; i++) {
-        stream_state *st = stream_table_at(s->streams, i);
-        if (!st || s->in_flight[i] || st->fed < st->prefill_rows)
-            continue;
-        CHECK(st->n_tokens >= 1);
-        uint32_t last = st->tokens[st->n_tokens - 1];
-        sl->rows[nr] = (mb_row){.stream = st->id,
-                                .pos = st->prefill_rows + st->n_tokens - 1,
-                                .role = MB_ROLE_DECODE,
-                                .wants_logits = 1,
-                                .token = last};
-        model_embed(s->cfg.m, &last, 1, sl->x + (size_t)nr * H);
-        sl->logit_stream[nl++] = i;
-        sl->members[sl->n_members++] = i;
-        s->in_flight[i] = true;
-        nr++;
-        /* speculation: drafts ride behind the decode row as verify rows; a
-         * draft model's are filled in below, for every stream at once */
-        uint32_t nd = spec_budget(s, i, st, R - nr);
-        if (nd && s->cfg.draft.mode == DRAFT_NGRAM)
-            nd = draft_ngram(s->hist_buf, spec_history(s, st), s->cfg.draft.n, nd, s->draft_buf);
-        else if (nd)
-            nd = draft_model_queue(s, st, nd, nr, &nq);
-        for (uint32_t d = 0; d < nd; d++) {
-            sl->rows[nr] = (mb_row){.stream = st->id,
-                                    .pos = st->prefill_rows + st->n_tokens + d,
-                                    .role = MB_ROLE_VERIFY,
-                                    .wants_logits = 1,
-                                    .token = s->cfg.draft.mode == DRAFT_NGRAM ? s->draft_buf[d] : 0};
-            if (s->cfg.draft.mode == DRAFT_NGRAM)
-                model_embed(s->cfg.m, &s->draft_buf[d], 1, sl->x + (size_t)nr * H);
-            sl->logit_stream[nl++] = i;
-            nr++;
-        }
-        s->spec_sent[i] = nd;
-        s->prog.drafted += nd;
-    }
-    pd_status rc;
-    if (nq) {
-        if ((rc = drafter_propose(s->cfg.drafter, s->mreq, nq, draft_ctx, s, err))) {
-            /* the batch is not sent: its streams are free again */
-            for (uint32_t m = 0; m < sl->n_members; m++)
-                s->in_flight[sl->members[m]] = false;
-            sl->n_members = 0;
-            return rc;
-        }
-        /* every row so far wants logits (nl == nr): the rows of drafts the
-         * model did not make (it stopped at end-of-sequence) leave, and
-         * the rows after them move up */
-        CHECK(nl == nr);
-        for (uint32_t q = 0; q < nq; q++) {
-            uint32_t i = sl->logit_stream[s->mrow0[q] - 1]; /* the stream's decode row */
-            s->spec_sent[i] = s->mreq[q].got;
-            s->prog.drafted -= s->mreq[q].k - s->mreq[q].got;
-        }
-        uint32_t w = 0;
-        for (uint32_t q = 0, r = 0; r < nr; r++) {
-            while (q < nq && r >= s->mrow0[q] + s->mreq[q].k)
-                q++;
-            bool draft = q < nq && r >= s->mrow0[q];
-            if (draft && r - s->mrow0[q] >= s->mreq[q].got)
-                continue;
-            if (w != r) {
-                sl->rows[w] = sl->rows[r];
-                sl->logit_stream[w] = sl->logit_stream[r];
-                memcpy(sl->x + (size_t)w * H, sl->x + (size_t)r * H, H * sizeof *sl->x);
-            }
-            if (draft) {
-                uint32_t t = s->mreq[q].out[r - s->mrow0[q]];
-                sl->rows[w].token = t;
-                model_embed(s->cfg.m, &t, 1, sl->x + (size_t)w * H);
-            }
-            w++;
-        }
-        nr = nl = w;
-    }
+    /* decode rows: the last sampled token of decoding streams, drafts
+     * behind them as verify rows */
+    pd_status rc = form_decode_rows(s, sl, R, member_cap, &nr, &nl, err);
+    if (rc)
+        return rc;
     /* prefill chunks of admitted streams, then of pages admitted now: a page
      * is admitted when its first rows fit, so its stages allocate its state
      * in the micro-batch that first uses it */
@@ -632,22 +776,70 @@ pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
     return PD_OK;
 }
 
+/* Asynchronous speculation, after member m's tokens were taken: its
+ * stream's batch still in flight (if any) was built assuming all of this
+ * batch's drafts accepted and its first guess being this batch's last
+ * token; it stays good only if both hold, else it is stale (the tail
+ * rejects it, and a new decode row may go out before it returns). */
+static void chain_advance(sched *s, const sched_slot *sl, uint32_t m, const uint32_t *tokens, uint32_t n_logits,
+                          bool stale)
+{
+    uint32_t i = sl->members[m];
+    stream_state *st = member_stream(s, sl, m);
+    if (!st || s->in_flight[i] == 0) {
+        if (st)
+            s->chain_n[i] = s->chain_y[i] = 0;
+        return;
+    }
+    if (stale || s->fl_state[i] == FL_STALE)
+        return; /* the batch in flight was formed from the sampled tokens */
+    uint32_t ok = 0, rows = 0;
+    for (uint32_t l = 0; l < n_logits; l++)
+        if (sl->logit_member[l] == m) {
+            rows++;
+            ok += tokens[l] != MSG_TOKEN_REJECTED;
+        }
+    uint32_t *chain = s->chain + (size_t)i * SCHED_CHAIN_CAP, y = s->chain_y[i];
+    bool holds = ok == rows && y < s->chain_n[i] && chain[y] == st->tokens[st->n_tokens - 1];
+    if (!holds) {
+        s->fl_state[i] = FL_STALE;
+        s->stale_seq[i] = s->fl_seq[i];
+        s->chain_n[i] = s->chain_y[i] = 0;
+        return;
+    }
+    /* the newest batch's first guess is now a sampled token */
+    memmove(chain, chain + y + 1, (s->chain_n[i] - y - 1) * sizeof *chain);
+    s->chain_n[i] -= y + 1;
+    s->chain_y[i] = 0;
+}
+
 pd_status sched_complete(sched *s, const sched_batch *b, const uint32_t *tokens, const uint64_t *row_digests,
                          pd_err *err)
 {
     sched_slot *sl = &s->slots[b->slot];
     CHECK(sl->busy);
     pd_status rc = PD_OK;
-    for (uint32_t m = 0; m < sl->n_members; m++)
-        s->in_flight[sl->members[m]] = false;
-    spec_account(s, sl, b, tokens);
+    bool stale[sl->n_members ? sl->n_members : 1];
+    for (uint32_t m = 0; m < sl->n_members; m++) {
+        uint32_t i = sl->members[m];
+        stale[m] = false;
+        if (!member_stream(s, sl, m))
+            continue; /* finished since; the slot may be another stream's */
+        s->in_flight[i]--;
+        stale[m] = s->stale_seq[i] == sl->seq;
+        if (stale[m])
+            s->stale_seq[i] = UINT64_MAX;
+    }
+    spec_account(s, sl, b, tokens, stale);
     for (uint32_t l = 0; l < b->n_logits; l++) {
-        stream_state *st = stream_table_at(s->streams, sl->logit_stream[l]);
+        uint32_t m = sl->logit_member[l];
+        stream_state *st = member_stream(s, sl, m);
         if (!st)
             continue;
         uint32_t t = tokens[l];
         if (t == MSG_TOKEN_REJECTED)
             continue; /* a rejected draft's row: nothing was sampled there */
+        CHECKF(!stale[m], "stream %llu: the tail sampled a row of a stale batch", (unsigned long long)st->id);
         s->prog.tokens_generated++;
         pd_status r2 = stream_push(st, t, row_digests[l], err);
         if (r2 == PD_OK && t == s->eos)
@@ -657,6 +849,10 @@ pd_status sched_complete(sched *s, const sched_batch *b, const uint32_t *tokens,
         if (r2 && rc == PD_OK)
             rc = r2;
     }
+    if (s->cfg.spec_async)
+        for (uint32_t m = 0; m < sl->n_members; m++)
+            if (sl->member_sent[m] || sl->member_chain[m])
+                chain_advance(s, sl, m, tokens, b->n_logits, stale[m]);
     sl->busy = false;
     s->inflight--;
     return rc;

@@ -21,10 +21,14 @@
  *      that carries the stream's first rows. Every stage creates the
  *      stream's caches, the tail its sampling state, before running rows.
  *   2. Rows: a stream's rows in one micro-batch are contiguous, in position
- *      order, and it is in at most one micro-batch in flight. A row's
+ *      order, and it is in at most one micro-batch in flight — two under
+ *      asynchronous speculation, the second made only of verify rows that
+ *      continue the first as if all its drafts were accepted (or a new
+ *      decode row once the second is known to be refuted). A row's
  *      absolute position is the only rollback signal: a stage holding the
- *      stream beyond it rolls back first. Prefill rows come in chunks; the
- *      last prefill row and every decode row want logits.
+ *      stream beyond it rolls back first (across both batches). Prefill
+ *      rows come in chunks; the last prefill row and every decode and
+ *      verify row want logits.
  *   3. Results: the tail samples the rows that want logits, in row order,
  *      and returns (token, logits row digest) per row; the head appends each
  *      token and digest to the stream (stream_push) in the same order the
@@ -99,6 +103,10 @@ typedef struct sched_config {
     void *on_done_ctx;
     draft_config draft;       /* speculation (draft.h): verify rows behind decode rows */
     drafter *drafter;         /* borrowed: the draft model when draft.mode is DRAFT_MODEL */
+    bool spec_async;          /* asynchronous speculation: a stream whose micro-batch carries
+                               * drafts may get a second one in flight, verify rows only,
+                               * built as if every draft were accepted (the tail rejects it
+                               * when not; the stages roll it back) */
     sched_admit_fn admit;     /* NULL: admit whenever a stream slot is free */
     sched_release_fn release;
     void *admit_ctx;
@@ -162,6 +170,8 @@ typedef struct sched_progress {
     uint64_t pages_failed;    /* finished with SCHED_STOP_ERROR (counted in pages_done too) */
     uint64_t pages_past_context; /* admitted past the model's context (past_context) */
     uint64_t drafted, accepted, spec_passes; /* speculation: drafts sent, accepted, passes that carried drafts */
+    uint64_t stale_rows;      /* asynchronous speculation: verify rows sent on an assumption a
+                               * result then refuted (the stages rolled them back) */
     uint32_t streams_alive;
 } sched_progress;
 void sched_get_progress(const sched *s, sched_progress *out);

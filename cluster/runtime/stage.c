@@ -363,6 +363,7 @@ uint64_t stage_layer_identity(const stage *s, uint32_t layer)
      * is not part of what makes a record meaningful */
     cache_policy pol = s->cfg.policy;
     pol.max_drafts = 0;
+    pol.spec_async = false;
     char desc[160];
     policy_describe(&pol, desc, sizeof desc);
     uint64_t d = model_digest(s->cfg.m);

@@ -69,6 +69,7 @@ pd_status tail_admit(tail *t, const mb_admit *a, pd_err *err)
         return pd_err_set(err, PD_ERR_RANGE, "tail: %u streams already alive", t->cfg.max_streams);
     stream_state s;
     pd_status st = stream_init_keyed(&s, a->stream, a->sample_key, a->max_new, err);
+    s.prefill_rows = a->prefill_rows; /* where its first sampled token sits */
     if (st == PD_OK && (st = stream_table_put(t->streams, &s, NULL, err)))
         stream_release(&s);
     if (st)
@@ -93,6 +94,16 @@ pd_status tail_restore(tail *t, const stream_state *s, pd_err *err)
 void tail_retire(tail *t, uint64_t stream)
 {
     stream_table_drop(t->streams, stream);
+}
+
+/* Whether verify row r, the first of its stream in a batch, carries the
+ * stream's last sampled token at the position that token takes. */
+static bool continues(const stream_state *s, const mb_row *r, uint32_t eos)
+{
+    if (s->n_tokens == 0 || s->n_tokens >= s->max_new)
+        return false;
+    uint32_t last = s->tokens[s->n_tokens - 1];
+    return last != eos && r->token == last && r->pos == s->prefill_rows + s->n_tokens - 1;
 }
 
 pd_status tail_sample(tail *t, const mb_row *rows, uint32_t n, const float *x, uint32_t *tokens,
@@ -126,6 +137,19 @@ pd_status tail_sample(tail *t, const mb_row *rows, uint32_t n, const float *x, u
         stream_state *s = stream_table_find(t->streams, r->stream);
         if (!s)
             return pd_err_set(err, PD_ERR_FORMAT, "tail: row of unknown stream %llu", (unsigned long long)r->stream);
+        /* asynchronous speculation: verify rows that open their stream's rows
+         * in a batch continue the stream's previous batch as if all its
+         * drafts were accepted; they stand only if the first carries the
+         * last sampled token at that token's position (and the stream goes
+         * on). Otherwise the whole run of them samples nothing. */
+        bool opens = j == 0 || rows[t->row_of[j - 1]].stream != r->stream;
+        if (opens && r->role == MB_ROLE_VERIFY && !continues(s, r, eos)) {
+            tokens[j] = MSG_TOKEN_REJECTED;
+            row_digests[j] = 0;
+            rejected = r->stream;
+            any_rejected = true;
+            continue;
+        }
         if (s->n_tokens >= s->max_new)
             return pd_err_set(err, PD_ERR_FORMAT, "tail: stream %llu asks for token %u beyond max_new %u",
                               (unsigned long long)r->stream, s->n_tokens + 1, s->max_new);

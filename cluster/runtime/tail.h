@@ -44,7 +44,10 @@ pd_status tail_restore(tail *t, const stream_state *s, pd_err *err);
  * *n_tokens their count. Verify rows: a draft (the row's token) is accepted
  * iff it equals the token sampled from the stream's row before; the rows of
  * that stream after a rejection get MSG_TOKEN_REJECTED and digest 0 and
- * change nothing (only accepted tokens enter the history). */
+ * change nothing (only accepted tokens enter the history). Verify rows
+ * that open their stream's rows in the batch (asynchronous speculation)
+ * stand only if the first carries the stream's last sampled token at that
+ * token's position, the stream not ended; else all of them are rejected. */
 pd_status tail_sample(tail *t, const mb_row *rows, uint32_t n, const float *x, uint32_t *tokens,
                       uint64_t *row_digests, uint32_t *n_tokens, pd_err *err);
 

@@ -82,6 +82,35 @@ done
 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/selfb1.jsonl" --batch 1 --prefill-chunk 4 --digest \
   --draft "model:$m:6" >/dev/null 2>&1
 same "$T/p_.ref" "$T/selfb1.jsonl" "batch 1, chunks of 4 (the draft context in several forwards), --draft model:<the target>:6"
+# asynchronous speculation: a second batch of verify rows goes out before the
+# first one's verdict; rejections while it travels (stale rows) roll back
+# across both batches on every stage
+for pol in "" "--attn window:8" "--kv q8" "--kv q8k" "--sample temp:0.8,top_p:0.9 --seed 3" "--no-repeat-ngram 3:32"; do
+  tag=$(echo "p$pol" | tr -c 'a-zA-Z0-9' '_')
+  for nd in "2 ngram:1:6" "3 model:$T/d64.gguf"; do
+    n=${nd%% *} d=${nd#* }
+    {
+      # shellcheck disable=SC2086
+      "${MPIRUN[@]}" -np "$n" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/$tag.async$n.jsonl" --batch 3 --digest \
+        --draft "$d" --draft-async --stats "$T/$tag.async$n.stats" $pol >/dev/null 2>&1 </dev/null
+      same "$T/$tag.ref" "$T/$tag.async$n.jsonl" "${pol:-full f32}, $n ranks: --draft ${d##*/} --draft-async == no speculation"
+    }
+  done
+done
+"${MPIRUN[@]}" -np 3 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/as.jsonl" --batch 3 --digest --draft ngram:1:6 \
+  --draft-async --prefill-chunk 5 --stats "$T/as.stats" >/dev/null 2>&1 </dev/null
+same "$T/p_.ref" "$T/as.jsonl" "3 ranks, chunked prefill, --draft-async == no speculation"
+python3 -c "
+import json, sys
+sp = json.load(open(sys.argv[1]))['spec']
+assert sp['stale'] > 0 and sp['accepted'] > 0, sp
+print(f\"    drafted {sp['drafted']}, accepted {sp['accepted']}, stale {sp['stale']}\")" "$T/as.stats" \
+  && pass "--draft-async: rejections arrived while a later batch was in flight (stale rows rolled back)" \
+  || fail "--draft-async: no stale batch happened (the rollback across batches went untested)"
+expect_fail "--draft-async with --attn rswa refused" "--draft-async with --attn rswa is refused" \
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/never.jsonl" --draft ngram --draft-async --attn rswa:8
+expect_fail "--draft-async without --draft refused" "--draft-async needs --draft" \
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/never.jsonl" --draft-async
 "$PIPEDEC" mkmodel --arch llama --layers 1 --hidden 32 --heads 2 --kv-heads 1 --ffn 48 --vocab 300 --out "$T/v300.gguf" >/dev/null
 expect_fail "a draft model of another vocabulary refused" "--draft model:.*v300.gguf: vocabulary of 300 tokens, the model's has 320" \
   "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/never.jsonl" --draft "model:$T/v300.gguf"

@@ -1258,6 +1258,105 @@ START_TEST(stage_layer_changes_refuse_what_would_break_the_range)
 }
 END_TEST
 
+/* ---- asynchronous speculation: rollback across two micro-batches -------- */
+
+enum { AS_K = 4, AS_M = 3 };
+
+/* D sees T's decode row p with drafts p+1..p+K (the first a1 true rows),
+ * then, before any verdict, verify rows p+K+1..p+K+M continuing them (the
+ * first a2 true rows; the batch is stale unless a1 == K). The tail would
+ * accept v = a1 (a1 < K) or K + a2 rows after p, so the next micro-batch
+ * starts at nxt = p + 1 + v with true rows. N sees only true rows, one per
+ * step. The next batch's outputs and every cache byte must agree. */
+static void async_case(const cache_policy *p, uint32_t prefill, uint32_t a1, uint32_t a2)
+{
+    char what[200];
+    snprintf(what, sizeof what, "%s, prefill %u, %u of %u then %u of %u accepted", policy_name(p), prefill, a1,
+             AS_K, a2, AS_M);
+    stage *D = stage_make(mdl, p, NULL, 80, 2), *N = stage_make(mdl, p, NULL, 80, 2);
+    const uint64_t pos0 = prefill;
+    admit(D, RB_T, prefill, 64);
+    admit(N, RB_T, prefill, 64);
+    forward_rows(D, RB_T, 0, prefill, MB_ROLE_PREFILL, 0, NULL);
+    forward_rows(N, RB_T, 0, prefill, MB_ROLE_PREFILL, 0, NULL);
+    mbatch b1 = {0}, b2 = {0};
+    mb_add(&b1, RB_T, pos0, 1, MB_ROLE_DECODE, 0);
+    for (uint32_t i = 0; i < AS_K; i++)
+        mb_add(&b1, RB_T, pos0 + 1 + i, 1, MB_ROLE_VERIFY, i < a1 ? 0 : 200 + i);
+    mb_forward(D, &b1);
+    for (uint32_t i = 0; i < AS_M; i++)
+        mb_add(&b2, RB_T, pos0 + 1 + AS_K + i, 1, MB_ROLE_VERIFY, i < a2 ? 0 : 300 + i);
+    mb_forward(D, &b2);
+    const uint64_t v = a1 < AS_K ? a1 : AS_K + a2, nxt = pos0 + 1 + v;
+    for (uint64_t q = pos0; q < nxt; q++)
+        forward_rows(N, RB_T, q, 1, MB_ROLE_DECODE, 0, NULL);
+    mbatch d3 = {0}, n3 = {0};
+    mb_add(&d3, RB_T, nxt, 1, MB_ROLE_DECODE, 0);
+    mb_add(&d3, RB_T, nxt + 1, 1, MB_ROLE_VERIFY, 0);
+    mb_add(&n3, RB_T, nxt, 1, MB_ROLE_DECODE, 0);
+    mb_add(&n3, RB_T, nxt + 1, 1, MB_ROLE_VERIFY, 0);
+    mb_forward(D, &d3);
+    mb_forward(N, &n3);
+    for (uint64_t q = nxt; q < nxt + 2; q++)
+        assert_rows_equal(mb_out(&d3, RB_T, q), mb_out(&n3, RB_T, q), what, RB_T, q);
+    /* and they go on alike (a window's trims come later there) */
+    for (uint64_t q = nxt + 2; q < nxt + 22; q++) {
+        float hd[256], hn[256];
+        forward_rows(D, RB_T, q, 1, MB_ROLE_DECODE, 0, hd);
+        forward_rows(N, RB_T, q, 1, MB_ROLE_DECODE, 0, hn);
+        assert_rows_equal(hd, hn, what, RB_T, q);
+    }
+    /* every cache byte, where the state is a function of the rows kept (a
+     * window trims when more than 2W rows are stored, so where its cut
+     * falls depends on how far the stream ever reached) */
+    if (p->attn == POLICY_ATTN_FULL) {
+        pd_err e = {0};
+        ck_assert_msg(stage_settle(D, RB_T, nxt + 22, &e) == PD_OK, "%s: %s", what, e.msg);
+        ck_assert_msg(stage_settle(N, RB_T, nxt + 22, &e) == PD_OK, "%s: %s", what, e.msg);
+        snap sd = snap_take(D, mdl, RB_T), sn = snap_take(N, mdl, RB_T);
+        ck_assert_msg(sd.len == sn.len && memcmp(sd.bytes, sn.bytes, sd.len) == 0, "%s: cache bytes differ", what);
+        free(sd.bytes);
+        free(sn.bytes);
+    }
+    mb_clear(&b1);
+    mb_clear(&b2);
+    mb_clear(&d3);
+    mb_clear(&n3);
+    stage_free(D);
+    stage_free(N);
+}
+
+START_TEST(stage_async_rollback_across_two_micro_batches_at_every_accepted_count)
+{
+    const char *kinds[][2] = {{"full", "f32"}, {"full", "q8"}, {"full", "q8k"}, {"window:8", "f32"}};
+    /* prefill 58: the q8 field freezes at row 64, inside B2; 61: inside B1 */
+    const uint32_t prefills[] = {9, 58, 61};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        cache_policy p = policy_of(kinds[k][0], kinds[k][1], "none", AS_K);
+        p.spec_async = true;
+        for (size_t f = 0; f < sizeof prefills / sizeof prefills[0]; f++)
+            for (uint32_t a1 = 0; a1 <= AS_K; a1++)
+                for (uint32_t a2 = 0; a2 <= (a1 == AS_K ? AS_M : 0); a2++)
+                    async_case(&p, prefills[f], a1, a2);
+    }
+    /* without --draft-async a rollback past the last micro-batch is refused */
+    cache_policy sync = policy_of("full", "f32", "none", AS_K);
+    stage *s = stage_make(mdl, &sync, NULL, 32, 1);
+    admit(s, RB_T, 9, 40);
+    forward_rows(s, RB_T, 0, 9, MB_ROLE_PREFILL, 0, NULL);
+    forward_rows(s, RB_T, 9, 3, MB_ROLE_DECODE, 0, NULL);
+    forward_rows(s, RB_T, 12, 3, MB_ROLE_VERIFY, 0, NULL);
+    mbatch b = {0};
+    mb_add(&b, RB_T, 10, 1, MB_ROLE_DECODE, 0);
+    mb_fill_inputs(&b);
+    pd_err e = {0};
+    ck_assert_int_eq(stage_forward(s, b.rows, b.n, b.x, &e), PD_ERR_FORMAT);
+    ck_assert_msg(strstr(e.msg, "more than speculation allows") != NULL, "%s", e.msg);
+    mb_clear(&b);
+    stage_free(s);
+}
+END_TEST
+
 /* ---- stage_truncate: the draft model's guesses leave without a trace ----- */
 
 /* A stream that ran guesses in five micro-batches of one row and was cut
@@ -1331,6 +1430,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, stage_layers_move_between_running_stages_bit_identically);
     tcase_add_test(tc, stage_layer_changes_refuse_what_would_break_the_range);
     tcase_add_test(tc, stage_truncate_drops_rows_of_earlier_micro_batches_exactly);
+    tcase_add_test(tc, stage_async_rollback_across_two_micro_batches_at_every_accepted_count);
     suite_add_tcase(s, tc);
     return s;
 }
