@@ -12,7 +12,7 @@ static void mkmodel_usage(FILE *f)
 {
     fprintf(f, "usage: pipedec mkmodel --out FILE [--arch llama|qwen2|deepseek] [--layers N] [--hidden N]\n"
                "                        [--heads N] [--kv-heads N] [--ffn N] [--vocab N] [--ctx N]\n"
-               "                        [--dtype f32|f16] [--seed S] [--eos-boost X] [--repeat P]\n"
+               "                        [--dtype f32|f16|bf16|q8_0] [--seed S] [--eos-boost X] [--repeat P]\n"
                "       deepseek only:   [--dense-layers N] [--experts N] [--experts-used K]\n"
                "                        [--expert-ffn N] [--shared N] [--expert-scale X]\n"
                "  --arch deepseek defaults to DeepSeek-OCR's decoder: 12 layers, hidden 1280, 10 heads (MHA),\n"
@@ -79,11 +79,15 @@ int cmd_mkmodel(int argc, char **argv)
         case 'c': st = cli_u32("--ctx", optarg, 16, 1u << 24, &mo.ctx, &e); break;
         case 'd':
             if (strcmp(optarg, "f32") == 0)
-                mo.f16 = 0;
+                mo.dtype = MK_F32;
             else if (strcmp(optarg, "f16") == 0)
-                mo.f16 = 1;
+                mo.dtype = MK_F16;
+            else if (strcmp(optarg, "bf16") == 0)
+                mo.dtype = MK_BF16;
+            else if (strcmp(optarg, "q8_0") == 0)
+                mo.dtype = MK_Q8_0;
             else
-                st = pd_err_set(&e, PD_ERR_ARG, "--dtype '%s': expected f32 or f16", optarg);
+                st = pd_err_set(&e, PD_ERR_ARG, "--dtype '%s': expected f32, f16, bf16 or q8_0", optarg);
             break;
         case 's': st = cli_u64("--seed", optarg, &mo.seed, &e); break;
         case 'e': {
@@ -109,7 +113,7 @@ int cmd_mkmodel(int argc, char **argv)
     if (given & (1ull << ((letter) - 'A')))  \
         d.field = mo.field;
         KEEP('l', layers) KEEP('H', hidden) KEEP('h', heads) KEEP('k', kv_heads) KEEP('f', ffn)
-        KEEP('v', vocab) KEEP('c', ctx) KEEP('d', f16) KEEP('s', seed) KEEP('e', eos_boost) KEEP('R', repeat)
+        KEEP('v', vocab) KEEP('c', ctx) KEEP('d', dtype) KEEP('s', seed) KEEP('e', eos_boost) KEEP('R', repeat)
         KEEP('D', dense_lead) KEEP('E', experts) KEEP('K', experts_used) KEEP('F', expert_ffn)
         KEEP('S', shared) KEEP('X', expert_scale)
 #undef KEEP
@@ -131,7 +135,7 @@ int cmd_mkmodel(int argc, char **argv)
     }
     printf("pipedec mkmodel: wrote %s (%s, %u layers, hidden %u, %u heads / %u kv heads, ffn %u, vocab %u, %s",
            out, mo.arch == MODEL_ARCH_LLAMA ? "llama" : mo.arch == MODEL_ARCH_QWEN2 ? "qwen2" : "deepseek",
-           mo.layers, mo.hidden, mo.heads, mo.kv_heads, mo.ffn, mo.vocab, mo.f16 ? "f16" : "f32");
+           mo.layers, mo.hidden, mo.heads, mo.kv_heads, mo.ffn, mo.vocab, (const char *[]){"f32", "f16", "bf16", "q8_0"}[mo.dtype]);
     if (mo.arch == MODEL_ARCH_DEEPSEEK)
         printf("; %u dense layers, %u experts (top %u) of ffn %u, %u shared", mo.dense_lead, mo.experts,
                mo.experts_used, mo.expert_ffn, mo.shared);

@@ -82,31 +82,79 @@ static void *mk_keep(mk_ctx *c, size_t bytes)
     return p;
 }
 
+/* Bytes of n values (a multiple of 32 for Q8_0) stored as t. */
+static uint64_t mk_bytes(mk_dtype t, uint64_t n)
+{
+    return t == MK_F32 ? n * 4 : t == MK_Q8_0 ? n / 32 * 34 : n * 2;
+}
+
+/* Stores src [n] as t into dst (Q8_0: per block of 32, d = amax / 127 as
+ * f16, then round(x / d) as int8; an all-zero block gets d = 0). */
+static void mk_convert(mk_dtype t, const float *src, uint64_t n, void *dst)
+{
+    if (t == MK_F32) {
+        memcpy(dst, src, n * sizeof *src);
+    } else if (t == MK_F16 || t == MK_BF16) {
+        uint16_t *h = dst;
+        for (uint64_t i = 0; i < n; i++)
+            h[i] = t == MK_F16 ? pd_f32_to_f16(src[i]) : pd_f32_to_bf16(src[i]);
+    } else {
+        uint8_t *b = dst;
+        for (uint64_t blk = 0; blk < n / 32; blk++, b += 34) {
+            const float *x = src + blk * 32;
+            float amax = 0.0f;
+            for (int j = 0; j < 32; j++)
+                amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+            float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            uint16_t dh = pd_f32_to_f16(d);
+            memcpy(b, &dh, 2); /* little-endian hosts only, as the loader */
+            for (int j = 0; j < 32; j++)
+                b[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
+        }
+    }
+}
+
+static const uint32_t mk_gguf_type[] = {[MK_F32] = GGUF_TENSOR_F32, [MK_F16] = GGUF_TENSOR_F16,
+                                        [MK_BF16] = GGUF_TENSOR_BF16, [MK_Q8_0] = GGUF_TENSOR_Q8_0};
+
 /* Adds tensor `name` of shape [ne0 x ne1 x ne2] (ne1 = 0: a vector; ne2 = 0:
- * at most 2 dimensions) with values base + uniform(-a, a); matrices honour
- * --dtype f16. */
-static pd_status mk_tensor3(mk_ctx *c, const char *name, uint64_t ne0, uint64_t ne1, uint64_t ne2, float base,
-                            float a, int matrix, pd_err *err)
+ * at most 2 dimensions) with values base + uniform(-a, a); matrices are
+ * stored as --dtype. With keep, the f32 values stay in *keep and the stored
+ * bytes are written by mk_store later (values changed after generation:
+ * --eos-boost, --repeat); the writer reads them only at the end. */
+static pd_status mk_tensor3k(mk_ctx *c, const char *name, uint64_t ne0, uint64_t ne1, uint64_t ne2, float base,
+                             float a, int matrix, float **keep, void **stored, pd_err *err)
 {
     uint64_t n = ne0 * (ne1 ? ne1 : 1) * (ne2 ? ne2 : 1);
     uint64_t tag = ++c->tag;
-    int f16 = matrix && c->o->f16;
-    void *buf = mk_keep(c, n * (f16 ? 2 : 4));
-    if (!buf)
+    mk_dtype t = matrix ? c->o->dtype : MK_F32;
+    float *f = keep || t != MK_F32 ? malloc(n * sizeof *f) : mk_keep(c, n * sizeof *f);
+    void *buf = t == MK_F32 && !keep ? f : mk_keep(c, mk_bytes(t, n));
+    if (!f || !buf) {
+        if (f != buf)
+            free(f);
         return pd_err_set(err, PD_ERR_NOMEM, "mkmodel: out of memory for %s", name);
-    for (uint64_t i = 0; i < n; i++) {
-        float x = base + uval(c->o->seed, tag, i, a);
-        if (f16)
-            ((uint16_t *)buf)[i] = pd_f32_to_f16(x);
-        else
-            ((float *)buf)[i] = x;
+    }
+    for (uint64_t i = 0; i < n; i++)
+        f[i] = base + uval(c->o->seed, tag, i, a);
+    if (keep) {
+        *keep = f;
+        *stored = buf;
+    } else if (f != buf) {
+        mk_convert(t, f, n, buf);
+        free(f);
     }
     uint64_t ne[3] = {ne0, ne1, ne2};
-    pd_status st = gguf_writer_add_tensor(c->w, name, f16 ? GGUF_TENSOR_F16 : GGUF_TENSOR_F32,
-                                          ne2 ? 3 : ne1 ? 2 : 1, ne, buf);
+    pd_status st = gguf_writer_add_tensor(c->w, name, mk_gguf_type[t], ne2 ? 3 : ne1 ? 2 : 1, ne, buf);
     if (st)
         return pd_err_set(err, st, "mkmodel: cannot add tensor %s", name);
     return PD_OK;
+}
+
+static pd_status mk_tensor3(mk_ctx *c, const char *name, uint64_t ne0, uint64_t ne1, uint64_t ne2, float base,
+                            float a, int matrix, pd_err *err)
+{
+    return mk_tensor3k(c, name, ne0, ne1, ne2, base, a, matrix, NULL, NULL, err);
 }
 
 static pd_status mk_tensor(mk_ctx *c, const char *name, uint64_t ne0, uint64_t ne1, float base, float a,
@@ -123,22 +171,14 @@ static pd_status mk_tensor(mk_ctx *c, const char *name, uint64_t ne0, uint64_t n
  * against logits of std ~2.5, so greedy text enters the cycle at once and
  * mostly stays on it (the attention's mixing makes it skip now and then,
  * as OCR text of repeated cells does). */
-static void mk_repeat(const mkmodel_opts *o, const void *embd, void *out)
+static void mk_repeat(const mkmodel_opts *o, const float *embd, float *out)
 {
     const uint32_t V = o->vocab, H = o->hidden, P = o->repeat, c0 = V - P;
     for (uint32_t t = 0; t < V; t++) {
         uint32_t next = c0 + (t >= c0 ? (t - c0 + 1) % P : t % P);
         const float gamma = (t >= c0 ? 80.0f : 20.0f) / (float)H;
-        for (uint32_t i = 0; i < H; i++) {
-            uint64_t et = (uint64_t)t * H + i, on = (uint64_t)next * H + i;
-            if (o->f16) {
-                const uint16_t *e = embd;
-                uint16_t *b = out;
-                b[on] = pd_f32_to_f16(pd_f16_to_f32(b[on]) + gamma * pd_f16_to_f32(e[et]));
-            } else {
-                ((float *)out)[on] += gamma * ((const float *)embd)[et];
-            }
-        }
+        for (uint32_t i = 0; i < H; i++)
+            out[(uint64_t)next * H + i] += gamma * embd[(uint64_t)t * H + i];
     }
 }
 
@@ -302,6 +342,20 @@ pd_status mkmodel_write(const mkmodel_opts *o, const char *path, pd_err *err)
     if (o->vocab < min_vocab || o->vocab > (1u << 20))
         return pd_err_set(err, PD_ERR_ARG, "mkmodel: --vocab %u: expected %u..1048576 (byte tokens need room)",
                           o->vocab, min_vocab);
+    if (o->dtype == MK_Q8_0) {
+        /* every matrix's row (its input width) splits into blocks of 32 */
+        const struct {
+            const char *what;
+            uint64_t width;
+        } rows[] = {{"--hidden", o->hidden},
+                    {"--ffn", o->ffn},
+                    {"--expert-ffn", o->arch == MODEL_ARCH_DEEPSEEK ? o->expert_ffn : 32},
+                    {"--expert-ffn x --shared", o->arch == MODEL_ARCH_DEEPSEEK ? (uint64_t)o->expert_ffn * o->shared : 32}};
+        for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+            if (rows[i].width % 32)
+                return pd_err_set(err, PD_ERR_ARG, "mkmodel: --dtype q8_0 stores rows in blocks of 32: %s %llu is not a multiple of 32",
+                                  rows[i].what, (unsigned long long)rows[i].width);
+    }
     if (o->ctx < 16)
         return pd_err_set(err, PD_ERR_ARG, "mkmodel: --ctx %u: expected >= 16", o->ctx);
     if (o->repeat && o->repeat + 259 > o->vocab)
@@ -341,9 +395,10 @@ pd_status mkmodel_write(const mkmodel_opts *o, const char *path, pd_err *err)
     uint64_t qd = (uint64_t)o->heads * hd, kvd = (uint64_t)o->kv_heads * hd;
     float damp = 1.0f / sqrtf(2.0f * (float)o->layers);
     float a_in = sqrtf(3.0f / (float)H);
+    float *embd = NULL, *outw = NULL;
+    void *embd_st = NULL, *outw_st = NULL;
     if (st == PD_OK)
-        st = mk_tensor(&c, "token_embd.weight", H, o->vocab, 0.0f, 1.7f, 1, err);
-    size_t embd_buf = c.n_bufs - 1;
+        st = mk_tensor3k(&c, "token_embd.weight", H, o->vocab, 0, 0.0f, 1.7f, 1, &embd, &embd_st, err);
     for (uint32_t L = 0; st == PD_OK && L < o->layers; L++) {
         char n[96];
 #define T(s) (snprintf(n, sizeof n, "blk.%u." s, L), n)
@@ -385,23 +440,22 @@ pd_status mkmodel_write(const mkmodel_opts *o, const char *path, pd_err *err)
         st = mk_tensor(&c, "output_norm.weight", H, 0, 1.0f, 0.1f, 0, err);
     if (st == PD_OK) {
         /* untied output; logits of std ~2.5 give varied but not uniform text */
-        st = mk_tensor(&c, "output.weight", H, o->vocab, 0.0f, a_in * 4.0f, 1, err);
+        st = mk_tensor3k(&c, "output.weight", H, o->vocab, 0, 0.0f, a_in * 4.0f, 1, &outw, &outw_st, err);
         if (st == PD_OK && o->eos_boost != 1.0f) {
-            /* the last buffer is output.weight: scale the EOS row */
             uint32_t eos = o->arch == MODEL_ARCH_LLAMA ? 2 : o->arch == MODEL_ARCH_DEEPSEEK ? 1 : 0;
-            void *buf = c.bufs[c.n_bufs - 1];
-            for (uint32_t i = 0; i < H; i++) {
-                if (o->f16) {
-                    uint16_t *b = buf;
-                    b[(uint64_t)eos * H + i] = pd_f32_to_f16(pd_f16_to_f32(b[(uint64_t)eos * H + i]) * o->eos_boost);
-                } else {
-                    ((float *)buf)[(uint64_t)eos * H + i] *= o->eos_boost;
-                }
-            }
+            for (uint32_t i = 0; i < H; i++)
+                outw[(uint64_t)eos * H + i] *= o->eos_boost;
         }
     }
     if (st == PD_OK && o->repeat)
-        mk_repeat(o, c.bufs[embd_buf], c.bufs[c.n_bufs - 1]);
+        mk_repeat(o, embd, outw);
+    /* the two matrices kept as f32 until now get their stored bytes */
+    if (embd)
+        mk_convert(o->dtype, embd, (uint64_t)H * o->vocab, embd_st);
+    if (outw)
+        mk_convert(o->dtype, outw, (uint64_t)H * o->vocab, outw_st);
+    free(embd);
+    free(outw);
     if (st == PD_OK)
         st = gguf_writer_write(w, path, err);
     gguf_writer_free(w);

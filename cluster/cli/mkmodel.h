@@ -22,10 +22,15 @@
 
 #include <stdint.h>
 
+/* Matrix storage: F32, F16, BF16 or Q8_0 (blocks of 32 along a row: an f16
+ * scale amax / 127 and 32 rounded int8, as llama.cpp quantizes; every
+ * matrix's row length must then be a multiple of 32). */
+typedef enum mk_dtype { MK_F32, MK_F16, MK_BF16, MK_Q8_0 } mk_dtype;
+
 typedef struct mkmodel_opts {
     model_arch arch;
     uint32_t layers, hidden, heads, kv_heads, ffn, vocab, ctx;
-    int f16;           /* matrices stored as F16 instead of F32 */
+    mk_dtype dtype;    /* how matrices are stored (vectors are always F32) */
     uint64_t seed;
     float eos_boost;   /* multiplies the output row of EOS (1 = none) */
     uint32_t repeat;   /* > 0: greedy text cycles through the last `repeat`

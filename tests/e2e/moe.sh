@@ -89,4 +89,24 @@ expect_fail "mkmodel refuses --experts-used > --experts" "experts-used 9" \
   --experts-used 9 --out "$T/x.gguf"
 expect_fail "expert flags need --arch deepseek" "need --arch deepseek" \
   "$PIPEDEC" mkmodel --arch llama --experts 8 --out "$T/x.gguf"
+# expert tensors stored as BF16 and Q8_0 (mkmodel --dtype): same invariance,
+# and each type really changes the logits (other digests than f32)
+for dt in bf16 q8_0; do
+  "$PIPEDEC" mkmodel --arch deepseek --layers 4 --hidden 64 --heads 4 --kv-heads 4 --ffn 96 --vocab 320 \
+    --ctx 2048 --dense-layers 1 --experts 8 --experts-used 2 --expert-ffn 32 --shared 1 --seed 17 --dtype "$dt" \
+    --out "$T/ds.$dt.gguf" >"$T/mk.$dt.log"
+  grep -q "$dt" "$T/mk.$dt.log" && pass "mkmodel --dtype $dt" || fail "mkmodel --dtype $dt: $(cat "$T/mk.$dt.log")"
+  "$PIPEDEC" run --model "$T/ds.$dt.gguf" --pages "$P" --digest --out "$T/$dt.1.jsonl" --batch 1 >>"$T/run.log" 2>&1
+  "${MPIRUN[@]}" -np 3 "$PIPEDEC" run --model "$T/ds.$dt.gguf" --pages "$P" --digest --out "$T/$dt.3.jsonl" \
+    --batch 5 --threads 2 --prefill-chunk 4 >>"$T/run.log" 2>&1 </dev/null
+  same "$T/$dt.1.jsonl" "$T/$dt.3.jsonl" "$dt experts: 3 ranks, batch 5, 2 threads, chunks of 4 == one rank, batch 1"
+done
+"$PIPEDEC" mkmodel --arch deepseek --layers 4 --hidden 64 --heads 4 --kv-heads 4 --ffn 96 --vocab 320 \
+  --ctx 2048 --dense-layers 1 --experts 8 --experts-used 2 --expert-ffn 32 --shared 1 --seed 17 \
+  --out "$T/ds.f32.gguf" >/dev/null
+"$PIPEDEC" run --model "$T/ds.f32.gguf" --pages "$P" --digest --out "$T/f32.1.jsonl" --batch 1 >>"$T/run.log" 2>&1
+differ "$T/f32.1.jsonl" "$T/q8_0.1.jsonl" "q8_0 experts change the logits (negative control)"
+expect_fail "mkmodel --dtype q8_0 with a width not a multiple of 32" "expert-ffn 20 is not a multiple of 32" \
+  "$PIPEDEC" mkmodel --arch deepseek --layers 2 --hidden 64 --heads 4 --kv-heads 4 --ffn 96 --vocab 320 \
+  --experts 4 --experts-used 2 --expert-ffn 20 --shared 1 --dtype q8_0 --out "$T/bad.gguf"
 finish

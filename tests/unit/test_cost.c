@@ -225,7 +225,7 @@ START_TEST(cost_f16_model_reads_half_the_f32_bytes)
     mkmodel_defaults(&o);
     pd_err e = {0};
     ck_assert_msg(mkmodel_write(&o, p32, &e) == PD_OK, "%s", e.msg);
-    o.f16 = 1;
+    o.dtype = MK_F16;
     ck_assert_msg(mkmodel_write(&o, p16, &e) == PD_OK, "%s", e.msg);
     cost_table *a = read_ok(p32), *b = read_ok(p16);
     spec s = spec_small(GGUF_TENSOR_F32); /* mkmodel's default shape */
