@@ -804,6 +804,7 @@ struct model_scratch {
     uint32_t *fill; /* [E] rows placed so far while gathering */
     uint32_t *act;  /* [E] experts used by some row, increasing */
     float *xa, *xy; /* [rows x K x hidden] gathered inputs, expert outputs */
+    uint64_t moe_calls, moe_active; /* MoE layer runs, and the experts they used in all */
     float *xg, *xu; /* [rows x K x ffn_exp] */
 };
 
@@ -887,6 +888,12 @@ uint32_t model_scratch_rows(const model_scratch *s)
     return s->rows;
 }
 
+void model_scratch_moe_stats(const model_scratch *s, uint64_t *calls, uint64_t *experts)
+{
+    *calls = s->moe_calls;
+    *experts = s->moe_active;
+}
+
 static void hooks_progress(const model_hooks *hk)
 {
     if (hk && hk->progress)
@@ -956,6 +963,8 @@ static void ffn_moe(const model_layer *ly, const model_hparams *hp, const float 
         s->off[e + 1] += s->off[e];
         s->fill[e] = 0;
     }
+    s->moe_calls++;
+    s->moe_active += n_act;
     for (uint32_t i = 0; i < n; i++)
         for (uint32_t r = 0; r < K; r++) {
             uint32_t e = s->sel[(uint64_t)i * K + r], at = s->off[e] + s->fill[e]++;

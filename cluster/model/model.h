@@ -217,6 +217,9 @@ typedef struct model_scratch model_scratch;
 pd_status model_scratch_new(const model_hparams *hp, uint32_t max_rows, model_scratch **out, pd_err *err);
 void model_scratch_free(model_scratch *s);
 uint32_t model_scratch_rows(const model_scratch *s);
+/* MoE layer runs through s so far, and the distinct experts they used in
+ * all (experts / calls: experts each micro-batch read per layer). */
+void model_scratch_moe_stats(const model_scratch *s, uint64_t *calls, uint64_t *experts);
 
 /* One layer (absolute index `layer`, held by m) for the rows of b, x
  * [n x hidden] in place:

@@ -545,3 +545,8 @@ pd_status stage_import_layer(stage *s, uint64_t stream, uint32_t layer, const vo
         pd_err_prefix(err, "stage: import: stream %llu layer %u", (unsigned long long)stream, layer);
     return rc;
 }
+
+void stage_moe_stats(const stage *s, uint64_t *layer_runs, uint64_t *experts)
+{
+    model_scratch_moe_stats(s->scratch, layer_runs, experts);
+}

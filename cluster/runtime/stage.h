@@ -209,6 +209,10 @@ pd_status stage_remove_layers(stage *s, uint32_t first, uint32_t n, pd_err *err)
 pd_status stage_import_layer(stage *s, uint64_t stream, uint32_t layer, const void *buf, size_t len,
                              pd_err *err);
 
+/* MoE layers run by this stage so far and the distinct experts they used
+ * in all (model_scratch_moe_stats). */
+void stage_moe_stats(const stage *s, uint64_t *layer_runs, uint64_t *experts);
+
 /* Bytes one stream's caches take at admission (for admission budgets). */
 uint64_t stage_stream_bytes_estimate(const model_hparams *hp, const cache_policy *p,
                                      uint32_t n_layers, uint32_t prefill_rows, uint32_t max_new);
