@@ -46,4 +46,10 @@ int cmd_mkmodel(int argc, char **argv);
 /* `pipedec mkpages`: write a deterministic synthetic page manifest. */
 int cmd_mkpages(int argc, char **argv);
 
+/* `pipedec render`: text pages -> an OCR page manifest (cluster/format/render.h). */
+int cmd_render(int argc, char **argv);
+
+/* `pipedec score`: character error rate of an output file against the text. */
+int cmd_score(int argc, char **argv);
+
 #endif

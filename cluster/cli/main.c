@@ -10,6 +10,8 @@ static const cmd_entry commands[] = {
     {.name = "run", .fn = cmd_run, .help = "decode a page manifest (mpirun -np N pipedec run ... for a pipeline)"},
     {.name = "mkmodel", .fn = cmd_mkmodel, .help = "write a deterministic synthetic GGUF model"},
     {.name = "mkpages", .fn = cmd_mkpages, .help = "write a deterministic synthetic page manifest"},
+    {.name = "render", .fn = cmd_render, .help = "render text pages into an OCR page manifest (glyph cells)"},
+    {.name = "score", .fn = cmd_score, .help = "character error rate of decoded pages against their text"},
     {.name = "inspect", .fn = cmd_inspect,
      .help = "describe and validate a CMFS record or state bundle"},
 };

@@ -1,0 +1,89 @@
+/* pipedec render: text pages -> an OCR-shaped page manifest through the
+ * built-in glyph encoder (cluster/format/render.h, docs/ocr.md). */
+#include "cluster/cli/cli.h"
+#include "cluster/cli/cmd.h"
+#include "cluster/cli/ocrmeta.h"
+#include "cluster/format/render.h"
+
+#include "base/file.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void render_usage(FILE *f)
+{
+    fprintf(f, "usage: pipedec render --text FILE --model M --out DIR [--cells N] [--id-prefix P]\n"
+               "  FILE: printable ASCII lines, pages separated by form feeds (\\f)\n"
+               "  --cells N: cells per page (default: the model's pipedec.ocr.cells, else %u)\n",
+               RENDER_DEFAULT_CELLS);
+}
+
+int cmd_render(int argc, char **argv)
+{
+    static const struct option opts[] = {{"text", required_argument, 0, 't'},   {"model", required_argument, 0, 'm'},
+                                         {"out", required_argument, 0, 'o'},    {"cells", required_argument, 0, 'c'},
+                                         {"id-prefix", required_argument, 0, 'p'}, {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    const char *text_path = NULL, *model_path = NULL, *out = NULL, *prefix = "p";
+    uint32_t cells = 0;
+    pd_err e = {0};
+    pd_status st = PD_OK;
+    int ch;
+    optind = 1;
+    opterr = 0;
+    while (st == PD_OK && (ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (ch) {
+        case 't': text_path = optarg; break;
+        case 'm': model_path = optarg; break;
+        case 'o': out = optarg; break;
+        case 'c': st = cli_u32("--cells", optarg, 1, 1u << 16, &cells, &e); break;
+        case 'p': prefix = optarg; break;
+        case 'h': render_usage(stdout); return CMD_EXIT_OK;
+        default: st = pd_err_set(&e, PD_ERR_ARG, "unknown or incomplete option '%s'", argv[optind - 1]);
+        }
+    }
+    if (st == PD_OK && optind < argc)
+        st = pd_err_set(&e, PD_ERR_ARG, "unexpected argument '%s'", argv[optind]);
+    if (st == PD_OK && (!text_path || !model_path || !out))
+        st = pd_err_set(&e, PD_ERR_ARG, "--text FILE, --model M and --out DIR are required");
+    if (st == PD_ERR_ARG) {
+        fprintf(stderr, "pipedec render: %s\n", e.msg);
+        render_usage(stderr);
+        return CMD_EXIT_USAGE;
+    }
+    ocrmeta meta;
+    uint8_t *text = NULL;
+    size_t len = 0;
+    render_doc *doc = NULL;
+    if (st == PD_OK)
+        st = ocrmeta_read(model_path, &meta, &e);
+    if (st == PD_OK)
+        st = pd_file_read_all(text_path, "render", &text, &len, &e);
+    if (st == PD_OK) {
+        st = render_doc_parse((const char *)text, len, &doc, &e);
+        if (st != PD_OK)
+            pd_err_prefix(&e, "%s", text_path);
+    }
+    if (st == PD_OK) {
+        render_opts ro = {.hidden = meta.hidden,
+                          .cells = cells ? cells : meta.cells,
+                          .bos = meta.bos,
+                          .n_prompt = meta.n_prompt,
+                          .max_new_extra = 8,
+                          .id_prefix = prefix};
+        memcpy(ro.prompt, meta.prompt, sizeof ro.prompt);
+        st = render_write(doc, &ro, out, &e);
+        if (st == PD_OK)
+            printf("pipedec render: wrote %s/pages.jsonl (%zu pages of %u cells, hidden %u)\n", out,
+                   render_doc_pages(doc), ro.cells, ro.hidden);
+    }
+    render_doc_free(doc);
+    free(text);
+    if (st != PD_OK) {
+        fprintf(stderr, "pipedec render: %s\n", e.msg);
+        return st == PD_ERR_IO ? CMD_EXIT_USAGE : CMD_EXIT_INVALID;
+    }
+    return CMD_EXIT_OK;
+}

@@ -1,0 +1,104 @@
+/* pipedec score: character error rate of a decode run against the text its
+ * pages were rendered from (cluster/cli/score.h). */
+#include "cluster/cli/cmd.h"
+#include "cluster/cli/score.h"
+#include "cluster/format/render.h"
+
+#include "base/file.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void score_usage(FILE *f)
+{
+    fprintf(f, "usage: pipedec score --pages P --out O.jsonl --truth T [--json]\n"
+               "  P: the manifest `pipedec render --text T` wrote; O.jsonl: `pipedec run`'s output\n"
+               "  prints per page and overall CER = edit distance / reference characters\n");
+}
+
+int cmd_score(int argc, char **argv)
+{
+    static const struct option opts[] = {{"pages", required_argument, 0, 'p'}, {"out", required_argument, 0, 'o'},
+                                         {"truth", required_argument, 0, 't'}, {"json", no_argument, 0, 'j'},
+                                         {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
+    const char *pages = NULL, *outp = NULL, *truth = NULL;
+    int json = 0;
+    pd_err e = {0};
+    pd_status st = PD_OK;
+    int ch;
+    optind = 1;
+    opterr = 0;
+    while (st == PD_OK && (ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (ch) {
+        case 'p': pages = optarg; break;
+        case 'o': outp = optarg; break;
+        case 't': truth = optarg; break;
+        case 'j': json = 1; break;
+        case 'h': score_usage(stdout); return CMD_EXIT_OK;
+        default: st = pd_err_set(&e, PD_ERR_ARG, "unknown or incomplete option '%s'", argv[optind - 1]);
+        }
+    }
+    if (st == PD_OK && optind < argc)
+        st = pd_err_set(&e, PD_ERR_ARG, "unexpected argument '%s'", argv[optind]);
+    if (st == PD_OK && (!pages || !outp || !truth))
+        st = pd_err_set(&e, PD_ERR_ARG, "--pages P, --out O.jsonl and --truth T are required");
+    if (st != PD_OK) {
+        fprintf(stderr, "pipedec score: %s\n", e.msg);
+        score_usage(stderr);
+        return CMD_EXIT_USAGE;
+    }
+    uint8_t *text = NULL;
+    size_t len = 0;
+    render_doc *doc = NULL;
+    score_result *r = NULL;
+    const char **refs = NULL;
+    size_t *ref_len = NULL;
+    st = pd_file_read_all(truth, "score", &text, &len, &e);
+    if (st == PD_OK && (st = render_doc_parse((const char *)text, len, &doc, &e)) != PD_OK)
+        pd_err_prefix(&e, "%s", truth);
+    if (st == PD_OK) {
+        size_t n = render_doc_pages(doc);
+        refs = calloc(n, sizeof *refs);
+        ref_len = calloc(n, sizeof *ref_len);
+        if (!refs || !ref_len)
+            st = pd_err_set(&e, PD_ERR_NOMEM, "score: out of memory");
+        for (size_t i = 0; st == PD_OK && i < n; i++)
+            refs[i] = render_page_truth(doc, i, &ref_len[i]);
+        if (st == PD_OK)
+            st = score_run(pages, outp, refs, ref_len, n, &r, &e);
+    }
+    if (st == PD_OK) {
+        size_t tot_ref = 0, tot_ed = 0, n = score_count(r);
+        if (json)
+            printf("{\"pages\":[");
+        for (size_t i = 0; i < n; i++) {
+            const score_page *p = score_get(r, i);
+            double cer = p->ref_chars ? (double)p->edits / (double)p->ref_chars : 0.0;
+            if (json)
+                printf("%s{\"id\":\"%s\",\"ref_chars\":%zu,\"hyp_chars\":%zu,\"edits\":%zu,\"cer\":%.6f}", i ? "," : "",
+                       p->id, p->ref_chars, p->hyp_chars, p->edits, cer);
+            else
+                printf("%-12s cer %.4f  (%zu edits / %zu chars)\n", p->id, cer, p->edits, p->ref_chars);
+            tot_ref += p->ref_chars;
+            tot_ed += p->edits;
+        }
+        double cer = tot_ref ? (double)tot_ed / (double)tot_ref : 0.0;
+        if (json)
+            printf("],\"overall\":{\"pages\":%zu,\"ref_chars\":%zu,\"edits\":%zu,\"cer\":%.6f}}\n", n, tot_ref, tot_ed,
+                   cer);
+        else
+            printf("%-12s cer %.4f  (%zu edits / %zu chars, %zu pages)\n", "overall", cer, tot_ed, tot_ref, n);
+    }
+    score_free(r);
+    free(refs);
+    free(ref_len);
+    render_doc_free(doc);
+    free(text);
+    if (st != PD_OK) {
+        fprintf(stderr, "pipedec score: %s\n", e.msg);
+        return st == PD_ERR_IO ? CMD_EXIT_USAGE : CMD_EXIT_INVALID;
+    }
+    return CMD_EXIT_OK;
+}
