@@ -1,6 +1,7 @@
 /* pipedec mkmodel: write a deterministic synthetic model. */
 #include "cluster/cli/cli.h"
 #include "cluster/cli/cmd.h"
+#include "cluster/cli/fromweights.h"
 #include "cluster/cli/mkmodel.h"
 
 #include <getopt.h>
@@ -17,6 +18,8 @@ static void mkmodel_usage(FILE *f)
                "                        [--expert-ffn N] [--shared N] [--expert-scale X]\n"
                "  --arch deepseek defaults to DeepSeek-OCR's decoder: 12 layers, hidden 1280, 10 heads (MHA),\n"
                "  1 dense layer of ffn 6848, 64 experts (top 6) of ffn 896, 2 shared, vocab 129280, ctx 8192\n"
+               "       or:              pipedec mkmodel --from-weights DIR --out FILE [--dtype f32|f16]\n"
+               "  --from-weights DIR: a trained model (DIR/config.json + one .npy per tensor, see docs/ocr.md)\n"
                "  --repeat P: greedy text cycles through the vocabulary's last P tokens (speculation benchmarks)\n");
 }
 
@@ -32,13 +35,13 @@ int cmd_mkmodel(int argc, char **argv)
         {"dense-layers", required_argument, 0, 'D'}, {"experts", required_argument, 0, 'E'},
         {"experts-used", required_argument, 0, 'K'}, {"expert-ffn", required_argument, 0, 'F'},
         {"shared", required_argument, 0, 'S'},  {"expert-scale", required_argument, 0, 'X'},
-        {"repeat", required_argument, 0, 'R'}, {"help", no_argument, 0, 'Z'},         {0, 0, 0, 0}};
+        {"repeat", required_argument, 0, 'R'}, {"from-weights", required_argument, 0, 'W'}, {"help", no_argument, 0, 'Z'},         {0, 0, 0, 0}};
     /* options are parsed into mo and remembered in `given`; an architecture's
      * defaults then fill what was not given, whatever the flag order */
     mkmodel_opts mo;
     mkmodel_defaults(&mo);
     uint64_t given = 0;
-    const char *out = NULL;
+    const char *out = NULL, *from = NULL;
     pd_err e = {0};
     pd_status st = PD_OK;
     int ch;
@@ -99,6 +102,7 @@ int cmd_mkmodel(int argc, char **argv)
         }
         case 'R': st = cli_u32("--repeat", optarg, 1, 1u << 20, &mo.repeat, &e); break;
         case 'o': out = optarg; break;
+        case 'W': from = optarg; break;
         case 'Z':
             mkmodel_usage(stdout);
             return 0;
@@ -125,6 +129,17 @@ int cmd_mkmodel(int argc, char **argv)
         st = pd_err_set(&e, PD_ERR_ARG, "unexpected argument '%s'", argv[optind]);
     if (st == PD_OK && !out)
         st = pd_err_set(&e, PD_ERR_ARG, "--out FILE is required");
+    if (st == PD_OK && from && (given & ~((1ull << ('W' - 'A')) | (1ull << ('o' - 'A')) | (1ull << ('d' - 'A')))))
+        st = pd_err_set(&e, PD_ERR_ARG, "--from-weights takes only --out and --dtype");
+    if (st == PD_OK && from && mo.dtype != MK_F32 && mo.dtype != MK_F16)
+        st = pd_err_set(&e, PD_ERR_ARG, "--from-weights writes --dtype f32 or f16");
+    if (st == PD_OK && from) {
+        st = fromweights_write(from, mo.dtype == MK_F16, out, &e);
+        if (st == PD_OK) {
+            printf("pipedec mkmodel: wrote %s from %s (%s)\n", out, from, mo.dtype == MK_F16 ? "f16" : "f32");
+            return 0;
+        }
+    }
     if (st == PD_OK)
         st = mkmodel_write(&mo, out, &e);
     if (st != PD_OK) {
