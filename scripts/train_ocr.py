@@ -410,8 +410,10 @@ def main():
     np.random.seed(a.seed)
     torch.manual_seed(a.seed)
     torch.set_num_threads(a.threads)
-    pipedec = os.path.join(a.build, "pipedec")
     os.makedirs(a.work, exist_ok=True)
+    # a private copy: a rebuild of BUILD while training runs must not race an exec
+    pipedec = os.path.join(a.work, "pipedec")
+    shutil.copy2(os.path.join(a.build, "pipedec"), pipedec)
     cfg = {"arch": "llama", "layers": a.layers, "hidden": a.hidden, "heads": a.heads, "kv_heads": a.heads,
            "ffn": a.ffn, "ctx": 2 * a.cells + 64, "rope_base": 10000.0, "rms_eps": 1e-5, "vocab": "bytes",
            "ocr_cells": a.cells, "ocr_prompt": PROMPT,
