@@ -205,29 +205,11 @@ uint32_t render_page_cells(const render_doc *d, size_t i)
     return i < d->n ? d->pages[i].cells : 0;
 }
 
-/* The k-th cell of a page: its character (or '\n' at a line end), line and
- * column. Walks the text, so a page's embedding walks it once (below). */
-void render_cell_features(const render_doc *d, size_t i, uint32_t cell, float f[RENDER_FEATURES])
+/* The features of one cell: ch is a printable character, '\n' for an end
+ * of line, -1 for padding. */
+static void render_features_of(int ch, uint32_t line, uint32_t col, float f[RENDER_FEATURES])
 {
     memset(f, 0, RENDER_FEATURES * sizeof *f);
-    const render_page *pg = &d->pages[i];
-    int ch = -1;
-    uint32_t line = 0, col = 0;
-    if (cell < pg->cells) {
-        uint32_t k = 0;
-        for (size_t b = 0; b < pg->len; b++, k++) {
-            if (k == cell) {
-                ch = (unsigned char)pg->text[b];
-                break;
-            }
-            if (pg->text[b] == '\n') {
-                line++;
-                col = 0;
-            } else {
-                col++;
-            }
-        }
-    }
     const uint8_t *g = ch > 0 && ch != '\n' ? render_glyph(ch) : NULL;
     for (int r = 0; g && r < RENDER_GLYPH_H; r++)
         for (int c = 0; c < RENDER_GLYPH_W; c++)
@@ -238,6 +220,27 @@ void render_cell_features(const render_doc *d, size_t i, uint32_t cell, float f[
         f[41 + b] = (col >> b) & 1 ? 1.0f : -1.0f;
     f[ch < 0 ? 50 : ch == '\n' ? 49 : 48] = 1.0f;
     f[51] = 1.0f;
+}
+
+/* Cell k of a page is byte k of its transcription (a character, or '\n'
+ * for an end of line); cells past the text are padding at line 0, col 0. */
+void render_cell_features(const render_doc *d, size_t i, uint32_t cell, float f[RENDER_FEATURES])
+{
+    const render_page *pg = &d->pages[i];
+    uint32_t line = 0, col = 0;
+    if (cell >= pg->cells) {
+        render_features_of(-1, 0, 0, f);
+        return;
+    }
+    for (uint32_t b = 0; b < cell; b++) {
+        if (pg->text[b] == '\n') {
+            line++;
+            col = 0;
+        } else {
+            col++;
+        }
+    }
+    render_features_of((unsigned char)pg->text[cell], line, col, f);
 }
 
 pd_status render_page_embed(const render_doc *d, size_t i, uint32_t cells, uint32_t hidden, float *out,
@@ -258,8 +261,21 @@ pd_status render_page_embed(const render_doc *d, size_t i, uint32_t cells, uint3
             P[(size_t)h * RENDER_FEATURES + f] =
                 render_mix(RENDER_SEED ^ render_mix((uint64_t)h * 64 + f)) & 1 ? -0.25f : 0.25f;
     float feat[RENDER_FEATURES];
+    const render_page *pg = &d->pages[i];
+    uint32_t line = 0, col = 0;
     for (uint32_t c = 0; c < cells; c++) {
-        render_cell_features(d, i, c, feat);
+        /* one walk over the text: cell c is byte c (render_cell_features) */
+        if (c < pg->cells) {
+            render_features_of((unsigned char)pg->text[c], line, col, feat);
+            if (pg->text[c] == '\n') {
+                line++;
+                col = 0;
+            } else {
+                col++;
+            }
+        } else {
+            render_features_of(-1, 0, 0, feat);
+        }
         float *row = out + (size_t)c * hidden;
         for (uint32_t h = 0; h < hidden; h++) {
             const float *p = P + (size_t)h * RENDER_FEATURES;
