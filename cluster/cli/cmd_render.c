@@ -60,7 +60,7 @@ int cmd_render(int argc, char **argv)
     if (st == PD_OK)
         st = ocrmeta_read(model_path, &meta, &e);
     if (st == PD_OK)
-        st = pd_file_read_all(text_path, "render", &text, &len, &e);
+        st = pd_file_read_all(text_path, NULL, &text, &len, &e);
     if (st == PD_OK) {
         st = render_doc_parse((const char *)text, len, &doc, &e);
         if (st != PD_OK)

@@ -55,7 +55,7 @@ int cmd_score(int argc, char **argv)
     score_result *r = NULL;
     const char **refs = NULL;
     size_t *ref_len = NULL;
-    st = pd_file_read_all(truth, "score", &text, &len, &e);
+    st = pd_file_read_all(truth, NULL, &text, &len, &e);
     if (st == PD_OK && (st = render_doc_parse((const char *)text, len, &doc, &e)) != PD_OK)
         pd_err_prefix(&e, "%s", truth);
     if (st == PD_OK) {

@@ -53,7 +53,7 @@ static pd_status fw_config(const char *dir, fw_cfg *c, pd_err *err)
     snprintf(path, sizeof path, "%s/config.json", dir);
     uint8_t *text = NULL;
     size_t len = 0;
-    pd_status st = pd_file_read_all(path, "mkmodel --from-weights", &text, &len, err);
+    pd_status st = pd_file_read_all(path, NULL, &text, &len, err);
     if (st != PD_OK)
         return st;
     cJSON *root = cJSON_ParseWithLength((const char *)text, len);

@@ -161,7 +161,7 @@ pd_status score_run(const char *pages_path, const char *out_path, const char *co
     score_ctx c = {.path = pages_path, .r = r};
     uint8_t *buf = NULL;
     size_t len = 0;
-    pd_status st = pd_file_read_all(pages_path, "score", &buf, &len, err);
+    pd_status st = pd_file_read_all(pages_path, NULL, &buf, &len, err);
     if (st == PD_OK)
         st = score_lines((const char *)buf, len, score_manifest_line, &c, err);
     free(buf);
@@ -170,7 +170,7 @@ pd_status score_run(const char *pages_path, const char *out_path, const char *co
         st = pd_err_set(err, PD_ERR_MISMATCH, "%s holds %zu pages, the truth text %zu", pages_path, r->n, n_truth);
     if (st == PD_OK) {
         c.path = out_path;
-        st = pd_file_read_all(out_path, "score", &buf, &len, err);
+        st = pd_file_read_all(out_path, NULL, &buf, &len, err);
     }
     if (st == PD_OK)
         st = score_lines((const char *)buf, len, score_out_line, &c, err);
