@@ -37,6 +37,10 @@ def ensure_torch():
         return
     except ImportError:
         pass
+    pol = subprocess.run(["apt-cache", "policy", "python3-torch"], capture_output=True, text=True).stdout
+    if "Candidate:" not in pol or "Candidate: (none)" in pol:
+        sys.exit("train_ocr: torch is missing and Debian's python3-torch is not installable here "
+                 "(apt-cache policy python3-torch shows no candidate)")
     print("train_ocr: torch missing, installing python3-torch with apt-get", file=sys.stderr)
     cmd = ["apt-get", "install", "-y", "--no-install-recommends", "python3-torch", "python3-numpy"]
     if os.geteuid() != 0:
