@@ -128,7 +128,9 @@ int cmd_merge(int argc, char **argv)
         free(files[i]);
     free(files);
     if (st != PD_OK) {
-        fprintf(stderr, "pipedec merge: %s\n", e.msg);
+        /* the module's own "merge: " prefix would repeat the command's */
+        const char *msg = strncmp(e.msg, "merge: ", 7) == 0 ? e.msg + 7 : e.msg;
+        fprintf(stderr, "pipedec merge: %s\n", msg);
         return st == PD_ERR_IO || st == PD_ERR_NOMEM ? CMD_EXIT_USAGE : CMD_EXIT_INVALID;
     }
     printf("pipedec merge: wrote %s (%zu pages from %zu outputs)\n", final, rep.written, n);

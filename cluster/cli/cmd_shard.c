@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static void shard_usage(FILE *f)
 {
@@ -71,7 +72,9 @@ int cmd_shard(int argc, char **argv)
     free(n);
     free(cost);
     if (st != PD_OK) {
-        fprintf(stderr, "pipedec shard: %s\n", e.msg);
+        /* the module's own "shard: " prefix would repeat the command's */
+        const char *msg = strncmp(e.msg, "shard: ", 7) == 0 ? e.msg + 7 : e.msg;
+        fprintf(stderr, "pipedec shard: %s\n", msg);
         return st == PD_ERR_IO || st == PD_ERR_NOMEM ? CMD_EXIT_USAGE : CMD_EXIT_INVALID;
     }
     return CMD_EXIT_OK;
