@@ -21,6 +21,12 @@ submit() {
     sbatch --parsable -o "$W/$name.run/log_%a.log" "$@" "$SBATCH"
 }
 
+# merge_after NAME ARRAY_JOB: submits slurm/merge.sbatch after the array, prints its job id
+merge_after() {
+  PIPEDEC="$P" PD_PAGES="$W/$1.pages/pages.jsonl" PD_WORK="$W/$1.run" \
+    sbatch --parsable --dependency="afterok:$2" -o "$W/$1.run/merge.log" "$PD_SRC/slurm/merge.sbatch"
+}
+
 # states ARRAY_JOB: "task=state:exit:restarts" of every task
 states() {
   local id
@@ -38,15 +44,14 @@ states() {
 mkdir -p "$W/a.run"
 "$PIPEDEC" run --model "$W/a.gguf" --pages "$W/a.pages/pages.jsonl" --out "$W/a.ref" --digest 2>/dev/null
 ja=$(PD_RUN_ARGS="--digest --batch 4" submit a "$W/a.shards" --array=0-2)
-wait_done 120 "$ja" || fail "(a) array $ja did not finish"
+jam=$(merge_after a "$ja")
+wait_done 120 "$ja" "$jam" || fail "(a) array $ja and merge $jam did not finish"
 echo "# (a) array job $ja: $(states "$ja")"
 n_done=$(states "$ja" | grep -o "=COMPLETED:0:0" | wc -l)
 [ "$n_done" -eq 3 ] && pass "(a) array $ja: 3 tasks COMPLETED, exit 0" || fail "(a) array $ja: $(states "$ja")"
-if "$P" merge --pages "$W/a.pages/pages.jsonl" --out-dir "$W/a.run/out" --out "$W/a.merged" >"$W/a.merge.log" 2>&1; then
-  same "$W/a.ref" "$W/a.merged" "(a) 3 shards on Slurm, merged == one run over the manifest"
-else
-  fail "(a) merge failed: $(cat "$W/a.merge.log")"
-fi
+[ "$(job_state "$jam")" = COMPLETED ] && pass "(a) slurm/merge.sbatch (job $jam, afterok:$ja) COMPLETED" \
+  || { fail "(a) merge job $jam: $(job_state "$jam")"; cat "$W/a.run/merge.log"; }
+same "$W/a.ref" "$W/a.run/final.jsonl" "(a) 3 shards on Slurm, merged == one run over the manifest"
 grep -q '"pages_done":' "$W/a.run/stats/shard-0.run0.json" 2>/dev/null && pass "(a) each task wrote its --stats" \
   || fail "(a) no stats in $W/a.run/stats"
 
@@ -59,6 +64,7 @@ grep -q '"pages_done":' "$W/a.run/stats/shard-0.run0.json" 2>/dev/null && pass "
 "$P" shard --pages "$W/b.pages/pages.jsonl" --shards 3 --out "$W/b.shards" >/dev/null
 mkdir -p "$W/b.run"
 jb=$(PD_RUN_ARGS="--digest --batch 2" submit b "$W/b.shards" --array=0-2)
+jbm=$(merge_after b "$jb")
 "$PIPEDEC" run --model "$W/b.gguf" --pages "$W/b.pages/pages.jsonl" --out "$W/b.ref" --digest --batch 5 2>/dev/null &
 ref_pid=$!
 # preempt task 0 once it has finished a page (so there is something to keep)
@@ -81,7 +87,7 @@ if [ -n "$tb" ] && [ "$(job_field "$tb" Restarts)" = 1 ]; then
 else
   fail "(b) task ${jb}_0 was not requeued: $(states "$jb")"; tail -5 "$W/b.run/log_0.log"
 fi
-wait_done 180 "$jb" || fail "(b) array $jb did not finish"
+wait_done 180 "$jb" "$jbm" || fail "(b) array $jb and merge $jbm did not finish"
 wait "$ref_pid" || fail "(b) the reference run failed"
 echo "# (b) array job $jb: $(states "$jb")"
 log0="$W/b.run/log_0.log"
@@ -97,11 +103,9 @@ else
 fi
 states "$jb" | grep -q "^0=COMPLETED:0:0:restarts1" && pass "(b) task 0 ended COMPLETED after one restart" \
   || fail "(b) task states: $(states "$jb")"
-if "$P" merge --pages "$W/b.pages/pages.jsonl" --out-dir "$W/b.run/out" --out "$W/b.merged" >"$W/b.merge.log" 2>&1; then
-  same "$W/b.ref" "$W/b.merged" "(b) preempted, requeued and resumed on Slurm, merged == one run over the manifest"
-else
-  fail "(b) merge failed: $(cat "$W/b.merge.log")"
-fi
+[ "$(job_state "$jbm")" = COMPLETED ] && pass "(b) the merge job $jbm (afterok:$jb) waited for the requeued task and COMPLETED" \
+  || { fail "(b) merge job $jbm: $(job_state "$jbm")"; cat "$W/b.run/merge.log"; }
+same "$W/b.ref" "$W/b.run/final.jsonl" "(b) preempted, requeued and resumed on Slurm, merged == one run over the manifest"
 # the negative control: the same check sees a different decode
 "$PIPEDEC" run --model "$W/b.gguf" --pages "$W/b.pages/pages.jsonl" --out "$W/b.other" --digest --batch 5 \
   --sample temp:0.9 --seed 4 2>/dev/null
