@@ -55,6 +55,18 @@ same "$W/a.ref" "$W/a.run/final.jsonl" "(a) 3 shards on Slurm, merged == one run
 grep -q '"pages_done":' "$W/a.run/stats/shard-0.run0.json" 2>/dev/null && pass "(a) each task wrote its --stats" \
   || fail "(a) no stats in $W/a.run/stats"
 
+# the mpirun variant (PD_LAUNCH=mpirun), one task: the same bytes as srun's
+cp "$W/a.gguf" "$W/a2.gguf"; mkdir -p "$W/a2.run"
+ja2=$(PD_LAUNCH=mpirun PD_RUN_ARGS="--digest --batch 3" submit a2 "$W/a.shards" --array=1 2>/dev/null || true)
+if [ -n "$ja2" ]; then
+  wait_done 120 "$ja2" || fail "(a) mpirun task $ja2 did not finish"
+  echo "# (a) mpirun task: $(states "$ja2")"
+  same "$W/a.run/out/shard-1.jsonl" "$W/a2.run/out/shard-1.jsonl" \
+    "(a) the mpirun variant (PD_LAUNCH=mpirun) writes shard 1 exactly as srun did"
+else
+  fail "(a) the mpirun variant could not be submitted"
+fi
+
 # ---- (b) preempted task: checkpoint, exit 75, requeue, resume ---------------
 # a model slow enough that a shard runs for a few seconds
 "$P" mkmodel --arch llama --layers 8 --hidden 256 --heads 4 --kv-heads 2 --ffn 768 --vocab 320 --seed 8 \
