@@ -118,6 +118,24 @@ states "$jb" | grep -q "^0=COMPLETED:0:0:restarts1" && pass "(b) task 0 ended CO
 [ "$(job_state "$jbm")" = COMPLETED ] && pass "(b) the merge job $jbm (afterok:$jb) waited for the requeued task and COMPLETED" \
   || { fail "(b) merge job $jbm: $(job_state "$jbm")"; cat "$W/b.run/merge.log"; }
 same "$W/b.ref" "$W/b.run/final.jsonl" "(b) preempted, requeued and resumed on Slurm, merged == one run over the manifest"
+# exit 75 without the grace signal (a SIGUSR2 to the step alone, as from an
+# admin): the task ends FAILED 75:0 -- not a failure of the shard -- and the
+# resubmitted task resumes; its shard's output equals the one above
+cp "$W/b.gguf" "$W/b75.gguf"; mkdir -p "$W/b75.run"
+jx=$(PD_RUN_ARGS="--digest --batch 2" submit b75 "$W/b.shards" --array=1)
+for _ in $(seq 1 600); do [ -s "$W/b75.run/out/shard-1.jsonl" ] && break; sleep 0.05; done
+scancel --signal=USR2 "${jx}_1"
+wait_done 120 "$jx" || fail "(b) task ${jx}_1 did not end"
+echo "# (b) step signalled alone: $(states "$jx")"
+states "$jx" | grep -q "^1=FAILED:75:0" && grep -q "checkpointed (exit 75) without a requeue request" "$W/b75.run/log_1.log" \
+  && pass "(b) a checkpoint-and-exit without the grace signal ends FAILED with ExitCode 75:0, the log says resubmit" \
+  || { fail "(b) exit 75 without USR1: $(states "$jx")"; tail -5 "$W/b75.run/log_1.log"; }
+jx2=$(PD_RUN_ARGS="--digest --batch 2" submit b75 "$W/b.shards" --array=1)
+wait_done 120 "$jx2" || fail "(b) resubmitted task ${jx2}_1 did not finish"
+grep -q "resuming from .*b75.run/ckpt/shard-1/ckpt-1 " "$W/b75.run/log_1.log" \
+  && pass "(b) the resubmitted task ${jx2}_1 resumed from its checkpoint" || fail "(b) ${jx2}_1 did not resume"
+same "$W/b.run/out/shard-1.jsonl" "$W/b75.run/out/shard-1.jsonl" "(b) stopped with exit 75, resubmitted: shard 1 unchanged"
+
 # the negative control: the same check sees a different decode
 "$PIPEDEC" run --model "$W/b.gguf" --pages "$W/b.pages/pages.jsonl" --out "$W/b.other" --digest --batch 5 \
   --sample temp:0.9 --seed 4 2>/dev/null
