@@ -94,7 +94,10 @@ if [ -n "$tb" ] && [ "$(job_field "$tb" Restarts)" = 1 ]; then
   # release it once the first run's step daemons are gone: a step of the
   # rerun started while the old one is still being torn down fails to launch
   # (on a real cluster the requeue delay of ~2 minutes covers this)
-  for _ in $(seq 1 100); do pgrep -f "^slurmstepd: \[$tb\." >/dev/null || break; sleep 0.1; done
+  for _ in $(seq 1 600); do
+    pgrep -f "^slurmstepd: \[$tb\." >/dev/null || [ -n "$(scontrol show job "$tb" | grep -o COMPLETING)" ] || break
+    sleep 0.1
+  done
   scontrol update JobId="$tb" StartTime=now
 else
   fail "(b) task ${jb}_0 was not requeued: $(states "$jb")"; tail -5 "$W/b.run/log_0.log"
@@ -112,6 +115,7 @@ if [ -n "$resume" ] && grep -q "restart 1 on" "$log0"; then
   pass "(b) the rerun (SLURM_RESTART_COUNT=1) resumed: ${resume#pipedec: }"
 else
   fail "(b) the rerun did not say it resumed from its checkpoint"; cat "$log0"
+  grep -h "$tb" "$SL/log/slurmctld.log" "$SL/log/slurmd.log" | tail -30
 fi
 states "$jb" | grep -q "^0=COMPLETED:0:0:restarts1" && pass "(b) task 0 ended COMPLETED after one restart" \
   || fail "(b) task states: $(states "$jb")"
