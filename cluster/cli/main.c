@@ -10,6 +10,8 @@ static const cmd_entry commands[] = {
     {.name = "run", .fn = cmd_run, .help = "decode a page manifest (mpirun -np N pipedec run ... for a pipeline)"},
     {.name = "mkmodel", .fn = cmd_mkmodel, .help = "write a deterministic synthetic GGUF model"},
     {.name = "mkpages", .fn = cmd_mkpages, .help = "write a deterministic synthetic page manifest"},
+    {.name = "shard", .fn = cmd_shard, .help = "split a page manifest into shards for an array job"},
+    {.name = "merge", .fn = cmd_merge, .help = "join shard outputs in manifest order, checking completeness"},
     {.name = "inspect", .fn = cmd_inspect,
      .help = "describe and validate a CMFS record or state bundle"},
 };
