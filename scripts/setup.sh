@@ -10,7 +10,9 @@ PKGS=(build-essential cmake pkg-config
       libopenblas-dev
       check libsubunit-dev
       libcjson-dev
-      python3)
+      python3
+      slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge  # tests/slurm: a private Slurm
+      iproute2)                                                   # tests/netns: network namespaces
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -2,7 +2,7 @@
 # The README's test command: installs what is missing, builds, and runs every
 # test (Check unit suites, MPI suites, end-to-end scripts) through ctest.
 # usage: scripts/test.sh [BUILD_DIR]        (default: build)
-# env:   PD_TEST_LABEL=unit|mpi|e2e to run one kind only
+# env:   PD_TEST_LABEL=unit|mpi|e2e|slurm|netns to run one kind only (slurm, netns: root)
 set -euo pipefail
 src="$(cd "$(dirname "$0")/.." && pwd)"
 build="${1:-$src/build}"

@@ -36,6 +36,12 @@ int cmd_inspect(int argc, char **argv);
 /* cmd_inspect with explicit output streams (tests capture them). */
 int cmd_inspect_run(int argc, char **argv, FILE *out, FILE *err);
 
+/* `pipedec shard`: split a page manifest into shards (cluster/format/shard.h). */
+int cmd_shard(int argc, char **argv);
+
+/* `pipedec merge`: join shard outputs in manifest order (cluster/format/merge.h). */
+int cmd_merge(int argc, char **argv);
+
 /* `pipedec run`: decode a page manifest, on one rank or as an MPI pipeline
  * (cluster/runtime/run.h). Initializes and finalizes MPI itself. */
 int cmd_run(int argc, char **argv);

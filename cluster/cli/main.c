@@ -12,6 +12,8 @@ static const cmd_entry commands[] = {
     {.name = "mkpages", .fn = cmd_mkpages, .help = "write a deterministic synthetic page manifest"},
     {.name = "render", .fn = cmd_render, .help = "render text pages into an OCR page manifest (glyph cells)"},
     {.name = "score", .fn = cmd_score, .help = "character error rate of decoded pages against their text"},
+    {.name = "shard", .fn = cmd_shard, .help = "split a page manifest into shards for an array job"},
+    {.name = "merge", .fn = cmd_merge, .help = "join shard outputs in manifest order, checking completeness"},
     {.name = "inspect", .fn = cmd_inspect,
      .help = "describe and validate a CMFS record or state bundle"},
 };

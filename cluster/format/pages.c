@@ -608,7 +608,7 @@ static pd_status pages_check_embeddings(pages *p, const pages_where *w, size_t d
         pages_context(w, "prefill[%zu].embeddings", s);
         return st;
     }
-    if (sg->npy.cols != p->hidden)
+    if (p->hidden && sg->npy.cols != p->hidden)
         return pages_fail(w, PD_ERR_MISMATCH,
                           "prefill[%zu].embeddings: %s: shape [%" PRIu64 ", %" PRIu64
                           "] does not match hidden size %" PRIu32, s, sg->file, sg->npy.rows,
@@ -651,10 +651,10 @@ pd_status pages_load(const char *path, uint32_t vocab_size, uint32_t hidden,
 {
     if (!path || !out)
         return pd_err_set(err, PD_ERR_ARG, "pages: NULL path or output");
-    if (!vocab_size || vocab_size > (uint32_t)INT32_MAX || !hidden)
+    if (!vocab_size || vocab_size > (uint32_t)INT32_MAX)
         return pd_err_set(err, PD_ERR_ARG, "pages: %s: vocab size %" PRIu32 " / hidden size %" PRIu32
                           " invalid", path, vocab_size, hidden);
-    bool header_only = opts && opts->header_only;
+    bool header_only = (opts && opts->header_only) || !hidden; /* no model: nothing to scan for */
     char *text = NULL;
     size_t len = 0;
     pd_status st = pd_file_read_all(path, NULL, (uint8_t **)&text, &len, err); /* NUL-terminated */
@@ -793,6 +793,8 @@ pd_status pages_embed_read(const pages *p, size_t page, size_t seg, uint32_t row
                           PRIu32 " rows", seg, row0, (uint64_t)row0 + n, sg->rows);
     if (!dst && n)
         return pages_fail(&w, PD_ERR_ARG, "prefill[%zu].embeddings: NULL destination", seg);
+    if (!p->hidden)
+        return pages_fail(&w, PD_ERR_ARG, "prefill[%zu].embeddings: loaded without a hidden size", seg);
     pd_status st = npy_read_rows(sg->path, &sg->npy, row0, n, dst, err);
     if (st != PD_OK) {
         pages_context(&w, "prefill[%zu].embeddings", seg);
@@ -825,7 +827,7 @@ void pages_check(const pages *p)
             } else {
                 CHECK(sg->kind == PAGES_SEG_EMBEDDINGS);
                 CHECK(!sg->tokens && sg->file && sg->path);
-                CHECK(sg->npy.rows == sg->rows && sg->npy.cols == p->hidden);
+                CHECK(sg->npy.rows == sg->rows && (!p->hidden || sg->npy.cols == p->hidden));
             }
             rows += sg->rows;
         }

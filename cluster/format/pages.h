@@ -84,7 +84,9 @@ typedef struct pages_opts {
 typedef struct pages pages;
 
 /* Loads and validates the manifest at path for a model with vocab_size tokens
- * and hidden-size rows. opts may be NULL (defaults: full validation). On PD_OK
+ * and hidden-size rows. hidden == 0 means no model is at hand (a tool that
+ * splits a manifest): embedding files are checked by header only and their
+ * width is not compared, and pages_embed_read refuses to read. opts may be NULL (defaults: full validation). On PD_OK
  * *out is owned by the caller (free with pages_free); on failure nothing is
  * allocated, *out is untouched and err names line, page and field. An empty
  * manifest (no pages) loads fine. */

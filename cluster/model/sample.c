@@ -28,6 +28,7 @@ struct sampler {
     uint64_t *keys;  /* [vocab] sort keys */
     uint64_t *tmp;   /* [vocab] radix sort buffer */
     float *cum;      /* [vocab] running sums in sorted order */
+    float *ex;       /* [vocab] by token: z_i - z_0, then its pd_expf (0 for non-candidates) */
     uint8_t *mask;   /* [vocab] banned flags, cleared after each step */
     int32_t *ban;    /* [n_ban_cap] */
     uint32_t count[3][2048]; /* radix histograms */
@@ -263,10 +264,11 @@ pd_status sampler_new(uint32_t vocab_size, const sample_params *p, const sample_
         s->keys = malloc((size_t)vocab_size * sizeof *s->keys);
         s->tmp = malloc((size_t)vocab_size * sizeof *s->tmp);
         s->cum = malloc((size_t)vocab_size * sizeof *s->cum);
+        s->ex = malloc((size_t)vocab_size * sizeof *s->ex);
         s->mask = calloc(vocab_size, 1);
         s->ban = malloc(s->n_ban_cap * sizeof *s->ban);
     }
-    if (!s || !s->keys || !s->tmp || !s->cum || !s->mask || !s->ban) {
+    if (!s || !s->keys || !s->tmp || !s->cum || !s->ex || !s->mask || !s->ban) {
         sampler_free(s);
         return pd_err_set(err, PD_ERR_NOMEM, "sampler: no memory for %" PRIu32 " logits",
                           vocab_size);
@@ -286,6 +288,7 @@ void sampler_free(sampler *s)
     free(s->keys);
     free(s->tmp);
     free(s->cum);
+    free(s->ex);
     free(s->mask);
     free(s->ban);
     free(s);
@@ -404,20 +407,24 @@ static pd_status sampler_pick(sampler *s, const float *logits, const int32_t *hi
     const float z0 = best_l / T;
     size_t m = 0;
     for (uint32_t i = 0; i < V; i++) {
-        if (s->mask[i] || logits[i] == -INFINITY)
+        float z = logits[i] / T - z0;
+        if (s->mask[i] || logits[i] == -INFINITY || z < SAMPLE_EXP_FLOOR) {
+            s->ex[i] = -INFINITY;
             continue;
-        if (logits[i] / T - z0 < SAMPLE_EXP_FLOOR)
-            continue;
+        }
+        s->ex[i] = z;
         s->keys[m++] = sample_key(logits[i], i);
     }
     sample_unban(s, n_ban);
+    /* every candidate's exponential at once (vectorized, the same bits as
+     * one call each); only the sum's order is the sorted one */
+    pd_expf_n(s->ex, s->ex, V);
     sample_radix(s->keys, s->tmp, m, s->count);
     CHECK(m >= 1 && (int32_t)(uint32_t)s->keys[0] == best);
     size_t kept = s->p.top_k && s->p.top_k < m ? s->p.top_k : m;
     float sum = 0.0f;
     for (size_t j = 0; j < kept; j++) {
-        uint32_t i = (uint32_t)s->keys[j];
-        sum += pd_expf(logits[i] / T - z0);
+        sum += s->ex[(uint32_t)s->keys[j]];
         s->cum[j] = sum;
     }
     size_t L = kept;

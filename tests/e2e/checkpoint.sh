@@ -51,6 +51,7 @@ cases=(
   "4|2|0-2,3|--evict importance:16:2"
   "0|2|0,1-3|--sample temp:0.8,top_p:0.9,top_k:40 --seed 3"
   "1|2|0-1,2-3|--draft ngram:1:6"
+  "3|2||--draft ngram:1:6 --draft-async"
 )
 for c in "${cases[@]}"; do
   IFS='|' read -r n1 n2 map pol <<<"$c"

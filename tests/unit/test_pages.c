@@ -457,6 +457,27 @@ START_TEST(pages_thousands_of_pages_load_and_find)
 }
 END_TEST
 
+START_TEST(pages_load_without_a_model_checks_headers_not_widths)
+{
+    /* hidden 0 (a tool with no model, e.g. pipedec shard): any width, rows counted, reads refused */
+    put_npy("wide.npy", 3, HIDDEN * 2, 1.0f);
+    put("pages.jsonl", "{\"id\": \"w\", \"prefill\": [{\"embeddings\": \"wide.npy\"}], \"max_new_tokens\": 1}\n");
+    pages *p = NULL;
+    pd_err err = {0};
+    ck_assert_msg(pages_load("pages.jsonl", VOCAB, 0, NULL, &p, &err) == PD_OK, "%s", err.msg);
+    pages_check(p);
+    ck_assert_uint_eq(pages_get(p, 0)->prefill_rows, 3);
+    float row[2 * HIDDEN];
+    ck_assert_int_eq(pages_embed_read(p, 0, 0, 0, 1, row, &err), PD_ERR_ARG);
+    pages_free(p);
+    /* a missing file is still refused */
+    put("pages.jsonl", "{\"id\": \"m\", \"prefill\": [{\"embeddings\": \"none.npy\"}], \"max_new_tokens\": 1}\n");
+    pd_err_clear(&err);
+    ck_assert_int_eq(pages_load("pages.jsonl", VOCAB, 0, NULL, &p, &err), PD_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(err.msg, "pages.jsonl:1: page \"m\": prefill[0].embeddings"));
+}
+END_TEST
+
 Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("pages");
@@ -471,6 +492,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, pages_refuse_a_raw_nul_byte_in_a_string);
     tcase_add_test(tc, pages_empty_manifest_has_no_pages);
     tcase_add_test(tc, pages_thousands_of_pages_load_and_find);
+    tcase_add_test(tc, pages_load_without_a_model_checks_headers_not_widths);
     suite_add_tcase(s, tc);
     return s;
 }
