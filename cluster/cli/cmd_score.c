@@ -18,6 +18,20 @@ static void score_usage(FILE *f)
                "  prints per page and overall CER = edit distance / reference characters\n");
 }
 
+/* id as a JSON string body: quote, backslash and control bytes escaped. */
+static void score_json_str(const char *s)
+{
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c < 0x20)
+            printf("\\u%04x", c);
+        else
+            putchar(c);
+    }
+}
+
 int cmd_score(int argc, char **argv)
 {
     static const struct option opts[] = {{"pages", required_argument, 0, 'p'}, {"out", required_argument, 0, 'o'},
@@ -76,9 +90,12 @@ int cmd_score(int argc, char **argv)
         for (size_t i = 0; i < n; i++) {
             const score_page *p = score_get(r, i);
             double cer = p->ref_chars ? (double)p->edits / (double)p->ref_chars : 0.0;
-            if (json)
-                printf("%s{\"id\":\"%s\",\"ref_chars\":%zu,\"hyp_chars\":%zu,\"edits\":%zu,\"cer\":%.6f}", i ? "," : "",
-                       p->id, p->ref_chars, p->hyp_chars, p->edits, cer);
+            if (json) {
+                printf("%s{\"id\":\"", i ? "," : "");
+                score_json_str(p->id);
+                printf("\",\"ref_chars\":%zu,\"hyp_chars\":%zu,\"edits\":%zu,\"cer\":%.6f}", p->ref_chars, p->hyp_chars,
+                       p->edits, cer);
+            }
             else
                 printf("%-12s cer %.4f  (%zu edits / %zu chars)\n", p->id, cer, p->edits, p->ref_chars);
             tot_ref += p->ref_chars;
