@@ -46,6 +46,14 @@ int cmd_merge(int argc, char **argv);
  * (cluster/runtime/run.h). Initializes and finalizes MPI itself. */
 int cmd_run(int argc, char **argv);
 
+/* `pipedec ctl PATH COMMAND...`: sends one command to a running job's
+ * control socket (run --control PATH, cluster/runtime/ctl.h, jobctl.h) and
+ * prints the reply: status (human lines, or the JSON line with --json),
+ * migrate --map M, migrate --layer L --to R, checkpoint, stop. Exit 0 when
+ * the job did it, 1 when it refused (the reason on stderr, the JSON reply
+ * on stdout), 2 usage error or no job listening. */
+int cmd_ctl(int argc, char **argv);
+
 /* `pipedec mkmodel`: write a deterministic synthetic GGUF model. */
 int cmd_mkmodel(int argc, char **argv);
 

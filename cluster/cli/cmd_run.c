@@ -3,6 +3,8 @@
 #include "cluster/cli/cli.h"
 #include "cluster/cli/cmd.h"
 #include "cluster/runtime/budget.h"
+#include "cluster/runtime/jobctl.h"
+#include "cluster/runtime/migrate.h"
 #include "cluster/runtime/run.h"
 
 #include <getopt.h>
@@ -22,7 +24,9 @@ static void run_usage(FILE *f)
             "         [--stats FILE] [--progress] [--no-bind] [--digest] [--trace-hidden FILE]\n"
             "         [--past-context] [--stall-timeout SECONDS] [--mem-limit BYTES|auto|none]\n"
             "         [--checkpoint-dir D [--checkpoint-every SECONDS]] [--draft none|ngram[:N[:K]]|model:FILE[:K]]\n"
-            "         [--draft-async]\n");
+            "         [--draft-async]\n"
+            "         [--control SOCKET] [--rebalance off|auto] [--rebalance-window STEPS]\n"
+            "testing aids: [--migrate-at STEP:MAP]... [--migrate-fault none|corrupt|weights]\n");
 }
 
 /* Parses argv into o; PD_ERR_ARG with a message naming the flag. */
@@ -42,7 +46,11 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         {"past-context", no_argument, 0, 'X'},       {"stall-timeout", required_argument, 0, 'W'},
         {"mem-limit", required_argument, 0, 'M'},     {"checkpoint-dir", required_argument, 0, 'C'},
         {"checkpoint-every", required_argument, 0, 'Y'}, {"draft", required_argument, 0, 'R'},
-        {"draft-async", no_argument, 0, 'y'},         {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
+        {"draft-async", no_argument, 0, 'y'},
+        {"control", required_argument, 0, 'Q'},      {"rebalance", required_argument, 0, 'U'},
+        {"rebalance-window", required_argument, 0, 'V'}, {"migrate-at", required_argument, 0, 'G'},
+        {"migrate-fault", required_argument, 0, 'F'},
+        {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
     pd_status st = PD_OK;
     int ch;
     optind = 1;
@@ -101,6 +109,31 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
             break;
         }
         case 'H': o->trace_path = optarg; break;
+        case 'Q': o->control_path = optarg; break;
+        case 'U':
+            if (strcmp(optarg, "auto") == 0)
+                o->rebalance = true;
+            else if (strcmp(optarg, "off") == 0)
+                o->rebalance = false;
+            else
+                st = pd_err_set(e, PD_ERR_ARG, "--rebalance '%s': expected off or auto", optarg);
+            break;
+        case 'V': st = cli_u32("--rebalance-window", optarg, 1, 1u << 30, &o->rebalance_window, e); break;
+        case 'G': {
+            uint64_t step;
+            const char *map;
+            if (o->n_migrate_at == RUN_MIGRATE_AT_MAX)
+                st = pd_err_set(e, PD_ERR_ARG, "--migrate-at: at most %d of them", RUN_MIGRATE_AT_MAX);
+            else if ((st = jobctl_parse_migrate_at(optarg, &step, &map, e)) == PD_OK)
+                o->migrate_at[o->n_migrate_at++] = optarg;
+            break;
+        }
+        case 'F': {
+            migrate_fault f;
+            if ((st = migrate_fault_parse(optarg, &f, e)) == PD_OK)
+                o->migrate_fault = (int)f;
+            break;
+        }
         case 'h': *help = 1; return PD_OK;
         default: st = pd_err_set(e, PD_ERR_ARG, "unknown or incomplete option '%s'", argv[optind - 1]);
         }
@@ -129,8 +162,8 @@ int cmd_run(int argc, char **argv)
         fprintf(stderr, "pipedec run: MPI_Init_thread failed\n");
         return 1;
     }
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    int me = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
     run_opts o;
     run_opts_default(&o);
     pd_err e = {0};
@@ -138,13 +171,13 @@ int cmd_run(int argc, char **argv)
     int code;
     if (run_parse(argc, argv, &o, &help, &e) != PD_OK) {
         /* every rank parsed the same argv and agrees; rank 0 speaks */
-        if (rank == 0) {
+        if (me == 0) {
             fprintf(stderr, "pipedec run: %s\n", e.msg);
             run_usage(stderr);
         }
         code = 2;
     } else if (help) {
-        if (rank == 0)
+        if (me == 0)
             run_usage(stdout);
         code = 0;
     } else {

@@ -16,6 +16,7 @@ static const cmd_entry commands[] = {
     {.name = "merge", .fn = cmd_merge, .help = "join shard outputs in manifest order, checking completeness"},
     {.name = "inspect", .fn = cmd_inspect,
      .help = "describe and validate a CMFS record or state bundle"},
+    {.name = "ctl", .fn = cmd_ctl, .help = "talk to a running job's control socket (run --control PATH)"},
 };
 
 static const size_t n_commands = sizeof commands / sizeof commands[0];

@@ -116,6 +116,51 @@ void budget_release(void *ctx, size_t page, uint64_t prefill_rows, uint32_t max_
     }
 }
 
+pd_status budget_remap(budget *b, const uint32_t *first, const uint32_t *layers, const uint64_t *prefill_rows,
+                       const uint32_t *max_new, uint32_t n_streams, bool dry_run, pd_err *err)
+{
+    uint64_t *res = calloc((size_t)b->n, sizeof *res);
+    uint32_t *old_first = calloc((size_t)b->n, sizeof *old_first), *old_layers = calloc((size_t)b->n, sizeof *old_layers);
+    if (!res || !old_first || !old_layers) {
+        free(res);
+        free(old_first);
+        free(old_layers);
+        return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+    }
+    memcpy(old_first, b->first, (size_t)b->n * sizeof *old_first);
+    memcpy(old_layers, b->layers, (size_t)b->n * sizeof *old_layers);
+    memcpy(b->first, first, (size_t)b->n * sizeof *first);
+    memcpy(b->layers, layers, (size_t)b->n * sizeof *layers);
+    pd_status st = PD_OK;
+    for (int r = 0; r < b->n && st == PD_OK; r++) {
+        for (uint32_t i = 0; i < n_streams; i++)
+            res[r] += budget_stream_bytes(b, r, prefill_rows[i], max_new[i]);
+        if (b->limit[r] != UINT64_MAX && res[r] > b->limit[r]) {
+            char hn[32], hl[32];
+            human(res[r], hn, sizeof hn);
+            human(b->limit[r], hl, sizeof hl);
+            st = pd_err_set(err, PD_ERR_RANGE,
+                            "rank %d would hold layers %u-%u: its %u streams need %" PRIu64 " bytes (%s) of cache, "
+                            "more than its --mem-limit of %" PRIu64 " bytes (%s)",
+                            r, first[r], first[r] + layers[r] - 1, n_streams, res[r], hn, b->limit[r], hl);
+        }
+    }
+    if (st != PD_OK || dry_run) {
+        memcpy(b->first, old_first, (size_t)b->n * sizeof *old_first);
+        memcpy(b->layers, old_layers, (size_t)b->n * sizeof *old_layers);
+    } else {
+        for (int r = 0; r < b->n; r++) {
+            b->reserved[r] = res[r];
+            if (res[r] > b->peak[r])
+                b->peak[r] = res[r];
+        }
+    }
+    free(res);
+    free(old_first);
+    free(old_layers);
+    return st;
+}
+
 uint64_t budget_peak(const budget *b, int r)
 {
     return b->peak[r];

@@ -19,6 +19,7 @@
 #include "cluster/runtime/policy.h"
 #include "cluster/runtime/sched.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,6 +37,15 @@ uint64_t budget_stream_bytes(const budget *b, int r, uint64_t prefill_rows, uint
 /* sched_admit_fn / sched_release_fn over a budget (ctx = the budget). */
 sched_admit budget_admit(void *ctx, size_t page, uint64_t prefill_rows, uint32_t max_new, char *why, size_t cap);
 void budget_release(void *ctx, size_t page, uint64_t prefill_rows, uint32_t max_new);
+
+/* A new layer map (live migration): first/layers[n] replace the ranks'
+ * ranges, and every alive stream's reservation (prefill_rows[i],
+ * max_new[i], i < n_streams: exactly the streams admitted and not yet
+ * released) is recomputed under them. PD_ERR_RANGE when some rank's
+ * reservations would pass its limit (why names the rank, its new layers,
+ * the bytes and the limit): then nothing changed. dry_run checks only. */
+pd_status budget_remap(budget *b, const uint32_t *first, const uint32_t *layers, const uint64_t *prefill_rows,
+                       const uint32_t *max_new, uint32_t n_streams, bool dry_run, pd_err *err);
 
 /* Largest reservation seen on rank r, and its limit. */
 uint64_t budget_peak(const budget *b, int r);

@@ -266,6 +266,11 @@ const budget *head_budget(const head *h)
     return h->bud;
 }
 
+budget *head_budget_rw(head *h)
+{
+    return h->bud;
+}
+
 /* ---- output --------------------------------------------------------------- */
 
 static pd_status head_write_one(head *h, const head_pending *p, pd_err *err)

@@ -47,6 +47,8 @@ uint64_t head_resume_seq(const head *h, uint64_t *newest);
  * predicted cache bytes fit its budget (budget.h). Before head_loop. */
 void head_use_budget(head *h, budget *b);
 const budget *head_budget(const head *h);
+/* The same budget for changing (a migration remaps it; NULL = none). */
+budget *head_budget_rw(head *h);
 
 /* Runs the pipeline from the head until every page is finished, then sends
  * the stop message. hooks may be NULL. Returns the first failure (the job

@@ -7,6 +7,8 @@
 #include "cluster/runtime/report.h"
 
 #include "cluster/runtime/ckpt.h"
+#include "cluster/runtime/ctl.h"
+#include "cluster/runtime/jobctl.h"
 #include "cluster/runtime/signals.h"
 
 #include <signal.h>
@@ -14,79 +16,33 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { RUN_ACT_CKPT = 1, RUN_ACT_CKPT_EXIT = 2 };
-
-/* The checkpoint hooks of a run (run_hooks.ctx). */
-typedef struct run_ckpt {
-    rank *r;
-    head *h;                 /* rank 0 only */
-    uint64_t base;           /* checkpoint numbers of this run are base + 1, ... */
-    double last;             /* time of the last checkpoint (or the start) */
-    int exit_code;           /* 0, or what the run ends with after a stop */
-    bool stop;
-} run_ckpt;
-
-static uint32_t run_ckpt_want(void *ctx, uint64_t step)
-{
-    (void)step;
-    run_ckpt *c = ctx;
-    uint32_t f = sig_take();
-    if (f & MSG_FLAG_STOP)
-        return RUN_ACT_CKPT_EXIT;
-    if (f & MSG_FLAG_CKPT)
-        return RUN_ACT_CKPT;
-    if (c->r->o->checkpoint_every > 0 && MPI_Wtime() - c->last >= c->r->o->checkpoint_every)
-        return RUN_ACT_CKPT;
-    return 0;
-}
-
-static pd_status run_ckpt_act(void *ctx, const run_drain *d, pd_err *err)
-{
-    run_ckpt *c = ctx;
-    uint64_t seq = c->base + d->number + 1;
-    double t0 = MPI_Wtime();
-    pd_err e = {0};
-    pd_status st = ckpt_write(c->r, c->h ? head_sched(c->h) : NULL, c->r->o->checkpoint_dir, seq,
-                              c->h ? head_out_size(c->h) : 0, &e);
-    c->last = MPI_Wtime();
-    if (c->r->is_head) {
-        if (st == PD_OK)
-            fprintf(stderr, "pipedec: checkpoint %s/ckpt-%llu written at step %llu in %.2f s%s\n",
-                    c->r->o->checkpoint_dir, (unsigned long long)seq, (unsigned long long)d->step, c->last - t0,
-                    d->action == RUN_ACT_CKPT_EXIT ? "; exiting (resumable, status 75)" : "");
-        else
-            fprintf(stderr, "pipedec: checkpoint %llu failed, the previous one stays the newest%s: %s\n",
-                    (unsigned long long)seq, d->action == RUN_ACT_CKPT_EXIT ? "; exiting" : "; decoding goes on",
-                    e.msg);
-    }
-    if (d->action == RUN_ACT_CKPT_EXIT) {
-        c->stop = true;
-        c->exit_code = st == PD_OK ? RUN_EXIT_RESUMABLE : RUN_EXIT_FAIL;
-    }
-    (void)err;
-    return PD_OK; /* a failed checkpoint does not stop the decode */
-}
-
-static bool run_ckpt_stop(void *ctx)
-{
-    return ((run_ckpt *)ctx)->stop;
-}
-
 void run_opts_default(run_opts *o)
 {
     *o = (run_opts){.batch = 8, .threads = 1, .seed = 0, .backend = GEMM_BACKEND_INVARIANT,
-                    .wire_dtype = MSG_DTYPE_F32, .stall_timeout = RUN_STALL_DEFAULT_S, .mem_limit = 0};
+                    .wire_dtype = MSG_DTYPE_F32, .stall_timeout = RUN_STALL_DEFAULT_S, .mem_limit = 0,
+                    .rebalance_window = 64, .rebalance_threshold = 0.10, .rebalance_hold = 1};
     policy_default(&o->policy);
     o->sample = (sample_params){.mode = SAMPLE_GREEDY, .temperature = 1.0f, .top_p = 1.0f};
     o->ngram = (sample_ngram){.n = 0};
 }
 
 /* Everything that can fail on one rank before anything is decoded. */
-static pd_status run_start(rank *r, head **h, pd_err *err)
+static pd_status run_start(rank *r, head **h, ctl **c, pd_err *err)
 {
     pd_status st = rank_start(r, err);
+    /* --migrate-at maps are checked now, not when their step comes */
+    for (uint32_t i = 0; st == PD_OK && i < r->o->n_migrate_at; i++) {
+        uint64_t step;
+        const char *map;
+        layermap lm;
+        st = jobctl_parse_migrate_at(r->o->migrate_at[i], &step, &map, err);
+        if (st == PD_OK && (st = layermap_parse(map, (uint32_t)r->size, r->hp.n_layers, &lm, err)))
+            pd_err_prefix(err, "--migrate-at %s", r->o->migrate_at[i]);
+    }
     if (st == PD_OK && r->is_head)
         st = head_open(r, h, err);
+    if (st == PD_OK && r->is_head && r->o->control_path)
+        st = ctl_open(r->o->control_path, c, err);
     if (st == PD_OK && r->o->trace_path)
         st = rank_open_trace(r, *h ? head_pages(*h) : NULL, err);
     return st;
@@ -106,6 +62,8 @@ int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
     pipe_set_stall_timeout(p, pipe_rank(p) == 0 && pipe_size(p) > 1 ? 2 * o->stall_timeout : o->stall_timeout);
     rank r = {.o = o, .p = p};
     head *h = NULL;
+    ctl *c = NULL;
+    jobctl *jc = NULL;
     report *rep = NULL;
     double t_start = MPI_Wtime();
 
@@ -113,13 +71,14 @@ int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
      * agreement: every rank reaches both whatever fails in between */
     pd_status st = rank_agree_isa(&r, &e);
     if (st == PD_OK)
-        st = run_start(&r, &h, &e);
+        st = run_start(&r, &h, &c, &e);
     if (st)
         fprintf(stderr, "pipedec: rank %d: %s\n", r.rank, e.msg);
     pd_err ae = {0};
     if (pipe_agree(p, st, &ae) != PD_OK) {
         if (r.rank == 0 && st == PD_OK)
             fprintf(stderr, "pipedec: start-up failed on another rank (see its message); nothing was decoded\n");
+        ctl_close(c);
         head_free(h);
         rank_stop(&r);
         pipe_close(p);
@@ -131,6 +90,7 @@ int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
     if (rank_agree_run(&r, &e) != PD_OK) {
         if (r.rank == 0)
             fprintf(stderr, "pipedec: %s; nothing was decoded\n", e.msg);
+        ctl_close(c);
         head_free(h);
         rank_stop(&r);
         pipe_close(p);
@@ -151,15 +111,11 @@ int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
     free(first);
     free(layers);
     /* --checkpoint-dir: resume what the head found, on every rank */
-    run_ckpt rc = {.r = &r, .h = h, .last = MPI_Wtime()};
-    run_hooks ck_hooks = {.want_drain = run_ckpt_want, .at_drain = run_ckpt_act, .stop_after_drain = run_ckpt_stop,
-                          .ctx = &rc};
+    uint64_t seqs[2] = {0, 0};
     if (st == PD_OK && o->checkpoint_dir) {
-        uint64_t seqs[2] = {0, 0};
         if (h)
             seqs[0] = head_resume_seq(h, &seqs[1]);
         st = pipe_bcast(p, seqs, sizeof seqs, &e);
-        rc.base = seqs[1];
         if (st == PD_OK && seqs[0]) {
             double t0 = MPI_Wtime();
             st = ckpt_restore(&r, h ? head_sched(h) : NULL, o->checkpoint_dir, seqs[0], &e);
@@ -167,9 +123,18 @@ int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
                 fprintf(stderr, "pipedec: restored checkpoint %llu in %.3f s\n", (unsigned long long)seqs[0],
                         MPI_Wtime() - t0);
         }
-        if (!hooks)
-            hooks = &ck_hooks;
         sig_install();
+    }
+    /* drain-point actions: checkpoints, migrations, status (collective) */
+    run_hooks jc_hooks;
+    if (st == PD_OK) {
+        st = jobctl_new(&r, h, c, seqs[1], &jc, &e);
+        c = NULL; /* jobctl owns it now */
+        if (st == PD_OK) {
+            jobctl_hooks(jc, &jc_hooks);
+            if (!hooks)
+                hooks = &jc_hooks;
+        }
     }
     if (st == PD_OK)
         st = report_start(&r, &rep, &e);
@@ -186,13 +151,15 @@ int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
         head_progress_line(h, true);
     if (st == PD_OK)
         st = report_end(rep, &r, h, &e);
-    int code = rc.exit_code ? rc.exit_code : RUN_EXIT_OK;
+    int code = jc && jobctl_exit_code(jc) ? jobctl_exit_code(jc) : RUN_EXIT_OK;
     if (st) {
         fprintf(stderr, "pipedec: rank %d: %s: %s\n", r.rank, pd_status_str(st), e.msg);
         fflush(stderr);
         code = RUN_EXIT_ABORT;
     }
     report_free(rep);
+    jobctl_free(jc);
+    ctl_close(c);
     head_free(h);
     rank_stop(&r);
     if (code == RUN_EXIT_OK)

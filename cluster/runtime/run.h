@@ -48,6 +48,15 @@ typedef struct run_opts {
     double checkpoint_every;  /* seconds between checkpoints, 0 = only on a signal */
     double stall_timeout;     /* seconds a rank waits on a peer without progress before the job
                                  ends naming it (0 = forever) */
+    const char *control_path; /* --control: the control socket on rank 0 (ctl.h), NULL = none */
+    bool rebalance;           /* --rebalance auto (rebalance.h) */
+    uint32_t rebalance_window; /* micro-batches per measuring window */
+    double rebalance_threshold; /* predicted gain (fraction) that makes a move */
+    uint32_t rebalance_hold;  /* windows measured but not acted on after a move (hysteresis) */
+#define RUN_MIGRATE_AT_MAX 16
+    const char *migrate_at[RUN_MIGRATE_AT_MAX]; /* --migrate-at STEP:MAP (testing aid, jobctl.h) */
+    uint32_t n_migrate_at;
+    int migrate_fault;        /* --migrate-fault (test hook, migrate.h), 0 = none */
     const char *trace_path;   /* --trace-hidden: per-rank residual-row hashes, NULL = off
                                  (rank 0 writes the path itself, rank r > 0 path.r) */
 } run_opts;

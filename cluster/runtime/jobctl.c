@@ -1,0 +1,521 @@
+/* jobctl: drain-point actions and the requests behind them (contract in
+ * jobctl.h). */
+#include "cluster/runtime/jobctl.h"
+
+#include "base/check.h"
+#include "cluster/runtime/ckpt.h"
+#include "cluster/runtime/migrate.h"
+#include "cluster/runtime/rebalance.h"
+#include "cluster/runtime/signals.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { ACT_CKPT = 1, ACT_CKPT_EXIT = 2, ACT_MIGRATE = 3, ACT_STATS = 4 };
+
+#define JOBCTL_REPLY 8192
+
+struct jobctl {
+    rank *r;                 /* borrowed */
+    head *h;                 /* borrowed, rank 0 only */
+    ctl *c;                  /* rank 0 with --control */
+    migrate *mg;
+    /* checkpoints */
+    uint64_t ckpt_base;
+    uint32_t ckpts;          /* asked for by this run (a failed one's number is not reused) */
+    double ckpt_last;
+    int exit_code;
+    bool stop;
+    int ckpt_client, stop_client; /* -1: none */
+    bool ckpt_asked, stop_asked;
+    /* --migrate-at, in step order */
+    uint64_t at_step[RUN_MIGRATE_AT_MAX];
+    const char *at_map[RUN_MIGRATE_AT_MAX];
+    uint32_t n_at, next_at;
+    /* the pending migration */
+    bool pend_mig;
+    layermap mig_target;
+    int mig_client;
+    const char *mig_source;
+    uint32_t migrations, refused;
+    /* status requests waiting for a gather */
+    int status_client[CTL_MAX_CLIENTS];
+    uint32_t n_status;
+    /* windows: this rank's counters at the last gather */
+    double win_t, win_busy, win_wait_in, win_wait_send;
+    uint64_t win_step, win_tokens;
+    uint32_t hold;           /* windows left before --rebalance acts again */
+    double t_ask;            /* head: when the current drain point was asked for */
+    uint64_t step;           /* head: the step of the last want_drain */
+    char *reply;             /* [JOBCTL_REPLY] */
+};
+
+pd_status jobctl_parse_migrate_at(const char *s, uint64_t *step, const char **map, pd_err *err)
+{
+    const char *colon = strchr(s, ':');
+    char *end = NULL;
+    unsigned long long v = colon && s[0] >= '0' && s[0] <= '9' ? strtoull(s, &end, 10) : 0;
+    if (!colon || end != colon || !colon[1])
+        return pd_err_set(err, PD_ERR_ARG, "--migrate-at '%s': expected STEP:MAP (e.g. 40:0-5,6-11)", s);
+    *step = v;
+    *map = colon + 1;
+    return PD_OK;
+}
+
+pd_status jobctl_new(rank *r, head *h, ctl *c, uint64_t ckpt_base, jobctl **out, pd_err *err)
+{
+    jobctl *j = calloc(1, sizeof *j);
+    pd_status st = j ? PD_OK : pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+    if (j) {
+        j->r = r;
+        j->h = h;
+        j->c = c;
+        j->ckpt_base = ckpt_base;
+        j->ckpt_last = MPI_Wtime();
+        j->ckpt_client = j->stop_client = j->mig_client = -1;
+        j->win_t = MPI_Wtime();
+        j->reply = malloc(JOBCTL_REPLY);
+        if (!j->reply)
+            st = pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+        for (uint32_t i = 0; st == PD_OK && i < r->o->n_migrate_at; i++) {
+            st = jobctl_parse_migrate_at(r->o->migrate_at[i], &j->at_step[i], &j->at_map[i], err);
+            j->n_at++;
+        }
+        /* in step order (insertion sort of at most RUN_MIGRATE_AT_MAX) */
+        for (uint32_t i = 1; i < j->n_at; i++)
+            for (uint32_t k = i; k > 0 && j->at_step[k] < j->at_step[k - 1]; k--) {
+                uint64_t ts = j->at_step[k];
+                const char *tm = j->at_map[k];
+                j->at_step[k] = j->at_step[k - 1];
+                j->at_map[k] = j->at_map[k - 1];
+                j->at_step[k - 1] = ts;
+                j->at_map[k - 1] = tm;
+            }
+    } else
+        ctl_close(c);
+    /* collective: every rank gets here */
+    migrate *mg = NULL;
+    pd_status ms = migrate_new(r, (migrate_fault)r->o->migrate_fault, &mg, err);
+    if (st == PD_OK)
+        st = ms;
+    else
+        migrate_free(mg);
+    if (j)
+        j->mg = mg;
+    if (st) {
+        jobctl_free(j);
+        return st;
+    }
+    *out = j;
+    return PD_OK;
+}
+
+void jobctl_free(jobctl *j)
+{
+    if (!j)
+        return;
+    ctl_close(j->c);
+    migrate_free(j->mg);
+    free(j->reply);
+    free(j);
+}
+
+int jobctl_exit_code(const jobctl *j)
+{
+    return j->exit_code;
+}
+
+uint32_t jobctl_migrations(const jobctl *j)
+{
+    return j->migrations;
+}
+
+/* ---- replies ----------------------------------------------------------------- */
+
+/* s as the body of a JSON string (quotes, backslashes, control bytes escaped). */
+static void json_str(char *out, size_t cap, const char *s)
+{
+    size_t n = 0;
+    for (; *s && n + 7 < cap; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') {
+            out[n++] = '\\';
+            out[n++] = (char)ch;
+        } else if (ch < 0x20)
+            n += (size_t)snprintf(out + n, cap - n, "\\u%04x", ch);
+        else
+            out[n++] = (char)ch;
+    }
+    out[n] = '\0';
+}
+
+static void reply_error(jobctl *j, int client, const char *why)
+{
+    if (client < 0 || !j->c)
+        return;
+    char esc[2048];
+    json_str(esc, sizeof esc, why);
+    snprintf(j->reply, JOBCTL_REPLY, "{\"ok\":false,\"error\":\"%s\"}", esc);
+    ctl_reply(j->c, client, j->reply);
+}
+
+/* ---- requests (head) ------------------------------------------------------------ */
+
+/* Takes a migration target; refused (with the reason to the client) when
+ * one is pending already. */
+static bool ask_migration(jobctl *j, const layermap *to, int client, const char *source)
+{
+    if (j->pend_mig) {
+        reply_error(j, client, "a migration is in progress already: try again when it has finished");
+        return false;
+    }
+    j->pend_mig = true;
+    j->mig_target = *to;
+    j->mig_client = client;
+    j->mig_source = source;
+    return true;
+}
+
+static void handle_request(jobctl *j, int client, char *line)
+{
+    rank *r = j->r;
+    char *argv[8];
+    int argc = 0;
+    for (char *t = strtok(line, " \t"); t && argc < 8; t = strtok(NULL, " \t"))
+        argv[argc++] = t;
+    pd_err e = {0};
+    if (argc == 0) {
+        reply_error(j, client, "empty request: expected status, migrate, checkpoint or stop");
+        return;
+    }
+    if (strcmp(argv[0], "status") == 0 && argc == 1) {
+        j->status_client[j->n_status++] = client;
+        return;
+    }
+    if ((strcmp(argv[0], "checkpoint") == 0 || strcmp(argv[0], "stop") == 0) && argc == 1) {
+        bool stop = argv[0][0] == 's';
+        if (!r->o->checkpoint_dir) {
+            reply_error(j, client, stop ? "stop needs a job started with --checkpoint-dir (it checkpoints, then exits)"
+                                        : "checkpoint needs a job started with --checkpoint-dir");
+            return;
+        }
+        int *slot = stop ? &j->stop_client : &j->ckpt_client;
+        if (*slot >= 0) {
+            reply_error(j, client, stop ? "a stop is pending already" : "a checkpoint is pending already");
+            return;
+        }
+        *slot = client;
+        if (stop)
+            j->stop_asked = true;
+        else
+            j->ckpt_asked = true;
+        return;
+    }
+    if (strcmp(argv[0], "migrate") == 0) {
+        layermap to;
+        pd_status st;
+        if (argc == 3 && strcmp(argv[1], "--map") == 0)
+            st = layermap_parse(argv[2], (uint32_t)r->size, r->hp.n_layers, &to, &e);
+        else if (argc == 5 && strcmp(argv[1], "--layer") == 0 && strcmp(argv[3], "--to") == 0) {
+            char *e1 = NULL, *e2 = NULL;
+            unsigned long L = strtoul(argv[2], &e1, 10), R = strtoul(argv[4], &e2, 10);
+            if (!*argv[2] || *e1 || !*argv[4] || *e2 || L > UINT32_MAX || R > UINT32_MAX)
+                st = pd_err_set(&e, PD_ERR_ARG, "--layer and --to take non-negative integers");
+            else
+                st = migrate_map_for_layer(&r->lm, (uint32_t)L, (uint32_t)R, &to, &e);
+        } else
+            st = pd_err_set(&e, PD_ERR_ARG, "usage: migrate --map M | migrate --layer L --to R");
+        if (st == PD_OK && migrate_layers_moved(&r->lm, &to) == 0)
+            st = pd_err_set(&e, PD_ERR_ARG, "that map is in force already");
+        if (st) {
+            reply_error(j, client, e.msg);
+            return;
+        }
+        ask_migration(j, &to, client, "ctl");
+        return;
+    }
+    snprintf(e.msg, sizeof e.msg, "unknown command '%s': expected status, migrate --map M, migrate --layer L --to R, "
+             "checkpoint or stop", argv[0]);
+    reply_error(j, client, e.msg);
+}
+
+static uint32_t want_drain(void *ctx, uint64_t step)
+{
+    jobctl *j = ctx;
+    rank *r = j->r;
+    const run_opts *o = r->o;
+    j->step = step;
+    if (j->c) {
+        int client;
+        char line[CTL_LINE_MAX];
+        while (j->n_status < CTL_MAX_CLIENTS && ctl_next(j->c, &client, line, sizeof line))
+            handle_request(j, client, line);
+    }
+    uint32_t act = 0;
+    uint32_t f = o->checkpoint_dir ? sig_take() : 0;
+    if ((f & MSG_FLAG_STOP) || j->stop_asked)
+        act = ACT_CKPT_EXIT;
+    else if ((f & MSG_FLAG_CKPT) || j->ckpt_asked ||
+             (o->checkpoint_every > 0 && MPI_Wtime() - j->ckpt_last >= o->checkpoint_every))
+        act = ACT_CKPT;
+    else if (j->pend_mig)
+        act = ACT_MIGRATE;
+    else if (j->next_at < j->n_at && step >= j->at_step[j->next_at]) {
+        layermap to;
+        pd_err e = {0};
+        const char *m = j->at_map[j->next_at++];
+        /* checked at start-up (run.c): a parse cannot fail here */
+        CHECK(layermap_parse(m, (uint32_t)r->size, r->hp.n_layers, &to, &e) == PD_OK);
+        if (ask_migration(j, &to, -1, "--migrate-at"))
+            act = ACT_MIGRATE;
+    } else if (j->n_status > 0 || (o->rebalance && step - j->win_step >= o->rebalance_window))
+        act = ACT_STATS;
+    if (act)
+        j->t_ask = MPI_Wtime();
+    return act;
+}
+
+/* ---- actions --------------------------------------------------------------------- */
+
+static pd_status act_ckpt(jobctl *j, const run_drain *d)
+{
+    rank *r = j->r;
+    uint64_t seq = j->ckpt_base + ++j->ckpts;
+    double t0 = MPI_Wtime();
+    pd_err e = {0};
+    pd_status st = ckpt_write(r, j->h ? head_sched(j->h) : NULL, r->o->checkpoint_dir, seq,
+                              j->h ? head_out_size(j->h) : 0, &e);
+    j->ckpt_last = MPI_Wtime();
+    if (r->is_head) {
+        if (st == PD_OK)
+            fprintf(stderr, "pipedec: checkpoint %s/ckpt-%llu written at step %llu in %.2f s%s\n", r->o->checkpoint_dir,
+                    (unsigned long long)seq, (unsigned long long)d->step, j->ckpt_last - t0,
+                    d->action == ACT_CKPT_EXIT ? "; exiting (resumable, status 75)" : "");
+        else
+            fprintf(stderr, "pipedec: checkpoint %llu failed, the previous one stays the newest%s: %s\n",
+                    (unsigned long long)seq, d->action == ACT_CKPT_EXIT ? "; exiting" : "; decoding goes on", e.msg);
+        int *slot = d->action == ACT_CKPT_EXIT ? &j->stop_client : &j->ckpt_client;
+        if (*slot >= 0 && j->c) {
+            if (st == PD_OK) {
+                snprintf(j->reply, JOBCTL_REPLY, "{\"ok\":true,\"checkpoint\":\"%s/ckpt-%llu\",\"step\":%llu%s}",
+                         r->o->checkpoint_dir, (unsigned long long)seq, (unsigned long long)d->step,
+                         d->action == ACT_CKPT_EXIT ? ",\"stopping\":true" : "");
+                ctl_reply(j->c, *slot, j->reply);
+            } else
+                reply_error(j, *slot, e.msg);
+        }
+        *slot = -1;
+        if (d->action == ACT_CKPT_EXIT)
+            j->stop_asked = false;
+        else
+            j->ckpt_asked = false;
+    }
+    if (d->action == ACT_CKPT_EXIT) {
+        j->stop = true;
+        j->exit_code = st == PD_OK ? RUN_EXIT_RESUMABLE : RUN_EXIT_FAIL;
+    }
+    return PD_OK; /* a failed checkpoint does not stop the decode */
+}
+
+/* Starts a new window on this rank (after a gather or a migration). */
+static void window_reset(jobctl *j, uint64_t step)
+{
+    msg_stats s = rank_stats(j->r);
+    j->win_t = MPI_Wtime();
+    j->win_busy = s.busy_s;
+    j->win_wait_in = s.wait_input_s;
+    j->win_wait_send = s.wait_send_s;
+    j->win_step = step;
+    if (j->h) {
+        sched_progress pr;
+        head_progress(j->h, &pr);
+        j->win_tokens = pr.tokens_generated;
+    }
+}
+
+static pd_status act_migrate(jobctl *j, const run_drain *d, const layermap *target, int client, const char *source,
+                             pd_err *err)
+{
+    rank *r = j->r;
+    migrate_report rep;
+    pd_status st = migrate_run(j->mg, j->h ? head_sched(j->h) : NULL, j->h ? head_budget_rw(j->h) : NULL, target,
+                               &rep, err);
+    if (st)
+        return st;
+    window_reset(j, d->step);
+    if (!r->is_head)
+        return PD_OK;
+    double pause = MPI_Wtime() - j->t_ask;
+    char a[512], b[512];
+    layermap_format(&rep.from, a, sizeof a);
+    layermap_format(target, b, sizeof b);
+    if (rep.moved) {
+        j->migrations++;
+        fprintf(stderr,
+                "pipedec: migration (%s) at step %llu: %s -> %s: %u layers, %u streams, %llu bytes; copy %.3f ms, "
+                "switch %.3f ms, action %.3f ms, pause %.3f ms\n",
+                source, (unsigned long long)d->step, a, b, rep.layers_moved, rep.streams,
+                (unsigned long long)rep.bytes, rep.copy_s * 1e3, rep.switch_s * 1e3, rep.total_s * 1e3, pause * 1e3);
+        if (client >= 0 && j->c) {
+            snprintf(j->reply, JOBCTL_REPLY,
+                     "{\"ok\":true,\"moved\":true,\"step\":%llu,\"from\":\"%s\",\"to\":\"%s\",\"layers\":%u,"
+                     "\"streams\":%u,\"bytes\":%llu,\"copy_ms\":%.3f,\"switch_ms\":%.3f,\"pause_ms\":%.3f}",
+                     (unsigned long long)d->step, a, b, rep.layers_moved, rep.streams, (unsigned long long)rep.bytes,
+                     rep.copy_s * 1e3, rep.switch_s * 1e3, pause * 1e3);
+            ctl_reply(j->c, client, j->reply);
+        }
+    } else {
+        j->refused++;
+        fprintf(stderr, "pipedec: migration (%s) at step %llu refused, the map stays %s: %s\n", source,
+                (unsigned long long)d->step, a, rep.why);
+        char why[1600];
+        snprintf(why, sizeof why, "migration to %s refused, the map stays %s: %s", b, a, rep.why);
+        reply_error(j, client, why);
+    }
+    return PD_OK;
+}
+
+/* What every rank sends the head at a status gather. */
+typedef struct jobctl_win {
+    double busy, wait_in, wait_send, wall;
+} jobctl_win;
+
+static void status_reply(jobctl *j, const run_drain *d, const jobctl_win *w)
+{
+    rank *r = j->r;
+    sched_progress pr;
+    head_progress(j->h, &pr);
+    char map[512];
+    layermap_format(&r->lm, map, sizeof map);
+    double wall = w[0].wall > 0 ? w[0].wall : 1e-9;
+    size_t n = (size_t)snprintf(j->reply, JOBCTL_REPLY, "{\"ok\":true,\"step\":%llu,\"map\":\"%s\",\"ranks\":%d,"
+                                "\"window_s\":%.6f,\"stages\":[",
+                                (unsigned long long)d->step, map, r->size, w[0].wall);
+    for (int s = 0; s < r->size && n < JOBCTL_REPLY; s++)
+        n += (size_t)snprintf(j->reply + n, JOBCTL_REPLY - n,
+                              "%s{\"rank\":%d,\"first\":%u,\"layers\":%u,\"busy_s\":%.6f,\"wait_s\":%.6f,"
+                              "\"busy_frac\":%.4f}",
+                              s ? "," : "", s, r->lm.first[s], r->lm.count[s], w[s].busy,
+                              w[s].wait_in + w[s].wait_send, w[s].busy / wall);
+    char dir[1100] = "";
+    if (r->o->checkpoint_dir)
+        json_str(dir, sizeof dir, r->o->checkpoint_dir);
+    if (n < JOBCTL_REPLY)
+        snprintf(j->reply + n, JOBCTL_REPLY - n,
+                 "],\"streams\":%u,\"pages_done\":%llu,\"pages_total\":%llu,\"tokens\":%llu,\"tokens_per_s\":%.3f,"
+                 "\"checkpoint\":{\"dir\":%s%s%s,\"written\":%u},\"migrations\":%u,\"migrations_refused\":%u,"
+                 "\"migrating\":%s,\"rebalance\":\"%s\"}",
+                 pr.streams_alive, (unsigned long long)pr.pages_done,
+                 (unsigned long long)(pr.pages_total - pr.pages_skipped), (unsigned long long)pr.tokens_generated,
+                 (double)(pr.tokens_generated - j->win_tokens) / wall, r->o->checkpoint_dir ? "\"" : "", 
+                 r->o->checkpoint_dir ? dir : "null", r->o->checkpoint_dir ? "\"" : "", j->ckpts, j->migrations,
+                 j->refused, j->pend_mig ? "true" : "false", r->o->rebalance ? "auto" : "off");
+    for (uint32_t i = 0; i < j->n_status; i++)
+        ctl_reply(j->c, j->status_client[i], j->reply);
+    j->n_status = 0;
+}
+
+/* Status gather; --rebalance auto decides on it and may migrate at once. */
+static pd_status act_stats(jobctl *j, const run_drain *d, pd_err *err)
+{
+    rank *r = j->r;
+    msg_stats s = rank_stats(r);
+    jobctl_win mine = {.busy = s.busy_s - j->win_busy,
+                       .wait_in = s.wait_input_s - j->win_wait_in,
+                       .wait_send = s.wait_send_s - j->win_wait_send,
+                       .wall = MPI_Wtime() - j->win_t};
+    jobctl_win *all = r->is_head ? calloc((size_t)r->size, sizeof *all) : NULL;
+    if (r->is_head && !all)
+        return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+    pd_status st = pipe_gather(r->p, &mine, sizeof mine, all, err);
+    struct {
+        int32_t move;
+        layermap to;
+    } dec = {0};
+    if (st == PD_OK && r->is_head) {
+        if (j->n_status)
+            status_reply(j, d, all);
+        bool due = r->o->rebalance && d->step - j->win_step >= r->o->rebalance_window;
+        if (due && j->hold > 0) {
+            j->hold--;
+            fprintf(stderr, "pipedec: rebalance at step %llu: holding (a move was just made)\n",
+                    (unsigned long long)d->step);
+        } else if (due) {
+            double *busy = calloc((size_t)r->size, sizeof *busy);
+            rebalance_decision dcs;
+            pd_err e = {0};
+            pd_status rs = busy ? PD_OK : pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
+            for (int q = 0; busy && q < r->size; q++)
+                busy[q] = all[q].busy;
+            if (rs == PD_OK)
+                rs = rebalance_decide(&r->lm, busy, r->o->rebalance_threshold, &dcs, &e);
+            char cur[512], prop[512], nums[1024];
+            size_t k = 0;
+            layermap_format(&r->lm, cur, sizeof cur);
+            for (int q = 0; busy && q < r->size && k < sizeof nums; q++)
+                k += (size_t)snprintf(nums + k, sizeof nums - k, "%s%.4f", q ? "," : "", busy[q]);
+            if (rs == PD_OK) {
+                layermap_format(&dcs.propose, prop, sizeof prop);
+                fprintf(stderr,
+                        "pipedec: rebalance at step %llu: busy s per stage %s over %llu steps (map %s); best map %s "
+                        "predicts bottleneck %.4f s vs %.4f s measured: gain %.1f%% %s %.1f%%: %s\n",
+                        (unsigned long long)d->step, nums, (unsigned long long)(d->step - j->win_step), cur, prop,
+                        dcs.predicted, dcs.bottleneck, 100 * dcs.gain, dcs.move ? ">" : "<=",
+                        100 * r->o->rebalance_threshold, dcs.move ? "migrating" : "staying");
+                if (dcs.move && !j->pend_mig) {
+                    dec.move = 1;
+                    dec.to = dcs.propose;
+                }
+            } else
+                fprintf(stderr, "pipedec: rebalance at step %llu: no decision: %s\n", (unsigned long long)d->step,
+                        e.msg);
+            free(busy);
+        }
+    }
+    free(all);
+    if (st == PD_OK)
+        st = pipe_bcast(r->p, &dec, sizeof dec, err);
+    if (st)
+        return st;
+    window_reset(j, d->step);
+    if (dec.move) {
+        if (r->is_head)
+            j->hold = r->o->rebalance_hold;
+        return act_migrate(j, d, &dec.to, -1, "rebalance", err);
+    }
+    return PD_OK;
+}
+
+static pd_status at_drain(void *ctx, const run_drain *d, pd_err *err)
+{
+    jobctl *j = ctx;
+    switch (d->action) {
+    case ACT_CKPT:
+    case ACT_CKPT_EXIT:
+        if (!j->r->o->checkpoint_dir)
+            return pd_err_set(err, PD_ERR_FORMAT, "drain point %u asks for a checkpoint, but this rank has no "
+                              "--checkpoint-dir", d->number);
+        return act_ckpt(j, d);
+    case ACT_MIGRATE: {
+        pd_status st = act_migrate(j, d, &j->mig_target, j->mig_client, j->mig_source ? j->mig_source : "?", err);
+        j->pend_mig = false;
+        j->mig_client = -1;
+        return st;
+    }
+    case ACT_STATS:
+        return act_stats(j, d, err);
+    default:
+        return pd_err_set(err, PD_ERR_FORMAT, "drain point %u asks for unknown action %u", d->number, d->action);
+    }
+}
+
+static bool stop_after_drain(void *ctx)
+{
+    return ((jobctl *)ctx)->stop;
+}
+
+void jobctl_hooks(jobctl *j, run_hooks *out)
+{
+    *out = (run_hooks){.want_drain = want_drain, .at_drain = at_drain, .stop_after_drain = stop_after_drain, .ctx = j};
+}

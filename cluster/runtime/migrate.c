@@ -1,0 +1,567 @@
+/* migrate: the plan / copy / ack / switch protocol of a live layer migration
+ * at a drain point (contract in migrate.h). */
+#include "cluster/runtime/migrate.h"
+
+#include "base/check.h"
+#include "base/fnv.h"
+#include "comm/bundle.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MIGRATE_FAULT_PATH "/nonexistent/pipedec-migrate-fault.gguf"
+
+struct migrate {
+    rank *r;                 /* borrowed */
+    pipe_link *link;         /* duplicated from the pipeline's communicator */
+    migrate_fault fault;
+    uint32_t n_layers;
+    const model **src;       /* [n_layers] weights a layer of the stage runs on (NULL = r->m) */
+    model **slices;          /* [n_layers] weight slices loaded for received layers (NULL = free slot) */
+};
+
+static const char *const fault_names[MIGRATE_FAULT_COUNT] = {"none", "corrupt", "weights"};
+
+pd_status migrate_fault_parse(const char *s, migrate_fault *out, pd_err *err)
+{
+    for (int i = 0; i < MIGRATE_FAULT_COUNT; i++)
+        if (strcmp(s, fault_names[i]) == 0) {
+            *out = (migrate_fault)i;
+            return PD_OK;
+        }
+    return pd_err_set(err, PD_ERR_ARG, "--migrate-fault '%s': expected none, corrupt or weights", s);
+}
+
+pd_status migrate_new(rank *r, migrate_fault fault, migrate **out, pd_err *err)
+{
+    migrate *mg = calloc(1, sizeof *mg);
+    pd_status st = mg ? PD_OK : pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+    if (st == PD_OK) {
+        mg->r = r;
+        mg->fault = fault;
+        mg->n_layers = r->hp.n_layers;
+        mg->src = calloc(mg->n_layers, sizeof *mg->src);
+        mg->slices = calloc(mg->n_layers, sizeof *mg->slices);
+        if (!mg->src || !mg->slices)
+            st = pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+    }
+    /* collective: every rank reaches it whatever failed above */
+    pd_status ls = pipe_open(pipe_comm(r->p), mg ? &mg->link : &(pipe_link *){NULL}, err);
+    if (st == PD_OK)
+        st = ls;
+    if (st) {
+        migrate_free(mg);
+        return st;
+    }
+    *out = mg;
+    return PD_OK;
+}
+
+void migrate_free(migrate *mg)
+{
+    if (!mg)
+        return;
+    /* the stage may still run on the slices: only rank_stop's stage_free
+     * comes later, and it does not touch weights */
+    for (uint32_t i = 0; mg->slices && i < mg->n_layers; i++)
+        model_free(mg->slices[i]);
+    free(mg->slices);
+    free(mg->src);
+    pipe_close(mg->link);
+    free(mg);
+}
+
+/* ---- maps -------------------------------------------------------------------- */
+
+static uint32_t owner(const layermap *m, uint32_t layer)
+{
+    for (uint32_t s = 0; s < m->n_stages; s++)
+        if (layer >= m->first[s] && layer < m->first[s] + m->count[s])
+            return s;
+    CHECK(0 && "a layer no stage owns");
+    return 0;
+}
+
+uint32_t migrate_layers_moved(const layermap *a, const layermap *b)
+{
+    uint32_t n = 0, total = a->first[a->n_stages - 1] + a->count[a->n_stages - 1];
+    for (uint32_t L = 0; L < total; L++)
+        n += owner(a, L) != owner(b, L);
+    return n;
+}
+
+pd_status migrate_map_for_layer(const layermap *cur, uint32_t layer, uint32_t to, layermap *out, pd_err *err)
+{
+    uint32_t total = cur->first[cur->n_stages - 1] + cur->count[cur->n_stages - 1];
+    if (layer >= total)
+        return pd_err_set(err, PD_ERR_ARG, "layer %u: the model has layers 0-%u", layer, total - 1);
+    if (to >= cur->n_stages)
+        return pd_err_set(err, PD_ERR_ARG, "rank %u: the job has ranks 0-%u", to, cur->n_stages - 1);
+    uint32_t from = owner(cur, layer);
+    if (to == from)
+        return pd_err_set(err, PD_ERR_ARG, "layer %u is on rank %u already", layer, to);
+    layermap m = *cur;
+    if (to + 1 == from && layer == cur->first[from]) {
+        m.first[from]++;
+        m.count[from]--;
+        m.count[to]++;
+    } else if (to == from + 1 && layer == cur->first[from] + cur->count[from] - 1) {
+        m.count[from]--;
+        m.first[to]--;
+        m.count[to]++;
+    } else
+        return pd_err_set(err, PD_ERR_ARG,
+                          "layer %u (rank %u holds %u-%u) can move only to a neighbour on its side: the first layer "
+                          "of a rank to the rank before, the last to the rank after",
+                          layer, from, cur->first[from], cur->first[from] + cur->count[from] - 1);
+    if (m.count[from] == 0)
+        return pd_err_set(err, PD_ERR_ARG, "rank %u would hold no layer (it holds only layer %u)", from, layer);
+    *out = m;
+    return PD_OK;
+}
+
+/* ---- a growable byte buffer as a bundle sink ------------------------------------ */
+
+typedef struct membuf {
+    uint8_t *p;
+    size_t n, cap;
+} membuf;
+
+static pd_status membuf_sink(void *ctx, const void *bytes, size_t n, pd_err *err)
+{
+    membuf *b = ctx;
+    if (n > b->cap - b->n) {
+        size_t nc = b->cap ? b->cap : 4096;
+        while (nc - b->n < n) {
+            if (nc > SIZE_MAX / 2)
+                return pd_err_set(err, PD_ERR_NOMEM, "migration: a bundle past the address space");
+            nc *= 2;
+        }
+        uint8_t *np = realloc(b->p, nc);
+        if (!np)
+            return pd_err_set(err, PD_ERR_NOMEM, "migration: out of memory for a bundle of %zu bytes", nc);
+        b->p = np;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->n, bytes, n);
+    b->n += n;
+    return PD_OK;
+}
+
+/* ---- the protocol --------------------------------------------------------------- */
+
+/* What the head broadcasts (plain bytes: every rank runs the same binary). */
+typedef struct migrate_plan {
+    int32_t refused;         /* the head refused the plan: nothing to do */
+    uint32_t n_streams;
+    layermap to;
+} migrate_plan;
+
+/* Every rank's verdict, gathered after the copy. */
+typedef struct migrate_verdict {
+    int32_t status;
+    char msg[512];
+    double copy_s;
+    uint64_t bytes;          /* bundle bytes this rank sent */
+} migrate_verdict;
+
+/* One layer travelling through this rank. */
+typedef struct migrate_move {
+    uint32_t layer;
+    int peer;                /* the other end */
+    uint64_t len;            /* 0: the source could not export it */
+    uint8_t *buf;            /* the bundle (owned) */
+    bundle_view *v;          /* receiver: the validated bundle */
+    MPI_Request req[2];
+} migrate_move;
+
+static uint64_t stream_next_pos(const stream_state *s)
+{
+    return s->n_tokens ? s->prefill_rows + s->n_tokens - 1 : s->fed;
+}
+
+/* Pieces of [nf, ne) not in [of, oe): up to two ranges, or all of it when
+ * the two do not meet. Returns how many (first[i], n[i]). */
+static uint32_t pieces(uint32_t nf, uint32_t ne, uint32_t of, uint32_t oe, uint32_t first[2], uint32_t n[2])
+{
+    uint32_t lo = nf > of ? nf : of, hi = ne < oe ? ne : oe;
+    if (lo >= hi) {
+        first[0] = nf;
+        n[0] = ne - nf;
+        return ne > nf;
+    }
+    uint32_t k = 0;
+    if (nf < lo) {
+        first[k] = nf;
+        n[k++] = lo - nf;
+    }
+    if (hi < ne) {
+        first[k] = hi;
+        n[k++] = ne - hi;
+    }
+    return k;
+}
+
+/* The head's half of step 1: is the target acceptable? */
+static pd_status plan_check(migrate *mg, sched *sc, budget *bud, const layermap *target, pd_err *err)
+{
+    const layermap *cur = &mg->r->lm;
+    if (target->n_stages != cur->n_stages)
+        return pd_err_set(err, PD_ERR_ARG, "the map has %u ranges, the job %u ranks", target->n_stages, cur->n_stages);
+    if (migrate_layers_moved(cur, target) == 0)
+        return pd_err_set(err, PD_ERR_ARG, "that map is in force already");
+    if (!bud)
+        return PD_OK;
+    stream_table *t = sched_streams(sc);
+    uint32_t cap = stream_table_capacity(t), n = 0;
+    uint64_t *pr = calloc(cap + 1, sizeof *pr);
+    uint32_t *mn = calloc(cap + 1, sizeof *mn);
+    pd_status st = (pr && mn) ? PD_OK : pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+    for (uint32_t i = 0; st == PD_OK && i < cap; i++)
+        if (stream_table_at(t, i)) {
+            pr[n] = stream_table_at(t, i)->prefill_rows;
+            mn[n++] = stream_table_at(t, i)->max_new;
+        }
+    if (st == PD_OK)
+        st = budget_remap(bud, target->first, target->count, pr, mn, n, true, err);
+    free(pr);
+    free(mn);
+    return st;
+}
+
+/* Loads (or finds) the weights of [first, first + n) for the stage. */
+static pd_status weights_for(migrate *mg, uint32_t first, uint32_t n, const model **w, model **loaded, pd_err *err)
+{
+    rank *r = mg->r;
+    *loaded = NULL;
+    uint32_t mf = model_first_layer(r->m), mn = model_layer_count(r->m);
+    if (first >= mf && first + n <= mf + mn && mg->fault != MIGRATE_FAULT_WEIGHTS) {
+        *w = NULL; /* the rank's own model holds them */
+        return PD_OK;
+    }
+    model_load_opts mo = {.first_layer = first,
+                          .n_layers = n,
+                          .backend = r->o->backend,
+                          .alloc = arena_alloc_iface(r->ar)};
+    const char *path = mg->fault == MIGRATE_FAULT_WEIGHTS ? MIGRATE_FAULT_PATH : r->o->model_path;
+    pd_status st = model_load(path, &mo, loaded, err);
+    if (st) {
+        pd_err_prefix(err, "weights of layers %u-%u are not readable here", first, first + n - 1);
+        return st;
+    }
+    *w = *loaded;
+    return PD_OK;
+}
+
+static void slice_keep(migrate *mg, model *m)
+{
+    for (uint32_t i = 0; i < mg->n_layers; i++)
+        if (!mg->slices[i]) {
+            mg->slices[i] = m;
+            return;
+        }
+    CHECK(0 && "more weight slices than layers");
+}
+
+/* Frees the slices no layer of the stage runs on any more. */
+static void slices_prune(migrate *mg)
+{
+    uint32_t first, n;
+    stage_layers(mg->r->st, &first, &n);
+    for (uint32_t i = 0; i < mg->n_layers; i++) {
+        if (!mg->slices[i])
+            continue;
+        bool used = false;
+        for (uint32_t L = first; L < first + n; L++)
+            used |= mg->src[L] == mg->slices[i];
+        if (!used) {
+            model_free(mg->slices[i]);
+            mg->slices[i] = NULL;
+        }
+    }
+}
+
+pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *target, migrate_report *rep, pd_err *err)
+{
+    rank *r = mg->r;
+    double t0 = MPI_Wtime();
+    memset(rep, 0, sizeof *rep);
+    rep->from = r->lm;
+    pd_err e = {0};
+    pd_status st = PD_OK;
+
+    /* 1. plan: the head checks the target and names the streams */
+    migrate_plan plan = {0};
+    uint32_t cap = r->sz.max_streams + 1;
+    uint64_t *ids = calloc(cap, sizeof *ids), *pos = calloc(cap, sizeof *pos);
+    int have = ids && pos;
+    if (r->is_head) {
+        if (!have)
+            st = pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
+        else
+            st = plan_check(mg, sc, bud, target, &e);
+        plan.refused = st != PD_OK;
+        plan.to = st == PD_OK ? *target : r->lm;
+        if (st == PD_OK) {
+            stream_table *t = sched_streams(sc);
+            for (uint32_t i = 0; i < stream_table_capacity(t); i++)
+                if (stream_table_at(t, i)) {
+                    pos[plan.n_streams] = stream_next_pos(stream_table_at(t, i));
+                    ids[plan.n_streams++] = stream_table_at(t, i)->id;
+                }
+        }
+    }
+    pd_status bs = pipe_bcast(r->p, &plan, sizeof plan, err);
+    if (bs == PD_OK)
+        bs = pipe_agree(r->p, have ? PD_OK : PD_ERR_NOMEM, err);
+    if (bs == PD_OK && plan.n_streams) {
+        bs = pipe_bcast(r->p, ids, (size_t)plan.n_streams * sizeof *ids, err);
+        if (bs == PD_OK)
+            bs = pipe_bcast(r->p, pos, (size_t)plan.n_streams * sizeof *pos, err);
+    }
+    rep->to = plan.to;
+    rep->streams = plan.n_streams;
+    if (bs || plan.refused) {
+        free(ids);
+        free(pos);
+        if (!bs)
+            snprintf(rep->why, sizeof rep->why, "%s", r->is_head ? e.msg : "the head refused the plan");
+        rep->total_s = MPI_Wtime() - t0;
+        return bs;
+    }
+
+    /* 2. copy */
+    const layermap *from = &r->lm, *to = &plan.to;
+    uint32_t me = (uint32_t)r->rank, NL = r->hp.n_layers, cnt = plan.n_streams;
+    uint32_t of = from->first[me], oe = of + from->count[me], nf = to->first[me], ne = nf + to->count[me];
+    uint32_t n_give = 0, n_take = 0;
+    for (uint32_t L = 0; L < NL; L++) {
+        n_give += owner(from, L) == me && owner(to, L) != me;
+        n_take += owner(to, L) == me && owner(from, L) != me;
+    }
+    migrate_move *give = calloc(n_give + 1, sizeof *give), *take = calloc(n_take + 1, sizeof *take);
+    uint64_t *dg = calloc(2 * (size_t)NL, sizeof *dg);                         /* [L] sent, [NL + L] received */
+    uint64_t *all_dg = calloc(2 * (size_t)NL * (size_t)r->size, sizeof *all_dg);
+    migrate_verdict *vd = calloc((size_t)r->size, sizeof *vd);
+    if (!give || !take || !dg || !all_dg || !vd)
+        st = pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
+    /* the rows up to the head's positions become final on every rank (what
+     * the next micro-batch would do), so records hold final rows only */
+    for (uint32_t i = 0; st == PD_OK && i < cnt; i++)
+        st = stage_settle(r->st, ids[i], pos[i], &e);
+    uint64_t sent_bytes = 0;
+    bool corrupted = false;
+    /* sources: one bundle per layer they give, sent without waiting (a
+     * layer whose export failed is announced with length 0) */
+    uint32_t k = 0;
+    for (uint32_t L = of; give && L < oe; L++) {
+        if (owner(to, L) == me)
+            continue;
+        migrate_move *mv = &give[k++];
+        mv->layer = L;
+        mv->peer = (int)owner(to, L);
+        mv->req[0] = mv->req[1] = MPI_REQUEST_NULL;
+        if (st == PD_OK) {
+            membuf mb = {0};
+            bundle_writer *bw = NULL;
+            st = bundle_writer_new(membuf_sink, &mb, stage_layer_identity(r->st, L), L, cnt, &bw, &e);
+            for (uint32_t i = 0; st == PD_OK && i < cnt; i++) {
+                uint8_t *rec;
+                size_t len;
+                if ((st = stage_export_layer(r->st, ids[i], L, &rec, &len, &e)) == PD_OK) {
+                    st = bundle_writer_add_record(bw, ids[i], rec, len, &e);
+                    free(rec);
+                }
+            }
+            if (st == PD_OK)
+                st = bundle_writer_finish(bw, &e);
+            bundle_writer_free(bw);
+            if (st == PD_OK) {
+                mv->buf = mb.p;
+                mv->len = mb.n;
+                dg[L] = pd_fnv_bytes(PD_FNV_OFFSET, mb.p, mb.n);
+                sent_bytes += mb.n;
+                if (mg->fault == MIGRATE_FAULT_CORRUPT && !corrupted) {
+                    mv->buf[mv->len / 2] ^= 0x40; /* test hook: after the CRC */
+                    corrupted = true;
+                }
+            } else {
+                free(mb.p);
+                pd_err_prefix(&e, "rank %u exporting layer %u", me, L);
+            }
+        }
+    }
+    pd_status ms = PD_OK; /* MPI failures: the job cannot go on */
+    for (uint32_t i = 0; i < k && ms == PD_OK; i++) {
+        ms = pipe_isend(mg->link, give[i].peer, &give[i].len, sizeof give[i].len, &give[i].req[0], err);
+        if (ms == PD_OK && give[i].len)
+            ms = pipe_isend(mg->link, give[i].peer, give[i].buf, give[i].len, &give[i].req[1], err);
+    }
+    /* receivers: weights first (the file, not the wire), then each bundle,
+     * validated whole */
+    uint32_t pf[2], pn[2], np = st == PD_OK ? pieces(nf, ne, of, oe, pf, pn) : 0;
+    const model *pw[2] = {NULL, NULL};
+    model *pl[2] = {NULL, NULL};
+    for (uint32_t i = 0; i < np && st == PD_OK; i++)
+        st = weights_for(mg, pf[i], pn[i], &pw[i], &pl[i], &e);
+    k = 0;
+    for (uint32_t L = nf; take && L < ne && ms == PD_OK; L++) {
+        if (owner(from, L) == me)
+            continue;
+        migrate_move *mv = &take[k++];
+        mv->layer = L;
+        mv->peer = (int)owner(from, L);
+        size_t got;
+        ms = pipe_recv(mg->link, mv->peer, &mv->len, sizeof mv->len, &got, NULL, NULL, err);
+        if (ms)
+            break;
+        if (mv->len == 0) {
+            if (st == PD_OK)
+                st = pd_err_set(&e, PD_ERR_REFUSED, "rank %d could not export layer %u", mv->peer, L);
+            continue;
+        }
+        mv->buf = (st == PD_OK && mv->len <= SIZE_MAX) ? malloc((size_t)mv->len) : NULL;
+        if (!mv->buf && st == PD_OK)
+            st = pd_err_set(&e, PD_ERR_NOMEM, "rank %u: no memory for layer %u's %llu bytes", me, L,
+                            (unsigned long long)mv->len);
+        /* a bundle nobody wants is still received (into nothing) so the
+         * link stays in step */
+        pd_status rs = pipe_recv(mg->link, mv->peer, mv->buf, mv->buf ? (size_t)mv->len : 0, &got, NULL, NULL, err);
+        if (rs != PD_OK && mv->buf) {
+            ms = rs;
+            break;
+        }
+        if (st != PD_OK || !mv->buf)
+            continue;
+        dg[NL + L] = pd_fnv_bytes(PD_FNV_OFFSET, mv->buf, mv->len);
+        st = bundle_parse(mv->buf, (size_t)mv->len, &mv->v, &e);
+        if (st == PD_OK && mv->v->identity != stage_layer_identity(r->st, L))
+            st = pd_err_set(&e, PD_ERR_MISMATCH, "identity %016llx, expected %016llx (another model or policy)",
+                            (unsigned long long)mv->v->identity, (unsigned long long)stage_layer_identity(r->st, L));
+        else if (st == PD_OK && mv->v->layer != L)
+            st = pd_err_set(&e, PD_ERR_FORMAT, "holds layer %u", mv->v->layer);
+        else if (st == PD_OK && mv->v->n_streams != cnt)
+            st = pd_err_set(&e, PD_ERR_FORMAT, "holds %llu streams, the plan %u", (unsigned long long)mv->v->n_streams,
+                            cnt);
+        for (uint64_t i = 0; st == PD_OK && i < mv->v->n_streams; i++) {
+            bool known = false;
+            for (uint32_t j = 0; j < cnt; j++)
+                known |= ids[j] == mv->v->entries[i].stream;
+            if (!known)
+                st = pd_err_set(&e, PD_ERR_FORMAT, "stream %llu is not in the plan",
+                                (unsigned long long)mv->v->entries[i].stream);
+        }
+        if (st)
+            pd_err_prefix(&e, "rank %u: layer %u from rank %d", me, L, mv->peer);
+    }
+    for (uint32_t i = 0; give && i < n_give && ms == PD_OK; i++) {
+        ms = pipe_wait(mg->link, &give[i].req[0], NULL, err);
+        if (ms == PD_OK)
+            ms = pipe_wait(mg->link, &give[i].req[1], NULL, err);
+    }
+    if (ms) { /* the link is broken: nothing can be agreed on */
+        rep->total_s = MPI_Wtime() - t0;
+        return ms;
+    }
+
+    /* 3. ack: verdicts and digests on every rank */
+    migrate_verdict mine = {.status = st, .copy_s = MPI_Wtime() - t0, .bytes = sent_bytes};
+    if (st)
+        snprintf(mine.msg, sizeof mine.msg, "%s", e.msg);
+    pd_status gs = pipe_allgather(r->p, &mine, sizeof mine, vd, err);
+    if (gs == PD_OK)
+        gs = pipe_allgather(r->p, dg, 2 * (size_t)NL * sizeof *dg, all_dg, err);
+    if (gs)
+        return gs;
+    pd_status verdict = PD_OK;
+    for (int q = 0; q < r->size && verdict == PD_OK; q++)
+        if (vd[q].status) {
+            verdict = (pd_status)vd[q].status;
+            snprintf(rep->why, sizeof rep->why, "%s", vd[q].msg);
+        }
+    for (uint32_t L = 0; L < NL && verdict == PD_OK; L++) {
+        uint32_t a = owner(from, L), b = owner(to, L);
+        if (a == b)
+            continue;
+        rep->layers_moved++;
+        uint64_t sent = all_dg[(size_t)a * 2 * NL + L], got = all_dg[(size_t)b * 2 * NL + NL + L];
+        if (sent != got) {
+            verdict = PD_ERR_CHECKSUM;
+            snprintf(rep->why, sizeof rep->why,
+                     "layer %u: rank %u holds state of digest %016llx, rank %u sent %016llx", L, b,
+                     (unsigned long long)got, a, (unsigned long long)sent);
+        }
+    }
+    for (int q = 0; q < r->size; q++) {
+        rep->bytes += vd[q].bytes;
+        if (vd[q].copy_s > rep->copy_s)
+            rep->copy_s = vd[q].copy_s;
+    }
+
+    /* 4. switch, or drop what was prepared */
+    double t1 = MPI_Wtime();
+    pd_status cs = PD_OK;
+    if (verdict == PD_OK) {
+        uint32_t gf[2], gn[2], ng = pieces(of, oe, nf, ne, gf, gn);
+        for (uint32_t i = 0; i < ng && cs == PD_OK; i++)
+            cs = stage_remove_layers(r->st, gf[i], gn[i], err);
+        for (uint32_t i = 0; i < np && cs == PD_OK; i++) {
+            cs = stage_add_layers(r->st, pf[i], pn[i], pw[i], err);
+            if (cs == PD_OK && pl[i]) {
+                slice_keep(mg, pl[i]);
+                pl[i] = NULL;
+            }
+            for (uint32_t L = pf[i]; cs == PD_OK && L < pf[i] + pn[i]; L++)
+                mg->src[L] = pw[i];
+        }
+        for (uint32_t i = 0; i < n_take && cs == PD_OK; i++)
+            for (uint64_t j = 0; cs == PD_OK && j < take[i].v->n_streams; j++)
+                cs = stage_import_layer(r->st, take[i].v->entries[j].stream, take[i].layer, take[i].v->entries[j].record,
+                                        take[i].v->entries[j].len, err);
+        if (cs == PD_OK) {
+            r->lm = plan.to;
+            slices_prune(mg);
+            if (bud) {
+                stream_table *t = sched_streams(sc);
+                uint32_t n = 0;
+                uint64_t *prv = calloc(stream_table_capacity(t) + 1, sizeof *prv);
+                uint32_t *mnv = calloc(stream_table_capacity(t) + 1, sizeof *mnv);
+                if (!prv || !mnv)
+                    cs = pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+                for (uint32_t i = 0; cs == PD_OK && i < stream_table_capacity(t); i++)
+                    if (stream_table_at(t, i)) {
+                        prv[n] = stream_table_at(t, i)->prefill_rows;
+                        mnv[n++] = stream_table_at(t, i)->max_new;
+                    }
+                if (cs == PD_OK)
+                    cs = budget_remap(bud, plan.to.first, plan.to.count, prv, mnv, n, false, err);
+                free(prv);
+                free(mnv);
+            }
+        }
+        if (cs)
+            pd_err_prefix(err, "migration: switching to the new map failed on rank %u after every rank agreed", me);
+        rep->moved = cs == PD_OK;
+    }
+    rep->switch_s = MPI_Wtime() - t1;
+    for (uint32_t i = 0; i < 2; i++)
+        model_free(pl[i]);
+    for (uint32_t i = 0; give && i < n_give; i++)
+        free(give[i].buf);
+    for (uint32_t i = 0; take && i < n_take; i++) {
+        bundle_view_free(take[i].v);
+        free(take[i].buf);
+    }
+    free(give);
+    free(take);
+    free(dg);
+    free(all_dg);
+    free(vd);
+    free(ids);
+    free(pos);
+    if (cs == PD_OK)
+        cs = pipe_max_double(r->p, rep->switch_s, &rep->switch_s, err);
+    rep->total_s = MPI_Wtime() - t0;
+    return cs;
+}

@@ -1,0 +1,100 @@
+/* migrate: live layer migration — moving contiguous layer ranges, with every
+ * alive stream's cache state, between running ranks at a drain point
+ * (run.h), so that every rank switches to a new layer map together and no
+ * token changes (ARCHITECTURE.md §1, §10).
+ *
+ * Owns: a communicator duplicated from the pipeline's (the migration's
+ * point-to-point traffic must not meet the pipeline's pre-posted receives)
+ * and the weight slices this rank loaded for layers it received.
+ *
+ * Protocol (migrate_run, every rank at the same drain point):
+ *   1. plan   the head checks the target map (same rank count, a change,
+ *             the admission budget of every rank under it: --mem-limit) and
+ *             broadcasts it with the alive streams and their positions; a
+ *             refused plan changes nothing;
+ *   2. copy   every rank settles those streams at their positions; each
+ *             layer whose owner changes travels from its old owner to its
+ *             new one as one state bundle (comm/bundle.h: CRC per entry,
+ *             whole-bundle validation); the receiver maps the layers'
+ *             weights from the model file and validates each bundle (CRC,
+ *             structure, identity = model + layer + policy, layer, exactly
+ *             the broadcast streams);
+ *   3. ack    every rank's digests (FNV-1a 64 of each bundle as sent and as
+ *             received) and verdict are gathered: one failure or one digest
+ *             that differs refuses the whole move, every rank drops what it
+ *             prepared, the old map stays (the sources never stopped owning
+ *             their layers);
+ *   4. switch every rank removes the layers it gives (their caches are
+ *             freed), adds the layers it takes and imports their records;
+ *             the map, the head's budget and the rank's layer map change
+ *             together. A failure here cannot be undone (a commit after a
+ *             full validation fails only for lack of memory): it ends the
+ *             job like any mid-run failure.
+ *
+ * It is a stop-the-world copy: the pipeline is drained during the whole
+ * move (the pause grows with the state moved). */
+#ifndef PD_RUNTIME_MIGRATE_H
+#define PD_RUNTIME_MIGRATE_H
+
+#include "base/status.h"
+#include "cluster/runtime/budget.h"
+#include "cluster/runtime/layermap.h"
+#include "cluster/runtime/rank.h"
+#include "cluster/runtime/sched.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct migrate migrate;
+
+/* Test hooks (--migrate-fault, documented as such): each makes every
+ * migration of the run fail at a protocol step so the tests see the abort
+ * path: CORRUPT flips one byte of the first bundle a source sends (after its
+ * CRC was computed), WEIGHTS makes the receiver's weight load read a path
+ * that does not exist. */
+typedef enum migrate_fault {
+    MIGRATE_FAULT_NONE = 0,
+    MIGRATE_FAULT_CORRUPT,
+    MIGRATE_FAULT_WEIGHTS,
+    MIGRATE_FAULT_COUNT
+} migrate_fault;
+
+pd_status migrate_fault_parse(const char *s, migrate_fault *out, pd_err *err);
+
+/* Collective (duplicates the pipeline's communicator): every rank, after
+ * rank_start. r is borrowed and must outlive the migrate. Returns owned *out
+ * (migrate_free, before rank_stop: it frees weight slices the stage uses). */
+pd_status migrate_new(rank *r, migrate_fault fault, migrate **out, pd_err *err);
+void migrate_free(migrate *mg);
+
+/* What one migration did (filled on every rank; figures are the job's). */
+typedef struct migrate_report {
+    bool moved;              /* the new map is in force on every rank */
+    char why[512];           /* refused: the reason (the failing rank's words) */
+    layermap from, to;
+    uint32_t layers_moved;
+    uint32_t streams;
+    uint64_t bytes;          /* state bytes moved (all bundles) */
+    double copy_s;           /* export, transfer and validation (max over ranks) */
+    double switch_s;         /* the switch (max over ranks) */
+    double total_s;          /* the whole action on this rank */
+} migrate_report;
+
+/* The drain action. target: the head's proposed map (read on rank 0 only);
+ * sc / bud: the head's scheduler and budget (NULL elsewhere; bud may be
+ * NULL). Returns PD_OK when the action ended with the same outcome on every
+ * rank — moved, or refused with the old map intact (rep->moved false,
+ * rep->why) — and an error only when the job cannot go on (an MPI failure,
+ * a failed switch). */
+pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *target, migrate_report *rep,
+                      pd_err *err);
+
+/* The map that moves boundary layer `layer` to rank `to` (a neighbour of its
+ * owner on the side the layer sits at; the owner must keep a layer).
+ * PD_ERR_ARG naming what is wrong; *out written only on success. */
+pd_status migrate_map_for_layer(const layermap *cur, uint32_t layer, uint32_t to, layermap *out, pd_err *err);
+
+/* Layers whose owner differs between a and b (same stage count). */
+uint32_t migrate_layers_moved(const layermap *a, const layermap *b);
+
+#endif
