@@ -43,9 +43,11 @@ struct jobctl {
     int status_client[CTL_MAX_CLIENTS];
     uint32_t n_status;
     /* windows: this rank's counters at the last gather */
-    double win_t, win_busy, win_wait_in, win_wait_send;
+    double win_t, win_busy, win_cpu, win_wait_in, win_wait_send;
     uint64_t win_step, win_tokens;
     uint32_t hold;           /* windows left before --rebalance acts again */
+    layermap last_prop;      /* --rebalance: the move the last window proposed */
+    bool have_prop;
     double t_ask;            /* head: when the current drain point was asked for */
     uint64_t step;           /* head: the step of the last want_drain */
     char *reply;             /* [JOBCTL_REPLY] */
@@ -324,6 +326,7 @@ static void window_reset(jobctl *j, uint64_t step)
     msg_stats s = rank_stats(j->r);
     j->win_t = MPI_Wtime();
     j->win_busy = s.busy_s;
+    j->win_cpu = j->r->busy_cpu_s;
     j->win_wait_in = s.wait_input_s;
     j->win_wait_send = s.wait_send_s;
     j->win_step = step;
@@ -378,7 +381,7 @@ static pd_status act_migrate(jobctl *j, const run_drain *d, const layermap *targ
 
 /* What every rank sends the head at a status gather. */
 typedef struct jobctl_win {
-    double busy, wait_in, wait_send, wall;
+    double busy, cpu, wait_in, wait_send, wall;
 } jobctl_win;
 
 static void status_reply(jobctl *j, const run_drain *d, const jobctl_win *w)
@@ -394,9 +397,9 @@ static void status_reply(jobctl *j, const run_drain *d, const jobctl_win *w)
                                 (unsigned long long)d->step, map, r->size, w[0].wall);
     for (int s = 0; s < r->size && n < JOBCTL_REPLY; s++)
         n += (size_t)snprintf(j->reply + n, JOBCTL_REPLY - n,
-                              "%s{\"rank\":%d,\"first\":%u,\"layers\":%u,\"busy_s\":%.6f,\"wait_s\":%.6f,"
-                              "\"busy_frac\":%.4f}",
-                              s ? "," : "", s, r->lm.first[s], r->lm.count[s], w[s].busy,
+                              "%s{\"rank\":%d,\"first\":%u,\"layers\":%u,\"busy_s\":%.6f,\"busy_cpu_s\":%.6f,"
+                              "\"wait_s\":%.6f,\"busy_frac\":%.4f}",
+                              s ? "," : "", s, r->lm.first[s], r->lm.count[s], w[s].busy, w[s].cpu,
                               w[s].wait_in + w[s].wait_send, w[s].busy / wall);
     char dir[1100] = "";
     if (r->o->checkpoint_dir)
@@ -416,12 +419,23 @@ static void status_reply(jobctl *j, const run_drain *d, const jobctl_win *w)
     j->n_status = 0;
 }
 
+static bool map_eq(const layermap *a, const layermap *b)
+{
+    if (a->n_stages != b->n_stages)
+        return false;
+    for (uint32_t s = 0; s < a->n_stages; s++)
+        if (a->first[s] != b->first[s] || a->count[s] != b->count[s])
+            return false;
+    return true;
+}
+
 /* Status gather; --rebalance auto decides on it and may migrate at once. */
 static pd_status act_stats(jobctl *j, const run_drain *d, pd_err *err)
 {
     rank *r = j->r;
     msg_stats s = rank_stats(r);
     jobctl_win mine = {.busy = s.busy_s - j->win_busy,
+                       .cpu = r->busy_cpu_s - j->win_cpu,
                        .wait_in = s.wait_input_s - j->win_wait_in,
                        .wait_send = s.wait_send_s - j->win_wait_send,
                        .wall = MPI_Wtime() - j->win_t};
@@ -447,7 +461,7 @@ static pd_status act_stats(jobctl *j, const run_drain *d, pd_err *err)
             pd_err e = {0};
             pd_status rs = busy ? PD_OK : pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
             for (int q = 0; busy && q < r->size; q++)
-                busy[q] = all[q].busy;
+                busy[q] = all[q].cpu;
             if (rs == PD_OK)
                 rs = rebalance_decide(&r->lm, busy, r->o->rebalance_threshold, &dcs, &e);
             char cur[512], prop[512], nums[1024];
@@ -458,14 +472,25 @@ static pd_status act_stats(jobctl *j, const run_drain *d, pd_err *err)
             if (rs == PD_OK) {
                 layermap_format(&dcs.propose, prop, sizeof prop);
                 fprintf(stderr,
-                        "pipedec: rebalance at step %llu: busy s per stage %s over %llu steps (map %s); best map %s "
+                        "pipedec: rebalance at step %llu: busy CPU s per stage %s over %llu steps (map %s); best map %s "
                         "predicts bottleneck %.4f s vs %.4f s measured: gain %.1f%% %s %.1f%%: %s\n",
                         (unsigned long long)d->step, nums, (unsigned long long)(d->step - j->win_step), cur, prop,
                         dcs.predicted, dcs.bottleneck, 100 * dcs.gain, dcs.move ? ">" : "<=",
-                        100 * r->o->rebalance_threshold, dcs.move ? "migrating" : "staying");
-                if (dcs.move && !j->pend_mig) {
+                        100 * r->o->rebalance_threshold,
+                        !dcs.move ? "staying"
+                        : (j->have_prop && map_eq(&j->last_prop, &dcs.propose))
+                            ? "confirmed by a second window: migrating"
+                            : "waiting for a second window to confirm");
+                /* hysteresis: a move must be proposed by two windows in a
+                 * row (one noisy window moves nothing) */
+                if (dcs.move && !j->pend_mig && j->have_prop &&
+                    map_eq(&j->last_prop, &dcs.propose)) {
                     dec.move = 1;
                     dec.to = dcs.propose;
+                    j->have_prop = false;
+                } else {
+                    j->have_prop = dcs.move;
+                    j->last_prop = dcs.propose;
                 }
             } else
                 fprintf(stderr, "pipedec: rebalance at step %llu: no decision: %s\n", (unsigned long long)d->step,

@@ -455,6 +455,18 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
         if (st)
             pd_err_prefix(&e, "rank %u: layer %u from rank %d", me, L, mv->peer);
     }
+    /* the receiver's own memory check, on the bytes that arrived (the head
+     * checked the predicted reservations already) */
+    uint64_t lim = r->o->mem_limit, incoming = 0;
+    for (uint32_t i = 0; take && i < n_take; i++)
+        incoming += take[i].len;
+    stage_mem sm;
+    stage_memory(r->st, &sm);
+    if (st == PD_OK && lim != 0 && lim != UINT64_MAX && sm.cache_bytes + incoming > lim)
+        st = pd_err_set(&e, PD_ERR_RANGE,
+                        "rank %u: its caches hold %llu bytes; the %llu bytes of state arriving would pass its "
+                        "--mem-limit of %llu", me, (unsigned long long)sm.cache_bytes, (unsigned long long)incoming,
+                        (unsigned long long)lim);
     for (uint32_t i = 0; give && i < n_give && ms == PD_OK; i++) {
         ms = pipe_wait(mg->link, &give[i].req[0], NULL, err);
         if (ms == PD_OK)

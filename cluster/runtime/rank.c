@@ -7,6 +7,7 @@
 #include "cluster/runtime/budget.h"
 
 #include <stdio.h>
+#include <time.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -295,13 +296,22 @@ pd_status rank_lifecycle(rank *r, const mb_admit *admit, uint32_t na, const uint
     return PD_OK;
 }
 
+double rank_cpu_seconds(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0)
+        return 0;
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 pd_status rank_forward(rank *r, const mb_row *rows, uint32_t n, float *x, pd_err *err)
 {
-    double t0 = MPI_Wtime();
+    double t0 = MPI_Wtime(), c0 = rank_cpu_seconds();
     pd_status st = stage_forward(r->st, rows, n, x, err);
     if (st)
         return st;
     r->stats.busy_s += MPI_Wtime() - t0;
+    r->busy_cpu_s += rank_cpu_seconds() - c0;
     r->stats.micro_batches += 1;
     r->stats.rows += n;
     stage_mem sm;
@@ -316,9 +326,10 @@ pd_status rank_forward(rank *r, const mb_row *rows, uint32_t n, float *x, pd_err
 pd_status rank_sample(rank *r, const mb_row *rows, uint32_t n, const float *x, uint32_t *n_tokens, pd_err *err)
 {
     CHECK(r->tl);
-    double t0 = MPI_Wtime();
+    double t0 = MPI_Wtime(), c0 = rank_cpu_seconds();
     pd_status st = tail_sample(r->tl, rows, n, x, r->tokens, r->digests, n_tokens, err);
     r->stats.busy_s += MPI_Wtime() - t0;
+    r->busy_cpu_s += rank_cpu_seconds() - c0;
     return st;
 }
 

@@ -67,6 +67,9 @@ typedef struct rank {
     uint32_t *tokens;        /* [max_logits] the last sampled tokens */
     uint64_t *digests;       /* [max_logits] their logits rows' digests */
     msg_stats stats;         /* busy, micro-batches, rows, peaks (traffic is in x) */
+    double busy_cpu_s;       /* process CPU seconds spent where stats.busy_s counts wall time:
+                                what --rebalance weighs (a rank preempted by a neighbour's
+                                work loses wall time, not CPU time) */
 } rank;
 
 /* Step 1 of start-up: r->o and r->p set, everything else zero. Collective. */
@@ -99,6 +102,9 @@ pd_status rank_lifecycle(rank *r, const mb_admit *admit, uint32_t na, const uint
 pd_status rank_forward(rank *r, const mb_row *rows, uint32_t n, float *x, pd_err *err);
 /* Tail only: samples the rows that want logits into r->tokens / r->digests. */
 pd_status rank_sample(rank *r, const mb_row *rows, uint32_t n, const float *x, uint32_t *n_tokens, pd_err *err);
+
+/* CPU seconds this process has used (CLOCK_PROCESS_CPUTIME_ID). */
+double rank_cpu_seconds(void);
 
 /* This rank's counters with the transport's folded in. */
 msg_stats rank_stats(const rank *r);
