@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Live layer migration (issue 14): layers move between running ranks at
+# drain points (--migrate-at STEP:MAP, a testing aid) — single layers both
+# ways, whole new maps, several per run, on 2..4 ranks, for every --attn,
+# --kv and --evict mode and with --draft ngram — and out.jsonl, digests
+# included, stays byte-identical to a one-rank run. Forced aborts (a
+# corrupted bundle, unreadable weights, a receiver over --mem-limit) keep the
+# old map and the same bytes. --rebalance auto moves a lopsided map to within
+# one layer of the balanced one and leaves a balanced map alone.
+source "$(dirname "$0")/lib.bash"
+T="$E2E_TMP"
+m="$T/m.gguf"
+"$PIPEDEC" mkmodel --arch llama --layers 8 --hidden 64 --heads 4 --kv-heads 2 --ffn 96 --vocab 320 --seed 8 \
+  --out "$m" >/dev/null
+"$PIPEDEC" mkpages --model "$m" --count 12 --embed-rows 12 --prompt-tokens 3 --max-new 60 --seed 6 \
+  --out "$T/pages" >/dev/null
+P="$T/pages/pages.jsonl"
+MPIRUN=(mpirun --oversubscribe --bind-to none)
+
+# schedules per rank count: single layers both ways, whole new maps
+sched() {
+  case "$1" in
+    2) echo "--layers 0-3,4-7 --migrate-at 3:0-4,5-7 --migrate-at 15:0-3,4-7 --migrate-at 30:0,1-7 --migrate-at 60:0-6,7" ;;
+    3) echo "--layers 0-2,3-5,6-7 --migrate-at 5:0-1,2-5,6-7 --migrate-at 20:0-1,2-6,7 --migrate-at 40:0,1,2-7 --migrate-at 70:0-5,6,7" ;;
+    4) echo "--layers 0-1,2-3,4-5,6-7 --migrate-at 4:0-2,3,4-5,6-7 --migrate-at 25:0,1-5,6,7 --migrate-at 55:0-1,2-3,4-5,6-7" ;;
+  esac
+}
+
+# run_mig TAG N POLICY...: the migrating run; its log in TAG.log
+run_mig() {
+  local tag="$1" n="$2"; shift 2
+  # shellcheck disable=SC2046
+  timeout 120 "${MPIRUN[@]}" -np "$n" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/$tag.out" --batch 3 --digest \
+    $(sched "$n") "$@" >"$T/$tag.log" 2>&1 </dev/null
+}
+
+i=0
+for pol in "" "--attn rswa:8" "--attn window:8" "--kv q8" "--kv q8k" "--kv q8v" "--evict recent:16" \
+           "--evict importance:16:2" "--draft ngram" "--draft ngram:1:6 --attn rswa:8"; do
+  tag=$(printf "%s" "p$i$pol" | tr -c "a-zA-Z0-9-" "_")
+  # shellcheck disable=SC2086
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/$tag.ref" --batch 3 --digest $pol >/dev/null 2>&1
+  n=$((2 + i % 3))
+  # shellcheck disable=SC2086
+  if run_mig "$tag" "$n" $pol; then
+    k=$(grep -c "^pipedec: migration (--migrate-at) at step .* -> " "$T/$tag.log" || true)
+    want=$(sched "$n" | grep -o -- --migrate-at | wc -l)
+    [ "$k" -eq "$want" ] && pass "${pol:-default}: $k migrations on $n ranks" \
+      || { fail "${pol:-default}: $k of $want migrations happened on $n ranks"; grep -i migrat "$T/$tag.log" | head -3; }
+    same "$T/$tag.ref" "$T/$tag.out" "${pol:-default}: migrated on $n ranks == one rank"
+  else
+    fail "${pol:-default}: the migrating run on $n ranks failed"; tail -3 "$T/$tag.log"
+  fi
+  i=$((i + 1))
+done
+# every rank count for the default policy (2 ran above)
+for n in 3 4; do
+  run_mig "def$n" "$n" || fail "default on $n ranks failed"
+  same "$T/p0.ref" "$T/def$n.out" "default: migrated on $n ranks == one rank"
+done
+# the negative control of the identity checks: another cache policy's
+# output differs, so the comparisons above could see a difference
+differ "$T/p0.ref" "$T/p3--kv_q8.ref" "negative control: --kv q8 differs from f32"
+
+# forced aborts: the job goes on with the old map and the same bytes
+abort_case() { # abort_case TAG PATTERN ARGS...
+  local tag="$1" pat="$2"; shift 2
+  if timeout 120 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/$tag.out" --batch 3 \
+       --digest --layers 0-3,4-7 "$@" >"$T/$tag.log" 2>&1 </dev/null; then
+    if grep -q "refused, the map stays 0-3,4-7: .*$pat" "$T/$tag.log" && ! grep -q " -> " "$T/$tag.log"; then
+      pass "$tag: refused ($(grep -o "refused.*" "$T/$tag.log" | head -1 | cut -c1-150))"
+    else
+      fail "$tag: no refusal matching /$pat/"; grep -i migrat "$T/$tag.log" | head -3
+    fi
+  else
+    fail "$tag: the job failed"; tail -3 "$T/$tag.log"
+  fi
+  same "$T/p0.ref" "$T/$tag.out" "$tag: old map kept, output == one rank"
+}
+abort_case corrupt "bundle: offset [0-9]*: entry .* crc" --migrate-at 10:0-4,5-7 --migrate-fault corrupt
+abort_case weights "weights of layers 4-4 are not readable" --migrate-at 10:0-4,5-7 --migrate-fault weights
+abort_case memlimit "more than its --mem-limit" --migrate-at 10:0-6,7 --mem-limit 400K
+
+# bad schedules are start-up errors
+rc=0; timeout 60 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/bad.out" --migrate-at 5:0-3 \
+  >/dev/null 2>"$T/badmap.err" </dev/null || rc=$?
+[ "$rc" -ne 0 ] && grep -q -- "--migrate-at 5:0-3: .*" "$T/badmap.err" && pass "--migrate-at with a bad map (exit $rc)" \
+  || { fail "--migrate-at with a bad map: exit $rc"; head -3 "$T/badmap.err"; }
+expect_fail "--migrate-at without a map" "--migrate-at '7': expected STEP:MAP" \
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/bad.out" --migrate-at 7
+expect_fail "--migrate-fault unknown" "--migrate-fault 'x'" \
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/bad.out" --migrate-fault x
+[ ! -e "$T/bad.out" ] && pass "refused runs wrote no output" || fail "a refused run wrote $T/bad.out"
+
+# --rebalance auto: from 0-0,1-11 to within one layer of the balanced map
+m12="$T/m12.gguf"
+"$PIPEDEC" mkmodel --arch llama --layers 12 --hidden 128 --heads 4 --kv-heads 2 --ffn 256 --vocab 320 --seed 8 \
+  --out "$m12" >/dev/null
+"$PIPEDEC" mkpages --model "$m12" --count 16 --embed-rows 12 --prompt-tokens 3 --max-new 160 --seed 6 \
+  --out "$T/p12" >/dev/null
+P12="$T/p12/pages.jsonl"
+"$PIPEDEC" run --model "$m12" --pages "$P12" --out "$T/rb.ref" --batch 4 --digest >/dev/null 2>&1
+timeout 120 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m12" --pages "$P12" --out "$T/rb.out" --batch 4 --digest \
+  --layers 0-0,1-11 --rebalance auto --rebalance-window 32 >"$T/rb.log" 2>&1 </dev/null || fail "rebalance run failed"
+final=$(grep -o "migration (rebalance) at step [0-9]*: [0-9,-]* -> [0-9,-]*" "$T/rb.log" | tail -1 | sed 's/.* -> //')
+best=$(timeout 120 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m12" --pages "$P12" --out "$T/rb2.out" --batch 4 \
+  --digest --rebalance auto --rebalance-window 32 2>&1 </dev/null | tee "$T/rb2.log" | grep -o "placement: layers [0-9-]*, rank 1" | grep -o "[0-9]*-" | head -1 | tr -d -)
+got=${final#*,}; got=${got%%-*}
+if [ -n "$final" ] && [ -n "$best" ] && [ $((got - best)) -le 1 ] && [ $((best - got)) -le 1 ]; then
+  pass "rebalance: 0-0,1-11 moved to $final, within one layer of the balanced split at layer $best"
+else
+  fail "rebalance: final map '${final:-none}', balanced split at layer '${best:-?}'"; grep rebalance "$T/rb.log" | head -5
+fi
+grep -q "rebalance at step .*busy CPU s per stage .* predicts bottleneck .* gain" "$T/rb.log" \
+  && pass "rebalance: every decision is logged with its numbers" || fail "rebalance: no decision logged"
+same "$T/rb.ref" "$T/rb.out" "rebalance: output == one rank"
+if grep -q "migration (rebalance)" "$T/rb2.log"; then
+  fail "rebalance: the balanced map was moved"; grep "migration (rebalance)" "$T/rb2.log" | head -3
+else
+  pass "rebalance: no move on the balanced map ($(grep -c 'rebalance at step' "$T/rb2.log") decisions: staying)"
+fi
+same "$T/rb.ref" "$T/rb2.out" "rebalance on a balanced map: output == one rank"
+finish
