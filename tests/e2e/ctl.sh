@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# The control socket (issue 14): `pipedec run --control PATH` on rank 0 and
+# `pipedec ctl PATH ...` — status (human and --json), migrations by map and
+# by layer, refusals that change nothing (a bad map, a layer that is not at a
+# boundary, checkpoint without --checkpoint-dir, a second migration while
+# one waits for its drain point), a client that disconnects mid-command, the
+# socket's mode, a path that already exists (a file, a live socket, a stale
+# socket), and checkpoint / stop through the socket. The job's out.jsonl is
+# byte-identical to a one-rank run throughout.
+source "$(dirname "$0")/lib.bash"
+T="$E2E_TMP"
+m="$T/m.gguf"
+"$PIPEDEC" mkmodel --arch llama --layers 12 --hidden 128 --heads 4 --kv-heads 2 --ffn 256 --vocab 320 --seed 8 \
+  --out "$m" >/dev/null
+"$PIPEDEC" mkpages --model "$m" --count 60 --embed-rows 12 --prompt-tokens 3 --max-new 200 --seed 6 \
+  --out "$T/pages" >/dev/null
+P="$T/pages/pages.jsonl"
+MPIRUN=(mpirun --oversubscribe --bind-to none)
+CTL=("$PD_BUILD/pipedec" ctl)
+"$PIPEDEC" run --model "$m" --pages "$P" --out "$T/ref.jsonl" --batch 4 --digest >/dev/null 2>&1
+
+# start OUT SOCK extra...: a 2-rank job in the background (exit status in OUT.rc)
+start() {
+  local out="$1" sock="$2"; shift 2
+  ( rc=0; timeout 300 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 4 --digest \
+      --control "$sock" "$@" >"$out.log" 2>&1 </dev/null || rc=$?; echo "$rc" > "$out.rc" ) &
+  for _ in $(seq 1 3000); do [ -S "$sock" ] && [ -s "$out" ] && break; sleep 0.01; done
+}
+rank_pid() { # rank_pid OUT R
+  for pid in $(pgrep -f "^$PIPEDEC_BIN.*--out $1 " || true); do
+    if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then echo "$pid"; return; fi
+  done
+}
+# ctl_ok NAME ARGS...: exit 0; the reply in $T/ctl.out
+ctl_ok() {
+  local name="$1" rc=0; shift
+  timeout 60 "${CTL[@]}" "$@" >"$T/ctl.out" 2>"$T/ctl.err" || rc=$?
+  if [ "$rc" -eq 0 ]; then pass "$name"; else fail "$name: exit $rc"; cat "$T/ctl.err" "$T/ctl.out" | head -3; fi
+}
+# ctl_refused NAME PATTERN ARGS...: exit 1, the reason on stderr matches
+ctl_refused() {
+  local name="$1" pat="$2" rc=0; shift 2
+  timeout 60 "${CTL[@]}" "$@" >"$T/ctl.out" 2>"$T/ctl.err" || rc=$?
+  if [ "$rc" -eq 1 ] && grep -Eq -e "$pat" "$T/ctl.err" && grep -q '"ok":false' "$T/ctl.out"; then
+    pass "$name: refused ($(head -c 150 "$T/ctl.err"))"
+  else
+    fail "$name: exit $rc"; cat "$T/ctl.err" "$T/ctl.out" | head -3
+  fi
+}
+jq_get() { python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$@"; }
+
+S="$T/job.sock"; out="$T/a.jsonl"
+start "$out" "$S"
+[ "$(stat -c %a "$S")" = 600 ] && pass "the socket is mode 0600" || fail "socket mode $(stat -c %a "$S")"
+
+# the socket path exists: a live socket is refused, a file is refused
+expect_fail "--control on a live job's socket" "another job is listening on that socket" \
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/b.jsonl" --control "$S"
+touch "$T/file"
+expect_fail "--control naming a file" "exists and is not a socket" \
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/b.jsonl" --control "$T/file"
+[ -f "$T/file" ] && [ ! -s "$T/b.jsonl" ] && pass "refused runs left the file and wrote nothing" \
+  || fail "a refused run touched its paths"
+
+ctl_ok "status --json" "$S" status --json
+if [ "$(jq_get "$T/ctl.out" "j['map'], len(j['stages']), j['ok'], 'busy_s' in j['stages'][0], 'tokens_per_s' in j")" \
+     = "('0-5,6-11', 2, True, True, True)" ]; then pass "status --json: map, two stages with busy times, tokens/s"
+else fail "status --json: $(head -c 300 "$T/ctl.out")"; fi
+ctl_ok "status (human)" "$S" status
+grep -q "^map: 0-5,6-11$" "$T/ctl.out" && grep -q "^stage 1: layers 6-11, busy" "$T/ctl.out" \
+  && pass "status prints key: value lines" || { fail "status text"; head -5 "$T/ctl.out"; }
+
+ctl_refused "a map of the wrong rank count" "refused: .*" "$S" migrate --map 0-11
+ctl_refused "a map past the model" "refused: .*" "$S" migrate --map 0-5,6-20
+ctl_refused "a layer not at a boundary" "can move only to a neighbour" "$S" migrate --layer 3 --to 1
+ctl_refused "the map in force" "in force already" "$S" migrate --map 0-5,6-11
+ctl_refused "checkpoint without --checkpoint-dir" "needs a job started with --checkpoint-dir" "$S" checkpoint
+rc=0; "${CTL[@]}" "$S" frobnicate >/dev/null 2>&1 || rc=$?
+[ "$rc" -eq 2 ] && pass "an unknown command is a usage error (exit 2)" || fail "unknown command: exit $rc"
+ctl_ok "status after the refusals" "$S" status --json
+[ "$(jq_get "$T/ctl.out" "j['map'], j['migrations']")" = "('0-5,6-11', 0)" ] \
+  && pass "the refusals changed nothing" || fail "after refusals: $(head -c 200 "$T/ctl.out")"
+
+ctl_ok "migrate --layer 5 --to 1" "$S" migrate --layer 5 --to 1
+[ "$(jq_get "$T/ctl.out" "j['moved'], j['to'], j['layers']")" = "(True, '0-4,5-11', 1)" ] \
+  && pass "the reply says what moved" || fail "migrate reply: $(head -c 300 "$T/ctl.out")"
+ctl_ok "migrate --map 0-7,8-11" "$S" migrate --map 0-7,8-11
+ctl_ok "status after two migrations" "$S" status --json
+[ "$(jq_get "$T/ctl.out" "j['map'], j['migrations']")" = "('0-7,8-11', 2)" ] \
+  && pass "status shows the new map" || fail "status after migrations: $(head -c 200 "$T/ctl.out")"
+
+# a second migration while one waits for its drain point: the head is
+# stopped, both requests queue in the socket, the first is taken, the second
+# refused
+head_pid=$(rank_pid "$out" 0)
+kill -STOP "$head_pid"
+( rc=0; timeout 60 "${CTL[@]}" "$S" migrate --map 0-6,7-11 >"$T/m1.out" 2>"$T/m1.err" || rc=$?; echo $rc >"$T/m1.rc" ) &
+j1=$!
+sleep 0.3
+( rc=0; timeout 60 "${CTL[@]}" "$S" migrate --map 0-8,9-11 >"$T/m2.out" 2>"$T/m2.err" || rc=$?; echo $rc >"$T/m2.rc" ) &
+j2=$!
+sleep 0.3
+kill -CONT "$head_pid"
+wait "$j1" "$j2" || true
+if [ "$(cat "$T/m1.rc")" = 0 ] && [ "$(cat "$T/m2.rc")" = 1 ] && grep -q "in progress already" "$T/m2.err"; then
+  pass "a second migration while one is pending is refused; the first went through"
+else
+  fail "concurrent migrations: rc $(cat "$T/m1.rc") / $(cat "$T/m2.rc")"; cat "$T/m1.err" "$T/m2.err" | head -3
+fi
+
+# a client that disconnects mid-command: the command still runs, the job is unhurt
+python3 - "$S" <<'PY'
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b"migrate --map 0-4,5-11\n"); s.close()
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b"stat"); s.close()
+PY
+t0=$(date +%s.%N); for _ in $(seq 1 3000); do grep -q -- "-> 0-4,5-11" "$out.log" && break; sleep 0.01; done; echo "# waited $(echo "$(date +%s.%N) - $t0" | bc) s for the migration"
+grep -q "migration (ctl) at step [0-9]*: 0-6,7-11 -> 0-4,5-11" "$out.log" \
+  && pass "a client gone before its reply: the migration ran, the job went on" \
+  || { fail "client disconnect: no migration to 0-4,5-11"; grep "migration" "$out.log" | tail -2; }
+
+wait
+[ "$(cat "$out.rc")" = 0 ] && pass "the job exited 0" || { fail "the job exited $(cat "$out.rc")"; tail -3 "$out.log"; }
+[ ! -e "$S" ] && pass "the socket is removed at exit" || fail "the socket is left behind"
+same "$T/ref.jsonl" "$out" "after ctl migrations: output == one rank"
+rc=0; "${CTL[@]}" "$S" status >/dev/null 2>"$T/gone.err" || rc=$?
+[ "$rc" -eq 2 ] && grep -q "cannot connect" "$T/gone.err" && pass "ctl with no job listening: exit 2, says so" \
+  || fail "ctl with no job: exit $rc"
+
+# a stale socket (its job died) is replaced
+python3 -c "import socket,sys; s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1])" "$T/stale.sock"
+[ -S "$T/stale.sock" ] || fail "could not make a stale socket"
+"$PIPEDEC" run --model "$m" --pages "$P" --out "$T/stale.jsonl" --batch 4 --digest --control "$T/stale.sock" \
+  >"$T/stale.log" 2>&1 && pass "a stale socket at the path is replaced" || { fail "stale socket"; tail -2 "$T/stale.log"; }
+same "$T/ref.jsonl" "$T/stale.jsonl" "one rank with --control: output == without"
+
+# checkpoint and stop through the socket, then resume
+S2="$T/ck.sock"; out="$T/ck.jsonl"
+start "$out" "$S2" --checkpoint-dir "$T/ck.d"
+ctl_ok "checkpoint" "$S2" checkpoint
+grep -q '"checkpoint":".*ckpt-1"' "$T/ctl.out" && [ -d "$T/ck.d/ckpt-1" ] && pass "checkpoint: ckpt-1 written" \
+  || fail "checkpoint reply: $(head -c 200 "$T/ctl.out")"
+ctl_ok "stop" "$S2" stop
+grep -q '"stopping":true' "$T/ctl.out" && pass "stop: checkpointed, stopping" || fail "stop reply: $(head -c 200 "$T/ctl.out")"
+wait
+[ "$(cat "$out.rc")" = 75 ] && pass "stop: the job exited 75 (resumable)" || fail "stop: exit $(cat "$out.rc")"
+timeout 300 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 4 --digest \
+  --checkpoint-dir "$T/ck.d" >"$out.resume.log" 2>&1 </dev/null || fail "resume after ctl stop failed"
+same "$T/ref.jsonl" "$out" "stopped by ctl and resumed: output == one rank"
+finish
