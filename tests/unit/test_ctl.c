@@ -1,0 +1,160 @@
+/* ctl: the control socket — mode 0600, one request line in, one reply line
+ * out, never blocking the server; a client gone before its reply costs
+ * nothing; a path that exists is replaced only when it is a stale socket. */
+#include "pd_test.h"
+
+#include "cluster/runtime/ctl.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+static char dir[256];
+
+static void mkpath(char *out, size_t cap, const char *name)
+{
+    if (!dir[0]) {
+        snprintf(dir, sizeof dir, "/tmp/pd-ctl-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(dir));
+    }
+    snprintf(out, cap, "%s/%s", dir, name);
+}
+
+typedef struct client_arg {
+    const char *path, *line;
+    char *reply;
+    pd_status st;
+} client_arg;
+
+static void *client(void *p)
+{
+    client_arg *a = p;
+    pd_err e = {0};
+    a->st = ctl_request(a->path, a->line, 10, &a->reply, &e);
+    return NULL;
+}
+
+/* Polls the server until a request arrives (the server never blocks). */
+static int wait_request(ctl *c, char *line, size_t cap)
+{
+    int id;
+    for (int i = 0; i < 5000; i++) {
+        if (ctl_next(c, &id, line, cap))
+            return id;
+        usleep(1000);
+    }
+    ck_abort_msg("no request arrived");
+    return -1;
+}
+
+START_TEST(ctl_one_line_in_one_line_out)
+{
+    char path[300], line[CTL_LINE_MAX];
+    mkpath(path, sizeof path, "a.sock");
+    ctl *c = NULL;
+    pd_err e = {0};
+    ck_assert_int_eq(ctl_open(path, &c, &e), PD_OK);
+    struct stat sb;
+    ck_assert_int_eq(stat(path, &sb), 0);
+    ck_assert_uint_eq(sb.st_mode & 0777, 0600);
+    int id;
+    ck_assert(!ctl_next(c, &id, line, sizeof line)); /* nothing yet, and no wait */
+    client_arg a = {.path = path, .line = "migrate --map 0-3,4-11"};
+    pthread_t t;
+    pthread_create(&t, NULL, client, &a);
+    id = wait_request(c, line, sizeof line);
+    ck_assert_str_eq(line, "migrate --map 0-3,4-11");
+    ctl_reply(c, id, "{\"ok\":true}");
+    pthread_join(t, NULL);
+    ck_assert_int_eq(a.st, PD_OK);
+    ck_assert_str_eq(a.reply, "{\"ok\":true}");
+    free(a.reply);
+    ctl_close(c);
+    ck_assert_int_ne(access(path, F_OK), 0); /* removed */
+}
+END_TEST
+
+START_TEST(ctl_client_gone_before_its_reply_costs_nothing)
+{
+    char path[300], line[CTL_LINE_MAX];
+    mkpath(path, sizeof path, "b.sock");
+    ctl *c = NULL;
+    pd_err e = {0};
+    ck_assert_int_eq(ctl_open(path, &c, &e), PD_OK);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    ck_assert_uint_lt(strlen(path), sizeof sa.sun_path);
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(write(fd, "status\n", 7), 7);
+    close(fd);
+    int id = wait_request(c, line, sizeof line);
+    ck_assert_str_eq(line, "status");
+    ctl_reply(c, id, "{\"ok\":true}"); /* no SIGPIPE, no error */
+    /* and the server still serves */
+    client_arg a = {.path = path, .line = "stop"};
+    pthread_t t;
+    pthread_create(&t, NULL, client, &a);
+    id = wait_request(c, line, sizeof line);
+    ck_assert_str_eq(line, "stop");
+    ctl_reply(c, id, "{\"ok\":false,\"error\":\"x\"}");
+    pthread_join(t, NULL);
+    ck_assert_int_eq(a.st, PD_OK);
+    free(a.reply);
+    ctl_close(c);
+}
+END_TEST
+
+START_TEST(ctl_existing_paths)
+{
+    char path[300];
+    ctl *c = NULL, *c2 = NULL;
+    pd_err e = {0};
+    /* a file is never replaced */
+    mkpath(path, sizeof path, "file");
+    FILE *f = fopen(path, "w");
+    fputs("keep", f);
+    fclose(f);
+    ck_assert_int_eq(ctl_open(path, &c, &e), PD_ERR_ARG);
+    ck_assert_ptr_nonnull(strstr(e.msg, "not a socket"));
+    ck_assert_int_eq(access(path, F_OK), 0);
+    /* a live socket is refused */
+    mkpath(path, sizeof path, "live.sock");
+    ck_assert_int_eq(ctl_open(path, &c, &e), PD_OK);
+    e = (pd_err){0};
+    ck_assert_int_eq(ctl_open(path, &c2, &e), PD_ERR_ARG);
+    ck_assert_msg(strstr(e.msg, "another job is listening"), "%s", e.msg);
+    ctl_close(c);
+    /* a stale socket (bound, nobody listening) is replaced */
+    mkpath(path, sizeof path, "stale.sock");
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    ck_assert_uint_lt(strlen(path), sizeof sa.sun_path);
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    close(fd);
+    ck_assert_int_eq(ctl_open(path, &c, &e), PD_OK);
+    ctl_close(c);
+    /* nobody listening: the client says so */
+    char *reply = NULL;
+    e = (pd_err){0};
+    ck_assert_int_eq(ctl_request(path, "status", 1, &reply, &e), PD_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(e.msg, "cannot connect"));
+}
+END_TEST
+
+Suite *pd_test_suite(void)
+{
+    Suite *s = suite_create("ctl");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, ctl_one_line_in_one_line_out);
+    tcase_add_test(tc, ctl_client_gone_before_its_reply_costs_nothing);
+    tcase_add_test(tc, ctl_existing_paths);
+    suite_add_tcase(s, tc);
+    return s;
+}
