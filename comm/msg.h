@@ -24,7 +24,10 @@
  * flight (seq = the number of micro-batches sent before it, so a stage can
  * check it has run every one of them):
  *   16  u32 action (what every rank runs at the drain point; the runtime's
- *       numbering), u32 drain number (0, 1, ... within the run)
+ *       numbering, cluster/runtime/jobctl.h: 1 checkpoint, 2 checkpoint and
+ *       stop, 3 migrate, 4 status gather), u32 drain number (0, 1, ...)
+ *       Migration state does not travel in pipeline messages: bundles go
+ *       point to point on a communicator of their own (docs/wire.md §9).
  * Every rank forwards it before it runs the action, so all ranks are at the
  * drain point together and the action may use collectives.
  *

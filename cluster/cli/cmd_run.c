@@ -26,6 +26,7 @@ static void run_usage(FILE *f)
             "         [--checkpoint-dir D [--checkpoint-every SECONDS]] [--draft none|ngram[:N[:K]]|model:FILE[:K]]\n"
             "         [--draft-async]\n"
             "         [--control SOCKET] [--rebalance off|auto] [--rebalance-window STEPS]\n"
+            "         [--rebalance-threshold PERCENT]\n"
             "testing aids: [--migrate-at STEP:MAP]... [--migrate-fault none|corrupt|weights]\n");
 }
 
@@ -49,7 +50,7 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         {"draft-async", no_argument, 0, 'y'},
         {"control", required_argument, 0, 'Q'},      {"rebalance", required_argument, 0, 'U'},
         {"rebalance-window", required_argument, 0, 'V'}, {"migrate-at", required_argument, 0, 'G'},
-        {"migrate-fault", required_argument, 0, 'F'},
+        {"migrate-fault", required_argument, 0, 'F'}, {"rebalance-threshold", required_argument, 0, 'J'},
         {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
     pd_status st = PD_OK;
     int ch;
@@ -119,6 +120,12 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
                 st = pd_err_set(e, PD_ERR_ARG, "--rebalance '%s': expected off or auto", optarg);
             break;
         case 'V': st = cli_u32("--rebalance-window", optarg, 1, 1u << 30, &o->rebalance_window, e); break;
+        case 'J': {
+            uint32_t pct;
+            st = cli_u32("--rebalance-threshold", optarg, 0, 100000, &pct, e);
+            o->rebalance_threshold = pct / 100.0;
+            break;
+        }
         case 'G': {
             uint64_t step;
             const char *map;

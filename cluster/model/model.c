@@ -730,6 +730,15 @@ uint64_t model_digest(const model *m)
     return d;
 }
 
+int model_digest_inherit(model *m, const model *from)
+{
+    if (model_fingerprint(m) != model_fingerprint(from))
+        return 0;
+    m->digest = model_digest(from);
+    m->digest_done = 1;
+    return 1;
+}
+
 /* What ranks compare at start-up: cheap (it reads the header and 12 KiB
  * per tensor, not the whole file), yet a different model — other weights,
  * other shapes, another file version — differs: the file size, every byte

@@ -166,6 +166,11 @@ const model_layer *model_layer_get(const model *m, uint32_t layer);
 const rope_table *model_rope_table(const model *m);
 /* 64-bit digest of the whole file's tensor data and metadata (cached). */
 uint64_t model_digest(const model *m);
+/* Gives m the cached digest of `from` when both come from files with the
+ * same fingerprint (a layer slice loaded later from the same path, during a
+ * live migration): the whole file need not be read again. Returns 0 and
+ * changes nothing when the fingerprints differ. */
+int model_digest_inherit(model *m, const model *from);
 /* A cheap 64-bit fingerprint of the file (size, header and tensor directory,
  * 12 KiB sampled from every tensor) for ranks to check they run the same
  * model; reads about 12 KiB per tensor, not the whole file. */

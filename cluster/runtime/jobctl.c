@@ -15,6 +15,7 @@
 enum { ACT_CKPT = 1, ACT_CKPT_EXIT = 2, ACT_MIGRATE = 3, ACT_STATS = 4 };
 
 #define JOBCTL_REPLY 8192
+#define JOBCTL_RING 16
 
 struct jobctl {
     rank *r;                 /* borrowed */
@@ -49,6 +50,12 @@ struct jobctl {
     layermap last_prop;      /* --rebalance: the move the last window proposed */
     bool have_prop;
     double t_ask;            /* head: when the current drain point was asked for */
+    /* head: (time, tokens sampled, streams alive) at the last JOBCTL_RING
+     * steps, for the decode step a migration's pause is set against */
+    double ring_t[JOBCTL_RING];
+    uint64_t ring_tok[JOBCTL_RING];
+    uint32_t ring_alive[JOBCTL_RING];
+    uint64_t ring_n;
     uint64_t step;           /* head: the step of the last want_drain */
     char *reply;             /* [JOBCTL_REPLY] */
 };
@@ -94,6 +101,11 @@ pd_status jobctl_new(rank *r, head *h, ctl *c, uint64_t ckpt_base, jobctl **out,
                 j->at_step[k - 1] = ts;
                 j->at_map[k - 1] = tm;
             }
+        /* a job that may migrate computes its model digest (the identity of
+         * every record, model_digest reads the whole file) now, not during
+         * its first migration's pause */
+        if (r->o->control_path || r->o->rebalance || r->o->n_migrate_at)
+            (void)stage_layer_identity(r->st, 0);
     } else
         ctl_close(c);
     /* collective: every rank gets here */
@@ -248,6 +260,14 @@ static uint32_t want_drain(void *ctx, uint64_t step)
     rank *r = j->r;
     const run_opts *o = r->o;
     j->step = step;
+    if (j->h) {
+        sched_progress pr;
+        head_progress(j->h, &pr);
+        uint32_t k = (uint32_t)(j->ring_n++ % JOBCTL_RING);
+        j->ring_t[k] = MPI_Wtime();
+        j->ring_tok[k] = pr.tokens_generated;
+        j->ring_alive[k] = pr.streams_alive;
+    }
     if (j->c) {
         int client;
         char line[CTL_LINE_MAX];
@@ -279,6 +299,23 @@ static uint32_t want_drain(void *ctx, uint64_t step)
 }
 
 /* ---- actions --------------------------------------------------------------------- */
+
+/* The decode step before a drain point: the mean time between two tokens of
+ * one stream over the last steps (streams alive x seconds / tokens); 0 when
+ * nothing was sampled. */
+static double decode_step(const jobctl *j)
+{
+    if (j->ring_n < 2)
+        return 0;
+    uint64_t n = j->ring_n < JOBCTL_RING ? j->ring_n : JOBCTL_RING;
+    uint32_t last = (uint32_t)((j->ring_n - 1) % JOBCTL_RING), first = (uint32_t)((j->ring_n - n) % JOBCTL_RING);
+    uint64_t tok = j->ring_tok[last] - j->ring_tok[first];
+    double alive = 0;
+    for (uint64_t i = 0; i < n; i++)
+        alive += j->ring_alive[i];
+    alive /= (double)n;
+    return tok ? alive * (j->ring_t[last] - j->ring_t[first]) / (double)tok : 0;
+}
 
 static pd_status act_ckpt(jobctl *j, const run_drain *d)
 {
@@ -356,16 +393,19 @@ static pd_status act_migrate(jobctl *j, const run_drain *d, const layermap *targ
     if (rep.moved) {
         j->migrations++;
         fprintf(stderr,
-                "pipedec: migration (%s) at step %llu: %s -> %s: %u layers, %u streams, %llu bytes; copy %.3f ms, "
-                "switch %.3f ms, action %.3f ms, pause %.3f ms\n",
+                "pipedec: migration (%s) at step %llu: %s -> %s: %u layers, %u streams, %llu bytes; copy %.3f ms "
+                "(export %.3f, weights %.3f, transfer+validate %.3f), switch %.3f ms, action %.3f ms, pause %.3f ms; "
+                "decode step %.3f ms\n",
                 source, (unsigned long long)d->step, a, b, rep.layers_moved, rep.streams,
-                (unsigned long long)rep.bytes, rep.copy_s * 1e3, rep.switch_s * 1e3, rep.total_s * 1e3, pause * 1e3);
+                (unsigned long long)rep.bytes, rep.copy_s * 1e3, rep.export_s * 1e3, rep.weights_s * 1e3,
+                rep.transfer_s * 1e3, rep.switch_s * 1e3, rep.total_s * 1e3, pause * 1e3, decode_step(j) * 1e3);
         if (client >= 0 && j->c) {
             snprintf(j->reply, JOBCTL_REPLY,
                      "{\"ok\":true,\"moved\":true,\"step\":%llu,\"from\":\"%s\",\"to\":\"%s\",\"layers\":%u,"
-                     "\"streams\":%u,\"bytes\":%llu,\"copy_ms\":%.3f,\"switch_ms\":%.3f,\"pause_ms\":%.3f}",
+                     "\"streams\":%u,\"bytes\":%llu,\"copy_ms\":%.3f,\"switch_ms\":%.3f,\"pause_ms\":%.3f,"
+                     "\"decode_step_ms\":%.3f}",
                      (unsigned long long)d->step, a, b, rep.layers_moved, rep.streams, (unsigned long long)rep.bytes,
-                     rep.copy_s * 1e3, rep.switch_s * 1e3, pause * 1e3);
+                     rep.copy_s * 1e3, rep.switch_s * 1e3, pause * 1e3, decode_step(j) * 1e3);
             ctl_reply(j->c, client, j->reply);
         }
     } else {
@@ -417,6 +457,14 @@ static void status_reply(jobctl *j, const run_drain *d, const jobctl_win *w)
     for (uint32_t i = 0; i < j->n_status; i++)
         ctl_reply(j->c, j->status_client[i], j->reply);
     j->n_status = 0;
+}
+
+/* Head: tokens per second over the window that just ended. */
+static double window_tps(const jobctl *j, double wall)
+{
+    sched_progress pr;
+    head_progress(j->h, &pr);
+    return wall > 0 ? (double)(pr.tokens_generated - j->win_tokens) / wall : 0;
 }
 
 static bool map_eq(const layermap *a, const layermap *b)
@@ -472,9 +520,11 @@ static pd_status act_stats(jobctl *j, const run_drain *d, pd_err *err)
             if (rs == PD_OK) {
                 layermap_format(&dcs.propose, prop, sizeof prop);
                 fprintf(stderr,
-                        "pipedec: rebalance at step %llu: busy CPU s per stage %s over %llu steps (map %s); best map %s "
-                        "predicts bottleneck %.4f s vs %.4f s measured: gain %.1f%% %s %.1f%%: %s\n",
-                        (unsigned long long)d->step, nums, (unsigned long long)(d->step - j->win_step), cur, prop,
+                        "pipedec: rebalance at step %llu: busy CPU s per stage %s over %llu steps (map %s, %.1f "
+                        "tokens/s); best map %s predicts bottleneck %.4f s vs %.4f s measured: gain %.1f%% %s %.1f%%: "
+                        "%s\n",
+                        (unsigned long long)d->step, nums, (unsigned long long)(d->step - j->win_step), cur,
+                        window_tps(j, all[0].wall), prop,
                         dcs.predicted, dcs.bottleneck, 100 * dcs.gain, dcs.move ? ">" : "<=",
                         100 * r->o->rebalance_threshold,
                         !dcs.move ? "staying"

@@ -162,7 +162,7 @@ typedef struct migrate_plan {
 typedef struct migrate_verdict {
     int32_t status;
     char msg[512];
-    double copy_s;
+    double copy_s, export_s, weights_s, transfer_s;
     uint64_t bytes;          /* bundle bytes this rank sent */
 } migrate_verdict;
 
@@ -250,6 +250,10 @@ static pd_status weights_for(migrate *mg, uint32_t first, uint32_t n, const mode
         pd_err_prefix(err, "weights of layers %u-%u are not readable here", first, first + n - 1);
         return st;
     }
+    /* the same file as the rank's own model (fingerprint): its digest
+     * holds, no need to read the whole file again; another file keeps its
+     * own digest and stage_add_layers refuses it */
+    (void)model_digest_inherit(*loaded, r->m);
     *w = *loaded;
     return PD_OK;
 }
@@ -352,6 +356,7 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
         st = stage_settle(r->st, ids[i], pos[i], &e);
     uint64_t sent_bytes = 0;
     bool corrupted = false;
+    double t_exp = MPI_Wtime();
     /* sources: one bundle per layer they give, sent without waiting (a
      * layer whose export failed is announced with length 0) */
     uint32_t k = 0;
@@ -392,6 +397,7 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
             }
         }
     }
+    double export_s = MPI_Wtime() - t_exp, t_xfer = MPI_Wtime();
     pd_status ms = PD_OK; /* MPI failures: the job cannot go on */
     for (uint32_t i = 0; i < k && ms == PD_OK; i++) {
         ms = pipe_isend(mg->link, give[i].peer, &give[i].len, sizeof give[i].len, &give[i].req[0], err);
@@ -403,8 +409,10 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
     uint32_t pf[2], pn[2], np = st == PD_OK ? pieces(nf, ne, of, oe, pf, pn) : 0;
     const model *pw[2] = {NULL, NULL};
     model *pl[2] = {NULL, NULL};
+    double t_w = MPI_Wtime();
     for (uint32_t i = 0; i < np && st == PD_OK; i++)
         st = weights_for(mg, pf[i], pn[i], &pw[i], &pl[i], &e);
+    double weights_s = MPI_Wtime() - t_w;
     k = 0;
     for (uint32_t L = nf; take && L < ne && ms == PD_OK; L++) {
         if (owner(from, L) == me)
@@ -472,13 +480,15 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
         if (ms == PD_OK)
             ms = pipe_wait(mg->link, &give[i].req[1], NULL, err);
     }
+    double transfer_s = MPI_Wtime() - t_xfer - weights_s;
     if (ms) { /* the link is broken: nothing can be agreed on */
         rep->total_s = MPI_Wtime() - t0;
         return ms;
     }
 
     /* 3. ack: verdicts and digests on every rank */
-    migrate_verdict mine = {.status = st, .copy_s = MPI_Wtime() - t0, .bytes = sent_bytes};
+    migrate_verdict mine = {.status = st, .copy_s = MPI_Wtime() - t0, .export_s = export_s, .weights_s = weights_s,
+                            .transfer_s = transfer_s, .bytes = sent_bytes};
     if (st)
         snprintf(mine.msg, sizeof mine.msg, "%s", e.msg);
     pd_status gs = pipe_allgather(r->p, &mine, sizeof mine, vd, err);
@@ -509,6 +519,12 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
         rep->bytes += vd[q].bytes;
         if (vd[q].copy_s > rep->copy_s)
             rep->copy_s = vd[q].copy_s;
+        if (vd[q].export_s > rep->export_s)
+            rep->export_s = vd[q].export_s;
+        if (vd[q].weights_s > rep->weights_s)
+            rep->weights_s = vd[q].weights_s;
+        if (vd[q].transfer_s > rep->transfer_s)
+            rep->transfer_s = vd[q].transfer_s;
     }
 
     /* 4. switch, or drop what was prepared */

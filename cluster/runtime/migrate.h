@@ -76,6 +76,9 @@ typedef struct migrate_report {
     uint32_t streams;
     uint64_t bytes;          /* state bytes moved (all bundles) */
     double copy_s;           /* export, transfer and validation (max over ranks) */
+    double export_s;         /* settling and encoding the bundles (max over ranks) */
+    double weights_s;        /* loading the moving layers' weights (max over ranks) */
+    double transfer_s;       /* from the first send to the last bundle received (max) */
     double switch_s;         /* the switch (max over ranks) */
     double total_s;          /* the whole action on this rank */
 } migrate_report;

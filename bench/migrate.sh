@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Live migration benchmark (issue 14), one JSON object:
+#  - the decode pause of one migration (2 layers with every stream's cache,
+#    rank 1 -> rank 0) against one decode step (the time between two tokens of
+#    a stream just before it), at contexts of 300, 2000 and 8000 rows;
+#  - migration bytes/s (bundle bytes / copy time) against the MPI bandwidth
+#    between the same two ranks measured in the same run (bench_mpi_latency,
+#    largest message);
+#  - --rebalance auto from 0-0,1-11: tokens/s over the windows after its last
+#    move against the best static map's tokens/s over the same windows (every
+#    static map 0-k,k+1-11 measured with --rebalance auto at a threshold it
+#    never reaches, so the windows are measured the same way).
+# usage: bench/migrate.sh BUILD_DIR [WORK_DIR]
+set -euo pipefail
+build="${1:?usage: bench/migrate.sh BUILD_DIR [WORK_DIR]}"
+work="${2:-$(mktemp -d "${TMPDIR:-/tmp}/pd-bench-mig.XXXXXX")}"
+P="$build/pipedec"
+mkdir -p "$work"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl="${OMPI_MCA_btl:-self,vader}" OMPI_MCA_rmaps_base_oversubscribe=1
+MPIRUN=(mpirun --oversubscribe --bind-to none -np 2)
+
+# MPI bandwidth between the two ranks, in this run
+"${MPIRUN[@]}" "$build/bench/bench_mpi_latency" $((32 << 20)) > "$work/mpi.json" 2>/dev/null
+
+# pause vs decode step at three context lengths
+m="$work/m.gguf"
+[ -f "$m" ] || "$P" mkmodel --arch llama --layers 4 --hidden 128 --heads 2 --kv-heads 2 --ffn 256 --vocab 2000 \
+  --ctx 8400 --seed 5 --out "$m" >/dev/null
+for R in 300 2000 8000; do
+  [ -d "$work/pages$R" ] || "$P" mkpages --model "$m" --count 2 --embed-rows "$R" --prompt-tokens 3 --max-new 64 \
+    --seed 4 --out "$work/pages$R" >/dev/null
+  # every stream decoding: prefill takes ceil(2 R / 1024) micro-batches
+  step=$(( (2 * R + 1023) / 1024 + 40 ))
+  rm -f "$work/c$R.jsonl"
+  "${MPIRUN[@]}" "$P" run --model "$m" --pages "$work/pages$R/pages.jsonl" --out "$work/c$R.jsonl" --batch 2 \
+    --layers 0-1,2-3 --migrate-at "$step:0-2,3" >/dev/null 2>"$work/c$R.log"
+done
+
+# rebalance: lopsided start, and every static map
+m12="$work/m12.gguf"
+[ -f "$m12" ] || "$P" mkmodel --arch llama --layers 12 --hidden 128 --heads 4 --kv-heads 2 --ffn 256 --vocab 320 \
+  --seed 8 --out "$m12" >/dev/null
+[ -d "$work/p12" ] || "$P" mkpages --model "$m12" --count 32 --embed-rows 12 --prompt-tokens 3 --max-new 200 \
+  --seed 6 --out "$work/p12" >/dev/null
+rb=(--model "$m12" --pages "$work/p12/pages.jsonl" --batch 4 --rebalance auto --rebalance-window 32)
+rm -f "$work/rb.jsonl"
+"${MPIRUN[@]}" "$P" run "${rb[@]}" --out "$work/rb.jsonl" --layers 0-0,1-11 >/dev/null 2>"$work/rb.log"
+for k in 3 4 5 6 7 8; do
+  rm -f "$work/s$k.jsonl"
+  "${MPIRUN[@]}" "$P" run "${rb[@]}" --out "$work/s$k.jsonl" --layers "0-$k,$((k + 1))-11" \
+    --rebalance-threshold 100000 >/dev/null 2>"$work/s$k.log"
+done
+
+python3 - "$work" <<'PY'
+import json, re, sys, glob, statistics
+w = sys.argv[1]
+mpi = json.load(open(f"{w}/mpi.json"))
+pt = mpi["points"][-1]
+mpi_bps = pt["bytes"] / (pt["one_way_us"] * 1e-6)
+ctx = []
+for R in (300, 2000, 8000):
+    log = open(f"{w}/c{R}.log").read()
+    mm = re.search(r"migration \(--migrate-at\) at step (\d+): \S+ -> \S+: (\d+) layers, (\d+) streams, (\d+) bytes; "
+                   r"copy ([\d.]+) ms \(export ([\d.]+), weights ([\d.]+), transfer\+validate ([\d.]+)\), "
+                   r"switch ([\d.]+) ms, action ([\d.]+) ms, pause ([\d.]+) ms; decode step ([\d.]+) ms", log)
+    if not mm:
+        ctx.append({"rows": R, "error": "no migration in the log"}); continue
+    b = int(mm[4])
+    copy, exp, wts, xfer, sw, act, pause, stp = (float(mm[i]) for i in range(5, 13))
+    ctx.append({"rows": R, "layers_moved": int(mm[2]), "streams": int(mm[3]), "bytes": b,
+                "copy_ms": copy, "export_ms": exp, "weights_ms": wts, "transfer_validate_ms": xfer,
+                "switch_ms": sw, "action_ms": act, "pause_ms": pause,
+                "decode_step_ms": stp, "pause_over_decode_step": pause / stp if stp else None,
+                "migration_Bps": b / (copy * 1e-3), "migration_over_mpi": b / (copy * 1e-3) / mpi_bps,
+                "transfer_Bps": b / (xfer * 1e-3) if xfer else None,
+                "transfer_over_mpi": b / (xfer * 1e-3) / mpi_bps if xfer else None})
+
+def windows(path):
+    """(map, tokens/s) of every rebalance window in a log"""
+    out = []
+    for l in open(path):
+        mm = re.search(r"rebalance at step (\d+): .*\(map (\S+), ([\d.]+) tokens/s\)", l)
+        if mm: out.append((int(mm[1]), mm[2], float(mm[3])))
+    return out
+rb = windows(f"{w}/rb.log")
+moves = [(int(mm[1]), mm[2]) for mm in re.finditer(r"migration \(rebalance\) at step (\d+): \S+ -> (\S+):", open(f"{w}/rb.log").read())]
+last_move = moves[-1][0] if moves else 0
+final_map = moves[-1][1] if moves else "0-0,1-11"
+after = [t for s, mp, t in rb if s > last_move + 32]
+static = {}
+for f in sorted(glob.glob(f"{w}/s*.log")):
+    ws = windows(f)
+    if ws: static[ws[0][1]] = statistics.median(t for _, _, t in ws[1:] or ws)
+best = max(static, key=static.get) if static else None
+conv = statistics.median(after) if after else None
+print(json.dumps({
+    "mpi_one_way_bytes": pt["bytes"], "mpi_Bps": mpi_bps,
+    "contexts": ctx,
+    "rebalance": {"start": "0-0,1-11", "moves": [{"step": s, "to": mp} for s, mp in moves], "final_map": final_map,
+                  "tokens_per_s_after_convergence_median": conv,
+                  "static_maps_tokens_per_s_median": static, "best_static_map": best,
+                  "converged_over_best_static": conv / static[best] if conv and best else None},
+}, indent=1))
+PY
