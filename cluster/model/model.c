@@ -33,6 +33,7 @@ struct model {
     const void *token_types; /* int32 array in the file or NULL */
     uint64_t n_token_types;
     rope_table *rope;        /* angles of positions [0, min(ctx, MODEL_ROPE_TABLE_POSITIONS)); NULL without layers */
+    int rope_borrowed;       /* rope belongs to the model of load_opts.share_rope */
 };
 
 static const char *const model_arch_names[MODEL_ARCH_COUNT] = {
@@ -618,7 +619,13 @@ pd_status model_load(const char *path, const model_load_opts *opts, model **out,
     }
     if (st == PD_OK && m->n_layers) {
         uint32_t n_pos = m->hp.ctx < MODEL_ROPE_TABLE_POSITIONS ? m->hp.ctx : MODEL_ROPE_TABLE_POSITIONS;
-        st = rope_table_new(m->hp.rope_base, m->hp.head_dim, n_pos, m->alloc, &m->rope, err);
+        const model *sh = opts->share_rope;
+        if (sh && sh->rope && sh->hp.rope_base == m->hp.rope_base && sh->hp.head_dim == m->hp.head_dim &&
+            sh->hp.ctx == m->hp.ctx) {
+            m->rope = sh->rope; /* the same angles: built from the same three numbers */
+            m->rope_borrowed = 1;
+        } else
+            st = rope_table_new(m->hp.rope_base, m->hp.head_dim, n_pos, m->alloc, &m->rope, err);
     }
     if (st == PD_OK && (opts->want_embed || (opts->want_output && m->hp.tied_output)))
         st = tensor_get(m->file, "token_embd.weight", m->hp.hidden, m->hp.vocab, &m->embd, err);
@@ -657,7 +664,8 @@ void model_free(model *m)
     for (uint32_t i = 0; m->layers && i < m->n_layers; i++)
         layer_free(m, &m->layers[i]);
     free(m->layers);
-    rope_table_free(m->rope);
+    if (!m->rope_borrowed)
+        rope_table_free(m->rope);
     gemm_free(m->out);
     pd_free_bytes(m->alloc, m->out_norm, m->hp.hidden * sizeof(float));
     gguf_close(m->file);

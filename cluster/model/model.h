@@ -140,6 +140,11 @@ typedef struct model_load_opts {
     int want_output;       /* tail stage */
     gemm_backend backend;
     const pd_alloc *alloc; /* weights' working copies (NULL = malloc) */
+    const struct model *share_rope; /* borrow this model's RoPE table instead of building one (a
+                                layer slice of the same file, loaded during a live
+                                migration; NULL = build). It must outlive this model; used
+                                only when its table was built for the same base, head size
+                                and positions */
 } model_load_opts;
 
 typedef struct model model;

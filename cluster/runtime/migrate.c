@@ -243,7 +243,8 @@ static pd_status weights_for(migrate *mg, uint32_t first, uint32_t n, const mode
     model_load_opts mo = {.first_layer = first,
                           .n_layers = n,
                           .backend = r->o->backend,
-                          .alloc = arena_alloc_iface(r->ar)};
+                          .alloc = arena_alloc_iface(r->ar),
+                          .share_rope = r->m};
     const char *path = mg->fault == MIGRATE_FAULT_WEIGHTS ? MIGRATE_FAULT_PATH : r->o->model_path;
     pd_status st = model_load(path, &mo, loaded, err);
     if (st) {

@@ -101,10 +101,10 @@ m12="$T/m12.gguf"
 P12="$T/p12/pages.jsonl"
 "$PIPEDEC" run --model "$m12" --pages "$P12" --out "$T/rb.ref" --batch 4 --digest >/dev/null 2>&1
 timeout 120 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m12" --pages "$P12" --out "$T/rb.out" --batch 4 --digest \
-  --layers 0-0,1-11 --rebalance auto --rebalance-window 32 >"$T/rb.log" 2>&1 </dev/null || fail "rebalance run failed"
+  --layers 0-0,1-11 --rebalance auto --rebalance-window 64 >"$T/rb.log" 2>&1 </dev/null || fail "rebalance run failed"
 final=$(grep -o "migration (rebalance) at step [0-9]*: [0-9,-]* -> [0-9,-]*" "$T/rb.log" | tail -1 | sed 's/.* -> //')
 best=$(timeout 120 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m12" --pages "$P12" --out "$T/rb2.out" --batch 4 \
-  --digest --rebalance auto --rebalance-window 32 2>&1 </dev/null | tee "$T/rb2.log" | grep -o "placement: layers [0-9-]*, rank 1" | grep -o "[0-9]*-" | head -1 | tr -d -)
+  --digest --rebalance auto --rebalance-window 64 2>&1 </dev/null | tee "$T/rb2.log" | grep -o "placement: layers [0-9-]*, rank 1" | grep -o "[0-9]*-" | head -1 | tr -d -)
 got=${final#*,}; got=${got%%-*}
 if [ -n "$final" ] && [ -n "$best" ] && [ $((got - best)) -le 1 ] && [ $((best - got)) -le 1 ]; then
   pass "rebalance: 0-0,1-11 moved to $final, within one layer of the balanced split at layer $best"
