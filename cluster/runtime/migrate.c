@@ -11,6 +11,9 @@
 #include <string.h>
 
 #define MIGRATE_FAULT_PATH "/nonexistent/pipedec-migrate-fault.gguf"
+/* A bundle travels in pieces of at most this many bytes (an MPI count is an
+ * int). */
+#define MIGRATE_PIECE ((uint64_t)1 << 30)
 
 struct migrate {
     rank *r;                 /* borrowed */
@@ -54,6 +57,8 @@ pd_status migrate_new(rank *r, migrate_fault fault, migrate **out, pd_err *err)
         migrate_free(mg);
         return st;
     }
+    /* a peer that stops mid-migration is named like one that stops mid-decode */
+    pipe_set_stall_timeout(mg->link, r->o->stall_timeout);
     *out = mg;
     return PD_OK;
 }
@@ -173,8 +178,15 @@ typedef struct migrate_move {
     uint64_t len;            /* 0: the source could not export it */
     uint8_t *buf;            /* the bundle (owned) */
     bundle_view *v;          /* receiver: the validated bundle */
-    MPI_Request req[2];
+    MPI_Request len_req;
+    MPI_Request *req;        /* sender: one per piece of the bundle */
+    uint64_t n_req;
 } migrate_move;
+
+static uint64_t n_pieces(uint64_t len)
+{
+    return (len + MIGRATE_PIECE - 1) / MIGRATE_PIECE;
+}
 
 static uint64_t stream_next_pos(const stream_state *s)
 {
@@ -367,7 +379,7 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
         migrate_move *mv = &give[k++];
         mv->layer = L;
         mv->peer = (int)owner(to, L);
-        mv->req[0] = mv->req[1] = MPI_REQUEST_NULL;
+        mv->len_req = MPI_REQUEST_NULL;
         if (st == PD_OK) {
             membuf mb = {0};
             bundle_writer *bw = NULL;
@@ -401,9 +413,18 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
     double export_s = MPI_Wtime() - t_exp, t_xfer = MPI_Wtime();
     pd_status ms = PD_OK; /* MPI failures: the job cannot go on */
     for (uint32_t i = 0; i < k && ms == PD_OK; i++) {
-        ms = pipe_isend(mg->link, give[i].peer, &give[i].len, sizeof give[i].len, &give[i].req[0], err);
-        if (ms == PD_OK && give[i].len)
-            ms = pipe_isend(mg->link, give[i].peer, give[i].buf, give[i].len, &give[i].req[1], err);
+        migrate_move *mv = &give[i];
+        ms = pipe_isend(mg->link, mv->peer, &mv->len, sizeof mv->len, &mv->len_req, err);
+        if (ms == PD_OK && mv->len) {
+            mv->req = calloc(n_pieces(mv->len), sizeof *mv->req);
+            if (!mv->req) /* the receiver expects the pieces: nothing can be agreed on */
+                ms = pd_err_set(err, PD_ERR_NOMEM, "migration: out of memory for send requests");
+        }
+        for (uint64_t q = 0; ms == PD_OK && q < n_pieces(mv->len); q++) {
+            uint64_t off = q * MIGRATE_PIECE, n = mv->len - off < MIGRATE_PIECE ? mv->len - off : MIGRATE_PIECE;
+            ms = pipe_isend(mg->link, mv->peer, mv->buf + off, (size_t)n, &mv->req[q], err);
+            mv->n_req = q + 1;
+        }
     }
     /* receivers: weights first (the file, not the wire), then each bundle,
      * validated whole */
@@ -436,11 +457,15 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
                             (unsigned long long)mv->len);
         /* a bundle nobody wants is still received (into nothing) so the
          * link stays in step */
-        pd_status rs = pipe_recv(mg->link, mv->peer, mv->buf, mv->buf ? (size_t)mv->len : 0, &got, NULL, NULL, err);
-        if (rs != PD_OK && mv->buf) {
-            ms = rs;
-            break;
+        for (uint64_t q = 0; ms == PD_OK && q < n_pieces(mv->len); q++) {
+            uint64_t off = q * MIGRATE_PIECE, n = mv->len - off < MIGRATE_PIECE ? mv->len - off : MIGRATE_PIECE;
+            pd_status rs = pipe_recv(mg->link, mv->peer, mv->buf ? mv->buf + off : NULL, mv->buf ? (size_t)n : 0, &got,
+                                     NULL, NULL, err);
+            if (rs != PD_OK && mv->buf)
+                ms = rs;
         }
+        if (ms)
+            break;
         if (st != PD_OK || !mv->buf)
             continue;
         dg[NL + L] = pd_fnv_bytes(PD_FNV_OFFSET, mv->buf, mv->len);
@@ -477,9 +502,9 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
                         "--mem-limit of %llu", me, (unsigned long long)sm.cache_bytes, (unsigned long long)incoming,
                         (unsigned long long)lim);
     for (uint32_t i = 0; give && i < n_give && ms == PD_OK; i++) {
-        ms = pipe_wait(mg->link, &give[i].req[0], NULL, err);
-        if (ms == PD_OK)
-            ms = pipe_wait(mg->link, &give[i].req[1], NULL, err);
+        ms = pipe_wait(mg->link, &give[i].len_req, NULL, err);
+        for (uint64_t q = 0; ms == PD_OK && q < give[i].n_req; q++)
+            ms = pipe_wait(mg->link, &give[i].req[q], NULL, err);
     }
     double transfer_s = MPI_Wtime() - t_xfer - weights_s;
     if (ms) { /* the link is broken: nothing can be agreed on */
@@ -576,8 +601,10 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
     rep->switch_s = MPI_Wtime() - t1;
     for (uint32_t i = 0; i < 2; i++)
         model_free(pl[i]);
-    for (uint32_t i = 0; give && i < n_give; i++)
+    for (uint32_t i = 0; give && i < n_give; i++) {
         free(give[i].buf);
+        free(give[i].req);
+    }
     for (uint32_t i = 0; take && i < n_take; i++) {
         bundle_view_free(take[i].v);
         free(take[i].buf);
