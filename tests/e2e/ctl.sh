@@ -114,7 +114,7 @@ import socket, sys
 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b"migrate --map 0-4,5-11\n"); s.close()
 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b"stat"); s.close()
 PY
-t0=$(date +%s.%N); for _ in $(seq 1 3000); do grep -q -- "-> 0-4,5-11" "$out.log" && break; sleep 0.01; done; echo "# waited $(echo "$(date +%s.%N) - $t0" | bc) s for the migration"
+for _ in $(seq 1 3000); do grep -q -- "0-6,7-11 -> 0-4,5-11" "$out.log" && break; sleep 0.01; done
 grep -q "migration (ctl) at step [0-9]*: 0-6,7-11 -> 0-4,5-11" "$out.log" \
   && pass "a client gone before its reply: the migration ran, the job went on" \
   || { fail "client disconnect: no migration to 0-4,5-11"; grep "migration" "$out.log" | tail -2; }
