@@ -3,8 +3,8 @@
 #include "cluster/runtime/migrate.h"
 
 #include "base/check.h"
-#include "base/fnv.h"
 #include "comm/bundle.h"
+#include "comm/crc32c.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -186,6 +186,13 @@ typedef struct migrate_move {
 static uint64_t n_pieces(uint64_t len)
 {
     return (len + MIGRATE_PIECE - 1) / MIGRATE_PIECE;
+}
+
+/* The ack digest of a bundle as sent or received: its CRC32C (hardware,
+ * one pass at memory speed) and its length. */
+static uint64_t bundle_digest(const uint8_t *p, size_t n)
+{
+    return (uint64_t)crc32c_update(0, p, n) | (uint64_t)n << 32;
 }
 
 static uint64_t stream_next_pos(const stream_state *s)
@@ -381,24 +388,36 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
         mv->peer = (int)owner(to, L);
         mv->len_req = MPI_REQUEST_NULL;
         if (st == PD_OK) {
+            /* every record first: the bundle's size is then known and its
+             * buffer is allocated once (no growth copies, one set of page
+             * faults) */
+            uint8_t **recs = calloc(cnt + 1, sizeof *recs);
+            size_t *lens = calloc(cnt + 1, sizeof *lens), total = BUNDLE_HEADER_BYTES;
+            if (!recs || !lens)
+                st = pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
+            for (uint32_t i = 0; st == PD_OK && i < cnt; i++)
+                if ((st = stage_export_layer(r->st, ids[i], L, &recs[i], &lens[i], &e)) == PD_OK)
+                    total += BUNDLE_ENTRY_OVERHEAD + lens[i];
             membuf mb = {0};
+            if (st == PD_OK && !(mb.p = malloc(total)))
+                st = pd_err_set(&e, PD_ERR_NOMEM, "out of memory for layer %u's bundle of %zu bytes", L, total);
+            mb.cap = mb.p ? total : 0;
             bundle_writer *bw = NULL;
-            st = bundle_writer_new(membuf_sink, &mb, stage_layer_identity(r->st, L), L, cnt, &bw, &e);
-            for (uint32_t i = 0; st == PD_OK && i < cnt; i++) {
-                uint8_t *rec;
-                size_t len;
-                if ((st = stage_export_layer(r->st, ids[i], L, &rec, &len, &e)) == PD_OK) {
-                    st = bundle_writer_add_record(bw, ids[i], rec, len, &e);
-                    free(rec);
-                }
-            }
+            if (st == PD_OK)
+                st = bundle_writer_new(membuf_sink, &mb, stage_layer_identity(r->st, L), L, cnt, &bw, &e);
+            for (uint32_t i = 0; st == PD_OK && i < cnt; i++)
+                st = bundle_writer_add_record(bw, ids[i], recs[i], lens[i], &e);
+            for (uint32_t i = 0; recs && i < cnt; i++)
+                free(recs[i]);
+            free(recs);
+            free(lens);
             if (st == PD_OK)
                 st = bundle_writer_finish(bw, &e);
             bundle_writer_free(bw);
             if (st == PD_OK) {
                 mv->buf = mb.p;
                 mv->len = mb.n;
-                dg[L] = pd_fnv_bytes(PD_FNV_OFFSET, mb.p, mb.n);
+                dg[L] = bundle_digest(mb.p, mb.n);
                 sent_bytes += mb.n;
                 if (mg->fault == MIGRATE_FAULT_CORRUPT && !corrupted) {
                     mv->buf[mv->len / 2] ^= 0x40; /* test hook: after the CRC */
@@ -468,7 +487,7 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
             break;
         if (st != PD_OK || !mv->buf)
             continue;
-        dg[NL + L] = pd_fnv_bytes(PD_FNV_OFFSET, mv->buf, mv->len);
+        dg[NL + L] = bundle_digest(mv->buf, (size_t)mv->len);
         st = bundle_parse(mv->buf, (size_t)mv->len, &mv->v, &e);
         if (st == PD_OK && mv->v->identity != stage_layer_identity(r->st, L))
             st = pd_err_set(&e, PD_ERR_MISMATCH, "identity %016llx, expected %016llx (another model or policy)",

@@ -19,8 +19,8 @@
  *             weights from the model file and validates each bundle (CRC,
  *             structure, identity = model + layer + policy, layer, exactly
  *             the broadcast streams);
- *   3. ack    every rank's digests (FNV-1a 64 of each bundle as sent and as
- *             received) and verdict are gathered: one failure or one digest
+ *   3. ack    every rank's digests (CRC32C and length of each bundle as sent
+ *             and as received) and verdict are gathered: one failure or one digest
  *             that differs refuses the whole move, every rank drops what it
  *             prepared, the old map stays (the sources never stopped owning
  *             their layers);
