@@ -2,7 +2,8 @@
 # Live layer migration (issue 14): layers move between running ranks at
 # drain points (--migrate-at STEP:MAP, a testing aid) — single layers both
 # ways, whole new maps, several per run, on 2..4 ranks, for every --attn,
-# --kv and --evict mode and with --draft ngram — and out.jsonl, digests
+# --kv and --evict mode and with speculation (--draft ngram, --draft-async,
+# --draft model:) — and out.jsonl, digests
 # included, stays byte-identical to a one-rank run. Forced aborts (a
 # corrupted bundle, unreadable weights, a receiver over --mem-limit) keep the
 # old map and the same bytes. --rebalance auto moves a lopsided map to within
@@ -15,6 +16,8 @@ m="$T/m.gguf"
 "$PIPEDEC" mkpages --model "$m" --count 12 --embed-rows 12 --prompt-tokens 3 --max-new 60 --seed 6 \
   --out "$T/pages" >/dev/null
 P="$T/pages/pages.jsonl"
+"$PIPEDEC" mkmodel --arch llama --layers 2 --hidden 64 --heads 4 --kv-heads 2 --ffn 96 --vocab 320 --seed 9 \
+  --out "$T/d.gguf" >/dev/null   # a draft model for --draft model:
 MPIRUN=(mpirun --oversubscribe --bind-to none)
 
 # schedules per rank count: single layers both ways, whole new maps
@@ -36,8 +39,9 @@ run_mig() {
 
 i=0
 for pol in "" "--attn rswa:8" "--attn window:8" "--kv q8" "--kv q8k" "--kv q8v" "--evict recent:16" \
-           "--evict importance:16:2" "--draft ngram" "--draft ngram:1:6 --attn rswa:8"; do
-  tag=$(printf "%s" "p$i$pol" | tr -c "a-zA-Z0-9-" "_")
+           "--evict importance:16:2" "--draft ngram" "--draft ngram:1:6 --attn rswa:8" "--draft ngram --draft-async" \
+           "--draft model:$T/d.gguf"; do
+  tag=$(printf "%s" "p$i${pol//$T\//}" | tr -c "a-zA-Z0-9-" "_")
   # shellcheck disable=SC2086
   "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/$tag.ref" --batch 3 --digest $pol >/dev/null 2>&1
   n=$((2 + i % 3))
