@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Live migration benchmark (issue 14), one JSON object:
-#  - the decode pause of one migration (2 layers with every stream's cache,
-#    rank 1 -> rank 0) against one decode step (the time between two tokens of
+#  - the decode pause of one migration (one layer with every stream's cache,
+#    layer 2, rank 1 -> rank 0; two streams) against one decode step (the time between two tokens of
 #    a stream just before it), at contexts of 300, 2000 and 8000 rows;
 #  - migration bytes/s (bundle bytes / copy time) against the MPI bandwidth
 #    between the same two ranks measured in the same run (bench_mpi_latency,
