@@ -520,12 +520,35 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
                         "rank %u: its caches hold %llu bytes; the %llu bytes of state arriving would pass its "
                         "--mem-limit of %llu", me, (unsigned long long)sm.cache_bytes, (unsigned long long)incoming,
                         (unsigned long long)lim);
+    /* Install before the vote when the layers taken sit next to the ones
+     * held (every move between neighbours): the caches' own install
+     * validation (geometry against this stage's configuration) then runs
+     * before this rank votes, and a refusal only removes the added layers
+     * again. A rank whose new range does not meet its old one cannot hold
+     * both: it installs at the switch. */
+    uint32_t lo = nf > of ? nf : of, hi = ne < oe ? ne : oe, added = 0;
+    bool early = st == PD_OK && ms == PD_OK && np > 0 && lo < hi;
+    double t_inst = MPI_Wtime();
+    for (uint32_t i = 0; early && st == PD_OK && i < np; i++)
+        if ((st = stage_add_layers(r->st, pf[i], pn[i], pw[i], &e)) == PD_OK)
+            added++;
+    for (uint32_t i = 0; early && st == PD_OK && i < n_take; i++)
+        for (uint64_t j = 0; st == PD_OK && j < take[i].v->n_streams; j++)
+            if ((st = stage_import_layer(r->st, take[i].v->entries[j].stream, take[i].layer,
+                                         take[i].v->entries[j].record, take[i].v->entries[j].len, &e)) != PD_OK)
+                pd_err_prefix(&e, "rank %u: installing layer %u", me, take[i].layer);
+    if (early && st != PD_OK) { /* back to exactly what it held */
+        for (uint32_t i = 0; i < added; i++)
+            CHECK(stage_remove_layers(r->st, pf[i], pn[i], &(pd_err){0}) == PD_OK);
+        early = false;
+    }
+    double install_s = MPI_Wtime() - t_inst;
     for (uint32_t i = 0; give && i < n_give && ms == PD_OK; i++) {
         ms = pipe_wait(mg->link, &give[i].len_req, NULL, err);
         for (uint64_t q = 0; ms == PD_OK && q < give[i].n_req; q++)
             ms = pipe_wait(mg->link, &give[i].req[q], NULL, err);
     }
-    double transfer_s = MPI_Wtime() - t_xfer - weights_s;
+    double transfer_s = MPI_Wtime() - t_xfer - weights_s - install_s;
     if (ms) { /* the link is broken: nothing can be agreed on */
         rep->total_s = MPI_Wtime() - t0;
         return ms;
@@ -575,12 +598,16 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
     /* 4. switch, or drop what was prepared */
     double t1 = MPI_Wtime();
     pd_status cs = PD_OK;
+    if (verdict != PD_OK && early) /* refused elsewhere: drop what this rank added */
+        for (uint32_t i = 0; i < added; i++)
+            CHECK(stage_remove_layers(r->st, pf[i], pn[i], &(pd_err){0}) == PD_OK);
     if (verdict == PD_OK) {
         uint32_t gf[2], gn[2], ng = pieces(of, oe, nf, ne, gf, gn);
         for (uint32_t i = 0; i < ng && cs == PD_OK; i++)
             cs = stage_remove_layers(r->st, gf[i], gn[i], err);
         for (uint32_t i = 0; i < np && cs == PD_OK; i++) {
-            cs = stage_add_layers(r->st, pf[i], pn[i], pw[i], err);
+            if (!early)
+                cs = stage_add_layers(r->st, pf[i], pn[i], pw[i], err);
             if (cs == PD_OK && pl[i]) {
                 slice_keep(mg, pl[i]);
                 pl[i] = NULL;
@@ -588,7 +615,7 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
             for (uint32_t L = pf[i]; cs == PD_OK && L < pf[i] + pn[i]; L++)
                 mg->src[L] = pw[i];
         }
-        for (uint32_t i = 0; i < n_take && cs == PD_OK; i++)
+        for (uint32_t i = 0; !early && i < n_take && cs == PD_OK; i++)
             for (uint64_t j = 0; cs == PD_OK && j < take[i].v->n_streams; j++)
                 cs = stage_import_layer(r->st, take[i].v->entries[j].stream, take[i].layer, take[i].v->entries[j].record,
                                         take[i].v->entries[j].len, err);
@@ -617,7 +644,7 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
             pd_err_prefix(err, "migration: switching to the new map failed on rank %u after every rank agreed", me);
         rep->moved = cs == PD_OK;
     }
-    rep->switch_s = MPI_Wtime() - t1;
+    rep->switch_s = MPI_Wtime() - t1 + install_s; /* installing early is part of the switch */
     for (uint32_t i = 0; i < 2; i++)
         model_free(pl[i]);
     for (uint32_t i = 0; give && i < n_give; i++) {

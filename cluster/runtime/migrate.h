@@ -18,14 +18,19 @@
  *             whole-bundle validation); the receiver maps the layers'
  *             weights from the model file and validates each bundle (CRC,
  *             structure, identity = model + layer + policy, layer, exactly
- *             the broadcast streams);
+ *             the broadcast streams); a receiver whose new layers sit next
+ *             to the ones it holds (every neighbour move) adds them and
+ *             imports every record now, so the caches' own install checks
+ *             (geometry) run before it votes — it removes them again if the
+ *             move is refused;
  *   3. ack    every rank's digests (CRC32C and length of each bundle as sent
  *             and as received) and verdict are gathered: one failure or one digest
  *             that differs refuses the whole move, every rank drops what it
  *             prepared, the old map stays (the sources never stopped owning
  *             their layers);
  *   4. switch every rank removes the layers it gives (their caches are
- *             freed), adds the layers it takes and imports their records;
+ *             freed); a receiver that did not install early adds the layers
+ *             it takes and imports their records;
  *             the map, the head's budget and the rank's layer map change
  *             together. A failure here cannot be undone (a commit after a
  *             full validation fails only for lack of memory): it ends the
@@ -79,7 +84,9 @@ typedef struct migrate_report {
     double export_s;         /* settling and encoding the bundles (max over ranks) */
     double weights_s;        /* loading the moving layers' weights (max over ranks) */
     double transfer_s;       /* from the first send to the last bundle received (max) */
-    double switch_s;         /* the switch (max over ranks) */
+    double switch_s;         /* installing and removing layers (max over ranks; a
+                                receiver next to its new layers installs them before
+                                the vote, the rest at the switch) */
     double total_s;          /* the whole action on this rank */
 } migrate_report;
 
