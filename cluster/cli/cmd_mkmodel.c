@@ -13,7 +13,7 @@ static void mkmodel_usage(FILE *f)
 {
     fprintf(f, "usage: pipedec mkmodel --out FILE [--arch llama|qwen2|deepseek] [--layers N] [--hidden N]\n"
                "                        [--heads N] [--kv-heads N] [--ffn N] [--vocab N] [--ctx N]\n"
-               "                        [--dtype f32|f16|bf16|q8_0] [--seed S] [--eos-boost X] [--repeat P]\n"
+               "                        [--dtype|--type f32|f16|bf16|q8_0] [--seed S] [--eos-boost X] [--repeat P]\n"
                "       deepseek only:   [--dense-layers N] [--experts N] [--experts-used K]\n"
                "                        [--expert-ffn N] [--shared N] [--expert-scale X]\n"
                "  --arch deepseek defaults to DeepSeek-OCR's decoder: 12 layers, hidden 1280, 10 heads (MHA),\n"
@@ -30,7 +30,7 @@ int cmd_mkmodel(int argc, char **argv)
         {"hidden", required_argument, 0, 'H'}, {"heads", required_argument, 0, 'h'},
         {"kv-heads", required_argument, 0, 'k'}, {"ffn", required_argument, 0, 'f'},
         {"vocab", required_argument, 0, 'v'},  {"ctx", required_argument, 0, 'c'},
-        {"dtype", required_argument, 0, 'd'},  {"seed", required_argument, 0, 's'},
+        {"dtype", required_argument, 0, 'd'}, {"type", required_argument, 0, 'd'},  {"seed", required_argument, 0, 's'},
         {"out", required_argument, 0, 'o'},    {"eos-boost", required_argument, 0, 'e'},
         {"dense-layers", required_argument, 0, 'D'}, {"experts", required_argument, 0, 'E'},
         {"experts-used", required_argument, 0, 'K'}, {"expert-ffn", required_argument, 0, 'F'},

@@ -89,13 +89,13 @@ expect_fail "mkmodel refuses --experts-used > --experts" "experts-used 9" \
   --experts-used 9 --out "$T/x.gguf"
 expect_fail "expert flags need --arch deepseek" "need --arch deepseek" \
   "$PIPEDEC" mkmodel --arch llama --experts 8 --out "$T/x.gguf"
-# expert tensors stored as BF16 and Q8_0 (mkmodel --dtype): same invariance,
+# expert tensors stored as F16, BF16 and Q8_0 (mkmodel --type): same invariance,
 # and each type really changes the logits (other digests than f32)
-for dt in bf16 q8_0; do
+for dt in f16 bf16 q8_0; do
   "$PIPEDEC" mkmodel --arch deepseek --layers 4 --hidden 64 --heads 4 --kv-heads 4 --ffn 96 --vocab 320 \
-    --ctx 2048 --dense-layers 1 --experts 8 --experts-used 2 --expert-ffn 32 --shared 1 --seed 17 --dtype "$dt" \
+    --ctx 2048 --dense-layers 1 --experts 8 --experts-used 2 --expert-ffn 32 --shared 1 --seed 17 --type "$dt" \
     --out "$T/ds.$dt.gguf" >"$T/mk.$dt.log"
-  grep -q "$dt" "$T/mk.$dt.log" && pass "mkmodel --dtype $dt" || fail "mkmodel --dtype $dt: $(cat "$T/mk.$dt.log")"
+  grep -q "$dt" "$T/mk.$dt.log" && pass "mkmodel --type $dt" || fail "mkmodel --type $dt: $(cat "$T/mk.$dt.log")"
   "$PIPEDEC" run --model "$T/ds.$dt.gguf" --pages "$P" --digest --out "$T/$dt.1.jsonl" --batch 1 >>"$T/run.log" 2>&1
   "${MPIRUN[@]}" -np 3 "$PIPEDEC" run --model "$T/ds.$dt.gguf" --pages "$P" --digest --out "$T/$dt.3.jsonl" \
     --batch 5 --threads 2 --prefill-chunk 4 >>"$T/run.log" 2>&1 </dev/null
