@@ -98,6 +98,10 @@ if [ -n "$tb" ] && [ "$(job_field "$tb" Restarts)" = 1 ]; then
     pgrep -f "^slurmstepd: \[$tb\." >/dev/null || [ -n "$(scontrol show job "$tb" | grep -o COMPLETING)" ] || break
     sleep 0.1
   done
+  # and not within the second of the requeue: slurmd revokes the old run's
+  # credential with a timestamp in whole seconds and refuses a new one made
+  # in that same second ("Job credential revoked", the task then FAILS)
+  sleep 2
   scontrol update JobId="$tb" StartTime=now
 else
   fail "(b) task ${jb}_0 was not requeued: $(states "$jb")"; tail -5 "$W/b.run/log_0.log"
