@@ -133,14 +133,14 @@ pd_status msg_encode_drain(uint64_t seq, uint32_t action, uint32_t number, void 
 }
 
 static const uint8_t stats_magic[4] = {'P', 'D', 'S', 'T'};
-#define STATS_VERSION 1u
-#define STATS_FIELDS 10u
+#define STATS_VERSION 2u
+#define STATS_FIELDS 11u
 
 void msg_encode_stats(const msg_stats *s, uint8_t out[MSG_STATS_BYTES])
 {
     const double v[STATS_FIELDS] = {s->busy_s,         s->wait_input_s,  s->wait_send_s, s->wall_s,
                                     s->messages_sent,  s->bytes_sent,    s->micro_batches, s->rows,
-                                    s->cache_bytes_peak, s->attention_bytes_peak};
+                                    s->cache_bytes_peak, s->attention_bytes_peak, s->rows_rolled_back};
     memcpy(out, stats_magic, 4);
     out[4] = STATS_VERSION & 0xff;
     out[5] = STATS_VERSION >> 8;
@@ -171,7 +171,7 @@ pd_status msg_decode_stats(const void *buf, size_t len, msg_stats *out, pd_err *
     if (rd_u16(&r, "field count", &nf))
         return r.status;
     if (nf != STATS_FIELDS)
-        return rd_fail_at(&r, 6, PD_ERR_FORMAT, "%u fields, version 1 has %u", nf, STATS_FIELDS);
+        return rd_fail_at(&r, 6, PD_ERR_FORMAT, "%u fields, version %u has %u", nf, STATS_VERSION, STATS_FIELDS);
     double v[STATS_FIELDS];
     for (unsigned i = 0; i < STATS_FIELDS; i++) {
         uint64_t b;
@@ -190,7 +190,8 @@ pd_status msg_decode_stats(const void *buf, size_t len, msg_stats *out, pd_err *
                        .micro_batches = v[6],
                        .rows = v[7],
                        .cache_bytes_peak = v[8],
-                       .attention_bytes_peak = v[9]};
+                       .attention_bytes_peak = v[9],
+                       .rows_rolled_back = v[10]};
     return PD_OK;
 }
 

@@ -33,10 +33,10 @@
  *
  * Rank statistics (gathered to rank 0 at the end of a run; not a pipeline
  * message, its own fixed layout, MSG_STATS_BYTES bytes):
- *   0   magic "PDST", u16 version = 1, u16 field count = 10
- *   8   10 x f64 (IEEE-754 binary64 bits as u64): busy_s, wait_input_s,
+ *   0   magic "PDST", u16 version = 2, u16 field count = 11
+ *   8   11 x f64 (IEEE-754 binary64 bits as u64): busy_s, wait_input_s,
  *       wait_send_s, wall_s, messages_sent, bytes_sent, micro_batches, rows,
- *       cache_bytes_peak, attention_bytes_peak
+ *       cache_bytes_peak, attention_bytes_peak, rows_rolled_back
  * The decoder checks magic, version, kind, dtype, every count against the
  * bytes that remain and against the receiver's limits, roles, flags,
  * reserved bytes, hidden size, and trailing bytes. */
@@ -121,8 +121,9 @@ typedef struct msg_stats {
     double messages_sent, bytes_sent;
     double micro_batches, rows;
     double cache_bytes_peak, attention_bytes_peak;
+    double rows_rolled_back; /* rows the stage dropped by rollback (speculation) */
 } msg_stats;
-#define MSG_STATS_BYTES (8u + 10u * 8u)
+#define MSG_STATS_BYTES (8u + 11u * 8u)
 void msg_encode_stats(const msg_stats *s, uint8_t out[MSG_STATS_BYTES]);
 /* Checks magic, version, field count and length. */
 pd_status msg_decode_stats(const void *buf, size_t len, msg_stats *out, pd_err *err);

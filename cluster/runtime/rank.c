@@ -314,6 +314,7 @@ pd_status rank_forward(rank *r, const mb_row *rows, uint32_t n, float *x, pd_err
     r->busy_cpu_s += rank_cpu_seconds() - c0;
     r->stats.micro_batches += 1;
     r->stats.rows += n;
+    r->stats.rows_rolled_back = (double)stage_rows_rolled_back(r->st);
     stage_mem sm;
     stage_memory(r->st, &sm);
     if ((double)sm.cache_bytes > r->stats.cache_bytes_peak)

@@ -114,6 +114,8 @@ static void report_stats_json(const report *rep, const rank *r, const sched_prog
         cJSON_AddNumberToObject(st, "bytes_sent", s->bytes_sent);
         cJSON_AddNumberToObject(st, "micro_batches", s->micro_batches);
         cJSON_AddNumberToObject(st, "rows", s->rows);
+        if (o->draft.mode != DRAFT_NONE)
+            cJSON_AddNumberToObject(st, "rows_rolled_back", s->rows_rolled_back);
         cJSON_AddNumberToObject(st, "cache_bytes_peak", s->cache_bytes_peak);
         cJSON_AddNumberToObject(st, "attention_bytes_peak", s->attention_bytes_peak);
         if (bud) {

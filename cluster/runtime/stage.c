@@ -49,6 +49,7 @@ struct stage {
     stage_group *groups;    /* [max_rows] */
     model_group *mgroups;   /* [max_rows] the groups with one layer's containers */
     uint32_t n_groups;
+    uint64_t rows_rolled_back; /* rows dropped by position-driven rollback or settle */
 };
 
 /* mb_role and lcache_role are the same numbers (cache/ cannot include
@@ -321,6 +322,9 @@ pd_status stage_forward(stage *s, const mb_row *rows, uint32_t n, float *x, pd_e
     }
     for (uint32_t g = 0; g < s->n_groups; g++) {
         stage_group *gr = &s->groups[g];
+        uint64_t p0 = rows[gr->row0].pos;
+        if (p0 < gr->st->pos) /* rejected verify rows (or a stale batch) rolled back */
+            s->rows_rolled_back += gr->st->pos - p0;
         gr->st->pos = rows[gr->row0 + gr->n - 1].pos + 1;
     }
     return PD_OK;
@@ -400,8 +404,14 @@ pd_status stage_settle(stage *s, uint64_t stream, uint64_t pos, pd_err *err)
         CHECKF(rc == PD_OK, "stage: settle: stream %llu layer %u: %s", (unsigned long long)stream, L,
                err ? err->msg : "");
     }
+    s->rows_rolled_back += st->pos - pos;
     st->pos = pos;
     return PD_OK;
+}
+
+uint64_t stage_rows_rolled_back(const stage *s)
+{
+    return s->rows_rolled_back;
 }
 
 pd_status stage_truncate(stage *s, uint64_t stream, uint64_t pos, pd_err *err)

@@ -125,6 +125,10 @@ uint64_t stage_layer_identity(const stage *s, uint32_t layer);
  * further back than speculation allows (nothing changed on either). */
 pd_status stage_settle(stage *s, uint64_t stream, uint64_t pos, pd_err *err);
 
+/* Rows this stage dropped so far because a stream's next micro-batch (or a
+ * settle) started before its position: rejected drafts and stale batches. */
+uint64_t stage_rows_rolled_back(const stage *s);
+
 /* Drops the stream's rows at positions >= pos, however many micro-batches
  * ago they came, and makes the rest final (lcache_truncate on every layer).
  * Only a stage whose policy is full attention, f32 KV, no eviction keeps

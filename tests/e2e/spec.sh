@@ -102,9 +102,11 @@ done
 same "$T/p_.ref" "$T/as.jsonl" "3 ranks, chunked prefill, --draft-async == no speculation"
 python3 -c "
 import json, sys
-sp = json.load(open(sys.argv[1]))['spec']
+st = json.load(open(sys.argv[1]))
+sp, rb = st['spec'], [x['rows_rolled_back'] for x in st['stages']]
 assert sp['stale'] > 0 and sp['accepted'] > 0, sp
-print(f\"    drafted {sp['drafted']}, accepted {sp['accepted']}, stale {sp['stale']}\")" "$T/as.stats" \
+assert len(set(rb)) == 1 and rb[0] >= sp['stale'], rb  # every stage dropped the same rows
+print(f\"    drafted {sp['drafted']}, accepted {sp['accepted']}, stale {sp['stale']}, rows rolled back per stage {rb}\")" "$T/as.stats" \
   && pass "--draft-async: rejections arrived while a later batch was in flight (stale rows rolled back)" \
   || fail "--draft-async: no stale batch happened (the rollback across batches went untested)"
 expect_fail "--draft-async with --attn rswa refused" "--draft-async with --attn rswa is refused" \
