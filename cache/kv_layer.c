@@ -66,6 +66,7 @@ typedef struct kv_core {
     uint64_t tail; /* 0 = not a tail layer */
     int frozen;
     uint64_t gen;
+    uint32_t mark;    /* rows [0, mark) unchanged since kv_layer_mark */
     float *imp;       /* [cap] stored (folded) importance */
     float *pend_mass; /* [spec_depth x cap] */
     kv_pend *pend;    /* [spec_depth] */
@@ -100,6 +101,16 @@ static _Atomic uint64_t kv_gen_source = 1;
 static uint64_t kv_next_gen(void)
 {
     return atomic_fetch_add_explicit(&kv_gen_source, 1, memory_order_relaxed);
+}
+
+/* A mutation other than an append: a new generation, and rows from `kept`
+ * on are no longer the rows kv_layer_mark saw (0: any row may have
+ * changed). */
+static void kv_changed(kv_core *c, uint32_t kept)
+{
+    c->gen = kv_next_gen();
+    if (c->mark > kept)
+        c->mark = kept;
 }
 
 /* ---- geometry helpers ---------------------------------------------------- */
@@ -564,7 +575,7 @@ static void kv_freeze(kv_core *c)
     }
     c->frozen = 1;
     c->snap_valid = 1;
-    c->gen = kv_next_gen();
+    kv_changed(c, 0);
 }
 
 /* Undoes the freeze for a rollback to rows <= freeze_rows. */
@@ -580,6 +591,7 @@ static void kv_unfreeze(kv_core *c, uint32_t rows)
     }
     c->frozen = 0;
     c->snap_valid = 0;
+    kv_changed(c, 0); /* every stored row went back to its pre-freeze bytes */
 }
 
 /* ---- appending ----------------------------------------------------------- */
@@ -829,7 +841,7 @@ pd_status kv_layer_truncate_last(kv_layer *l, uint64_t n, pd_err *err)
     if (c->snap_valid && rows <= c->freeze_rows)
         kv_unfreeze(c, rows);
     c->rows = rows;
-    c->gen = kv_next_gen();
+    kv_changed(c, rows);
     return PD_OK;
 }
 
@@ -853,7 +865,7 @@ void kv_layer_clear(kv_layer *l)
         memset(c->bv, 0, sizeof(float) * n);
         c->blen = 0;
     }
-    c->gen = kv_next_gen();
+    kv_changed(c, 0);
 }
 
 /* ---- eviction and sliding tail ------------------------------------------ */
@@ -889,7 +901,7 @@ static int kv_evict_blocked(const kv_core *c)
 static void kv_after_evict(kv_core *c)
 {
     c->folded_to = c->base + c->rows;
-    c->gen = kv_next_gen();
+    kv_changed(c, 0);
 }
 
 uint64_t kv_layer_evict_recent(kv_layer *l, uint64_t keep_last)
@@ -1032,7 +1044,7 @@ uint64_t kv_layer_trim_window_anchored(kv_layer *l, uint64_t w, uint64_t slack, 
     c->rows -= d;
     if (c->folded_to < new_base)
         c->folded_to = new_base;
-    c->gen = kv_next_gen();
+    kv_changed(c, 0);
     return d;
 }
 
@@ -1057,7 +1069,7 @@ pd_status kv_layer_set_linear(kv_layer *l, const float *x, uint64_t n, pd_err *e
     kv_put(c, c->linear, (size_t)4 * c->n_linear);
     c->linear = nx;
     c->n_linear = n;
-    c->gen = kv_next_gen();
+    kv_changed(c, c->rows); /* no row changes */
     return PD_OK;
 }
 
@@ -1098,7 +1110,7 @@ pd_status kv_layer_install_bounded(kv_layer *l, uint32_t window, pd_err *err)
     c->bv = v;
     c->bwin = window;
     c->blen = 0;
-    c->gen = kv_next_gen();
+    kv_changed(c, 0);
     return PD_OK;
 }
 
@@ -1496,7 +1508,7 @@ pd_status kv_layer_new_from_state(const kv_layer_config *cfg, const kv_state *s,
         memcpy(c->bv, s->bounded.v, 4 * n);
         c->blen = s->bounded.len;
     }
-    c->gen = kv_next_gen();
+    kv_changed(c, 0);
     *out = l;
     return PD_OK;
 }
@@ -1537,7 +1549,97 @@ pd_status kv_layer_assign_state(kv_layer *l, const kv_state *s, pd_err *err)
     kv_layer_clear(l);
     kv_copy_rows_from_state(c, s);
     c->folded_to = s->base + s->rows;
-    c->gen = kv_next_gen();
+    kv_changed(c, 0);
+    return PD_OK;
+}
+
+void kv_layer_mark(kv_layer *l) { l->c.mark = l->c.rows; }
+
+uint64_t kv_layer_marked_rows(const kv_layer *l) { return l->c.mark < l->c.rows ? l->c.mark : l->c.rows; }
+
+pd_status kv_layer_append_state(kv_layer *l, const kv_state *s, pd_err *err)
+{
+    if (!l || !s)
+        return pd_err_set(err, PD_ERR_ARG, "kv_layer_append_state: NULL layer or state");
+    kv_layer_config cfg;
+    kv_layer_config_get(l, &cfg);
+    pd_status st = kv_state_check(&cfg, s, err);
+    if (st != PD_OK)
+        return st;
+    kv_core *c = &l->c;
+    if (s->n_linear || s->has_bounded || c->bwin)
+        return pd_err_set(err, PD_ERR_ARG, "kv_layer_append_state: recurrent records or a bounded ring");
+    if (c->n_pend)
+        return pd_err_set(err, PD_ERR_REFUSED, "kv_layer_append_state: %u query positions of importance pending",
+                          c->n_pend);
+    if (s->base != c->base)
+        return pd_err_set(err, PD_ERR_MISMATCH, "kv state: base %llu, the layer's is %llu",
+                          (unsigned long long)s->base, (unsigned long long)c->base);
+    if ((uint64_t)s->tail_window != c->tail)
+        return pd_err_set(err, PD_ERR_MISMATCH, "kv state: tail_window %u, the layer's is %llu", s->tail_window,
+                          (unsigned long long)c->tail);
+    if (s->frozen != c->frozen)
+        return pd_err_set(err, PD_ERR_MISMATCH, "kv state: frozen = %d, the layer's is %d", s->frozen, c->frozen);
+    if (s->rows > KV_MAX_ROWS - c->rows)
+        return pd_err_set(err, PD_ERR_RANGE, "kv state: %llu rows after %u pass the limit of %u",
+                          (unsigned long long)s->rows, c->rows, KV_MAX_ROWS);
+    if (c->mode != KV_MODE_F32 && !c->frozen && c->rows + s->rows > c->freeze_rows)
+        return pd_err_set(err, PD_ERR_FORMAT, "kv state: %llu unfrozen rows after %u; a q8 layer freezes at %u",
+                          (unsigned long long)s->rows, c->rows, c->freeze_rows);
+    for (uint32_t h = 0; h < c->n_kv && c->frozen; h++) {
+        if (!c->alive[h])
+            continue;
+        if ((kv_qk(c) && memcmp(c->heads[h].col[0], s->heads[h].kcol, sizeof(float) * c->hd) != 0) ||
+            (kv_qv(c) && memcmp(c->heads[h].col[1], s->heads[h].vcol, sizeof(float) * c->hd) != 0))
+            return pd_err_set(err, PD_ERR_MISMATCH, "kv state: head %u's frozen field differs from the layer's", h);
+    }
+    const uint32_t n = (uint32_t)s->rows, r = c->rows;
+    if (r + n > c->cap) {
+        uint64_t nc = c->cap ? c->cap : 16;
+        while (nc < (uint64_t)r + n)
+            nc *= 2;
+        if (nc > KV_MAX_ROWS)
+            nc = KV_MAX_ROWS;
+        if (!kv_regrow(c, (uint32_t)nc))
+            return pd_err_set(err, PD_ERR_NOMEM, "kv_layer_append_state: cannot grow to %llu rows",
+                              (unsigned long long)nc);
+    }
+    /* every check passed, nothing below can fail */
+    for (uint32_t h = 0; h < c->n_kv && n; h++) {
+        if (!c->alive[h])
+            continue;
+        const kv_head_state *hs = &s->heads[h];
+        const void *src[KV_ST_COUNT] = {kv_qk(c) ? (const void *)hs->kq : (const void *)hs->k, hs->ks,
+                                        kv_qv(c) ? (const void *)hs->vq : (const void *)hs->v, hs->vs};
+        for (int i = 0; i < KV_ST_COUNT; i++) {
+            size_t rb = kv_st_row_bytes(c, i);
+            if (c->heads[h].st[i])
+                memcpy((uint8_t *)c->heads[h].st[i] + rb * r, src[i], rb * n);
+        }
+    }
+    if (s->n_imp)
+        memcpy(c->imp + r, s->imp, sizeof(float) * n);
+    else if (n)
+        memset(c->imp + r, 0, sizeof(float) * n);
+    c->rows = r + n;
+    c->folded_to = c->base + c->rows; /* fully confirmed: no undo data */
+    c->snap_valid = 0;
+    return PD_OK;
+}
+
+pd_status kv_layer_set_importance(kv_layer *l, const float *imp, uint64_t n, pd_err *err)
+{
+    if (!l || (n && !imp))
+        return pd_err_set(err, PD_ERR_ARG, "kv_layer_set_importance: NULL layer or vector");
+    kv_core *c = &l->c;
+    if (n != c->rows)
+        return pd_err_set(err, PD_ERR_MISMATCH, "kv_layer_set_importance: %llu values for %u rows",
+                          (unsigned long long)n, c->rows);
+    if (c->n_pend)
+        return pd_err_set(err, PD_ERR_REFUSED, "kv_layer_set_importance: %u query positions of importance pending",
+                          c->n_pend);
+    if (n)
+        memcpy(c->imp, imp, sizeof(float) * n);
     return PD_OK;
 }
 
@@ -1548,6 +1650,6 @@ void kv_layer_swap(kv_layer *a, kv_layer *b)
     kv_core t = a->c;
     a->c = b->c;
     b->c = t;
-    a->c.gen = kv_next_gen();
-    b->c.gen = kv_next_gen();
+    kv_changed(&a->c, 0);
+    kv_changed(&b->c, 0);
 }

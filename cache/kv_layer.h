@@ -344,6 +344,32 @@ pd_status kv_layer_new_from_state(const kv_layer_config *cfg, const kv_state *s,
  * stay. Afterwards l is fully confirmed and has a fresh generation. */
 pd_status kv_layer_assign_state(kv_layer *l, const kv_state *s, pd_err *err);
 
+/* ---- incremental copies (live migration's pre-copy) ----------------------- */
+
+/* Marks the rows held now: afterwards kv_layer_marked_rows says how many of
+ * them are still byte-identical in every storage. An append keeps them; a
+ * truncation keeps the rows before its cut; every other change of stored
+ * rows (freeze and its undo, eviction, trims, clear, install, import, swap)
+ * keeps none. Importance, recurrent records and rings are not rows: they
+ * are not covered. */
+void kv_layer_mark(kv_layer *l);
+uint64_t kv_layer_marked_rows(const kv_layer *l);
+
+/* Appends the s->rows rows of s after l's rows, bytes copied as stored (a
+ * q8 row stays the int8 row and scales it was; no requantization, no
+ * freeze). s is checked as kv_layer_new_from_state checks a state against
+ * l's configuration, and must continue l: same base, tail window and frozen
+ * flag, the same frozen field bytes, no recurrent records or ring, an
+ * unfrozen q8 layer staying <= freeze_rows rows; l must have no importance
+ * pending. s's importance (n_imp = rows) is appended, else zeros. On
+ * failure l is unchanged and err names the field. Afterwards l is fully
+ * confirmed. The result equals a layer built from the concatenated state. */
+pd_status kv_layer_append_state(kv_layer *l, const kv_state *s, pd_err *err);
+
+/* Replaces the stored importance of all n == rows rows (no importance
+ * pending). PD_ERR_MISMATCH for another count. */
+pd_status kv_layer_set_importance(kv_layer *l, const float *imp, uint64_t n, pd_err *err);
+
 /* The configuration l was created with (alive borrowed from l; capacity_rows
  * is the current capacity). */
 void kv_layer_config_get(const kv_layer *l, kv_layer_config *out);
