@@ -57,7 +57,10 @@
  * signal reaches, the head acts on it for every rank. Other bits refused. */
 #define MSG_FLAG_CKPT 1u /* checkpoint at the next step boundary and go on */
 #define MSG_FLAG_STOP 2u /* checkpoint, then end the run (resumable) */
-#define MSG_FLAGS_KNOWN (MSG_FLAG_CKPT | MSG_FLAG_STOP)
+/* Not a signal: a rank the message passed still had live-migration pre-copy
+ * work (the head waits for a result without it before the switch). */
+#define MSG_FLAG_BUSY 4u
+#define MSG_FLAGS_KNOWN (MSG_FLAG_CKPT | MSG_FLAG_STOP | MSG_FLAG_BUSY)
 
 typedef enum msg_kind {
     MSG_KIND_BATCH = 1,

@@ -225,6 +225,31 @@ pd_status pipe_wait_recv(pipe_link *p, MPI_Request *req, size_t *len, int *from,
     return PD_OK;
 }
 
+pd_status pipe_test_recv(pipe_link *p, MPI_Request *req, int *done, size_t *len, int *from, pd_err *err)
+{
+    (void)p;
+    *done = 0;
+    if (*req == MPI_REQUEST_NULL)
+        return pd_err_set(err, PD_ERR_ARG, "pipe: no receive is posted on this request");
+    MPI_Status stt;
+    int rc = MPI_Test(req, done, &stt);
+    int cls = MPI_SUCCESS;
+    if (rc != MPI_SUCCESS)
+        MPI_Error_class(rc, &cls);
+    if (rc != MPI_SUCCESS && cls == MPI_ERR_TRUNCATE)
+        return pd_err_set(err, PD_ERR_RANGE, "pipe: a message from rank %d exceeds the receive buffer",
+                          stt.MPI_SOURCE);
+    PIPE_CALL(rc, "MPI_Test (receive)");
+    if (!*done)
+        return PD_OK;
+    int count = 0;
+    PIPE_CALL(MPI_Get_count(&stt, MPI_BYTE, &count), "MPI_Get_count");
+    *len = count > 0 ? (size_t)count : 0;
+    if (from)
+        *from = stt.MPI_SOURCE;
+    return PD_OK;
+}
+
 pd_status pipe_cancel_recv(pipe_link *p, MPI_Request *req, pd_err *err)
 {
     (void)p;

@@ -67,6 +67,9 @@ pd_status pipe_irecv(pipe_link *p, int src, void *buf, size_t cap, MPI_Request *
  * request with no receive posted (MPI_REQUEST_NULL) PD_ERR_ARG. */
 pd_status pipe_wait_recv(pipe_link *p, MPI_Request *req, size_t *len, int *from, double *waited,
                          pd_err *err);
+/* Completes a pipe_irecv if its message has arrived, without waiting:
+ * *done 1 with *len and *from as pipe_wait_recv gives them, or 0. */
+pd_status pipe_test_recv(pipe_link *p, MPI_Request *req, int *done, size_t *len, int *from, pd_err *err);
 /* Withdraws a pipe_irecv that no message should match (no-op for
  * MPI_REQUEST_NULL). A message that had already matched it is dropped and
  * reported (PD_ERR_FORMAT, naming the sender): the protocol was broken. */

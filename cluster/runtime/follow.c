@@ -42,12 +42,14 @@ static pd_status follow_pass_on(rank *r, const uint8_t *in, size_t len, pd_err *
     return xport_send(r->x, xport_peers_get(r->x)->next, slot, len, err);
 }
 
-static pd_status follow_batch(rank *r, msg_batch *b, pd_err *err)
+static pd_status follow_batch(rank *r, const run_hooks *hk, msg_batch *b, pd_err *err)
 {
     const xport_peers *pe = xport_peers_get(r->x);
     pd_status st;
+    uint32_t add = 0;
     if ((st = rank_lifecycle(r, b->admit, b->n_admit, b->retire, b->n_retire, err)) ||
-        (st = rank_forward(r, b->rows, b->n_rows, b->x, err)))
+        (st = rank_forward(r, b->rows, b->n_rows, b->x, err)) ||
+        (hk->progress && (st = hk->progress(hk->ctx, b->flags, &add, err))))
         return st;
     uint8_t *buf;
     uint32_t slot;
@@ -56,7 +58,7 @@ static pd_status follow_batch(rank *r, msg_batch *b, pd_err *err)
         uint32_t nt = 0;
         if ((st = rank_sample(r, b->rows, b->n_rows, b->x, &nt, err)) ||
             (st = xport_sendbuf(r->x, &buf, &slot, err)) ||
-            (st = msg_encode_results(b->seq, b->flags | sig_take(), r->tokens, r->digests, nt, buf,
+            (st = msg_encode_results(b->seq, b->flags | sig_take() | add, r->tokens, r->digests, nt, buf,
                                      xport_send_cap(r->x), &len, err)))
             return st;
         return xport_send(r->x, pe->head, slot, len, err);
@@ -65,7 +67,7 @@ static pd_status follow_batch(rank *r, msg_batch *b, pd_err *err)
         return st;
     msg_batch out = *b;
     out.dtype = r->o->wire_dtype;
-    out.flags = b->flags | sig_take(); /* this rank's signals travel on towards the head */
+    out.flags = b->flags | sig_take() | add; /* this rank's signals travel on towards the head */
     if ((st = msg_encode_batch(&out, buf, xport_send_cap(r->x), &len, err)))
         return st;
     return xport_send(r->x, pe->next, slot, len, err);
@@ -140,7 +142,7 @@ pd_status follow_loop(rank *r, const run_hooks *hooks, pd_err *err)
             break;
         }
         /* decoded: the buffer takes the message after next */
-        if ((st = xport_repost(r->x, err)) || (st = follow_batch(r, &fb.in, err)))
+        if ((st = xport_repost(r->x, err)) || (st = follow_batch(r, hk, &fb.in, err)))
             break;
         ran++;
     }

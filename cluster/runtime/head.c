@@ -402,7 +402,7 @@ static pd_status head_send_batch(head *h, const sched_batch *b, pd_err *err)
 }
 
 /* Takes the results of one in-flight micro-batch back from the tail. */
-static pd_status head_take_results(head *h, pd_err *err)
+static pd_status head_take_results(head *h, uint32_t *flags_out, pd_err *err)
 {
     rank *r = h->r;
     const uint8_t *buf;
@@ -416,6 +416,7 @@ static pd_status head_take_results(head *h, pd_err *err)
     if ((st = msg_decode_results(buf, len, &lim, &seq, &flags, r->tokens, r->digests, &nt, err)))
         return st;
     sig_note(flags); /* a signal another rank received */
+    *flags_out = flags;
     sched_batch *done = NULL;
     for (uint32_t s = 0; s < h->n_inflight; s++)
         if (h->inflight[s].seq == seq &&
@@ -507,6 +508,9 @@ pd_status head_loop(head *h, const run_hooks *hooks, pd_err *err)
                 h->inflight[b.slot] = b;
                 inflight++;
             }
+            uint32_t add;
+            if (hk->progress && (st = hk->progress(hk->ctx, 0, &add, err)))
+                return st;
             head_progress_line(h, false);
             continue;
         }
@@ -516,9 +520,12 @@ pd_status head_loop(head *h, const run_hooks *hooks, pd_err *err)
         }
         CHECK(inflight > 0);
         /* wait for the oldest results from the tail */
-        if ((st = head_take_results(h, err)))
+        uint32_t flags = 0, add;
+        if ((st = head_take_results(h, &flags, err)))
             return st;
         inflight--;
+        if (hk->progress && (st = hk->progress(hk->ctx, flags | RUN_SEEN_RESULTS, &add, err)))
+            return st;
         head_progress_line(h, false);
     }
     if (!alone) {

@@ -12,7 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { ACT_CKPT = 1, ACT_CKPT_EXIT = 2, ACT_MIGRATE = 3, ACT_STATS = 4 };
+enum { ACT_CKPT = 1, ACT_CKPT_EXIT = 2, ACT_MIGRATE = 3, ACT_STATS = 4, ACT_PRECOPY = 5 };
+
+/* A pre-copy that has not caught up after this many micro-batches switches
+ * anyway (the switch sends whatever is left). */
+#define JOBCTL_PRECOPY_MAX_STEPS 4096
 
 #define JOBCTL_REPLY 8192
 #define JOBCTL_RING 16
@@ -40,6 +44,10 @@ struct jobctl {
     int mig_client;
     const char *mig_source;
     uint32_t migrations, refused;
+    /* head: the running pre-copy (migrate.h) */
+    uint64_t pc_step0;       /* micro-batches formed when it started */
+    uint64_t pc_results;     /* results taken since */
+    bool pc_self_busy, pc_others_busy;
     /* status requests waiting for a gather */
     int status_client[CTL_MAX_CLIENTS];
     uint32_t n_status;
@@ -281,8 +289,16 @@ static uint32_t want_drain(void *ctx, uint64_t step)
     else if ((f & MSG_FLAG_CKPT) || j->ckpt_asked ||
              (o->checkpoint_every > 0 && MPI_Wtime() - j->ckpt_last >= o->checkpoint_every))
         act = ACT_CKPT;
-    else if (j->pend_mig)
-        act = ACT_MIGRATE;
+    else if (j->pend_mig && migrate_precopying(j->mg)) {
+        /* the switch once every rank caught up (a result that passed every
+         * stage without MSG_FLAG_BUSY, and the head idle too) */
+        if ((j->pc_results >= 2 && !j->pc_self_busy && !j->pc_others_busy) ||
+            step - j->pc_step0 > JOBCTL_PRECOPY_MAX_STEPS)
+            act = ACT_MIGRATE;
+        else if (j->n_status > 0)
+            act = ACT_STATS;
+    } else if (j->pend_mig)
+        act = migrate_uses_precopy(j->mg) ? ACT_PRECOPY : ACT_MIGRATE;
     else if (j->next_at < j->n_at && step >= j->at_step[j->next_at]) {
         layermap to;
         pd_err e = {0};
@@ -290,7 +306,7 @@ static uint32_t want_drain(void *ctx, uint64_t step)
         /* checked at start-up (run.c): a parse cannot fail here */
         CHECK(layermap_parse(m, (uint32_t)r->size, r->hp.n_layers, &to, &e) == PD_OK);
         if (ask_migration(j, &to, -1, "--migrate-at"))
-            act = ACT_MIGRATE;
+            act = migrate_uses_precopy(j->mg) ? ACT_PRECOPY : ACT_MIGRATE;
     } else if (j->n_status > 0 || (o->rebalance && step - j->win_step >= o->rebalance_window))
         act = ACT_STATS;
     if (act)
@@ -392,13 +408,20 @@ static pd_status act_migrate(jobctl *j, const run_drain *d, const layermap *targ
     layermap_format(target, b, sizeof b);
     if (rep.moved) {
         j->migrations++;
+        char pre[256] = "";
+        if (rep.precopy_s > 0)
+            snprintf(pre, sizeof pre, "; pre-copy %llu bytes over %.3f ms (%llu micro-batches, %llu restarts), at "
+                     "the switch %llu bytes",
+                     (unsigned long long)rep.precopy_bytes, rep.precopy_s * 1e3,
+                     (unsigned long long)(d->step - j->pc_step0), (unsigned long long)rep.resets,
+                     (unsigned long long)rep.final_bytes);
         fprintf(stderr,
                 "pipedec: migration (%s) at step %llu: %s -> %s: %u layers, %u streams, %llu bytes; copy %.3f ms "
                 "(export %.3f, weights %.3f, transfer+validate %.3f), switch %.3f ms, action %.3f ms, pause %.3f ms; "
-                "decode step %.3f ms\n",
+                "decode step %.3f ms%s\n",
                 source, (unsigned long long)d->step, a, b, rep.layers_moved, rep.streams,
                 (unsigned long long)rep.bytes, rep.copy_s * 1e3, rep.export_s * 1e3, rep.weights_s * 1e3,
-                rep.transfer_s * 1e3, rep.switch_s * 1e3, rep.total_s * 1e3, pause * 1e3, decode_step(j) * 1e3);
+                rep.transfer_s * 1e3, rep.switch_s * 1e3, rep.total_s * 1e3, pause * 1e3, decode_step(j) * 1e3, pre);
         if (client >= 0 && j->c) {
             snprintf(j->reply, JOBCTL_REPLY,
                      "{\"ok\":true,\"moved\":true,\"step\":%llu,\"from\":\"%s\",\"to\":\"%s\",\"layers\":%u,"
@@ -417,6 +440,64 @@ static pd_status act_migrate(jobctl *j, const run_drain *d, const layermap *targ
         reply_error(j, client, why);
     }
     return PD_OK;
+}
+
+/* The first drain point of a pre-copied migration: the plan is agreed and
+ * every rank starts copying while decoding goes on; the switch comes at a
+ * later drain point (want_drain). */
+static pd_status act_begin(jobctl *j, const run_drain *d, const layermap *target, int client, const char *source,
+                           pd_err *err)
+{
+    rank *r = j->r;
+    migrate_report rep;
+    pd_status st = migrate_begin(j->mg, j->h ? head_sched(j->h) : NULL, j->h ? head_budget_rw(j->h) : NULL, target,
+                                 &rep, err);
+    if (st || !r->is_head)
+        return st;
+    char a[512], b[512];
+    layermap_format(&rep.from, a, sizeof a);
+    layermap_format(target, b, sizeof b);
+    if (rep.started) {
+        j->pend_mig = true;
+        j->mig_target = *target;
+        j->mig_client = client;
+        j->mig_source = source;
+        j->pc_step0 = d->step;
+        j->pc_results = 0;
+        j->pc_self_busy = j->pc_others_busy = true;
+        fprintf(stderr, "pipedec: migration (%s) at step %llu: %s -> %s: %u layers, pre-copy started (%.3f ms)\n", source,
+                (unsigned long long)d->step, a, b, migrate_layers_moved(&rep.from, target), rep.total_s * 1e3);
+        return PD_OK;
+    }
+    j->refused++;
+    j->pend_mig = false;
+    j->mig_client = -1;
+    fprintf(stderr, "pipedec: migration (%s) at step %llu refused, the map stays %s: %s\n", source,
+            (unsigned long long)d->step, a, rep.why);
+    char why[1600];
+    snprintf(why, sizeof why, "migration to %s refused, the map stays %s: %s", b, a, rep.why);
+    reply_error(j, client, why);
+    return PD_OK;
+}
+
+static pd_status progress(void *ctx, uint32_t seen, uint32_t *add, pd_err *err)
+{
+    jobctl *j = ctx;
+    *add = 0;
+    if (!migrate_precopying(j->mg))
+        return PD_OK;
+    bool busy = false;
+    pd_status st = migrate_progress(j->mg, &busy, err);
+    if (busy)
+        *add = MSG_FLAG_BUSY;
+    if (j->h) {
+        j->pc_self_busy = busy;
+        if (seen & RUN_SEEN_RESULTS) {
+            j->pc_results++;
+            j->pc_others_busy = (seen & MSG_FLAG_BUSY) != 0;
+        }
+    }
+    return st;
 }
 
 /* What every rank sends the head at a status gather. */
@@ -557,6 +638,8 @@ static pd_status act_stats(jobctl *j, const run_drain *d, pd_err *err)
     if (dec.move) {
         if (r->is_head)
             j->hold = r->o->rebalance_hold;
+        if (migrate_uses_precopy(j->mg))
+            return act_begin(j, d, &dec.to, -1, "rebalance", err);
         return act_migrate(j, d, &dec.to, -1, "rebalance", err);
     }
     return PD_OK;
@@ -580,6 +663,8 @@ static pd_status at_drain(void *ctx, const run_drain *d, pd_err *err)
     }
     case ACT_STATS:
         return act_stats(j, d, err);
+    case ACT_PRECOPY:
+        return act_begin(j, d, &j->mig_target, j->mig_client, j->mig_source ? j->mig_source : "?", err);
     default:
         return pd_err_set(err, PD_ERR_FORMAT, "drain point %u asks for unknown action %u", d->number, d->action);
     }
@@ -592,5 +677,9 @@ static bool stop_after_drain(void *ctx)
 
 void jobctl_hooks(jobctl *j, run_hooks *out)
 {
-    *out = (run_hooks){.want_drain = want_drain, .at_drain = at_drain, .stop_after_drain = stop_after_drain, .ctx = j};
+    *out = (run_hooks){.want_drain = want_drain,
+                       .at_drain = at_drain,
+                       .stop_after_drain = stop_after_drain,
+                       .progress = progress,
+                       .ctx = j};
 }

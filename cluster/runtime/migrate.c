@@ -5,6 +5,7 @@
 #include "base/check.h"
 #include "comm/bundle.h"
 #include "comm/crc32c.h"
+#include "cluster/runtime/precopy.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,17 @@ struct migrate {
     uint32_t n_layers;
     const model **src;       /* [n_layers] weights a layer of the stage runs on (NULL = r->m) */
     model **slices;          /* [n_layers] weight slices loaded for received layers (NULL = free slot) */
+    precopy *pc;             /* the pre-copy phase (precopy.h) */
+    /* weights of the layers the current pre-copy brings here, loaded by the
+     * first migrate_progress (not in a pause) */
+    bool pre_w_done;
+    pd_status pre_w_status;
+    pd_err pre_w_err;
+    uint32_t pre_np, pre_pf[2], pre_pn[2];
+    const model *pre_pw[2];
+    model *pre_pl[2];
+    double pre_w_s;
+    layermap pre_to;         /* the map the current pre-copy moves to */
 };
 
 static const char *const fault_names[MIGRATE_FAULT_COUNT] = {"none", "corrupt", "weights"};
@@ -59,6 +71,10 @@ pd_status migrate_new(rank *r, migrate_fault fault, migrate **out, pd_err *err)
     }
     /* a peer that stops mid-migration is named like one that stops mid-decode */
     pipe_set_stall_timeout(mg->link, r->o->stall_timeout);
+    if ((st = precopy_new(r, &mg->pc, err))) { /* collective */
+        migrate_free(mg);
+        return st;
+    }
     *out = mg;
     return PD_OK;
 }
@@ -67,6 +83,9 @@ void migrate_free(migrate *mg)
 {
     if (!mg)
         return;
+    precopy_free(mg->pc);
+    for (uint32_t i = 0; i < 2; i++)
+        model_free(mg->pre_pl[i]);
     /* the stage may still run on the slices: only rank_stop's stage_free
      * comes later, and it does not touch weights */
     for (uint32_t i = 0; mg->slices && i < mg->n_layers; i++)
@@ -169,6 +188,7 @@ typedef struct migrate_verdict {
     char msg[512];
     double copy_s, export_s, weights_s, transfer_s;
     uint64_t bytes;          /* bundle bytes this rank sent */
+    uint64_t precopy_bytes, final_bytes, resets;
 } migrate_verdict;
 
 /* One layer travelling through this rank. */
@@ -306,6 +326,121 @@ static void slices_prune(migrate *mg)
     }
 }
 
+/* Step 1 on every rank: the head checks the target and names the streams
+ * (ids / pos: [max_streams + 1], owned by the caller). Returns an MPI
+ * failure only; a refused plan is plan->refused with rep->why. */
+static pd_status plan_agree(migrate *mg, sched *sc, budget *bud, const layermap *target, migrate_plan *plan,
+                            uint64_t *ids, uint64_t *pos, migrate_report *rep, pd_err *err)
+{
+    rank *r = mg->r;
+    pd_err e = {0};
+    pd_status st = PD_OK;
+    int have = ids && pos;
+    memset(plan, 0, sizeof *plan);
+    if (r->is_head) {
+        if (!have)
+            st = pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
+        else
+            st = plan_check(mg, sc, bud, target, &e);
+        plan->refused = st != PD_OK;
+        plan->to = st == PD_OK ? *target : r->lm;
+        if (st == PD_OK) {
+            stream_table *t = sched_streams(sc);
+            for (uint32_t i = 0; i < stream_table_capacity(t); i++)
+                if (stream_table_at(t, i)) {
+                    pos[plan->n_streams] = stream_next_pos(stream_table_at(t, i));
+                    ids[plan->n_streams++] = stream_table_at(t, i)->id;
+                }
+        }
+    }
+    pd_status bs = pipe_bcast(r->p, plan, sizeof *plan, err);
+    if (bs == PD_OK)
+        bs = pipe_agree(r->p, have ? PD_OK : PD_ERR_NOMEM, err);
+    if (bs == PD_OK && plan->n_streams) {
+        bs = pipe_bcast(r->p, ids, (size_t)plan->n_streams * sizeof *ids, err);
+        if (bs == PD_OK)
+            bs = pipe_bcast(r->p, pos, (size_t)plan->n_streams * sizeof *pos, err);
+    }
+    rep->to = plan->to;
+    rep->streams = plan->n_streams;
+    if (!bs && plan->refused)
+        snprintf(rep->why, sizeof rep->why, "%s", r->is_head ? e.msg : "the head refused the plan");
+    return bs;
+}
+
+bool migrate_precopying(const migrate *mg)
+{
+    return precopy_active(mg->pc);
+}
+
+bool migrate_uses_precopy(const migrate *mg)
+{
+    return precopy_applies(mg->r);
+}
+
+pd_status migrate_begin(migrate *mg, sched *sc, budget *bud, const layermap *target, migrate_report *rep,
+                        pd_err *err)
+{
+    rank *r = mg->r;
+    double t0 = MPI_Wtime();
+    memset(rep, 0, sizeof *rep);
+    rep->from = r->lm;
+    migrate_plan plan;
+    uint32_t cap = r->sz.max_streams + 1;
+    uint64_t *ids = calloc(cap, sizeof *ids), *pos = calloc(cap, sizeof *pos);
+    pd_status st = plan_agree(mg, sc, bud, target, &plan, ids, pos, rep, err);
+    free(ids);
+    free(pos);
+    if (st == PD_OK && !plan.refused) {
+        for (uint32_t i = 0; i < 2; i++) {
+            model_free(mg->pre_pl[i]);
+            mg->pre_pl[i] = NULL;
+            mg->pre_pw[i] = NULL;
+        }
+        mg->pre_w_done = false;
+        mg->pre_w_status = PD_OK;
+        mg->pre_w_err = (pd_err){0};
+        mg->pre_w_s = 0;
+        mg->pre_to = plan.to;
+        pd_status ls = precopy_start(mg->pc, &plan.to, mg->fault == MIGRATE_FAULT_CORRUPT, err);
+        st = pipe_agree(r->p, ls, err); /* every rank pre-copies, or none */
+        if (st && ls == PD_OK)
+            (void)precopy_stop(mg->pc, &(pd_err){0});
+        rep->started = st == PD_OK;
+    }
+    rep->total_s = MPI_Wtime() - t0;
+    return st;
+}
+
+/* The weights of the layers this rank takes, loaded once per migration. */
+static void precopy_weights(migrate *mg, const layermap *to)
+{
+    if (mg->pre_w_done)
+        return;
+    rank *r = mg->r;
+    uint32_t me = (uint32_t)r->rank, of = r->lm.first[me], oe = of + r->lm.count[me];
+    uint32_t nf = to->first[me], ne = nf + to->count[me];
+    double t = MPI_Wtime();
+    mg->pre_np = pieces(nf, ne, of, oe, mg->pre_pf, mg->pre_pn);
+    for (uint32_t i = 0; i < mg->pre_np && mg->pre_w_status == PD_OK; i++)
+        mg->pre_w_status = weights_for(mg, mg->pre_pf[i], mg->pre_pn[i], &mg->pre_pw[i], &mg->pre_pl[i], &mg->pre_w_err);
+    mg->pre_w_s = MPI_Wtime() - t;
+    mg->pre_w_done = true;
+}
+
+pd_status migrate_progress(migrate *mg, bool *busy, pd_err *err)
+{
+    *busy = false;
+    if (!precopy_active(mg->pc))
+        return PD_OK;
+    if (!mg->pre_w_done) {
+        precopy_weights(mg, &mg->pre_to);
+        *busy = true;
+        return PD_OK;
+    }
+    return precopy_progress(mg->pc, busy, err);
+}
+
 pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *target, migrate_report *rep, pd_err *err)
 {
     rank *r = mg->r;
@@ -314,43 +449,22 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
     rep->from = r->lm;
     pd_err e = {0};
     pd_status st = PD_OK;
+    bool pre = precopy_active(mg->pc);
 
     /* 1. plan: the head checks the target and names the streams */
-    migrate_plan plan = {0};
+    migrate_plan plan;
     uint32_t cap = r->sz.max_streams + 1;
     uint64_t *ids = calloc(cap, sizeof *ids), *pos = calloc(cap, sizeof *pos);
-    int have = ids && pos;
-    if (r->is_head) {
-        if (!have)
-            st = pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
-        else
-            st = plan_check(mg, sc, bud, target, &e);
-        plan.refused = st != PD_OK;
-        plan.to = st == PD_OK ? *target : r->lm;
-        if (st == PD_OK) {
-            stream_table *t = sched_streams(sc);
-            for (uint32_t i = 0; i < stream_table_capacity(t); i++)
-                if (stream_table_at(t, i)) {
-                    pos[plan.n_streams] = stream_next_pos(stream_table_at(t, i));
-                    ids[plan.n_streams++] = stream_table_at(t, i)->id;
-                }
-        }
+    pd_status bs = plan_agree(mg, sc, bud, target, &plan, ids, pos, rep, err);
+    if (bs == PD_OK && pre && !plan.refused && migrate_layers_moved(&plan.to, &mg->pre_to) != 0) {
+        plan.refused = 1; /* every rank sees the same maps */
+        snprintf(rep->why, sizeof rep->why, "the map changed since the pre-copy started");
     }
-    pd_status bs = pipe_bcast(r->p, &plan, sizeof plan, err);
-    if (bs == PD_OK)
-        bs = pipe_agree(r->p, have ? PD_OK : PD_ERR_NOMEM, err);
-    if (bs == PD_OK && plan.n_streams) {
-        bs = pipe_bcast(r->p, ids, (size_t)plan.n_streams * sizeof *ids, err);
-        if (bs == PD_OK)
-            bs = pipe_bcast(r->p, pos, (size_t)plan.n_streams * sizeof *pos, err);
-    }
-    rep->to = plan.to;
-    rep->streams = plan.n_streams;
     if (bs || plan.refused) {
         free(ids);
         free(pos);
-        if (!bs)
-            snprintf(rep->why, sizeof rep->why, "%s", r->is_head ? e.msg : "the head refused the plan");
+        if (bs == PD_OK && pre)
+            bs = precopy_stop(mg->pc, err);
         rep->total_s = MPI_Wtime() - t0;
         return bs;
     }
@@ -380,7 +494,7 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
     /* sources: one bundle per layer they give, sent without waiting (a
      * layer whose export failed is announced with length 0) */
     uint32_t k = 0;
-    for (uint32_t L = of; give && L < oe; L++) {
+    for (uint32_t L = of; give && !pre && L < oe; L++) {
         if (owner(to, L) == me)
             continue;
         migrate_move *mv = &give[k++];
@@ -451,11 +565,43 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
     const model *pw[2] = {NULL, NULL};
     model *pl[2] = {NULL, NULL};
     double t_w = MPI_Wtime();
-    for (uint32_t i = 0; i < np && st == PD_OK; i++)
-        st = weights_for(mg, pf[i], pn[i], &pw[i], &pl[i], &e);
-    double weights_s = MPI_Wtime() - t_w;
+    if (pre) {
+        /* the weights came during the pre-copy (or come now), the rows
+         * since its last chunks come now */
+        if (st == PD_OK) {
+            precopy_weights(mg, to);
+            for (uint32_t i = 0; i < 2; i++) {
+                pw[i] = mg->pre_pw[i];
+                pl[i] = mg->pre_pl[i];
+                mg->pre_pl[i] = NULL;
+            }
+            if (mg->pre_w_status) {
+                st = mg->pre_w_status;
+                e = mg->pre_w_err;
+            }
+        }
+    } else
+        for (uint32_t i = 0; i < np && st == PD_OK; i++)
+            st = weights_for(mg, pf[i], pn[i], &pw[i], &pl[i], &e);
+    double weights_s = pre ? mg->pre_w_s : MPI_Wtime() - t_w;
+    if (pre && ms == PD_OK) {
+        pd_status local = PD_OK;
+        pd_err why = {0};
+        ms = precopy_finish(mg->pc, ids, cnt, dg, &local, &why, err);
+        if (ms == PD_OK && local != PD_OK && st == PD_OK) {
+            st = local;
+            e = why;
+        }
+        precopy_stats ps;
+        precopy_get_stats(mg->pc, &ps);
+        sent_bytes = ps.bytes_sent + ps.final_bytes;
+        rep->precopy_bytes = ps.bytes_sent;
+        rep->final_bytes = ps.final_bytes;
+        rep->resets = ps.resets;
+        rep->precopy_s = t0 - ps.started;
+    }
     k = 0;
-    for (uint32_t L = nf; take && L < ne && ms == PD_OK; L++) {
+    for (uint32_t L = nf; take && !pre && L < ne && ms == PD_OK; L++) {
         if (owner(from, L) == me)
             continue;
         migrate_move *mv = &take[k++];
@@ -511,7 +657,7 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
     /* the receiver's own memory check, on the bytes that arrived (the head
      * checked the predicted reservations already) */
     uint64_t lim = r->o->mem_limit, incoming = 0;
-    for (uint32_t i = 0; take && i < n_take; i++)
+    for (uint32_t i = 0; take && !pre && i < n_take; i++)
         incoming += take[i].len;
     stage_mem sm;
     stage_memory(r->st, &sm);
@@ -530,9 +676,10 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
     bool early = st == PD_OK && ms == PD_OK && np > 0 && lo < hi;
     double t_inst = MPI_Wtime();
     for (uint32_t i = 0; early && st == PD_OK && i < np; i++)
-        if ((st = stage_add_layers(r->st, pf[i], pn[i], pw[i], &e)) == PD_OK)
+        if ((st = pre ? precopy_add_layers(mg->pc, pf[i], pn[i], pw[i], ids, cnt, &e)
+                      : stage_add_layers(r->st, pf[i], pn[i], pw[i], &e)) == PD_OK)
             added++;
-    for (uint32_t i = 0; early && st == PD_OK && i < n_take; i++)
+    for (uint32_t i = 0; early && !pre && st == PD_OK && i < n_take; i++)
         for (uint64_t j = 0; st == PD_OK && j < take[i].v->n_streams; j++)
             if ((st = stage_import_layer(r->st, take[i].v->entries[j].stream, take[i].layer,
                                          take[i].v->entries[j].record, take[i].v->entries[j].len, &e)) != PD_OK)
@@ -543,7 +690,7 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
         early = false;
     }
     double install_s = MPI_Wtime() - t_inst;
-    for (uint32_t i = 0; give && i < n_give && ms == PD_OK; i++) {
+    for (uint32_t i = 0; give && !pre && i < n_give && ms == PD_OK; i++) {
         ms = pipe_wait(mg->link, &give[i].len_req, NULL, err);
         for (uint64_t q = 0; ms == PD_OK && q < give[i].n_req; q++)
             ms = pipe_wait(mg->link, &give[i].req[q], NULL, err);
@@ -556,7 +703,8 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
 
     /* 3. ack: verdicts and digests on every rank */
     migrate_verdict mine = {.status = st, .copy_s = MPI_Wtime() - t0, .export_s = export_s, .weights_s = weights_s,
-                            .transfer_s = transfer_s, .bytes = sent_bytes};
+                            .transfer_s = transfer_s, .bytes = sent_bytes, .precopy_bytes = rep->precopy_bytes,
+                            .final_bytes = rep->final_bytes, .resets = rep->resets};
     if (st)
         snprintf(mine.msg, sizeof mine.msg, "%s", e.msg);
     pd_status gs = pipe_allgather(r->p, &mine, sizeof mine, vd, err);
@@ -583,8 +731,12 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
                      (unsigned long long)got, a, (unsigned long long)sent);
         }
     }
+    rep->precopy_bytes = rep->final_bytes = rep->resets = 0;
     for (int q = 0; q < r->size; q++) {
         rep->bytes += vd[q].bytes;
+        rep->precopy_bytes += vd[q].precopy_bytes;
+        rep->final_bytes += vd[q].final_bytes;
+        rep->resets += vd[q].resets;
         if (vd[q].copy_s > rep->copy_s)
             rep->copy_s = vd[q].copy_s;
         if (vd[q].export_s > rep->export_s)
@@ -607,7 +759,8 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
             cs = stage_remove_layers(r->st, gf[i], gn[i], err);
         for (uint32_t i = 0; i < np && cs == PD_OK; i++) {
             if (!early)
-                cs = stage_add_layers(r->st, pf[i], pn[i], pw[i], err);
+                cs = pre ? precopy_add_layers(mg->pc, pf[i], pn[i], pw[i], ids, cnt, err)
+                         : stage_add_layers(r->st, pf[i], pn[i], pw[i], err);
             if (cs == PD_OK && pl[i]) {
                 slice_keep(mg, pl[i]);
                 pl[i] = NULL;
@@ -615,7 +768,7 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
             for (uint32_t L = pf[i]; cs == PD_OK && L < pf[i] + pn[i]; L++)
                 mg->src[L] = pw[i];
         }
-        for (uint32_t i = 0; !early && i < n_take && cs == PD_OK; i++)
+        for (uint32_t i = 0; !early && !pre && i < n_take && cs == PD_OK; i++)
             for (uint64_t j = 0; cs == PD_OK && j < take[i].v->n_streams; j++)
                 cs = stage_import_layer(r->st, take[i].v->entries[j].stream, take[i].layer, take[i].v->entries[j].record,
                                         take[i].v->entries[j].len, err);
@@ -662,6 +815,11 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
     free(vd);
     free(ids);
     free(pos);
+    if (pre) { /* moved or refused: the copies left go */
+        pd_status ps = precopy_stop(mg->pc, err);
+        if (cs == PD_OK)
+            cs = ps;
+    }
     if (cs == PD_OK)
         cs = pipe_max_double(r->p, rep->switch_s, &rep->switch_s, err);
     rep->total_s = MPI_Wtime() - t0;

@@ -36,8 +36,10 @@
  *             full validation fails only for lack of memory): it ends the
  *             job like any mid-run failure.
  *
- * It is a stop-the-world copy: the pipeline is drained during the whole
- * move (the pause grows with the state moved). */
+ * Without pre-copy (bounded caches: rings, windows, eviction) it is a
+ * stop-the-world copy: the pipeline is drained during the whole move, and
+ * the state moved is bounded by the policy. With pre-copy (below) step 2
+ * sends only the rows since the pre-copy's last chunks. */
 #ifndef PD_RUNTIME_MIGRATE_H
 #define PD_RUNTIME_MIGRATE_H
 
@@ -88,6 +90,12 @@ typedef struct migrate_report {
                                 receiver next to its new layers installs them before
                                 the vote, the rest at the switch) */
     double total_s;          /* the whole action on this rank */
+    /* pre-copy (full attention without eviction: precopy.h) */
+    bool started;            /* migrate_begin: the pre-copy runs */
+    uint64_t precopy_bytes;  /* chunk bytes sent while decoding went on (this rank) */
+    uint64_t final_bytes;    /* chunk bytes sent at the switch (this rank) */
+    uint64_t resets;         /* copies restarted from row 0 (this rank) */
+    double precopy_s;        /* from the pre-copy's start to the switch */
 } migrate_report;
 
 /* The drain action. target: the head's proposed map (read on rank 0 only);
@@ -98,6 +106,23 @@ typedef struct migrate_report {
  * a failed switch). */
 pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *target, migrate_report *rep,
                       pd_err *err);
+
+/* Pre-copy (precopy.h). Under a policy whose caches grow with the context
+ * (migrate_uses_precopy), a migration runs in two drain points: migrate_begin
+ * (plan checked and agreed, nothing copied: every rank starts the pre-copy),
+ * then decoding goes on while migrate_progress, called by every rank between
+ * micro-batches, moves the rows that are final; then migrate_run at a later
+ * drain point is the switch: the plan is checked again (the same map), only
+ * the rows since the last chunks travel, and steps 3-4 run as above. A
+ * refused switch ends the pre-copy with the old map in force. */
+bool migrate_uses_precopy(const migrate *mg);
+bool migrate_precopying(const migrate *mg);
+/* The first drain point: rep->started, or rep->why when refused. */
+pd_status migrate_begin(migrate *mg, sched *sc, budget *bud, const layermap *target, migrate_report *rep,
+                        pd_err *err);
+/* Between micro-batches (every rank): *busy while this rank has pre-copy
+ * work left. Errors are MPI failures. */
+pd_status migrate_progress(migrate *mg, bool *busy, pd_err *err);
 
 /* The map that moves boundary layer `layer` to rank `to` (a neighbour of its
  * owner on the side the layer sits at; the owner must keep a layer).

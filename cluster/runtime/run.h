@@ -80,6 +80,8 @@ typedef struct run_drain {
                          posted on it) */
 } run_drain;
 
+#define RUN_SEEN_RESULTS 0x80000000u
+
 /* Hooks for the features that stop the pipeline (checkpoint, migration) and
  * for tests. Every rank passes the same hooks. */
 typedef struct run_hooks {
@@ -92,6 +94,13 @@ typedef struct run_hooks {
     /* Head only, after a drain point: true = stop the run now (a checkpoint
      * before exit): no new micro-batch, every rank ends its loop. */
     bool (*stop_after_drain)(void *ctx);
+    /* Every rank, once per micro-batch it ran (the head also once per results
+     * message it took), with the flags of the message it took; returns in
+     * *add the flags this rank adds to what it sends on (MSG_FLAG_BUSY while
+     * it has background work: a migration's pre-copy). A failure ends the
+     * run as a failed micro-batch does. */
+    pd_status (*progress)(void *ctx, uint32_t seen, uint32_t *add, pd_err *err);
+    /* seen | RUN_SEEN_RESULTS: the head took a results message */
     void *ctx;
 } run_hooks;
 

@@ -469,7 +469,30 @@ void stage_layers(const stage *s, uint32_t *first, uint32_t *n)
     *n = s->n_layers;
 }
 
+/* A copy the caller offers for (stream, layer) passes the install checks:
+ * a kv container holding exactly the stream's position. */
+static pd_status copy_check(const stage *s, const stage_stream *st, uint32_t layer, const lcache *copy, pd_err *err)
+{
+    (void)s;
+    if (!lcache_kv(copy))
+        return pd_err_set(err, PD_ERR_UNSUPPORTED, "stage: stream %llu layer %u: only kv containers are installed "
+                          "from a copy", (unsigned long long)st->id, layer);
+    if (lcache_group_open(copy) || lcache_pending(copy))
+        return pd_err_set(err, PD_ERR_ARG, "stage: stream %llu layer %u: the copy has rows pending",
+                          (unsigned long long)st->id, layer);
+    pd_status rc = lcache_adopt_check(copy, kv_layer_pos_len(lcache_kv(copy)), st->pos, err);
+    if (rc != PD_OK)
+        pd_err_prefix(err, "stage: stream %llu layer %u", (unsigned long long)st->id, layer);
+    return rc;
+}
+
 pd_status stage_add_layers(stage *s, uint32_t first, uint32_t n, const model *weights, pd_err *err)
+{
+    return stage_add_layers_from(s, first, n, weights, NULL, NULL, err);
+}
+
+pd_status stage_add_layers_from(stage *s, uint32_t first, uint32_t n, const model *weights, stage_copy_fn copy,
+                                void *ctx, pd_err *err)
 {
     if (n == 0)
         return pd_err_set(err, PD_ERR_ARG, "stage: adding 0 layers");
@@ -486,15 +509,23 @@ pd_status stage_add_layers(stage *s, uint32_t first, uint32_t n, const model *we
     if (w != s->cfg.m && model_digest(w) != model_digest(s->cfg.m))
         return pd_err_set(err, PD_ERR_MISMATCH, "stage: the weights of layers [%u, %u) come from another model file",
                           first, first + n);
-    /* every container first, so a failure leaves nothing behind */
+    /* the copies' checks, then every new container, so a failure leaves
+     * nothing behind (and every copy with the caller) */
     pd_status rc = PD_OK;
+    for (uint32_t i = 0; i < s->cfg.max_streams && rc == PD_OK && copy; i++)
+        for (uint32_t L = first; s->streams[i].used && L < first + n && rc == PD_OK; L++) {
+            const lcache *c = copy(ctx, s->streams[i].id, L);
+            if (c)
+                rc = copy_check(s, &s->streams[i], L, c, err);
+        }
     for (uint32_t i = 0; i < s->cfg.max_streams && rc == PD_OK; i++) {
         stage_stream *st = &s->streams[i];
         if (!st->used)
             continue;
         lcache_config cc = stream_cache_config(s, st);
         for (uint32_t L = first; L < first + n && rc == PD_OK; L++)
-            rc = lcache_new(&cc, &st->caches[L], err);
+            if (!copy || !copy(ctx, st->id, L))
+                rc = lcache_new(&cc, &st->caches[L], err);
     }
     if (rc != PD_OK) {
         for (uint32_t i = 0; i < s->cfg.max_streams; i++)
@@ -505,6 +536,15 @@ pd_status stage_add_layers(stage *s, uint32_t first, uint32_t n, const model *we
         pd_err_prefix(err, "stage: adding layers [%u, %u)", first, first + n);
         return rc;
     }
+    /* nothing below fails: the copies become the stage's */
+    for (uint32_t i = 0; i < s->cfg.max_streams && copy; i++)
+        for (uint32_t L = first; s->streams[i].used && L < first + n; L++) {
+            lcache *c = copy(ctx, s->streams[i].id, L);
+            if (c) {
+                s->streams[i].caches[L] = c;
+                lcache_adopt(c, s->streams[i].pos);
+            }
+        }
     for (uint32_t L = first; L < first + n; L++)
         s->weights[L] = w;
     if (s->n_layers == 0 || first < s->first)
@@ -554,6 +594,31 @@ pd_status stage_import_layer(stage *s, uint64_t stream, uint32_t layer, const vo
     if (rc != PD_OK)
         pd_err_prefix(err, "stage: import: stream %llu layer %u", (unsigned long long)stream, layer);
     return rc;
+}
+
+lcache *stage_cache(stage *s, uint64_t stream, uint32_t layer)
+{
+    stage_stream *st = stream_find(s, stream);
+    if (!st || layer < s->first || layer - s->first >= s->n_layers)
+        return NULL;
+    return st->caches[layer];
+}
+
+pd_status stage_stream_shape(const stage *s, uint64_t stream, uint32_t *prefill_rows, uint32_t *max_new, pd_err *err)
+{
+    stage_stream *st = stream_find((stage *)s, stream);
+    if (!st)
+        return pd_err_set(err, PD_ERR_ARG, "stage: stream %llu was never admitted", (unsigned long long)stream);
+    *prefill_rows = st->prefill_rows;
+    *max_new = st->max_new;
+    return PD_OK;
+}
+
+pd_status stage_spare_cache(const stage *s, uint32_t prefill_rows, uint32_t max_new, lcache **out, pd_err *err)
+{
+    stage_stream shape = {.prefill_rows = prefill_rows, .max_new = max_new};
+    lcache_config cc = stream_cache_config(s, &shape);
+    return lcache_new(&cc, out, err);
 }
 
 void stage_moe_stats(const stage *s, uint64_t *layer_runs, uint64_t *experts)

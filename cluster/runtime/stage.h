@@ -19,6 +19,7 @@
 #define PD_STAGE_H
 
 #include "base/status.h"
+#include "cache/layer_cache.h"
 #include "cluster/model/model.h"
 #include "cluster/runtime/policy.h"
 #include "cluster/model/pool.h"
@@ -212,6 +213,39 @@ pd_status stage_remove_layers(stage *s, uint32_t first, uint32_t n, pd_err *err)
  * PD_ERR_FORMAT, PD_ERR_TRUNCATED, ...). */
 pd_status stage_import_layer(stage *s, uint64_t stream, uint32_t layer, const void *buf, size_t len,
                              pd_err *err);
+
+/* ---- copies built outside the stage (live migration's pre-copy) ----------
+ *
+ * A receiver grows a copy of a stream's layer container while decoding goes
+ * on (rows arrive as comm/kv_chunk.h chunks) and hands it to the stage at
+ * the switch (stage_add_layers_from), so the switch copies no row again. */
+
+/* The container of stream's absolute layer `layer` (borrowed; NULL for an
+ * unknown stream or a layer outside the range). The pre-copy's source reads
+ * it and marks its kv layer (kv_layer_mark); nothing else changes it. */
+lcache *stage_cache(stage *s, uint64_t stream, uint32_t layer);
+
+/* The sizes a stream was admitted with (PD_ERR_ARG unknown stream). */
+pd_status stage_stream_shape(const stage *s, uint64_t stream, uint32_t *prefill_rows, uint32_t *max_new, pd_err *err);
+
+/* A new empty container configured as the containers of a stream of that
+ * shape are (same policy, geometry, sizes and allocator): the receiver's
+ * copy, which may be started before the stream reaches this stage. Owned
+ * *out (lcache_free). */
+pd_status stage_spare_cache(const stage *s, uint32_t prefill_rows, uint32_t max_new, lcache **out, pd_err *err);
+
+/* stage_add_layers, except that a stream's container of a new layer is
+ * the caller's copy where copy(ctx, stream, layer) returns one (a kv
+ * container holding exactly the stream's position, nothing pending; checked
+ * first): on success the stage owns every copy copy() returned (the caller
+ * forgets them) and each is at its stream's position. No row is copied and
+ * no storage allocated for those. Errors as stage_add_layers, plus the
+ * copies' checks; nothing changed and no copy taken on error. copy is
+ * called several times with the same arguments and must answer the same. */
+typedef lcache *(*stage_copy_fn)(void *ctx, uint64_t stream, uint32_t layer);
+pd_status stage_add_layers_from(stage *s, uint32_t first, uint32_t n, const model *weights, stage_copy_fn copy,
+                                void *ctx, pd_err *err);
+
 
 /* MoE layers run by this stage so far and the distinct experts they used
  * in all (model_scratch_moe_stats). */

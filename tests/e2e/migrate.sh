@@ -4,9 +4,11 @@
 # ways, whole new maps, several per run, on 2..4 ranks, for every --attn,
 # --kv and --evict mode and with speculation (--draft ngram, --draft-async,
 # --draft model:) — and out.jsonl, digests
-# included, stays byte-identical to a one-rank run. Forced aborts (a
-# corrupted bundle, unreadable weights, a receiver over --mem-limit) keep the
-# old map and the same bytes. --rebalance auto moves a lopsided map to within
+# included, stays byte-identical to a one-rank run. Full attention
+# pre-copies its rows while decoding goes on (the switch sends only the rows
+# since); bounded caches move whole at the switch. Forced aborts (a corrupted
+# chunk or bundle, unreadable weights, a receiver over --mem-limit) keep the
+# old map and the same bytes, and a run may end during a pre-copy. --rebalance auto moves a lopsided map to within
 # one layer of the balanced one and leaves a balanced map alone.
 source "$(dirname "$0")/lib.bash"
 T="$E2E_TMP"
@@ -47,7 +49,7 @@ for pol in "" "--attn rswa:8" "--attn window:8" "--kv q8" "--kv q8k" "--kv q8v" 
   n=$((2 + i % 3))
   # shellcheck disable=SC2086
   if run_mig "$tag" "$n" $pol; then
-    k=$(grep -c "^pipedec: migration (--migrate-at) at step .* -> " "$T/$tag.log" || true)
+    k=$(grep -c "^pipedec: migration (--migrate-at) at step .* -> .* streams, .* bytes;" "$T/$tag.log" || true)
     want=$(sched "$n" | grep -o -- --migrate-at | wc -l)
     [ "$k" -eq "$want" ] && pass "${pol:-default}: $k migrations on $n ranks" \
       || { fail "${pol:-default}: $k of $want migrations happened on $n ranks"; grep -i migrat "$T/$tag.log" | head -3; }
@@ -62,11 +64,12 @@ done
 differ "$T/p0.ref" "$T/p3--kv_q8.ref" "negative control: --kv q8 differs from f32"
 
 # forced aborts: the job goes on with the old map and the same bytes
-abort_case() { # abort_case TAG PATTERN ARGS...
-  local tag="$1" pat="$2"; shift 2
+abort_case() { # abort_case TAG REF PATTERN ARGS...
+  local tag="$1" ref="$2" pat="$3"; shift 3
   if timeout 120 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/$tag.out" --batch 3 \
        --digest --layers 0-3,4-7 "$@" >"$T/$tag.log" 2>&1 </dev/null; then
-    if grep -q "refused, the map stays 0-3,4-7: .*$pat" "$T/$tag.log" && ! grep -q " -> " "$T/$tag.log"; then
+    if grep -q "refused, the map stays 0-3,4-7: .*$pat" "$T/$tag.log" && ! grep -q " streams, .* bytes;" "$T/$tag.log"
+    then
       pass "$tag: refused ($(grep -o "refused.*" "$T/$tag.log" | head -1 | cut -c1-150))"
     else
       fail "$tag: no refusal matching /$pat/"; grep -i migrat "$T/$tag.log" | head -3
@@ -74,11 +77,41 @@ abort_case() { # abort_case TAG PATTERN ARGS...
   else
     fail "$tag: the job failed"; tail -3 "$T/$tag.log"
   fi
-  same "$T/p0.ref" "$T/$tag.out" "$tag: old map kept, output == one rank"
+  same "$ref" "$T/$tag.out" "$tag: old map kept, output == one rank"
 }
-abort_case corrupt "bundle: offset [0-9]*: entry .* crc" --migrate-at 10:0-4,5-7 --migrate-fault corrupt
-abort_case weights "weights of layers 4-4 are not readable" --migrate-at 10:0-4,5-7 --migrate-fault weights
-abort_case memlimit "more than its --mem-limit" --migrate-at 10:0-6,7 --mem-limit 400K
+# full attention pre-copies (a chunk fails its CRC during the pre-copy, the
+# weights fail to load in its first step); a ring moves whole at the switch
+# (a bundle entry fails its CRC)
+abort_case corrupt "$T/p0.ref" "pre-copy message 0 from rank 1: kv chunk: CRC32C .* the bytes give" \
+  --migrate-at 10:0-4,5-7 --migrate-fault corrupt
+abort_case corrupt-ring "$T/p1--attn_rswa_8.ref" "bundle: offset [0-9]*: entry .* crc" --attn rswa:8 \
+  --migrate-at 10:0-4,5-7 --migrate-fault corrupt
+abort_case weights "$T/p0.ref" "weights of layers 4-4 are not readable" --migrate-at 10:0-4,5-7 --migrate-fault weights
+abort_case memlimit "$T/p0.ref" "more than its --mem-limit" --migrate-at 10:0-6,7 --mem-limit 400K
+
+# pre-copy (full attention): the rows travel while decoding goes on and
+# the switch sends only the rows since the last chunks
+line=$(grep -m1 "^pipedec: migration (--migrate-at) .* streams, .* bytes;.*pre-copy" "$T/p0.log" || true)
+pre=$(sed -n 's/.*pre-copy \([0-9]*\) bytes.*/\1/p' <<<"$line"); fin=$(sed -n 's/.*at the switch \([0-9]*\) bytes.*/\1/p' <<<"$line")
+[ -n "$pre" ] && [ -n "$fin" ] && [ "$pre" -gt 0 ] && [ "$fin" -lt "$pre" ] \
+  && pass "pre-copy: $pre bytes while decoding, $fin at the switch" \
+  || { fail "pre-copy: no pre-copied bytes in '$line'"; }
+grep -q "pre-copy" "$T/p1--attn_rswa_8.log" && fail "a ring pre-copied (its state is bounded)" \
+  || pass "rswa moves whole at the switch (no pre-copy)"
+# a run that ends while a pre-copy runs: every rank sends and takes its end
+# marks at teardown, exit 0, same bytes
+timeout 120 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/mb.out" --batch 3 --digest \
+  --layers 0-3,4-7 --stats "$T/mb.json" >/dev/null 2>&1 </dev/null
+mb=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["stages"][0]["micro_batches"])' "$T/mb.json")
+rc=0
+timeout 120 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/end.out" --batch 3 --digest \
+  --layers 0-3,4-7 --migrate-at "$((mb - 3)):0-4,5-7" >"$T/end.log" 2>&1 </dev/null || rc=$?
+if [ "$rc" -eq 0 ] && grep -q "pre-copy started" "$T/end.log" && ! grep -q " streams, .* bytes;" "$T/end.log"; then
+  pass "a run that ends during a pre-copy (started at step $((mb - 3)) of $mb) exits 0"
+else
+  fail "a run that ends during a pre-copy: exit $rc"; grep -i "migrat\|error" "$T/end.log" | head -3
+fi
+same "$T/p0.ref" "$T/end.out" "a run that ends during a pre-copy == one rank"
 
 # bad schedules are start-up errors
 rc=0; timeout 60 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/bad.out" --migrate-at 5:0-3 \
