@@ -252,6 +252,10 @@ static pd_status take(const uint8_t *base, size_t len, size_t *off, uint64_t n, 
         return pd_err_set(err, PD_ERR_TRUNCATED, "kv chunk: %s of head %u at offset %zu: %llu bytes, %zu left", what,
                           head, *off, (unsigned long long)b, len - 4 - *off);
     const uint8_t *p = base + *off;
+    for (uint64_t i = n * size; i < b; i++)
+        if (p[i])
+            return pd_err_set(err, PD_ERR_FORMAT, "kv chunk: %s of head %u: padding byte at offset %zu is not 0", what,
+                              head, *off + (size_t)i);
     if (f32) {
         size_t bad = first_bad((const float *)(const void *)p, (size_t)n);
         if (bad < n)
@@ -298,6 +302,9 @@ pd_status kv_chunk_decode(const void *buf, size_t len, const kv_layer_config *cf
     if (pad8(n_kv) > len - 4 - KV_CHUNK_HEADER)
         return pd_err_set(err, PD_ERR_TRUNCATED, "kv chunk: alive mask at offset %u", KV_CHUNK_HEADER);
     const uint8_t *alive = p + KV_CHUNK_HEADER;
+    for (size_t i = n_kv; i < pad8(n_kv); i++)
+        if (alive[i])
+            return pd_err_set(err, PD_ERR_FORMAT, "kv chunk: padding byte at offset %zu is not 0", KV_CHUNK_HEADER + i);
     uint32_t n_alive = 0;
     for (uint32_t h = 0; h < n_kv; h++) {
         int want = cfg->alive ? cfg->alive[h] != 0 : 1;
