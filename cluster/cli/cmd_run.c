@@ -26,7 +26,7 @@ static void run_usage(FILE *f)
             "         [--checkpoint-dir D [--checkpoint-every SECONDS]] [--draft none|ngram[:N[:K]]|model:FILE[:K]]\n"
             "         [--draft-async]\n"
             "         [--control SOCKET] [--rebalance off|auto] [--rebalance-window STEPS]\n"
-            "         [--rebalance-threshold PERCENT]\n"
+            "         [--rebalance-threshold PERCENT] [--weights-over-mpi]\n"
             "testing aids: [--migrate-at STEP:MAP]... [--migrate-fault none|corrupt|weights]\n");
 }
 
@@ -51,7 +51,8 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         {"control", required_argument, 0, 'Q'},      {"rebalance", required_argument, 0, 'U'},
         {"rebalance-window", required_argument, 0, 'V'}, {"migrate-at", required_argument, 0, 'G'},
         {"migrate-fault", required_argument, 0, 'F'}, {"rebalance-threshold", required_argument, 0, 'J'},
-        {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
+        {"weights-over-mpi", no_argument, 0, 'O'},    {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     pd_status st = PD_OK;
     int ch;
     optind = 1;
@@ -120,6 +121,7 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
                 st = pd_err_set(e, PD_ERR_ARG, "--rebalance '%s': expected off or auto", optarg);
             break;
         case 'V': st = cli_u32("--rebalance-window", optarg, 1, 1u << 30, &o->rebalance_window, e); break;
+        case 'O': o->weights_over_mpi = true; break;
         case 'J': {
             uint32_t pct;
             st = cli_u32("--rebalance-threshold", optarg, 0, 100000, &pct, e);

@@ -4,6 +4,8 @@
  * (RMSNorm, RoPE, SwiGLU). */
 #include "cluster/model/model.h"
 
+#include <sys/mman.h>
+
 #include "cache/attn.h"
 #include "base/check.h"
 #include "base/fnv.h"
@@ -34,6 +36,8 @@ struct model {
     uint64_t n_token_types;
     rope_table *rope;        /* angles of positions [0, min(ctx, MODEL_ROPE_TABLE_POSITIONS)); NULL without layers */
     int rope_borrowed;       /* rope belongs to the model of load_opts.share_rope */
+    void *image;             /* model_load_image: the file image this model owns */
+    size_t image_len;
 };
 
 static const char *const model_arch_names[MODEL_ARCH_COUNT] = {
@@ -592,14 +596,73 @@ pd_status model_read_hparams(const char *path, model_hparams *out, pd_err *err)
     return st;
 }
 
+static pd_status model_load_from(model *m, const char *path, const model_load_opts *opts, model **out, pd_err *err);
+
 pd_status model_load(const char *path, const model_load_opts *opts, model **out, pd_err *err)
 {
     model *m = calloc(1, sizeof *m);
     if (!m)
         return pd_err_set(err, PD_ERR_NOMEM, "model: out of memory");
-    m->alloc = opts->alloc;
     m->path = strdup(path);
     pd_status st = m->path ? gguf_open(path, &m->file, err) : pd_err_set(err, PD_ERR_NOMEM, "oom");
+    if (st != PD_OK) {
+        pd_err_prefix(err, "%s", path);
+        model_free(m);
+        return st;
+    }
+    return model_load_from(m, path, opts, out, err);
+}
+
+void *model_image_new(size_t len)
+{
+    void *p = mmap(NULL, len ? len : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+void model_image_free(void *image, size_t len)
+{
+    if (image)
+        munmap(image, len ? len : 1);
+}
+
+pd_status model_load_image(void *image, size_t len, const char *name, const model_load_opts *opts, model **out,
+                           pd_err *err)
+{
+    model *m = calloc(1, sizeof *m);
+    if (!m) {
+        model_image_free(image, len);
+        return pd_err_set(err, PD_ERR_NOMEM, "model: out of memory");
+    }
+    m->image = image;
+    m->image_len = len;
+    m->path = strdup(name);
+    pd_status st = m->path ? gguf_open_mem(image, len, &m->file, err) : pd_err_set(err, PD_ERR_NOMEM, "oom");
+    if (st != PD_OK) {
+        pd_err_prefix(err, "%s", name);
+        model_free(m);
+        return st;
+    }
+    return model_load_from(m, name, opts, out, err);
+}
+
+int model_digest_inherit_header(model *m, const model *from)
+{
+    uint64_t size = gguf_file_size(m->file), data = gguf_data_offset(m->file);
+    const void *a = gguf_bytes(m->file), *b = gguf_bytes(from->file);
+    if (!a || !b || size != gguf_file_size(from->file) || data != gguf_data_offset(from->file) ||
+        memcmp(a, b, (size_t)data) != 0)
+        return 0;
+    m->digest = model_digest(from);
+    m->digest_done = 1;
+    return 1;
+}
+
+const struct gguf_file *model_gguf(const model *m) { return m->file; }
+
+static pd_status model_load_from(model *m, const char *path, const model_load_opts *opts, model **out, pd_err *err)
+{
+    m->alloc = opts->alloc;
+    pd_status st = PD_OK;
     if (st == PD_OK)
         st = hparams_read(m->file, &m->hp, err);
     if (st == PD_OK) {
@@ -669,6 +732,7 @@ void model_free(model *m)
     gemm_free(m->out);
     pd_free_bytes(m->alloc, m->out_norm, m->hp.hidden * sizeof(float));
     gguf_close(m->file);
+    model_image_free(m->image, m->image_len);
     free(m->path);
     free(m);
 }

@@ -154,6 +154,25 @@ typedef struct model model;
 pd_status model_load(const char *path, const model_load_opts *opts, model **out, pd_err *err);
 void model_free(model *m);
 
+/* Weights that arrive over MPI (a live migration with --weights-over-mpi):
+ * the receiver builds an image of the model file — an anonymous mapping of
+ * the file's size (pages never written cost nothing), the file's header
+ * bytes and the tensors it needs at their offsets — and loads from it as
+ * from the file. model_image_new: NULL on failure. model_load_image owns the
+ * image from the call on (freed with the model, or at once on failure);
+ * name stands for the file in messages. */
+void *model_image_new(size_t len);
+void model_image_free(void *image, size_t len);
+pd_status model_load_image(void *image, size_t len, const char *name, const model_load_opts *opts, model **out,
+                           pd_err *err);
+/* m's file has exactly from's size and header bytes (metadata and tensor
+ * directory): m takes from's digest (model_digest) without reading its
+ * data, and 1 is returned; else 0. For an image whose tensor bytes came,
+ * CRC-checked, from a rank that loaded the same file. */
+int model_digest_inherit_header(model *m, const model *from);
+/* The GGUF file the model was read from (borrowed). */
+const struct gguf_file *model_gguf(const model *m);
+
 /* Only the hyperparameters (for tools and validation before a load). */
 pd_status model_read_hparams(const char *path, model_hparams *out, pd_err *err);
 

@@ -408,7 +408,9 @@ static pd_status act_migrate(jobctl *j, const run_drain *d, const layermap *targ
     layermap_format(target, b, sizeof b);
     if (rep.moved) {
         j->migrations++;
-        char pre[256] = "";
+        char pre[256] = "", wts[96] = "";
+        if (rep.weights_mpi_bytes > 0)
+            snprintf(wts, sizeof wts, "; weights over MPI %.0f bytes", rep.weights_mpi_bytes);
         if (rep.precopy_s > 0)
             snprintf(pre, sizeof pre, "; pre-copy %llu bytes over %.3f ms (%llu micro-batches, %llu restarts), at "
                      "the switch %llu bytes",
@@ -418,10 +420,11 @@ static pd_status act_migrate(jobctl *j, const run_drain *d, const layermap *targ
         fprintf(stderr,
                 "pipedec: migration (%s) at step %llu: %s -> %s: %u layers, %u streams, %llu bytes; copy %.3f ms "
                 "(export %.3f, weights %.3f, transfer+validate %.3f), switch %.3f ms, action %.3f ms, pause %.3f ms; "
-                "decode step %.3f ms%s\n",
+                "decode step %.3f ms%s%s\n",
                 source, (unsigned long long)d->step, a, b, rep.layers_moved, rep.streams,
                 (unsigned long long)rep.bytes, rep.copy_s * 1e3, rep.export_s * 1e3, rep.weights_s * 1e3,
-                rep.transfer_s * 1e3, rep.switch_s * 1e3, rep.total_s * 1e3, pause * 1e3, decode_step(j) * 1e3, pre);
+                rep.transfer_s * 1e3, rep.switch_s * 1e3, rep.total_s * 1e3, pause * 1e3, decode_step(j) * 1e3, pre,
+                wts);
         if (client >= 0 && j->c) {
             snprintf(j->reply, JOBCTL_REPLY,
                      "{\"ok\":true,\"moved\":true,\"step\":%llu,\"from\":\"%s\",\"to\":\"%s\",\"layers\":%u,"

@@ -7,9 +7,12 @@
 #include "comm/crc32c.h"
 #include "cluster/runtime/precopy.h"
 
+#include "cluster/format/gguf.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MIGRATE_FAULT_PATH "/nonexistent/pipedec-migrate-fault.gguf"
 /* A bundle travels in pieces of at most this many bytes (an MPI count is an
@@ -34,6 +37,7 @@ struct migrate {
     model *pre_pl[2];
     double pre_w_s;
     layermap pre_to;         /* the map the current pre-copy moves to */
+    double pre_w_mpi;        /* weight bytes that came over MPI */
 };
 
 static const char *const fault_names[MIGRATE_FAULT_COUNT] = {"none", "corrupt", "weights"};
@@ -189,6 +193,7 @@ typedef struct migrate_verdict {
     double copy_s, export_s, weights_s, transfer_s;
     uint64_t bytes;          /* bundle bytes this rank sent */
     uint64_t precopy_bytes, final_bytes, resets;
+    double weights_mpi_bytes;
 } migrate_verdict;
 
 /* One layer travelling through this rank. */
@@ -298,6 +303,187 @@ static pd_status weights_for(migrate *mg, uint32_t first, uint32_t n, const mode
     return PD_OK;
 }
 
+/* ---- weights over MPI (--weights-over-mpi, or the file unreadable here) ------- */
+
+/* One message of a layer's weights: this header, then len bytes of the file
+ * at file offset off. The first message of a layer (len = 0) carries in off
+ * the number of messages that follow and in crc the CRC32C of the source
+ * file's header bytes (metadata and tensor directory). */
+typedef struct wpiece {
+    uint64_t off, len;
+    uint32_t crc, layer;
+} wpiece;
+
+#define WPIECE_MAX ((uint64_t)4 << 20)
+
+/* The file bytes of layer L's tensors ("blk.L.*") in f, in file order
+ * (callback per tensor). */
+static uint64_t layer_tensor_bytes(const gguf_file *f, uint32_t L, uint64_t *pieces)
+{
+    char pre[32];
+    int pn = snprintf(pre, sizeof pre, "blk.%u.", L);
+    uint64_t b = 0, n = 0;
+    for (uint64_t i = 0; i < gguf_tensor_count(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        if (strncmp(t->name, pre, (size_t)pn) != 0)
+            continue;
+        b += t->bytes;
+        n += (t->bytes + WPIECE_MAX - 1) / WPIECE_MAX;
+    }
+    *pieces = n;
+    return b;
+}
+
+/* Does this rank take its new layers' weights over MPI? */
+static bool wants_mpi_weights(const migrate *mg)
+{
+    return mg->r->o->weights_over_mpi || access(mg->r->o->model_path, R_OK) != 0;
+}
+
+/* Collective at a drain point (every rank, the same maps): every rank that
+ * takes layers and wants their weights over MPI gets them from their old
+ * owners; *got says whether this rank did (then pw / pl hold the slices of
+ * its np new ranges, or *local / why say why not). Errors are MPI failures. */
+static pd_status weights_exchange(migrate *mg, const layermap *from, const layermap *to, uint32_t np,
+                                  const uint32_t *pf, const uint32_t *pn, const model **pw, model **pl, bool *got,
+                                  bool *sent, double *bytes, pd_status *local, pd_err *why, pd_err *err)
+{
+    rank *r = mg->r;
+    uint32_t me = (uint32_t)r->rank, NL = r->hp.n_layers;
+    int32_t mine = wants_mpi_weights(mg), *need = calloc((size_t)r->size, sizeof *need);
+    if (!need)
+        return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+    pd_status st = pipe_allgather(r->p, &mine, sizeof mine, need, err);
+    *got = false;
+    *sent = false;
+    *bytes = 0;
+    const gguf_file *f = model_gguf(r->m);
+    const uint8_t *base = gguf_bytes(f);
+    uint64_t size = gguf_file_size(f), data = gguf_data_offset(f);
+    uint32_t hcrc = crc32c_update(0, base, (size_t)data);
+    uint8_t *buf = st == PD_OK ? malloc(sizeof(wpiece) + WPIECE_MAX) : NULL;
+    if (st == PD_OK && !buf)
+        st = pd_err_set(err, PD_ERR_NOMEM, "out of memory for a weights buffer");
+    bool corrupt = mg->fault == MIGRATE_FAULT_CORRUPT;
+    /* sources: every layer they give to a rank that wants it, in layer order */
+    for (uint32_t L = 0; L < NL && st == PD_OK; L++) {
+        uint32_t a = owner(from, L), b = owner(to, L);
+        if (a != me || b == me || !need[b])
+            continue;
+        uint64_t n;
+        layer_tensor_bytes(f, L, &n);
+        wpiece h = {.off = n, .len = 0, .crc = hcrc, .layer = L};
+        MPI_Request q = MPI_REQUEST_NULL;
+        if ((st = pipe_isend(mg->link, (int)b, &h, sizeof h, &q, err)) || (st = pipe_wait(mg->link, &q, NULL, err)))
+            break;
+        char pre[32];
+        int plen = snprintf(pre, sizeof pre, "blk.%u.", L);
+        for (uint64_t i = 0; i < gguf_tensor_count(f) && st == PD_OK; i++) {
+            const gguf_tensor *t = gguf_tensor_at(f, i);
+            if (strncmp(t->name, pre, (size_t)plen) != 0)
+                continue;
+            uint64_t toff = (uint64_t)((const uint8_t *)t->data - base);
+            for (uint64_t o = 0; o < t->bytes && st == PD_OK; o += WPIECE_MAX) {
+                uint64_t len = t->bytes - o < WPIECE_MAX ? t->bytes - o : WPIECE_MAX;
+                wpiece *w = (wpiece *)(void *)buf;
+                *w = (wpiece){.off = toff + o, .len = len, .crc = crc32c_update(0, base + toff + o, (size_t)len),
+                              .layer = L};
+                memcpy(buf + sizeof *w, base + toff + o, (size_t)len);
+                if (corrupt) { /* test hook: after the CRC */
+                    buf[sizeof *w + len / 2] ^= 0x40;
+                    corrupt = false;
+                }
+                if ((st = pipe_isend(mg->link, (int)b, buf, sizeof *w + (size_t)len, &q, err)) == PD_OK)
+                    st = pipe_wait(mg->link, &q, NULL, err);
+                *bytes += (double)len;
+                *sent = true;
+            }
+        }
+    }
+    /* receivers: one file image per new range, filled layer by layer */
+    pd_status v = PD_OK;
+    pd_err ve = {0};
+    uint8_t *img[2] = {NULL, NULL};
+    bool takes = false;
+    for (uint32_t L = 0; L < NL; L++)
+        takes |= owner(to, L) == me && owner(from, L) != me;
+    if (mine && takes && st == PD_OK) {
+        *got = true;
+        for (uint32_t i = 0; i < np && v == PD_OK; i++)
+            if (!(img[i] = model_image_new((size_t)size)))
+                v = pd_err_set(&ve, PD_ERR_NOMEM, "rank %u: no memory for an image of the %llu-byte model file", me,
+                               (unsigned long long)size);
+            else
+                memcpy(img[i], base, (size_t)data);
+    }
+    for (uint32_t L = 0; L < NL && st == PD_OK && mine; L++) {
+        uint32_t a = owner(from, L), b = owner(to, L);
+        if (b != me || a == me)
+            continue;
+        uint32_t which = np > 1 && L >= pf[1] && L < pf[1] + pn[1];
+        size_t got_len;
+        wpiece h;
+        if ((st = pipe_recv(mg->link, (int)a, &h, sizeof h, &got_len, NULL, NULL, err)))
+            break;
+        if (v == PD_OK && (got_len != sizeof h || h.len != 0 || h.layer != L))
+            v = pd_err_set(&ve, PD_ERR_FORMAT, "rank %u: the weights of layer %u from rank %u begin with a bad header",
+                           me, L, a);
+        if (v == PD_OK && h.crc != hcrc)
+            v = pd_err_set(&ve, PD_ERR_MISMATCH, "rank %u: rank %u sends layer %u's weights from another model file "
+                           "(header CRC32C %08x, this rank's %08x)", me, a, L, h.crc, hcrc);
+        uint64_t count = h.off;
+        for (uint64_t k = 0; k < count && st == PD_OK; k++) {
+            if ((st = pipe_recv(mg->link, (int)a, buf, sizeof(wpiece) + WPIECE_MAX, &got_len, NULL, NULL, err)))
+                break;
+            const wpiece *w = (const wpiece *)(const void *)buf;
+            if (v != PD_OK)
+                continue;
+            if (got_len < sizeof *w || w->len != got_len - sizeof *w || w->layer != L || w->off < data ||
+                w->off > size || w->len > size - w->off)
+                v = pd_err_set(&ve, PD_ERR_FORMAT, "rank %u: weights piece %llu of layer %u from rank %u: %zu bytes "
+                               "for offset %llu, length %llu in a %llu-byte file", me, (unsigned long long)k, L, a,
+                               got_len, (unsigned long long)w->off, (unsigned long long)w->len,
+                               (unsigned long long)size);
+            else if (crc32c_update(0, buf + sizeof *w, (size_t)w->len) != w->crc)
+                v = pd_err_set(&ve, PD_ERR_CHECKSUM, "rank %u: weights piece %llu of layer %u from rank %u (file offset "
+                               "%llu): CRC32C %08x, the bytes give %08x", me, (unsigned long long)k, L, a,
+                               (unsigned long long)w->off, w->crc, crc32c_update(0, buf + sizeof *w, (size_t)w->len));
+            else {
+                memcpy(img[which] + w->off, buf + sizeof *w, (size_t)w->len);
+                *bytes += (double)w->len;
+            }
+        }
+    }
+    free(buf);
+    free(need);
+    for (uint32_t i = 0; i < np && *got && v == PD_OK && st == PD_OK; i++) {
+        model_load_opts mo = {.first_layer = pf[i],
+                              .n_layers = pn[i],
+                              .backend = r->o->backend,
+                              .alloc = arena_alloc_iface(r->ar),
+                              .share_rope = r->m};
+        char name[1100];
+        snprintf(name, sizeof name, "%s (layers %u-%u over MPI)", r->o->model_path, pf[i], pf[i] + pn[i] - 1);
+        v = model_load_image(img[i], (size_t)size, name, &mo, &pl[i], &ve);
+        img[i] = NULL; /* the model owns it now, or freed it */
+        if (v == PD_OK && !model_digest_inherit_header(pl[i], r->m))
+            v = pd_err_set(&ve, PD_ERR_MISMATCH, "%s: not the job's model file", name);
+        if (v == PD_OK)
+            pw[i] = pl[i];
+    }
+    for (uint32_t i = 0; i < 2; i++)
+        model_image_free(img[i], (size_t)size);
+    if (v != PD_OK)
+        for (uint32_t i = 0; i < 2; i++) {
+            model_free(pl[i]);
+            pl[i] = NULL;
+            pw[i] = NULL;
+        }
+    *local = v;
+    *why = ve;
+    return st;
+}
+
 static void slice_keep(migrate *mg, model *m)
 {
     for (uint32_t i = 0; i < mg->n_layers; i++)
@@ -401,8 +587,23 @@ pd_status migrate_begin(migrate *mg, sched *sc, budget *bud, const layermap *tar
         mg->pre_w_status = PD_OK;
         mg->pre_w_err = (pd_err){0};
         mg->pre_w_s = 0;
+        mg->pre_w_mpi = 0;
         mg->pre_to = plan.to;
-        pd_status ls = precopy_start(mg->pc, &plan.to, mg->fault == MIGRATE_FAULT_CORRUPT, err);
+        /* weights over MPI travel now (both ends are at this drain point);
+         * from the file, the first migrate_progress loads them */
+        uint32_t me = (uint32_t)r->rank, of = r->lm.first[me], oe = of + r->lm.count[me];
+        uint32_t nf = plan.to.first[me], ne = nf + plan.to.count[me];
+        mg->pre_np = pieces(nf, ne, of, oe, mg->pre_pf, mg->pre_pn);
+        bool got = false, sent = false;
+        double t = MPI_Wtime(), wb = 0;
+        st = weights_exchange(mg, &r->lm, &plan.to, mg->pre_np, mg->pre_pf, mg->pre_pn, mg->pre_pw, mg->pre_pl, &got,
+                              &sent, &wb, &mg->pre_w_status, &mg->pre_w_err, err);
+        if (got) {
+            mg->pre_w_done = true;
+            mg->pre_w_s = MPI_Wtime() - t;
+            mg->pre_w_mpi = wb;
+        }
+        pd_status ls = st ? st : precopy_start(mg->pc, &plan.to, mg->fault == MIGRATE_FAULT_CORRUPT && !sent, err);
         st = pipe_agree(r->p, ls, err); /* every rank pre-copies, or none */
         if (st && ls == PD_OK)
             (void)precopy_stop(mg->pc, &(pd_err){0});
@@ -490,6 +691,28 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
         st = stage_settle(r->st, ids[i], pos[i], &e);
     uint64_t sent_bytes = 0;
     bool corrupted = false;
+    /* weights over MPI first (the link carries them before any bundle) */
+    uint32_t pf[2], pn[2], np = pieces(nf, ne, of, oe, pf, pn);
+    const model *pw[2] = {NULL, NULL};
+    model *pl[2] = {NULL, NULL};
+    bool mpi_w = false;
+    double t_w = MPI_Wtime(), w_mpi = 0;
+    if (!pre) {
+        pd_status wl = PD_OK;
+        pd_err we = {0};
+        pd_status xs = weights_exchange(mg, from, to, np, pf, pn, pw, pl, &mpi_w, &corrupted, &w_mpi, &wl, &we, err);
+        if (xs) { /* the link is broken: nothing can be agreed on */
+            free(ids);
+            free(pos);
+            rep->total_s = MPI_Wtime() - t0;
+            return xs;
+        }
+        if (mpi_w && wl && st == PD_OK) {
+            st = wl;
+            e = we;
+        }
+    }
+    double w_mpi_s = MPI_Wtime() - t_w;
     double t_exp = MPI_Wtime();
     /* sources: one bundle per layer they give, sent without waiting (a
      * layer whose export failed is announced with length 0) */
@@ -561,10 +784,9 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
     }
     /* receivers: weights first (the file, not the wire), then each bundle,
      * validated whole */
-    uint32_t pf[2], pn[2], np = st == PD_OK ? pieces(nf, ne, of, oe, pf, pn) : 0;
-    const model *pw[2] = {NULL, NULL};
-    model *pl[2] = {NULL, NULL};
-    double t_w = MPI_Wtime();
+    if (st != PD_OK)
+        np = 0;
+    t_w = MPI_Wtime();
     if (pre) {
         /* the weights came during the pre-copy (or come now), the rows
          * since its last chunks come now */
@@ -580,10 +802,11 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
                 e = mg->pre_w_err;
             }
         }
-    } else
+    } else if (!mpi_w)
         for (uint32_t i = 0; i < np && st == PD_OK; i++)
             st = weights_for(mg, pf[i], pn[i], &pw[i], &pl[i], &e);
-    double weights_s = pre ? mg->pre_w_s : MPI_Wtime() - t_w;
+    double weights_s = pre ? mg->pre_w_s : mpi_w ? w_mpi_s : MPI_Wtime() - t_w;
+    rep->weights_mpi_bytes = pre ? mg->pre_w_mpi : w_mpi;
     if (pre && ms == PD_OK) {
         pd_status local = PD_OK;
         pd_err why = {0};
@@ -704,7 +927,8 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
     /* 3. ack: verdicts and digests on every rank */
     migrate_verdict mine = {.status = st, .copy_s = MPI_Wtime() - t0, .export_s = export_s, .weights_s = weights_s,
                             .transfer_s = transfer_s, .bytes = sent_bytes, .precopy_bytes = rep->precopy_bytes,
-                            .final_bytes = rep->final_bytes, .resets = rep->resets};
+                            .final_bytes = rep->final_bytes, .resets = rep->resets,
+                            .weights_mpi_bytes = rep->weights_mpi_bytes};
     if (st)
         snprintf(mine.msg, sizeof mine.msg, "%s", e.msg);
     pd_status gs = pipe_allgather(r->p, &mine, sizeof mine, vd, err);
@@ -732,11 +956,13 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
         }
     }
     rep->precopy_bytes = rep->final_bytes = rep->resets = 0;
+    rep->weights_mpi_bytes = 0;
     for (int q = 0; q < r->size; q++) {
         rep->bytes += vd[q].bytes;
         rep->precopy_bytes += vd[q].precopy_bytes;
         rep->final_bytes += vd[q].final_bytes;
         rep->resets += vd[q].resets;
+        rep->weights_mpi_bytes += vd[q].weights_mpi_bytes / 2; /* counted at both ends */
         if (vd[q].copy_s > rep->copy_s)
             rep->copy_s = vd[q].copy_s;
         if (vd[q].export_s > rep->export_s)

@@ -57,6 +57,9 @@ typedef struct run_opts {
     const char *migrate_at[RUN_MIGRATE_AT_MAX]; /* --migrate-at STEP:MAP (testing aid, jobctl.h) */
     uint32_t n_migrate_at;
     int migrate_fault;        /* --migrate-fault (test hook, migrate.h), 0 = none */
+    bool weights_over_mpi;    /* --weights-over-mpi: a rank taking layers in a live migration gets
+                                 their weights from the giving rank, not from the model file (also
+                                 done when the file is not readable on that rank any more) */
     const char *trace_path;   /* --trace-hidden: per-rank residual-row hashes, NULL = off
                                  (rank 0 writes the path itself, rank r > 0 path.r) */
 } run_opts;

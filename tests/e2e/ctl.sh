@@ -5,7 +5,8 @@
 # boundary, checkpoint without --checkpoint-dir, a second migration while
 # one waits for its drain point), a client that disconnects mid-command, the
 # socket's mode, a path that already exists (a file, a live socket, a stale
-# socket), and checkpoint / stop through the socket. The job's out.jsonl is
+# socket), a migration after the model file left its path (the weights come
+# over MPI), and checkpoint / stop through the socket. The job's out.jsonl is
 # byte-identical to a one-rank run throughout.
 source "$(dirname "$0")/lib.bash"
 T="$E2E_TMP"
@@ -126,6 +127,22 @@ same "$T/ref.jsonl" "$out" "after ctl migrations: output == one rank"
 rc=0; "${CTL[@]}" "$S" status >/dev/null 2>"$T/gone.err" || rc=$?
 [ "$rc" -eq 2 ] && grep -q "cannot connect" "$T/gone.err" && pass "ctl with no job listening: exit 2, says so" \
   || fail "ctl with no job: exit $rc"
+
+# the model file is gone from its path while the job runs (the ranks keep
+# their mappings): a migration takes the weights over MPI by itself
+cp "$m" "$T/mv.gguf"
+S3="$T/mv.sock"; out="$T/mv.jsonl"
+( rc=0; timeout 300 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$T/mv.gguf" --pages "$P" --out "$out" --batch 4 \
+    --digest --control "$S3" >"$out.log" 2>&1 </dev/null || rc=$?; echo "$rc" > "$out.rc" ) &
+for _ in $(seq 1 3000); do [ -S "$S3" ] && [ -s "$out" ] && break; sleep 0.01; done
+mv "$T/mv.gguf" "$T/mv.gone"
+ctl_ok "migrate with the model file gone" "$S3" migrate --map 0-3,4-11
+[ "$(jq_get "$T/ctl.out" "j['moved']")" = "True" ] && grep -q "weights over MPI [0-9]* bytes" "$out.log" \
+  && pass "the file unreadable here: the weights came over MPI" \
+  || { fail "model file gone: $(head -c 200 "$T/ctl.out")"; grep -i "migrat" "$out.log" | tail -2; }
+wait
+[ "$(cat "$out.rc")" = 0 ] || { fail "model file gone: the job exited $(cat "$out.rc")"; tail -3 "$out.log"; }
+same "$T/ref.jsonl" "$out" "model file gone, weights over MPI: output == one rank"
 
 # a stale socket (its job died) is replaced
 python3 -c "import socket,sys; s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1])" "$T/stale.sock"

@@ -88,6 +88,21 @@ abort_case corrupt-ring "$T/p1--attn_rswa_8.ref" "bundle: offset [0-9]*: entry .
   --migrate-at 10:0-4,5-7 --migrate-fault corrupt
 abort_case weights "$T/p0.ref" "weights of layers 4-4 are not readable" --migrate-at 10:0-4,5-7 --migrate-fault weights
 abort_case memlimit "$T/p0.ref" "more than its --mem-limit" --migrate-at 10:0-6,7 --mem-limit 400K
+abort_case corrupt-weights "$T/p0.ref" "weights piece 0 of layer 4 from rank 1 .*CRC32C" --weights-over-mpi \
+  --migrate-at 10:0-4,5-7 --migrate-fault corrupt
+
+# --weights-over-mpi: the taking rank gets the weights from the giving rank
+# (at the pre-copy's first drain point, or in the stop-the-world copy)
+for wc in "p0:" "p1--attn_rswa_8:--attn rswa:8"; do
+  ref="${wc%%:*}"; pol="${wc#*:}"
+  # shellcheck disable=SC2086
+  if run_mig "wmpi$ref" 3 --weights-over-mpi $pol && grep -q "weights over MPI [0-9]* bytes" "$T/wmpi$ref.log"; then
+    pass "--weights-over-mpi ${pol:-default}: $(grep -c "weights over MPI" "$T/wmpi$ref.log") migrations took weights over MPI"
+  else
+    fail "--weights-over-mpi ${pol:-default}"; grep -i "migrat\|error" "$T/wmpi$ref.log" | head -3
+  fi
+  same "$T/$ref.ref" "$T/wmpi$ref.out" "--weights-over-mpi ${pol:-default}: migrated on 3 ranks == one rank"
+done
 
 # pre-copy (full attention): the rows travel while decoding goes on and
 # the switch sends only the rows since the last chunks
