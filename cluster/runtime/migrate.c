@@ -4,6 +4,7 @@
 
 #include "base/check.h"
 #include "comm/bundle.h"
+#include "comm/lcache_wire.h"
 #include "comm/crc32c.h"
 #include "cluster/runtime/precopy.h"
 
@@ -642,6 +643,81 @@ pd_status migrate_progress(migrate *mg, bool *busy, pd_err *err)
     return precopy_progress(mg->pc, busy, err);
 }
 
+/* A receiver's copies of the layers it takes at the switch (bundle path). */
+typedef struct spare_set {
+    uint32_t n;
+    uint32_t *layer;
+    uint64_t *stream;
+    lcache **c;
+} spare_set;
+
+static void spares_free(spare_set *ss)
+{
+    for (uint32_t i = 0; i < ss->n; i++)
+        lcache_free(ss->c[i]);
+    free(ss->layer);
+    free(ss->stream);
+    free(ss->c);
+    *ss = (spare_set){0};
+}
+
+/* The stage owns them now. */
+static void spares_taken(spare_set *ss)
+{
+    for (uint32_t i = 0; i < ss->n; i++)
+        ss->c[i] = NULL;
+}
+
+static lcache *spare_offer(void *ctx, uint64_t stream, uint32_t layer)
+{
+    spare_set *ss = ctx;
+    for (uint32_t i = 0; i < ss->n; i++)
+        if (ss->layer[i] == layer && ss->stream[i] == stream)
+            return ss->c[i];
+    return NULL;
+}
+
+/* Imports every record taken into a copy of its own (the checks of an
+ * import, before the vote), and checks each copy against the stage. */
+static pd_status spares_import(migrate *mg, const migrate_move *take, uint32_t n_take, spare_set *ss, pd_err *err)
+{
+    rank *r = mg->r;
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < n_take; i++)
+        total += take[i].v ? take[i].v->n_streams : 0;
+    ss->layer = calloc(total + 1, sizeof *ss->layer);
+    ss->stream = calloc(total + 1, sizeof *ss->stream);
+    ss->c = calloc(total + 1, sizeof *ss->c);
+    if (!ss->layer || !ss->stream || !ss->c)
+        return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+    pd_status st = PD_OK;
+    for (uint32_t i = 0; i < n_take && st == PD_OK; i++)
+        for (uint64_t j = 0; take[i].v && j < take[i].v->n_streams && st == PD_OK; j++) {
+            const bundle_entry *en = &take[i].v->entries[j];
+            uint32_t prefill, max_new;
+            uint64_t pos = 0;
+            st = stage_stream_shape(r->st, en->stream, &prefill, &max_new, err);
+            lcache *c = NULL;
+            if (st == PD_OK)
+                st = stage_spare_cache(r->st, prefill, max_new, &c, err);
+            if (st == PD_OK) {
+                ss->layer[ss->n] = take[i].layer;
+                ss->stream[ss->n] = en->stream;
+                ss->c[ss->n++] = c;
+                st = stage_stream_pos(r->st, en->stream, &pos, err);
+                if (st == PD_OK)
+                    st = lcache_wire_import(c, stage_layer_identity(r->st, take[i].layer), take[i].layer, pos,
+                                            en->record, en->len, 0, err);
+                if (st == PD_OK)
+                    st = stage_check_copy(r->st, en->stream, take[i].layer, c, err);
+            }
+            if (st)
+                pd_err_prefix(err, "rank %d: layer %u stream %llu", r->rank, take[i].layer,
+                              (unsigned long long)en->stream);
+        }
+    return st;
+}
+
 pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *target, migrate_report *rep, pd_err *err)
 {
     rank *r = mg->r;
@@ -912,6 +988,17 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
             CHECK(stage_remove_layers(r->st, pf[i], pn[i], &(pd_err){0}) == PD_OK);
         early = false;
     }
+    /* A rank that installs at the switch validates now what it will install:
+     * pre-copied copies against the stage (stage_check_copy), bundle records
+     * imported into copies of its own (lcache_wire_import: geometry, kind,
+     * position), which the switch then hands to the stage. */
+    spare_set ss = {0};
+    if (!early && st == PD_OK && ms == PD_OK && np > 0) {
+        if (pre)
+            st = precopy_check(mg->pc, ids, cnt, &e);
+        else
+            st = spares_import(mg, take, n_take, &ss, &e);
+    }
     double install_s = MPI_Wtime() - t_inst;
     for (uint32_t i = 0; give && !pre && i < n_give && ms == PD_OK; i++) {
         ms = pipe_wait(mg->link, &give[i].len_req, NULL, err);
@@ -986,7 +1073,7 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
         for (uint32_t i = 0; i < np && cs == PD_OK; i++) {
             if (!early)
                 cs = pre ? precopy_add_layers(mg->pc, pf[i], pn[i], pw[i], ids, cnt, err)
-                         : stage_add_layers(r->st, pf[i], pn[i], pw[i], err);
+                         : stage_add_layers_from(r->st, pf[i], pn[i], pw[i], spare_offer, &ss, err);
             if (cs == PD_OK && pl[i]) {
                 slice_keep(mg, pl[i]);
                 pl[i] = NULL;
@@ -994,10 +1081,8 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
             for (uint32_t L = pf[i]; cs == PD_OK && L < pf[i] + pn[i]; L++)
                 mg->src[L] = pw[i];
         }
-        for (uint32_t i = 0; !early && !pre && i < n_take && cs == PD_OK; i++)
-            for (uint64_t j = 0; cs == PD_OK && j < take[i].v->n_streams; j++)
-                cs = stage_import_layer(r->st, take[i].v->entries[j].stream, take[i].layer, take[i].v->entries[j].record,
-                                        take[i].v->entries[j].len, err);
+        if (!early && !pre && cs == PD_OK)
+            spares_taken(&ss);
         if (cs == PD_OK) {
             r->lm = plan.to;
             slices_prune(mg);
@@ -1024,6 +1109,7 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
         rep->moved = cs == PD_OK;
     }
     rep->switch_s = MPI_Wtime() - t1 + install_s; /* installing early is part of the switch */
+    spares_free(&ss);
     for (uint32_t i = 0; i < 2; i++)
         model_free(pl[i]);
     for (uint32_t i = 0; give && i < n_give; i++) {

@@ -12,17 +12,22 @@
  *             the admission budget of every rank under it: --mem-limit) and
  *             broadcasts it with the alive streams and their positions; a
  *             refused plan changes nothing;
- *   2. copy   every rank settles those streams at their positions; each
- *             layer whose owner changes travels from its old owner to its
- *             new one as one state bundle (comm/bundle.h: CRC per entry,
- *             whole-bundle validation); the receiver maps the layers'
- *             weights from the model file and validates each bundle (CRC,
- *             structure, identity = model + layer + policy, layer, exactly
- *             the broadcast streams); a receiver whose new layers sit next
- *             to the ones it holds (every neighbour move) adds them and
- *             imports every record now, so the caches' own install checks
- *             (geometry) run before it votes — it removes them again if the
- *             move is refused;
+ *   2. copy   every rank settles those streams at their positions; a rank
+ *             that takes layers and wants their weights over MPI
+ *             (--weights-over-mpi, or the model file not readable there)
+ *             gets them from the giving rank (tensor pieces with CRC32C,
+ *             loaded from an image of the file: model_load_image), else it
+ *             maps them from the model file; each layer whose owner changes
+ *             travels from its old owner to its new one as one state bundle
+ *             (comm/bundle.h: CRC per entry, whole-bundle validation); the
+ *             receiver validates each bundle (CRC, structure, identity =
+ *             model + layer + policy, layer, exactly the broadcast streams)
+ *             and every record through the caches' own install checks
+ *             (geometry, kind, position) before it votes: a receiver whose
+ *             new layers sit next to the ones it holds adds them and imports
+ *             now (and removes them again if the move is refused), any other
+ *             imports into copies of its own (stage_spare_cache) that the
+ *             switch hands to the stage;
  *   3. ack    every rank's digests (CRC32C and length of each bundle as sent
  *             and as received) and verdict are gathered: one failure or one digest
  *             that differs refuses the whole move, every rank drops what it
@@ -30,11 +35,11 @@
  *             their layers);
  *   4. switch every rank removes the layers it gives (their caches are
  *             freed); a receiver that did not install early adds the layers
- *             it takes and imports their records;
- *             the map, the head's budget and the rank's layer map change
- *             together. A failure here cannot be undone (a commit after a
- *             full validation fails only for lack of memory): it ends the
- *             job like any mid-run failure.
+ *             it takes with its validated copies as their containers
+ *             (stage_add_layers_from); the map, the head's budget and the
+ *             rank's layer map change together. A failure here cannot be
+ *             undone (a commit after a full validation fails only for lack
+ *             of memory): it ends the job like any mid-run failure.
  *
  * Without pre-copy (bounded caches: rings, windows, eviction) it is a
  * stop-the-world copy: the pipeline is drained during the whole move, and

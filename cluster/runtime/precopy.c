@@ -729,6 +729,19 @@ static lcache *offer(void *ctx, uint64_t stream, uint32_t layer)
     return cp && cp->final ? cp->c : NULL;
 }
 
+pd_status precopy_check(precopy *pc, const uint64_t *ids, uint32_t n_ids, pd_err *err)
+{
+    for (uint32_t i = 0; i < pc->n_cp; i++) {
+        const pc_copy *cp = &pc->cp[i];
+        if (!cp->used || !cp->final || !in_ids(ids, n_ids, cp->stream))
+            continue;
+        pd_status st = stage_check_copy(pc->r->st, cp->stream, cp->layer, cp->c, err);
+        if (st)
+            return st;
+    }
+    return PD_OK;
+}
+
 pd_status precopy_add_layers(precopy *pc, uint32_t first, uint32_t n, const model *weights, const uint64_t *ids,
                              uint32_t n_ids, pd_err *err)
 {

@@ -98,6 +98,9 @@ pd_status precopy_finish(precopy *pc, const uint64_t *ids, uint32_t n_ids, uint6
  * (stage_add_layers_from), each stream of ids taking its copy as the
  * layer's container (the stage owns it from then on: no row copied, no
  * storage allocated). Errors and what stays as stage_add_layers_from. */
+/* The install checks of every copy of the streams ids (stage_check_copy),
+ * before the vote. */
+pd_status precopy_check(precopy *pc, const uint64_t *ids, uint32_t n_ids, pd_err *err);
 pd_status precopy_add_layers(precopy *pc, uint32_t first, uint32_t n, const model *weights, const uint64_t *ids,
                              uint32_t n_ids, pd_err *err);
 

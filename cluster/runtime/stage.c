@@ -8,6 +8,7 @@
 #include "base/check.h"
 #include "base/fp16.h"
 #include "cache/layer_cache.h"
+#include "cache/ring_layer.h"
 #include "comm/lcache_wire.h"
 #include "comm/wire.h"
 
@@ -470,20 +471,32 @@ void stage_layers(const stage *s, uint32_t *first, uint32_t *n)
 }
 
 /* A copy the caller offers for (stream, layer) passes the install checks:
- * a kv container holding exactly the stream's position. */
+ * a container of the stage's kind whose state stands for exactly the
+ * stream's position, nothing pending. */
 static pd_status copy_check(const stage *s, const stage_stream *st, uint32_t layer, const lcache *copy, pd_err *err)
 {
-    (void)s;
-    if (!lcache_kv(copy))
-        return pd_err_set(err, PD_ERR_UNSUPPORTED, "stage: stream %llu layer %u: only kv containers are installed "
-                          "from a copy", (unsigned long long)st->id, layer);
+    lcache_config want = stream_cache_config(s, st), have;
+    lcache_config_get(copy, &have);
+    if (want.kind != have.kind)
+        return pd_err_set(err, PD_ERR_MISMATCH, "stage: stream %llu layer %u: the copy is another kind of container",
+                          (unsigned long long)st->id, layer);
     if (lcache_group_open(copy) || lcache_pending(copy))
         return pd_err_set(err, PD_ERR_ARG, "stage: stream %llu layer %u: the copy has rows pending",
                           (unsigned long long)st->id, layer);
-    pd_status rc = lcache_adopt_check(copy, kv_layer_pos_len(lcache_kv(copy)), st->pos, err);
+    uint64_t depth = lcache_kv(copy) ? kv_layer_pos_len(lcache_kv(copy))
+                                     : ring_layer_position(lcache_ring(copy)) + ring_layer_drafts(lcache_ring(copy));
+    pd_status rc = lcache_adopt_check(copy, depth, st->pos, err);
     if (rc != PD_OK)
         pd_err_prefix(err, "stage: stream %llu layer %u", (unsigned long long)st->id, layer);
     return rc;
+}
+
+pd_status stage_check_copy(const stage *s, uint64_t stream, uint32_t layer, const lcache *copy, pd_err *err)
+{
+    stage_stream *st = stream_find((stage *)s, stream);
+    if (!st)
+        return pd_err_set(err, PD_ERR_ARG, "stage: stream %llu was never admitted", (unsigned long long)stream);
+    return copy_check(s, st, layer, copy, err);
 }
 
 pd_status stage_add_layers(stage *s, uint32_t first, uint32_t n, const model *weights, pd_err *err)
@@ -611,6 +624,15 @@ pd_status stage_stream_shape(const stage *s, uint64_t stream, uint32_t *prefill_
         return pd_err_set(err, PD_ERR_ARG, "stage: stream %llu was never admitted", (unsigned long long)stream);
     *prefill_rows = st->prefill_rows;
     *max_new = st->max_new;
+    return PD_OK;
+}
+
+pd_status stage_stream_pos(const stage *s, uint64_t stream, uint64_t *pos, pd_err *err)
+{
+    stage_stream *st = stream_find((stage *)s, stream);
+    if (!st)
+        return pd_err_set(err, PD_ERR_ARG, "stage: stream %llu was never admitted", (unsigned long long)stream);
+    *pos = st->pos;
     return PD_OK;
 }
 

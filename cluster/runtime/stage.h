@@ -225,8 +225,10 @@ pd_status stage_import_layer(stage *s, uint64_t stream, uint32_t layer, const vo
  * it and marks its kv layer (kv_layer_mark); nothing else changes it. */
 lcache *stage_cache(stage *s, uint64_t stream, uint32_t layer);
 
-/* The sizes a stream was admitted with (PD_ERR_ARG unknown stream). */
+/* The sizes a stream was admitted with, and its position (PD_ERR_ARG
+ * unknown stream). */
 pd_status stage_stream_shape(const stage *s, uint64_t stream, uint32_t *prefill_rows, uint32_t *max_new, pd_err *err);
+pd_status stage_stream_pos(const stage *s, uint64_t stream, uint64_t *pos, pd_err *err);
 
 /* A new empty container configured as the containers of a stream of that
  * shape are (same policy, geometry, sizes and allocator): the receiver's
@@ -235,14 +237,17 @@ pd_status stage_stream_shape(const stage *s, uint64_t stream, uint32_t *prefill_
 pd_status stage_spare_cache(const stage *s, uint32_t prefill_rows, uint32_t max_new, lcache **out, pd_err *err);
 
 /* stage_add_layers, except that a stream's container of a new layer is
- * the caller's copy where copy(ctx, stream, layer) returns one (a kv
- * container holding exactly the stream's position, nothing pending; checked
- * first): on success the stage owns every copy copy() returned (the caller
+ * the caller's copy where copy(ctx, stream, layer) returns one (a
+ * container of the stage's kind whose state stands for exactly the stream's
+ * position, nothing pending; checked first): on success the stage owns every copy copy() returned (the caller
  * forgets them) and each is at its stream's position. No row is copied and
  * no storage allocated for those. Errors as stage_add_layers, plus the
  * copies' checks; nothing changed and no copy taken on error. copy is
  * called several times with the same arguments and must answer the same. */
 typedef lcache *(*stage_copy_fn)(void *ctx, uint64_t stream, uint32_t layer);
+/* The checks stage_add_layers_from runs on a copy, on their own (before a
+ * migration's vote). */
+pd_status stage_check_copy(const stage *s, uint64_t stream, uint32_t layer, const lcache *copy, pd_err *err);
 pd_status stage_add_layers_from(stage *s, uint32_t first, uint32_t n, const model *weights, stage_copy_fn copy,
                                 void *ctx, pd_err *err);
 
