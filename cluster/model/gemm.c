@@ -259,7 +259,7 @@ uint32_t gemm_rows_n(const gemm_w *w) { return w->n; }
 uint32_t gemm_cols_k(const gemm_w *w) { return w->k; }
 gemm_wtype gemm_get_wtype(const gemm_w *w) { return w->type; }
 gemm_backend gemm_get_backend(const gemm_w *w) { return w->be; }
-size_t gemm_bytes(const gemm_w *w) { return w->bytes; }
+size_t gemm_bytes(const gemm_w *w) { return w ? w->bytes : 0; }
 
 void gemm_check(const gemm_w *w)
 {

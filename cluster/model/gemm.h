@@ -103,7 +103,7 @@ uint32_t gemm_cols_k(const gemm_w *w);
 gemm_wtype gemm_get_wtype(const gemm_w *w);
 gemm_backend gemm_get_backend(const gemm_w *w);
 /* Bytes of packed weight memory held (including panel padding). */
-size_t gemm_bytes(const gemm_w *w);
+size_t gemm_bytes(const gemm_w *w); /* 0 for NULL */
 
 /* "f32" / "f16" / "bf16" / "q8_0"; "unknown" out of range. */
 const char *gemm_wtype_name(gemm_wtype t);

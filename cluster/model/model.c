@@ -750,24 +750,55 @@ const model_layer *model_layer_get(const model *m, uint32_t layer)
 {
     CHECKF(layer >= m->first && layer < m->first + m->n_layers, "layer %u outside [%u, %u)", layer,
            m->first, m->first + m->n_layers);
+    CHECKF(m->layers[layer - m->first].wq, "layer %u's weights were released", layer);
     return &m->layers[layer - m->first];
+}
+
+void model_release_layers(model *m, uint32_t first, uint32_t n)
+{
+    for (uint32_t L = first; L < first + n; L++)
+        if (L >= m->first && L < m->first + m->n_layers && m->layers[L - m->first].wq)
+            layer_free(m, &m->layers[L - m->first]);
+}
+
+int model_holds_layers(const model *m, uint32_t first, uint32_t n)
+{
+    if (first < m->first || first + n > m->first + m->n_layers)
+        return 0;
+    for (uint32_t L = first; L < first + n; L++)
+        if (!m->layers[L - m->first].wq)
+            return 0;
+    return 1;
+}
+
+static uint64_t layer_bytes(const model *m, const model_layer *ly)
+{
+    uint64_t b = gemm_bytes(ly->wq) + gemm_bytes(ly->wk) + gemm_bytes(ly->wv) + gemm_bytes(ly->wo);
+    b += gemm_bytes(ly->wgate) + gemm_bytes(ly->wup) + gemm_bytes(ly->wdown);
+    if (ly->ffn == MODEL_FFN_MOE) {
+        b += gemm_bytes(ly->router);
+        for (uint32_t e = 0; ly->egate && e < m->hp.n_expert; e++)
+            b += gemm_bytes(ly->egate[e]) + gemm_bytes(ly->eup[e]) + gemm_bytes(ly->edown[e]);
+    }
+    return b;
 }
 
 uint64_t model_weight_bytes(const model *m)
 {
     uint64_t b = 0;
-    for (uint32_t i = 0; i < m->n_layers; i++) {
-        const model_layer *ly = &m->layers[i];
-        b += gemm_bytes(ly->wq) + gemm_bytes(ly->wk) + gemm_bytes(ly->wv) + gemm_bytes(ly->wo);
-        b += gemm_bytes(ly->wgate) + gemm_bytes(ly->wup) + gemm_bytes(ly->wdown);
-        if (ly->ffn == MODEL_FFN_MOE) {
-            b += gemm_bytes(ly->router);
-            for (uint32_t e = 0; e < m->hp.n_expert; e++)
-                b += gemm_bytes(ly->egate[e]) + gemm_bytes(ly->eup[e]) + gemm_bytes(ly->edown[e]);
-        }
-    }
+    for (uint32_t i = 0; i < m->n_layers; i++)
+        b += layer_bytes(m, &m->layers[i]);
     if (m->out)
         b += gemm_bytes(m->out);
+    return b;
+}
+
+uint64_t model_layers_bytes(const model *m, uint32_t first, uint32_t n)
+{
+    uint64_t b = 0;
+    for (uint32_t L = first; L < first + n; L++)
+        if (L >= m->first && L < m->first + m->n_layers)
+            b += layer_bytes(m, &m->layers[L - m->first]);
     return b;
 }
 

@@ -173,6 +173,17 @@ int model_digest_inherit_header(model *m, const model *from);
 /* The GGUF file the model was read from (borrowed). */
 const struct gguf_file *model_gguf(const model *m);
 
+/* Frees the weights of layers [first, first + n) (those of them the model
+ * loaded): a rank that gave the layers away in a live migration keeps no
+ * copy. model_layer_get of a released layer is an internal error (CHECK). */
+void model_release_layers(model *m, uint32_t first, uint32_t n);
+/* 1 when the model loaded every layer of [first, first + n) and released
+ * none of them. */
+int model_holds_layers(const model *m, uint32_t first, uint32_t n);
+/* Weight bytes (packed GEMM matrices) the model holds for the layers of
+ * [first, first + n) it loaded and did not release. */
+uint64_t model_layers_bytes(const model *m, uint32_t first, uint32_t n);
+
 /* Only the hyperparameters (for tools and validation before a load). */
 pd_status model_read_hparams(const char *path, model_hparams *out, pd_err *err);
 

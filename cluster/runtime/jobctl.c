@@ -408,9 +408,12 @@ static pd_status act_migrate(jobctl *j, const run_drain *d, const layermap *targ
     layermap_format(target, b, sizeof b);
     if (rep.moved) {
         j->migrations++;
-        char pre[256] = "", wts[96] = "";
+        char pre[256] = "", wts[160] = "";
+        size_t wn = 0;
         if (rep.weights_mpi_bytes > 0)
-            snprintf(wts, sizeof wts, "; weights over MPI %.0f bytes", rep.weights_mpi_bytes);
+            wn += (size_t)snprintf(wts + wn, sizeof wts - wn, "; weights over MPI %.0f bytes", rep.weights_mpi_bytes);
+        snprintf(wts + wn, sizeof wts - wn, "; givers freed %llu bytes of weights",
+                 (unsigned long long)rep.weights_released);
         if (rep.precopy_s > 0)
             snprintf(pre, sizeof pre, "; pre-copy %llu bytes over %.3f ms (%llu micro-batches, %llu restarts), at "
                      "the switch %llu bytes",

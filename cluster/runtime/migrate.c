@@ -195,6 +195,7 @@ typedef struct migrate_verdict {
     uint64_t bytes;          /* bundle bytes this rank sent */
     uint64_t precopy_bytes, final_bytes, resets;
     double weights_mpi_bytes;
+    uint64_t release_bytes;  /* weights this rank frees at the switch */
 } migrate_verdict;
 
 /* One layer travelling through this rank. */
@@ -280,8 +281,7 @@ static pd_status weights_for(migrate *mg, uint32_t first, uint32_t n, const mode
 {
     rank *r = mg->r;
     *loaded = NULL;
-    uint32_t mf = model_first_layer(r->m), mn = model_layer_count(r->m);
-    if (first >= mf && first + n <= mf + mn && mg->fault != MIGRATE_FAULT_WEIGHTS) {
+    if (model_holds_layers(r->m, first, n) && mg->fault != MIGRATE_FAULT_WEIGHTS) {
         *w = NULL; /* the rank's own model holds them */
         return PD_OK;
     }
@@ -1012,10 +1012,21 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
     }
 
     /* 3. ack: verdicts and digests on every rank */
+    uint64_t release_bytes = 0;
+    {
+        uint32_t gf[2], gn[2], ng = pieces(of, oe, nf, ne, gf, gn);
+        for (uint32_t i = 0; i < ng; i++) {
+            release_bytes += model_layers_bytes(r->m, gf[i], gn[i]);
+            for (uint32_t q = 0; q < mg->n_layers; q++) /* and of slices received earlier */
+                if (mg->slices[q])
+                    release_bytes += model_layers_bytes(mg->slices[q], gf[i], gn[i]);
+        }
+    }
     migrate_verdict mine = {.status = st, .copy_s = MPI_Wtime() - t0, .export_s = export_s, .weights_s = weights_s,
                             .transfer_s = transfer_s, .bytes = sent_bytes, .precopy_bytes = rep->precopy_bytes,
                             .final_bytes = rep->final_bytes, .resets = rep->resets,
-                            .weights_mpi_bytes = rep->weights_mpi_bytes};
+                            .weights_mpi_bytes = rep->weights_mpi_bytes,
+                            .release_bytes = release_bytes};
     if (st)
         snprintf(mine.msg, sizeof mine.msg, "%s", e.msg);
     pd_status gs = pipe_allgather(r->p, &mine, sizeof mine, vd, err);
@@ -1044,12 +1055,14 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
     }
     rep->precopy_bytes = rep->final_bytes = rep->resets = 0;
     rep->weights_mpi_bytes = 0;
+    rep->weights_released = 0;
     for (int q = 0; q < r->size; q++) {
         rep->bytes += vd[q].bytes;
         rep->precopy_bytes += vd[q].precopy_bytes;
         rep->final_bytes += vd[q].final_bytes;
         rep->resets += vd[q].resets;
         rep->weights_mpi_bytes += vd[q].weights_mpi_bytes / 2; /* counted at both ends */
+        rep->weights_released += vd[q].release_bytes;
         if (vd[q].copy_s > rep->copy_s)
             rep->copy_s = vd[q].copy_s;
         if (vd[q].export_s > rep->export_s)
@@ -1070,6 +1083,16 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
         uint32_t gf[2], gn[2], ng = pieces(of, oe, nf, ne, gf, gn);
         for (uint32_t i = 0; i < ng && cs == PD_OK; i++)
             cs = stage_remove_layers(r->st, gf[i], gn[i], err);
+        /* the giver keeps no weights of what it gave (slices go in
+         * slices_prune below, its own model's layers here) */
+        for (uint32_t i = 0; i < ng && cs == PD_OK; i++) {
+            model_release_layers(r->m, gf[i], gn[i]);
+            for (uint32_t q = 0; q < mg->n_layers; q++)
+                if (mg->slices[q])
+                    model_release_layers(mg->slices[q], gf[i], gn[i]);
+            for (uint32_t L = gf[i]; L < gf[i] + gn[i]; L++)
+                mg->src[L] = NULL;
+        }
         for (uint32_t i = 0; i < np && cs == PD_OK; i++) {
             if (!early)
                 cs = pre ? precopy_add_layers(mg->pc, pf[i], pn[i], pw[i], ids, cnt, err)

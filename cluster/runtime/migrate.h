@@ -101,7 +101,8 @@ typedef struct migrate_report {
     uint64_t final_bytes;    /* chunk bytes sent at the switch (this rank) */
     uint64_t resets;         /* copies restarted from row 0 (this rank) */
     double precopy_s;        /* from the pre-copy's start to the switch */
-    double weights_mpi_bytes;/* weight bytes that travelled over MPI (this rank, either end) */
+    double weights_mpi_bytes;/* weight bytes that travelled over MPI */
+    uint64_t weights_released; /* weight bytes the giving ranks freed at the switch */
 } migrate_report;
 
 /* The drain action. target: the head's proposed map (read on rank 0 only);

@@ -516,8 +516,8 @@ pd_status stage_add_layers_from(stage *s, uint32_t first, uint32_t n, const mode
         return pd_err_set(err, PD_ERR_RANGE, "stage: layers [%u, %u) are not next to this stage's [%u, %u)",
                           first, first + n, s->first, s->first + s->n_layers);
     const model *w = weights ? weights : s->cfg.m;
-    if (first < model_first_layer(w) || first + n > model_first_layer(w) + model_layer_count(w))
-        return pd_err_set(err, PD_ERR_RANGE, "stage: the weights hold layers [%u, %u), not [%u, %u)",
+    if (!model_holds_layers(w, first, n))
+        return pd_err_set(err, PD_ERR_RANGE, "stage: the weights hold layers [%u, %u) (less any released), not [%u, %u)",
                           model_first_layer(w), model_first_layer(w) + model_layer_count(w), first, first + n);
     if (w != s->cfg.m && model_digest(w) != model_digest(s->cfg.m))
         return pd_err_set(err, PD_ERR_MISMATCH, "stage: the weights of layers [%u, %u) come from another model file",
