@@ -408,18 +408,18 @@ static pd_status act_migrate(jobctl *j, const run_drain *d, const layermap *targ
     layermap_format(target, b, sizeof b);
     if (rep.moved) {
         j->migrations++;
-        char pre[256] = "", wts[160] = "";
+        char pre[320] = "", wts[160] = "";
         size_t wn = 0;
         if (rep.weights_mpi_bytes > 0)
             wn += (size_t)snprintf(wts + wn, sizeof wts - wn, "; weights over MPI %.0f bytes", rep.weights_mpi_bytes);
         snprintf(wts + wn, sizeof wts - wn, "; givers freed %llu bytes of weights",
                  (unsigned long long)rep.weights_released);
         if (rep.precopy_s > 0)
-            snprintf(pre, sizeof pre, "; pre-copy %llu bytes over %.3f ms (%llu micro-batches, %llu restarts), at "
-                     "the switch %llu bytes",
+            snprintf(pre, sizeof pre, "; pre-copy %llu bytes over %.3f ms (%llu micro-batches, %llu restarts; "
+                     "sending %.3f ms, applying %.3f ms), at the switch %llu bytes",
                      (unsigned long long)rep.precopy_bytes, rep.precopy_s * 1e3,
                      (unsigned long long)(d->step - j->pc_step0), (unsigned long long)rep.resets,
-                     (unsigned long long)rep.final_bytes);
+                     rep.precopy_send_s * 1e3, rep.precopy_recv_s * 1e3, (unsigned long long)rep.final_bytes);
         fprintf(stderr,
                 "pipedec: migration (%s) at step %llu: %s -> %s: %u layers, %u streams, %llu bytes; copy %.3f ms "
                 "(export %.3f, weights %.3f, transfer+validate %.3f), switch %.3f ms, action %.3f ms, pause %.3f ms; "
@@ -471,8 +471,9 @@ static pd_status act_begin(jobctl *j, const run_drain *d, const layermap *target
         j->pc_step0 = d->step;
         j->pc_results = 0;
         j->pc_self_busy = j->pc_others_busy = true;
-        fprintf(stderr, "pipedec: migration (%s) at step %llu: %s -> %s: %u layers, pre-copy started (%.3f ms)\n", source,
-                (unsigned long long)d->step, a, b, migrate_layers_moved(&rep.from, target), rep.total_s * 1e3);
+        fprintf(stderr, "pipedec: migration (%s) at step %llu: %s -> %s: %u layers, pre-copy started (action %.3f ms, "
+                "pause %.3f ms)\n", source, (unsigned long long)d->step, a, b, migrate_layers_moved(&rep.from, target),
+                rep.total_s * 1e3, (MPI_Wtime() - j->t_ask) * 1e3);
         return PD_OK;
     }
     j->refused++;

@@ -101,6 +101,8 @@ typedef struct migrate_report {
     uint64_t final_bytes;    /* chunk bytes sent at the switch (this rank) */
     uint64_t resets;         /* copies restarted from row 0 (this rank) */
     double precopy_s;        /* from the pre-copy's start to the switch */
+    double precopy_send_s;   /* the busiest source's seconds encoding and sending chunks */
+    double precopy_recv_s;   /* the busiest receiver's seconds taking and applying them */
     double weights_mpi_bytes;/* weight bytes that travelled over MPI */
     uint64_t weights_released; /* weight bytes the giving ranks freed at the switch */
 } migrate_report;

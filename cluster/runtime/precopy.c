@@ -311,6 +311,7 @@ static pd_status send_chunk(precopy *pc, pc_src *e, lcache *c, uint64_t n, uint3
 {
     rank *r = pc->r;
     *sent = false;
+    double t0 = MPI_Wtime();
     pc_buf *b;
     pd_status st = send_buffer(pc, wait, &b, err);
     if (st || !b)
@@ -352,6 +353,7 @@ static pd_status send_chunk(precopy *pc, pc_src *e, lcache *c, uint64_t n, uint3
     } else {
         pc->stats.chunks_sent++;
         pc->stats.bytes_sent += len;
+        pc->stats.send_s += MPI_Wtime() - t0;
     }
     return PD_OK;
 }
@@ -574,7 +576,10 @@ static pd_status receive(precopy *pc, bool wait, uint32_t max, uint32_t *n, pd_e
             return st;
         if (!done)
             return PD_OK;
+        double t0 = MPI_Wtime();
         take(pc, b->p, len, from);
+        if (!wait)
+            pc->stats.recv_s += MPI_Wtime() - t0;
         if ((st = post(pc, b, err)))
             return st;
         pc->rb_head = (pc->rb_head + 1) % N_RECV;

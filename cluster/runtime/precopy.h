@@ -83,6 +83,8 @@ typedef struct precopy_stats {
     uint64_t final_chunks, final_bytes;     /* in finish */
     uint64_t resets;                        /* (layer, stream) copies restarted from row 0 */
     double started;                         /* MPI_Wtime at start */
+    double send_s, recv_s;                  /* seconds spent encoding + sending / taking +
+                                               applying chunks, before finish */
 } precopy_stats;
 void precopy_get_stats(const precopy *pc, precopy_stats *out);
 
