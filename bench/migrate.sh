@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Live migration benchmark (issue 14), one JSON object:
-#  - the decode pause of one migration (one layer with every stream's cache,
-#    layer 2, rank 1 -> rank 0; two streams) against one decode step (the time between two tokens of
-#    a stream just before it), at contexts of 300, 2000 and 8000 rows;
-#  - migration bytes/s (bundle bytes / copy time) against the MPI bandwidth
-#    between the same two ranks measured in the same run (bench_mpi_latency,
-#    largest message);
+#  - the decode pauses of one migration (one layer with every stream's cache,
+#    layer 2, rank 1 -> rank 0; two streams; full attention, so it is
+#    pre-copied: a first drain point agrees the plan, the rows travel while
+#    decoding goes on, a second drain point switches) against one decode step
+#    (the time between two tokens of a stream just before it), at contexts of
+#    300, 2000 and 8000 rows;
+#  - migration bytes/s against the MPI bandwidth between the same two ranks
+#    measured in the same run (bench_mpi_latency, largest message): the
+#    pre-copy's working rate (bytes / the busier side's seconds spent
+#    encoding+sending or taking+applying chunks) and its elapsed rate (paced
+#    by the decode: PRECOPY_BUDGET bytes per micro-batch);
 #  - --rebalance auto from 0-0,1-11: tokens/s over the windows after its last
 #    move against the best static map's tokens/s over the same windows (every
 #    static map 0-k,k+1-11 measured with --rebalance auto at a threshold it
@@ -66,20 +71,45 @@ mpi_bps = pt["bytes"] / (pt["one_way_us"] * 1e-6)
 ctx = []
 for R in (300, 2000, 8000):
     log = open(f"{w}/c{R}.log").read()
+    num = r"([\d.]+)"
+    b0 = re.search(r"migration \(--migrate-at\) at step (\d+): \S+ -> \S+: \d+ layers, pre-copy started \(action "
+                   + num + r" ms, pause " + num + r" ms\)", log)
     mm = re.search(r"migration \(--migrate-at\) at step (\d+): \S+ -> \S+: (\d+) layers, (\d+) streams, (\d+) bytes; "
-                   r"copy ([\d.]+) ms \(export ([\d.]+), weights ([\d.]+), transfer\+validate ([\d.]+)\), "
-                   r"switch ([\d.]+) ms, action ([\d.]+) ms, pause ([\d.]+) ms; decode step ([\d.]+) ms", log)
+                   r"copy " + num + r" ms \(export " + num + r", weights " + num + r", transfer\+validate " + num +
+                   r"\), switch " + num + r" ms, action " + num + r" ms, pause " + num + r" ms; decode step " + num +
+                   r" ms(?:; pre-copy (\d+) bytes over " + num + r" ms \((\d+) micro-batches, (\d+) restarts; sending "
+                   + num + r" ms, applying " + num + r" ms\), at the switch (\d+) bytes)?", log)
     if not mm:
         ctx.append({"rows": R, "error": "no migration in the log"}); continue
     b = int(mm[4])
     copy, exp, wts, xfer, sw, act, pause, stp = (float(mm[i]) for i in range(5, 13))
-    ctx.append({"rows": R, "layers_moved": int(mm[2]), "streams": int(mm[3]), "bytes": b,
-                "copy_ms": copy, "export_ms": exp, "weights_ms": wts, "transfer_validate_ms": xfer,
-                "switch_ms": sw, "action_ms": act, "pause_ms": pause,
-                "decode_step_ms": stp, "pause_over_decode_step": pause / stp if stp else None,
-                "migration_Bps": b / (copy * 1e-3), "migration_over_mpi": b / (copy * 1e-3) / mpi_bps,
-                "transfer_Bps": b / (xfer * 1e-3) if xfer else None,
-                "transfer_over_mpi": b / (xfer * 1e-3) / mpi_bps if xfer else None})
+    e = {"rows": R, "layers_moved": int(mm[2]), "streams": int(mm[3]), "bytes": b, "decode_step_ms": stp}
+    if mm[13] is not None and b0:
+        pre_b, pre_ms, mbs, resets = int(mm[13]), float(mm[14]), int(mm[15]), int(mm[16])
+        send_ms, apply_ms, fin_b = float(mm[17]), float(mm[18]), int(mm[19])
+        work = max(send_ms, apply_ms)
+        e.update({
+            "precopy": True,
+            # the two drain points: the first agrees the plan, the second switches
+            "begin_action_ms": float(b0[2]), "begin_pause_ms": float(b0[3]),
+            "switch_action_ms": act, "switch_pause_ms": pause,
+            "begin_pause_over_decode_step": float(b0[3]) / stp if stp else None,
+            "switch_pause_over_decode_step": pause / stp if stp else None,
+            "switch_action_over_decode_step": act / stp if stp else None,
+            "precopy_bytes": pre_b, "switch_bytes": fin_b, "precopy_ms": pre_ms, "precopy_micro_batches": mbs,
+            "precopy_restarts": resets, "precopy_send_ms": send_ms, "precopy_apply_ms": apply_ms,
+            # pre-copy runs between micro-batches at PRECOPY_BUDGET bytes per call:
+            # its elapsed rate is paced by the decode, its working rate is how fast
+            # the copy path moves bytes while it runs
+            "precopy_elapsed_Bps": pre_b / (pre_ms * 1e-3), "precopy_elapsed_over_mpi": pre_b / (pre_ms * 1e-3) / mpi_bps,
+            "precopy_working_Bps": pre_b / (work * 1e-3) if work else None,
+            "precopy_working_over_mpi": pre_b / (work * 1e-3) / mpi_bps if work else None})
+    else:
+        e.update({"precopy": False, "copy_ms": copy, "export_ms": exp, "weights_ms": wts, "transfer_validate_ms": xfer,
+                  "switch_ms": sw, "action_ms": act, "pause_ms": pause,
+                  "pause_over_decode_step": pause / stp if stp else None,
+                  "migration_Bps": b / (copy * 1e-3), "migration_over_mpi": b / (copy * 1e-3) / mpi_bps})
+    ctx.append(e)
 
 def windows(path):
     """(map, tokens/s) of every rebalance window in a log"""
