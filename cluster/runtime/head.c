@@ -539,3 +539,8 @@ pd_status head_loop(head *h, const run_hooks *hooks, pd_err *err)
     }
     return PD_OK;
 }
+
+uint32_t head_drains(const head *h)
+{
+    return h->drains;
+}

@@ -35,6 +35,8 @@ void head_free(head *h);
 
 const pages *head_pages(const head *h);
 sched *head_sched(head *h);
+/* Drain points held so far. */
+uint32_t head_drains(const head *h);
 /* Durable bytes of out.jsonl (what a checkpoint records). */
 uint64_t head_out_size(const head *h);
 /* The checkpoint this run resumes (0 = none), chosen at head_open when

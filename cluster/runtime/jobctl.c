@@ -20,6 +20,23 @@ enum { ACT_CKPT = 1, ACT_CKPT_EXIT = 2, ACT_MIGRATE = 3, ACT_STATS = 4, ACT_PREC
 
 #define JOBCTL_REPLY 8192
 #define JOBCTL_RING 16
+/* Ranks 1..N-1 send the head their counters at most this often (seconds),
+ * between micro-batches: a status is answered from them at once. */
+#define JOBCTL_SNAP_EVERY 0.05
+
+/* What every rank sends the head at a status gather: a window's counters. */
+typedef struct jobctl_win {
+    double busy, cpu, wait_in, wait_send, wall;
+} jobctl_win;
+
+/* A rank's cumulative counters (live status). */
+typedef struct jobctl_snap {
+    double busy, cpu, wait_in, wait_send, t;
+    int32_t bye, pad;
+} jobctl_snap;
+
+static void status_live(jobctl *j, uint64_t step);
+static void status_reply(jobctl *j, uint64_t step, const jobctl_win *w, double tokens_per_s);
 
 struct jobctl {
     rank *r;                 /* borrowed */
@@ -66,6 +83,15 @@ struct jobctl {
     uint64_t ring_n;
     uint64_t step;           /* head: the step of the last want_drain */
     char *reply;             /* [JOBCTL_REPLY] */
+    /* live status: a link of its own */
+    pipe_link *stl;
+    jobctl_snap snap_out;    /* ranks 1..N-1: the one in flight */
+    MPI_Request snap_sreq;
+    double snap_sent_t;
+    jobctl_snap *snap_in, *snap_last, *snap_prev; /* head: [size] posted, newest, at the last reply */
+    MPI_Request *snap_rreq;  /* head: [size] */
+    uint64_t st_tokens;      /* head: tokens at the last status reply */
+    double st_t;
 };
 
 pd_status jobctl_parse_migrate_at(const char *s, uint64_t *step, const char **map, pd_err *err)
@@ -125,10 +151,38 @@ pd_status jobctl_new(rank *r, head *h, ctl *c, uint64_t ckpt_base, jobctl **out,
         migrate_free(mg);
     if (j)
         j->mg = mg;
+    /* collective: the live-status link and every rank's first counters */
+    pd_status ls = pipe_open(pipe_comm(r->p), j ? &j->stl : &(pipe_link *){NULL}, err);
+    if (st == PD_OK)
+        st = ls;
+    if (j) {
+        j->snap_sreq = MPI_REQUEST_NULL;
+        if (r->is_head) {
+            j->snap_in = calloc((size_t)r->size, sizeof *j->snap_in);
+            j->snap_last = calloc((size_t)r->size, sizeof *j->snap_last);
+            j->snap_prev = calloc((size_t)r->size, sizeof *j->snap_prev);
+            j->snap_rreq = calloc((size_t)r->size, sizeof *j->snap_rreq);
+            if (!j->snap_in || !j->snap_last || !j->snap_prev || !j->snap_rreq)
+                st = st ? st : pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+            for (int q = 0; j->snap_rreq && q < r->size; q++)
+                j->snap_rreq[q] = MPI_REQUEST_NULL;
+        }
+    }
+    jobctl_snap first = {.t = MPI_Wtime()};
+    pd_status gs = pipe_gather(r->p, &first, sizeof first, j && j->snap_last ? j->snap_last : NULL, err);
+    if (st == PD_OK)
+        st = gs;
+    if (st == PD_OK && r->is_head) {
+        memcpy(j->snap_prev, j->snap_last, sizeof *j->snap_prev * (size_t)r->size);
+        j->st_t = MPI_Wtime();
+        for (int q = 1; q < r->size && st == PD_OK; q++)
+            st = pipe_irecv(j->stl, q, &j->snap_in[q], sizeof j->snap_in[q], &j->snap_rreq[q], err);
+    }
     if (st) {
         jobctl_free(j);
         return st;
     }
+    pipe_set_stall_timeout(j->stl, r->o->stall_timeout);
     *out = j;
     return PD_OK;
 }
@@ -137,10 +191,47 @@ void jobctl_free(jobctl *j)
 {
     if (!j)
         return;
+    /* no waiting here (after a failed run peers may never answer) */
+    for (int q = 0; j->snap_rreq && j->stl && q < j->r->size; q++)
+        (void)pipe_cancel_recv(j->stl, &j->snap_rreq[q], &(pd_err){0});
+    if (j->snap_sreq != MPI_REQUEST_NULL)
+        MPI_Request_free(&j->snap_sreq);
+    free(j->snap_in);
+    free(j->snap_last);
+    free(j->snap_prev);
+    free(j->snap_rreq);
+    pipe_close(j->stl);
     ctl_close(j->c);
     migrate_free(j->mg);
     free(j->reply);
     free(j);
+}
+
+pd_status jobctl_finish(jobctl *j, pd_err *err)
+{
+    rank *r = j->r;
+    pd_status st = migrate_finish(j->mg, err);
+    if (st)
+        return st;
+    if (!r->is_head) { /* the last counters, marked as the last */
+        if ((st = pipe_wait(j->stl, &j->snap_sreq, NULL, err)))
+            return st;
+        j->snap_out = (jobctl_snap){.t = MPI_Wtime(), .bye = 1};
+        if ((st = pipe_isend(j->stl, 0, &j->snap_out, sizeof j->snap_out, &j->snap_sreq, err)))
+            return st;
+        return pipe_wait(j->stl, &j->snap_sreq, NULL, err);
+    }
+    for (int q = 1; q < r->size && st == PD_OK; q++)
+        for (;;) {
+            size_t len;
+            if ((st = pipe_wait_recv(j->stl, &j->snap_rreq[q], &len, NULL, NULL, err)))
+                break;
+            if (j->snap_in[q].bye)
+                break; /* nothing follows it: no receive posted again */
+            if ((st = pipe_irecv(j->stl, q, &j->snap_in[q], sizeof j->snap_in[q], &j->snap_rreq[q], err)))
+                break;
+        }
+    return st;
 }
 
 int jobctl_exit_code(const jobctl *j)
@@ -281,6 +372,8 @@ static uint32_t want_drain(void *ctx, uint64_t step)
         char line[CTL_LINE_MAX];
         while (j->n_status < CTL_MAX_CLIENTS && ctl_next(j->c, &client, line, sizeof line))
             handle_request(j, client, line);
+        if (j->n_status > 0)
+            status_live(j, step); /* no drain point: the counters came between micro-batches */
     }
     uint32_t act = 0;
     uint32_t f = o->checkpoint_dir ? sig_take() : 0;
@@ -295,8 +388,6 @@ static uint32_t want_drain(void *ctx, uint64_t step)
         if ((j->pc_results >= 2 && !j->pc_self_busy && !j->pc_others_busy) ||
             step - j->pc_step0 > JOBCTL_PRECOPY_MAX_STEPS)
             act = ACT_MIGRATE;
-        else if (j->n_status > 0)
-            act = ACT_STATS;
     } else if (j->pend_mig)
         act = migrate_uses_precopy(j->mg) ? ACT_PRECOPY : ACT_MIGRATE;
     else if (j->next_at < j->n_at && step >= j->at_step[j->next_at]) {
@@ -307,7 +398,7 @@ static uint32_t want_drain(void *ctx, uint64_t step)
         CHECK(layermap_parse(m, (uint32_t)r->size, r->hp.n_layers, &to, &e) == PD_OK);
         if (ask_migration(j, &to, -1, "--migrate-at"))
             act = migrate_uses_precopy(j->mg) ? ACT_PRECOPY : ACT_MIGRATE;
-    } else if (j->n_status > 0 || (o->rebalance && step - j->win_step >= o->rebalance_window))
+    } else if (o->rebalance && step - j->win_step >= o->rebalance_window)
         act = ACT_STATS;
     if (act)
         j->t_ask = MPI_Wtime();
@@ -487,12 +578,76 @@ static pd_status act_begin(jobctl *j, const run_drain *d, const layermap *target
     return PD_OK;
 }
 
+/* Head: answers the status requests now, from every rank's newest counters
+ * (no drain point); the window is the time since the previous reply. */
+static void status_live(jobctl *j, uint64_t step)
+{
+    rank *r = j->r;
+    msg_stats s = rank_stats(r);
+    j->snap_last[0] = (jobctl_snap){.busy = s.busy_s, .cpu = r->busy_cpu_s, .wait_in = s.wait_input_s,
+                                    .wait_send = s.wait_send_s, .t = MPI_Wtime()};
+    jobctl_win *w = calloc((size_t)r->size, sizeof *w);
+    if (!w) {
+        for (uint32_t i = 0; i < j->n_status; i++)
+            reply_error(j, j->status_client[i], "out of memory");
+        j->n_status = 0;
+        return;
+    }
+    for (int q = 0; q < r->size; q++) {
+        const jobctl_snap *a = &j->snap_prev[q], *b = &j->snap_last[q];
+        w[q] = (jobctl_win){.busy = b->busy - a->busy, .cpu = b->cpu - a->cpu, .wait_in = b->wait_in - a->wait_in,
+                            .wait_send = b->wait_send - a->wait_send, .wall = b->t - a->t};
+    }
+    sched_progress pr;
+    head_progress(j->h, &pr);
+    double now = MPI_Wtime();
+    status_reply(j, step, w, now > j->st_t ? (double)(pr.tokens_generated - j->st_tokens) / (now - j->st_t) : 0);
+    memcpy(j->snap_prev, j->snap_last, sizeof *j->snap_prev * (size_t)r->size);
+    j->st_tokens = pr.tokens_generated;
+    j->st_t = now;
+    free(w);
+}
+
+/* Live status counters: ranks 1..N-1 send, the head takes. */
+static pd_status snap_progress(jobctl *j, pd_err *err)
+{
+    rank *r = j->r;
+    pd_status st = PD_OK;
+    if (!r->is_head) {
+        double now = MPI_Wtime();
+        if (now - j->snap_sent_t < JOBCTL_SNAP_EVERY)
+            return PD_OK;
+        if (j->snap_sreq != MPI_REQUEST_NULL && (st = pipe_progress(j->stl, 1, &j->snap_sreq, err)))
+            return st;
+        if (j->snap_sreq != MPI_REQUEST_NULL)
+            return PD_OK; /* the last one is still on its way */
+        msg_stats s = rank_stats(r);
+        j->snap_out = (jobctl_snap){.busy = s.busy_s, .cpu = r->busy_cpu_s, .wait_in = s.wait_input_s,
+                                    .wait_send = s.wait_send_s, .t = now};
+        j->snap_sent_t = now;
+        return pipe_isend(j->stl, 0, &j->snap_out, sizeof j->snap_out, &j->snap_sreq, err);
+    }
+    for (int q = 1; q < r->size && st == PD_OK; q++)
+        for (;;) {
+            int done = 0;
+            size_t len;
+            if ((st = pipe_test_recv(j->stl, &j->snap_rreq[q], &done, &len, NULL, err)) || !done)
+                break;
+            if (len == sizeof j->snap_in[q])
+                j->snap_last[q] = j->snap_in[q];
+            if ((st = pipe_irecv(j->stl, q, &j->snap_in[q], sizeof j->snap_in[q], &j->snap_rreq[q], err)))
+                break;
+        }
+    return st;
+}
+
 static pd_status progress(void *ctx, uint32_t seen, uint32_t *add, pd_err *err)
 {
     jobctl *j = ctx;
     *add = 0;
-    if (!migrate_precopying(j->mg))
-        return PD_OK;
+    pd_status ss = snap_progress(j, err);
+    if (ss || !migrate_precopying(j->mg))
+        return ss;
     bool busy = false;
     pd_status st = migrate_progress(j->mg, &busy, err);
     if (busy)
@@ -507,12 +662,8 @@ static pd_status progress(void *ctx, uint32_t seen, uint32_t *add, pd_err *err)
     return st;
 }
 
-/* What every rank sends the head at a status gather. */
-typedef struct jobctl_win {
-    double busy, cpu, wait_in, wait_send, wall;
-} jobctl_win;
 
-static void status_reply(jobctl *j, const run_drain *d, const jobctl_win *w)
+static void status_reply(jobctl *j, uint64_t step, const jobctl_win *w, double tokens_per_s)
 {
     rank *r = j->r;
     sched_progress pr;
@@ -522,7 +673,7 @@ static void status_reply(jobctl *j, const run_drain *d, const jobctl_win *w)
     double wall = w[0].wall > 0 ? w[0].wall : 1e-9;
     size_t n = (size_t)snprintf(j->reply, JOBCTL_REPLY, "{\"ok\":true,\"step\":%llu,\"map\":\"%s\",\"ranks\":%d,"
                                 "\"window_s\":%.6f,\"stages\":[",
-                                (unsigned long long)d->step, map, r->size, w[0].wall);
+                                (unsigned long long)step, map, r->size, w[0].wall);
     for (int s = 0; s < r->size && n < JOBCTL_REPLY; s++)
         n += (size_t)snprintf(j->reply + n, JOBCTL_REPLY - n,
                               "%s{\"rank\":%d,\"first\":%u,\"layers\":%u,\"busy_s\":%.6f,\"busy_cpu_s\":%.6f,"
@@ -536,12 +687,12 @@ static void status_reply(jobctl *j, const run_drain *d, const jobctl_win *w)
         snprintf(j->reply + n, JOBCTL_REPLY - n,
                  "],\"streams\":%u,\"pages_done\":%llu,\"pages_total\":%llu,\"tokens\":%llu,\"tokens_per_s\":%.3f,"
                  "\"checkpoint\":{\"dir\":%s%s%s,\"written\":%u},\"migrations\":%u,\"migrations_refused\":%u,"
-                 "\"migrating\":%s,\"rebalance\":\"%s\"}",
+                 "\"migrating\":%s,\"rebalance\":\"%s\",\"drain_points\":%u}",
                  pr.streams_alive, (unsigned long long)pr.pages_done,
                  (unsigned long long)(pr.pages_total - pr.pages_skipped), (unsigned long long)pr.tokens_generated,
-                 (double)(pr.tokens_generated - j->win_tokens) / wall, r->o->checkpoint_dir ? "\"" : "", 
+                 tokens_per_s, r->o->checkpoint_dir ? "\"" : "",
                  r->o->checkpoint_dir ? dir : "null", r->o->checkpoint_dir ? "\"" : "", j->ckpts, j->migrations,
-                 j->refused, j->pend_mig ? "true" : "false", r->o->rebalance ? "auto" : "off");
+                 j->refused, j->pend_mig ? "true" : "false", r->o->rebalance ? "auto" : "off", head_drains(j->h));
     for (uint32_t i = 0; i < j->n_status; i++)
         ctl_reply(j->c, j->status_client[i], j->reply);
     j->n_status = 0;
@@ -584,8 +735,12 @@ static pd_status act_stats(jobctl *j, const run_drain *d, pd_err *err)
         layermap to;
     } dec = {0};
     if (st == PD_OK && r->is_head) {
-        if (j->n_status)
-            status_reply(j, d, all);
+        if (j->n_status) {
+            sched_progress pr;
+            head_progress(j->h, &pr);
+            status_reply(j, d->step, all, (double)(pr.tokens_generated - j->win_tokens) /
+                                              (all[0].wall > 0 ? all[0].wall : 1e-9));
+        }
         bool due = r->o->rebalance && d->step - j->win_step >= r->o->rebalance_window;
         if (due && j->hold > 0) {
             j->hold--;

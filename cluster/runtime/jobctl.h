@@ -15,9 +15,12 @@
  *
  * Control commands (one request line, one JSON reply line, ctl.h):
  *   status                      map, per-stage busy / wait seconds and busy
- *                               fraction over the last window, streams,
+ *                               fraction since the previous status, streams,
  *                               tokens, tokens/s, checkpoint and migration
- *                               state (answered after a status drain point)
+ *                               state (answered at once, without a drain
+ *                               point: ranks 1..N-1 send the head their
+ *                               counters between micro-batches, at most
+ *                               every 50 ms, on a link of their own)
  *   migrate --map M             any map with the job's rank count
  *   migrate --layer L --to R    a boundary layer to the neighbouring rank
  *   checkpoint | stop           as SIGUSR1 / SIGTERM (needs --checkpoint-dir)
@@ -43,6 +46,11 @@ typedef struct jobctl jobctl;
  * it. Returns owned *out (jobctl_free, before head_free and rank_stop). */
 pd_status jobctl_new(rank *r, head *h, ctl *c, uint64_t ckpt_base, jobctl **out, pd_err *err);
 void jobctl_free(jobctl *j);
+
+/* Every rank, after its loop ended well (collective): a pre-copy still
+ * running exchanges its end marks, the live-status counters their last
+ * message, so nothing is left in flight. */
+pd_status jobctl_finish(jobctl *j, pd_err *err);
 
 /* The hooks every rank passes to its loop (borrowing j). */
 void jobctl_hooks(jobctl *j, run_hooks *out);

@@ -556,6 +556,11 @@ static pd_status plan_agree(migrate *mg, sched *sc, budget *bud, const layermap 
     return bs;
 }
 
+pd_status migrate_finish(migrate *mg, pd_err *err)
+{
+    return precopy_active(mg->pc) ? precopy_stop(mg->pc, err) : PD_OK;
+}
+
 bool migrate_precopying(const migrate *mg)
 {
     return precopy_active(mg->pc);

@@ -125,6 +125,10 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
  * the rows since the last chunks travel, and steps 3-4 run as above. A
  * refused switch ends the pre-copy with the old map in force. */
 bool migrate_uses_precopy(const migrate *mg);
+/* Every rank, after a run that ended well: a pre-copy still running (the
+ * run ended before its switch) sends and takes its end marks, so nothing
+ * is left in flight. */
+pd_status migrate_finish(migrate *mg, pd_err *err);
 bool migrate_precopying(const migrate *mg);
 /* The first drain point: rep->started, or rep->why when refused. */
 pd_status migrate_begin(migrate *mg, sched *sc, budget *bud, const layermap *target, migrate_report *rep,

@@ -160,8 +160,14 @@ void precopy_free(precopy *pc)
 {
     if (!pc)
         return;
-    if (pc->link)
-        (void)precopy_stop(pc, &(pd_err){0});
+    /* no waiting here (a run that failed may have peers that never answer):
+     * withdraw the receives, let go of the sends */
+    for (int i = 0; pc->link && i < N_RECV; i++)
+        (void)pipe_cancel_recv(pc->link, &pc->rb[i].req, &(pd_err){0});
+    for (int i = 0; i < N_SEND; i++)
+        if (pc->sb[i].req != MPI_REQUEST_NULL)
+            MPI_Request_free(&pc->sb[i].req);
+    drop_copies(pc);
     for (int i = 0; i < N_SEND; i++)
         free(pc->sb[i].p);
     for (int i = 0; i < N_RECV; i++)

@@ -57,7 +57,9 @@
 
 typedef struct precopy precopy;
 
-/* Collective (every rank, after rank_start). r borrowed. */
+/* Collective (every rank, after rank_start). r borrowed. precopy_free
+ * does not wait for peers (after a failed run they may never answer): a
+ * run that ends well calls precopy_stop first. */
 pd_status precopy_new(rank *r, precopy **out, pd_err *err);
 void precopy_free(precopy *pc);
 

@@ -144,6 +144,8 @@ int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
         t_start = MPI_Wtime();
         st = r.is_head ? head_loop(h, hooks, &e) : follow_loop(&r, hooks, &e);
     }
+    if (st == PD_OK && jc)
+        st = jobctl_finish(jc, &e);
     if (st == PD_OK)
         st = xport_flush(r.x, &e);
     r.stats.wall_s = MPI_Wtime() - t_start;

@@ -67,6 +67,13 @@ ctl_ok "status --json" "$S" status --json
 if [ "$(jq_get "$T/ctl.out" "j['map'], len(j['stages']), j['ok'], 'busy_s' in j['stages'][0], 'tokens_per_s' in j")" \
      = "('0-5,6-11', 2, True, True, True)" ]; then pass "status --json: map, two stages with busy times, tokens/s"
 else fail "status --json: $(head -c 300 "$T/ctl.out")"; fi
+d1=$(jq_get "$T/ctl.out" "j['drain_points']")
+ctl_ok "status (human)" "$S" status
+ctl_ok "status --json again" "$S" status --json
+d2=$(jq_get "$T/ctl.out" "j['drain_points']")
+[ -n "$d1" ] && [ "$d1" = "$d2" ] && [ "$(jq_get "$T/ctl.out" "j['window_s'] > 0 and j['stages'][1]['busy_s'] >= 0")" = True ] \
+  && pass "status costs no drain point ($d1 before and after three status requests)" \
+  || fail "status: drain points $d1 -> $d2: $(head -c 300 "$T/ctl.out")"
 ctl_ok "status (human)" "$S" status
 grep -q "^map: 0-5,6-11$" "$T/ctl.out" && grep -q "^stage 1: layers 6-11, busy" "$T/ctl.out" \
   && pass "status prints key: value lines" || { fail "status text"; head -5 "$T/ctl.out"; }
