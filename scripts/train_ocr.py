@@ -1,13 +1,24 @@
 #!/usr/bin/python3
 """Trains the tiny OCR decoder pipedec ships (models/ocr-tiny.gguf).
 
-A llama-architecture decoder with a byte-level vocabulary learns to
-transcribe pages made by `pipedec render` (so training and inference share
-one encoder). The math below is pipedec's exactly (cluster/model/model.c):
-RMSNorm x / sqrt(mean(x^2) + eps) * w, RoPE on adjacent pairs (2i, 2i+1) with
-angle pos * base^(-2i/d), attention scores q.k / sqrt(d) with a causal
-softmax, SwiGLU down(silu(gate h) * up h), a final RMSNorm and an untied
-output projection; no embedding scaling. The trained weights go out as
+A decoder with a byte-level vocabulary learns to transcribe pages made by
+`pipedec render` (so training and inference share one encoder). By default
+(--arch deepseek) it is a small DeepSeek mixture of experts: --dense-layers
+leading dense layers, then layers whose feed-forward is --experts routed
+experts (the top --experts-used of them per token) plus --shared shared
+experts, each of width --expert-ffn; --arch llama makes every layer dense.
+The math below is pipedec's exactly (cluster/model/model.c): RMSNorm
+x / sqrt(mean(x^2) + eps) * w, RoPE on adjacent pairs (2i, 2i+1) with angle
+pos * base^(-2i/d), attention scores q.k / sqrt(d) with a causal softmax,
+SwiGLU down(silu(gate h) * up h), a final RMSNorm and an untied output
+projection; no embedding scaling. A mixture-of-experts layer is
+MODEL_FFN_MOE (cluster/model/model.h): p = softmax(h Wrouter^T) over all
+experts, the top-k p_e taken as they are (no renormalisation, no weights
+scale: deepseek's expert_weights_scale is written as 1), out = sum over the
+k chosen of p_e * SwiGLU_e(h) + the shared experts' SwiGLU(h) (one SwiGLU
+of width expert_ffn x shared). Training adds a small load-balancing loss
+(Switch Transformer's E * sum_e f_e P_e) so every expert gets tokens; it
+only shapes training, not the math the model computes. The trained weights go out as
 DIR/config.json + one .npy per tensor and `pipedec mkmodel --from-weights`
 assembles the GGUF (the project's writer stays the only one).
 
@@ -15,7 +26,8 @@ Every seed is fixed: the same command gives the same model on the same host
 and torch build (CPU only).
 
 usage: scripts/train_ocr.py --build BUILD --work DIR --out MODEL.gguf
-                            [--steps N] [--seed S] [--layers L] [--hidden H] ...
+                            [--arch deepseek|llama] [--steps N] [--seed S]
+                            [--layers L] [--hidden H] [--experts E] ...
 Installs Debian's python3-torch (apt-get) when torch is missing. Run it with
 the system interpreter (/usr/bin/python3): Debian's torch lives there.
 """
@@ -290,6 +302,14 @@ def rope(x, cos, sin):
     return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
 
 
+def swiglu_param(m, names_shapes, L):
+    # q, k, v, gate, up: std 1/sqrt(in); o, down: 0.02/sqrt(2L)
+    for n, shape in names_shapes:
+        std = 1.0 / math.sqrt(shape[-1]) if n in ("q", "k", "v", "gate", "up", "egate", "eup", "router") \
+            else 0.02 / math.sqrt(2 * L)
+        setattr(m, n, torch.nn.Parameter(torch.randn(*shape) * std))
+
+
 class Decoder(torch.nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -297,27 +317,64 @@ class Decoder(torch.nn.Module):
         self.cfg = cfg
         self.nh, self.hd = cfg["heads"], H // cfg["heads"]
         self.eps = cfg["rms_eps"]
+        self.moe = cfg["arch"] == "deepseek"
         self.embd = torch.nn.Parameter(torch.randn(VOCAB, H))
         self.layers = torch.nn.ModuleList()
-        for _ in range(L):
+        for li in range(L):
             m = torch.nn.Module()
             m.attn_norm = torch.nn.Parameter(torch.ones(H))
             m.ffn_norm = torch.nn.Parameter(torch.ones(H))
-            for n, o, i in [("q", H, H), ("k", H, H), ("v", H, H), ("o", H, H), ("gate", F, H), ("up", F, H), ("down", H, F)]:
-                std = 0.02 if n not in ("o", "down") else 0.02 / math.sqrt(2 * L)
-                if n in ("q", "k", "v", "gate", "up"):
-                    std = 1.0 / math.sqrt(i)
-                setattr(m, n, torch.nn.Parameter(torch.randn(o, i) * std))
+            m.is_moe = self.moe and li >= cfg["dense_layers"]
+            swiglu_param(m, [("q", (H, H)), ("k", (H, H)), ("v", (H, H)), ("o", (H, H))], L)
+            if not m.is_moe:
+                swiglu_param(m, [("gate", (F, H)), ("up", (F, H)), ("down", (H, F))], L)
+            else:
+                E, FE, FS = cfg["experts"], cfg["expert_ffn"], cfg["expert_ffn"] * cfg["shared_experts"]
+                swiglu_param(m, [("router", (E, H)), ("egate", (E, FE, H)), ("eup", (E, FE, H)),
+                                 ("edown", (E, H, FE)), ("gate", (FS, H)), ("up", (FS, H)), ("down", (H, FS))], L)
             self.layers.append(m)
         self.out_norm = torch.nn.Parameter(torch.ones(H))
         self.out = torch.nn.Parameter(torch.randn(VOCAB, H) * (1.0 / math.sqrt(H)))
+        self.aux = torch.zeros(())  # the last forward's load-balancing loss (MoE layers summed)
+        self.usage = None           # the last forward's tokens per expert, per MoE layer
 
     def rms(self, x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
 
-    def forward(self, x, cos, sin):
+    def moe_ffn(self, m, h, valid):
+        # MODEL_FFN_MOE: softmax over all experts, top-k by probability (the
+        # weights are those probabilities, not renormalised or scaled), the
+        # k experts' SwiGLU weighted and summed, the shared experts' added
+        B, T, H = h.shape
+        x = h.reshape(B * T, H)
+        E, K = self.cfg["experts"], self.cfg["experts_used"]
+        p = torch.softmax(x @ m.router.t(), dim=-1)
+        w, sel = torch.topk(p, K, dim=-1)
+        out = torch.zeros_like(x)
+        used = []
+        for e in range(E):
+            rows, rank = (sel == e).nonzero(as_tuple=True)
+            used.append(int(valid.reshape(-1)[rows].sum()))
+            if rows.numel() == 0:
+                continue
+            xe = x[rows]
+            ye = (Fn.silu(xe @ m.egate[e].t()) * (xe @ m.eup[e].t())) @ m.edown[e].t()
+            out = out.index_add(0, rows, ye * w[rows, rank][:, None])
+        out = out + (Fn.silu(x @ m.gate.t()) * (x @ m.up.t())) @ m.down.t()
+        # load balance over the real (unpadded) tokens: fraction routed f_e
+        # (top-k counts / k) times mean probability P_e, times E
+        vm = valid.reshape(-1, 1).to(x.dtype)
+        nv = vm.sum().clamp(min=1)
+        f = torch.zeros(E).index_add(0, sel.reshape(-1), vm.expand(-1, K).reshape(-1)) / (nv * K)
+        P = (p * vm).sum(0) / nv
+        return out.view(B, T, H), E * (f.detach() * P).sum(), used
+
+    def forward(self, x, cos, sin, valid=None):
         B, T, H = x.shape
+        if valid is None:
+            valid = torch.ones(B, T, dtype=torch.bool)
         mask = torch.full((T, T), float("-inf")).triu(1)
+        aux, usage = torch.zeros(()), []
         for m in self.layers:
             h = self.rms(x, m.attn_norm)
             q = rope((h @ m.q.t()).view(B, T, self.nh, self.hd), cos[:T], sin[:T]).transpose(1, 2)
@@ -327,7 +384,14 @@ class Decoder(torch.nn.Module):
             a = torch.softmax(s, dim=-1) @ v
             x = x + a.transpose(1, 2).reshape(B, T, H) @ m.o.t()
             h = self.rms(x, m.ffn_norm)
-            x = x + (Fn.silu(h @ m.gate.t()) * (h @ m.up.t())) @ m.down.t()
+            if m.is_moe:
+                y, la, used = self.moe_ffn(m, h, valid)
+                x = x + y
+                aux = aux + la
+                usage.append(used)
+            else:
+                x = x + (Fn.silu(h @ m.gate.t()) * (h @ m.up.t())) @ m.down.t()
+        self.aux, self.usage = aux, usage
         return self.rms(x, self.out_norm) @ self.out.t()
 
 
@@ -340,8 +404,19 @@ def export(model, cfg, d):
         p = "blk.%d." % i
         t.update({p + "attn_norm.weight": m.attn_norm[None, :], p + "ffn_norm.weight": m.ffn_norm[None, :],
                   p + "attn_q.weight": m.q, p + "attn_k.weight": m.k, p + "attn_v.weight": m.v,
-                  p + "attn_output.weight": m.o, p + "ffn_gate.weight": m.gate, p + "ffn_up.weight": m.up,
-                  p + "ffn_down.weight": m.down})
+                  p + "attn_output.weight": m.o})
+        if not m.is_moe:
+            t.update({p + "ffn_gate.weight": m.gate, p + "ffn_up.weight": m.up, p + "ffn_down.weight": m.down})
+        else:
+            # expert stacks by rows: expert e is rows [e * out, (e + 1) * out)
+            # (pipedec mkmodel --from-weights writes the 3-D GGUF stacks)
+            E = m.egate.shape[0]
+            t.update({p + "ffn_gate_inp.weight": m.router,
+                      p + "ffn_gate_exps.weight": m.egate.reshape(E * m.egate.shape[1], -1),
+                      p + "ffn_up_exps.weight": m.eup.reshape(E * m.eup.shape[1], -1),
+                      p + "ffn_down_exps.weight": m.edown.reshape(E * m.edown.shape[1], -1),
+                      p + "ffn_gate_shexp.weight": m.gate, p + "ffn_up_shexp.weight": m.up,
+                      p + "ffn_down_shexp.weight": m.down})
     for n, v in t.items():
         np.save(os.path.join(d, n + ".npy"), np.ascontiguousarray(v.detach().numpy().astype(np.float32)))
 
@@ -369,7 +444,8 @@ def render_chunk(pipedec, model_gguf, texts, d):
 
 
 def make_batch(model, pages):
-    """Inputs [B, T, H] (BOS, cells, prompt, text) and targets (text, EOS)."""
+    """Inputs [B, T, H] (BOS, cells, prompt, text), targets (text, EOS) and
+    the mask of real (unpadded) positions."""
     seqs, tgts = [], []
     T = 0
     for emb, prompt, text in pages:
@@ -385,10 +461,12 @@ def make_batch(model, pages):
     H = seqs[0].shape[1]
     X = torch.zeros(len(seqs), T, H)
     Y = torch.full((len(seqs), T), -100, dtype=torch.long)
+    V = torch.zeros(len(seqs), T, dtype=torch.bool)
     for i, (x, y) in enumerate(zip(seqs, tgts)):
         X[i, : x.shape[0]] = x
         Y[i, : y.shape[0]] = y
-    return X, Y
+        V[i, : x.shape[0]] = True
+    return X, Y, V
 
 
 def main():
@@ -405,6 +483,13 @@ def main():
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--ffn", type=int, default=384)
     ap.add_argument("--cells", type=int, default=192)
+    ap.add_argument("--arch", choices=["deepseek", "llama"], default="deepseek")
+    ap.add_argument("--dense-layers", type=int, default=1, help="deepseek: leading dense layers")
+    ap.add_argument("--experts", type=int, default=8, help="deepseek: routed experts per MoE layer")
+    ap.add_argument("--experts-used", type=int, default=2, help="deepseek: top-k experts per token")
+    ap.add_argument("--expert-ffn", type=int, default=96, help="deepseek: one expert's SwiGLU width")
+    ap.add_argument("--shared", type=int, default=1, help="deepseek: shared experts")
+    ap.add_argument("--balance", type=float, default=0.01, help="deepseek: load-balancing loss weight")
     ap.add_argument("--chunk", type=int, default=256, help="pages rendered at a time")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--eval-every", type=int, default=100)
@@ -418,10 +503,16 @@ def main():
     # a private copy: a rebuild of BUILD while training runs must not race an exec
     pipedec = os.path.join(a.work, "pipedec")
     shutil.copy2(os.path.join(a.build, "pipedec"), pipedec)
-    cfg = {"arch": "llama", "layers": a.layers, "hidden": a.hidden, "heads": a.heads, "kv_heads": a.heads,
+    cfg = {"arch": a.arch, "layers": a.layers, "hidden": a.hidden, "heads": a.heads, "kv_heads": a.heads,
            "ffn": a.ffn, "ctx": 2 * a.cells + 64, "rope_base": 10000.0, "rms_eps": 1e-5, "vocab": "bytes",
            "ocr_cells": a.cells, "ocr_prompt": PROMPT,
-           "name": "pipedec ocr-tiny (scripts/train_ocr.py seed %d, %d steps)" % (a.seed, a.steps)}
+           "name": "pipedec ocr-tiny (scripts/train_ocr.py %s seed %d, %d steps)" % (a.arch, a.seed, a.steps)}
+    if a.arch == "deepseek":
+        if not (0 <= a.dense_layers < a.layers and 1 <= a.experts_used <= a.experts):
+            sys.exit("train_ocr: need 0 <= --dense-layers < --layers and 1 <= --experts-used <= --experts")
+        cfg.update({"dense_layers": a.dense_layers, "experts": a.experts, "experts_used": a.experts_used,
+                    "expert_ffn": a.expert_ffn, "shared_experts": a.shared, "expert_gating": "softmax",
+                    "expert_weights_norm": False, "expert_weights_scale": 1.0})
     model = Decoder(cfg)
     cos, sin = rope_tables(cfg["ctx"], a.hidden // a.heads, cfg["rope_base"])
 
@@ -447,15 +538,18 @@ def main():
     def evaluate():
         model.eval()
         ok = tot = 0
+        usage = None
         with torch.no_grad():
             for i in range(0, len(val), 8):
-                X, Y = make_batch(model, val[i:i + 8])
-                pred = model(X, cos, sin).argmax(-1)
+                X, Y, Vd = make_batch(model, val[i:i + 8])
+                pred = model(X, cos, sin, Vd).argmax(-1)
                 m = Y >= 0
                 ok += int((pred[m] == Y[m]).sum())
                 tot += int(m.sum())
+                u = model.usage
+                usage = u if usage is None else [[a + b for a, b in zip(x, y)] for x, y in zip(usage, u)]
         model.train()
-        return ok / tot
+        return ok / tot, usage
 
     t0 = time.time()
     pages, chunk_no, step = [], 0, 0
@@ -468,18 +562,22 @@ def main():
         batch, pages = pages[: a.batch], pages[a.batch:]
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        X, Y = make_batch(model, batch)
-        logits = model(X, cos, sin)
+        X, Y, Vd = make_batch(model, batch)
+        logits = model(X, cos, sin, Vd)
         loss = Fn.cross_entropy(logits.view(-1, VOCAB), Y.view(-1), ignore_index=-100)
         opt.zero_grad()
-        loss.backward()
+        (loss + a.balance * model.aux).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
         if step % 10 == 0:
             print("step %d loss %.4f lr %.2e %.0fs" % (step, loss.item(), lr_at(step), time.time() - t0), flush=True)
         if step % a.eval_every == 0 or step == a.steps:
-            print("step %d teacher-forced char accuracy (32 validation pages) %.4f" % (step, evaluate()), flush=True)
+            acc, usage = evaluate()
+            print("step %d teacher-forced char accuracy (32 validation pages) %.4f" % (step, acc), flush=True)
+            for li, u in enumerate(usage or []):
+                print("step %d MoE layer %d tokens per expert (validation, top-%d picks): %s"
+                      % (step, a.dense_layers + li, a.experts_used, u), flush=True)
 
     wdir = os.path.join(a.work, "weights")
     export(model, cfg, wdir)

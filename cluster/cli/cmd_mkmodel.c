@@ -19,7 +19,7 @@ static void mkmodel_usage(FILE *f)
                "  --arch deepseek defaults to DeepSeek-OCR's decoder: 12 layers, hidden 1280, 10 heads (MHA),\n"
                "  1 dense layer of ffn 6848, 64 experts (top 6) of ffn 896, 2 shared, vocab 129280, ctx 8192\n"
                "       or:              pipedec mkmodel --from-weights DIR --out FILE [--dtype f32|f16]\n"
-               "  --from-weights DIR: a trained model (DIR/config.json + one .npy per tensor, see docs/ocr.md)\n"
+               "  --from-weights DIR: a trained llama or deepseek model (DIR/config.json + one .npy per tensor, see docs/ocr.md)\n"
                "  --repeat P: greedy text cycles through the vocabulary's last P tokens (speculation benchmarks)\n");
 }
 

@@ -13,8 +13,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Routed experts per layer the loader takes (model.c's MODEL_MAX_EXPERTS). */
+#define FW_MAX_EXPERTS 512u
+
 typedef struct fw_cfg {
+    int deepseek; /* "arch": "deepseek" (else llama) */
     uint32_t layers, hidden, heads, kv_heads, ffn, ctx, cells;
+    /* deepseek only: leading dense layers, routed experts (top experts_used),
+     * one expert's width, shared experts */
+    uint32_t dense_layers, experts, experts_used, expert_ffn, shared_experts;
     float rope_base, rms_eps;
     int32_t prompt[RENDER_MAX_PROMPT];
     uint32_t n_prompt;
@@ -47,6 +54,37 @@ static pd_status fw_f32(const cJSON *root, const char *key, double lo, double hi
     return PD_OK;
 }
 
+/* The deepseek fields. The expert math is fixed by pipedec's loader
+ * (MODEL_FFN_MOE): softmax gating, the top experts_used probabilities used as
+ * they are (not renormalised), no weights scale; the config must say so, so
+ * a trainer that did otherwise is refused instead of silently misread. */
+static pd_status fw_moe_config(const cJSON *root, fw_cfg *c, pd_err *err)
+{
+    const cJSON *gating = cJSON_GetObjectItemCaseSensitive(root, "expert_gating");
+    const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "expert_weights_norm");
+    const cJSON *scale = cJSON_GetObjectItemCaseSensitive(root, "expert_weights_scale");
+    pd_status st;
+    c->deepseek = 1;
+    if ((st = fw_u32(root, "dense_layers", 0, c->layers, &c->dense_layers, err)) ||
+        (st = fw_u32(root, "experts", 1, FW_MAX_EXPERTS, &c->experts, err)) ||
+        (st = fw_u32(root, "experts_used", 1, c->experts, &c->experts_used, err)) ||
+        (st = fw_u32(root, "expert_ffn", 1, 65536, &c->expert_ffn, err)) ||
+        (st = fw_u32(root, "shared_experts", 1, 256, &c->shared_experts, err)))
+        return st;
+    if (!cJSON_IsString(gating) || strcmp(gating->valuestring, "softmax") != 0)
+        return pd_err_set(err, PD_ERR_UNSUPPORTED,
+                          "config.json: \"expert_gating\" must be \"softmax\" (pipedec's deepseek router)");
+    if (!cJSON_IsFalse(norm))
+        return pd_err_set(err, PD_ERR_UNSUPPORTED,
+                          "config.json: \"expert_weights_norm\" must be false (pipedec does not renormalise the "
+                          "top-k weights)");
+    if (!cJSON_IsNumber(scale) || scale->valuedouble != 1.0)
+        return pd_err_set(err, PD_ERR_UNSUPPORTED,
+                          "config.json: \"expert_weights_scale\" must be 1 (pipedec does not scale the expert "
+                          "weights)");
+    return PD_OK;
+}
+
 static pd_status fw_config(const char *dir, fw_cfg *c, pd_err *err)
 {
     char path[4096];
@@ -67,8 +105,8 @@ static pd_status fw_config(const char *dir, fw_cfg *c, pd_err *err)
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(root, "vocab");
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(root, "name");
     const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(root, "ocr_prompt");
-    if (!cJSON_IsString(arch) || strcmp(arch->valuestring, "llama") != 0)
-        st = pd_err_set(err, PD_ERR_UNSUPPORTED, "config.json: \"arch\" must be \"llama\"");
+    if (!cJSON_IsString(arch) || (strcmp(arch->valuestring, "llama") != 0 && strcmp(arch->valuestring, "deepseek") != 0))
+        st = pd_err_set(err, PD_ERR_UNSUPPORTED, "config.json: \"arch\" must be \"llama\" or \"deepseek\"");
     else if (!cJSON_IsString(vocab) || strcmp(vocab->valuestring, "bytes") != 0)
         st = pd_err_set(err, PD_ERR_UNSUPPORTED, "config.json: \"vocab\" must be \"bytes\"");
     if (st == PD_OK)
@@ -80,6 +118,8 @@ static pd_status fw_config(const char *dir, fw_cfg *c, pd_err *err)
          (st = fw_u32(root, "ocr_cells", 1, 1u << 16, &c->cells, err)) ||
          (st = fw_f32(root, "rope_base", 1.0001, 1e9, &c->rope_base, err)) ||
          (st = fw_f32(root, "rms_eps", 1e-12, 1.0, &c->rms_eps, err)));
+    if (st == PD_OK && !strcmp(arch->valuestring, "deepseek"))
+        st = fw_moe_config(root, c, err);
     if (st == PD_OK && (c->heads % c->kv_heads || c->hidden % c->heads || (c->hidden / c->heads) % 2))
         st = pd_err_set(err, PD_ERR_FORMAT,
                         "config.json: hidden %u must split into heads %u of an even size, heads a multiple of kv_heads %u",
@@ -104,9 +144,18 @@ static pd_status fw_config(const char *dir, fw_cfg *c, pd_err *err)
     return st;
 }
 
-/* Reads DIR/<name>.npy, checks its shape [rows, cols] and values, and adds it
- * as a tensor (a vector when rows == 1 and !matrix). */
-static pd_status fw_tensor(fw_ctx *c, const char *name, uint64_t rows, uint64_t cols, int matrix, pd_err *err)
+/* How fw_tensor stores a tensor. */
+typedef enum fw_kind {
+    FW_VEC,    /* [1, n] -> a 1-D f32 vector */
+    FW_MAT,    /* [rows, cols] -> a matrix of the chosen dtype */
+    FW_MAT32,  /* a matrix kept f32 whatever the dtype (the router: its top-k is discrete) */
+    FW_STACK,  /* [experts * rows, cols] -> a 3-D expert stack [cols, rows, experts] */
+} fw_kind;
+
+/* Reads DIR/<name>.npy, checks its shape [experts * rows, cols] (experts 1
+ * unless FW_STACK) and values, and adds it as a tensor. */
+static pd_status fw_tensor(fw_ctx *c, const char *name, uint64_t experts, uint64_t rows, uint64_t cols, fw_kind kind,
+                           pd_err *err)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s.npy", c->dir, name);
@@ -114,11 +163,19 @@ static pd_status fw_tensor(fw_ctx *c, const char *name, uint64_t rows, uint64_t 
     pd_status st = npy_probe(path, &info, err);
     if (st != PD_OK)
         return st;
-    if (info.rows != rows || info.cols != cols)
+    if (info.rows != experts * rows || info.cols != cols) {
+        if (kind == FW_STACK)
+            return pd_err_set(err, PD_ERR_MISMATCH,
+                              "%s: shape [%llu, %llu], the config needs [%llu, %llu] (%llu experts of [%llu, %llu] "
+                              "stacked by rows)",
+                              path, (unsigned long long)info.rows, (unsigned long long)info.cols,
+                              (unsigned long long)(experts * rows), (unsigned long long)cols,
+                              (unsigned long long)experts, (unsigned long long)rows, (unsigned long long)cols);
         return pd_err_set(err, PD_ERR_MISMATCH, "%s: shape [%llu, %llu], the config needs [%llu, %llu]", path,
                           (unsigned long long)info.rows, (unsigned long long)info.cols, (unsigned long long)rows,
                           (unsigned long long)cols);
-    uint64_t n = rows * cols;
+    }
+    uint64_t n = experts * rows * cols;
     float *v = malloc(n * sizeof *v);
     void **nb = realloc(c->bufs, (c->n_bufs + 1) * sizeof *nb);
     if (!v || !nb) {
@@ -135,14 +192,14 @@ static pd_status fw_tensor(fw_ctx *c, const char *name, uint64_t rows, uint64_t 
         if (!isfinite(v[i]))
             return pd_err_set(err, PD_ERR_FORMAT, "%s: element %llu is not finite", path, (unsigned long long)i);
     uint32_t type = GGUF_TENSOR_F32;
-    if (matrix && c->f16) {
+    if ((kind == FW_MAT || kind == FW_STACK) && c->f16) {
         uint16_t *h = (uint16_t *)v; /* in place: element i is read before h[i] overwrites its half */
         for (uint64_t i = 0; i < n; i++)
             h[i] = pd_f32_to_f16(v[i]);
         type = GGUF_TENSOR_F16;
     }
-    uint64_t ne[2] = {cols, rows};
-    st = gguf_writer_add_tensor(c->w, name, type, matrix ? 2 : 1, ne, v);
+    uint64_t ne[3] = {cols, rows, experts};
+    st = gguf_writer_add_tensor(c->w, name, type, kind == FW_VEC ? 1 : kind == FW_STACK ? 3 : 2, ne, v);
     if (st)
         return pd_err_set(err, st, "mkmodel --from-weights: cannot add tensor %s", name);
     return PD_OK;
@@ -179,17 +236,29 @@ pd_status fromweights_write(const char *dir, int f16, const char *out_path, pd_e
     if (!c.w)
         return pd_err_set(err, PD_ERR_NOMEM, "mkmodel --from-weights: out of memory");
     gguf_writer *w = c.w;
-    gguf_writer_set_str(w, "general.architecture", "llama");
+    const char *arch = cfg.deepseek ? "deepseek" : "llama";
+    char key[96];
+#define KEY(s) (snprintf(key, sizeof key, "%s." s, arch), key)
+    gguf_writer_set_str(w, "general.architecture", arch);
     gguf_writer_set_str(w, "general.name", cfg.name);
     gguf_writer_set_u32(w, "general.alignment", 32);
-    gguf_writer_set_u32(w, "llama.block_count", cfg.layers);
-    gguf_writer_set_u32(w, "llama.embedding_length", cfg.hidden);
-    gguf_writer_set_u32(w, "llama.feed_forward_length", cfg.ffn);
-    gguf_writer_set_u32(w, "llama.attention.head_count", cfg.heads);
-    gguf_writer_set_u32(w, "llama.attention.head_count_kv", cfg.kv_heads);
-    gguf_writer_set_u32(w, "llama.context_length", cfg.ctx);
-    gguf_writer_set_f32(w, "llama.rope.freq_base", cfg.rope_base);
-    gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", cfg.rms_eps);
+    gguf_writer_set_u32(w, KEY("block_count"), cfg.layers);
+    gguf_writer_set_u32(w, KEY("embedding_length"), cfg.hidden);
+    gguf_writer_set_u32(w, KEY("feed_forward_length"), cfg.ffn);
+    gguf_writer_set_u32(w, KEY("attention.head_count"), cfg.heads);
+    gguf_writer_set_u32(w, KEY("attention.head_count_kv"), cfg.kv_heads);
+    gguf_writer_set_u32(w, KEY("context_length"), cfg.ctx);
+    gguf_writer_set_f32(w, KEY("rope.freq_base"), cfg.rope_base);
+    gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), cfg.rms_eps);
+    if (cfg.deepseek) {
+        gguf_writer_set_u32(w, KEY("leading_dense_block_count"), cfg.dense_layers);
+        gguf_writer_set_u32(w, KEY("expert_count"), cfg.experts);
+        gguf_writer_set_u32(w, KEY("expert_used_count"), cfg.experts_used);
+        gguf_writer_set_u32(w, KEY("expert_shared_count"), cfg.shared_experts);
+        gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), cfg.expert_ffn);
+        gguf_writer_set_f32(w, KEY("expert_weights_scale"), 1.0f); /* the config's, checked to be 1 */
+    }
+#undef KEY
     gguf_writer_set_u32(w, OCRMETA_KEY_CELLS, cfg.cells);
     gguf_writer_set_arr_i32(w, OCRMETA_KEY_PROMPT, cfg.prompt, cfg.n_prompt);
     char pieces[256][4];
@@ -211,26 +280,38 @@ pd_status fromweights_write(const char *dir, int f16, const char *out_path, pd_e
 
     const uint64_t H = cfg.hidden, V = FROMWEIGHTS_VOCAB, F = cfg.ffn, hd = cfg.hidden / cfg.heads;
     const uint64_t qd = cfg.heads * hd, kvd = cfg.kv_heads * hd;
-    st = fw_tensor(&c, "token_embd.weight", V, H, 1, err);
+    const uint64_t E = cfg.experts, FE = cfg.expert_ffn, FS = (uint64_t)cfg.expert_ffn * cfg.shared_experts;
+    st = fw_tensor(&c, "token_embd.weight", 1, V, H, FW_MAT, err);
     for (uint32_t L = 0; st == PD_OK && L < cfg.layers; L++) {
         char n[96];
 #define T(s) (snprintf(n, sizeof n, "blk.%u." s, L), n)
-        if ((st = fw_tensor(&c, T("attn_norm.weight"), 1, H, 0, err)) ||
-            (st = fw_tensor(&c, T("attn_q.weight"), qd, H, 1, err)) ||
-            (st = fw_tensor(&c, T("attn_k.weight"), kvd, H, 1, err)) ||
-            (st = fw_tensor(&c, T("attn_v.weight"), kvd, H, 1, err)) ||
-            (st = fw_tensor(&c, T("attn_output.weight"), H, qd, 1, err)) ||
-            (st = fw_tensor(&c, T("ffn_norm.weight"), 1, H, 0, err)) ||
-            (st = fw_tensor(&c, T("ffn_gate.weight"), F, H, 1, err)) ||
-            (st = fw_tensor(&c, T("ffn_up.weight"), F, H, 1, err)) ||
-            (st = fw_tensor(&c, T("ffn_down.weight"), H, F, 1, err)))
+        if ((st = fw_tensor(&c, T("attn_norm.weight"), 1, 1, H, FW_VEC, err)) ||
+            (st = fw_tensor(&c, T("attn_q.weight"), 1, qd, H, FW_MAT, err)) ||
+            (st = fw_tensor(&c, T("attn_k.weight"), 1, kvd, H, FW_MAT, err)) ||
+            (st = fw_tensor(&c, T("attn_v.weight"), 1, kvd, H, FW_MAT, err)) ||
+            (st = fw_tensor(&c, T("attn_output.weight"), 1, H, qd, FW_MAT, err)) ||
+            (st = fw_tensor(&c, T("ffn_norm.weight"), 1, 1, H, FW_VEC, err)))
             break;
+        if (!cfg.deepseek || L < cfg.dense_layers)
+            st = fw_tensor(&c, T("ffn_gate.weight"), 1, F, H, FW_MAT, err);
+        if (st == PD_OK && (!cfg.deepseek || L < cfg.dense_layers))
+            st = fw_tensor(&c, T("ffn_up.weight"), 1, F, H, FW_MAT, err);
+        if (st == PD_OK && (!cfg.deepseek || L < cfg.dense_layers))
+            st = fw_tensor(&c, T("ffn_down.weight"), 1, H, F, FW_MAT, err);
+        if (st == PD_OK && cfg.deepseek && L >= cfg.dense_layers)
+            (void)((st = fw_tensor(&c, T("ffn_gate_inp.weight"), 1, E, H, FW_MAT32, err)) ||
+                   (st = fw_tensor(&c, T("ffn_gate_exps.weight"), E, FE, H, FW_STACK, err)) ||
+                   (st = fw_tensor(&c, T("ffn_up_exps.weight"), E, FE, H, FW_STACK, err)) ||
+                   (st = fw_tensor(&c, T("ffn_down_exps.weight"), E, H, FE, FW_STACK, err)) ||
+                   (st = fw_tensor(&c, T("ffn_gate_shexp.weight"), 1, FS, H, FW_MAT, err)) ||
+                   (st = fw_tensor(&c, T("ffn_up_shexp.weight"), 1, FS, H, FW_MAT, err)) ||
+                   (st = fw_tensor(&c, T("ffn_down_shexp.weight"), 1, H, FS, FW_MAT, err)));
 #undef T
     }
     if (st == PD_OK)
-        st = fw_tensor(&c, "output_norm.weight", 1, H, 0, err);
+        st = fw_tensor(&c, "output_norm.weight", 1, 1, H, FW_VEC, err);
     if (st == PD_OK)
-        st = fw_tensor(&c, "output.weight", V, H, 1, err);
+        st = fw_tensor(&c, "output.weight", 1, V, H, FW_MAT, err);
     if (st == PD_OK)
         st = gguf_writer_write(w, out_path, err);
     gguf_writer_free(w);

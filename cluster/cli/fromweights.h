@@ -14,6 +14,23 @@
  *   blk.N.ffn_{gate,up}.weight [F, H], blk.N.ffn_down.weight [H, F],
  *   output_norm.weight [1, H], output.weight [V, H] (untied).
  *
+ * "arch": "deepseek" (DeepSeek mixture of experts, MODEL_FFN_MOE in
+ * cluster/model/model.h) adds to the config
+ *   "dense_layers": D, "experts": E, "experts_used": K, "expert_ffn": FE,
+ *   "shared_experts": S, "expert_gating": "softmax",
+ *   "expert_weights_norm": false, "expert_weights_scale": 1
+ * (the last three are the only math the loader runs, so they must be said
+ * as such; they become deepseek.* keys with the others). Layers below D are
+ * dense as above (ffn F); each later layer has, instead of ffn_{gate,up,down}:
+ *   blk.N.ffn_gate_inp.weight [E, H] (the router; kept f32 whatever the dtype,
+ *     so the top-K choice is the trainer's),
+ *   blk.N.ffn_{gate,up}_exps.weight [E * FE, H], blk.N.ffn_down_exps.weight
+ *     [E * H, FE]: the E experts' matrices stacked by rows (expert e is rows
+ *     [e * FE, (e + 1) * FE), resp. [e * H, (e + 1) * H)), written as the 3-D
+ *     GGUF stacks [H, FE, E] / [FE, H, E],
+ *   blk.N.ffn_{gate,up}_shexp.weight [S * FE, H],
+ *   blk.N.ffn_down_shexp.weight [H, S * FE].
+ *
  * "vocab": "bytes" is the only vocabulary: 258 tokens, token b < 256 is the
  * byte b (GPT-2 byte-level pieces, tokenizer.ggml.model "gpt2"), 256 is BOS
  * "<|bos|>", 257 is EOS "<|endoftext|>" (both control). Matrices are stored

@@ -46,6 +46,34 @@ static const char *CONFIG = "{\"arch\":\"llama\",\"layers\":1,\"hidden\":8,\"hea
                             "\"ctx\":512,\"rope_base\":10000.0,\"rms_eps\":1e-5,\"vocab\":\"bytes\","
                             "\"ocr_cells\":32,\"ocr_prompt\":[79,67,82,58]}";
 
+/* deepseek: layer 0 dense, layer 1 a mixture of E experts (top K) of width
+ * FE, one shared expert */
+enum { E = 4, K = 2, FE = 6 };
+static const char *MOE_CONFIG =
+    "{\"arch\":\"deepseek\",\"layers\":2,\"hidden\":8,\"heads\":2,\"kv_heads\":2,\"ffn\":16,"
+    "\"ctx\":512,\"rope_base\":10000.0,\"rms_eps\":1e-5,\"vocab\":\"bytes\","
+    "\"ocr_cells\":32,\"ocr_prompt\":[79,67,82,58],\"dense_layers\":1,\"experts\":4,\"experts_used\":2,"
+    "\"expert_ffn\":6,\"shared_experts\":1,\"expert_gating\":\"softmax\",\"expert_weights_norm\":false,"
+    "\"expert_weights_scale\":1.0}";
+
+static void put_moe(void)
+{
+    put_text("config.json", MOE_CONFIG);
+    put_npy("blk.1.attn_norm.weight", 1, H, 1.0f);
+    put_npy("blk.1.attn_q.weight", H, H, 0.1f);
+    put_npy("blk.1.attn_k.weight", H, H, 0.1f);
+    put_npy("blk.1.attn_v.weight", H, H, 0.1f);
+    put_npy("blk.1.attn_output.weight", H, H, 0.1f);
+    put_npy("blk.1.ffn_norm.weight", 1, H, 1.0f);
+    put_npy("blk.1.ffn_gate_inp.weight", E, H, 0.1f);
+    put_npy("blk.1.ffn_gate_exps.weight", E * FE, H, 0.1f);
+    put_npy("blk.1.ffn_up_exps.weight", E * FE, H, 0.1f);
+    put_npy("blk.1.ffn_down_exps.weight", E * H, FE, 0.1f);
+    put_npy("blk.1.ffn_gate_shexp.weight", FE, H, 0.1f);
+    put_npy("blk.1.ffn_up_shexp.weight", FE, H, 0.1f);
+    put_npy("blk.1.ffn_down_shexp.weight", H, FE, 0.1f);
+}
+
 static void rm_rf(void);
 static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
 {
@@ -145,7 +173,7 @@ START_TEST(fromweights_refuses_bad_config_fields_by_name)
     put_text("config.json", "[1]");
     refused("not a JSON object");
     put_text("config.json", "{\"arch\":\"qwen2\"}");
-    refused("\"arch\" must be \"llama\"");
+    refused("\"arch\" must be \"llama\" or \"deepseek\"");
     put_text("config.json", "{\"arch\":\"llama\",\"vocab\":\"bytes\",\"layers\":1}");
     refused("\"hidden\" must be an integer");
     put_text("config.json", "{\"arch\":\"llama\",\"vocab\":\"bytes\",\"layers\":1,\"hidden\":8,\"heads\":3,"
@@ -163,6 +191,83 @@ START_TEST(fromweights_refuses_bad_config_fields_by_name)
 }
 END_TEST
 
+START_TEST(fromweights_writes_a_deepseek_moe_the_loader_runs)
+{
+    put_moe();
+    pd_err e = {0};
+    ck_assert_msg(fromweights_write(dir, 1, out, &e) == PD_OK, "%s", e.msg);
+    model_hparams hp;
+    ck_assert_msg(model_read_hparams(out, &hp, &e) == PD_OK, "%s", e.msg);
+    ck_assert_int_eq(hp.arch, MODEL_ARCH_DEEPSEEK);
+    ck_assert_uint_eq(hp.n_layers, 2);
+    ck_assert_uint_eq(hp.n_dense_lead, 1);
+    ck_assert_uint_eq(hp.n_expert, E);
+    ck_assert_uint_eq(hp.n_expert_used, K);
+    ck_assert_uint_eq(hp.n_expert_shared, 1);
+    ck_assert_uint_eq(hp.ffn_exp, FE);
+    ck_assert(hp.expert_weights_scale == 1.0f);
+    ck_assert_uint_eq(hp.eos, FROMWEIGHTS_EOS);
+    model_load_opts lo = {.all_layers = 1, .want_embed = 1, .want_output = 1};
+    model *m = NULL;
+    ck_assert_msg(model_load(out, &lo, &m, &e) == PD_OK, "%s", e.msg);
+    const model_layer *l0 = model_layer_get(m, 0), *l1 = model_layer_get(m, 1);
+    ck_assert_int_eq(l0->ffn, MODEL_FFN_SWIGLU);
+    ck_assert_int_eq(l1->ffn, MODEL_FFN_MOE);
+    model_free(m);
+}
+END_TEST
+
+START_TEST(fromweights_refuses_a_missing_or_misshapen_expert_tensor_by_name)
+{
+    put_moe();
+    char p[256];
+    snprintf(p, sizeof p, "%s/blk.1.ffn_up_exps.weight.npy", dir);
+    unlink(p);
+    refused("blk.1.ffn_up_exps.weight.npy");
+    put_npy("blk.1.ffn_up_exps.weight", FE, H, 0.1f); /* one expert, not the stack of 4 */
+    refused("blk.1.ffn_up_exps.weight.npy: shape [6, 8], the config needs [24, 8] (4 experts of [6, 8]");
+    put_npy("blk.1.ffn_up_exps.weight", E * FE, H, 0.1f);
+    put_npy("blk.1.ffn_gate_inp.weight", E + 1, H, 0.1f);
+    refused("blk.1.ffn_gate_inp.weight.npy: shape [5, 8], the config needs [4, 8]");
+    put_npy("blk.1.ffn_gate_inp.weight", E, H, 0.1f);
+    snprintf(p, sizeof p, "%s/blk.1.ffn_down_shexp.weight.npy", dir);
+    unlink(p);
+    refused("blk.1.ffn_down_shexp.weight.npy");
+}
+END_TEST
+
+/* MOE_CONFIG with the text `from` replaced by `to` */
+static void put_moe_config_with(const char *from, const char *to)
+{
+    char buf[1024];
+    const char *at = strstr(MOE_CONFIG, from);
+    ck_assert_ptr_nonnull(at);
+    snprintf(buf, sizeof buf, "%.*s%s%s", (int)(at - MOE_CONFIG), MOE_CONFIG, to, at + strlen(from));
+    put_text("config.json", buf);
+}
+
+START_TEST(fromweights_refuses_bad_deepseek_fields_by_name)
+{
+    put_moe();
+    put_moe_config_with("\"experts_used\":2", "\"experts_used\":5");
+    refused("\"experts_used\" must be an integer in 1..4");
+    put_moe_config_with("\"dense_layers\":1", "\"dense_layers\":3");
+    refused("\"dense_layers\" must be an integer in 0..2");
+    put_moe_config_with("\"experts\":4,", "");
+    refused("\"experts\" must be an integer");
+    put_moe_config_with("\"expert_ffn\":6", "\"expert_ffn\":0");
+    refused("\"expert_ffn\" must be an integer");
+    put_moe_config_with("\"shared_experts\":1", "\"shared_experts\":0");
+    refused("\"shared_experts\" must be an integer");
+    put_moe_config_with("\"softmax\"", "\"sigmoid\"");
+    refused("\"expert_gating\" must be \"softmax\"");
+    put_moe_config_with("\"expert_weights_norm\":false", "\"expert_weights_norm\":true");
+    refused("\"expert_weights_norm\" must be false");
+    put_moe_config_with("\"expert_weights_scale\":1.0", "\"expert_weights_scale\":2.5");
+    refused("\"expert_weights_scale\" must be 1");
+}
+END_TEST
+
 Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("fromweights");
@@ -172,6 +277,9 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, fromweights_refuses_a_wrong_shape_naming_the_file);
     tcase_add_test(tc, fromweights_refuses_a_missing_tensor_and_non_finite_values);
     tcase_add_test(tc, fromweights_refuses_bad_config_fields_by_name);
+    tcase_add_test(tc, fromweights_writes_a_deepseek_moe_the_loader_runs);
+    tcase_add_test(tc, fromweights_refuses_a_missing_or_misshapen_expert_tensor_by_name);
+    tcase_add_test(tc, fromweights_refuses_bad_deepseek_fields_by_name);
     suite_add_tcase(s, tc);
     return s;
 }
