@@ -74,6 +74,7 @@ struct jobctl {
     uint32_t hold;           /* windows left before --rebalance acts again */
     layermap last_prop;      /* --rebalance: the move the last window proposed */
     bool have_prop;
+    double *last_busy;       /* head: [size] that window's busy CPU seconds per stage */
     double t_ask;            /* head: when the current drain point was asked for */
     /* head: (time, tokens sampled, streams alive) at the last JOBCTL_RING
      * steps, for the decode step a migration's pause is set against */
@@ -162,7 +163,8 @@ pd_status jobctl_new(rank *r, head *h, ctl *c, uint64_t ckpt_base, jobctl **out,
             j->snap_last = calloc((size_t)r->size, sizeof *j->snap_last);
             j->snap_prev = calloc((size_t)r->size, sizeof *j->snap_prev);
             j->snap_rreq = calloc((size_t)r->size, sizeof *j->snap_rreq);
-            if (!j->snap_in || !j->snap_last || !j->snap_prev || !j->snap_rreq)
+            j->last_busy = calloc((size_t)r->size, sizeof *j->last_busy);
+            if (!j->snap_in || !j->snap_last || !j->snap_prev || !j->snap_rreq || !j->last_busy)
                 st = st ? st : pd_err_set(err, PD_ERR_NOMEM, "out of memory");
             for (int q = 0; j->snap_rreq && q < r->size; q++)
                 j->snap_rreq[q] = MPI_REQUEST_NULL;
@@ -196,6 +198,7 @@ void jobctl_free(jobctl *j)
         (void)pipe_cancel_recv(j->stl, &j->snap_rreq[q], &(pd_err){0});
     if (j->snap_sreq != MPI_REQUEST_NULL)
         MPI_Request_free(&j->snap_sreq);
+    free(j->last_busy);
     free(j->snap_in);
     free(j->snap_last);
     free(j->snap_prev);
@@ -760,6 +763,23 @@ static pd_status act_stats(jobctl *j, const run_drain *d, pd_err *err)
             layermap_format(&r->lm, cur, sizeof cur);
             for (int q = 0; busy && q < r->size && k < sizeof nums; q++)
                 k += (size_t)snprintf(nums + k, sizeof nums - k, "%s%.4f", q ? "," : "", busy[q]);
+            /* hysteresis: a move must be proposed by two windows in a row
+             * and by the two windows taken together (one noisy window
+             * moves nothing, nor do two that each just pass the threshold
+             * on noise) */
+            bool confirmed = false;
+            if (rs == PD_OK && dcs.move && !j->pend_mig && j->have_prop && map_eq(&j->last_prop, &dcs.propose)) {
+                double *both = calloc((size_t)r->size, sizeof *both);
+                rebalance_decision d2;
+                pd_err e2 = {0};
+                for (int q = 0; both && q < r->size; q++)
+                    both[q] = busy[q] + j->last_busy[q];
+                confirmed = both && rebalance_decide(&r->lm, both, r->o->rebalance_threshold, &d2, &e2) == PD_OK &&
+                            d2.move && map_eq(&d2.propose, &dcs.propose);
+                free(both);
+            }
+            for (int q = 0; busy && q < r->size; q++)
+                j->last_busy[q] = busy[q];
             if (rs == PD_OK) {
                 layermap_format(&dcs.propose, prop, sizeof prop);
                 fprintf(stderr,
@@ -771,13 +791,11 @@ static pd_status act_stats(jobctl *j, const run_drain *d, pd_err *err)
                         dcs.predicted, dcs.bottleneck, 100 * dcs.gain, dcs.move ? ">" : "<=",
                         100 * r->o->rebalance_threshold,
                         !dcs.move ? "staying"
+                        : confirmed ? "confirmed by a second window and by both together: migrating"
                         : (j->have_prop && map_eq(&j->last_prop, &dcs.propose))
-                            ? "confirmed by a second window: migrating"
+                            ? "the two windows together do not pass the threshold: waiting"
                             : "waiting for a second window to confirm");
-                /* hysteresis: a move must be proposed by two windows in a
-                 * row (one noisy window moves nothing) */
-                if (dcs.move && !j->pend_mig && j->have_prop &&
-                    map_eq(&j->last_prop, &dcs.propose)) {
+                if (confirmed) {
                     dec.move = 1;
                     dec.to = dcs.propose;
                     j->have_prop = false;
