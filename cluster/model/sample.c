@@ -351,10 +351,11 @@ static void sample_radix(uint64_t *a, uint64_t *tmp, size_t n, uint32_t (*count)
  * sorted: the candidates in the buckets (of 1/16 of z) above a cut chosen
  * so that every candidate below it has e < ulp(S) / 2 for a lower bound S of
  * the running sum once P is summed, or, with top_k, up to the bucket that
- * holds the top_k-th candidate if that comes first. Then every later cum_j equals the last of P, so the
- * full-sort rules give the same kept sum, the same top_p cut (it either ends
- * inside P or at the last kept token, whose cum is that of P's end) and the
- * same draw (a token whose cum equals its predecessor's is never drawn).
+ * holds the top_k-th candidate if that comes first. Then every later cum_j
+ * equals the last of P, so the full-sort rules give the same kept sum, the
+ * same top_p cut (it either ends inside P or at the last kept token, whose
+ * cum is that of P's end) and the same draw (a token whose cum equals its
+ * predecessor's is never drawn; the fallback walks back to P's end).
  * The bound is checked on the actual e values (a max over the rest), so it
  * needs nothing of pd_expf but e >= 0. P is a prefix of the sorted order
  * because z is monotone in the logit (division by T > 0 and the subtraction
@@ -547,7 +548,7 @@ static pd_status sampler_pick(sampler *s, const float *logits, const int32_t *hi
     int32_t best = -1;
     float best_l = -INFINITY;
     if (n_ban == 0) {
-        for (uint32_t i = 0; mx != -INFINITY && best < 0; i++)
+        for (uint32_t i = 0; mx != -INFINITY && best < 0 && i < V; i++)
             if (logits[i] == mx) { /* -0.0 == 0.0: the first of either, as "> best_l" picks */
                 best_l = logits[i];
                 best = (int32_t)i;
