@@ -133,14 +133,15 @@ pd_status msg_encode_drain(uint64_t seq, uint32_t action, uint32_t number, void 
 }
 
 static const uint8_t stats_magic[4] = {'P', 'D', 'S', 'T'};
-#define STATS_VERSION 2u
-#define STATS_FIELDS 11u
+#define STATS_VERSION 3u /* 3: prefill / decode rows and seconds */
+#define STATS_FIELDS 15u
 
 void msg_encode_stats(const msg_stats *s, uint8_t out[MSG_STATS_BYTES])
 {
     const double v[STATS_FIELDS] = {s->busy_s,         s->wait_input_s,  s->wait_send_s, s->wall_s,
                                     s->messages_sent,  s->bytes_sent,    s->micro_batches, s->rows,
-                                    s->cache_bytes_peak, s->attention_bytes_peak, s->rows_rolled_back};
+                                    s->cache_bytes_peak, s->attention_bytes_peak, s->rows_rolled_back,
+                                    s->prefill_rows,   s->decode_rows,   s->prefill_s,   s->decode_s};
     memcpy(out, stats_magic, 4);
     out[4] = STATS_VERSION & 0xff;
     out[5] = STATS_VERSION >> 8;
@@ -191,7 +192,11 @@ pd_status msg_decode_stats(const void *buf, size_t len, msg_stats *out, pd_err *
                        .rows = v[7],
                        .cache_bytes_peak = v[8],
                        .attention_bytes_peak = v[9],
-                       .rows_rolled_back = v[10]};
+                       .rows_rolled_back = v[10],
+                       .prefill_rows = v[11],
+                       .decode_rows = v[12],
+                       .prefill_s = v[13],
+                       .decode_s = v[14]};
     return PD_OK;
 }
 

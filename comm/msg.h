@@ -33,10 +33,12 @@
  *
  * Rank statistics (gathered to rank 0 at the end of a run; not a pipeline
  * message, its own fixed layout, MSG_STATS_BYTES bytes):
- *   0   magic "PDST", u16 version = 2, u16 field count = 11
- *   8   11 x f64 (IEEE-754 binary64 bits as u64): busy_s, wait_input_s,
+ *   0   magic "PDST", u16 version = 3, u16 field count = 15
+ *   8   15 x f64 (IEEE-754 binary64 bits as u64): busy_s, wait_input_s,
  *       wait_send_s, wall_s, messages_sent, bytes_sent, micro_batches, rows,
- *       cache_bytes_peak, attention_bytes_peak, rows_rolled_back
+ *       cache_bytes_peak, attention_bytes_peak, rows_rolled_back,
+ *       prefill_rows, decode_rows, prefill_s, decode_s
+ *   (version 3 added the last four: the prefill / decode split)
  * The decoder checks magic, version, kind, dtype, every count against the
  * bytes that remain and against the receiver's limits, roles, flags,
  * reserved bytes, hidden size, and trailing bytes. */
@@ -125,8 +127,15 @@ typedef struct msg_stats {
     double micro_batches, rows;
     double cache_bytes_peak, attention_bytes_peak;
     double rows_rolled_back; /* rows the stage dropped by rollback (speculation) */
+    /* The prefill / decode split of rows and busy_s. decode rows are decode
+     * and verify rows (rejected drafts included). A micro-batch's forward time
+     * goes to prefill_s and decode_s in proportion to its rows of each; the
+     * tail's sampling time and micro-batches without rows go to decode_s. prefill_s + decode_s == busy_s
+     * up to rounding; prefill_rows + decode_rows == rows. */
+    double prefill_rows, decode_rows;
+    double prefill_s, decode_s;
 } msg_stats;
-#define MSG_STATS_BYTES (8u + 11u * 8u)
+#define MSG_STATS_BYTES (8u + 15u * 8u)
 void msg_encode_stats(const msg_stats *s, uint8_t out[MSG_STATS_BYTES]);
 /* Checks magic, version, field count and length. */
 pd_status msg_decode_stats(const void *buf, size_t len, msg_stats *out, pd_err *err);

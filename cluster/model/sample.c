@@ -18,6 +18,9 @@
 /* pd_expf returns exactly 0 below this (attn.h), so such candidates can never
  * be drawn and add nothing to a sum: they are dropped before sorting. */
 #define SAMPLE_EXP_FLOOR (-87.0f)
+#define SAMPLE_BUCKET_SCALE 16.0f /* sample_cut's buckets per unit of z */
+/* bucket k: candidates with floor(-z * 16) == k; -z in [0, 87] */
+#define SAMPLE_BUCKETS (87 * 16 + 1)
 
 /* INV: mask[i] == 0 for every i between calls; n_ban_cap >= ng.window. */
 struct sampler {
@@ -25,13 +28,16 @@ struct sampler {
     sample_params p;
     sample_ngram ng;
     uint64_t seed;
-    uint64_t *keys;  /* [vocab] sort keys */
+    uint64_t *keys;  /* [vocab] sort keys of the candidates sample_gather keeps */
     uint64_t *tmp;   /* [vocab] radix sort buffer */
     float *cum;      /* [vocab] running sums in sorted order */
-    float *ex;       /* [vocab] by token: z_i - z_0, then its pd_expf (0 for non-candidates) */
+    float *z;        /* [vocab] by token: z_i - z_0 for a candidate, -inf for the rest */
+    float *ex;       /* [vocab] by token: pd_expf(z[i]) (0 for non-candidates) */
     uint8_t *mask;   /* [vocab] banned flags, cleared after each step */
     int32_t *ban;    /* [n_ban_cap] */
     uint32_t count[3][2048]; /* radix histograms */
+    float bsum[SAMPLE_BUCKETS], bmax[SAMPLE_BUCKETS + 1]; /* sample_cut's histogram by z */
+    uint32_t bcnt[SAMPLE_BUCKETS];
     size_t n_ban_cap;
 };
 
@@ -265,10 +271,11 @@ pd_status sampler_new(uint32_t vocab_size, const sample_params *p, const sample_
         s->tmp = malloc((size_t)vocab_size * sizeof *s->tmp);
         s->cum = malloc((size_t)vocab_size * sizeof *s->cum);
         s->ex = malloc((size_t)vocab_size * sizeof *s->ex);
+        s->z = malloc((size_t)vocab_size * sizeof *s->z);
         s->mask = calloc(vocab_size, 1);
         s->ban = malloc(s->n_ban_cap * sizeof *s->ban);
     }
-    if (!s || !s->keys || !s->tmp || !s->cum || !s->ex || !s->mask || !s->ban) {
+    if (!s || !s->keys || !s->tmp || !s->cum || !s->ex || !s->z || !s->mask || !s->ban) {
         sampler_free(s);
         return pd_err_set(err, PD_ERR_NOMEM, "sampler: no memory for %" PRIu32 " logits",
                           vocab_size);
@@ -289,6 +296,7 @@ void sampler_free(sampler *s)
     free(s->tmp);
     free(s->cum);
     free(s->ex);
+    free(s->z);
     free(s->mask);
     free(s->ban);
     free(s);
@@ -334,6 +342,160 @@ static void sample_radix(uint64_t *a, uint64_t *tmp, size_t n, uint32_t (*count)
     }
 }
 
+/* ---- partial selection ------------------------------------------------------
+ *
+ * The draw (sample.h) sums the kept candidates' exponentials in sorted order.
+ * Sorting all of them is what cost the time (a 129k vocabulary); most of
+ * them cannot change any sum: adding e >= 0 to a float running sum S leaves
+ * S unchanged when e < ulp(S) / 2. So only a prefix P of the sorted order is
+ * sorted: the candidates in the buckets (of 1/16 of z) above a cut chosen
+ * so that every candidate below it has e < ulp(S) / 2 for a lower bound S of
+ * the running sum once P is summed, or, with top_k, up to the bucket that
+ * holds the top_k-th candidate if that comes first. Then every later cum_j
+ * equals the last of P, so the full-sort rules give the same kept sum, the
+ * same top_p cut (it either ends inside P or at the last kept token, whose
+ * cum is that of P's end) and the same draw (a token whose cum equals its
+ * predecessor's is never drawn; the fallback walks back to P's end).
+ * The bound is checked on the actual e values (a max over the rest), so it
+ * needs nothing of pd_expf but e >= 0. P is a prefix of the sorted order
+ * because z is monotone in the logit (division by T > 0 and the subtraction
+ * round monotonically), and ties of logit share z. */
+
+#define SAMPLE_ALL UINT32_MAX /* sample_cut: every candidate (NaN z included) */
+
+static inline uint32_t sample_bucket(float z)
+{
+    return (uint32_t)(-z * SAMPLE_BUCKET_SCALE); /* truncation of a value >= 0 is floor */
+}
+
+/* Returns c: the prefix to sort is the candidates of buckets < c, or every
+ * candidate for SAMPLE_ALL. c is the least of: the first bucket from which
+ * on no candidate can change a sum, and (top_k > 0) the first bucket by which
+ * top_k candidates are counted — the top_k boundary then lies inside the
+ * prefix, in its last bucket. */
+static uint32_t sample_cut(sampler *s, int32_t best, uint32_t top_k, uint64_t *n_cut)
+{
+    *n_cut = s->vocab;
+    float *bsum = s->bsum, *bmax = s->bmax;
+    uint32_t *bcnt = s->bcnt;
+    memset(bsum, 0, SAMPLE_BUCKETS * sizeof *bsum);
+    memset(bmax, 0, (SAMPLE_BUCKETS + 1) * sizeof *bmax);
+    memset(bcnt, 0, SAMPLE_BUCKETS * sizeof *bcnt);
+    for (uint32_t i = 0; i < s->vocab; i++) {
+        float z = s->z[i], e = s->ex[i];
+        if (z == -INFINITY)
+            continue;
+        if (!(z <= 0.0f && z >= SAMPLE_EXP_FLOOR) || !(e >= 0.0f))
+            return SAMPLE_ALL; /* NaN from an overflowing logit / T: the full-sort path's every step */
+        uint32_t k = sample_bucket(z);
+        bsum[k] += e;
+        bmax[k] = e > bmax[k] ? e : bmax[k];
+        bcnt[k]++;
+    }
+    for (int k = SAMPLE_BUCKETS - 1; k >= 0; k--) /* bmax[k]: max over buckets >= k */
+        if (bmax[k + 1] > bmax[k])
+            bmax[k] = bmax[k + 1];
+    /* The running sum after P is >= the first term e0 (best's, z = 0) and,
+     * for up to 2^22 terms, >= half of any other float summation of P
+     * (recursive summation's relative error stays below 1/3); a quarter of
+     * the bucket sums is used. */
+    const float e0 = s->ex[best];
+    if (!(e0 > 0.0f))
+        return SAMPLE_ALL;
+    float above = 0.0f;
+    uint64_t count = 0;
+    for (uint32_t c = 1; c <= SAMPLE_BUCKETS; c++) {
+        above += bsum[c - 1];
+        count += bcnt[c - 1];
+        *n_cut = count;
+        if (top_k && count >= top_k)
+            return c;
+        float lower = s->vocab <= (1u << 22) && 0.25f * above > e0 ? 0.25f * above : e0;
+        int e2;
+        frexpf(lower, &e2); /* lower in [2^(e2-1), 2^e2): ulp 2^(e2-24) */
+        if (bmax[c] < ldexpf(1.0f, e2 - 25))
+            return c;
+    }
+    *n_cut = s->vocab;
+    return SAMPLE_ALL;
+}
+
+/* Writes to keys the sort keys of the candidates of buckets < c (every
+ * candidate for SAMPLE_ALL), in index order, and returns how many. */
+static size_t sample_gather(sampler *s, const float *logits, uint32_t c, uint64_t n_cut)
+{
+    size_t m = 0;
+    if (c == SAMPLE_ALL) {
+        for (uint32_t i = 0; i < s->vocab; i++)
+            if (s->z[i] != -INFINITY)
+                s->keys[m++] = sample_key(logits[i], i);
+        return m;
+    }
+    /* bucket(z) < c  <=>  -16 z < c  <=>  z > -c / 16 (both exact); -inf
+     * fails. A few kept (n_cut of them): a branch the predictor gets right;
+     * many: branch-free, a key written at every index, kept by advancing m. */
+    const float zc = -(float)c / SAMPLE_BUCKET_SCALE;
+    if (n_cut < s->vocab / 8) {
+        for (uint32_t i = 0; i < s->vocab; i++)
+            if (s->z[i] > zc)
+                s->keys[m++] = sample_key(logits[i], i);
+    } else {
+        for (uint32_t i = 0; i < s->vocab; i++) {
+            s->keys[m] = sample_key(logits[i], i);
+            m += s->z[i] > zc;
+        }
+    }
+    CHECK(m == n_cut);
+    return m;
+}
+
+/* The largest logit (-inf if none is larger), and whether any is NaN or
+ * +inf. In blocks of 8 lanes so the compiler can vectorize it: "x > m ? x : m"
+ * is exactly a SIMD max, and the first index of the max is found after. */
+static float sample_max(const float *l, uint32_t V, bool *bad)
+{
+    float m[8];
+    int b[8];
+    for (int k = 0; k < 8; k++) {
+        m[k] = -INFINITY;
+        b[k] = 0;
+    }
+    uint32_t i = 0;
+    for (; i + 8 <= V; i += 8)
+        for (int k = 0; k < 8; k++) {
+            float x = l[i + k];
+            b[k] |= (x != x) | (x == INFINITY);
+            m[k] = x > m[k] ? x : m[k];
+        }
+    for (; i < V; i++) {
+        float x = l[i];
+        b[0] |= (x != x) | (x == INFINITY);
+        m[0] = x > m[0] ? x : m[0];
+    }
+    for (int k = 1; k < 8; k++) {
+        m[0] = m[k] > m[0] ? m[k] : m[0];
+        b[0] |= b[k];
+    }
+    *bad = b[0] != 0;
+    return m[0];
+}
+
+/* z[i] = logits[i] / T - z0 for a candidate, -inf for a -inf logit or below
+ * SAMPLE_EXP_FLOOR (banned tokens are set -inf by the caller). */
+static void sample_z(const float *l, uint32_t V, float T, float z0, float *z)
+{
+    uint32_t i = 0;
+    for (; i + 8 <= V; i += 8)
+        for (int k = 0; k < 8; k++) {
+            float x = l[i + k], v = x / T - z0;
+            z[i + k] = x == -INFINITY || v < SAMPLE_EXP_FLOOR ? -INFINITY : v;
+        }
+    for (; i < V; i++) {
+        float v = l[i] / T - z0;
+        z[i] = l[i] == -INFINITY || v < SAMPLE_EXP_FLOOR ? -INFINITY : v;
+    }
+}
+
 static void sample_unban(sampler *s, size_t n_ban)
 {
     for (size_t i = 0; i < n_ban; i++)
@@ -365,7 +527,9 @@ static pd_status sampler_pick(sampler *s, const float *logits, const int32_t *hi
     if (!s || !logits || !token || (!hist && n_hist))
         return pd_err_set(err, PD_ERR_ARG, "sampler: NULL argument");
     uint32_t V = s->vocab;
-    for (uint32_t i = 0; i < V; i++)
+    bool nonfinite;
+    float mx = sample_max(logits, V, &nonfinite);
+    for (uint32_t i = 0; nonfinite && i < V; i++)
         if (isnan(logits[i]) || logits[i] == INFINITY)
             return pd_err_set(err, PD_ERR_RANGE, "sampler: logit %" PRIu32 " is %s", i,
                               isnan(logits[i]) ? "NaN" : "+inf");
@@ -380,13 +544,22 @@ static pd_status sampler_pick(sampler *s, const float *logits, const int32_t *hi
     for (size_t i = 0; i < n_ban; i++)
         s->mask[s->ban[i]] = 1;
 
+    /* the first index of the largest allowed logit */
     int32_t best = -1;
     float best_l = -INFINITY;
-    for (uint32_t i = 0; i < V; i++)
-        if (!s->mask[i] && logits[i] > best_l) {
-            best_l = logits[i];
-            best = (int32_t)i;
-        }
+    if (n_ban == 0) {
+        for (uint32_t i = 0; mx != -INFINITY && best < 0 && i < V; i++)
+            if (logits[i] == mx) { /* -0.0 == 0.0: the first of either, as "> best_l" picks */
+                best_l = logits[i];
+                best = (int32_t)i;
+            }
+    } else {
+        for (uint32_t i = 0; i < V; i++)
+            if (!s->mask[i] && logits[i] > best_l) {
+                best_l = logits[i];
+                best = (int32_t)i;
+            }
+    }
     if (best < 0) {
         sample_unban(s, n_ban);
         if (page_id)
@@ -405,20 +578,18 @@ static pd_status sampler_pick(sampler *s, const float *logits, const int32_t *hi
 
     const float T = s->p.temperature;
     const float z0 = best_l / T;
-    size_t m = 0;
-    for (uint32_t i = 0; i < V; i++) {
-        float z = logits[i] / T - z0;
-        if (s->mask[i] || logits[i] == -INFINITY || z < SAMPLE_EXP_FLOOR) {
-            s->ex[i] = -INFINITY;
-            continue;
-        }
-        s->ex[i] = z;
-        s->keys[m++] = sample_key(logits[i], i);
-    }
+    /* z for every candidate, -inf for the rest; then every exponential at
+     * once (vectorized, the same bits as one call each) */
+    sample_z(logits, V, T, z0, s->z);
+    for (size_t i = 0; i < n_ban; i++)
+        s->z[s->ban[i]] = -INFINITY;
     sample_unban(s, n_ban);
-    /* every candidate's exponential at once (vectorized, the same bits as
-     * one call each); only the sum's order is the sorted one */
-    pd_expf_n(s->ex, s->ex, V);
+    pd_expf_n(s->z, s->ex, V);
+    /* Only a prefix of the sorted order is sorted (sample_cut); the top_k
+     * boundary is found by selection inside it. */
+    uint64_t n_cut;
+    uint32_t c = sample_cut(s, best, s->p.top_k, &n_cut);
+    size_t m = sample_gather(s, logits, c, n_cut);
     sample_radix(s->keys, s->tmp, m, s->count);
     CHECK(m >= 1 && (int32_t)(uint32_t)s->keys[0] == best);
     size_t kept = s->p.top_k && s->p.top_k < m ? s->p.top_k : m;

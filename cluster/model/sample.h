@@ -22,6 +22,9 @@
  *      shortest prefix whose cum reaches top_p * cum(kept) (at least one);
  *      u = sample_uniform(seed, id, index) in [0, 1); the token is the first
  *      j with cum_{j+1} > u * cum(prefix).
+ *    Only the candidates that can change a sum or be drawn are sorted (a
+ *    threshold pass, and a radix selection for top_k; sample.c says why the
+ *    draw is the same bits as sorting them all).
  * Logits must be finite or -inf (NaN and +inf are refused); a step where no
  * token is allowed is refused. All scratch is allocated by sampler_new:
  * sampler_next never allocates. */

@@ -310,10 +310,22 @@ pd_status rank_forward(rank *r, const mb_row *rows, uint32_t n, float *x, pd_err
     pd_status st = stage_forward(r->st, rows, n, x, err);
     if (st)
         return st;
-    r->stats.busy_s += MPI_Wtime() - t0;
+    double dt = MPI_Wtime() - t0;
+    r->stats.busy_s += dt;
     r->busy_cpu_s += rank_cpu_seconds() - c0;
     r->stats.micro_batches += 1;
     r->stats.rows += n;
+    /* the prefill / decode split: a mixed micro-batch's time by row share */
+    uint32_t n_pre = 0;
+    for (uint32_t i = 0; i < n; i++)
+        n_pre += rows[i].role == MB_ROLE_PREFILL;
+    r->stats.prefill_rows += n_pre;
+    r->stats.decode_rows += n - n_pre;
+    /* a micro-batch without rows (lifecycle only: retiring finished streams)
+     * counts as decode time */
+    double pre_s = n ? dt * ((double)n_pre / (double)n) : 0.0;
+    r->stats.prefill_s += pre_s;
+    r->stats.decode_s += dt - pre_s;
     r->stats.rows_rolled_back = (double)stage_rows_rolled_back(r->st);
     stage_mem sm;
     stage_memory(r->st, &sm);
@@ -329,7 +341,9 @@ pd_status rank_sample(rank *r, const mb_row *rows, uint32_t n, const float *x, u
     CHECK(r->tl);
     double t0 = MPI_Wtime(), c0 = rank_cpu_seconds();
     pd_status st = tail_sample(r->tl, rows, n, x, r->tokens, r->digests, n_tokens, err);
-    r->stats.busy_s += MPI_Wtime() - t0;
+    double dt = MPI_Wtime() - t0;
+    r->stats.busy_s += dt;
+    r->stats.decode_s += dt; /* sampling makes tokens: decode time (msg.h) */
     r->busy_cpu_s += rank_cpu_seconds() - c0;
     return st;
 }

@@ -90,6 +90,23 @@ static void report_stats_json(const report *rep, const rank *r, const sched_prog
     cJSON_AddNumberToObject(j, "prefill_rows", (double)pr->prefill_rows);
     cJSON_AddNumberToObject(j, "wall_s", wall);
     cJSON_AddNumberToObject(j, "tokens_per_s", tps);
+    /* the prefill / decode split (msg.h): every stage runs every row, so the
+     * pipeline's time in a phase is that of its busiest stage in that phase */
+    double pre_s = 0, dec_s = 0, dec_rows = 0;
+    for (int k = 0; k < r->size; k++) {
+        pre_s = all[k].prefill_s > pre_s ? all[k].prefill_s : pre_s;
+        dec_s = all[k].decode_s > dec_s ? all[k].decode_s : dec_s;
+        dec_rows = all[k].decode_rows > dec_rows ? all[k].decode_rows : dec_rows;
+    }
+    cJSON *pre = cJSON_AddObjectToObject(j, "prefill");
+    cJSON_AddNumberToObject(pre, "rows", (double)pr->prefill_rows);
+    cJSON_AddNumberToObject(pre, "s", pre_s);
+    cJSON_AddNumberToObject(pre, "rows_per_s", pre_s > 0 ? (double)pr->prefill_rows / pre_s : 0.0);
+    cJSON *dec = cJSON_AddObjectToObject(j, "decode");
+    cJSON_AddNumberToObject(dec, "rows", dec_rows);
+    cJSON_AddNumberToObject(dec, "tokens", (double)pr->tokens_generated);
+    cJSON_AddNumberToObject(dec, "s", dec_s);
+    cJSON_AddNumberToObject(dec, "tokens_per_s", dec_s > 0 ? (double)pr->tokens_generated / dec_s : 0.0);
     cJSON_AddStringToObject(j, "policy", pol);
     cJSON_AddStringToObject(j, "gemm", o->backend == GEMM_BACKEND_OPENBLAS ? "openblas" : "invariant");
     cJSON_AddStringToObject(j, "wire_dtype", o->wire_dtype == MSG_DTYPE_F16 ? "f16" : "f32");
@@ -114,6 +131,10 @@ static void report_stats_json(const report *rep, const rank *r, const sched_prog
         cJSON_AddNumberToObject(st, "bytes_sent", s->bytes_sent);
         cJSON_AddNumberToObject(st, "micro_batches", s->micro_batches);
         cJSON_AddNumberToObject(st, "rows", s->rows);
+        cJSON_AddNumberToObject(st, "prefill_rows", s->prefill_rows);
+        cJSON_AddNumberToObject(st, "decode_rows", s->decode_rows);
+        cJSON_AddNumberToObject(st, "prefill_s", s->prefill_s);
+        cJSON_AddNumberToObject(st, "decode_s", s->decode_s);
         if (o->draft.mode != DRAFT_NONE)
             cJSON_AddNumberToObject(st, "rows_rolled_back", s->rows_rolled_back);
         cJSON_AddNumberToObject(st, "cache_bytes_peak", s->cache_bytes_peak);

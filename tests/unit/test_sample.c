@@ -219,6 +219,212 @@ START_TEST(sample_top_k_top_p_match_a_brute_force_reference)
 }
 END_TEST
 
+/* ---- the full-sort sampler this one replaced, kept as the reference --------
+ *
+ * sampler_pick's temperature path before partial selection (issue 17),
+ * verbatim but for its scratch: every candidate's key radix-sorted, then the
+ * kept sum, the top_p cut and the draw. The partial-selection sampler must
+ * give the same token for every input. banned: [V] flags or NULL. */
+static uint64_t fs_key(float logit, uint32_t i)
+{
+    if (logit == 0.0f)
+        logit = 0.0f;
+    uint32_t b;
+    memcpy(&b, &logit, sizeof b);
+    uint32_t asc = (b & 0x80000000u) ? ~b : b | 0x80000000u;
+    return (uint64_t)~asc << 32 | i;
+}
+
+static void fs_radix(uint64_t *a, uint64_t *tmp, size_t n)
+{
+    static uint32_t count[3][2048];
+    static const int shift[3] = {32, 43, 54};
+    memset(count, 0, sizeof count);
+    for (size_t i = 0; i < n; i++) {
+        count[0][(a[i] >> 32) & 2047]++;
+        count[1][(a[i] >> 43) & 2047]++;
+        count[2][a[i] >> 54]++;
+    }
+    for (int p = 0; p < 3; p++) {
+        uint32_t *c = count[p];
+        if (n == 0 || c[(a[0] >> shift[p]) & 2047] == n)
+            continue;
+        uint32_t pos = 0;
+        for (int d = 0; d < 2048; d++) {
+            uint32_t k = c[d];
+            c[d] = pos;
+            pos += k;
+        }
+        for (size_t i = 0; i < n; i++)
+            tmp[c[(a[i] >> shift[p]) & 2047]++] = a[i];
+        memcpy(a, tmp, n * sizeof *a);
+    }
+}
+
+static int32_t fullsort_pick(const float *logits, uint32_t V, const uint8_t *banned, const sample_params *p,
+                             float u)
+{
+    int32_t best = -1;
+    float best_l = -INFINITY;
+    for (uint32_t i = 0; i < V; i++)
+        if (!(banned && banned[i]) && logits[i] > best_l) {
+            best_l = logits[i];
+            best = (int32_t)i;
+        }
+    if (best < 0)
+        return -1;
+    uint64_t *keys = malloc(V * sizeof *keys), *tmp = malloc(V * sizeof *tmp);
+    float *cum = malloc(V * sizeof *cum), *ex = malloc(V * sizeof *ex);
+    const float T = p->temperature;
+    const float z0 = best_l / T;
+    size_t m = 0;
+    for (uint32_t i = 0; i < V; i++) {
+        float z = logits[i] / T - z0;
+        if ((banned && banned[i]) || logits[i] == -INFINITY || z < -87.0f) {
+            ex[i] = -INFINITY;
+            continue;
+        }
+        ex[i] = z;
+        keys[m++] = fs_key(logits[i], i);
+    }
+    pd_expf_n(ex, ex, V);
+    fs_radix(keys, tmp, m);
+    ck_assert(m >= 1 && (int32_t)(uint32_t)keys[0] == best);
+    size_t kept = p->top_k && p->top_k < m ? p->top_k : m;
+    float sum = 0.0f;
+    for (size_t j = 0; j < kept; j++) {
+        sum += ex[(uint32_t)keys[j]];
+        cum[j] = sum;
+    }
+    size_t L = kept;
+    if (p->top_p < 1.0f) {
+        float thr = p->top_p * sum;
+        for (L = 1; L < kept && cum[L - 1] < thr; L++)
+            ;
+    }
+    float target = u * cum[L - 1];
+    size_t pick = L;
+    for (size_t j = 0; j < L; j++)
+        if (cum[j] > target) {
+            pick = j;
+            break;
+        }
+    if (pick == L) {
+        pick = L - 1;
+        while (pick > 0 && cum[pick] == cum[pick - 1])
+            pick--;
+    }
+    int32_t t = (int32_t)(uint32_t)keys[pick];
+    free(keys);
+    free(tmp);
+    free(cum);
+    free(ex);
+    return t;
+}
+
+/* One logit vector of a shape that stresses a part of partial selection. */
+static void fs_fill(pd_rng *r, float *l, uint32_t V, int shape)
+{
+    for (uint32_t i = 0; i < V; i++) {
+        float g = pd_rng_uniform(r, -1, 1) + pd_rng_uniform(r, -1, 1) + pd_rng_uniform(r, -1, 1);
+        switch (shape) {
+        case 0: l[i] = 3.0f * g; break;                                  /* a trained model's spread */
+        case 1: l[i] = 0.2f * g; break;                                  /* flat: everything has mass */
+        case 2: l[i] = (float)pd_rng_below(r, 6) * 0.5f - 1.0f; break;   /* coarse: huge tie groups */
+        case 3: l[i] = pd_rng_below(r, 4) == 0 ? -INFINITY : 4.0f * g; break; /* many -inf */
+        case 4: l[i] = pd_rng_below(r, 2) ? 0.0f : -0.0f; break;          /* all zeros, both signs */
+        case 5: l[i] = 1e30f * g; break;                                 /* huge: l / T overflows */
+        case 6: l[i] = 2.0f * g - (i % 97 == 0 ? 0.0f : 25.0f); break;   /* peaked: a few far ahead */
+        default: l[i] = 1e-30f * g; break;                               /* tiny differences */
+        }
+    }
+    if (shape == 3 || shape == 5)
+        l[pd_rng_below(r, V)] = 1.0f; /* at least one finite */
+}
+
+START_TEST(sample_partial_selection_draws_as_the_full_sort)
+{
+    pd_rng r = {.s = 17};
+    static const uint32_t sizes[] = {1, 2, 3, 5, 17, 100, 257, 1000, 4099, 32000, 129280};
+    static const float temps[] = {1e-30f, 1e-6f, 0.01f, 0.3f, 0.7f, 1.0f, 2.5f, 100.0f};
+    static const float top_ps[] = {1.0f, 0.95f, 0.5f, 1e-3f, 1e-30f};
+    static const uint32_t top_ks[] = {0, 1, 2, 7, 50, 1000, 200000};
+    float *l = malloc(129280 * sizeof *l);
+    uint8_t *banned = calloc(129280, 1);
+    int32_t *hist = malloc(64 * sizeof *hist);
+    long cases = 0;
+    for (size_t vi = 0; vi < sizeof sizes / sizeof *sizes; vi++) {
+        uint32_t V = sizes[vi];
+        int reps = V >= 32000 ? 10 : 40; /* the big vocabularies cost most */
+        for (int rep = 0; rep < reps; rep++) {
+            int shape = (int)pd_rng_below(&r, 8);
+            fs_fill(&r, l, V, shape);
+            sample_params p = {.mode = SAMPLE_TEMP,
+                               .temperature = temps[pd_rng_below(&r, 8)],
+                               .top_p = top_ps[pd_rng_below(&r, 5)],
+                               .top_k = top_ks[pd_rng_below(&r, 7)]};
+            /* a third of the runs ban the tokens of a short history (n-gram 1) */
+            size_t nh = 0;
+            sample_ngram ng = {0};
+            if (rep % 3 == 2 && V > 1) {
+                ng = (sample_ngram){.n = 1, .window = 64};
+                nh = 1 + pd_rng_below(&r, 20);
+                for (size_t j = 0; j < nh; j++) {
+                    hist[j] = (int32_t)pd_rng_below(&r, V);
+                    banned[hist[j]] = 1;
+                }
+                int allowed = 0;
+                for (uint32_t i = 0; i < V && !allowed; i++)
+                    allowed = !banned[i] && l[i] != -INFINITY;
+                if (!allowed)
+                    l[0] = banned[0] ? l[0] : 0.5f;
+            }
+            bool any = false;
+            for (uint32_t i = 0; i < V; i++)
+                any |= !banned[i] && l[i] != -INFINITY;
+            if (!any) { /* every token banned or -inf: both refuse; not a draw to compare */
+                for (size_t j = 0; j < nh; j++)
+                    banned[hist[j]] = 0;
+                continue;
+            }
+            sampler *s = make(V, p, ng.n ? &ng : NULL, 99);
+            for (uint64_t idx = 0; idx < 6; idx++) {
+                uint64_t index = (uint64_t)rep * 131 + idx;
+                int32_t got = next(s, l, hist, nh, "page", index);
+                int32_t want = fullsort_pick(l, V, nh ? banned : NULL, &p, sample_uniform(99, "page", index));
+                ck_assert_msg(got == want,
+                              "V %u shape %d T %g top_p %g top_k %u bans %zu index %llu: got %d, full sort %d",
+                              V, shape, (double)p.temperature, (double)p.top_p, p.top_k, nh,
+                              (unsigned long long)index, got, want);
+                cases++;
+            }
+            sampler_free(s);
+            for (size_t j = 0; j < nh; j++)
+                banned[hist[j]] = 0;
+        }
+    }
+    ck_assert(cases > 1500);
+    free(l);
+    free(banned);
+    free(hist);
+}
+END_TEST
+
+/* The bound sample.c relies on, at the float level: adding a term below half
+ * an ulp of a sum >= 1 leaves it unchanged, and pd_expf(0) is 1 (the first
+ * term of every sum). */
+START_TEST(sample_tiny_terms_leave_a_sum_unchanged)
+{
+    ck_assert(pd_expf(0.0f) == 1.0f);
+    volatile float s = 1.0f, e = nextafterf(0x1p-24f, 0.0f);
+    ck_assert(s + e == 1.0f);
+    e = 0x1p-24f; /* exactly half an ulp: ties to even, still 1 */
+    ck_assert(s + e == 1.0f);
+    s = nextafterf(1.0f, 2.0f);
+    ck_assert(s + e != s); /* ... but at an odd neighbour it rounds up: the bound must be strict */
+}
+END_TEST
+
 /* Which tokens are ever drawn over many steps. */
 static void drawn_set(const float *l, uint32_t V, sample_params p, bool *seen)
 {
@@ -518,6 +724,8 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, sample_page_key_and_uniform_are_pinned);
     tcase_add_test(tc, sample_tokens_do_not_depend_on_call_order_or_sampler);
     tcase_add_test(tc, sample_top_k_top_p_match_a_brute_force_reference);
+    tcase_add_test(tc, sample_partial_selection_draws_as_the_full_sort);
+    tcase_add_test(tc, sample_tiny_terms_leave_a_sum_unchanged);
     tcase_add_test(tc, sample_top_k_boundary_breaks_ties_by_index);
     tcase_add_test(tc, sample_top_p_boundary_is_inclusive);
     tcase_add_test(tc, sample_frequencies_follow_the_softmax);

@@ -1,0 +1,240 @@
+#!/usr/bin/env bash
+# Anchor benchmark (issue 17): pipedec as a user runs it, against llama.cpp
+# on the same GGUF files in the same interleaved run when a local llama.cpp
+# checkout is given, else against the machine's limits measured in the run.
+#
+# The model is the OCR-shaped dense decoder built here with `pipedec mkmodel`
+# (llama, 12 layers, hidden 1280, 10 x 128 heads, ffn 6848, vocab 32000) in
+# f32 and Q8_0; pages from `pipedec mkpages`: 277 prefill rows (BOS + 276
+# prompt tokens, so llama.cpp reads the same rows) and 64 new tokens each.
+# Workloads, decode always separated from prefill on both sides:
+#   prefill rows/s: 1 stream (llama-bench pp277) and 64 streams
+#     (llama-batched-bench S_PP at 64);
+#   decode tokens/s at 1, 8, 32 and 64 streams (pipedec: `--stats` decode
+#     tokens_per_s of a run with --batch N over N pages; llama.cpp:
+#     llama-batched-bench S_TG at pl = N, batch 1 also llama-bench tg64);
+#   peak RSS (/usr/bin/time -v) of each run.
+# Every (workload, engine) runs `reps` times, interleaved (rep 1 of every
+# workload and engine, then rep 2, ...), and counts by its median.
+# Limits measured in the same run (bench_probe, bench_gemm): read bandwidth
+# at T threads and the best f32 GEMM rate of one thread (invariant kernel or
+# OpenBLAS, M = 256) times T, which bounds T threads from above. From them:
+#   decode limit at N streams = min(BW / (weight bytes / N + KV bytes read
+#     per token), GEMM / (2 x params)), KV at a mid-decode context (P + new/2);
+#   prefill limit = GEMM / (2 x params) (attention not counted).
+# pipedec runs as 1 rank x T threads (`--threads T`), llama.cpp with -t T.
+#
+# llama.cpp is never vendored or downloaded: set LLAMA_CPP_DIR to a local
+# checkout and its llama-bench and llama-batched-bench are built there with
+# cmake (build dir LLAMA_CPP_BUILD, default $LLAMA_CPP_DIR/build-pipedec-anchor).
+# Times on a shared machine are noisy: read the medians and the ratios.
+#
+# usage: bench/anchor.sh BUILD_DIR [--quick] [--reps N] [--threads T] [--work DIR]
+#   --quick: a small model (2 layers, hidden 128) and short pages (33 rows,
+#            8 new tokens), to check the script end to end in a minute or two
+#   --work DIR: keep models, pages and raw outputs in DIR (default: a
+#            temporary directory, removed at exit)
+set -euo pipefail
+usage="usage: bench/anchor.sh BUILD_DIR [--quick] [--reps N] [--threads T] [--work DIR]"
+build="${1:?$usage}"
+shift
+quick=0
+reps=3
+threads="$(nproc)"
+work=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=1 ;;
+    --reps) reps="${2:?$usage}"; shift ;;
+    --threads) threads="${2:?$usage}"; shift ;;
+    --work) work="${2:?$usage}"; shift ;;
+    *) echo "anchor.sh: unknown argument '$1'; $usage" >&2; exit 2 ;;
+  esac
+  shift
+done
+bin="$build/pipedec"
+for x in "$bin" "$build/bench/bench_probe" "$build/bench/bench_gemm"; do
+  [ -x "$x" ] || { echo "anchor.sh: $x is missing: build pipedec and its benchmarks first (scripts/build.sh)" >&2; exit 2; }
+done
+[ -x /usr/bin/time ] || { echo "anchor.sh: /usr/bin/time is missing (peak RSS); install GNU time" >&2; exit 2; }
+if [ -z "$work" ]; then
+  work="$(mktemp -d)"
+  trap 'rm -rf "$work"' EXIT
+else
+  mkdir -p "$work"
+fi
+
+llama_bin=""
+if [ -n "${LLAMA_CPP_DIR:-}" ]; then
+  [ -f "$LLAMA_CPP_DIR/CMakeLists.txt" ] \
+    || { echo "anchor.sh: LLAMA_CPP_DIR=$LLAMA_CPP_DIR is not a llama.cpp checkout (no CMakeLists.txt)" >&2; exit 2; }
+  lb="${LLAMA_CPP_BUILD:-$LLAMA_CPP_DIR/build-pipedec-anchor}"
+  echo "anchor.sh: building llama-bench and llama-batched-bench in $lb" >&2
+  cmake -S "$LLAMA_CPP_DIR" -B "$lb" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF >&2
+  cmake --build "$lb" -j 2 --target llama-bench llama-batched-bench >&2
+  llama_bin="$lb/bin"
+  for x in llama-bench llama-batched-bench; do
+    [ -x "$llama_bin/$x" ] || { echo "anchor.sh: $llama_bin/$x was not built" >&2; exit 2; }
+  done
+fi
+
+if [ "$quick" = 1 ]; then
+  shape=(--layers 2 --hidden 128 --heads 2 --kv-heads 2 --ffn 256 --vocab 1024)
+  prefill=33; new=8
+else
+  shape=(--layers 12 --hidden 1280 --heads 10 --kv-heads 10 --ffn 6848 --vocab 32000)
+  prefill=277; new=64
+fi
+echo "anchor.sh: building models and pages in $work" >&2
+for dt in f32 q8_0; do
+  [ -s "$work/m.$dt.gguf" ] || "$bin" mkmodel --arch llama "${shape[@]}" --ctx 4096 --dtype "$dt" --seed 17 \
+    --out "$work/m.$dt.gguf" >/dev/null
+done
+"$bin" mkpages --model "$work/m.f32.gguf" --count 64 --embed-rows 0 --prompt-tokens $((prefill - 1)) \
+  --max-new "$new" --seed 17 --out "$work/pages" >/dev/null
+
+echo "anchor.sh: measuring limits" >&2
+"$build/bench/bench_probe" "$threads" 3 > "$work/probe.json"
+"$build/bench/bench_gemm" 1 > "$work/gemm.json"
+
+python3 - "$bin" "$work" "$reps" "$threads" "$quick" "$prefill" "$new" "$llama_bin" "${shape[@]}" <<'PY'
+import json, os, re, statistics, subprocess, sys
+
+bin_, work, reps, T, quick, P, NEW, llama = sys.argv[1:9]
+reps, T, quick, P, NEW = int(reps), int(T), quick == "1", int(P), int(NEW)
+shape = dict(zip(sys.argv[9::2], map(int, sys.argv[10::2])))
+streams = [1, 8, 32, 64]
+dtypes = ["f32", "q8_0"]
+env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+
+lines = open(f"{work}/pages/pages.jsonl").read().splitlines(keepends=True)
+for n in streams:
+    open(f"{work}/pages/n{n}.jsonl", "w").writelines(lines[:n])
+
+def timed(cmd, tag):
+    """Runs cmd under /usr/bin/time -v; returns (stdout, peak RSS in MB)."""
+    tv = f"{work}/{tag}.time"
+    r = subprocess.run(["/usr/bin/time", "-v", "-o", tv] + cmd, stdout=subprocess.PIPE,
+                       stderr=open(f"{work}/{tag}.err", "w"), env=env, text=True)
+    if r.returncode != 0:
+        sys.exit(f"anchor.sh: {' '.join(cmd)} failed (exit {r.returncode}); see {work}/{tag}.err")
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", open(tv).read())
+    return r.stdout, int(rss.group(1)) / 1024 if rss else None
+
+def run_pipedec(dt, n, rep):
+    tag = f"pd.{dt}.{n}.{rep}"
+    out = f"{work}/{tag}.jsonl"
+    if os.path.exists(out):
+        os.remove(out)  # a rerun would skip pages already written
+    _, rss = timed([bin_, "run", "--model", f"{work}/m.{dt}.gguf", "--pages", f"{work}/pages/n{n}.jsonl",
+                    "--out", out, "--batch", str(n), "--threads", str(T), "--stats", f"{work}/{tag}.stats"], tag)
+    s = json.load(open(f"{work}/{tag}.stats"))
+    assert s["decode"]["tokens"] > 0, s
+    return {"prefill_rows_per_s": s["prefill"]["rows_per_s"], "decode_tokens_per_s": s["decode"]["tokens_per_s"],
+            "tokens": s["decode"]["tokens"], "rss_mb": rss}
+
+def parse_batched(text):
+    """llama-batched-bench rows: jsonl when the build has --output-format, else its markdown table."""
+    rows = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            j = json.loads(line)
+            rows[int(j["pl"])] = {"speed_pp": float(j["speed_pp"]), "speed_tg": float(j["speed_tg"])}
+        elif line.startswith("|") and re.match(r"\|\s*\d", line):
+            c = [x.strip() for x in line.strip("|").split("|")]
+            # | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |
+            rows[int(c[2])] = {"speed_pp": float(c[5]), "speed_tg": float(c[7])}
+    return rows
+
+def run_llama(dt, rep):
+    tag = f"ll.{dt}.{rep}"
+    m = f"{work}/m.{dt}.gguf"
+    ctx = 64 * (P + NEW) + 64
+    base = [f"{llama}/llama-batched-bench", "-m", m, "-c", str(ctx), "-b", "2048", "-ub", "512",
+            "-npp", str(P), "-ntg", str(NEW), "-npl", ",".join(map(str, streams)), "-t", str(T)]
+    try:
+        out, rss = timed(base + ["--output-format", "jsonl"], tag + ".bb")
+    except SystemExit:
+        out, rss = timed(base, tag + ".bb")  # an older build without --output-format
+    bb = parse_batched(out)
+    if set(bb) != set(streams):
+        sys.exit(f"anchor.sh: could not read llama-batched-bench's results for {streams}; see {work}/{tag}.bb.err")
+    out1, rss1 = timed([f"{llama}/llama-bench", "-m", m, "-p", str(P), "-n", str(NEW), "-t", str(T),
+                        "-r", "1", "-o", "json"], tag + ".lb")
+    lb = json.loads(out1)
+    pp = [x["avg_ts"] for x in lb if x.get("n_prompt") == P and x.get("n_gen") == 0]
+    tg = [x["avg_ts"] for x in lb if x.get("n_prompt") == 0 and x.get("n_gen") == NEW]
+    return {"prefill_1": pp[0] if pp else None, "decode_1_llama_bench": tg[0] if tg else None,
+            "prefill_64": bb[64]["speed_pp"], "decode": {n: bb[n]["speed_tg"] for n in streams},
+            "rss_mb": max(x for x in (rss, rss1) if x is not None)}
+
+pd = {dt: {n: [] for n in streams} for dt in dtypes}
+ll = {dt: [] for dt in dtypes}
+for rep in range(reps):
+    for dt in dtypes:
+        for n in streams:
+            pd[dt][n].append(run_pipedec(dt, n, rep))
+            print(f"anchor.sh: rep {rep + 1}/{reps} {dt} pipedec {n} streams: "
+                  f"{pd[dt][n][-1]['decode_tokens_per_s']:.1f} tok/s decode", file=sys.stderr)
+        if llama:
+            ll[dt].append(run_llama(dt, rep))
+            print(f"anchor.sh: rep {rep + 1}/{reps} {dt} llama.cpp done", file=sys.stderr)
+
+med = lambda xs: statistics.median(xs) if xs and None not in xs else None
+def ratio(a, b):
+    return round(a / b, 3) if a is not None and b else None
+def r1(x):
+    return round(x, 1) if x is not None else None
+
+probe = json.load(open(f"{work}/probe.json"))
+gemm = json.load(open(f"{work}/gemm.json"))
+bw = probe["read_bw_gbs"][str(T)] * 1e9
+g1 = max(max(x["invariant_gflops"], x["openblas_gflops"]) for x in gemm["f32"]) * 1e9
+flops_T = g1 * T
+L, H, FF, V = shape["--layers"], shape["--hidden"], shape["--ffn"], shape["--vocab"]
+heads, kvh = shape["--heads"], shape["--kv-heads"]
+hd = H // heads
+params = L * (2 * H * H + 2 * H * kvh * hd + 3 * H * FF) + V * H  # per token: layers + output projection
+kv_bytes = L * 2 * kvh * hd * 4 * (P + NEW // 2)  # f32 cache rows read per token at mid-decode
+res = {"bench": "anchor", "quick": quick, "threads": T, "reps": reps,
+       "workload": {"prefill_rows": P, "new_tokens": NEW, "shape": {k.lstrip("-"): v for k, v in shape.items()},
+                    "params_per_token": params},
+       "limits": {"read_bw_gbs": round(bw / 1e9, 2), "gemm_gflops_1t": round(g1 / 1e9, 1),
+                  "gemm_gflops_assumed_T": round(flops_T / 1e9, 1),
+                  "note": "T-thread GEMM = T x the best 1-thread rate (an upper bound)"},
+       "llama_cpp": llama or None, "results": {}}
+if quick:
+    res["note"] = ("--quick: the model fits in the caches, so the DRAM bandwidth limit does not bound it "
+                   "(ratios above 1 are expected); use the full run for figures")
+for dt in dtypes:
+    wbytes = os.path.getsize(f"{work}/m.{dt}.gguf")
+    d = {"model_bytes": wbytes, "pipedec": {}, "limits": {}, "pipedec_vs_limit": {}}
+    pre1 = med([x["prefill_rows_per_s"] for x in pd[dt][1]])
+    pre64 = med([x["prefill_rows_per_s"] for x in pd[dt][64]])
+    dec = {n: med([x["decode_tokens_per_s"] for x in pd[dt][n]]) for n in streams}
+    rss = {n: med([x["rss_mb"] for x in pd[dt][n]]) for n in streams}
+    d["pipedec"] = {"prefill_rows_per_s_1": r1(pre1), "prefill_rows_per_s_64": r1(pre64),
+                    "decode_tokens_per_s": {str(n): r1(dec[n]) for n in streams},
+                    "peak_rss_mb": {str(n): r1(rss[n]) for n in streams}}
+    lim_pre = flops_T / (2 * params)
+    lim_dec = {n: min(bw / (wbytes / n + kv_bytes), flops_T / (2 * params)) for n in streams}
+    d["limits"] = {"prefill_rows_per_s": r1(lim_pre), "decode_tokens_per_s": {str(n): r1(lim_dec[n]) for n in streams}}
+    d["pipedec_vs_limit"] = {"prefill_1": ratio(pre1, lim_pre), "prefill_64": ratio(pre64, lim_pre),
+                             "decode": {str(n): ratio(dec[n], lim_dec[n]) for n in streams}}
+    if llama:
+        lp1 = med([x["prefill_1"] for x in ll[dt]])
+        lp64 = med([x["prefill_64"] for x in ll[dt]])
+        ld = {n: med([x["decode"][n] for x in ll[dt]]) for n in streams}
+        lrss = med([x["rss_mb"] for x in ll[dt]])
+        d["llama_cpp"] = {"prefill_rows_per_s_1": r1(lp1), "prefill_rows_per_s_64": r1(lp64),
+                          "decode_tokens_per_s": {str(n): r1(ld[n]) for n in streams},
+                          "decode_tokens_per_s_1_llama_bench": r1(med([x["decode_1_llama_bench"] for x in ll[dt]])),
+                          "peak_rss_mb_batched_bench": r1(lrss)}
+        d["ratio_pipedec_over_llama_cpp"] = {
+            "prefill_1": ratio(pre1, lp1), "prefill_64": ratio(pre64, lp64),
+            "decode": {str(n): ratio(dec[n], ld[n]) for n in streams},
+            "peak_rss_64": ratio(rss[64], lrss)}
+    res["results"][dt] = d
+print(json.dumps(res, indent=2))
+PY
