@@ -134,6 +134,17 @@ pd_status precopy_new(rank *r, precopy **out, pd_err *err)
             pc->sb[i].req = MPI_REQUEST_NULL;
         for (int i = 0; i < N_RECV; i++)
             pc->rb[i].req = MPI_REQUEST_NULL;
+        /* a job that may migrate touches its message buffers now: their
+         * first-touch page faults (about 1 GB/s here) would otherwise land
+         * in its first pre-copy */
+        bool may = r->o->control_path || r->o->rebalance || r->o->n_migrate_at;
+        for (int i = 0; st == PD_OK && may && i < N_SEND + N_RECV; i++) {
+            uint8_t **b = i < N_SEND ? &pc->sb[i].p : &pc->rb[i - N_SEND].p;
+            if (!(*b = malloc(PRECOPY_CHUNK)))
+                st = pd_err_set(err, PD_ERR_NOMEM, "pre-copy: out of memory for message buffers");
+            else
+                memset(*b, 0, PRECOPY_CHUNK);
+        }
     }
     /* collective: every rank reaches it whatever failed above */
     pd_status ls = pipe_open(pipe_comm(r->p), pc ? &pc->link : &(pipe_link *){NULL}, err);
