@@ -510,10 +510,11 @@ static pd_status act_migrate(jobctl *j, const run_drain *d, const layermap *targ
                  (unsigned long long)rep.weights_released);
         if (rep.precopy_s > 0)
             snprintf(pre, sizeof pre, "; pre-copy %llu bytes over %.3f ms (%llu micro-batches, %llu restarts; "
-                     "sending %.3f ms, applying %.3f ms), at the switch %llu bytes",
+                     "sending %.3f ms, applying %.3f ms of which allocating %.3f ms), at the switch %llu bytes",
                      (unsigned long long)rep.precopy_bytes, rep.precopy_s * 1e3,
                      (unsigned long long)(d->step - j->pc_step0), (unsigned long long)rep.resets,
-                     rep.precopy_send_s * 1e3, rep.precopy_recv_s * 1e3, (unsigned long long)rep.final_bytes);
+                     rep.precopy_send_s * 1e3, rep.precopy_recv_s * 1e3, rep.precopy_alloc_s * 1e3,
+                     (unsigned long long)rep.final_bytes);
         fprintf(stderr,
                 "pipedec: migration (%s) at step %llu: %s -> %s: %u layers, %u streams, %llu bytes; copy %.3f ms "
                 "(export %.3f, weights %.3f, transfer+validate %.3f), switch %.3f ms, action %.3f ms, pause %.3f ms; "

@@ -196,7 +196,7 @@ typedef struct migrate_verdict {
     uint64_t precopy_bytes, final_bytes, resets;
     double weights_mpi_bytes;
     uint64_t release_bytes;  /* weights this rank frees at the switch */
-    double precopy_send_s, precopy_recv_s;
+    double precopy_send_s, precopy_recv_s, precopy_alloc_s;
 } migrate_verdict;
 
 /* One layer travelling through this rank. */
@@ -906,6 +906,7 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
         rep->precopy_s = t0 - ps.started;
         rep->precopy_send_s = ps.send_s;
         rep->precopy_recv_s = ps.recv_s;
+        rep->precopy_alloc_s = ps.alloc_s;
     }
     k = 0;
     for (uint32_t L = nf; take && !pre && L < ne && ms == PD_OK; L++) {
@@ -1036,7 +1037,8 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
                             .weights_mpi_bytes = rep->weights_mpi_bytes,
                             .release_bytes = release_bytes,
                             .precopy_send_s = rep->precopy_send_s,
-                            .precopy_recv_s = rep->precopy_recv_s};
+                            .precopy_recv_s = rep->precopy_recv_s,
+                            .precopy_alloc_s = rep->precopy_alloc_s};
     if (st)
         snprintf(mine.msg, sizeof mine.msg, "%s", e.msg);
     pd_status gs = pipe_allgather(r->p, &mine, sizeof mine, vd, err);
@@ -1066,7 +1068,7 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
     rep->precopy_bytes = rep->final_bytes = rep->resets = 0;
     rep->weights_mpi_bytes = 0;
     rep->weights_released = 0;
-    rep->precopy_send_s = rep->precopy_recv_s = 0; /* the job's: the maximum over ranks */
+    rep->precopy_send_s = rep->precopy_recv_s = rep->precopy_alloc_s = 0; /* the job's: the maximum over ranks */
     for (int q = 0; q < r->size; q++) {
         rep->bytes += vd[q].bytes;
         rep->precopy_bytes += vd[q].precopy_bytes;
@@ -1075,7 +1077,10 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
         rep->weights_mpi_bytes += vd[q].weights_mpi_bytes / 2; /* counted at both ends */
         rep->weights_released += vd[q].release_bytes;
         rep->precopy_send_s = vd[q].precopy_send_s > rep->precopy_send_s ? vd[q].precopy_send_s : rep->precopy_send_s;
-        rep->precopy_recv_s = vd[q].precopy_recv_s > rep->precopy_recv_s ? vd[q].precopy_recv_s : rep->precopy_recv_s;
+        if (vd[q].precopy_recv_s > rep->precopy_recv_s) {
+            rep->precopy_recv_s = vd[q].precopy_recv_s;
+            rep->precopy_alloc_s = vd[q].precopy_alloc_s;
+        }
         if (vd[q].copy_s > rep->copy_s)
             rep->copy_s = vd[q].copy_s;
         if (vd[q].export_s > rep->export_s)

@@ -103,6 +103,7 @@ typedef struct migrate_report {
     double precopy_s;        /* from the pre-copy's start to the switch */
     double precopy_send_s;   /* the busiest source's seconds encoding and sending chunks */
     double precopy_recv_s;   /* the busiest receiver's seconds taking and applying them */
+    double precopy_alloc_s;  /* of those, allocating its copies' caches */
     double weights_mpi_bytes;/* weight bytes that travelled over MPI */
     uint64_t weights_released; /* weight bytes the giving ranks freed at the switch */
 } migrate_report;

@@ -136,14 +136,16 @@ pd_status precopy_new(rank *r, precopy **out, pd_err *err)
             pc->rb[i].req = MPI_REQUEST_NULL;
         /* a job that may migrate touches its message buffers now: their
          * first-touch page faults (about 1 GB/s here) would otherwise land
-         * in its first pre-copy */
+         * in its first pre-copy. Not with zeros: this kernel (6.18) takes
+         * zero-filled pages back (the THP shrinker), and the first copy
+         * into them faulted again at 1.4 GB/s */
         bool may = r->o->control_path || r->o->rebalance || r->o->n_migrate_at;
         for (int i = 0; st == PD_OK && may && i < N_SEND + N_RECV; i++) {
             uint8_t **b = i < N_SEND ? &pc->sb[i].p : &pc->rb[i - N_SEND].p;
             if (!(*b = malloc(PRECOPY_CHUNK)))
                 st = pd_err_set(err, PD_ERR_NOMEM, "pre-copy: out of memory for message buffers");
             else
-                memset(*b, 0, PRECOPY_CHUNK);
+                memset(*b, 0x5a, PRECOPY_CHUNK);
         }
     }
     /* collective: every rank reaches it whatever failed above */
@@ -527,8 +529,11 @@ static void take(precopy *pc, const uint8_t *m, size_t len, int from)
             pc_copy *cp = copy_entry(pc, in.layer, in.stream, true);
             if (!cp)
                 st = pd_err_set(&e, PD_ERR_RANGE, "more copies than streams");
-            if (st == PD_OK && !cp->c)
+            if (st == PD_OK && !cp->c) { /* the receiver's cache: allocated (and populated) once */
+                double ta = MPI_Wtime();
                 st = stage_spare_cache(r->st, get32(m + 8), get32(m + 12), &cp->c, &e);
+                pc->stats.alloc_s += MPI_Wtime() - ta;
+            }
             kv_layer_config cfg;
             kv_head_state *hs = NULL;
             kv_chunk_view v;

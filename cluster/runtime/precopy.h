@@ -87,6 +87,7 @@ typedef struct precopy_stats {
     double started;                         /* MPI_Wtime at start */
     double send_s, recv_s;                  /* seconds spent encoding + sending / taking +
                                                applying chunks, before finish */
+    double alloc_s;                         /* of recv_s: allocating the copies' caches */
 } precopy_stats;
 void precopy_get_stats(const precopy *pc, precopy_stats *out);
 
