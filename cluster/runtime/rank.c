@@ -37,8 +37,12 @@ static rank_sizes rank_sizes_for(const run_opts *o, int size)
 {
     rank_sizes z = {.prefill_chunk = o->prefill_chunk ? o->prefill_chunk : RANK_WHOLE_PREFILL_ROWS};
     /* one micro-batch per stage, plus one so the head computes the next
-     * while a result travels back (with one rank: one) */
+     * while a result travels back (with one rank: one); --micro-batches
+     * chooses another count (fewer, larger micro-batches read each stage's
+     * weights fewer times per step) */
     z.n_inflight = size == 1 ? 1 : (uint32_t)size + 1;
+    if (o->micro_batches && size > 1)
+        z.n_inflight = o->micro_batches;
     z.max_streams = o->batch;
     z.max_rows = o->batch * (1 + o->policy.max_drafts) + z.prefill_chunk;
     z.max_logits = o->batch * (1 + o->policy.max_drafts);
@@ -147,8 +151,8 @@ pd_status rank_start(rank *r, pd_err *err)
     return PD_OK;
 }
 
-#define RANK_FIELDS 14 /* compared */
-#define RANK_SLOTS 15  /* + the model path, shown but not compared (nodes may keep the file elsewhere) */
+#define RANK_FIELDS 15 /* compared */
+#define RANK_SLOTS 16  /* + the model path, shown but not compared (nodes may keep the file elsewhere) */
 #define RANK_FIELD 160 /* bytes per value */
 
 /* What the ranks must share, in the order rank_fields writes them. */
@@ -156,7 +160,7 @@ static const char *const rank_field_names[RANK_FIELDS] = {
     "the layer count", "the model shape", "the layer map", "the model file's fingerprint",
     "--attn/--kv/--evict",          "--sample",        "--seed",          "--no-repeat-ngram",
     "--gemm",                       "--wire-dtype",    "--batch",         "--prefill-chunk",
-    "the draft limit",              "the rank count"};
+    "the draft limit",              "the rank count",  "--micro-batches"};
 
 /* This rank's value of each field (zero-padded, so they compare as bytes). */
 static void rank_fields(const rank *r, char (*f)[RANK_FIELD])
@@ -181,6 +185,7 @@ static void rank_fields(const rank *r, char (*f)[RANK_FIELD])
     snprintf(f[k++], RANK_FIELD, "%u", r->sz.prefill_chunk);
     snprintf(f[k++], RANK_FIELD, "%u%s", o->policy.max_drafts, o->policy.spec_async ? " async" : "");
     snprintf(f[k++], RANK_FIELD, "%d", r->size);
+    snprintf(f[k++], RANK_FIELD, "%u", r->sz.n_inflight);
     CHECK(k == RANK_FIELDS);
     snprintf(f[k], RANK_FIELD, "%s", o->model_path);
 }
