@@ -47,18 +47,7 @@ struct head {
     uint64_t resume_seq;      /* checkpoint resumed (0 = none) */
     uint64_t ckpt_newest;     /* highest checkpoint number in --checkpoint-dir */
     double t_start, t_progress;
-    /* --micro-batches auto: how many micro-batches to keep in flight,
-     * chosen from measured decode throughput (mb_control) */
-    int mb_state;             /* MB_* */
-    double mb_t0, mb_rate[2], mb_until;
-    uint64_t mb_tok0;
-    uint32_t mb_choice;       /* the count in use while settled (0: none yet) */
 };
-
-enum { MB_PREFILL, MB_PROBE_ALL, MB_PROBE_ONE, MB_SETTLED };
-#define MB_WINDOW_S 0.25      /* a probe lasts at least this long ... */
-#define MB_WINDOW_STEPS 8     /* ... and this many decode steps of every stream */
-#define MB_SETTLE_S 20.0      /* a choice holds this long before it is measured again */
 
 /* ---- start-up ----------------------------------------------------------- */
 
@@ -473,64 +462,6 @@ static pd_status head_drain(head *h, const run_hooks *hk, uint32_t action, pd_er
     return PD_OK;
 }
 
-/* --micro-batches auto. While prefill rows are left the pipeline keeps
- * every micro-batch slot in flight (compute-bound: the stages overlap).
- * When every stream decodes, it measures decode tokens/s with all slots in
- * flight and with one (one micro-batch reads every stage's weights once
- * per step instead of once per micro-batch, which wins where reading the
- * weights dominates and the ranks share memory bandwidth), keeps the
- * faster, and measures again every MB_SETTLE_S. Tokens do not depend on
- * the choice. */
-static void mb_control(head *h)
-{
-    rank *r = h->r;
-    if (!r->o->micro_batches_auto || h->n_inflight <= 1)
-        return;
-    if (sched_prefill_pending(h->sc)) {
-        sched_set_active(h->sc, h->n_inflight);
-        h->mb_state = MB_PREFILL;
-        return;
-    }
-    sched_progress pr;
-    sched_get_progress(h->sc, &pr);
-    double now = MPI_Wtime();
-    bool window = now - h->mb_t0 >= MB_WINDOW_S &&
-                  pr.tokens_generated - h->mb_tok0 >= (uint64_t)MB_WINDOW_STEPS * (pr.streams_alive ? pr.streams_alive : 1);
-    double rate = now > h->mb_t0 ? (double)(pr.tokens_generated - h->mb_tok0) / (now - h->mb_t0) : 0;
-    switch (h->mb_state) {
-    case MB_PREFILL:
-    case MB_SETTLED:
-        if (h->mb_state == MB_SETTLED && now < h->mb_until)
-            return;
-        sched_set_active(h->sc, h->n_inflight);
-        h->mb_state = MB_PROBE_ALL;
-        break;
-    case MB_PROBE_ALL:
-        if (!window)
-            return;
-        h->mb_rate[0] = rate;
-        sched_set_active(h->sc, 1);
-        h->mb_state = MB_PROBE_ONE;
-        break;
-    case MB_PROBE_ONE: {
-        if (!window)
-            return;
-        h->mb_rate[1] = rate;
-        uint32_t best = h->mb_rate[1] > h->mb_rate[0] ? 1 : h->n_inflight;
-        if (best != h->mb_choice)
-            fprintf(stderr, "pipedec: micro-batches: decode %.1f tokens/s with %u in flight, %.1f with 1: keeping %u\n",
-                    h->mb_rate[0], h->n_inflight, h->mb_rate[1], best);
-        h->mb_choice = best;
-        sched_set_active(h->sc, best);
-        h->mb_state = MB_SETTLED;
-        h->mb_until = now + MB_SETTLE_S;
-        break;
-    }
-    }
-    h->mb_t0 = now;
-    h->mb_tok0 = pr.tokens_generated;
-}
-
 pd_status head_loop(head *h, const run_hooks *hooks, pd_err *err)
 {
     static const run_hooks none = {0};
@@ -542,9 +473,7 @@ pd_status head_loop(head *h, const run_hooks *hooks, pd_err *err)
     h->t_start = MPI_Wtime();
     h->asked = UINT64_MAX;
     for (;;) {
-        mb_control(h);
-        uint32_t active = sched_active(h->sc);
-        if (!drain_action && hk->want_drain && inflight < active && h->asked != h->formed &&
+        if (!drain_action && hk->want_drain && inflight < h->n_inflight && h->asked != h->formed &&
             !sched_finished(h->sc)) {
             h->asked = h->formed;
             drain_action = hk->want_drain(hk->ctx, h->formed);
@@ -559,7 +488,7 @@ pd_status head_loop(head *h, const run_hooks *hooks, pd_err *err)
         }
         sched_batch b;
         memset(&b, 0, sizeof b);
-        if (!drain_action && inflight < active && (st = sched_next(h->sc, &b, err)))
+        if (!drain_action && inflight < h->n_inflight && (st = sched_next(h->sc, &b, err)))
             return st;
         if (b.n_rows || b.n_admit || b.n_retire) {
             h->formed++;

@@ -57,9 +57,7 @@ typedef struct run_opts {
     const char *migrate_at[RUN_MIGRATE_AT_MAX]; /* --migrate-at STEP:MAP (testing aid, jobctl.h) */
     uint32_t n_migrate_at;
     int migrate_fault;        /* --migrate-fault (test hook, migrate.h), 0 = none */
-    uint32_t micro_batches;   /* --micro-batches K: micro-batches in flight (0 = ranks + 1) */
-    bool micro_batches_auto;  /* --micro-batches auto: ranks + 1 slots, the head keeps 1 or all
-                                 in flight as measured decode throughput says */
+    uint32_t micro_batches;   /* --micro-batches: micro-batches in flight (0 = ranks + 1) */
     bool weights_over_mpi;    /* --weights-over-mpi: a rank taking layers in a live migration gets
                                  their weights from the giving rank, not from the model file (also
                                  done when the file is not readable on that rank any more) */

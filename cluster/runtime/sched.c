@@ -80,7 +80,6 @@ struct sched {
     uint32_t *mdrafts;
     sched_slot *slots;
     uint32_t n_slots;
-    uint32_t k_active;        /* micro-batches the head keeps in flight now (sched_set_active) */
     uint64_t *pending_retire;
     uint32_t n_pending_retire;
     size_t next_page;
@@ -145,7 +144,6 @@ pd_status sched_new(const sched_config *cfg, uint32_t max_inflight, sched **out,
     s->hidden = model_hp(cfg->m)->hidden;
     s->eos = model_hp(cfg->m)->eos;
     s->n_slots = max_inflight;
-    s->k_active = max_inflight;
     pd_status st = stream_table_new(cfg->max_streams, &s->streams, err);
     if (st) {
         sched_free(s);
@@ -722,20 +720,12 @@ pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
         }
     if (!sl)
         return PD_OK;
+    const uint32_t R = s->cfg.rows_per_batch && s->cfg.rows_per_batch < s->cfg.max_rows ? s->cfg.rows_per_batch
+                                                                                         : s->cfg.max_rows;
     /* with several micro-batches in flight each carries its share of the
      * streams, so the batches in flight cost about the same and every stage
-     * stays busy; with fewer active than slots the shares and the row budget
-     * grow to match */
-    const uint32_t k = s->k_active, B = s->cfg.max_streams;
-    uint32_t R = s->cfg.rows_per_batch && s->cfg.rows_per_batch < s->cfg.max_rows ? s->cfg.rows_per_batch
-                                                                                : s->cfg.max_rows;
-    if (k < s->n_slots && s->cfg.rows_per_batch) {
-        uint32_t chunk = s->cfg.prefill_chunk, share = (B + s->n_slots - 1) / s->n_slots;
-        uint32_t per = s->cfg.rows_per_batch > chunk ? (s->cfg.rows_per_batch - chunk) / share : 1;
-        uint64_t rk = (uint64_t)((B + k - 1) / k) * per + chunk;
-        R = rk < s->cfg.max_rows ? (uint32_t)rk : s->cfg.max_rows;
-    }
-    const uint32_t member_cap = (B + k - 1) / k;
+     * stays busy */
+    const uint32_t member_cap = (s->cfg.max_streams + s->n_slots - 1) / s->n_slots;
     uint32_t nr = 0, nl = 0, na = 0;
     sl->n_members = 0;
     sl->seq = s->seq;
@@ -913,32 +903,6 @@ void sched_set_admit(sched *s, sched_admit_fn admit, sched_release_fn release, v
     s->cfg.admit = admit;
     s->cfg.release = release;
     s->cfg.admit_ctx = ctx;
-}
-
-void sched_set_active(sched *s, uint32_t k)
-{
-    s->k_active = k < 1 ? 1 : k > s->n_slots ? s->n_slots : k;
-}
-
-uint32_t sched_active(const sched *s)
-{
-    return s->k_active;
-}
-
-bool sched_prefill_pending(const sched *s)
-{
-    for (uint32_t i = 0; i < s->cfg.max_streams; i++) {
-        const stream_state *st = stream_table_at(s->streams, i);
-        if (st && st->fed < st->prefill_rows)
-            return true;
-    }
-    if (stream_table_count(s->streams) == s->cfg.max_streams)
-        return false;
-    size_t n = pages_count(s->cfg.pg);
-    for (size_t p = s->next_page; p < n; p++)
-        if ((!s->cfg.skip || !s->cfg.skip[p]) && !s->taken[p])
-            return true;
-    return false;
 }
 
 bool sched_finished(const sched *s)

@@ -176,13 +176,4 @@ typedef struct sched_progress {
 } sched_progress;
 void sched_get_progress(const sched *s, sched_progress *out);
 
-/* Micro-batches the caller keeps in flight from now on: 1..max_inflight
- * (clamped); each then carries about 1/k of the streams and a row budget to
- * match. Output bytes do not depend on it. Default max_inflight. */
-void sched_set_active(sched *s, uint32_t k);
-uint32_t sched_active(const sched *s);
-/* Prefill rows are left: a stream not fully fed, or a page still to admit
- * with a stream slot free. */
-bool sched_prefill_pending(const sched *s);
-
 #endif
