@@ -226,20 +226,6 @@ pd_status kv_chunk_peek(const void *buf, size_t len, kv_chunk_info *info, pd_err
     return PD_OK;
 }
 
-/* Index of the first non-finite f32 among n at p, or n. */
-static size_t first_bad(const float *p, size_t n)
-{
-    enum { B = 4096 };
-    for (size_t i0 = 0; i0 < n; i0 += B) {
-        size_t m = n - i0 < B ? n - i0 : B;
-        if (rd_f32_max_abs_bits(p + i0, m) >= 0x7f800000u)
-            for (size_t i = i0; i < i0 + m; i++)
-                if (rd_f32_max_abs_bits(p + i, 1) >= 0x7f800000u)
-                    return i;
-    }
-    return n;
-}
-
 /* Takes a section of n elements of `size` bytes (padded to 4 when pad) at
  * *off; f32 sections are checked finite. */
 static pd_status take(const uint8_t *base, size_t len, size_t *off, uint64_t n, size_t size, int pad, int f32,
@@ -257,7 +243,7 @@ static pd_status take(const uint8_t *base, size_t len, size_t *off, uint64_t n, 
             return pd_err_set(err, PD_ERR_FORMAT, "kv chunk: %s of head %u: padding byte at offset %zu is not 0", what,
                               head, *off + (size_t)i);
     if (f32) {
-        size_t bad = first_bad((const float *)(const void *)p, (size_t)n);
+        size_t bad = rd_f32_first_nonfinite((const float *)(const void *)p, (size_t)n);
         if (bad < n)
             return pd_err_set(err, PD_ERR_FORMAT, "kv chunk: %s of head %u: a NaN or infinity at offset %zu", what,
                               head, *off + 4 * bad);

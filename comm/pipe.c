@@ -193,6 +193,25 @@ pd_status pipe_irecv(pipe_link *p, int src, void *buf, size_t cap, MPI_Request *
     return PD_OK;
 }
 
+/* What a completed (or failed) test of a posted receive says: MPI's code rc
+ * and status stt. */
+static pd_status recv_done(int rc, const MPI_Status *stt, size_t *len, int *from, pd_err *err)
+{
+    int cls = MPI_SUCCESS;
+    if (rc != MPI_SUCCESS)
+        MPI_Error_class(rc, &cls);
+    if (rc != MPI_SUCCESS && cls == MPI_ERR_TRUNCATE)
+        return pd_err_set(err, PD_ERR_RANGE, "pipe: a message from rank %d exceeds the receive buffer",
+                          stt->MPI_SOURCE);
+    PIPE_CALL(rc, "MPI_Test (receive)");
+    int count = 0;
+    PIPE_CALL(MPI_Get_count(stt, MPI_BYTE, &count), "MPI_Get_count");
+    *len = count > 0 ? (size_t)count : 0;
+    if (from)
+        *from = stt->MPI_SOURCE;
+    return PD_OK;
+}
+
 pd_status pipe_wait_recv(pipe_link *p, MPI_Request *req, size_t *len, int *from, double *waited,
                          pd_err *err)
 {
@@ -210,19 +229,7 @@ pd_status pipe_wait_recv(pipe_link *p, MPI_Request *req, size_t *len, int *from,
         *waited += MPI_Wtime() - b.t0;
     if (rc == MPI_SUCCESS && !done)
         return pipe_stalled(p, err, "for the next message from the previous stage,", -1);
-    int cls = MPI_SUCCESS;
-    if (rc != MPI_SUCCESS)
-        MPI_Error_class(rc, &cls);
-    if (rc != MPI_SUCCESS && cls == MPI_ERR_TRUNCATE)
-        return pd_err_set(err, PD_ERR_RANGE, "pipe: a message from rank %d exceeds the receive buffer",
-                          stt.MPI_SOURCE);
-    PIPE_CALL(rc, "MPI_Wait (receive)");
-    int count = 0;
-    PIPE_CALL(MPI_Get_count(&stt, MPI_BYTE, &count), "MPI_Get_count");
-    *len = count > 0 ? (size_t)count : 0;
-    if (from)
-        *from = stt.MPI_SOURCE;
-    return PD_OK;
+    return recv_done(rc, &stt, len, from, err);
 }
 
 pd_status pipe_test_recv(pipe_link *p, MPI_Request *req, int *done, size_t *len, int *from, pd_err *err)
@@ -233,21 +240,10 @@ pd_status pipe_test_recv(pipe_link *p, MPI_Request *req, int *done, size_t *len,
         return pd_err_set(err, PD_ERR_ARG, "pipe: no receive is posted on this request");
     MPI_Status stt;
     int rc = MPI_Test(req, done, &stt);
-    int cls = MPI_SUCCESS;
-    if (rc != MPI_SUCCESS)
-        MPI_Error_class(rc, &cls);
-    if (rc != MPI_SUCCESS && cls == MPI_ERR_TRUNCATE)
-        return pd_err_set(err, PD_ERR_RANGE, "pipe: a message from rank %d exceeds the receive buffer",
-                          stt.MPI_SOURCE);
-    PIPE_CALL(rc, "MPI_Test (receive)");
-    if (!*done)
+    if (rc == MPI_SUCCESS && !*done)
         return PD_OK;
-    int count = 0;
-    PIPE_CALL(MPI_Get_count(&stt, MPI_BYTE, &count), "MPI_Get_count");
-    *len = count > 0 ? (size_t)count : 0;
-    if (from)
-        *from = stt.MPI_SOURCE;
-    return PD_OK;
+    *done = 1;
+    return recv_done(rc, &stt, len, from, err);
 }
 
 pd_status pipe_cancel_recv(pipe_link *p, MPI_Request *req, pd_err *err)

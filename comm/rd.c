@@ -312,6 +312,19 @@ uint32_t rd_f32_max_abs_bits(const float *x, size_t n)
     return max_abs_bits_scalar(x, n);
 }
 
+size_t rd_f32_first_nonfinite(const float *x, size_t n)
+{
+    enum { B = 4096 };
+    for (size_t i0 = 0; i0 < n; i0 += B) {
+        size_t m = n - i0 < B ? n - i0 : B;
+        if (rd_f32_max_abs_bits(x + i0, m) >= 0x7f800000u)
+            for (size_t i = i0; i < i0 + m; i++)
+                if (rd_f32_max_abs_bits(x + i, 1) >= 0x7f800000u)
+                    return i;
+    }
+    return n;
+}
+
 /* ---- writer -------------------------------------------------------------- */
 
 pd_status wr_sink_file(void *file, const void *bytes, size_t n, pd_err *err)

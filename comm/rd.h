@@ -120,6 +120,11 @@ void rd_f32_decode(const uint8_t *src, float *dst, size_t n);
  * integer result, so every path gives the same answer. */
 uint32_t rd_f32_max_abs_bits(const float *x, size_t n);
 
+/* Index of the first NaN or infinity in x[0..n), or n: blocks of one
+ * max-reduction pass (rd_f32_max_abs_bits), the element search only in a
+ * block that has one. */
+size_t rd_f32_first_nonfinite(const float *x, size_t n);
+
 /* ---- writer -------------------------------------------------------------- */
 
 /* A byte sink: consumes n bytes or fails (filling err). */

@@ -89,21 +89,6 @@ typedef struct waux {
 
 static size_t dt_size(uint8_t dt) { return dt == DT_F32 ? 4 : dt == DT_F16 ? 2 : 1; }
 
-/* Index of the first NaN or infinity in x[0..n), or n. The common all-finite
- * case is one max-reduction pass over the magnitudes' bits. */
-static size_t first_nonfinite(const float *x, size_t n)
-{
-    enum { B = 4096 };
-    for (size_t i0 = 0; i0 < n; i0 += B) {
-        size_t m = n - i0 < B ? n - i0 : B;
-        if (rd_f32_max_abs_bits(x + i0, m) >= 0x7f800000u)
-            for (size_t i = i0; i < i0 + m; i++)
-                if (rd_f32_max_abs_bits(x + i, 1) >= 0x7f800000u)
-                    return i;
-    }
-    return n;
-}
-
 /* Index of the first NaN or infinity among the n little-endian f32 / f16
  * values at p (any alignment), or n; *bad is that value as f32. Aligned f32
  * on a little-endian host is scanned in place, the rest through a small
@@ -112,7 +97,7 @@ static size_t span_first_nonfinite(const uint8_t *p, size_t n, uint8_t dt, float
 {
     if (dt == DT_F32 && WIRE_HOST_LE && ((uintptr_t)p % _Alignof(float)) == 0) {
         const float *x = (const float *)(const void *)p;
-        size_t i = first_nonfinite(x, n);
+        size_t i = rd_f32_first_nonfinite(x, n);
         if (i < n)
             *bad = x[i];
         return i;
@@ -124,7 +109,7 @@ static size_t span_first_nonfinite(const uint8_t *p, size_t n, uint8_t dt, float
             rd_f16_decode(p + i0 * 2, buf, m);
         else
             rd_f32_decode(p + i0 * 4, buf, m);
-        size_t i = first_nonfinite(buf, m);
+        size_t i = rd_f32_first_nonfinite(buf, m);
         if (i < m) {
             *bad = buf[i];
             return i0 + i;

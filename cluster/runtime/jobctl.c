@@ -582,14 +582,20 @@ static pd_status act_begin(jobctl *j, const run_drain *d, const layermap *target
     return PD_OK;
 }
 
+/* This rank's cumulative counters now. */
+static jobctl_snap snap_now(const rank *r)
+{
+    msg_stats s = rank_stats(r);
+    return (jobctl_snap){.busy = s.busy_s, .cpu = r->busy_cpu_s, .wait_in = s.wait_input_s,
+                         .wait_send = s.wait_send_s, .t = MPI_Wtime()};
+}
+
 /* Head: answers the status requests now, from every rank's newest counters
  * (no drain point); the window is the time since the previous reply. */
 static void status_live(jobctl *j, uint64_t step)
 {
     rank *r = j->r;
-    msg_stats s = rank_stats(r);
-    j->snap_last[0] = (jobctl_snap){.busy = s.busy_s, .cpu = r->busy_cpu_s, .wait_in = s.wait_input_s,
-                                    .wait_send = s.wait_send_s, .t = MPI_Wtime()};
+    j->snap_last[0] = snap_now(r);
     jobctl_win *w = calloc((size_t)r->size, sizeof *w);
     if (!w) {
         for (uint32_t i = 0; i < j->n_status; i++)
@@ -625,9 +631,7 @@ static pd_status snap_progress(jobctl *j, pd_err *err)
             return st;
         if (j->snap_sreq != MPI_REQUEST_NULL)
             return PD_OK; /* the last one is still on its way */
-        msg_stats s = rank_stats(r);
-        j->snap_out = (jobctl_snap){.busy = s.busy_s, .cpu = r->busy_cpu_s, .wait_in = s.wait_input_s,
-                                    .wait_send = s.wait_send_s, .t = now};
+        j->snap_out = snap_now(r);
         j->snap_sent_t = now;
         return pipe_isend(j->stl, 0, &j->snap_out, sizeof j->snap_out, &j->snap_sreq, err);
     }
