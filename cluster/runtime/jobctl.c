@@ -743,12 +743,6 @@ static pd_status act_stats(jobctl *j, const run_drain *d, pd_err *err)
         layermap to;
     } dec = {0};
     if (st == PD_OK && r->is_head) {
-        if (j->n_status) {
-            sched_progress pr;
-            head_progress(j->h, &pr);
-            status_reply(j, d->step, all, (double)(pr.tokens_generated - j->win_tokens) /
-                                              (all[0].wall > 0 ? all[0].wall : 1e-9));
-        }
         bool due = r->o->rebalance && d->step - j->win_step >= r->o->rebalance_window;
         if (due && j->hold > 0) {
             j->hold--;

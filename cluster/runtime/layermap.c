@@ -264,3 +264,12 @@ void layermap_format(const layermap *m, char *buf, size_t cap)
         n += (size_t)w;
     }
 }
+
+uint32_t layermap_owner(const layermap *m, uint32_t layer)
+{
+    for (uint32_t s = 0; s < m->n_stages; s++)
+        if (layer >= m->first[s] && layer < m->first[s] + m->count[s])
+            return s;
+    CHECK(0 && "a layer no stage owns");
+    return 0;
+}

@@ -81,4 +81,7 @@ pd_status layermap_for_model(const char *model_path, uint32_t n_stages, const co
 /* "0-3,4-7,8-11" */
 void layermap_format(const layermap *m, char *buf, size_t cap);
 
+/* The stage that holds `layer` (which must be in the map: CHECK). */
+uint32_t layermap_owner(const layermap *m, uint32_t layer);
+
 #endif

@@ -103,20 +103,11 @@ void migrate_free(migrate *mg)
 
 /* ---- maps -------------------------------------------------------------------- */
 
-static uint32_t owner(const layermap *m, uint32_t layer)
-{
-    for (uint32_t s = 0; s < m->n_stages; s++)
-        if (layer >= m->first[s] && layer < m->first[s] + m->count[s])
-            return s;
-    CHECK(0 && "a layer no stage owns");
-    return 0;
-}
-
 uint32_t migrate_layers_moved(const layermap *a, const layermap *b)
 {
     uint32_t n = 0, total = a->first[a->n_stages - 1] + a->count[a->n_stages - 1];
     for (uint32_t L = 0; L < total; L++)
-        n += owner(a, L) != owner(b, L);
+        n += layermap_owner(a, L) != layermap_owner(b, L);
     return n;
 }
 
@@ -127,7 +118,7 @@ pd_status migrate_map_for_layer(const layermap *cur, uint32_t layer, uint32_t to
         return pd_err_set(err, PD_ERR_ARG, "layer %u: the model has layers 0-%u", layer, total - 1);
     if (to >= cur->n_stages)
         return pd_err_set(err, PD_ERR_ARG, "rank %u: the job has ranks 0-%u", to, cur->n_stages - 1);
-    uint32_t from = owner(cur, layer);
+    uint32_t from = layermap_owner(cur, layer);
     if (to == from)
         return pd_err_set(err, PD_ERR_ARG, "layer %u is on rank %u already", layer, to);
     layermap m = *cur;
@@ -369,7 +360,7 @@ static pd_status weights_exchange(migrate *mg, const layermap *from, const layer
     bool corrupt = mg->fault == MIGRATE_FAULT_CORRUPT;
     /* sources: every layer they give to a rank that wants it, in layer order */
     for (uint32_t L = 0; L < NL && st == PD_OK; L++) {
-        uint32_t a = owner(from, L), b = owner(to, L);
+        uint32_t a = layermap_owner(from, L), b = layermap_owner(to, L);
         if (a != me || b == me || !need[b])
             continue;
         uint64_t n;
@@ -408,7 +399,7 @@ static pd_status weights_exchange(migrate *mg, const layermap *from, const layer
     uint8_t *img[2] = {NULL, NULL};
     bool takes = false;
     for (uint32_t L = 0; L < NL; L++)
-        takes |= owner(to, L) == me && owner(from, L) != me;
+        takes |= layermap_owner(to, L) == me && layermap_owner(from, L) != me;
     if (mine && takes && st == PD_OK) {
         *got = true;
         for (uint32_t i = 0; i < np && v == PD_OK; i++)
@@ -419,7 +410,7 @@ static pd_status weights_exchange(migrate *mg, const layermap *from, const layer
                 memcpy(img[i], base, (size_t)data);
     }
     for (uint32_t L = 0; L < NL && st == PD_OK && mine; L++) {
-        uint32_t a = owner(from, L), b = owner(to, L);
+        uint32_t a = layermap_owner(from, L), b = layermap_owner(to, L);
         if (b != me || a == me)
             continue;
         uint32_t which = np > 1 && L >= pf[1] && L < pf[1] + pn[1];
@@ -758,8 +749,8 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
     uint32_t of = from->first[me], oe = of + from->count[me], nf = to->first[me], ne = nf + to->count[me];
     uint32_t n_give = 0, n_take = 0;
     for (uint32_t L = 0; L < NL; L++) {
-        n_give += owner(from, L) == me && owner(to, L) != me;
-        n_take += owner(to, L) == me && owner(from, L) != me;
+        n_give += layermap_owner(from, L) == me && layermap_owner(to, L) != me;
+        n_take += layermap_owner(to, L) == me && layermap_owner(from, L) != me;
     }
     migrate_move *give = calloc(n_give + 1, sizeof *give), *take = calloc(n_take + 1, sizeof *take);
     uint64_t *dg = calloc(2 * (size_t)NL, sizeof *dg);                         /* [L] sent, [NL + L] received */
@@ -800,11 +791,11 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
      * layer whose export failed is announced with length 0) */
     uint32_t k = 0;
     for (uint32_t L = of; give && !pre && L < oe; L++) {
-        if (owner(to, L) == me)
+        if (layermap_owner(to, L) == me)
             continue;
         migrate_move *mv = &give[k++];
         mv->layer = L;
-        mv->peer = (int)owner(to, L);
+        mv->peer = (int)layermap_owner(to, L);
         mv->len_req = MPI_REQUEST_NULL;
         if (st == PD_OK) {
             /* every record first: the bundle's size is then known and its
@@ -910,11 +901,11 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
     }
     k = 0;
     for (uint32_t L = nf; take && !pre && L < ne && ms == PD_OK; L++) {
-        if (owner(from, L) == me)
+        if (layermap_owner(from, L) == me)
             continue;
         migrate_move *mv = &take[k++];
         mv->layer = L;
-        mv->peer = (int)owner(from, L);
+        mv->peer = (int)layermap_owner(from, L);
         size_t got;
         ms = pipe_recv(mg->link, mv->peer, &mv->len, sizeof mv->len, &got, NULL, NULL, err);
         if (ms)
@@ -1053,7 +1044,7 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
             snprintf(rep->why, sizeof rep->why, "%s", vd[q].msg);
         }
     for (uint32_t L = 0; L < NL && verdict == PD_OK; L++) {
-        uint32_t a = owner(from, L), b = owner(to, L);
+        uint32_t a = layermap_owner(from, L), b = layermap_owner(to, L);
         if (a == b)
             continue;
         rep->layers_moved++;

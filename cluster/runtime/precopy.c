@@ -73,15 +73,6 @@ struct precopy {
     precopy_stats stats;
 };
 
-static uint32_t owner(const layermap *m, uint32_t layer)
-{
-    for (uint32_t s = 0; s < m->n_stages; s++)
-        if (layer >= m->first[s] && layer < m->first[s] + m->count[s])
-            return s;
-    CHECK(0 && "a layer no stage owns");
-    return 0;
-}
-
 static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 static uint32_t get32(const uint8_t *p)
@@ -206,7 +197,7 @@ static bool takes_from(const precopy *pc, uint32_t q)
 {
     uint32_t me = (uint32_t)pc->r->rank;
     for (uint32_t L = 0; L < pc->NL; L++)
-        if (owner(&pc->to, L) == me && owner(&pc->from, L) == q && q != me)
+        if (layermap_owner(&pc->to, L) == me && layermap_owner(&pc->from, L) == q && q != me)
             return true;
     return false;
 }
@@ -266,7 +257,7 @@ static pc_src *src_entry(precopy *pc, uint32_t layer, uint64_t stream)
             return &pc->src[i];
     for (uint32_t i = 0; i < pc->n_src_cap; i++)
         if (!pc->src[i].used) {
-            pc->src[i] = (pc_src){.layer = layer, .stream = stream, .peer = (int)owner(&pc->to, layer), .used = true};
+            pc->src[i] = (pc_src){.layer = layer, .stream = stream, .peer = (int)layermap_owner(&pc->to, layer), .used = true};
             if (i >= pc->n_src)
                 pc->n_src = i + 1;
             return &pc->src[i];
@@ -412,7 +403,7 @@ static pd_status source_pass(precopy *pc, bool *busy, pd_err *err)
             pc->src[i].used = false;
     }
     for (uint32_t L = pc->from.first[me]; L < pc->from.first[me] + pc->from.count[me]; L++) {
-        if (owner(&pc->to, L) == me)
+        if (layermap_owner(&pc->to, L) == me)
             continue;
         for (uint32_t j = 0; j < ns; j++) {
             lcache *c = stage_cache(r->st, ids[j], L);
@@ -515,8 +506,8 @@ static void take(precopy *pc, const uint8_t *m, size_t len, int from)
         size_t cl = len - ENV_BYTES;
         st = kv_chunk_peek(ch, cl, &in, &e);
         bool named = st == PD_OK; /* the chunk says which layer and stream it is */
-        if (st == PD_OK && (in.layer >= pc->NL || owner(&pc->to, in.layer) != me ||
-                            owner(&pc->from, in.layer) != (uint32_t)from))
+        if (st == PD_OK && (in.layer >= pc->NL || layermap_owner(&pc->to, in.layer) != me ||
+                            layermap_owner(&pc->from, in.layer) != (uint32_t)from))
             st = pd_err_set(&e, PD_ERR_FORMAT, "a chunk of layer %u from rank %d, which does not give it here",
                             in.layer, from);
         if (st == PD_OK && in.identity != stage_layer_identity(r->st, in.layer))
@@ -638,7 +629,7 @@ static pd_status end_marks(precopy *pc, pd_err *err)
     for (uint32_t q = 0; q < (uint32_t)r->size && st == PD_OK && !pc->ends_sent; q++) {
         bool gives = false;
         for (uint32_t L = 0; L < pc->NL; L++)
-            gives |= owner(&pc->from, L) == me && owner(&pc->to, L) == q && q != me;
+            gives |= layermap_owner(&pc->from, L) == me && layermap_owner(&pc->to, L) == q && q != me;
         if (!gives)
             continue;
         pc_buf *b;
@@ -676,7 +667,7 @@ pd_status precopy_finish(precopy *pc, const uint64_t *ids, uint32_t n_ids, uint6
     pd_status st = PD_OK;
     /* sources: the rest of every stream of the plan, then the end marks */
     for (uint32_t L = pc->from.first[me]; L < pc->from.first[me] + pc->from.count[me] && st == PD_OK; L++) {
-        if (owner(&pc->to, L) == me)
+        if (layermap_owner(&pc->to, L) == me)
             continue;
         for (uint32_t j = 0; j < n_ids && st == PD_OK && pc->src_status == PD_OK; j++) {
             lcache *c = stage_cache(r->st, ids[j], L);
@@ -719,7 +710,7 @@ pd_status precopy_finish(precopy *pc, const uint64_t *ids, uint32_t n_ids, uint6
     pd_status v = pc->src_status ? pc->src_status : pc->rcv_status;
     *why = pc->src_status ? pc->src_err : pc->rcv_err;
     for (uint32_t L = pc->to.first[me]; v == PD_OK && L < pc->to.first[me] + pc->to.count[me]; L++) {
-        if (owner(&pc->from, L) == me)
+        if (layermap_owner(&pc->from, L) == me)
             continue;
         for (uint32_t j = 0; j < n_ids && v == PD_OK; j++) {
             pc_copy *cp = copy_entry(pc, L, ids[j], false);

@@ -24,6 +24,17 @@ START_TEST(layermap_parses_explicit_ranges)
 }
 END_TEST
 
+START_TEST(layermap_owner_names_the_stage_of_every_layer)
+{
+    layermap m;
+    pd_err e = {0};
+    ck_assert_int_eq(layermap_parse("0,1-5,6-11", 3, 12, &m, &e), PD_OK);
+    static const uint32_t want[12] = {0, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2};
+    for (uint32_t L = 0; L < 12; L++)
+        ck_assert_uint_eq(layermap_owner(&m, L), want[L]);
+}
+END_TEST
+
 START_TEST(layermap_refuses_gaps_overlaps_and_wrong_counts)
 {
     static const struct { const char *map; uint32_t ranks; const char *needle; } bad[] = {
@@ -252,6 +263,7 @@ Suite *pd_test_suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120); /* the largest shapes take seconds under the sanitizers */
     tcase_add_test(tc, layermap_parses_explicit_ranges);
+    tcase_add_test(tc, layermap_owner_names_the_stage_of_every_layer);
     tcase_add_test(tc, layermap_refuses_gaps_overlaps_and_wrong_counts);
     tcase_add_test(tc, layermap_balance_moves_layers_off_the_tail);
     tcase_add_test(tc, layermap_balance_costs_equals_brute_force);
