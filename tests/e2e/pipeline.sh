@@ -56,9 +56,16 @@ for n in 2 3 4; do
   same "$T/np1.f16.jsonl" "$T/np$n.f16.jsonl" "np $n, f16 wire == f16 wire on one rank"
   # micro-batches in flight: one, as many as ranks, more than ranks + 1
   for k in 1 "$n" $((n + 3)); do
-    prun "$n" "$T/np$n.k$k.jsonl" --micro-batches "$k" --prefill-chunk 8
+    prun "$n" "$T/np$n.k$k.jsonl" --micro-batches "$k" --prefill-chunk 8 --stats "$T/np$n.k$k.stats"
     same "$T/ref.jsonl" "$T/np$n.k$k.jsonl" "np $n, --micro-batches $k == one rank"
   done
+  # the flag took effect: more micro-batches in flight, each with fewer
+  # streams, means more micro-batches formed for the same pages
+  mbs=$(python3 -c 'import json,sys; print(*[json.load(open(f))["stages"][0]["micro_batches"] for f in sys.argv[1:]])' \
+    "$T/np$n.k1.stats" "$T/np$n.k$((n + 3)).stats")
+  read -r m1 mk <<<"$mbs"
+  [ "$m1" -lt "$mk" ] && pass "np $n: --micro-batches 1 formed $m1 micro-batches, $((n + 3)) formed $mk" \
+    || fail "np $n: --micro-batches had no effect ($m1 vs $mk micro-batches)"
 done
 
 # hidden-state traces: merged over ranks, identical to one rank at every
