@@ -17,11 +17,16 @@
 # Every (workload, engine) runs `reps` times, interleaved (rep 1 of every
 # workload and engine, then rep 2, ...), and counts by its median.
 # Limits measured in the same run (bench_probe, bench_gemm): read bandwidth
-# at T threads and the best f32 GEMM rate of one thread (invariant kernel or
-# OpenBLAS, M = 256) times T, which bounds T threads from above. From them:
-#   decode limit at N streams = min(BW / (weight bytes / N + KV bytes read
-#     per token), GEMM / (2 x params)), KV at a mid-decode context (P + new/2);
-#   prefill limit = GEMM / (2 x params) (attention not counted).
+# BW at T threads and the best f32 GEMM rate of one thread (invariant kernel
+# or OpenBLAS, M = 256) times T, F, which bounds T threads from above. A
+# token passes two phases one after the other, each bound by the slower of
+# its compute and its reads (a roofline per phase; the phases do not overlap):
+#   matrices:  max(2 x params / F, matrix bytes / (N x BW)) at N streams (the
+#              matrices' bytes, the embedding table not counted: one row a token);
+#   attention: max(4 x L x heads x head_dim x ctx / F, KV bytes / BW), the K
+#              and V rows of every layer read once per token at a mid-decode
+#              context ctx = P + new/2 (prefill: the mean prefix, P/2);
+#   limit tokens/s (or prefill rows/s) = 1 / (matrices + attention).
 # pipedec runs as 1 rank x T threads (`--threads T`), llama.cpp with -t T.
 #
 # llama.cpp is never vendored or downloaded: set LLAMA_CPP_DIR to a local
@@ -197,6 +202,14 @@ heads, kvh = shape["--heads"], shape["--kv-heads"]
 hd = H // heads
 params = L * (2 * H * H + 2 * H * kvh * hd + 3 * H * FF) + V * H  # per token: layers + output projection
 kv_bytes = L * 2 * kvh * hd * 4 * (P + NEW // 2)  # f32 cache rows read per token at mid-decode
+attn_flops = lambda ctx: 4 * L * heads * hd * ctx  # q.k and p.v over ctx rows, every layer
+
+def limit(wread, n, ctx, kv):
+    """Tokens (rows) per second at n streams reading wread weight bytes per
+    step: the per-phase rooflines summed."""
+    matrices = max(2 * params / flops_T, wread / (n * bw))
+    attention = max(attn_flops(ctx) / flops_T, kv / bw)
+    return 1 / (matrices + attention)
 res = {"bench": "anchor", "quick": quick, "threads": T, "reps": reps,
        "workload": {"prefill_rows": P, "new_tokens": NEW, "shape": {k.lstrip("-"): v for k, v in shape.items()},
                     "params_per_token": params},
@@ -209,7 +222,9 @@ if quick:
                    "(ratios above 1 are expected); use the full run for figures")
 for dt in dtypes:
     wbytes = os.path.getsize(f"{work}/m.{dt}.gguf")
-    d = {"model_bytes": wbytes, "pipedec": {}, "limits": {}, "pipedec_vs_limit": {}}
+    # bytes of the matrices a step reads (the embedding table is not read: one row per token)
+    wread = params * (4 if dt == "f32" else 34 / 32)
+    d = {"model_bytes": wbytes, "weight_bytes_read_per_step": int(wread), "pipedec": {}, "limits": {}, "pipedec_vs_limit": {}}
     pre1 = med([x["prefill_rows_per_s"] for x in pd[dt][1]])
     pre64 = med([x["prefill_rows_per_s"] for x in pd[dt][64]])
     dec = {n: med([x["decode_tokens_per_s"] for x in pd[dt][n]]) for n in streams}
@@ -217,8 +232,9 @@ for dt in dtypes:
     d["pipedec"] = {"prefill_rows_per_s_1": r1(pre1), "prefill_rows_per_s_64": r1(pre64),
                     "decode_tokens_per_s": {str(n): r1(dec[n]) for n in streams},
                     "peak_rss_mb": {str(n): r1(rss[n]) for n in streams}}
-    lim_pre = flops_T / (2 * params)
-    lim_dec = {n: min(bw / (wbytes / n + kv_bytes), flops_T / (2 * params)) for n in streams}
+    # prefill: rows of a chunk share the weights (compute-bound), prefix P/2 on average
+    lim_pre = limit(wread, 1 << 30, P / 2, L * 2 * kvh * hd * 4 * P / 2)
+    lim_dec = {n: limit(wread, n, P + NEW / 2, kv_bytes) for n in streams}
     d["limits"] = {"prefill_rows_per_s": r1(lim_pre), "decode_tokens_per_s": {str(n): r1(lim_dec[n]) for n in streams}}
     d["pipedec_vs_limit"] = {"prefill_1": ratio(pre1, lim_pre), "prefill_64": ratio(pre64, lim_pre),
                              "decode": {str(n): ratio(dec[n], lim_dec[n]) for n in streams}}
