@@ -4,6 +4,7 @@
 
 #include "base/check.h"
 #include "base/cpu.h"
+#include "cluster/model/cost.h"
 #include "cluster/runtime/budget.h"
 
 #include <stdio.h>
@@ -13,6 +14,14 @@
 #include <string.h>
 
 #define RANK_WHOLE_PREFILL_ROWS 1024u
+/* A pipeline's default prefill chunk. Each stage waits for the first
+ * micro-batch to reach it and the last to leave the stage before it, so a
+ * whole page's prefill in one micro-batch (1024 rows) idles a stage for a
+ * whole page: on the OCR shape with 8 streams the head waited 11 s of a 40 s
+ * run. 64 rows is where bench_gemm's rate reaches its large-M plateau, so
+ * smaller chunks cost the GEMMs little while the idle time shrinks to one
+ * 64-row chunk per stage. */
+#define RANK_PIPELINE_PREFILL_ROWS 64u
 #define RANK_CACHE_RETAIN ((size_t)512 << 20) /* freed cache bytes kept per rank */
 
 pd_status rank_agree_isa(rank *r, pd_err *err)
@@ -32,15 +41,67 @@ pd_status rank_agree_isa(rank *r, pd_err *err)
     return st;
 }
 
-/* Micro-batch geometry from the options: the same on every rank. */
-static rank_sizes rank_sizes_for(const run_opts *o, int size)
+/* One more micro-batch in flight than stages is kept while it costs at most
+ * this much more step time in the cost model: the round trip to the head it
+ * hides is not in the model, and is worth about that. On the OCR shape with
+ * 32 streams N + 1 ran 7 % faster than N though predicted 9 % slower; with 8
+ * streams (predicted 44 % slower) it ran 30 % slower. */
+#define RANK_INFLIGHT_SLACK 0.15
+
+/* Micro-batches in flight when --micro-batches is not given (the same on
+ * every rank: a pure function of the options and the model file). N + 1 lets
+ * the head form the next micro-batch while a result travels back, but every
+ * micro-batch reads its stage's weights once, so while a micro-batch's share
+ * of the decoding streams is too few rows to make the matrices compute-bound
+ * (cost.h's rule), one more micro-batch is one more pass over the weights: on
+ * the OCR shape with 8 streams, N + 1 = 3 doubled the decode time of 2. Takes
+ * N + 1 unless its predicted step time (micro-batches x the whole model's
+ * step at their share of rows) exceeds N's by more than RANK_INFLIGHT_SLACK. */
+static pd_status rank_default_inflight(const run_opts *o, int size, uint32_t *out, pd_err *err)
 {
-    rank_sizes z = {.prefill_chunk = o->prefill_chunk ? o->prefill_chunk : RANK_WHOLE_PREFILL_ROWS};
+    *out = size == 1 ? 1 : (uint32_t)size + 1;
+    if (size == 1 || o->micro_batches)
+        return PD_OK;
+    cost_table *t;
+    pd_status st = cost_table_read(o->model_path, &t, err);
+    if (st)
+        return st;
+    uint32_t n = cost_table_layers(t);
+    uint64_t *c = malloc((size_t)n * sizeof *c), head_ps, tail_ps;
+    if (!c)
+        st = pd_err_set(err, PD_ERR_NOMEM, "micro-batch count: out of memory for %u layers", n);
+    double step[2] = {0, 0};
+    for (uint32_t i = 0; i < 2 && st == PD_OK; i++) {
+        uint32_t k = (uint32_t)size + i;
+        cost_rule rule;
+        cost_rule_default(&rule);
+        rule.rows = (o->batch + k - 1) / k * (1 + o->policy.max_drafts);
+        if (rule.rows == 0)
+            rule.rows = 1;
+        st = cost_table_units(t, &rule, c, &head_ps, &tail_ps, err);
+        double one = (double)head_ps + (double)tail_ps;
+        for (uint32_t l = 0; l < n; l++)
+            one += (double)c[l];
+        step[i] = (double)k * one;
+    }
+    if (st == PD_OK && step[1] > step[0] * (1.0 + RANK_INFLIGHT_SLACK))
+        *out = (uint32_t)size;
+    free(c);
+    cost_table_free(t);
+    return st;
+}
+
+/* Micro-batch geometry from the options: the same on every rank. */
+static rank_sizes rank_sizes_for(const run_opts *o, int size, uint32_t n_inflight)
+{
+    rank_sizes z = {.prefill_chunk = o->prefill_chunk ? o->prefill_chunk
+                                     : size == 1   ? RANK_WHOLE_PREFILL_ROWS
+                                                   : RANK_PIPELINE_PREFILL_ROWS};
     /* one micro-batch per stage, plus one so the head computes the next
      * while a result travels back (with one rank: one); --micro-batches
      * chooses another count (fewer, larger micro-batches read each stage's
      * weights fewer times per step) */
-    z.n_inflight = size == 1 ? 1 : (uint32_t)size + 1;
+    z.n_inflight = n_inflight;
     if (o->micro_batches && size > 1)
         z.n_inflight = o->micro_batches;
     z.max_streams = o->batch;
@@ -88,9 +149,12 @@ pd_status rank_start(rank *r, pd_err *err)
         st = layermap_parse(o->layers, (uint32_t)r->size, r->hp.n_layers, &r->lm, err);
     else /* balanced by each layer's predicted step time at its real tensor types (cost.h) */
         st = layermap_for_model(o->model_path, (uint32_t)r->size, NULL, &r->lm, err);
+    uint32_t n_inflight = 1;
+    if (st == PD_OK)
+        st = rank_default_inflight(o, r->size, &n_inflight, err);
     if (st)
         return st;
-    r->sz = rank_sizes_for(o, r->size);
+    r->sz = rank_sizes_for(o, r->size, n_inflight);
 
     /* NUMA: bind by node-local rank, place weights and caches there */
     if ((st = numa_topo_load(&r->topo, err)))

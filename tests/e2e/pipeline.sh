@@ -68,6 +68,31 @@ for n in 2 3 4; do
     || fail "np $n: --micro-batches had no effect ($m1 vs $mk micro-batches)"
 done
 
+# the default micro-batch count and prefill chunk, as the start-up line
+# states them: on a model whose weights dominate a step, 2 streams on 2 ranks
+# take K = 2 (a third micro-batch would be a third pass over the weights for
+# the same rows), 64 streams K = 3; a pipeline's prefill comes in 64-row
+# chunks, one rank's whole; the flags override both
+mw="$T/mw.gguf"
+"$PIPEDEC" mkmodel --arch llama --layers 2 --hidden 512 --heads 8 --kv-heads 8 --ffn 1536 --vocab 512 \
+  --seed 3 --out "$mw" >/dev/null
+"$PIPEDEC" mkpages --model "$mw" --count 1 --embed-rows 0 --prompt-tokens 3 --max-new 2 --seed 3 \
+  --out "$T/mwp" >/dev/null
+startline() { # startline NP OUT args...: the run's first line
+  local n="$1" out="$2"; shift 2
+  timeout 120 "${MPIRUN[@]}" -np "$n" "$PIPEDEC" run --model "$mw" --pages "$T/mwp/pages.jsonl" --out "$out" "$@" \
+    2>/dev/null | head -1
+}
+for c in "2|--batch 2|2 micro-batches in flight, prefill chunk 64" \
+         "2|--batch 64|3 micro-batches in flight, prefill chunk 64" \
+         "2|--batch 2 --micro-batches 5 --prefill-chunk 8|5 micro-batches in flight, prefill chunk 8" \
+         "1|--batch 2|1 micro-batch in flight, prefill chunk 1024"; do
+  IFS='|' read -r n args want <<<"$c"
+  # shellcheck disable=SC2086
+  line=$(startline "$n" "$T/mw.$n.$RANDOM.jsonl" $args)
+  grep -q ", $want" <<<"$line" && pass "np $n $args: $want" || fail "np $n $args: want '$want' in '$line'"
+done
+
 # hidden-state traces: merged over ranks, identical to one rank at every
 # layer boundary; against f16 the first difference is layer 0's output
 prun 3 "$T/np3.trace.jsonl" --layers 0-1,2-3,4-5 --batch 5 --trace-hidden "$T/np3.trace"
