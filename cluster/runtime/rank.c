@@ -97,10 +97,9 @@ static rank_sizes rank_sizes_for(const run_opts *o, int size, uint32_t n_infligh
     rank_sizes z = {.prefill_chunk = o->prefill_chunk ? o->prefill_chunk
                                      : size == 1   ? RANK_WHOLE_PREFILL_ROWS
                                                    : RANK_PIPELINE_PREFILL_ROWS};
-    /* one micro-batch per stage, plus one so the head computes the next
-     * while a result travels back (with one rank: one); --micro-batches
-     * chooses another count (fewer, larger micro-batches read each stage's
-     * weights fewer times per step) */
+    /* n_inflight from rank_default_inflight (N or N + 1; one rank: one);
+     * --micro-batches chooses another count (fewer, larger micro-batches
+     * read each stage's weights fewer times per step) */
     z.n_inflight = n_inflight;
     if (o->micro_batches && size > 1)
         z.n_inflight = o->micro_batches;
