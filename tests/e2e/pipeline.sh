@@ -78,10 +78,13 @@ mw="$T/mw.gguf"
   --seed 3 --out "$mw" >/dev/null
 "$PIPEDEC" mkpages --model "$mw" --count 1 --embed-rows 0 --prompt-tokens 3 --max-new 2 --seed 3 \
   --out "$T/mwp" >/dev/null
-startline() { # startline NP OUT args...: the run's first line
-  local n="$1" out="$2"; shift 2
-  timeout 120 "${MPIRUN[@]}" -np "$n" "$PIPEDEC" run --model "$mw" --pages "$T/mwp/pages.jsonl" --out "$out" "$@" \
-    2>/dev/null | head -1
+# startline NP OUT args...: the run's first line; the run's output is read
+# to its end (closing the pipe after one line could kill it with SIGPIPE)
+startline() {
+  local n="$1" out="$2" all; shift 2
+  all=$(timeout 120 "${MPIRUN[@]}" -np "$n" "$PIPEDEC" run --model "$mw" --pages "$T/mwp/pages.jsonl" --out "$out" \
+    "$@" 2>/dev/null) || true
+  printf '%s\n' "${all%%$'\n'*}"
 }
 for c in "2|--batch 2|2 micro-batches in flight, prefill chunk 64" \
          "2|--batch 64|3 micro-batches in flight, prefill chunk 64" \
