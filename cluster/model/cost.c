@@ -265,3 +265,64 @@ pd_status cost_table_units(const cost_table *t, const cost_rule *r, uint64_t *la
     *tail = tl;
     return PD_OK;
 }
+
+pd_status cost_mix_validate(const cost_mix *m, pd_err *err)
+{
+    if (!(m->prefill_rows >= 0.0 && m->prefill_rows <= 1e300))
+        return pd_err_set(err, PD_ERR_ARG, "cost mix: prefill_rows %g is not a number >= 0", m->prefill_rows);
+    if (!(m->new_tokens >= 0.0 && m->new_tokens <= 1e300))
+        return pd_err_set(err, PD_ERR_ARG, "cost mix: new_tokens %g is not a number >= 0", m->new_tokens);
+    if (m->prefill_rows == 0.0 && m->new_tokens == 0.0)
+        return pd_err_set(err, PD_ERR_ARG, "cost mix: no rows (prefill_rows and new_tokens are both 0)");
+    if (m->prefill_rows_per_batch == 0)
+        return pd_err_set(err, PD_ERR_ARG, "cost mix: prefill_rows_per_batch is 0");
+    if (m->decode_rows == 0)
+        return pd_err_set(err, PD_ERR_ARG, "cost mix: decode_rows is 0");
+    if (m->decode_streams == 0 || m->decode_streams > m->decode_rows)
+        return pd_err_set(err, PD_ERR_ARG, "cost mix: decode_streams %u is not in 1 .. decode_rows (%u)",
+                          m->decode_streams, m->decode_rows);
+    return PD_OK;
+}
+
+/* Depth d rows clipped to the context, as a whole number of rows. */
+static uint32_t cost_depth(double d, uint32_t ctx)
+{
+    return d >= (double)ctx ? ctx : (uint32_t)d;
+}
+
+/* One average page's seconds on part p (see cost_table_mix_units). */
+static double cost_mix_seconds(const cost_part *p, const cost_rule *r, const cost_mix *m, uint32_t ctx, int is_tail)
+{
+    cost_rule pre = *r, dec = *r;
+    pre.rows = is_tail ? 1 : m->prefill_rows_per_batch;
+    dec.rows = m->decode_rows;
+    double pre_batches = is_tail ? (m->prefill_rows > 0.0 ? 1.0 : 0.0)
+                                 : m->prefill_rows / (double)m->prefill_rows_per_batch;
+    double dec_batches = m->new_tokens / (double)m->decode_streams;
+    return pre_batches * cost_part_seconds(p, &pre, cost_depth(m->prefill_rows / 2.0, ctx)) +
+           dec_batches * cost_part_seconds(p, &dec, cost_depth(m->prefill_rows + m->new_tokens / 2.0, ctx));
+}
+
+pd_status cost_table_mix_units(const cost_table *t, const cost_rule *r, const cost_mix *mix, uint64_t *layer,
+                               uint64_t *head, uint64_t *tail, pd_err *err)
+{
+    pd_status st = cost_rule_validate(r, err);
+    if (st == PD_OK)
+        st = cost_mix_validate(mix, err);
+    if (st)
+        return st;
+    uint64_t h, tl;
+    if (!cost_ps(cost_mix_seconds(&t->head, r, mix, t->ctx, 0), &h) ||
+        !cost_ps(cost_mix_seconds(&t->tail, r, mix, t->ctx, 1), &tl))
+        return pd_err_set(err, PD_ERR_RANGE, "cost: the head's or tail's share of a page takes more than 2^62 ps");
+    for (uint32_t i = 0; i < t->n_layers; i++) {
+        uint64_t u;
+        if (!cost_ps(cost_mix_seconds(&t->layer[i], r, mix, t->ctx, 0), &u))
+            return pd_err_set(err, PD_ERR_RANGE, "cost: layer %u's share of a page takes more than 2^62 ps", i);
+    }
+    for (uint32_t i = 0; i < t->n_layers; i++)
+        cost_ps(cost_mix_seconds(&t->layer[i], r, mix, t->ctx, 0), &layer[i]);
+    *head = h;
+    *tail = tl;
+    return PD_OK;
+}

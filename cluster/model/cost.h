@@ -100,4 +100,40 @@ const cost_part *cost_table_tail(const cost_table *t);
 pd_status cost_table_units(const cost_table *t, const cost_rule *r, uint64_t *layer, uint64_t *head,
                            uint64_t *tail, pd_err *err);
 
+/* What the run's average page asks of the pipeline, from its page manifest:
+ * the rows it prefills and the tokens it may generate (max_new_tokens, an
+ * upper bound: a page may stop early). A page's prefill passes in micro-batches
+ * of prefill_rows_per_batch rows (its chunk plus the decode rows riding along);
+ * its decoding shares micro-batches of decode_rows rows with
+ * decode_streams - 1 other streams, one micro-batch per generated token. */
+typedef struct cost_mix {
+    double prefill_rows;             /* mean prefill rows per page (>= 0) */
+    double new_tokens;               /* mean max_new_tokens per page (>= 0) */
+    uint32_t prefill_rows_per_batch; /* rows of a prefill micro-batch (>= 1) */
+    uint32_t decode_rows;            /* rows of a decode micro-batch (>= 1; drafts included) */
+    uint32_t decode_streams;         /* streams of a decode micro-batch (1 .. decode_rows) */
+} cost_mix;
+
+/* PD_ERR_ARG naming the field when a mean is negative or not finite or a
+ * count is out of range. */
+pd_status cost_mix_validate(const cost_mix *m, pd_err *err);
+
+/* Predicted time one average page of mix brings to each part, in integer
+ * picoseconds (the unit layermap_balance_costs takes), under r's machine
+ * (bandwidth, peak, kv_value_bytes; r->rows and r->depth are not used: the
+ * mix gives both):
+ *
+ *   part = prefill_rows / prefill_rows_per_batch x step(prefill_rows_per_batch
+ *                                                     rows, depth prefill_rows / 2)
+ *        + new_tokens / decode_streams x step(decode_rows rows,
+ *                                             depth prefill_rows + new_tokens / 2)
+ *
+ * except that the tail's prefill share is one step of one row: a page's
+ * prefill needs logits only for its last row. Depths are clipped to the
+ * model's context. A mix with no rows at all (both means 0) is refused:
+ * the caller falls back to cost_table_units. Outputs untouched on failure;
+ * PD_ERR_RANGE when a time does not fit in 2^62 ps. */
+pd_status cost_table_mix_units(const cost_table *t, const cost_rule *r, const cost_mix *mix, uint64_t *layer,
+                               uint64_t *head, uint64_t *tail, pd_err *err);
+
 #endif

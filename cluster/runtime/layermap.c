@@ -228,8 +228,8 @@ pd_status layermap_balance(uint32_t n_stages, uint32_t n_layers, uint64_t layer_
     return st;
 }
 
-pd_status layermap_for_model(const char *model_path, uint32_t n_stages, const cost_rule *rule, layermap *out,
-                             pd_err *err)
+pd_status layermap_for_model(const char *model_path, uint32_t n_stages, const cost_rule *rule, const cost_mix *mix,
+                             layermap *out, pd_err *err)
 {
     cost_rule dflt;
     if (!rule) {
@@ -245,7 +245,8 @@ pd_status layermap_for_model(const char *model_path, uint32_t n_stages, const co
     if (!c)
         st = pd_err_set(err, PD_ERR_NOMEM, "layer map: out of memory for %u layers", n);
     if (st == PD_OK)
-        st = cost_table_units(t, rule, c, &head, &tail, err);
+        st = mix ? cost_table_mix_units(t, rule, mix, c, &head, &tail, err)
+                 : cost_table_units(t, rule, c, &head, &tail, err);
     if (st == PD_OK)
         st = layermap_balance_costs(n_stages, n, c, head, tail, out, err);
     free(c);

@@ -72,11 +72,15 @@ pd_status layermap_balance(uint32_t n_stages, uint32_t n_layers, uint64_t layer_
                            uint64_t tail_cost, layermap *out, pd_err *err);
 
 /* The default map of a run: reads model_path's cost table (cost_table_read),
- * predicts each part's step time under rule (NULL = cost_rule_default) and
- * balances them over n_stages with layermap_balance_costs. Errors name the
+ * predicts each part's cost under rule (NULL = cost_rule_default) and
+ * balances them over n_stages with layermap_balance_costs. The cost is one
+ * step at the rule's operating point (rows, depth) when mix is NULL, else
+ * what an average page of the run's mix brings to the part
+ * (cost_table_mix_units: its prefill micro-batches and its decode
+ * micro-batches, weighed by how many of each it needs). Errors name the
  * file, the tensor or the reason (e.g. fewer layers than ranks). */
-pd_status layermap_for_model(const char *model_path, uint32_t n_stages, const cost_rule *rule, layermap *out,
-                             pd_err *err);
+pd_status layermap_for_model(const char *model_path, uint32_t n_stages, const cost_rule *rule, const cost_mix *mix,
+                             layermap *out, pd_err *err);
 
 /* "0-3,4-7,8-11" */
 void layermap_format(const layermap *m, char *buf, size_t cap);

@@ -4,6 +4,7 @@
 
 #include "base/check.h"
 #include "base/cpu.h"
+#include "cluster/format/pages.h"
 #include "cluster/model/cost.h"
 #include "cluster/runtime/budget.h"
 
@@ -39,6 +40,65 @@ pd_status rank_agree_isa(rank *r, pd_err *err)
     if (st == PD_OK)
         pd_cpu_set_isa((pd_isa)(int)-neg_isa);
     return st;
+}
+
+pd_status rank_agree_work(rank *r, pd_err *err)
+{
+    if (r->size == 1)
+        return PD_OK;
+    double w[3] = {0, 0, 0}; /* pages, prefill rows, max_new_tokens */
+    if (r->is_head) {
+        model_hparams hp;
+        pd_err ignored = {0};
+        pages *pg = NULL;
+        pages_opts po = {.header_only = true};
+        /* hidden 0: embedding files by header, their width unchecked;
+         * head_open loads the manifest for real and reports its errors */
+        if (model_read_hparams(r->o->model_path, &hp, &ignored) == PD_OK &&
+            pages_load(r->o->pages_path, hp.vocab, 0, &po, &pg, &ignored) == PD_OK) {
+            for (size_t i = 0; i < pages_count(pg); i++) {
+                const pages_page *pp = pages_get(pg, i);
+                w[1] += (double)pp->prefill_rows;
+                w[2] += (double)pp->max_new_tokens;
+            }
+            w[0] = (double)pages_count(pg);
+        }
+        pages_free(pg);
+    }
+    pd_status st = pipe_bcast(r->p, w, sizeof w, err);
+    if (st == PD_OK) {
+        r->work_pages = w[0];
+        r->work_prefill_rows = w[1];
+        r->work_new_tokens = w[2];
+    }
+    return st;
+}
+
+/* The default layer map: balanced for what an average page of the manifest
+ * brings to each layer (its prefill micro-batches and its decode
+ * micro-batches, cost_table_mix_units), or, with no page to go by, for one
+ * decode step at cost.h's default operating point. The same on every rank:
+ * a pure function of the options, the model file and rank_agree_work. */
+static pd_status rank_default_map(rank *r, pd_err *err)
+{
+    const run_opts *o = r->o;
+    if (r->work_pages < 1.0 || (r->work_prefill_rows == 0.0 && r->work_new_tokens == 0.0)) {
+        snprintf(r->lm_basis, sizeof r->lm_basis, "one decode step");
+        return layermap_for_model(o->model_path, (uint32_t)r->size, NULL, NULL, &r->lm, err);
+    }
+    /* the streams that decode together: --batch, or every page when fewer */
+    uint32_t streams = r->work_pages < (double)o->batch ? (uint32_t)r->work_pages : o->batch;
+    uint32_t k = r->sz.n_inflight;
+    cost_mix mix = {.prefill_rows = r->work_prefill_rows / r->work_pages,
+                    .new_tokens = r->work_new_tokens / r->work_pages,
+                    .prefill_rows_per_batch = r->sz.rows_per_batch,
+                    .decode_streams = (streams + k - 1) / k};
+    if (mix.decode_streams == 0)
+        mix.decode_streams = 1;
+    mix.decode_rows = mix.decode_streams * (1 + o->policy.max_drafts);
+    snprintf(r->lm_basis, sizeof r->lm_basis, "a mean page of %.0f prefill row%s and %.0f new token%s",
+             mix.prefill_rows, mix.prefill_rows == 1.0 ? "" : "s", mix.new_tokens, mix.new_tokens == 1.0 ? "" : "s");
+    return layermap_for_model(o->model_path, (uint32_t)r->size, NULL, &mix, &r->lm, err);
 }
 
 /* One more micro-batch in flight than stages is kept while it costs at most
@@ -144,16 +204,18 @@ pd_status rank_start(rank *r, pd_err *err)
     pd_status st = model_read_hparams(o->model_path, &r->hp, err);
     if (st)
         return st;
-    if (o->layers)
-        st = layermap_parse(o->layers, (uint32_t)r->size, r->hp.n_layers, &r->lm, err);
-    else /* balanced by each layer's predicted step time at its real tensor types (cost.h) */
-        st = layermap_for_model(o->model_path, (uint32_t)r->size, NULL, &r->lm, err);
     uint32_t n_inflight = 1;
-    if (st == PD_OK)
-        st = rank_default_inflight(o, r->size, &n_inflight, err);
+    st = rank_default_inflight(o, r->size, &n_inflight, err);
     if (st)
         return st;
     r->sz = rank_sizes_for(o, r->size, n_inflight);
+    if (o->layers) {
+        snprintf(r->lm_basis, sizeof r->lm_basis, "--layers");
+        st = layermap_parse(o->layers, (uint32_t)r->size, r->hp.n_layers, &r->lm, err);
+    } else /* balanced by each layer's predicted cost at its real tensor types (cost.h) */
+        st = rank_default_map(r, err);
+    if (st)
+        return st;
 
     /* NUMA: bind by node-local rank, place weights and caches there */
     if ((st = numa_topo_load(&r->topo, err)))

@@ -5,8 +5,10 @@
  * loops are head.h and follow.h; run.h ties them together.
  *
  * Start-up order and why:
- *   1. node-local rank and the ISA level all ranks support (collectives every
- *      rank reaches whatever fails later in its own start-up);
+ *   1. node-local rank and the ISA level all ranks support, and the page
+ *      manifest's work mix the default layer map is balanced for
+ *      (collectives every rank reaches whatever fails later in its own
+ *      start-up);
  *   2. everything that can fail on one rank (model file, manifest, output
  *      file, placement, memory) — failures are then agreed on collectively
  *      (run.c), so every rank exits non-zero with the cause printed by the
@@ -54,6 +56,10 @@ typedef struct rank {
     bool is_head, is_tail;
     rank_sizes sz;
     layermap lm;
+    /* the manifest's pages, their prefill rows and max_new_tokens, summed
+     * (rank_agree_work; all 0 when not known or on one rank) */
+    double work_pages, work_prefill_rows, work_new_tokens;
+    char lm_basis[128];      /* what the layer map was balanced for, for the start-up line */
     model_hparams hp;
     numa_topo *topo;
     numa_choice nc;
@@ -74,6 +80,12 @@ typedef struct rank {
 
 /* Step 1 of start-up: r->o and r->p set, everything else zero. Collective. */
 pd_status rank_agree_isa(rank *r, pd_err *err);
+/* Step 1, after rank_agree_isa: the head reads the page manifest's totals
+ * (pages, prefill rows, max_new_tokens; headers of embedding files only) and
+ * every rank receives them for the default layer map. A manifest the head
+ * cannot read counts as empty here: head_open reports it. One rank: no-op.
+ * Collective. */
+pd_status rank_agree_work(rank *r, pd_err *err);
 /* Step 2 for this rank's compute part. On failure *r holds what was made so
  * far: rank_stop frees it. */
 pd_status rank_start(rank *r, pd_err *err);

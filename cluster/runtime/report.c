@@ -46,11 +46,15 @@ pd_status report_start(rank *r, report **out, pd_err *err)
         return st;
     char pol[160];
     policy_describe(&r->o->policy, pol, sizeof pol);
+    char lm[LAYERMAP_MAX_STAGES * 12], basis[sizeof r->lm_basis + 32] = "";
+    layermap_format(&r->lm, lm, sizeof lm);
+    if (r->size > 1)
+        snprintf(basis, sizeof basis, " (balanced for %s)", r->lm_basis);
     printf("pipedec: %d rank%s, model %s (%u layers, hidden %u), %s, kernels %s on every rank, %u micro-batch%s "
-           "in flight, prefill chunk %u%s%s\n",
+           "in flight, prefill chunk %u, layers %s%s%s%s\n",
            r->size, r->size == 1 ? "" : "s", r->o->model_path, r->hp.n_layers, r->hp.hidden, pol,
-           pd_isa_name(pd_cpu_isa()), r->sz.n_inflight, r->sz.n_inflight == 1 ? "" : "es", r->sz.prefill_chunk,
-           r->hp.assumed[0] ? "; assumed: " : "", r->hp.assumed);
+           pd_isa_name(pd_cpu_isa()), r->sz.n_inflight, r->sz.n_inflight == 1 ? "" : "es", r->sz.prefill_chunk, lm,
+           r->o->layers ? "" : basis, r->hp.assumed[0] ? "; assumed: " : "", r->hp.assumed);
     for (int k = 0; k < r->size; k++)
         printf("pipedec: placement: %s\n", rep->lines + (size_t)k * sizeof both);
     fflush(stdout);

@@ -67,9 +67,15 @@ int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
     report *rep = NULL;
     double t_start = MPI_Wtime();
 
-    /* the ISA agreement is the only collective before the start-up
-     * agreement: every rank reaches both whatever fails in between */
+    /* the ISA and work-mix agreements are the only collectives before the
+     * start-up agreement: every rank reaches them whatever fails in between */
     pd_status st = rank_agree_isa(&r, &e);
+    pd_err we = {0};
+    pd_status wst = rank_agree_work(&r, &we); /* reached even after a failure: it is collective */
+    if (st == PD_OK && wst != PD_OK) {
+        st = wst;
+        e = we;
+    }
     if (st == PD_OK)
         st = run_start(&r, &h, &c, &e);
     if (st)

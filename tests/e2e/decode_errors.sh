@@ -155,10 +155,10 @@ open(sys.argv[2], 'wb').write(b)
 PY
 "$PIPEDEC" run --digest --model "$m" --pages "$T/pages/two.jsonl" --out "$T/full.jsonl" >"$T/full.log" 2>&1
 "$PIPEDEC" run --digest --model "$T/nokeys.gguf" --pages "$T/pages/two.jsonl" --out "$T/nokeys.jsonl" >"$T/nokeys.log" 2>&1
-want='prefill chunk [0-9]*; assumed: rope base 10000 (llama.rope.freq_base absent), rms epsilon 1e-05 (llama.attention.layer_norm_rms_epsilon absent)$'
+want='prefill chunk [0-9]*, layers 0-[0-9]*; assumed: rope base 10000 (llama.rope.freq_base absent), rms epsilon 1e-05 (llama.attention.layer_norm_rms_epsilon absent)$'
 if grep -q "^pipedec: 1 rank, model .*nokeys.gguf .*$want" "$T/nokeys.log"; then pass "defaulted keys listed in the start-up line"
 else fail "defaulted keys: start-up line: $(grep -m1 '^pipedec: 1 rank' "$T/nokeys.log")"; fi
-if grep -q '^pipedec: 1 rank, model .* prefill chunk [0-9]*$' "$T/full.log"; then pass "a complete model assumes nothing"
+if grep -q '^pipedec: 1 rank, model .* prefill chunk [0-9]*, layers 0-[0-9]*$' "$T/full.log"; then pass "a complete model assumes nothing"
 else fail "complete model: start-up line: $(grep -m1 '^pipedec: 1 rank' "$T/full.log")"; fi
 same "$T/full.jsonl" "$T/nokeys.jsonl" "defaults equal to the written values decode the same"
 

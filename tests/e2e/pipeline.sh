@@ -96,6 +96,28 @@ for c in "2|--batch 2|2 micro-batches in flight, prefill chunk 64" \
   grep -q ", $want" <<<"$line" && pass "np $n $args: $want" || fail "np $n $args: want '$want' in '$line'"
 done
 
+# the default layer map is balanced for the manifest's mix of prefill and
+# decode: on a model whose output projection outweighs its layers (vocab
+# 4096, hidden 64), a decode-heavy manifest leaves the last rank one layer,
+# a prefill-heavy one (logits for one row a page) splits the layers evenly;
+# the start-up line names the mix; both decode as one rank does
+mt="$T/mt.gguf"
+"$PIPEDEC" mkmodel --arch llama --layers 4 --hidden 64 --heads 4 --kv-heads 2 --ffn 128 --vocab 4096 \
+  --seed 5 --out "$mt" >/dev/null
+for c in "pre|200|1|0-1,2-3 (balanced for a mean page of 201 prefill rows and 1 new token)" \
+         "dec|3|120|0-2,3-3 (balanced for a mean page of 4 prefill rows and 120 new tokens)"; do
+  IFS='|' read -r tag prompt new want <<<"$c"
+  "$PIPEDEC" mkpages --model "$mt" --count 4 --embed-rows 0 --prompt-tokens "$prompt" --max-new "$new" --seed 4 \
+    --out "$T/mt.$tag" >/dev/null
+  "$PIPEDEC" run --model "$mt" --pages "$T/mt.$tag/pages.jsonl" --out "$T/mt.$tag.ref" --batch 4 --digest \
+    >/dev/null 2>&1
+  line=$(timeout 120 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$mt" --pages "$T/mt.$tag/pages.jsonl" \
+    --out "$T/mt.$tag.np2" --batch 4 --digest 2>/dev/null) || fail "mix $tag: the 2-rank run failed"
+  line="${line%%$'\n'*}"
+  grep -qF "layers $want" <<<"$line" && pass "mix $tag: default map $want" || fail "mix $tag: want 'layers $want' in '$line'"
+  same "$T/mt.$tag.ref" "$T/mt.$tag.np2" "mix $tag: default map == one rank"
+done
+
 # hidden-state traces: merged over ranks, identical to one rank at every
 # layer boundary; against f16 the first difference is layer 0's output
 prun 3 "$T/np3.trace.jsonl" --layers 0-1,2-3,4-5 --batch 5 --trace-hidden "$T/np3.trace"

@@ -493,7 +493,7 @@ static uint64_t bottleneck(const layermap *m, const uint64_t *c, uint64_t head, 
 static double map_of(const char *path, const spec *sp, uint32_t k, char *desc, size_t cap, layermap *out)
 {
     pd_err e = {0};
-    ck_assert_msg(layermap_for_model(path, k, NULL, out, &e) == PD_OK, "%s", e.msg);
+    ck_assert_msg(layermap_for_model(path, k, NULL, NULL, out, &e) == PD_OK, "%s", e.msg);
     cost_table *t = read_ok(path);
     cost_rule r;
     cost_rule_default(&r);
@@ -573,19 +573,160 @@ START_TEST(cost_layer_map_refuses_more_ranks_than_layers)
     memset(&m, 0x5a, sizeof m);
     layermap ref = m;
     pd_err e = {0};
-    ck_assert_int_eq(layermap_for_model(p, 5, NULL, &m, &e), PD_ERR_ARG);
+    ck_assert_int_eq(layermap_for_model(p, 5, NULL, NULL, &m, &e), PD_ERR_ARG);
     ck_assert_msg(strstr(e.msg, "fewer than"), "%s", e.msg);
     ck_assert_int_eq(memcmp(&m, &ref, sizeof m), 0);
     pd_err_clear(&e);
-    ck_assert_int_ne(layermap_for_model("/nonexistent/m.gguf", 1, NULL, &m, &e), PD_OK);
+    ck_assert_int_ne(layermap_for_model("/nonexistent/m.gguf", 1, NULL, NULL, &m, &e), PD_OK);
     ck_assert_msg(strstr(e.msg, "/nonexistent/m.gguf"), "%s", e.msg);
     cost_rule r;
     cost_rule_default(&r);
     r.peak = 0;
     pd_err_clear(&e);
-    ck_assert_int_eq(layermap_for_model(p, 2, &r, &m, &e), PD_ERR_ARG);
+    ck_assert_int_eq(layermap_for_model(p, 2, &r, NULL, &m, &e), PD_ERR_ARG);
     ck_assert_msg(strstr(e.msg, "peak"), "%s", e.msg);
     ck_assert_int_eq(memcmp(&m, &ref, sizeof m), 0);
+    unlink(p);
+}
+END_TEST
+
+/* ---- a run's mix of prefill and decode ----------------------------------- */
+
+/* An average page's units are its micro-batches' step times: a mix of one
+ * decode micro-batch (no prefill) is one step at decode_rows rows and depth
+ * new_tokens / 2; one prefill micro-batch (no decode) is one step at
+ * prefill_rows_per_batch rows and depth prefill_rows / 2 on every layer and
+ * the head, and one step of one row on the tail (logits of the page's last
+ * row only). Bad mixes are refused by field, outputs untouched. */
+START_TEST(cost_mix_units_weigh_prefill_and_decode_micro_batches)
+{
+    spec s = spec_small(GGUF_TENSOR_F32);
+    char p[64];
+    tmp_path(p, sizeof p, "mix");
+    spec_write(&s, p);
+    cost_table *t = read_ok(p);
+    cost_rule r;
+    cost_rule_default(&r);
+    uint64_t u[4], head, tail;
+    pd_err e = {0};
+
+    cost_mix dec = {.prefill_rows = 0, .new_tokens = 6, .prefill_rows_per_batch = 64, .decode_rows = 6,
+                    .decode_streams = 6};
+    ck_assert_int_eq(cost_table_mix_units(t, &r, &dec, u, &head, &tail, &e), PD_OK);
+    cost_rule at = r;
+    at.rows = 6;
+    for (uint32_t L = 0; L < 4; L++)
+        ck_assert_uint_eq(u[L], (uint64_t)llround(cost_part_seconds(cost_table_layer(t, L), &at, 3) * 1e12));
+    ck_assert_uint_eq(tail, (uint64_t)llround(cost_part_seconds(cost_table_tail(t), &at, 3) * 1e12));
+
+    /* twice the tokens, drafts riding along: twice the micro-batches of 12 rows */
+    cost_mix dec2 = dec;
+    dec2.new_tokens = 12;
+    dec2.decode_rows = 12;
+    ck_assert_int_eq(cost_table_mix_units(t, &r, &dec2, u, &head, &tail, &e), PD_OK);
+    at.rows = 12;
+    ck_assert_uint_eq(u[1], (uint64_t)llround(2.0 * cost_part_seconds(cost_table_layer(t, 1), &at, 6) * 1e12));
+
+    cost_mix pre = {.prefill_rows = 64, .new_tokens = 0, .prefill_rows_per_batch = 64, .decode_rows = 1,
+                    .decode_streams = 1};
+    ck_assert_int_eq(cost_table_mix_units(t, &r, &pre, u, &head, &tail, &e), PD_OK);
+    at.rows = 64;
+    ck_assert_uint_eq(u[0], (uint64_t)llround(cost_part_seconds(cost_table_layer(t, 0), &at, 32) * 1e12));
+    ck_assert_uint_eq(head, (uint64_t)llround(cost_part_seconds(cost_table_head(t), &at, 32) * 1e12));
+    at.rows = 1;
+    ck_assert_uint_eq(tail, (uint64_t)llround(cost_part_seconds(cost_table_tail(t), &at, 32) * 1e12));
+
+    /* depth clipped to the context (256) */
+    cost_mix deep = dec;
+    deep.prefill_rows = 1000;
+    deep.prefill_rows_per_batch = 1000;
+    ck_assert_int_eq(cost_table_mix_units(t, &r, &deep, u, &head, &tail, &e), PD_OK);
+    cost_rule d1 = r, d6 = r;
+    d1.rows = 1000;
+    d6.rows = 6;
+    ck_assert_uint_eq(u[2], (uint64_t)llround((cost_part_seconds(cost_table_layer(t, 2), &d1, 256) +
+                                               cost_part_seconds(cost_table_layer(t, 2), &d6, 256)) * 1e12));
+
+    static const struct { cost_mix m; const char *field; } bad[] = {
+        {{.prefill_rows = -1, .new_tokens = 1, .prefill_rows_per_batch = 1, .decode_rows = 1, .decode_streams = 1},
+         "prefill_rows"},
+        {{.prefill_rows = 1, .new_tokens = NAN, .prefill_rows_per_batch = 1, .decode_rows = 1, .decode_streams = 1},
+         "new_tokens"},
+        {{.prefill_rows = 0, .new_tokens = 0, .prefill_rows_per_batch = 1, .decode_rows = 1, .decode_streams = 1},
+         "no rows"},
+        {{.prefill_rows = 1, .new_tokens = 1, .prefill_rows_per_batch = 0, .decode_rows = 1, .decode_streams = 1},
+         "prefill_rows_per_batch"},
+        {{.prefill_rows = 1, .new_tokens = 1, .prefill_rows_per_batch = 1, .decode_rows = 0, .decode_streams = 1},
+         "decode_rows"},
+        {{.prefill_rows = 1, .new_tokens = 1, .prefill_rows_per_batch = 1, .decode_rows = 2, .decode_streams = 3},
+         "decode_streams 3"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint64_t keep[4] = {1, 2, 3, 4}, kh = 5, kt = 6;
+        pd_err_clear(&e);
+        ck_assert_int_eq(cost_table_mix_units(t, &r, &bad[i].m, keep, &kh, &kt, &e), PD_ERR_ARG);
+        ck_assert_msg(strstr(e.msg, bad[i].field), "case %zu: %s", i, e.msg);
+        ck_assert_uint_eq(keep[0], 1);
+        ck_assert_uint_eq(kh, 5);
+        ck_assert_uint_eq(kt, 6);
+    }
+    cost_rule slow = r;
+    slow.bandwidth = 1e-9;
+    pd_err_clear(&e);
+    ck_assert_int_eq(cost_table_mix_units(t, &slow, &dec, u, &head, &tail, &e), PD_ERR_RANGE);
+    cost_table_free(t);
+    unlink(p);
+}
+END_TEST
+
+/* The default map follows the run's mix: where the output projection is
+ * costly in decode (the f32 example: 2.7 layers at 4 rows), a decode-heavy
+ * mix gives the last stage fewer layers; a prefill-heavy one (logits for one
+ * row a page) splits the layers evenly. Each is the optimum of its own
+ * units (brute force). */
+START_TEST(cost_layer_map_follows_the_mix_of_prefill_and_decode)
+{
+    spec s = spec_example(GGUF_TENSOR_F32);
+    char p[64];
+    tmp_path(p, sizeof p, "mixmap");
+    spec_write(&s, p);
+    cost_table *t = read_ok(p);
+    cost_rule r;
+    cost_rule_default(&r);
+    cost_mix decode_heavy = {.prefill_rows = 16, .new_tokens = 512, .prefill_rows_per_batch = 68,
+                             .decode_rows = 4, .decode_streams = 4};
+    cost_mix prefill_heavy = {.prefill_rows = 1024, .new_tokens = 8, .prefill_rows_per_batch = 68,
+                              .decode_rows = 4, .decode_streams = 4};
+    layermap md, mp;
+    pd_err e = {0};
+    ck_assert_msg(layermap_for_model(p, 2, NULL, &decode_heavy, &md, &e) == PD_OK, "%s", e.msg);
+    ck_assert_msg(layermap_for_model(p, 2, NULL, &prefill_heavy, &mp, &e) == PD_OK, "%s", e.msg);
+    char a[64], b[64];
+    layermap_format(&md, a, sizeof a);
+    layermap_format(&mp, b, sizeof b);
+    printf("cost: f32 example, 2 ranks: decode-heavy mix %s, prefill-heavy mix %s\n", a, b);
+    ck_assert_uint_lt(md.count[1], md.count[0]);
+    ck_assert_uint_eq(mp.count[0], 6);
+    ck_assert_uint_eq(mp.count[1], 6);
+    const cost_mix *mixes[2] = {&decode_heavy, &prefill_heavy};
+    const layermap *maps[2] = {&md, &mp};
+    for (int i = 0; i < 2; i++)
+        for (uint32_t k = 2; k <= 4; k++) {
+            uint64_t c[SPEC_MAX_LAYERS], head, tail;
+            ck_assert_int_eq(cost_table_mix_units(t, &r, mixes[i], c, &head, &tail, &e), PD_OK);
+            layermap m;
+            ck_assert_int_eq(layermap_for_model(p, k, NULL, mixes[i], &m, &e), PD_OK);
+            ck_assert_uint_eq(bottleneck(&m, c, head, tail), brute_bottleneck(c, 12, k, head, tail));
+            if (k == 2)
+                ck_assert_int_eq(memcmp(&m, maps[i], sizeof m), 0);
+        }
+    /* a bad mix is refused through the map too */
+    cost_mix none = decode_heavy;
+    none.new_tokens = none.prefill_rows = 0;
+    layermap keep = md;
+    ck_assert_int_eq(layermap_for_model(p, 2, NULL, &none, &md, &e), PD_ERR_ARG);
+    ck_assert_int_eq(memcmp(&keep, &md, sizeof md), 0);
+    cost_table_free(t);
     unlink(p);
 }
 END_TEST
@@ -654,6 +795,8 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, cost_layer_maps_follow_the_tensor_types);
     tcase_add_test(tc, cost_layer_map_refuses_more_ranks_than_layers);
     tcase_add_test(tc, cost_moe_layers_count_active_parameters_and_all_expert_bytes);
+    tcase_add_test(tc, cost_mix_units_weigh_prefill_and_decode_micro_batches);
+    tcase_add_test(tc, cost_layer_map_follows_the_mix_of_prefill_and_decode);
     suite_add_tcase(s, tc);
     return s;
 }
