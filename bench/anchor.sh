@@ -5,8 +5,9 @@
 #
 # The model is the OCR-shaped dense decoder built here with `pipedec mkmodel`
 # (llama, 12 layers, hidden 1280, 10 x 128 heads, ffn 6848, vocab 32000) in
-# f32 and Q8_0; pages from `pipedec mkpages`: 277 prefill rows (BOS + 276
-# prompt tokens, so llama.cpp reads the same rows) and 64 new tokens each.
+# f32, F16 and Q8_0 (--dtypes picks a subset); pages from `pipedec mkpages`:
+# 277 prefill rows (BOS + 276 prompt tokens, so llama.cpp reads the same rows)
+# and 64 new tokens each.
 # Workloads, decode always separated from prefill on both sides:
 #   prefill rows/s: 1 stream (llama-bench pp277) and 64 streams
 #     (llama-batched-bench S_PP at 64);
@@ -35,24 +36,29 @@
 # Times on a shared machine are noisy: read the medians and the ratios.
 #
 # usage: bench/anchor.sh BUILD_DIR [--quick] [--reps N] [--threads T] [--work DIR]
+#                        [--dtypes f32,f16,q8_0]
 #   --quick: a small model (2 layers, hidden 128) and short pages (33 rows,
 #            8 new tokens), to check the script end to end in a minute or two
 #   --work DIR: keep models, pages and raw outputs in DIR (default: a
 #            temporary directory, removed at exit)
+#   --dtypes LIST: weight types to measure, any of f32, f16, bf16, q8_0
+#            (default f32,f16,q8_0); each adds about a quarter hour with llama.cpp
 set -euo pipefail
-usage="usage: bench/anchor.sh BUILD_DIR [--quick] [--reps N] [--threads T] [--work DIR]"
+usage="usage: bench/anchor.sh BUILD_DIR [--quick] [--reps N] [--threads T] [--work DIR] [--dtypes LIST]"
 build="${1:?$usage}"
 shift
 quick=0
 reps=3
 threads="$(nproc)"
 work=""
+dtypes="f32,f16,q8_0"
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
     --reps) reps="${2:?$usage}"; shift ;;
     --threads) threads="${2:?$usage}"; shift ;;
     --work) work="${2:?$usage}"; shift ;;
+    --dtypes) dtypes="${2:?$usage}"; shift ;;
     *) echo "anchor.sh: unknown argument '$1'; $usage" >&2; exit 2 ;;
   esac
   shift
@@ -91,25 +97,26 @@ else
   prefill=277; new=64
 fi
 echo "anchor.sh: building models and pages in $work" >&2
-for dt in f32 q8_0; do
+for dt in ${dtypes//,/ }; do
+  case "$dt" in f32|f16|bf16|q8_0) ;; *) echo "anchor.sh: --dtypes: '$dt' is not one of f32, f16, bf16, q8_0" >&2; exit 2 ;; esac
   [ -s "$work/m.$dt.gguf" ] || "$bin" mkmodel --arch llama "${shape[@]}" --ctx 4096 --dtype "$dt" --seed 17 \
     --out "$work/m.$dt.gguf" >/dev/null
 done
-"$bin" mkpages --model "$work/m.f32.gguf" --count 64 --embed-rows 0 --prompt-tokens $((prefill - 1)) \
+"$bin" mkpages --model "$work/m.${dtypes%%,*}.gguf" --count 64 --embed-rows 0 --prompt-tokens $((prefill - 1)) \
   --max-new "$new" --seed 17 --out "$work/pages" >/dev/null
 
 echo "anchor.sh: measuring limits" >&2
 "$build/bench/bench_probe" "$threads" 3 > "$work/probe.json"
 "$build/bench/bench_gemm" 1 > "$work/gemm.json"
 
-python3 - "$bin" "$work" "$reps" "$threads" "$quick" "$prefill" "$new" "$llama_bin" "${shape[@]}" <<'PY'
+python3 - "$bin" "$work" "$reps" "$threads" "$quick" "$prefill" "$new" "$llama_bin" "$dtypes" "${shape[@]}" <<'PY'
 import json, os, re, statistics, subprocess, sys
 
-bin_, work, reps, T, quick, P, NEW, llama = sys.argv[1:9]
+bin_, work, reps, T, quick, P, NEW, llama, dtypes = sys.argv[1:10]
 reps, T, quick, P, NEW = int(reps), int(T), quick == "1", int(P), int(NEW)
-shape = dict(zip(sys.argv[9::2], map(int, sys.argv[10::2])))
+shape = dict(zip(sys.argv[10::2], map(int, sys.argv[11::2])))
 streams = [1, 8, 32, 64]
-dtypes = ["f32", "q8_0"]
+dtypes = dtypes.split(",")
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 
 lines = open(f"{work}/pages/pages.jsonl").read().splitlines(keepends=True)
@@ -223,7 +230,7 @@ if quick:
 for dt in dtypes:
     wbytes = os.path.getsize(f"{work}/m.{dt}.gguf")
     # bytes of the matrices a step reads (the embedding table is not read: one row per token)
-    wread = params * (4 if dt == "f32" else 34 / 32)
+    wread = params * {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32}[dt]
     d = {"model_bytes": wbytes, "weight_bytes_read_per_step": int(wread), "pipedec": {}, "limits": {}, "pipedec_vs_limit": {}}
     pre1 = med([x["prefill_rows_per_s"] for x in pd[dt][1]])
     pre64 = med([x["prefill_rows_per_s"] for x in pd[dt][64]])
