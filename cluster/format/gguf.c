@@ -959,6 +959,17 @@ const void *gguf_bytes(const gguf_file *f)
     return f->base;
 }
 
+void gguf_release_bytes(const gguf_file *f, const void *p, uint64_t len)
+{
+    uintptr_t b = (uintptr_t)f->base, a = (uintptr_t)p;
+    if (!f->mapped || len == 0 || a < b || a - b > f->len || len > f->len - (a - b))
+        return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = (a + page - 1) / page * page, hi = (a + (uintptr_t)len) / page * page;
+    if (hi > lo)
+        (void)madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice: a failure changes nothing */
+}
+
 uint64_t gguf_kv_count(const gguf_file *f)
 {
     return f ? f->n_kv : 0;

@@ -173,6 +173,15 @@ uint64_t gguf_file_size(const gguf_file *f);
 /* All gguf_file_size bytes of the file (the mapping or the caller's buffer),
  * borrowed from f: for whole-file digests. Reading it maps in every page. */
 const void *gguf_bytes(const gguf_file *f);
+/* The caller has copied what it needs of bytes [p, p + len) of f (p inside
+ * gguf_bytes): for a file mapped by gguf_open, the pages wholly inside the
+ * range leave the process's resident set (madvise MADV_DONTNEED on the
+ * read-only mapping); they stay in the page cache and read back the same
+ * bytes if touched again, so nothing f returns changes. A model load packs
+ * every matrix into its own layout, so without this every packed weight
+ * would be resident twice. A no-op for gguf_open_mem buffers (the caller's
+ * memory), an empty range or one outside the file. */
+void gguf_release_bytes(const gguf_file *f, const void *p, uint64_t len);
 
 /* --- metadata */
 

@@ -474,6 +474,8 @@ static pd_status mat_load(const model *m, const char *name, uint64_t in, uint64_
     st = gemm_pack(t->data, wt, (uint32_t)outn, (uint32_t)in, be, m->alloc, out, err);
     if (st)
         pd_err_prefix(err, "tensor %s", name);
+    else /* packed: the file's copy need not stay resident too */
+        gguf_release_bytes(m->file, t->data, t->bytes);
     return st;
 }
 
@@ -503,6 +505,7 @@ static pd_status experts_load(const model *m, const char *name, uint64_t in, uin
             return st;
         }
     }
+    gguf_release_bytes(m->file, t->data, t->bytes);
     return PD_OK;
 }
 

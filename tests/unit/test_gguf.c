@@ -677,6 +677,74 @@ START_TEST(writer_file_is_atomic_and_mmap_reads_it)
 }
 END_TEST
 
+/* Resident pages of this process (/proc/self/statm, field 2). */
+static long resident_pages(void)
+{
+    long size = 0, res = -1;
+    FILE *fp = fopen("/proc/self/statm", "r");
+    ck_assert_ptr_nonnull(fp);
+    ck_assert_int_eq(fscanf(fp, "%ld %ld", &size, &res), 2);
+    fclose(fp);
+    return res;
+}
+
+/* Released pages of a mapped file leave the resident set and read back the
+ * same bytes; an in-memory file (the caller's buffer) is never released, so
+ * its bytes stay too; ranges outside the file are ignored. */
+START_TEST(released_bytes_leave_the_resident_set_and_read_back_the_same)
+{
+    enum { N = 4u << 20 }; /* 16 MiB of f32 */
+    float *v = malloc((size_t)N * sizeof *v);
+    ck_assert_ptr_nonnull(v);
+    for (uint32_t i = 0; i < N; i++)
+        v[i] = (float)i * 0.5f;
+    char dir[] = "/tmp/pd_gguf_rel_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof path, "%s/m.gguf", dir);
+    pd_err err = {0};
+    gguf_writer *w = gguf_writer_new();
+    ck_assert_int_eq(gguf_writer_add_tensor(w, "big", GGUF_TENSOR_F32, 1, (const uint64_t[]){N}, v), PD_OK);
+    ck_assert_int_eq(gguf_writer_write(w, path, &err), PD_OK);
+
+    gguf_file *f = NULL;
+    ck_assert_msg(gguf_open(path, &f, &err) == PD_OK, "%s", err.msg);
+    const gguf_tensor *t = gguf_tensor_find(f, "big");
+    ck_assert_ptr_nonnull(t);
+    volatile uint8_t sink = 0;
+    for (uint64_t i = 0; i < t->bytes; i += 4096)
+        sink ^= ((const uint8_t *)t->data)[i];
+    long before = resident_pages();
+    gguf_release_bytes(f, t->data, t->bytes);
+    long after = resident_pages();
+    long page = sysconf(_SC_PAGESIZE);
+    /* the kernel's resident counters are per-thread and synced in batches of
+     * page events: allow a tenth */
+    ck_assert_msg(before - after >= (long)(t->bytes / (uint64_t)page) * 9 / 10, "resident %ld -> %ld pages",
+                  before, after);
+    ck_assert_mem_eq(t->data, v, (size_t)t->bytes);
+    /* outside the mapping, empty: nothing happens */
+    gguf_release_bytes(f, v, (uint64_t)N * 4);
+    gguf_release_bytes(f, t->data, 0);
+    gguf_close(f);
+
+    void *buf = NULL;
+    size_t len = 0;
+    ck_assert_int_eq(gguf_writer_to_mem(w, &buf, &len, &err), PD_OK);
+    ck_assert_int_eq(gguf_open_mem(buf, len, &f, &err), PD_OK);
+    t = gguf_tensor_find(f, "big");
+    gguf_release_bytes(f, t->data, t->bytes);
+    ck_assert_mem_eq(t->data, v, (size_t)t->bytes);
+    gguf_close(f);
+    free(buf);
+    gguf_writer_free(w);
+    unlink(path);
+    rmdir(dir);
+    free(v);
+    (void)sink;
+}
+END_TEST
+
 /* ------------------------------------------------------------ negatives */
 
 START_TEST(truncation_at_every_offset_is_refused_with_an_offset)
@@ -1254,6 +1322,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, golden_bytes_read_and_reproduced_by_writer);
     tcase_add_test(tc, writer_is_deterministic_and_set_replaces_in_place);
     tcase_add_test(tc, writer_file_is_atomic_and_mmap_reads_it);
+    tcase_add_test(tc, released_bytes_leave_the_resident_set_and_read_back_the_same);
     tcase_add_test(tc, files_without_tensors_or_kvs_are_valid);
     suite_add_tcase(s, tc);
 
