@@ -209,10 +209,9 @@ pd_status rank_start(rank *r, pd_err *err)
     if (st)
         return st;
     r->sz = rank_sizes_for(o, r->size, n_inflight);
-    if (o->layers) {
-        snprintf(r->lm_basis, sizeof r->lm_basis, "--layers");
+    if (o->layers)
         st = layermap_parse(o->layers, (uint32_t)r->size, r->hp.n_layers, &r->lm, err);
-    } else /* balanced by each layer's predicted cost at its real tensor types (cost.h) */
+    else /* balanced by each layer's predicted cost at its real tensor types (cost.h) */
         st = rank_default_map(r, err);
     if (st)
         return st;

@@ -59,7 +59,7 @@ typedef struct rank {
     /* the manifest's pages, their prefill rows and max_new_tokens, summed
      * (rank_agree_work; all 0 when not known or on one rank) */
     double work_pages, work_prefill_rows, work_new_tokens;
-    char lm_basis[128];      /* what the layer map was balanced for, for the start-up line */
+    char lm_basis[128];      /* what the default layer map was balanced for (start-up line) */
     model_hparams hp;
     numa_topo *topo;
     numa_choice nc;
