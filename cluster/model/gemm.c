@@ -11,6 +11,7 @@
 #include <cblas.h>
 #include <limits.h>
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 /* Rows per micro-tile (MR) and the M block a task walks over all its panels
@@ -18,6 +19,9 @@
  * panel is re-read from L2 for every tile). */
 #define GEMM_MR 6u
 #define GEMM_MC 96u
+/* The blocked path (gemm_block) runs over chunks of GEMM_KC k values: one
+ * panel's chunk in f32 is 16 KB, half of L1. A multiple of the Q8_0 block. */
+#define GEMM_KC 256u
 /* Cap on tasks per gemm_run (M blocks are grouped beyond it). */
 #define GEMM_MAX_TASKS 65536u
 
@@ -58,6 +62,27 @@ typedef struct gemm_row {
 } gemm_row;
 
 typedef void gemm_row_fn(const gemm_row *t);
+
+/* One chunk of a micro-tile: C[mr x ncols] = A[mr x kn] * w (kn rows of 16
+ * f32 weights), from zero when `first`, else continuing the chains already
+ * in C. Storing a chain's f32 value and loading it back changes no bit, so
+ * chunks along k give the same chain as one pass. */
+typedef struct gemm_ctile {
+    const float *w; /* [kn][16] f32, the chunk's weights */
+    uint32_t kn;
+    const float *a; /* row 0 of the tile at the chunk's first k */
+    size_t lda;
+    uint32_t mr;
+    float *c;
+    size_t ldc;
+    uint32_t ncols;
+    bool first;
+} gemm_ctile;
+
+typedef void gemm_ctile_fn(const gemm_ctile *t);
+
+/* Rows [k0, k0 + kn) of a panel as f32 [kn][16] (see the blocked path). */
+typedef const float *gemm_chunk_fn(const uint8_t *panel, uint32_t k0, uint32_t kn, float *buf);
 
 /* INV: n >= 1, k >= 1, n_panels == ceil(n / GEMM_NR); type < GEMM_W_COUNT,
  *      be < GEMM_BACKEND_COUNT; Q8_0 => k % 32 == 0.
@@ -576,6 +601,115 @@ gemm_avx2_row_impl(const gemm_row *t, const uint32_t np, const gemm_wtype type)
     if (np > 3) gemm_avx2_store(t->c + 3 * GEMM_NR, r30, r31, t->ncols_last);
 }
 
+/* ---- blocked path: blocks of many rows ---- */
+
+
+/* Loads ncols floats of C, the rest zero (they are never stored). */
+static inline __attribute__((always_inline)) void gemm_avx2_load(const float *c, __m256 *x0, __m256 *x1,
+                                                                 uint32_t ncols)
+{
+    if (ncols == GEMM_NR) {
+        *x0 = _mm256_loadu_ps(c);
+        *x1 = _mm256_loadu_ps(c + 8);
+        return;
+    }
+    float tmp[GEMM_NR] = {0};
+    memcpy(tmp, c, (size_t)ncols * sizeof(float));
+    *x0 = _mm256_loadu_ps(tmp);
+    *x1 = _mm256_loadu_ps(tmp + 8);
+}
+
+static inline __attribute__((always_inline)) void gemm_avx2_ctile_impl(const gemm_ctile *t, const uint32_t mr)
+{
+    const size_t lda = t->lda, ldc = t->ldc;
+    const float *a0 = t->a;
+    const float *a1 = mr > 1 ? a0 + lda : a0;
+    const float *a2 = mr > 2 ? a0 + 2 * lda : a0;
+    const float *a3 = mr > 3 ? a0 + 3 * lda : a0;
+    const float *a4 = mr > 4 ? a0 + 4 * lda : a0;
+    const float *a5 = mr > 5 ? a0 + 5 * lda : a0;
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    if (!t->first) {
+        gemm_avx2_load(t->c, &c00, &c01, t->ncols);
+        if (mr > 1) gemm_avx2_load(t->c + ldc, &c10, &c11, t->ncols);
+        if (mr > 2) gemm_avx2_load(t->c + 2 * ldc, &c20, &c21, t->ncols);
+        if (mr > 3) gemm_avx2_load(t->c + 3 * ldc, &c30, &c31, t->ncols);
+        if (mr > 4) gemm_avx2_load(t->c + 4 * ldc, &c40, &c41, t->ncols);
+        if (mr > 5) gemm_avx2_load(t->c + 5 * ldc, &c50, &c51, t->ncols);
+    }
+    /* separate row pointers: gcc otherwise rebuilds rows 2..5 from lda
+     * every k, which costs more issue slots than the FMAs leave */
+    __asm__("" : "+r"(a1), "+r"(a2), "+r"(a3), "+r"(a4), "+r"(a5));
+    const float *pw = t->w;
+    const uint32_t kn = t->kn;
+#pragma GCC unroll 4
+    for (uint32_t kk = 0; kk < kn; kk++) {
+        __m256 w0 = _mm256_load_ps(pw + (size_t)kk * GEMM_NR), w1 = _mm256_load_ps(pw + (size_t)kk * GEMM_NR + 8);
+        GEMM_AVX2_STEP(kk)
+    }
+    gemm_avx2_store(t->c, c00, c01, t->ncols);
+    if (mr > 1) gemm_avx2_store(t->c + ldc, c10, c11, t->ncols);
+    if (mr > 2) gemm_avx2_store(t->c + 2 * ldc, c20, c21, t->ncols);
+    if (mr > 3) gemm_avx2_store(t->c + 3 * ldc, c30, c31, t->ncols);
+    if (mr > 4) gemm_avx2_store(t->c + 4 * ldc, c40, c41, t->ncols);
+    if (mr > 5) gemm_avx2_store(t->c + 5 * ldc, c50, c51, t->ncols);
+}
+
+/* Rows [k0, k0 + kn) of a panel as f32 [kn][16]: the values
+ * gemm_panel_row gives (Q8_0: k0 and kn are multiples of 32). An f32 panel
+ * is used in place; other types are converted into buf. */
+static inline __attribute__((always_inline)) const float *
+gemm_avx2_chunk_impl(const uint8_t *panel, uint32_t k0, uint32_t kn, float *buf, const gemm_wtype type)
+{
+    if (type == GEMM_W_F32)
+        return (const float *)panel + (size_t)k0 * GEMM_NR;
+    float *dst = buf;
+    if (type == GEMM_W_Q8_0) {
+        const uint8_t *blk = panel + (size_t)(k0 / GEMM_Q8_0_BLOCK) * GEMM_Q8_PANEL_BLOCK;
+        for (uint32_t kb = 0; kb < kn; kb += GEMM_Q8_0_BLOCK, blk += GEMM_Q8_PANEL_BLOCK) {
+            const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+            const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
+            const uint8_t *q = blk + GEMM_Q8_SCALES;
+            for (uint32_t kk = 0; kk < GEMM_Q8_0_BLOCK; kk++, q += GEMM_NR, dst += GEMM_NR) {
+                __m256 w0, w1;
+                GEMM_AVX2_Q8W(q, d0, d1, w0, w1);
+                _mm256_store_ps(dst, w0);
+                _mm256_store_ps(dst + 8, w1);
+            }
+        }
+        return buf;
+    }
+    const uint8_t *p = panel + (size_t)k0 * GEMM_NR * 2;
+    for (uint32_t kk = 0; kk < kn; kk++, p += GEMM_NR * 2, dst += GEMM_NR) {
+        __m256 w0, w1;
+        GEMM_AVX2_LOADW(type, p, w0, w1);
+        _mm256_store_ps(dst, w0);
+        _mm256_store_ps(dst + 8, w1);
+    }
+    return buf;
+}
+
+#define GEMM_AVX2_CHUNKFN(tname, type)                                           \
+    static const float *gemm_avx2_chunk_##tname(const uint8_t *panel, uint32_t k0, \
+                                                uint32_t kn, float *buf)         \
+    {                                                                            \
+        return gemm_avx2_chunk_impl(panel, k0, kn, buf, type);                   \
+    }
+GEMM_AVX2_CHUNKFN(f32, GEMM_W_F32)
+GEMM_AVX2_CHUNKFN(f16, GEMM_W_F16)
+GEMM_AVX2_CHUNKFN(bf16, GEMM_W_BF16)
+GEMM_AVX2_CHUNKFN(q8_0, GEMM_W_Q8_0)
+
+#define GEMM_AVX2_CTILEFN(mr)                                                    \
+    static void gemm_avx2_ctile_##mr(const gemm_ctile *t) { gemm_avx2_ctile_impl(t, mr); }
+GEMM_AVX2_CTILEFN(1)
+GEMM_AVX2_CTILEFN(2)
+GEMM_AVX2_CTILEFN(3)
+GEMM_AVX2_CTILEFN(4)
+GEMM_AVX2_CTILEFN(5)
+GEMM_AVX2_CTILEFN(6)
+
 #define GEMM_AVX2_ROWFN(tname, type, np)                                         \
     static void gemm_avx2_row_##tname##_##np(const gemm_row *t)                  \
     {                                                                            \
@@ -624,6 +758,16 @@ static gemm_row_fn *const gemm_avx2_rows[GEMM_W_COUNT][GEMM_ROW_PANELS] = {
     [GEMM_W_BF16] = GEMM_AVX2_ROWKERNS(bf16),
     [GEMM_W_Q8_0] = GEMM_AVX2_ROWKERNS(q8_0),
 };
+static gemm_ctile_fn *const gemm_avx2_ctiles[GEMM_MR] = {
+    gemm_avx2_ctile_1, gemm_avx2_ctile_2, gemm_avx2_ctile_3,
+    gemm_avx2_ctile_4, gemm_avx2_ctile_5, gemm_avx2_ctile_6,
+};
+static gemm_chunk_fn *const gemm_avx2_chunks[GEMM_W_COUNT] = {
+    [GEMM_W_F32] = gemm_avx2_chunk_f32,
+    [GEMM_W_F16] = gemm_avx2_chunk_f16,
+    [GEMM_W_BF16] = gemm_avx2_chunk_bf16,
+    [GEMM_W_Q8_0] = gemm_avx2_chunk_q8_0,
+};
 #endif
 
 static gemm_tile_fn *const gemm_scalar_tiles[GEMM_MR] = {
@@ -652,6 +796,38 @@ static gemm_row_fn *const *gemm_rows_for(pd_isa isa, gemm_wtype type)
     return NULL;
 }
 
+/* The blocked path's chunk kernels and converter, or NULL where the ISA has
+ * none (the portable path runs tiles only). */
+static gemm_ctile_fn *const *gemm_ctiles_for(pd_isa isa)
+{
+#if defined(__x86_64__)
+    if (isa >= PD_ISA_AVX2)
+        return gemm_avx2_ctiles;
+#endif
+    return NULL;
+}
+
+static gemm_chunk_fn *gemm_chunk_for(pd_isa isa, gemm_wtype type)
+{
+#if defined(__x86_64__)
+    if (isa >= PD_ISA_AVX2)
+        return gemm_avx2_chunks[type];
+#endif
+    (void)type;
+    return NULL;
+}
+
+/* ---- tiling and threads ---- */
+
+/* The fewest rows of an M block that take the blocked path, by weight type
+ * (from A/B runs of both paths on the decoder's shapes, one and two
+ * threads): below it the tile path's in-register conversion costs less than
+ * the chunk's round trip through L1. F16 converts in one instruction, so it
+ * gains later. Either path gives the same bits. */
+static const uint32_t gemm_block_min_rows[GEMM_W_COUNT] = {
+    [GEMM_W_F32] = 16, [GEMM_W_F16] = 32, [GEMM_W_BF16] = 16, [GEMM_W_Q8_0] = 24,
+};
+
 /* ---- tiling and threads ---- */
 
 typedef struct gemm_job {
@@ -666,7 +842,80 @@ typedef struct gemm_job {
     uint32_t mblocks_per_task;  /* ... and M blocks from (t / n_panel_tasks) * this */
     gemm_tile_fn *const *tiles; /* indexed by mr - 1 */
     gemm_row_fn *const *rows;   /* indexed by np - 1; NULL = tiles only */
+    gemm_ctile_fn *const *ctiles; /* blocked path, by mr - 1; NULL = none */
+    gemm_chunk_fn *chunk;
 } gemm_job;
+
+/* Near-equal tile heights for a block of `rows` rows (8 rows: 4 + 4, not
+ * 6 + 2): a short tile has few FMA chains and runs at the FMA latency. Tile
+ * ti has base + (ti < taller) rows. */
+static void gemm_tile_heights(uint32_t rows, uint32_t *n_tiles, uint32_t *base, uint32_t *taller)
+{
+    *n_tiles = (rows + GEMM_MR - 1) / GEMM_MR;
+    *base = rows / *n_tiles;
+    *taller = rows % *n_tiles;
+}
+
+/* Rows [mb, me) against panels [p0, p1) on the blocked path: for each chunk
+ * of GEMM_KC k values, each panel's chunk is made f32 once (in place for f32
+ * weights) and stays in L1 while every tile of the block runs over it,
+ * continuing its chains from C. The tile path instead re-reads a whole panel
+ * (up to 438 KB at K = 6848) from L2 or beyond for every tile, and converts
+ * 16-bit and Q8_0 weights once per tile. Each C element's chain is the same
+ * fmaf sequence over k either way. */
+/* The packed bytes of panel pnl's chunk at k0 (kn values): *len bytes from
+ * the returned address. */
+static const uint8_t *gemm_chunk_src(const gemm_w *w, uint32_t pnl, uint32_t k0, uint32_t kn, size_t *len)
+{
+    const uint8_t *panel = (const uint8_t *)w->data + (size_t)pnl * w->panel_bytes;
+    if (w->type == GEMM_W_Q8_0) {
+        *len = (size_t)(kn / GEMM_Q8_0_BLOCK) * GEMM_Q8_PANEL_BLOCK;
+        return panel + (size_t)(k0 / GEMM_Q8_0_BLOCK) * GEMM_Q8_PANEL_BLOCK;
+    }
+    size_t es = w->type == GEMM_W_F32 ? 4 : 2;
+    *len = (size_t)kn * GEMM_NR * es;
+    return panel + (size_t)k0 * GEMM_NR * es;
+}
+
+static void gemm_block(const gemm_job *j, uint32_t p0, uint32_t p1, uint32_t mb, uint32_t me)
+{
+    const gemm_w *w = j->w;
+    _Alignas(32) float buf[GEMM_KC * GEMM_NR];
+    uint32_t n_tiles, base, taller;
+    gemm_tile_heights(me - mb, &n_tiles, &base, &taller);
+    for (uint32_t pnl = p0; pnl < p1; pnl++) {
+        uint32_t col0 = pnl * GEMM_NR;
+        for (uint32_t k0 = 0; k0 < w->k; k0 += GEMM_KC) {
+            uint32_t kn = w->k - k0 < GEMM_KC ? w->k - k0 : GEMM_KC;
+            /* the next chunk's bytes come in while the tiles run, a slice
+             * per tile (the weights are cold: a stage's layers far exceed
+             * the cache) */
+            uint32_t npnl = k0 + GEMM_KC < w->k ? pnl : pnl + 1;
+            uint32_t nk0 = npnl == pnl ? k0 + GEMM_KC : 0;
+            size_t nlen = 0;
+            const uint8_t *next = NULL;
+            if (npnl < p1)
+                next = gemm_chunk_src(w, npnl, nk0, w->k - nk0 < GEMM_KC ? w->k - nk0 : GEMM_KC, &nlen);
+            size_t slice = (nlen / n_tiles + 63) & ~(size_t)63;
+            gemm_ctile t = {
+                .w = j->chunk((const uint8_t *)w->data + (size_t)pnl * w->panel_bytes, k0, kn, buf),
+                .kn = kn,
+                .lda = j->lda,
+                .ldc = j->ldc,
+                .ncols = w->n - col0 < GEMM_NR ? w->n - col0 : GEMM_NR,
+                .first = k0 == 0,
+            };
+            for (uint32_t ti = 0, i = mb; ti < n_tiles; ti++, i += t.mr) {
+                t.mr = base + (ti < taller ? 1u : 0u);
+                t.a = j->a + (size_t)i * j->lda + k0;
+                t.c = j->c + (size_t)i * j->ldc + col0;
+                for (size_t off = ti * slice; off < (ti + 1) * slice && off < nlen; off += 64)
+                    __builtin_prefetch(next + off, 0, 3);
+                j->ctiles[t.mr - 1](&t);
+            }
+        }
+    }
+}
 
 /* A task: a contiguous range of panels times a range of M blocks. Each M
  * block walks all the task's panels before the next block starts. */
@@ -697,6 +946,12 @@ static void gemm_task(void *ctxp, uint32_t task, uint32_t thread)
             }
             continue;
         }
+        if (j->ctiles && me - mb >= gemm_block_min_rows[w->type]) {
+            gemm_block(j, p0, p1, mb, me);
+            continue;
+        }
+        uint32_t n_tiles, base, taller;
+        gemm_tile_heights(me - mb, &n_tiles, &base, &taller);
         for (uint32_t pnl = p0; pnl < p1; pnl++) {
             uint32_t col0 = pnl * GEMM_NR;
             gemm_tile t = {
@@ -707,10 +962,6 @@ static void gemm_task(void *ctxp, uint32_t task, uint32_t thread)
                 .ldc = j->ldc,
                 .ncols = w->n - col0 < GEMM_NR ? w->n - col0 : GEMM_NR,
             };
-            /* Tiles of near-equal height (8 rows: 4 + 4, not 6 + 2): a short
-             * tile has few FMA chains and runs at the FMA latency. */
-            uint32_t rows = me - mb, n_tiles = (rows + GEMM_MR - 1) / GEMM_MR;
-            uint32_t base = rows / n_tiles, taller = rows % n_tiles;
             for (uint32_t ti = 0, i = mb; ti < n_tiles; ti++, i += t.mr) {
                 t.mr = base + (ti < taller ? 1u : 0u);
                 t.a = j->a + (size_t)i * j->lda;
@@ -762,6 +1013,8 @@ void gemm_run_ld(const gemm_w *w, const float *a, size_t lda, uint32_t m, float 
         .mblocks_per_task = (uint32_t)mbpt,
         .tiles = gemm_tiles_for(isa, w->type),
         .rows = gemm_rows_for(isa, w->type),
+        .ctiles = gemm_ctiles_for(isa),
+        .chunk = gemm_chunk_for(isa, w->type),
     };
     uint32_t n_tasks = (uint32_t)((n_mblocks + mbpt - 1) / mbpt) * n_ptasks;
     pool_run(threads == 1 ? NULL : p, n_tasks, gemm_task, &job);

@@ -217,6 +217,10 @@ START_TEST(gemm_row_bits_do_not_depend_on_m)
     /* k beyond one cache block: chains carried across blocks */
     rows_independent_of_m(GEMM_W_F32, 21, 517, 5);
     rows_independent_of_m(GEMM_W_Q8_0, 18, 544, 9);
+    /* 16-bit weights converted per k chunk on the blocked path, the last
+     * chunk partial */
+    rows_independent_of_m(GEMM_W_F16, 23, 301, 7);
+    rows_independent_of_m(GEMM_W_BF16, 19, 517, 11);
 }
 END_TEST
 
