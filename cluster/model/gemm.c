@@ -603,7 +603,6 @@ gemm_avx2_row_impl(const gemm_row *t, const uint32_t np, const gemm_wtype type)
 
 /* ---- blocked path: blocks of many rows ---- */
 
-
 /* Loads ncols floats of C, the rest zero (they are never stored). */
 static inline __attribute__((always_inline)) void gemm_avx2_load(const float *c, __m256 *x0, __m256 *x1,
                                                                  uint32_t ncols)
@@ -645,7 +644,8 @@ static inline __attribute__((always_inline)) void gemm_avx2_ctile_impl(const gem
     const uint32_t kn = t->kn;
 #pragma GCC unroll 4
     for (uint32_t kk = 0; kk < kn; kk++) {
-        __m256 w0 = _mm256_load_ps(pw + (size_t)kk * GEMM_NR), w1 = _mm256_load_ps(pw + (size_t)kk * GEMM_NR + 8);
+        const float *wk = pw + (size_t)kk * GEMM_NR;
+        __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8);
         GEMM_AVX2_STEP(kk)
     }
     gemm_avx2_store(t->c, c00, c01, t->ncols);
@@ -817,8 +817,6 @@ static gemm_chunk_fn *gemm_chunk_for(pd_isa isa, gemm_wtype type)
     return NULL;
 }
 
-/* ---- tiling and threads ---- */
-
 /* The fewest rows of an M block that take the blocked path, by weight type
  * (from A/B runs of both paths on the decoder's shapes, one and two
  * threads): below it the tile path's in-register conversion costs less than
@@ -856,13 +854,6 @@ static void gemm_tile_heights(uint32_t rows, uint32_t *n_tiles, uint32_t *base, 
     *taller = rows % *n_tiles;
 }
 
-/* Rows [mb, me) against panels [p0, p1) on the blocked path: for each chunk
- * of GEMM_KC k values, each panel's chunk is made f32 once (in place for f32
- * weights) and stays in L1 while every tile of the block runs over it,
- * continuing its chains from C. The tile path instead re-reads a whole panel
- * (up to 438 KB at K = 6848) from L2 or beyond for every tile, and converts
- * 16-bit and Q8_0 weights once per tile. Each C element's chain is the same
- * fmaf sequence over k either way. */
 /* The packed bytes of panel pnl's chunk at k0 (kn values): *len bytes from
  * the returned address. */
 static const uint8_t *gemm_chunk_src(const gemm_w *w, uint32_t pnl, uint32_t k0, uint32_t kn, size_t *len)
@@ -877,6 +868,14 @@ static const uint8_t *gemm_chunk_src(const gemm_w *w, uint32_t pnl, uint32_t k0,
     return panel + (size_t)k0 * GEMM_NR * es;
 }
 
+/* Rows [mb, me) against panels [p0, p1) on the blocked path: panel by
+ * panel, chunk by chunk of GEMM_KC k values, the chunk is made f32 once (in
+ * place for f32 weights) and stays in L1 while every tile of the block runs
+ * over it, continuing its chains from C (a tile's C rows stay in L1 across
+ * the panel's chunks). The tile path instead re-reads a whole panel (up to
+ * 438 KB at K = 6848) from L2 or beyond for every tile, and converts 16-bit
+ * and Q8_0 weights once per tile. Each C element's chain is the same fmaf
+ * sequence over k either way. */
 static void gemm_block(const gemm_job *j, uint32_t p0, uint32_t p1, uint32_t mb, uint32_t me)
 {
     const gemm_w *w = j->w;
