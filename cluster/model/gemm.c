@@ -410,18 +410,33 @@ static inline __attribute__((always_inline)) void gemm_avx2_store(float *c, __m2
     GEMM_AVX2_ROW(0, kk) GEMM_AVX2_ROW(1, kk) GEMM_AVX2_ROW(2, kk)               \
     GEMM_AVX2_ROW(3, kk) GEMM_AVX2_ROW(4, kk) GEMM_AVX2_ROW(5, kk)
 
+/* A tile's row pointers a0..a5 (rows past mr alias row 0 and are never
+ * read) and its 6 x 2 accumulators, zero. */
+#define GEMM_AVX2_TILE_VARS(a, lda, mr)                                          \
+    const float *a0 = (a);                                                       \
+    const float *a1 = (mr) > 1 ? a0 + (lda) : a0;                                \
+    const float *a2 = (mr) > 2 ? a0 + 2 * (lda) : a0;                            \
+    const float *a3 = (mr) > 3 ? a0 + 3 * (lda) : a0;                            \
+    const float *a4 = (mr) > 4 ? a0 + 4 * (lda) : a0;                            \
+    const float *a5 = (mr) > 5 ? a0 + 5 * (lda) : a0;                            \
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00;           \
+    __m256 c20 = c00, c21 = c00, c30 = c00, c31 = c00;                           \
+    __m256 c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+
+/* Stores the tile's mr accumulator rows into C (ncols valid columns). */
+#define GEMM_AVX2_TILE_STORE(c, ldc, mr, ncols)                                  \
+    gemm_avx2_store((c), c00, c01, (ncols));                                     \
+    if ((mr) > 1) gemm_avx2_store((c) + (ldc), c10, c11, (ncols));               \
+    if ((mr) > 2) gemm_avx2_store((c) + 2 * (ldc), c20, c21, (ncols));           \
+    if ((mr) > 3) gemm_avx2_store((c) + 3 * (ldc), c30, c31, (ncols));           \
+    if ((mr) > 4) gemm_avx2_store((c) + 4 * (ldc), c40, c41, (ncols));           \
+    if ((mr) > 5) gemm_avx2_store((c) + 5 * (ldc), c50, c51, (ncols));
+
 static inline __attribute__((always_inline)) void
 gemm_avx2_tile_impl(const gemm_tile *t, const uint32_t mr, const gemm_wtype type)
 {
     const size_t lda = t->lda;
-    const float *a0 = t->a;
-    const float *a1 = mr > 1 ? a0 + lda : a0;
-    const float *a2 = mr > 2 ? a0 + 2 * lda : a0;
-    const float *a3 = mr > 3 ? a0 + 3 * lda : a0;
-    const float *a4 = mr > 4 ? a0 + 4 * lda : a0;
-    const float *a5 = mr > 5 ? a0 + 5 * lda : a0;
-    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
-    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    GEMM_AVX2_TILE_VARS(t->a, lda, mr)
     const uint8_t *pn = t->panel;
     const uint32_t k = t->k;
     if (type == GEMM_W_Q8_0) {
@@ -472,12 +487,7 @@ gemm_avx2_tile_impl(const gemm_tile *t, const uint32_t mr, const gemm_wtype type
         }
     }
     const size_t ldc = t->ldc;
-    gemm_avx2_store(t->c, c00, c01, t->ncols);
-    if (mr > 1) gemm_avx2_store(t->c + ldc, c10, c11, t->ncols);
-    if (mr > 2) gemm_avx2_store(t->c + 2 * ldc, c20, c21, t->ncols);
-    if (mr > 3) gemm_avx2_store(t->c + 3 * ldc, c30, c31, t->ncols);
-    if (mr > 4) gemm_avx2_store(t->c + 4 * ldc, c40, c41, t->ncols);
-    if (mr > 5) gemm_avx2_store(t->c + 5 * ldc, c50, c51, t->ncols);
+    GEMM_AVX2_TILE_STORE(t->c, ldc, mr, t->ncols)
 }
 
 /* One row against np consecutive panels (1 .. GEMM_ROW_PANELS) at once: a
@@ -621,14 +631,7 @@ static inline __attribute__((always_inline)) void gemm_avx2_load(const float *c,
 static inline __attribute__((always_inline)) void gemm_avx2_ctile_impl(const gemm_ctile *t, const uint32_t mr)
 {
     const size_t lda = t->lda, ldc = t->ldc;
-    const float *a0 = t->a;
-    const float *a1 = mr > 1 ? a0 + lda : a0;
-    const float *a2 = mr > 2 ? a0 + 2 * lda : a0;
-    const float *a3 = mr > 3 ? a0 + 3 * lda : a0;
-    const float *a4 = mr > 4 ? a0 + 4 * lda : a0;
-    const float *a5 = mr > 5 ? a0 + 5 * lda : a0;
-    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
-    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    GEMM_AVX2_TILE_VARS(t->a, lda, mr)
     if (!t->first) {
         gemm_avx2_load(t->c, &c00, &c01, t->ncols);
         if (mr > 1) gemm_avx2_load(t->c + ldc, &c10, &c11, t->ncols);
@@ -648,12 +651,7 @@ static inline __attribute__((always_inline)) void gemm_avx2_ctile_impl(const gem
         __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8);
         GEMM_AVX2_STEP(kk)
     }
-    gemm_avx2_store(t->c, c00, c01, t->ncols);
-    if (mr > 1) gemm_avx2_store(t->c + ldc, c10, c11, t->ncols);
-    if (mr > 2) gemm_avx2_store(t->c + 2 * ldc, c20, c21, t->ncols);
-    if (mr > 3) gemm_avx2_store(t->c + 3 * ldc, c30, c31, t->ncols);
-    if (mr > 4) gemm_avx2_store(t->c + 4 * ldc, c40, c41, t->ncols);
-    if (mr > 5) gemm_avx2_store(t->c + 5 * ldc, c50, c51, t->ncols);
+    GEMM_AVX2_TILE_STORE(t->c, ldc, mr, t->ncols)
 }
 
 /* Rows [k0, k0 + kn) of a panel as f32 [kn][16]: the values
