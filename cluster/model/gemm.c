@@ -81,8 +81,9 @@ typedef struct gemm_ctile {
 
 typedef void gemm_ctile_fn(const gemm_ctile *t);
 
-/* Rows [k0, k0 + kn) of a panel as f32 [kn][16] (see the blocked path). */
-typedef const float *gemm_chunk_fn(const uint8_t *panel, uint32_t k0, uint32_t kn, float *buf);
+/* A panel's chunk of kn k values, given by its packed bytes src (see
+ * gemm_chunk_src), as f32 [kn][16] (see the blocked path). */
+typedef const float *gemm_chunk_fn(const uint8_t *src, uint32_t kn, float *buf);
 
 /* INV: n >= 1, k >= 1, n_panels == ceil(n / GEMM_NR); type < GEMM_W_COUNT,
  *      be < GEMM_BACKEND_COUNT; Q8_0 => k % 32 == 0.
@@ -654,17 +655,18 @@ static inline __attribute__((always_inline)) void gemm_avx2_ctile_impl(const gem
     GEMM_AVX2_TILE_STORE(t->c, ldc, mr, t->ncols)
 }
 
-/* Rows [k0, k0 + kn) of a panel as f32 [kn][16]: the values
- * gemm_panel_row gives (Q8_0: k0 and kn are multiples of 32). An f32 panel
- * is used in place; other types are converted into buf. */
+/* A chunk of kn k values from its packed bytes src as f32 [kn][16]: the
+ * values gemm_panel_row gives (Q8_0: kn is a multiple of 32 and src starts a
+ * block). An f32 chunk is used in place; other types are converted into
+ * buf. */
 static inline __attribute__((always_inline)) const float *
-gemm_avx2_chunk_impl(const uint8_t *panel, uint32_t k0, uint32_t kn, float *buf, const gemm_wtype type)
+gemm_avx2_chunk_impl(const uint8_t *src, uint32_t kn, float *buf, const gemm_wtype type)
 {
     if (type == GEMM_W_F32)
-        return (const float *)panel + (size_t)k0 * GEMM_NR;
+        return (const float *)src;
     float *dst = buf;
     if (type == GEMM_W_Q8_0) {
-        const uint8_t *blk = panel + (size_t)(k0 / GEMM_Q8_0_BLOCK) * GEMM_Q8_PANEL_BLOCK;
+        const uint8_t *blk = src;
         for (uint32_t kb = 0; kb < kn; kb += GEMM_Q8_0_BLOCK, blk += GEMM_Q8_PANEL_BLOCK) {
             const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
             const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
@@ -678,7 +680,7 @@ gemm_avx2_chunk_impl(const uint8_t *panel, uint32_t k0, uint32_t kn, float *buf,
         }
         return buf;
     }
-    const uint8_t *p = panel + (size_t)k0 * GEMM_NR * 2;
+    const uint8_t *p = src;
     for (uint32_t kk = 0; kk < kn; kk++, p += GEMM_NR * 2, dst += GEMM_NR) {
         __m256 w0, w1;
         GEMM_AVX2_LOADW(type, p, w0, w1);
@@ -689,10 +691,9 @@ gemm_avx2_chunk_impl(const uint8_t *panel, uint32_t k0, uint32_t kn, float *buf,
 }
 
 #define GEMM_AVX2_CHUNKFN(tname, type)                                           \
-    static const float *gemm_avx2_chunk_##tname(const uint8_t *panel, uint32_t k0, \
-                                                uint32_t kn, float *buf)         \
+    static const float *gemm_avx2_chunk_##tname(const uint8_t *src, uint32_t kn, float *buf) \
     {                                                                            \
-        return gemm_avx2_chunk_impl(panel, k0, kn, buf, type);                   \
+        return gemm_avx2_chunk_impl(src, kn, buf, type);                         \
     }
 GEMM_AVX2_CHUNKFN(f32, GEMM_W_F32)
 GEMM_AVX2_CHUNKFN(f16, GEMM_W_F16)
@@ -894,8 +895,9 @@ static void gemm_block(const gemm_job *j, uint32_t p0, uint32_t p1, uint32_t mb,
             if (npnl < p1)
                 next = gemm_chunk_src(w, npnl, nk0, w->k - nk0 < GEMM_KC ? w->k - nk0 : GEMM_KC, &nlen);
             size_t slice = (nlen / n_tiles + 63) & ~(size_t)63;
+            size_t len;
             gemm_ctile t = {
-                .w = j->chunk((const uint8_t *)w->data + (size_t)pnl * w->panel_bytes, k0, kn, buf),
+                .w = j->chunk(gemm_chunk_src(w, pnl, k0, kn, &len), kn, buf),
                 .kn = kn,
                 .lda = j->lda,
                 .ldc = j->ldc,
