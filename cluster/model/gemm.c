@@ -77,6 +77,8 @@ typedef struct gemm_ctile {
     size_t ldc;
     uint32_t ncols;
     bool first;
+    const uint8_t *pf; /* the spreading kernels prefetch [pf, pf + pf_len) */
+    size_t pf_len;     /* over the tile's k loop, a line every few k */
 } gemm_ctile;
 
 typedef void gemm_ctile_fn(const gemm_ctile *t);
@@ -84,6 +86,9 @@ typedef void gemm_ctile_fn(const gemm_ctile *t);
 /* A panel's chunk of kn k values, given by its packed bytes src (see
  * gemm_chunk_src), as f32 [kn][16] (see the blocked path). */
 typedef const float *gemm_chunk_fn(const uint8_t *src, uint32_t kn, float *buf);
+
+/* f32 chunks are the packed bytes themselves; the rest are converted. */
+static inline bool gemm_chunk_in_place(gemm_wtype type) { return type == GEMM_W_F32; }
 
 /* INV: n >= 1, k >= 1, n_panels == ceil(n / GEMM_NR); type < GEMM_W_COUNT,
  *      be < GEMM_BACKEND_COUNT; Q8_0 => k % 32 == 0.
@@ -629,7 +634,11 @@ static inline __attribute__((always_inline)) void gemm_avx2_load(const float *c,
     *x1 = _mm256_loadu_ps(tmp + 8);
 }
 
-static inline __attribute__((always_inline)) void gemm_avx2_ctile_impl(const gemm_ctile *t, const uint32_t mr)
+/* spread: prefetch t->pf's bytes over the k loop (f32 chunks, read in
+ * place: the first tile reads them from memory). The other kernels leave it
+ * to the caller (gemm_block): a burst before each tile suits them. */
+static inline __attribute__((always_inline)) void gemm_avx2_ctile_impl(const gemm_ctile *t, const uint32_t mr,
+                                                                       const bool spread)
 {
     const size_t lda = t->lda, ldc = t->ldc;
     GEMM_AVX2_TILE_VARS(t->a, lda, mr)
@@ -646,11 +655,23 @@ static inline __attribute__((always_inline)) void gemm_avx2_ctile_impl(const gem
     __asm__("" : "+r"(a1), "+r"(a2), "+r"(a3), "+r"(a4), "+r"(a5));
     const float *pw = t->w;
     const uint32_t kn = t->kn;
+    /* one line every `every` k, so the slice ends with the loop */
+    const uint8_t *pf = t->pf;
+    size_t lines = spread ? t->pf_len / 64 : 0;
+    uint32_t every = lines ? (uint32_t)((kn + lines - 1) / lines) : kn;
+    for (uint32_t kk = 0; kk < kn;) {
+        uint32_t kend = kn - kk > every ? kk + every : kn;
+        if (lines) {
+            _mm_prefetch((const char *)pf, _MM_HINT_T0);
+            pf += 64;
+            lines--;
+        }
 #pragma GCC unroll 4
-    for (uint32_t kk = 0; kk < kn; kk++) {
-        const float *wk = pw + (size_t)kk * GEMM_NR;
-        __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8);
-        GEMM_AVX2_STEP(kk)
+        for (; kk < kend; kk++) {
+            const float *wk = pw + (size_t)kk * GEMM_NR;
+            __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8);
+            GEMM_AVX2_STEP(kk)
+        }
     }
     GEMM_AVX2_TILE_STORE(t->c, ldc, mr, t->ncols)
 }
@@ -662,7 +683,7 @@ static inline __attribute__((always_inline)) void gemm_avx2_ctile_impl(const gem
 static inline __attribute__((always_inline)) const float *
 gemm_avx2_chunk_impl(const uint8_t *src, uint32_t kn, float *buf, const gemm_wtype type)
 {
-    if (type == GEMM_W_F32)
+    if (gemm_chunk_in_place(type))
         return (const float *)src;
     float *dst = buf;
     if (type == GEMM_W_Q8_0) {
@@ -701,7 +722,8 @@ GEMM_AVX2_CHUNKFN(bf16, GEMM_W_BF16)
 GEMM_AVX2_CHUNKFN(q8_0, GEMM_W_Q8_0)
 
 #define GEMM_AVX2_CTILEFN(mr)                                                    \
-    static void gemm_avx2_ctile_##mr(const gemm_ctile *t) { gemm_avx2_ctile_impl(t, mr); }
+    static void gemm_avx2_ctile_##mr(const gemm_ctile *t) { gemm_avx2_ctile_impl(t, mr, false); } \
+    static void gemm_avx2_ctilepf_##mr(const gemm_ctile *t) { gemm_avx2_ctile_impl(t, mr, true); }
 GEMM_AVX2_CTILEFN(1)
 GEMM_AVX2_CTILEFN(2)
 GEMM_AVX2_CTILEFN(3)
@@ -761,6 +783,10 @@ static gemm_ctile_fn *const gemm_avx2_ctiles[GEMM_MR] = {
     gemm_avx2_ctile_1, gemm_avx2_ctile_2, gemm_avx2_ctile_3,
     gemm_avx2_ctile_4, gemm_avx2_ctile_5, gemm_avx2_ctile_6,
 };
+static gemm_ctile_fn *const gemm_avx2_ctilepfs[GEMM_MR] = {
+    gemm_avx2_ctilepf_1, gemm_avx2_ctilepf_2, gemm_avx2_ctilepf_3,
+    gemm_avx2_ctilepf_4, gemm_avx2_ctilepf_5, gemm_avx2_ctilepf_6,
+};
 static gemm_chunk_fn *const gemm_avx2_chunks[GEMM_W_COUNT] = {
     [GEMM_W_F32] = gemm_avx2_chunk_f32,
     [GEMM_W_F16] = gemm_avx2_chunk_f16,
@@ -796,13 +822,15 @@ static gemm_row_fn *const *gemm_rows_for(pd_isa isa, gemm_wtype type)
 }
 
 /* The blocked path's chunk kernels and converter, or NULL where the ISA has
- * none (the portable path runs tiles only). */
-static gemm_ctile_fn *const *gemm_ctiles_for(pd_isa isa)
+ * none (the portable path runs tiles only). f32 chunks are read in place,
+ * so their kernels prefetch the next chunk as they go (gemm_block). */
+static gemm_ctile_fn *const *gemm_ctiles_for(pd_isa isa, gemm_wtype type)
 {
 #if defined(__x86_64__)
     if (isa >= PD_ISA_AVX2)
-        return gemm_avx2_ctiles;
+        return gemm_chunk_in_place(type) ? gemm_avx2_ctilepfs : gemm_avx2_ctiles;
 #endif
+    (void)type;
     return NULL;
 }
 
@@ -818,11 +846,15 @@ static gemm_chunk_fn *gemm_chunk_for(pd_isa isa, gemm_wtype type)
 
 /* The fewest rows of an M block that take the blocked path, by weight type
  * (from A/B runs of both paths on the decoder's shapes, one and two
- * threads): below it the tile path's in-register conversion costs less than
- * the chunk's round trip through L1. F16 converts in one instruction, so it
- * gains later. Either path gives the same bits. */
+ * threads). f32: any block of more than one tile, where the tile path reads
+ * the panel from memory in its first tile with nothing to overlap it and
+ * re-reads it from L2 in the rest (M = 8: 24-31 -> 35-39 GFLOP/s on one
+ * thread, 46-51 -> 65-68 on two). 16-bit and Q8_0: below it the tile path's
+ * in-register conversion costs less than the chunk's round trip through L1;
+ * F16 converts in one instruction, so it gains later. Either path gives the
+ * same bits. */
 static const uint32_t gemm_block_min_rows[GEMM_W_COUNT] = {
-    [GEMM_W_F32] = 16, [GEMM_W_F16] = 32, [GEMM_W_BF16] = 16, [GEMM_W_Q8_0] = 24,
+    [GEMM_W_F32] = GEMM_MR + 1, [GEMM_W_F16] = 32, [GEMM_W_BF16] = 16, [GEMM_W_Q8_0] = 24,
 };
 
 /* ---- tiling and threads ---- */
@@ -881,23 +913,27 @@ static void gemm_block(const gemm_job *j, uint32_t p0, uint32_t p1, uint32_t mb,
     _Alignas(32) float buf[GEMM_KC * GEMM_NR];
     uint32_t n_tiles, base, taller;
     gemm_tile_heights(me - mb, &n_tiles, &base, &taller);
+    const uint8_t *end = (const uint8_t *)w->data + (size_t)p1 * w->panel_bytes;
+    const bool spread = gemm_chunk_in_place(w->type);
     for (uint32_t pnl = p0; pnl < p1; pnl++) {
         uint32_t col0 = pnl * GEMM_NR;
         for (uint32_t k0 = 0; k0 < w->k; k0 += GEMM_KC) {
             uint32_t kn = w->k - k0 < GEMM_KC ? w->k - k0 : GEMM_KC;
             /* the next chunk's bytes come in while the tiles run, a slice
              * per tile (the weights are cold: a stage's layers far exceed
-             * the cache) */
-            uint32_t npnl = k0 + GEMM_KC < w->k ? pnl : pnl + 1;
-            uint32_t nk0 = npnl == pnl ? k0 + GEMM_KC : 0;
-            size_t nlen = 0;
-            const uint8_t *next = NULL;
-            if (npnl < p1)
-                next = gemm_chunk_src(w, npnl, nk0, w->k - nk0 < GEMM_KC ? w->k - nk0 : GEMM_KC, &nlen);
-            size_t slice = (nlen / n_tiles + 63) & ~(size_t)63;
+             * the cache). A task's panels are contiguous, so the next chunk
+             * is the bytes after this one. f32 tiles spread their slice over
+             * their k loop: the first tile reads its chunk from memory, and
+             * a burst of prefetches stalls it. Converted chunks were read
+             * by the converter; a burst before each tile suits them. */
             size_t len;
+            const uint8_t *src = gemm_chunk_src(w, pnl, k0, kn, &len);
+            const uint8_t *next = src + len;
+            size_t nlen = next < end ? (size_t)(end - next) : 0;
+            nlen = nlen < len ? nlen : len;
+            size_t slice = (nlen / n_tiles + 63) & ~(size_t)63;
             gemm_ctile t = {
-                .w = j->chunk(gemm_chunk_src(w, pnl, k0, kn, &len), kn, buf),
+                .w = j->chunk(src, kn, buf),
                 .kn = kn,
                 .lda = j->lda,
                 .ldc = j->ldc,
@@ -908,8 +944,13 @@ static void gemm_block(const gemm_job *j, uint32_t p0, uint32_t p1, uint32_t mb,
                 t.mr = base + (ti < taller ? 1u : 0u);
                 t.a = j->a + (size_t)i * j->lda + k0;
                 t.c = j->c + (size_t)i * j->ldc + col0;
-                for (size_t off = ti * slice; off < (ti + 1) * slice && off < nlen; off += 64)
-                    __builtin_prefetch(next + off, 0, 3);
+                size_t o0 = ti * slice < nlen ? ti * slice : nlen;
+                size_t o1 = (ti + 1) * slice < nlen ? (ti + 1) * slice : nlen;
+                t.pf = next + o0;
+                t.pf_len = o1 - o0;
+                if (!spread)
+                    for (size_t off = o0; off < o1; off += 64)
+                        __builtin_prefetch(next + off, 0, 3);
                 j->ctiles[t.mr - 1](&t);
             }
         }
@@ -1012,7 +1053,7 @@ void gemm_run_ld(const gemm_w *w, const float *a, size_t lda, uint32_t m, float 
         .mblocks_per_task = (uint32_t)mbpt,
         .tiles = gemm_tiles_for(isa, w->type),
         .rows = gemm_rows_for(isa, w->type),
-        .ctiles = gemm_ctiles_for(isa),
+        .ctiles = gemm_ctiles_for(isa, w->type),
         .chunk = gemm_chunk_for(isa, w->type),
     };
     uint32_t n_tasks = (uint32_t)((n_mblocks + mbpt - 1) / mbpt) * n_ptasks;

@@ -17,8 +17,9 @@
  * in the kernel's panel layout [N/16 panels][K][16 columns] in their stored
  * type (Q8_0: per 32-k block, the 16 columns' f16 scales, then the int8
  * values [32][16]) and converted to f32 in registers just before use, or,
- * for blocks of many rows on the AVX2 path, once per 256-k chunk of a panel
- * into an L1-resident buffer that every tile of the block reuses.
+ * for blocks of many rows on the AVX2 path (f32: from 7 rows), once per
+ * 256-k chunk of a panel into an L1-resident buffer that every tile of the
+ * block reuses.
  *
  * Speed (K = 1280, N = 3584, one thread, AVX2, see bench/bench_gemm.c):
  * M = 1 streams the panels at about the machine's read bandwidth; M >= 64

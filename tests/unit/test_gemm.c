@@ -221,6 +221,10 @@ START_TEST(gemm_row_bits_do_not_depend_on_m)
      * chunk partial */
     rows_independent_of_m(GEMM_W_F16, 23, 301, 7);
     rows_independent_of_m(GEMM_W_BF16, 19, 517, 11);
+    /* f32 blocks of more than one tile (M >= 7) on the blocked path, whose
+     * tiles prefetch the next chunk in segments of their k loop: every M,
+     * three panels, the last chunk partial */
+    rows_independent_of_m(GEMM_W_F32, 40, 300, 1);
 }
 END_TEST
 
