@@ -184,7 +184,8 @@ int main(int argc, char **argv)
 
     double load0 = bench_load();
     double bw = probe_read_bw(1, 5);
-    static const uint32_t ms[] = {1, 4, 16, 64, 256};
+    /* 8: decode with 8 streams, or a pipeline micro-batch of a few more */
+    static const uint32_t ms[] = {1, 4, 8, 16, 64, 256};
     bench_set set;
     bench_pack(&set, GEMM_W_F32, 1);
     /* warm-up: page in every copy, let OpenBLAS start */
