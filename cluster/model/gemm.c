@@ -848,8 +848,8 @@ static gemm_chunk_fn *gemm_chunk_for(pd_isa isa, gemm_wtype type)
  * (from A/B runs of both paths on the decoder's shapes, one and two
  * threads). f32: any block of more than one tile, where the tile path reads
  * the panel from memory in its first tile with nothing to overlap it and
- * re-reads it from L2 in the rest (M = 8: 24-31 -> 35-39 GFLOP/s on one
- * thread, 46-51 -> 65-68 on two). 16-bit and Q8_0: below it the tile path's
+ * re-reads it from L2 in the rest (M = 8: 24-34 -> 33-49 GFLOP/s on one
+ * thread, 46-54 -> 65-72 on two). 16-bit and Q8_0: below it the tile path's
  * in-register conversion costs less than the chunk's round trip through L1;
  * F16 converts in one instruction, so it gains later. Either path gives the
  * same bits. */
@@ -924,8 +924,8 @@ static void gemm_block(const gemm_job *j, uint32_t p0, uint32_t p1, uint32_t mb,
              * the cache). A task's panels are contiguous, so the next chunk
              * is the bytes after this one. f32 tiles spread their slice over
              * their k loop: the first tile reads its chunk from memory, and
-             * a burst of prefetches stalls it. Converted chunks were read
-             * by the converter; a burst before each tile suits them. */
+             * ran slower behind a burst of prefetches. Converted chunks were
+             * read by the converter; a burst before each tile suits them. */
             size_t len;
             const uint8_t *src = gemm_chunk_src(w, pnl, k0, kn, &len);
             const uint8_t *next = src + len;
