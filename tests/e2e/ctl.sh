@@ -13,7 +13,9 @@ T="$E2E_TMP"
 m="$T/m.gguf"
 "$PIPEDEC" mkmodel --arch llama --layers 12 --hidden 128 --heads 4 --kv-heads 2 --ffn 256 --vocab 320 --seed 8 \
   --out "$m" >/dev/null
-"$PIPEDEC" mkpages --model "$m" --count 60 --embed-rows 12 --prompt-tokens 3 --max-new 200 --seed 6 \
+# 120 pages: the first job must outlive ~25 ctl steps and three drain points
+# (with 60 it once finished before the last step on a loaded CI machine)
+"$PIPEDEC" mkpages --model "$m" --count 120 --embed-rows 12 --prompt-tokens 3 --max-new 200 --seed 6 \
   --out "$T/pages" >/dev/null
 P="$T/pages/pages.jsonl"
 MPIRUN=(mpirun --oversubscribe --bind-to none)
