@@ -22,6 +22,9 @@
 /* The blocked path (gemm_block) runs over chunks of GEMM_KC k values: one
  * panel's chunk in f32 is 16 KB, half of L1. A multiple of the Q8_0 block. */
 #define GEMM_KC 256u
+/* f32 blocks of at most this many tiles prefetch the next chunk over their
+ * k loop (gemm_block). */
+#define GEMM_SPREAD_MAX_TILES 4u
 /* Cap on tasks per gemm_run (M blocks are grouped beyond it). */
 #define GEMM_MAX_TASKS 65536u
 
@@ -655,9 +658,21 @@ static inline __attribute__((always_inline)) void gemm_avx2_ctile_impl(const gem
     __asm__("" : "+r"(a1), "+r"(a2), "+r"(a3), "+r"(a4), "+r"(a5));
     const float *pw = t->w;
     const uint32_t kn = t->kn;
+    /* the plain loop: the segmented one below cost blocks of 64-277 rows
+     * 7-10 % on two threads even with nothing to prefetch */
+    if (!spread) {
+#pragma GCC unroll 4
+        for (uint32_t kk = 0; kk < kn; kk++) {
+            const float *wk = pw + (size_t)kk * GEMM_NR;
+            __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8);
+            GEMM_AVX2_STEP(kk)
+        }
+        GEMM_AVX2_TILE_STORE(t->c, ldc, mr, t->ncols)
+        return;
+    }
     /* one line every `every` k, so the slice ends with the loop */
     const uint8_t *pf = t->pf;
-    size_t lines = spread ? t->pf_len / 64 : 0;
+    size_t lines = t->pf_len / 64;
     uint32_t every = lines ? (uint32_t)((kn + lines - 1) / lines) : kn;
     for (uint32_t kk = 0; kk < kn;) {
         uint32_t kend = kn - kk > every ? kk + every : kn;
@@ -822,14 +837,25 @@ static gemm_row_fn *const *gemm_rows_for(pd_isa isa, gemm_wtype type)
 }
 
 /* The blocked path's chunk kernels and converter, or NULL where the ISA has
- * none (the portable path runs tiles only). f32 chunks are read in place,
- * so their kernels prefetch the next chunk as they go (gemm_block). */
-static gemm_ctile_fn *const *gemm_ctiles_for(pd_isa isa, gemm_wtype type)
+ * none (the portable path runs tiles only). */
+static gemm_ctile_fn *const *gemm_ctiles_for(pd_isa isa)
 {
 #if defined(__x86_64__)
     if (isa >= PD_ISA_AVX2)
-        return gemm_chunk_in_place(type) ? gemm_avx2_ctilepfs : gemm_avx2_ctiles;
+        return gemm_avx2_ctiles;
 #endif
+    return NULL;
+}
+
+/* The chunk kernels that prefetch the next chunk over their k loop, for
+ * chunks read in place (f32), or NULL (gemm_block). */
+static gemm_ctile_fn *const *gemm_ctiles_spread_for(pd_isa isa, gemm_wtype type)
+{
+#if defined(__x86_64__)
+    if (isa >= PD_ISA_AVX2 && gemm_chunk_in_place(type))
+        return gemm_avx2_ctilepfs;
+#endif
+    (void)isa;
     (void)type;
     return NULL;
 }
@@ -872,6 +898,7 @@ typedef struct gemm_job {
     gemm_tile_fn *const *tiles; /* indexed by mr - 1 */
     gemm_row_fn *const *rows;   /* indexed by np - 1; NULL = tiles only */
     gemm_ctile_fn *const *ctiles; /* blocked path, by mr - 1; NULL = none */
+    gemm_ctile_fn *const *ctiles_spread; /* ... prefetching over k; NULL = none */
     gemm_chunk_fn *chunk;
 } gemm_job;
 
@@ -914,7 +941,10 @@ static void gemm_block(const gemm_job *j, uint32_t p0, uint32_t p1, uint32_t mb,
     uint32_t n_tiles, base, taller;
     gemm_tile_heights(me - mb, &n_tiles, &base, &taller);
     const uint8_t *end = (const uint8_t *)w->data + (size_t)p1 * w->panel_bytes;
-    const bool spread = gemm_chunk_in_place(w->type);
+    /* spread over a few tiles, where it was measured to gain (M = 7-24);
+     * larger blocks keep the burst they were tuned with */
+    const bool spread = j->ctiles_spread && n_tiles <= GEMM_SPREAD_MAX_TILES;
+    gemm_ctile_fn *const *ctiles = spread ? j->ctiles_spread : j->ctiles;
     for (uint32_t pnl = p0; pnl < p1; pnl++) {
         uint32_t col0 = pnl * GEMM_NR;
         for (uint32_t k0 = 0; k0 < w->k; k0 += GEMM_KC) {
@@ -951,7 +981,7 @@ static void gemm_block(const gemm_job *j, uint32_t p0, uint32_t p1, uint32_t mb,
                 if (!spread)
                     for (size_t off = o0; off < o1; off += 64)
                         __builtin_prefetch(next + off, 0, 3);
-                j->ctiles[t.mr - 1](&t);
+                ctiles[t.mr - 1](&t);
             }
         }
     }
@@ -1053,7 +1083,8 @@ void gemm_run_ld(const gemm_w *w, const float *a, size_t lda, uint32_t m, float 
         .mblocks_per_task = (uint32_t)mbpt,
         .tiles = gemm_tiles_for(isa, w->type),
         .rows = gemm_rows_for(isa, w->type),
-        .ctiles = gemm_ctiles_for(isa, w->type),
+        .ctiles = gemm_ctiles_for(isa),
+        .ctiles_spread = gemm_ctiles_spread_for(isa, w->type),
         .chunk = gemm_chunk_for(isa, w->type),
     };
     uint32_t n_tasks = (uint32_t)((n_mblocks + mbpt - 1) / mbpt) * n_ptasks;
