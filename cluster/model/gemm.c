@@ -637,6 +637,14 @@ static inline __attribute__((always_inline)) void gemm_avx2_load(const float *c,
     *x1 = _mm256_loadu_ps(tmp + 8);
 }
 
+/* One k of a chunk tile: the chunk's 16 f32 weights at k, every row's FMAs. */
+#define GEMM_AVX2_CHUNK_K(pw, kk)                                                \
+    {                                                                            \
+        const float *wk = (pw) + (size_t)(kk) * GEMM_NR;                         \
+        __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8);          \
+        GEMM_AVX2_STEP(kk)                                                       \
+    }
+
 /* spread: prefetch t->pf's bytes over the k loop (f32 chunks, read in
  * place: the first tile reads them from memory). The other kernels leave it
  * to the caller (gemm_block): a burst before each tile suits them. */
@@ -662,11 +670,8 @@ static inline __attribute__((always_inline)) void gemm_avx2_ctile_impl(const gem
      * 7-10 % on two threads even with nothing to prefetch */
     if (!spread) {
 #pragma GCC unroll 4
-        for (uint32_t kk = 0; kk < kn; kk++) {
-            const float *wk = pw + (size_t)kk * GEMM_NR;
-            __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8);
-            GEMM_AVX2_STEP(kk)
-        }
+        for (uint32_t kk = 0; kk < kn; kk++)
+            GEMM_AVX2_CHUNK_K(pw, kk)
         GEMM_AVX2_TILE_STORE(t->c, ldc, mr, t->ncols)
         return;
     }
@@ -682,11 +687,8 @@ static inline __attribute__((always_inline)) void gemm_avx2_ctile_impl(const gem
             lines--;
         }
 #pragma GCC unroll 4
-        for (; kk < kend; kk++) {
-            const float *wk = pw + (size_t)kk * GEMM_NR;
-            __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8);
-            GEMM_AVX2_STEP(kk)
-        }
+        for (; kk < kend; kk++)
+            GEMM_AVX2_CHUNK_K(pw, kk)
     }
     GEMM_AVX2_TILE_STORE(t->c, ldc, mr, t->ncols)
 }
