@@ -954,10 +954,10 @@ static void gemm_block(const gemm_job *j, uint32_t p0, uint32_t p1, uint32_t mb,
             /* the next chunk's bytes come in while the tiles run, a slice
              * per tile (the weights are cold: a stage's layers far exceed
              * the cache). A task's panels are contiguous, so the next chunk
-             * is the bytes after this one. f32 tiles spread their slice over
-             * their k loop: the first tile reads its chunk from memory, and
-             * ran slower behind a burst of prefetches. Converted chunks were
-             * read by the converter; a burst before each tile suits them. */
+             * is the bytes after this one. Tiles of small f32 blocks spread
+             * their slice over their k loop (`spread`): the first tile reads
+             * its chunk from memory, and ran slower behind a burst of
+             * prefetches. The rest take theirs as a burst before the tile. */
             size_t len;
             const uint8_t *src = gemm_chunk_src(w, pnl, k0, kn, &len);
             const uint8_t *next = src + len;
