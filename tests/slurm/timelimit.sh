@@ -9,6 +9,10 @@
 # minute on two shared cores, the test stops the ranks (SIGSTOP) once two
 # periodic checkpoints are out; at the limit Slurm sends SIGCONT, SIGTERM and
 # at once SIGKILL, as it does to any job that runs out of time.
+#
+# The task must outlive two one-second checkpoint periods on any CI machine:
+# 12 pages (2400 tokens) took 1.9-2.5 s here and sometimes finished after one
+# checkpoint; 48 pages give a margin of about four.
 PD_SLURM_KILLWAIT=0
 source "$(dirname "$0")/lib.bash"
 slurm_up
@@ -17,7 +21,7 @@ P="$PD_BUILD/pipedec"
 
 "$P" mkmodel --arch llama --layers 8 --hidden 256 --heads 4 --kv-heads 2 --ffn 768 --vocab 320 --seed 8 \
   --eos-boost 0.001 --ctx 4096 --out "$W/c.gguf" >/dev/null
-"$P" mkpages --model "$W/c.gguf" --count 12 --embed-rows 12 --prompt-tokens 3 --max-new 200 --seed 7 \
+"$P" mkpages --model "$W/c.gguf" --count 48 --embed-rows 12 --prompt-tokens 3 --max-new 200 --seed 7 \
   --out "$W/c.pages" >/dev/null
 "$P" shard --pages "$W/c.pages/pages.jsonl" --shards 1 --out "$W/c.shards" >/dev/null
 mkdir -p "$W/c.run"
