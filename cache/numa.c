@@ -369,6 +369,7 @@ pd_status numa_select(const numa_topo *t, const char *binding, unsigned local_ra
         }
     }
     c.node_os = numa_topo_node_os(t, c.node);
+    c.n_cpus = (unsigned)hwloc_bitmap_weight(chosen);
     if ((st = numa_format_cpus(chosen, c.cpus, sizeof c.cpus, err)) != PD_OK)
         goto done;
     *out = c;
@@ -432,6 +433,31 @@ pd_status numa_apply(const numa_topo *t, numa_choice *c, unsigned flags, pd_err 
     return st;
 }
 
+pd_status numa_share_node(const numa_topo *t, numa_choice *c, pd_err *err)
+{
+    if (!t || !c)
+        return pd_err_set(err, PD_ERR_ARG, "numa: share_node needs a topology and a choice");
+    if (c->respected)
+        return PD_OK;
+    hwloc_bitmap_t b = hwloc_bitmap_alloc();
+    if (!b)
+        return pd_err_set(err, PD_ERR_NOMEM, "numa: out of memory");
+    char cpus[NUMA_CPUS_CHARS];
+    pd_status st = numa_binding_set(t, c->binding, b, err);
+    if (st == PD_OK) {
+        hwloc_bitmap_and(b, numa_node_obj(t, c->node)->cpuset, b);
+        st = numa_format_cpus(b, cpus, sizeof cpus, err);
+    }
+    unsigned n = (unsigned)hwloc_bitmap_weight(b);
+    hwloc_bitmap_free(b);
+    if (st != PD_OK)
+        return st;
+    memcpy(c->cpus, cpus, sizeof cpus);
+    c->n_cpus = n;
+    c->node_shared = true;
+    return PD_OK;
+}
+
 pd_status numa_place(const numa_topo *t, unsigned local_rank, unsigned local_count,
                      unsigned flags, numa_choice *out, pd_err *err)
 {
@@ -443,6 +469,8 @@ pd_status numa_place(const numa_topo *t, unsigned local_rank, unsigned local_cou
         return st;
     numa_choice c;
     if ((st = numa_select(t, now, local_rank, local_count, &c, err)) != PD_OK)
+        return st;
+    if ((flags & NUMA_SHARE_NODE) && (st = numa_share_node(t, &c, err)) != PD_OK)
         return st;
     if ((st = numa_apply(t, &c, flags, err)) != PD_OK)
         return st;
@@ -467,6 +495,7 @@ void numa_choice_check(const numa_topo *t, const numa_choice *c)
     CHECKF(numa_parse_cpus(c->cpus, cpus, NULL) == PD_OK, "cpus \"%s\"", c->cpus);
     CHECKF(numa_parse_cpus(c->binding, bind, NULL) == PD_OK, "binding \"%s\"", c->binding);
     CHECK(!hwloc_bitmap_iszero(cpus));
+    CHECKF(c->n_cpus == (unsigned)hwloc_bitmap_weight(cpus), "n_cpus %u for cpus %s", c->n_cpus, c->cpus);
     CHECKF(hwloc_bitmap_isincluded(cpus, bind), "cpus %s outside binding %s", c->cpus, c->binding);
     CHECKF(hwloc_bitmap_isincluded(cpus, numa_node_obj(t, c->node)->cpuset),
            "cpus %s outside node %u", c->cpus, c->node);
@@ -554,7 +583,7 @@ pd_status numa_report_line(const numa_choice *c, const numa_report_info *info, c
         numa_sb_printf(&sb, " (bound to cpus %s by the launcher)", c->binding);
     else
         numa_sb_printf(&sb, " (%u of %u ranks on the node%s)", c->slot + 1, c->ranks_on_node,
-                       c->cores_shared ? ", cores shared" : "");
+                       c->node_shared ? ", its cpus shared by them" : c->cores_shared ? ", cores shared" : "");
     numa_sb_printf(&sb, ", binding %s; %zu bytes placed", bind, info->bytes_placed);
     if (info->placement)
         numa_sb_printf(&sb, " (%s)", info->placement);

@@ -256,6 +256,35 @@ START_TEST(numa_select_respects_an_external_binding_to_one_node)
 }
 END_TEST
 
+START_TEST(numa_share_node_gives_every_rank_on_a_node_all_its_cpus)
+{
+    numa_topo *t = synth(TWO_BY_TWO);
+    pd_err err = {0};
+    /* 4 ranks over 2 of 4 nodes: two ranks per node share its 4 cpus */
+    const char *want[] = {"4-7", "4-7", "8-11", "8-11"};
+    for (unsigned r = 0; r < 4; r++) {
+        numa_choice c = pick(t, "4-11", r, 4);
+        ck_assert_int_eq(numa_share_node(t, &c, &err), PD_OK);
+        numa_choice_check(t, &c);
+        ck_assert(c.node_shared);
+        ck_assert_str_eq(c.cpus, want[r]);
+        ck_assert_uint_eq(c.n_cpus, 4);
+        ck_assert_uint_eq(c.ranks_on_node, 2);
+    }
+    /* within a binding that covers part of a node: that part only */
+    numa_choice part = pick(t, "4-5,8-11", 0, 2);
+    ck_assert_int_eq(numa_share_node(t, &part, &err), PD_OK);
+    ck_assert_str_eq(part.cpus, "4-5");
+    ck_assert_uint_eq(part.n_cpus, 2);
+    /* an external binding is kept */
+    numa_choice core = pick(t, "13", 0, 2);
+    ck_assert_int_eq(numa_share_node(t, &core, &err), PD_OK);
+    ck_assert(!core.node_shared);
+    ck_assert_str_eq(core.cpus, "13");
+    numa_topo_free(t);
+}
+END_TEST
+
 START_TEST(numa_select_chooses_within_a_binding_spanning_2_of_4_nodes)
 {
     numa_topo *t = synth(TWO_BY_TWO);
@@ -436,6 +465,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, numa_select_spreads_1_to_8_ranks_blocked_over_2_packages_of_2_nodes);
     tcase_add_test(tc, numa_select_respects_an_external_binding_to_one_node);
     tcase_add_test(tc, numa_select_chooses_within_a_binding_spanning_2_of_4_nodes);
+    tcase_add_test(tc, numa_share_node_gives_every_rank_on_a_node_all_its_cpus);
     tcase_add_test(tc, numa_select_uses_pus_when_the_topology_has_no_cores);
     tcase_add_test(tc, numa_select_rejects_bad_ranks_and_bindings_without_touching_the_output);
     tcase_add_test(tc, numa_place_on_a_synthetic_topology_reports_binding_unsupported);
