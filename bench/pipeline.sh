@@ -16,7 +16,9 @@
 # The limit measured in the same run: two independent one-rank jobs at once,
 # each on half of the pages, give the throughput two cores reach with no
 # pipeline at all (they share caches and memory bandwidth as the two stages
-# do); the 2-rank pipeline is also reported as a fraction of that.
+# do); the 2-rank pipeline is also reported as a fraction of that. The 2-rank
+# runs ask for a pipeline (--micro-batches pipeline): on one node the default
+# would have the stages take turns with two threads each.
 # usage: bench/pipeline.sh BUILD_DIR [reps]
 set -euo pipefail
 build="${1:?usage: bench/pipeline.sh BUILD_DIR [reps]}"
@@ -68,7 +70,8 @@ for r in range(reps):
         out, stats = f"{tmp}/o-{np_}-{batch}-{r}.jsonl", f"{tmp}/s.json"
         subprocess.run(["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none", bin_, "run",
                         "--model", f"{tmp}/m.gguf", "--pages", f"{tmp}/pages/pages.jsonl", "--out", out,
-                        "--batch", str(batch), "--prefill-chunk", "32", "--threads", "1", "--stats", stats],
+                        "--batch", str(batch), "--prefill-chunk", "32", "--threads", "1", "--stats", stats]
+                       + (["--micro-batches", "pipeline"] if np_ > 1 else []),
                        check=True, stdout=subprocess.DEVNULL)
         body = open(out, "rb").read()
         os.remove(out)

@@ -7,14 +7,16 @@
 #
 # Configurations per workload (WEIGHT TYPE:STREAMS):
 #   threads    mpirun -np 1 pipedec run --threads T
-#   ranks      mpirun -np T pipedec run --threads 1        (N+1 micro-batches)
+#   ranks      mpirun -np T pipedec run --threads 1        (the default: on one
+#              NUMA node the stages take turns, each rank with T threads)
 #   ranks_k2   mpirun -np T pipedec run --threads 1 --micro-batches T
+#              (a pipeline of T micro-batches in flight, one thread per rank)
 # Every configuration runs `reps` times, interleaved, and counts by its
 # median. Outputs (with logit digests) must be byte-identical across every
 # configuration and repetition of a workload, or the script fails.
 # Prints one JSON object: whole-run tokens/s (prefill included, as the issue
 # measures), decode-only tokens/s and prefill rows/s from --stats, and the
-# ratio ranks / threads (goal >= 0.95) for each workload.
+# ratio ranks / threads (goal >= 0.95, for the default) for each workload.
 #
 # usage: bench/ranks_threads.sh BUILD_DIR [--reps N] [--threads T] [--work DIR]
 #          [--workloads f32:8,f32:32,f32:64,q8_0:8] [--quick]
@@ -105,7 +107,9 @@ def run(load, cname, rep):
     s = json.load(open(stats))
     runs[(load, cname)].append({"tokens_per_s": s["tokens_per_s"], "decode_tokens_per_s": s["decode"]["tokens_per_s"],
                                 "prefill_rows_per_s": s["prefill"]["rows_per_s"],
-                                "micro_batches": s["stages"][0]["micro_batches"]})
+                                "micro_batches": s["stages"][0]["micro_batches"],
+                                "micro_batches_in_flight": s["micro_batches_in_flight"],
+                                "threads_per_rank": s["threads_per_rank"]})
     print(f"ranks_threads.sh: rep {rep + 1}/{reps} {dt}:{n} {cname}: {s['tokens_per_s']:.1f} tok/s "
           f"(decode {s['decode']['tokens_per_s']:.1f})", file=sys.stderr)
 
@@ -129,8 +133,7 @@ for load in loads:
         d[f"ratio_{cname}_over_threads"] = round(d[cname]["tokens_per_s"] / t["tokens_per_s"], 3)
         d[f"ratio_{cname}_over_threads_decode"] = round(d[cname]["decode_tokens_per_s"] / t["decode_tokens_per_s"], 3)
         d[f"ratio_{cname}_over_threads_prefill"] = round(d[cname]["prefill_rows_per_s"] / t["prefill_rows_per_s"], 3)
-    best = max(d["ratio_ranks_over_threads"], d["ratio_ranks_k2_over_threads"])
-    d["goal_met"] = best >= 0.95
+    d["goal_met"] = d["ratio_ranks_over_threads"] >= 0.95  # the default, as a user runs it
     res["workloads"][f"{load[0]}:{load[1]}"] = d
 res["goal_met"] = all(v["goal_met"] for v in res["workloads"].values())
 print(json.dumps(res, indent=2))

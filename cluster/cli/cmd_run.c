@@ -16,7 +16,7 @@ static void run_usage(FILE *f)
 {
     fprintf(f,
             "usage: [mpirun -np N] pipedec run --model M --pages P --out O.jsonl\n"
-            "         [--batch B] [--threads T] [--prefill-chunk C] [--micro-batches K]\n"
+            "         [--batch B] [--threads T] [--prefill-chunk C] [--micro-batches K|turns|pipeline]\n"
             "         [--attn full|rswa:W|window:W] [--kv f32|q8|q8k|q8v]\n"
             "         [--evict none|recent:N|importance:N:SINKS]\n"
             "         [--sample greedy|temp:T[,top_p:P][,top_k:K]] [--seed S] [--no-repeat-ngram N:WINDOW]\n"
@@ -122,7 +122,13 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
             break;
         case 'V': st = cli_u32("--rebalance-window", optarg, 1, 1u << 30, &o->rebalance_window, e); break;
         case 'O': o->weights_over_mpi = true; break;
-        case 'k': st = cli_u32("--micro-batches", optarg, 1, 64, &o->micro_batches, e); break;
+        case 'k':
+            o->turns = strcmp(optarg, "turns") == 0;
+            o->pipeline = strcmp(optarg, "pipeline") == 0;
+            o->micro_batches = 0;
+            if (!o->turns && !o->pipeline)
+                st = cli_u32("--micro-batches", optarg, 1, 64, &o->micro_batches, e);
+            break;
         case 'J': {
             uint32_t pct;
             st = cli_u32("--rebalance-threshold", optarg, 0, 100000, &pct, e);

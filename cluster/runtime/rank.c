@@ -25,6 +25,43 @@
 #define RANK_PIPELINE_PREFILL_ROWS 64u
 #define RANK_CACHE_RETAIN ((size_t)512 << 20) /* freed cache bytes kept per rank */
 
+/* Stages take turns when every rank of the run is on this host and the
+ * placement rule puts them all on one NUMA node that no launcher binding
+ * split: they share one memory bus and one set of cores, so a pipeline
+ * gives them nothing a rank's threads would not, and it costs a pass over
+ * each stage's weights per micro-batch in flight (decode with few streams
+ * is bound by those reads) and the stages' fill, drain and round-trip
+ * waits. Instead one micro-batch is in flight, prefill goes in whole pages
+ * as on one rank, and each rank, bound to the whole node, runs the threads
+ * of all of them (--threads x ranks on the node, rank_place) while the
+ * others wait in napping receives (comm/pipe.c). README.md ("Ranks or
+ * threads on one node") has the measurements. --micro-batches K keeps a
+ * pipeline of K, --micro-batches pipeline the pipeline's default K, and so
+ * does --draft-async (a stream's second batch needs another in flight);
+ * --micro-batches turns asks for turns wherever the ranks are.
+ * Collective, and reached by every rank whatever failed before it: a rank
+ * that cannot read its topology here votes for a pipeline, and rank_start
+ * reports the failure. */
+static pd_status rank_agree_turns(rank *r, pd_err *err)
+{
+    const run_opts *o = r->o;
+    pd_err ignored = {0};
+    bool one_node = false;
+    if (r->size > 1 && r->local_size == r->size && numa_topo_load(&r->topo, &ignored) == PD_OK) {
+        char now[NUMA_CPUS_CHARS];
+        numa_choice c;
+        one_node = numa_binding_get(r->topo, 0, now, sizeof now, &ignored) == PD_OK &&
+                   numa_select(r->topo, now, (unsigned)r->local_rank, (unsigned)r->local_size, &c, &ignored) ==
+                       PD_OK &&
+                   !c.respected && c.ranks_on_node == (unsigned)r->size;
+    }
+    double against =
+        o->turns || (one_node && !o->micro_batches && !o->pipeline && !o->policy.spec_async) ? 0.0 : 1.0;
+    pd_status st = pipe_max_double(r->p, against, &against, err);
+    r->turns = st == PD_OK && r->size > 1 && against == 0.0;
+    return st;
+}
+
 pd_status rank_agree_isa(rank *r, pd_err *err)
 {
     r->rank = pipe_rank(r->p);
@@ -39,7 +76,7 @@ pd_status rank_agree_isa(rank *r, pd_err *err)
         st = pipe_max_double(r->p, neg_isa, &neg_isa, err);
     if (st == PD_OK)
         pd_cpu_set_isa((pd_isa)(int)-neg_isa);
-    return st;
+    return st == PD_OK ? rank_agree_turns(r, err) : st;
 }
 
 pd_status rank_agree_work(rank *r, pd_err *err)
@@ -151,18 +188,22 @@ static pd_status rank_default_inflight(const run_opts *o, int size, uint32_t *ou
     return st;
 }
 
-/* Micro-batch geometry from the options: the same on every rank. */
-static rank_sizes rank_sizes_for(const run_opts *o, int size, uint32_t n_inflight)
+/* Micro-batch geometry from the options and the agreed turn mode: the same
+ * on every rank. */
+static rank_sizes rank_sizes_for(const run_opts *o, int size, bool turns, uint32_t n_inflight)
 {
-    rank_sizes z = {.prefill_chunk = o->prefill_chunk ? o->prefill_chunk
-                                     : size == 1   ? RANK_WHOLE_PREFILL_ROWS
-                                                   : RANK_PIPELINE_PREFILL_ROWS};
+    rank_sizes z = {.prefill_chunk = o->prefill_chunk   ? o->prefill_chunk
+                                     : size == 1 || turns ? RANK_WHOLE_PREFILL_ROWS
+                                                          : RANK_PIPELINE_PREFILL_ROWS};
     /* n_inflight from rank_default_inflight (N or N + 1; one rank: one);
      * --micro-batches chooses another count (fewer, larger micro-batches
-     * read each stage's weights fewer times per step) */
+     * read each stage's weights fewer times per step); stages taking turns
+     * have one */
     z.n_inflight = n_inflight;
     if (o->micro_batches && size > 1)
         z.n_inflight = o->micro_batches;
+    if (turns)
+        z.n_inflight = 1;
     z.max_streams = o->batch;
     z.max_rows = o->batch * (1 + o->policy.max_drafts) + z.prefill_chunk;
     z.max_logits = o->batch * (1 + o->policy.max_drafts);
@@ -198,17 +239,49 @@ static void rank_trace_rows(void *ctx, uint32_t boundary, const mb_row *rows, ui
         trace_rows(r->tr, boundary, rows, n, x);
 }
 
+/* Binds this rank by the placement rule (cache/numa.h), or, when the stages
+ * take turns (rank_agree_isa), to every CPU of its NUMA node, with the
+ * threads of all the ranks there. */
+static pd_status rank_place(rank *r, pd_err *err)
+{
+    const run_opts *o = r->o;
+    char now[NUMA_CPUS_CHARS];
+    pd_status st = r->topo ? PD_OK : numa_topo_load(&r->topo, err);
+    if (st == PD_OK)
+        st = numa_binding_get(r->topo, 0, now, sizeof now, err);
+    if (st == PD_OK)
+        st = numa_select(r->topo, now, (unsigned)r->local_rank, (unsigned)r->local_size, &r->nc, err);
+    if (st)
+        return st;
+    r->threads = o->threads;
+    if (r->turns && !r->nc.respected) {
+        if ((st = numa_share_node(r->topo, &r->nc, err)))
+            return st;
+        /* the threads of every rank on the node, at most one per CPU of it
+         * (oversubscribed ranks bring more threads than the node has CPUs) */
+        r->threads = o->threads * r->nc.ranks_on_node;
+        if (r->threads > r->nc.n_cpus)
+            r->threads = r->nc.n_cpus > o->threads ? r->nc.n_cpus : o->threads;
+        if (r->threads > POOL_MAX_THREADS)
+            r->threads = POOL_MAX_THREADS;
+    }
+    return numa_apply(r->topo, &r->nc, o->no_bind ? NUMA_NO_BIND : 0, err);
+}
+
 pd_status rank_start(rank *r, pd_err *err)
 {
     const run_opts *o = r->o;
     pd_status st = model_read_hparams(o->model_path, &r->hp, err);
     if (st)
         return st;
-    uint32_t n_inflight = 1;
-    st = rank_default_inflight(o, r->size, &n_inflight, err);
-    if (st)
+    /* NUMA: bind by node-local rank (or to the whole node when the stages
+     * take turns), place weights and caches there */
+    if ((st = rank_place(r, err)))
         return st;
-    r->sz = rank_sizes_for(o, r->size, n_inflight);
+    uint32_t n_inflight = 1;
+    if (!r->turns && (st = rank_default_inflight(o, r->size, &n_inflight, err)))
+        return st;
+    r->sz = rank_sizes_for(o, r->size, r->turns, n_inflight);
     if (o->layers)
         st = layermap_parse(o->layers, (uint32_t)r->size, r->hp.n_layers, &r->lm, err);
     else /* balanced by each layer's predicted cost at its real tensor types (cost.h) */
@@ -216,18 +289,12 @@ pd_status rank_start(rank *r, pd_err *err)
     if (st)
         return st;
 
-    /* NUMA: bind by node-local rank, place weights and caches there */
-    if ((st = numa_topo_load(&r->topo, err)))
-        return st;
-    if ((st = numa_place(r->topo, (unsigned)r->local_rank, (unsigned)r->local_size, o->no_bind ? NUMA_NO_BIND : 0,
-                         &r->nc, err)))
-        return st;
     if ((st = arena_new(r->topo, r->nc.node, 0, &r->ar, err)))
         return st;
     /* a retired stream's cache memory is kept for the next admission: no page
      * faults and no munmap on the decode path */
     arena_set_retain(r->ar, RANK_CACHE_RETAIN);
-    if ((st = pool_new(o->threads, &r->pool, err)))
+    if ((st = pool_new(r->threads, &r->pool, err)))
         return st;
 
     model_load_opts mo = {.first_layer = r->lm.first[r->rank],
@@ -309,7 +376,7 @@ static void rank_fields(const rank *r, char (*f)[RANK_FIELD])
     snprintf(f[k++], RANK_FIELD, "%u", r->sz.prefill_chunk);
     snprintf(f[k++], RANK_FIELD, "%u%s", o->policy.max_drafts, o->policy.spec_async ? " async" : "");
     snprintf(f[k++], RANK_FIELD, "%d", r->size);
-    snprintf(f[k++], RANK_FIELD, "%u", r->sz.n_inflight);
+    snprintf(f[k++], RANK_FIELD, "%u%s", r->sz.n_inflight, r->turns ? " (stages take turns)" : "");
     CHECK(k == RANK_FIELDS);
     snprintf(f[k], RANK_FIELD, "%s", o->model_path);
 }

@@ -54,6 +54,9 @@ typedef struct rank {
     int rank, size;
     int local_rank, local_size; /* among the ranks on this node */
     bool is_head, is_tail;
+    bool turns;              /* stages take turns, one micro-batch in flight (rank_start) */
+    uint32_t threads;        /* this rank's pool: --threads, times the ranks sharing its node
+                                when the stages take turns */
     rank_sizes sz;
     layermap lm;
     /* the manifest's pages, their prefill rows and max_new_tokens, summed
@@ -78,7 +81,9 @@ typedef struct rank {
                                 work loses wall time, not CPU time) */
 } rank;
 
-/* Step 1 of start-up: r->o and r->p set, everything else zero. Collective. */
+/* Step 1 of start-up: r->o and r->p set, everything else zero. Agrees on
+ * the kernels' ISA and on whether the stages take turns (r->turns; the
+ * topology it loads stays in r->topo). Collective. */
 pd_status rank_agree_isa(rank *r, pd_err *err);
 /* Step 1, after rank_agree_isa: the head reads the page manifest's totals
  * (pages, prefill rows, max_new_tokens; headers of embedding files only) and

@@ -50,10 +50,15 @@ pd_status report_start(rank *r, report **out, pd_err *err)
     layermap_format(&r->lm, lm, sizeof lm);
     if (r->size > 1)
         snprintf(basis, sizeof basis, " (balanced for %s)", r->lm_basis);
+    char turns[96] = "";
+    if (r->turns)
+        snprintf(turns, sizeof turns, " (the stages take turns, %u thread%s each)", r->threads,
+                 r->threads == 1 ? "" : "s");
     printf("pipedec: %d rank%s, model %s (%u layers, hidden %u), %s, kernels %s on every rank, %u micro-batch%s "
-           "in flight, prefill chunk %u, layers %s%s%s%s\n",
+           "in flight%s, prefill chunk %u, layers %s%s%s%s\n",
            r->size, r->size == 1 ? "" : "s", r->o->model_path, r->hp.n_layers, r->hp.hidden, pol,
-           pd_isa_name(pd_cpu_isa()), r->sz.n_inflight, r->sz.n_inflight == 1 ? "" : "es", r->sz.prefill_chunk, lm,
+           pd_isa_name(pd_cpu_isa()), r->sz.n_inflight, r->sz.n_inflight == 1 ? "" : "es", turns,
+           r->sz.prefill_chunk, lm,
            r->o->layers ? "" : basis, r->hp.assumed[0] ? "; assumed: " : "", r->hp.assumed);
     for (int k = 0; k < r->size; k++)
         printf("pipedec: placement: %s\n", rep->lines + (size_t)k * sizeof both);
@@ -97,11 +102,17 @@ static void report_stats_json(const report *rep, const rank *r, const sched_prog
     cJSON_AddNumberToObject(j, "wall_s", wall);
     cJSON_AddNumberToObject(j, "tokens_per_s", tps);
     /* the prefill / decode split (msg.h): every stage runs every row, so the
-     * pipeline's time in a phase is that of its busiest stage in that phase */
+     * pipeline's time in a phase is that of its busiest stage in that phase,
+     * or the sum of the stages' when they take turns */
     double pre_s = 0, dec_s = 0, dec_rows = 0;
     for (int k = 0; k < r->size; k++) {
-        pre_s = all[k].prefill_s > pre_s ? all[k].prefill_s : pre_s;
-        dec_s = all[k].decode_s > dec_s ? all[k].decode_s : dec_s;
+        if (r->turns) { /* stages taking turns: one after another */
+            pre_s += all[k].prefill_s;
+            dec_s += all[k].decode_s;
+        } else {
+            pre_s = all[k].prefill_s > pre_s ? all[k].prefill_s : pre_s;
+            dec_s = all[k].decode_s > dec_s ? all[k].decode_s : dec_s;
+        }
         dec_rows = all[k].decode_rows > dec_rows ? all[k].decode_rows : dec_rows;
     }
     cJSON *pre = cJSON_AddObjectToObject(j, "prefill");
@@ -117,6 +128,9 @@ static void report_stats_json(const report *rep, const rank *r, const sched_prog
     cJSON_AddStringToObject(j, "gemm", o->backend == GEMM_BACKEND_OPENBLAS ? "openblas" : "invariant");
     cJSON_AddStringToObject(j, "wire_dtype", o->wire_dtype == MSG_DTYPE_F16 ? "f16" : "f32");
     cJSON_AddNumberToObject(j, "threads", o->threads);
+    cJSON_AddNumberToObject(j, "threads_per_rank", r->threads);
+    cJSON_AddBoolToObject(j, "turns", r->turns);
+    cJSON_AddNumberToObject(j, "micro_batches_in_flight", r->sz.n_inflight);
     cJSON_AddNumberToObject(j, "batch", o->batch);
     char lmap[512];
     layermap_format(&r->lm, lmap, sizeof lmap);

@@ -57,7 +57,11 @@ typedef struct run_opts {
     const char *migrate_at[RUN_MIGRATE_AT_MAX]; /* --migrate-at STEP:MAP (testing aid, jobctl.h) */
     uint32_t n_migrate_at;
     int migrate_fault;        /* --migrate-fault (test hook, migrate.h), 0 = none */
-    uint32_t micro_batches;   /* --micro-batches: micro-batches in flight (0 = ranks + 1) */
+    uint32_t micro_batches;   /* --micro-batches K: a pipeline of K micro-batches in flight (0 = the
+                                 default: stages take turns when every rank shares one NUMA node,
+                                 else N or N + 1, rank.c) */
+    bool turns;               /* --micro-batches turns: stages take turns wherever the ranks are */
+    bool pipeline;            /* --micro-batches pipeline: never turns; K = N or N + 1 (rank.c) */
     bool weights_over_mpi;    /* --weights-over-mpi: a rank taking layers in a live migration gets
                                  their weights from the giving rank, not from the model file (also
                                  done when the file is not readable on that rank any more) */

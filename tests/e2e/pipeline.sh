@@ -46,8 +46,23 @@ declare -A MAPS=(
   [4]="0-1,2,3,4-5 0-2,3,4,5 0,1,2,3-5"
 )
 for n in 2 3 4; do
+  # on one node the stages take turns by default; --micro-batches pipeline
+  # keeps the pipeline with its default K
   prun "$n" "$T/np$n.auto.jsonl" --stats "$T/np$n.stats.json"
-  same "$T/ref.jsonl" "$T/np$n.auto.jsonl" "np $n, balanced map == one rank"
+  same "$T/ref.jsonl" "$T/np$n.auto.jsonl" "np $n, balanced map, stages taking turns == one rank"
+  prun "$n" "$T/np$n.pipe.jsonl" --micro-batches pipeline --stats "$T/np$n.pipe.json"
+  same "$T/ref.jsonl" "$T/np$n.pipe.jsonl" "np $n, balanced map, pipeline == one rank"
+  # --stats says how it ran: turns with one micro-batch in flight and the
+  # node's threads on every rank (at most one per CPU: these ranks are
+  # oversubscribed beyond 2), the pipeline with one thread and K > 1
+  got=$(python3 -c 'import json,sys
+for f in sys.argv[1:]:
+    s = json.load(open(f)); print(s["turns"], s["micro_batches_in_flight"], s["threads_per_rank"], end=" ")' \
+    "$T/np$n.stats.json" "$T/np$n.pipe.json")
+  want="True 1 $(( n < $(nproc) ? n : $(nproc) )) False"
+  [[ "$got" == "$want "* ]] && [[ "$got" == *" 1 " ]] \
+    && pass "np $n: stats say turns, 1 in flight, threads; then a pipeline of one thread: $got" \
+    || fail "np $n: stats: want '$want ... 1', got '$got'"
   for map in ${MAPS[$n]}; do
     prun "$n" "$T/np$n.$map.jsonl" --layers "$map"
     same "$T/ref.jsonl" "$T/np$n.$map.jsonl" "np $n, --layers $map == one rank"
@@ -69,10 +84,13 @@ for n in 2 3 4; do
 done
 
 # the default micro-batch count and prefill chunk, as the start-up line
-# states them: on a model whose weights dominate a step, 2 streams on 2 ranks
-# take K = 2 (a third micro-batch would be a third pass over the weights for
-# the same rows), 64 streams K = 3; a pipeline's prefill comes in 64-row
-# chunks, one rank's whole; the flags override both
+# states them: ranks sharing one NUMA node take turns, one micro-batch in
+# flight, each rank with the node's threads (here 2 ranks x 1 thread: 2
+# each; 3 oversubscribed ranks: at most one per CPU), whole prefill as one
+# rank; in a pipeline, on a model whose weights dominate a step, 2 streams
+# on 2 ranks take K = 2 (a third micro-batch would be a third pass over the
+# weights for the same rows), 64 streams K = 3, and prefill comes in 64-row
+# chunks; --draft-async keeps the pipeline; the flags override both
 mw="$T/mw.gguf"
 "$PIPEDEC" mkmodel --arch llama --layers 2 --hidden 512 --heads 8 --kv-heads 8 --ffn 1536 --vocab 512 \
   --seed 3 --out "$mw" >/dev/null
@@ -86,8 +104,12 @@ startline() {
     "$@" 2>/dev/null) || true
   printf '%s\n' "${all%%$'\n'*}"
 }
-for c in "2|--batch 2|2 micro-batches in flight, prefill chunk 64" \
-         "2|--batch 64|3 micro-batches in flight, prefill chunk 64" \
+ncpu=$(nproc)
+for c in "2|--batch 2|1 micro-batch in flight (the stages take turns, 2 threads each), prefill chunk 1024" \
+         "2|--batch 2 --micro-batches pipeline|2 micro-batches in flight, prefill chunk 64" \
+         "2|--batch 64 --micro-batches pipeline|3 micro-batches in flight, prefill chunk 64" \
+         "2|--batch 2 --draft ngram --draft-async|2 micro-batches in flight, prefill chunk 64" \
+         "2|--batch 2 --micro-batches turns --threads 2|1 micro-batch in flight (the stages take turns, $(( ncpu < 4 ? (ncpu > 2 ? ncpu : 2) : 4 )) threads each), prefill chunk 1024" \
          "2|--batch 2 --micro-batches 5 --prefill-chunk 8|5 micro-batches in flight, prefill chunk 8" \
          "1|--batch 2|1 micro-batch in flight, prefill chunk 1024"; do
   IFS='|' read -r n args want <<<"$c"
