@@ -43,14 +43,15 @@ finish_run() {
   timeout 300 "${cmd[@]}" >"$out.resume.log" 2>&1 </dev/null
 }
 
-# stop on N1 ranks, resume on N2 with MAP (0 = no mpirun), per policy
+# stop on N1 ranks, resume on N2 with MAP (0 = no mpirun), per policy; on
+# one node the stages take turns unless --micro-batches pipeline
 cases=(
   "1|3|0,1-2,3|"
   "2|1||--kv q8"
-  "3|4|0,1,2,3|--attn rswa:8"
+  "3|4|0,1,2,3|--attn rswa:8 --micro-batches pipeline"
   "4|2|0-2,3|--evict importance:16:2"
   "0|2|0,1-3|--sample temp:0.8,top_p:0.9,top_k:40 --seed 3"
-  "1|2|0-1,2-3|--draft ngram:1:6"
+  "1|2|0-1,2-3|--draft ngram:1:6 --micro-batches pipeline"
   "3|2||--draft ngram:1:6 --draft-async"
 )
 for c in "${cases[@]}"; do

@@ -49,6 +49,9 @@ for pol in "" "--attn rswa:8" "--attn window:8" "--kv q8" "--kv q8k" "--kv q8v" 
   # shellcheck disable=SC2086
   "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/$tag.ref" --batch 3 --digest $pol >/dev/null 2>&1
   n=$((2 + i % 3))
+  # every other policy migrates in a pipeline; the rest with the stages
+  # taking turns (the default on one node)
+  [ $((i % 2)) -eq 1 ] && pol="$pol --micro-batches pipeline"
   # shellcheck disable=SC2086
   if run_mig "$tag" "$n" $pol; then
     k=$(grep -c "^pipedec: migration (--migrate-at) at step .* -> .* streams, .* bytes;" "$T/$tag.log" || true)
