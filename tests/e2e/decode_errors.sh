@@ -83,6 +83,10 @@ expect_fail "bad --attn" "--attn" "$PIPEDEC" run --model "$m" --pages "$P" --out
 expect_fail "bad --kv" "--kv" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --kv q4
 expect_fail "bad --evict" "--evict" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --evict importance:4:9
 expect_fail "bad --batch" "--batch" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --batch 0
+expect_fail "bad --micro-batches word" "--micro-batches 'fast': expected a count \(1-64\), turns or pipeline" \
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --micro-batches fast
+expect_fail "bad --micro-batches count" "--micro-batches" \
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --micro-batches 0
 expect_fail "bad --sample" "temp|sample" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --sample temp:-1
 expect_fail "missing --out" "required" "$PIPEDEC" run --model "$m" --pages "$P"
 expect_fail "unknown flag" "unknown" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/keep.jsonl" --fast
