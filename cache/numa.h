@@ -102,9 +102,6 @@ int numa_topo_node_os(const numa_topo *t, unsigned node);
 enum {
     NUMA_THREAD = 1u << 0,  /* query / bind the calling thread, not the whole process */
     NUMA_NO_BIND = 1u << 1, /* numa_apply / numa_place: choose, but do not bind */
-    NUMA_SHARE_NODE = 1u << 2, /* numa_place: the ranks on the chosen node share all its CPUs
-                                * (within the binding) instead of splitting them; an
-                                * external binding (respected) is kept as it is */
 };
 
 /* The CPUs the process (or thread, with NUMA_THREAD) is bound to now, as an
@@ -142,7 +139,7 @@ typedef struct numa_choice {
     unsigned ranks_on_node;       /* local ranks the rule puts on `node` (1 when respected) */
     unsigned slot;                /* this rank's index among them (0 when respected) */
     bool cores_shared;            /* more ranks than cores on the node */
-    bool node_shared;             /* NUMA_SHARE_NODE: cpus are all of the node's (in the binding) */
+    bool node_shared;             /* numa_share_node: cpus are all of the node's (in the binding) */
     char cpus[NUMA_CPUS_CHARS];   /* chosen CPUs (hwloc list string) */
     unsigned n_cpus;              /* how many */
     char binding[NUMA_CPUS_CHARS]; /* binding the choice was made from */
@@ -173,8 +170,7 @@ pd_status numa_apply(const numa_topo *t, numa_choice *c, unsigned flags, pd_err 
  * rather than each holding a block. A respected choice is left as it is. */
 pd_status numa_share_node(const numa_topo *t, numa_choice *c, pd_err *err);
 
-/* numa_binding_get + numa_select (+ numa_share_node with NUMA_SHARE_NODE) +
- * numa_apply: a rank's start-up in one call. */
+/* numa_binding_get + numa_select + numa_apply: a rank's start-up in one call. */
 pd_status numa_place(const numa_topo *t, unsigned local_rank, unsigned local_count,
                      unsigned flags, numa_choice *out, pd_err *err);
 
