@@ -470,6 +470,8 @@ pd_status numa_place(const numa_topo *t, unsigned local_rank, unsigned local_cou
     numa_choice c;
     if ((st = numa_select(t, now, local_rank, local_count, &c, err)) != PD_OK)
         return st;
+    if ((flags & NUMA_SHARE_NODE) && (st = numa_share_node(t, &c, err)) != PD_OK)
+        return st;
     if ((st = numa_apply(t, &c, flags, err)) != PD_OK)
         return st;
     *out = c;

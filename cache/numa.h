@@ -102,6 +102,7 @@ int numa_topo_node_os(const numa_topo *t, unsigned node);
 enum {
     NUMA_THREAD = 1u << 0,  /* query / bind the calling thread, not the whole process */
     NUMA_NO_BIND = 1u << 1, /* numa_apply / numa_place: choose, but do not bind */
+    NUMA_SHARE_NODE = 1u << 2, /* numa_place: numa_share_node before binding */
 };
 
 /* The CPUs the process (or thread, with NUMA_THREAD) is bound to now, as an
@@ -170,7 +171,8 @@ pd_status numa_apply(const numa_topo *t, numa_choice *c, unsigned flags, pd_err 
  * rather than each holding a block. A respected choice is left as it is. */
 pd_status numa_share_node(const numa_topo *t, numa_choice *c, pd_err *err);
 
-/* numa_binding_get + numa_select + numa_apply: a rank's start-up in one call. */
+/* numa_binding_get + numa_select (+ numa_share_node with NUMA_SHARE_NODE) +
+ * numa_apply: a rank's start-up in one call. */
 pd_status numa_place(const numa_topo *t, unsigned local_rank, unsigned local_count,
                      unsigned flags, numa_choice *out, pd_err *err);
 

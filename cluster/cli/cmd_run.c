@@ -126,11 +126,13 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
             o->turns = strcmp(optarg, "turns") == 0;
             o->pipeline = strcmp(optarg, "pipeline") == 0;
             o->micro_batches = 0;
-            if (!o->turns && !o->pipeline && !(optarg[0] >= '0' && optarg[0] <= '9'))
+            if (o->turns || o->pipeline)
+                break;
+            if (optarg[0] >= '0' && optarg[0] <= '9')
+                st = cli_u32("--micro-batches", optarg, 1, 64, &o->micro_batches, e);
+            else
                 st = pd_err_set(e, PD_ERR_ARG, "--micro-batches '%s': expected a count (1-64), turns or pipeline",
                                 optarg);
-            else if (!o->turns && !o->pipeline)
-                st = cli_u32("--micro-batches", optarg, 1, 64, &o->micro_batches, e);
             break;
         case 'J': {
             uint32_t pct;

@@ -245,18 +245,14 @@ static void rank_trace_rows(void *ctx, uint32_t boundary, const mb_row *rows, ui
 static pd_status rank_place(rank *r, pd_err *err)
 {
     const run_opts *o = r->o;
-    char now[NUMA_CPUS_CHARS];
+    unsigned flags = (o->no_bind ? NUMA_NO_BIND : 0) | (r->turns ? NUMA_SHARE_NODE : 0);
     pd_status st = r->topo ? PD_OK : numa_topo_load(&r->topo, err);
     if (st == PD_OK)
-        st = numa_binding_get(r->topo, 0, now, sizeof now, err);
-    if (st == PD_OK)
-        st = numa_select(r->topo, now, (unsigned)r->local_rank, (unsigned)r->local_size, &r->nc, err);
+        st = numa_place(r->topo, (unsigned)r->local_rank, (unsigned)r->local_size, flags, &r->nc, err);
     if (st)
         return st;
     r->threads = o->threads;
-    if (r->turns && !r->nc.respected) {
-        if ((st = numa_share_node(r->topo, &r->nc, err)))
-            return st;
+    if (r->nc.node_shared) {
         /* the threads of every rank on the node, at most one per CPU of it
          * (oversubscribed ranks bring more threads than the node has CPUs) */
         r->threads = o->threads * r->nc.ranks_on_node;
@@ -265,7 +261,7 @@ static pd_status rank_place(rank *r, pd_err *err)
         if (r->threads > POOL_MAX_THREADS)
             r->threads = POOL_MAX_THREADS;
     }
-    return numa_apply(r->topo, &r->nc, o->no_bind ? NUMA_NO_BIND : 0, err);
+    return PD_OK;
 }
 
 pd_status rank_start(rank *r, pd_err *err)

@@ -373,6 +373,16 @@ START_TEST(numa_place_on_a_synthetic_topology_reports_binding_unsupported)
 
     ck_assert_int_eq(numa_place(t, 1, 2, NUMA_NO_BIND, &c, &err), PD_OK);
     ck_assert(!c.unsupported && !c.applied);
+
+    /* 8 ranks, two per node: rank 1 holds cpus 2-3 of node 0, or with
+     * NUMA_SHARE_NODE all four of them */
+    ck_assert_int_eq(numa_place(t, 1, 8, NUMA_NO_BIND, &c, &err), PD_OK);
+    ck_assert_str_eq(c.cpus, "2-3");
+    ck_assert(!c.node_shared);
+    ck_assert_int_eq(numa_place(t, 1, 8, NUMA_NO_BIND | NUMA_SHARE_NODE, &c, &err), PD_OK);
+    numa_choice_check(t, &c);
+    ck_assert_str_eq(c.cpus, "0-3");
+    ck_assert(c.node_shared && c.n_cpus == 4 && c.ranks_on_node == 2);
     numa_topo_free(t);
 }
 END_TEST
