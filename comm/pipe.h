@@ -8,7 +8,9 @@
 #include "base/status.h"
 
 #include <mpi.h>
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct pipe_link pipe_link;
 
@@ -25,6 +27,27 @@ void pipe_close(pipe_link *p);
  * stall timeout > 0, a wait that sees no progress for that many seconds
  * returns PD_ERR_STALLED naming the peer (0 = wait forever). */
 void pipe_set_stall_timeout(pipe_link *p, double seconds);
+
+/* Doorbells, for ranks that take turns on one node (the others idle until
+ * a message comes). Collective over the link: when every rank of the link
+ * shares one memory node (MPI_COMM_TYPE_SHARED), each gets a bell word in
+ * memory they all map (MPI_Win_allocate_shared), *on is true, and from then
+ * on every pipe_isend on the link rings its receiver's bell (a futex wake).
+ * A wait on the link then sleeps on its rank's bell instead of napping
+ * blind: a ring wakes it at once and it tests without sleeping for 20 ms
+ * while the message's bytes move; without a ring it wakes every 2 ms (20 ms
+ * once the wait is 0.1 s old) only to check the stall timeout. A send's
+ * completion (pipe_wait) tests that long before it sleeps, as its receiver
+ * was just rung. Ranks on several nodes, or not on Linux: *on is false and
+ * nothing changes. pipe_close frees the bells (collective then). */
+pd_status pipe_bells_open(pipe_link *p, bool *on, pd_err *err);
+/* What the bells did on this rank: rings sent; sleeps a ring ended (or
+ * found rung); sleeps that ran out and only then saw a ring (a lost
+ * wake-up: the message waited for the nap); sleeps that ran out without. */
+typedef struct pipe_bell_counts {
+    uint64_t rung, woken, late, timed_out;
+} pipe_bell_counts;
+pipe_bell_counts pipe_bells_counted(const pipe_link *p);
 
 int pipe_rank(const pipe_link *p);
 int pipe_size(const pipe_link *p);

@@ -34,7 +34,9 @@
  * waits. Instead one micro-batch is in flight, prefill goes in whole pages
  * as on one rank, and each rank, bound to the whole node, runs the threads
  * of all of them (--threads x ranks on the node, rank_place) while the
- * others wait in napping receives (comm/pipe.c). README.md ("Ranks or
+ * others sleep until the previous stage's message rings them awake
+ * (pipe_bells_open; ranks on several hosts nap in their receives instead).
+ * README.md ("Ranks or
  * threads on one node") has the measurements. --micro-batches K keeps a
  * pipeline of K, --micro-batches pipeline the pipeline's default K, and so
  * does --draft-async (a stream's second batch needs another in flight);
@@ -59,6 +61,10 @@ static pd_status rank_agree_turns(rank *r, pd_err *err)
         o->turns || (one_node && !o->micro_batches && !o->pipeline && !o->policy.spec_async) ? 0.0 : 1.0;
     pd_status st = pipe_max_double(r->p, against, &against, err);
     r->turns = st == PD_OK && r->size > 1 && against == 0.0;
+    /* taking turns, a rank idles until the previous stage's message: on
+     * one node that message rings it awake (pipe_bells_open) */
+    if (r->turns)
+        st = pipe_bells_open(r->p, &r->bells, err);
     return st;
 }
 
@@ -304,6 +310,7 @@ pd_status rank_start(rank *r, pd_err *err)
 
     if ((st = xport_new(r->p, rank_send_cap(r), r->sz.n_inflight + 1, &r->x, err)))
         return st;
+    xport_settle_sends(r->x, r->bells);
     stage_config sc = {.m = r->m,
                        .policy = o->policy,
                        .max_rows = r->sz.max_rows,

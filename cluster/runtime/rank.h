@@ -55,6 +55,7 @@ typedef struct rank {
     int local_rank, local_size; /* among the ranks on this node */
     bool is_head, is_tail;
     bool turns;              /* stages take turns, one micro-batch in flight (rank_start) */
+    bool bells;              /* ...and wake each other by doorbells (pipe_bells_open) */
     uint32_t threads;        /* this rank's pool: --threads, times the ranks sharing its node
                                 when the stages take turns */
     rank_sizes sz;

@@ -13,6 +13,7 @@ struct xport {
     uint8_t **sbuf;       /* [n_send] of send_cap bytes */
     MPI_Request *sreq;    /* [n_send] */
     uint32_t n_send, next_send;
+    bool settle;          /* xport_settle_sends */
     size_t send_cap;
     uint8_t *rbuf[2];     /* recv_cap bytes each */
     MPI_Request rreq[2];
@@ -69,6 +70,11 @@ void xport_free(xport *x)
     free(x);
 }
 
+void xport_settle_sends(xport *x, bool on)
+{
+    x->settle = on;
+}
+
 const xport_peers *xport_peers_get(const xport *x)
 {
     return &x->peers;
@@ -117,7 +123,7 @@ pd_status xport_send(xport *x, int dest, uint32_t slot, size_t len, pd_err *err)
         return st;
     x->cnt.messages_sent += 1;
     x->cnt.bytes_sent += (double)len;
-    return PD_OK;
+    return x->settle ? pipe_wait(x->p, &x->sreq[slot], &x->cnt.wait_send_s, err) : PD_OK;
 }
 
 pd_status xport_recv(xport *x, int src, const uint8_t **buf, size_t *len, pd_err *err)

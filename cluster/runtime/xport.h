@@ -17,6 +17,7 @@
 #include "base/status.h"
 #include "comm/pipe.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -51,7 +52,13 @@ pd_status xport_agree_caps(xport *x, pd_err *err);
 /* A free send buffer of xport_send_cap bytes (waits for the oldest send when
  * all are in use); *slot names it for xport_send. */
 pd_status xport_sendbuf(xport *x, uint8_t **buf, uint32_t *slot, pd_err *err);
-/* Starts sending len bytes of buffer slot to dest. */
+/* Stages taking turns: every xport_send completes its send before it
+ * returns. The sender has nothing else to do, and a large message moves
+ * only while both ends are in MPI: a sender asleep in its next wait would
+ * hold the woken receiver up (pipe_bells_open). */
+void xport_settle_sends(xport *x, bool on);
+/* Starts sending len bytes of buffer slot to dest (and, with
+ * xport_settle_sends, finishes). */
 pd_status xport_send(xport *x, int dest, uint32_t slot, size_t len, pd_err *err);
 
 /* Receives the next message from src into the first receive buffer

@@ -2,7 +2,8 @@
  * start-up agreement sees one rank's failure everywhere, an oversized message
  * is refused without a hang, node-local ranks are distinct, and pre-posted
  * receives (pipe_irecv / _wait_recv / _cancel_recv) match in send order,
- * refuse truncation, withdraw cleanly and account their waiting.
+ * refuse truncation, withdraw cleanly and account their waiting, and
+ * doorbells wake a receiver asleep on its bell.
  * Point-to-point cases finish all their traffic before asserting, so one
  * rank's failed check cannot leave a peer blocked in MPI.
  * PD_MPI_RANKS: 2 3 */
@@ -400,6 +401,87 @@ START_TEST(pipe_wait_recv_accumulates_the_time_spent_waiting)
 }
 END_TEST
 
+/* Doorbells (the ranks of the suite share one node): a token of 4 MB (a
+ * prefill chunk's size) goes round the ring with rank 0 starting it after
+ * half a second, so every other rank sits asleep on its bell in a receive
+ * (pipe_wait_recv on a pre-posted receive at even ranks, pipe_recv's probe
+ * at odd ones) when its message comes. Each ring wakes its receiver (a
+ * counted wake-up, not a nap that ran out), every send completes, the bytes
+ * arrive intact, and the link keeps working after. Without bells nothing is
+ * counted. */
+#define BELL_LEN (4u << 20)
+START_TEST(pipe_bells_wake_a_sleeping_receiver)
+{
+    pipe_link *p = open_link(), *plain = open_link();
+    int rank = pipe_rank(p), size = pipe_size(p);
+    int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+    pd_err e = {0};
+    bool on = false;
+    ck_assert_msg(pipe_bells_open(p, &on, &e) == PD_OK, "%s", e.msg);
+    ck_assert_msg(on, "the suite's ranks share a node, but no bells were set up");
+    uint8_t *out = malloc(BELL_LEN), *in = malloc(BELL_LEN);
+    ck_assert_ptr_nonnull(out);
+    ck_assert_ptr_nonnull(in);
+    for (size_t i = 0; i < BELL_LEN; i++)
+        out[i] = pattern_byte(rank, i);
+    memset(in, 0, BELL_LEN);
+    pd_status st[4] = {PD_OK, PD_OK, PD_OK, PD_OK};
+    MPI_Request rq = MPI_REQUEST_NULL, sq = MPI_REQUEST_NULL;
+    size_t len = 0;
+    int from = -1;
+    if (rank % 2 == 0)
+        st[0] = pipe_irecv(p, prev, in, BELL_LEN, &rq, &e);
+    if (rank == 0) {
+        sleep_ms(500);
+        st[1] = pipe_isend(p, next, out, BELL_LEN, &sq, &e);
+        st[2] = pipe_wait(p, &sq, NULL, &e);
+    }
+    if (rank % 2 == 0)
+        st[3] = pipe_wait_recv(p, &rq, &len, &from, NULL, &e);
+    else
+        st[3] = pipe_recv(p, prev, in, BELL_LEN, &len, &from, NULL, &e);
+    if (rank != 0) {
+        st[1] = pipe_isend(p, next, out, BELL_LEN, &sq, &e);
+        st[2] = pipe_wait(p, &sq, NULL, &e);
+    }
+    pipe_bell_counts bc = pipe_bells_counted(p);
+    pipe_bell_counts none = pipe_bells_counted(plain);
+    /* the link still carries messages (a 1-byte ring the other way) */
+    uint8_t one = (uint8_t)rank, got = 0xff;
+    size_t glen = 0;
+    MPI_Request s2 = MPI_REQUEST_NULL;
+    pd_status st2 = pipe_isend(p, prev, &one, 1, &s2, &e);
+    if (st2 == PD_OK)
+        st2 = pipe_recv(p, next, &got, 1, &glen, NULL, NULL, &e);
+    if (st2 == PD_OK)
+        st2 = pipe_wait(p, &s2, NULL, &e);
+
+    for (int k = 0; k < 4; k++)
+        ck_assert_msg(st[k] == PD_OK, "step %d: %s", k, e.msg);
+    ck_assert_msg(st2 == PD_OK, "%s", e.msg);
+    ck_assert_uint_eq(len, BELL_LEN);
+    ck_assert_int_eq(from, prev);
+    for (size_t i = 0; i < BELL_LEN; i++)
+        if (in[i] != pattern_byte(prev, i))
+            ck_abort_msg("byte %zu of the 4 MB message from rank %d is %u, not %u", i, prev, in[i],
+                         pattern_byte(prev, i));
+    ck_assert_uint_eq(glen, 1);
+    ck_assert_uint_eq(got, (uint8_t)next);
+    ck_assert_uint_eq(bc.rung, 1);
+    if (rank != 0)
+        ck_assert_msg(bc.woken >= 1, "rank %d was not woken by its ring (%llu naps ran out)", rank,
+                      (unsigned long long)bc.timed_out);
+    ck_assert_msg(bc.late == 0, "rank %d saw %llu rings only when a nap ran out", rank,
+                  (unsigned long long)bc.late);
+    ck_assert_msg(none.rung == 0 && none.woken == 0 && none.late == 0 && none.timed_out == 0,
+                  "a link without bells counted");
+    free(out);
+    free(in);
+    pipe_close(plain);
+    pipe_close(p);
+}
+END_TEST
+
 Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("pipe");
@@ -412,6 +494,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, pipe_preposted_receive_refuses_truncation_and_link_survives);
     tcase_add_test(tc, pipe_cancel_withdraws_an_unmatched_receive);
     tcase_add_test(tc, pipe_wait_recv_accumulates_the_time_spent_waiting);
+    tcase_add_test(tc, pipe_bells_wake_a_sleeping_receiver);
     suite_add_tcase(s, tc);
     return s;
 }
