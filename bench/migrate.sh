@@ -50,7 +50,10 @@ m12="$work/m12.gguf"
   --seed 8 --out "$m12" >/dev/null
 [ -d "$work/p12" ] || "$P" mkpages --model "$m12" --count 32 --embed-rows 12 --prompt-tokens 3 --max-new 200 \
   --seed 6 --out "$work/p12" >/dev/null
-rb=(--model "$m12" --pages "$work/p12/pages.jsonl" --batch 4 --rebalance auto --rebalance-window 32)
+# (in a pipeline: when the stages take turns, the default on one node, no
+# map is faster than another and --rebalance auto stays)
+rb=(--model "$m12" --pages "$work/p12/pages.jsonl" --batch 4 --rebalance auto --rebalance-window 32
+  --micro-batches pipeline)
 # two rounds, each map once per round in turn, so a neighbour's load hits
 # all of them alike; each map is judged by its better round
 for round in 1 2; do

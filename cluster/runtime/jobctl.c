@@ -695,12 +695,13 @@ static void status_reply(jobctl *j, uint64_t step, const jobctl_win *w, double t
         snprintf(j->reply + n, JOBCTL_REPLY - n,
                  "],\"streams\":%u,\"pages_done\":%llu,\"pages_total\":%llu,\"tokens\":%llu,\"tokens_per_s\":%.3f,"
                  "\"checkpoint\":{\"dir\":%s%s%s,\"written\":%u},\"migrations\":%u,\"migrations_refused\":%u,"
-                 "\"migrating\":%s,\"rebalance\":\"%s\",\"drain_points\":%u}",
+                 "\"migrating\":%s,\"rebalance\":\"%s\",\"turns\":%s,\"drain_points\":%u}",
                  pr.streams_alive, (unsigned long long)pr.pages_done,
                  (unsigned long long)(pr.pages_total - pr.pages_skipped), (unsigned long long)pr.tokens_generated,
                  tokens_per_s, r->o->checkpoint_dir ? "\"" : "",
                  r->o->checkpoint_dir ? dir : "null", r->o->checkpoint_dir ? "\"" : "", j->ckpts, j->migrations,
-                 j->refused, j->pend_mig ? "true" : "false", r->o->rebalance ? "auto" : "off", head_drains(j->h));
+                 j->refused, j->pend_mig ? "true" : "false", r->o->rebalance ? "auto" : "off", r->turns ? "true" : "false",
+                 head_drains(j->h));
     for (uint32_t i = 0; i < j->n_status; i++)
         ctl_reply(j->c, j->status_client[i], j->reply);
     j->n_status = 0;
@@ -744,7 +745,12 @@ static pd_status act_stats(jobctl *j, const run_drain *d, pd_err *err)
     } dec = {0};
     if (st == PD_OK && r->is_head) {
         bool due = r->o->rebalance && d->step - j->win_step >= r->o->rebalance_window;
-        if (due && j->hold > 0) {
+        if (due && r->turns)
+            fprintf(stderr,
+                    "pipedec: rebalance at step %llu: the stages take turns, so a step costs the sum of their "
+                    "times whatever the layer map: staying\n",
+                    (unsigned long long)d->step);
+        else if (due && j->hold > 0) {
             j->hold--;
             fprintf(stderr, "pipedec: rebalance at step %llu: holding (a move was just made)\n",
                     (unsigned long long)d->step);

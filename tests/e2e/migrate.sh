@@ -11,7 +11,8 @@
 # old map and the same bytes, and a run may end during a pre-copy. The
 # giving rank frees the weights it gave; --weights-over-mpi takes them from
 # the giving rank. --rebalance auto moves a lopsided map to within one layer
-# of the balanced one and leaves a balanced map alone.
+# of the balanced one and leaves a balanced map alone, in a pipeline; when
+# the stages take turns it moves nothing (the map does not change the step).
 source "$(dirname "$0")/lib.bash"
 T="$E2E_TMP"
 m="$T/m.gguf"
@@ -156,11 +157,12 @@ m12="$T/m12.gguf"
 P12="$T/p12/pages.jsonl"
 "$PIPEDEC" run --model "$m12" --pages "$P12" --out "$T/rb.ref" --batch 4 --digest >/dev/null 2>&1
 timeout 120 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m12" --pages "$P12" --out "$T/rb.out" --batch 4 --digest \
-  --layers 0-0,1-11 --rebalance auto --rebalance-window 64 >"$T/rb.log" 2>&1 </dev/null || fail "rebalance run failed"
+  --layers 0-0,1-11 --rebalance auto --rebalance-window 64 --micro-batches pipeline >"$T/rb.log" 2>&1 </dev/null \
+  || fail "rebalance run failed"
 final=$(grep -o "migration (rebalance) at step [0-9]*: [0-9,-]* -> [0-9,-]*" "$T/rb.log" | tail -1 | sed 's/.* -> //')
 # the balanced split the cost model predicts (the default map's first layer of rank 1)
 best=$(timeout 120 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m12" --pages "$P12" --out "$T/rb0.out" --batch 4 \
-  2>&1 </dev/null | grep -o "placement: layers [0-9-]*, rank 1" | grep -o "[0-9]*-" | head -1 | tr -d -)
+  --micro-batches pipeline 2>&1 </dev/null | grep -o "placement: layers [0-9-]*, rank 1" | grep -o "[0-9]*-" | head -1 | tr -d -)
 got=${final#*,}; got=${got%%-*}
 if [ -n "$final" ] && [ -n "$best" ] && [ $((got - best)) -le 1 ] && [ $((best - got)) -le 1 ]; then
   pass "rebalance: 0-0,1-11 moved to $final, within one layer of the balanced split at layer $best"
@@ -200,7 +202,8 @@ echo "# rebalance: the slowest stage's CPU time per step $cb -> $ca us (window t
 # the per-stage CPU time of 64 steps (a few ms) moved by more than the 15 %
 # threshold in two windows in a row when other suites loaded both cores
 timeout 120 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m12" --pages "$P12" --out "$T/rb2.out" --batch 4 --digest \
-  --layers "${final:-0-5,6-11}" --rebalance auto --rebalance-window 128 >"$T/rb2.log" 2>&1 </dev/null \
+  --layers "${final:-0-5,6-11}" --rebalance auto --rebalance-window 128 --micro-batches pipeline >"$T/rb2.log" 2>&1 \
+  </dev/null \
   || fail "rebalance run on a balanced map failed"
 if grep -q "migration (rebalance)" "$T/rb2.log"; then
   fail "rebalance: the balanced map was moved"; grep "migration (rebalance)" "$T/rb2.log" | head -3
@@ -208,4 +211,15 @@ else
   pass "rebalance: no move on the balanced map ${final:-0-5,6-11} ($(grep -c 'rebalance at step' "$T/rb2.log") decisions: staying)"
 fi
 same "$T/rb.ref" "$T/rb2.out" "rebalance on a balanced map: output == one rank"
+# taking turns (the default here), the lopsided map stays, and says why
+timeout 120 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m12" --pages "$P12" --out "$T/rb3.out" --batch 4 --digest \
+  --layers 0-0,1-11 --rebalance auto --rebalance-window 64 >"$T/rb3.log" 2>&1 </dev/null \
+  || fail "rebalance run with turns failed"
+n_turns=$(grep -c "rebalance at step [0-9]*: the stages take turns, so a step costs the sum of their times whatever the layer map: staying" "$T/rb3.log" || true)
+if [ "$n_turns" -ge 2 ] && ! grep -q "migration (rebalance)" "$T/rb3.log"; then
+  pass "rebalance with turns: 0-0,1-11 stays ($n_turns decisions say why)"
+else
+  fail "rebalance with turns: $n_turns 'take turns' decisions"; grep "rebalance\|migration" "$T/rb3.log" | head -3
+fi
+same "$T/rb.ref" "$T/rb3.out" "rebalance with turns: output == one rank"
 finish

@@ -3,7 +3,8 @@
 # socket by the rule --rebalance auto uses — from a lopsided map 0-0,1-11 it
 # migrates to within one layer of the balanced split, prints every decision
 # with its numbers, ends when the job does, and the job's out.jsonl is
-# byte-identical to a one-rank run.
+# byte-identical to a one-rank run. That is in a pipeline; when the stages
+# take turns (the default on one node) it stays, saying why.
 source "$(dirname "$0")/lib.bash"
 T="$E2E_TMP"
 m="$T/m.gguf"
@@ -14,12 +15,14 @@ m="$T/m.gguf"
 P="$T/pages/pages.jsonl"
 MPIRUN=(mpirun --oversubscribe --bind-to none)
 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/ref.jsonl" --batch 4 --digest >/dev/null 2>&1
-best=$("${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/bal.jsonl" --batch 4 2>&1 </dev/null \
+best=$("${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/bal.jsonl" --batch 4 \
+  --micro-batches pipeline 2>&1 </dev/null \
   | grep -o "placement: layers [0-9]*-[0-9]*, rank 1" | sed 's/placement: layers \([0-9]*\)-.*/\1/')
 
 S="$T/job.sock"; out="$T/a.jsonl"
 ( rc=0; timeout 300 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 4 --digest \
-    --layers 0-0,1-11 --control "$S" >"$out.log" 2>&1 </dev/null || rc=$?; echo "$rc" > "$out.rc" ) &
+    --layers 0-0,1-11 --micro-batches pipeline --control "$S" >"$out.log" 2>&1 </dev/null || rc=$?
+  echo "$rc" > "$out.rc" ) &
 for _ in $(seq 1 3000); do [ -S "$S" ] && break; sleep 0.01; done
 rc=0
 PIPEDEC="$PD_BUILD/pipedec" timeout 300 "$PD_SRC/slurm/rebalance" "$S" --interval 0.4 --max-moves 2 \
@@ -37,6 +40,24 @@ else
 fi
 [ "$(cat "$out.rc")" = 0 ] && pass "the job exited 0" || fail "the job exited $(cat "$out.rc")"
 same "$T/ref.jsonl" "$out" "steered by slurm/rebalance: output == one rank"
+# the stages taking turns: every decision stays, the job keeps its map
+S2="$T/job2.sock"; out2="$T/b.jsonl"
+( rc=0; timeout 300 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m" --pages "$P" --out "$out2" --batch 4 --digest \
+    --layers 0-0,1-11 --control "$S2" >"$out2.log" 2>&1 </dev/null || rc=$?; echo "$rc" > "$out2.rc" ) &
+for _ in $(seq 1 3000); do [ -S "$S2" ] && break; sleep 0.01; done
+rc=0
+PIPEDEC="$PD_BUILD/pipedec" timeout 300 "$PD_SRC/slurm/rebalance" "$S2" --interval 0.4 \
+  >"$T/rb2.out" 2>"$T/rb2.err" || rc=$?
+wait
+n=$(grep -c "map 0-0,1-11: the stages take turns, so a step costs the sum of their times whatever the layer map" \
+  "$T/rb2.err" || true)
+if [ "$rc" -eq 0 ] && [ "$n" -ge 2 ] && ! grep -q "migrating\|migration" "$T/rb2.out" "$out2.log"; then
+  pass "with turns: slurm/rebalance stayed on 0-0,1-11 ($n decisions say why)"
+else
+  fail "with turns: exit $rc, $n 'take turns' decisions"; head -3 "$T/rb2.err" "$T/rb2.out"
+fi
+[ "$(cat "$out2.rc")" = 0 ] && pass "with turns: the job exited 0" || fail "with turns: the job exited $(cat "$out2.rc")"
+same "$T/ref.jsonl" "$out2" "with turns, beside slurm/rebalance: output == one rank"
 rc=0; "$PD_SRC/slurm/rebalance" 2>/dev/null || rc=$?
 [ "$rc" -eq 2 ] && pass "slurm/rebalance without a socket: usage, exit 2" || fail "no-argument exit $rc"
 finish
