@@ -1,0 +1,106 @@
+/* gemm_kern: what gemm.c and the kernels in other files share (internal to
+ * cluster/model; users include gemm.h). The panel layout, the tile, row and
+ * chunk-tile descriptors every micro-kernel takes.
+ * Every kernel of every ISA computes each C element as the same fmaf chain
+ * over k in order, so all give the same bits (ARCHITECTURE.md §8). */
+#ifndef PD_MODEL_GEMM_KERN_H
+#define PD_MODEL_GEMM_KERN_H
+
+#include "cluster/model/gemm.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Rows per micro-tile (MR) and the M block a task walks over all its panels
+ * before moving to the next rows (keeps that block of A hot in L2 while each
+ * panel is re-read from L2 for every tile). */
+#define GEMM_MR 6u
+#define GEMM_MC 96u
+/* The blocked path (gemm_block) runs over chunks of GEMM_KC k values: one
+ * panel's chunk in f32 is 16 KB, half of L1. A multiple of the Q8_0 block. */
+#define GEMM_KC 256u
+/* f32 blocks of at most this many tiles prefetch the next chunk over their
+ * k loop (gemm_block). */
+#define GEMM_SPREAD_MAX_TILES 4u
+/* Cap on tasks per gemm_run (M blocks are grouped beyond it). */
+#define GEMM_MAX_TASKS 65536u
+
+/* Panel layout (one panel = GEMM_NR = 16 consecutive output columns j):
+ *   F32:       [k][16] f32
+ *   F16, BF16: [k][16] u16 (stored bits)
+ *   Q8_0:      per 32-k block: [16] f16 scales d (little-endian), then
+ *              [32][16] int8 q; 32 + 512 = 544 bytes per block.
+ * Source Q8_0 block (GGUF): f16 d, 32 int8 = 34 bytes. */
+#define GEMM_Q8_SRC_BLOCK 34u
+#define GEMM_Q8_SCALES 32u
+#define GEMM_Q8_PANEL_BLOCK (GEMM_Q8_SCALES + GEMM_Q8_0_BLOCK * GEMM_NR)
+
+/* One micro-tile: C[mr x ncols] = A[mr x k] * panel, from zero. */
+typedef struct gemm_tile {
+    gemm_wtype type;
+    const uint8_t *panel; /* the panel's first byte */
+    uint32_t k;
+    const float *a;       /* row 0 of the tile, rows lda apart */
+    size_t lda;
+    uint32_t mr;          /* 1 .. GEMM_MR rows */
+    float *c;             /* C[row 0][col 0 of the panel], rows ldc apart */
+    size_t ldc;
+    uint32_t ncols;       /* 1 .. 16 valid columns */
+} gemm_tile;
+
+typedef void gemm_tile_fn(const gemm_tile *t);
+
+/* One row against np consecutive panels (AVX2 only): C[0][0 .. 16 np) from
+ * zero; the last panel of the group has ncols_last valid columns. */
+typedef struct gemm_row {
+    const uint8_t *panel; /* the first panel of the group */
+    size_t panel_stride;  /* bytes between panels */
+    uint32_t k;
+    const float *a;
+    float *c;             /* C[row][first column of the group] */
+    uint32_t ncols_last;
+} gemm_row;
+
+typedef void gemm_row_fn(const gemm_row *t);
+
+/* One chunk of a micro-tile: C[mr x ncols] = A[mr x kn] * w (kn rows of 16
+ * f32 weights), from zero when `first`, else continuing the chains already
+ * in C. Storing a chain's f32 value and loading it back changes no bit, so
+ * chunks along k give the same chain as one pass. */
+typedef struct gemm_ctile {
+    const float *w; /* [kn][16] f32, the chunk's weights */
+    uint32_t kn;
+    const float *a; /* row 0 of the tile at the chunk's first k */
+    size_t lda;
+    uint32_t mr;
+    float *c;
+    size_t ldc;
+    uint32_t ncols;
+    bool first;
+    const uint8_t *pf; /* the spreading kernels prefetch [pf, pf + pf_len) */
+    size_t pf_len;     /* over the tile's k loop, a line every few k */
+} gemm_ctile;
+
+typedef void gemm_ctile_fn(const gemm_ctile *t);
+
+/* A panel's chunk of kn k values, given by its packed bytes src (see
+ * gemm_chunk_src), as f32 [kn][16] (see the blocked path). */
+typedef const float *gemm_chunk_fn(const uint8_t *src, uint32_t kn, float *buf);
+
+
+/* Software prefetch distance in the panel stream (bytes). Panels of a task
+ * are contiguous, so this runs ahead into the next panel too. It lifts small
+ * M (2..16, where the first tile of a panel reads it from memory) by 15-25%
+ * here. The single-tile path at M = 1 skips it (it cost more than it gained
+ * there); the M = 1 row kernel over 4 panels uses it. */
+#define GEMM_PREFETCH 4096
+
+/* One row against np consecutive panels (1 .. GEMM_ROW_PANELS) at once: a
+ * lone row has only 2 accumulators per panel, so one panel at a time is
+ * bound by the FMA latency (one k per 4 cycles), which caps 16-bit and Q8_0
+ * weights well below memory bandwidth. 4 panels give 8 independent chains;
+ * every lane still runs its own chain over k in order. */
+#define GEMM_ROW_PANELS 4u
+
+#endif
