@@ -2,6 +2,7 @@
 #include "base/cpu.h"
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,7 +13,16 @@ pd_isa pd_cpu_detect(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#ifdef PD_AVX512_EMULATED
+    /* a test build whose AVX-512 kernels run on SIMDe (gemm_avx512.c) */
+    if (avx2)
+        return PD_ISA_AVX512;
+#endif
+    /* gcc's check includes the OS saving the zmm registers (XCR0) */
+    if (avx2 && __builtin_cpu_supports("avx512f"))
+        return PD_ISA_AVX512;
+    if (avx2)
         return PD_ISA_AVX2;
 #endif
     return PD_ISA_SCALAR;
@@ -35,6 +45,8 @@ pd_isa pd_cpu_isa(void)
         isa = PD_ISA_SCALAR;
     else if (env && strcmp(env, "avx2") == 0)
         isa = pd_cpu_cap(PD_ISA_AVX2);
+    else if (env && strcmp(env, "avx512") == 0)
+        isa = pd_cpu_cap(PD_ISA_AVX512);
     int expected = -1;
     atomic_compare_exchange_strong(&pd_isa_current, &expected, (int)isa);
     return (pd_isa)atomic_load(&pd_isa_current);
@@ -52,6 +64,7 @@ const char *pd_isa_name(pd_isa isa)
     switch (isa) {
     case PD_ISA_SCALAR: return "scalar";
     case PD_ISA_AVX2: return "avx2";
+    case PD_ISA_AVX512: return "avx512";
     default: return "unknown";
     }
 }

@@ -1,7 +1,9 @@
 /* Kernel ISA selection.
  *
  * Every kernel in the project has a portable C path and (where it pays) an
- * AVX2/FMA path that is bit-identical to it; tests check the equality. The
+ * AVX2/FMA path that is bit-identical to it, and the GEMM an AVX-512F path
+ * too; tests check the equality (AVX-512 also on CPUs without it, through
+ * SIMDe: tests/unit/test_gemm_avx512.c). The
  * choice is therefore a speed setting only, never an answer-changing one,
  * which is what lets ranks on different CPUs share one cluster (ARCHITECTURE.md
  * §1).
@@ -18,6 +20,7 @@
 typedef enum pd_isa {
     PD_ISA_SCALAR = 0, /* portable C with fmaf */
     PD_ISA_AVX2,       /* AVX2 + FMA (+ F16C for conversions) */
+    PD_ISA_AVX512,     /* AVX-512F (the GEMM's kernels; the rest run AVX2) */
     PD_ISA_COUNT
 } pd_isa;
 
@@ -25,7 +28,7 @@ typedef enum pd_isa {
 pd_isa pd_cpu_detect(void);
 
 /* The ISA kernels use now: an override from pd_cpu_set_isa, else PD_ISA from
- * the environment ("scalar" or "avx2", capped at what the CPU has), else the
+ * the environment ("scalar", "avx2" or "avx512", capped at what the CPU has), else the
  * detected one. */
 pd_isa pd_cpu_isa(void);
 
@@ -34,7 +37,7 @@ pd_isa pd_cpu_isa(void);
  * every rank supports. */
 pd_isa pd_cpu_set_isa(pd_isa isa);
 
-/* "scalar" / "avx2". */
+/* "scalar" / "avx2" / "avx512". */
 const char *pd_isa_name(pd_isa isa);
 
 #endif

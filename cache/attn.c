@@ -67,7 +67,7 @@ static float attn_dot8_avx2_entry(const float *a, const float *b, uint32_t n);
 float attn_dot8(const float *a, const float *b, uint32_t n)
 {
 #if defined(__x86_64__)
-    if (pd_cpu_isa() == PD_ISA_AVX2)
+    if (pd_cpu_isa() >= PD_ISA_AVX2)
         return attn_dot8_avx2_entry(a, b, n);
 #endif
     return attn_dot8_scalar(a, b, n);
@@ -791,7 +791,7 @@ uint32_t attn_run(const attn_kv *kv, const attn_query *q, float *out, float *pro
         CHECK(!g->vq || (g->vs && kv->v_group > 0));
     }
 #if defined(__x86_64__)
-    if (pd_cpu_isa() == PD_ISA_AVX2)
+    if (pd_cpu_isa() >= PD_ISA_AVX2)
         return attn_run_avx2(kv, q, out, probs, imp, scratch);
 #endif
     return attn_run_scalar(kv, q, out, probs, imp, scratch);
@@ -808,7 +808,7 @@ ATTN_AVX2 static float attn_dot8_avx2_entry(const float *a, const float *b, uint
 void pd_expf_n(const float *x, float *y, size_t n)
 {
 #if defined(__x86_64__)
-    if (pd_cpu_isa() == PD_ISA_AVX2) {
+    if (pd_cpu_isa() >= PD_ISA_AVX2) {
         attn_expf_n_avx2(x, y, n);
         return;
     }

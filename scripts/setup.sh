@@ -10,6 +10,7 @@ PKGS=(build-essential cmake pkg-config
       libopenblas-dev
       check libsubunit-dev
       libcjson-dev
+      libsimde-dev                                                # tests: AVX-512 kernels on any CPU
       python3
       slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge  # tests/slurm: a private Slurm
       iproute2)                                                   # tests/netns: network namespaces

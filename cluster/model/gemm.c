@@ -1,7 +1,7 @@
 /* The batch-invariant GEMM (see gemm.h for the contract) and the opt-in
- * OpenBLAS backend. Owns the packed weight panels. Holds both the portable
- * fmaf micro-kernel and the AVX2/FMA one: same tiling, same per-lane FMA
- * order, so the same bits. */
+ * OpenBLAS backend. Owns the packed weight panels. Holds the portable fmaf
+ * micro-kernel and the AVX2/FMA one, and picks those or gemm_avx512.c's by
+ * the ISA in force: same per-lane FMA order everywhere, so the same bits. */
 #include "cluster/model/gemm.h"
 #include "cluster/model/gemm_kern.h"
 
@@ -736,6 +736,8 @@ static gemm_tile_fn *const gemm_scalar_tiles[GEMM_MR] = {
 static gemm_tile_fn *const *gemm_tiles_for(pd_isa isa, gemm_wtype type)
 {
 #if defined(__x86_64__)
+    if (isa >= PD_ISA_AVX512)
+        return gemm_avx512_tiles[type];
     if (isa >= PD_ISA_AVX2)
         return gemm_avx2_tiles[type];
 #endif
@@ -745,6 +747,8 @@ static gemm_tile_fn *const *gemm_tiles_for(pd_isa isa, gemm_wtype type)
 static gemm_row_fn *const *gemm_rows_for(pd_isa isa, gemm_wtype type)
 {
 #if defined(__x86_64__)
+    if (isa >= PD_ISA_AVX512)
+        return gemm_avx512_rows[type];
     if (isa >= PD_ISA_AVX2)
         return gemm_avx2_rows[type];
 #endif
@@ -756,6 +760,8 @@ static gemm_row_fn *const *gemm_rows_for(pd_isa isa, gemm_wtype type)
 static gemm_ctile_fn *const *gemm_ctiles_for(pd_isa isa)
 {
 #if defined(__x86_64__)
+    if (isa >= PD_ISA_AVX512)
+        return gemm_avx512_ctiles;
     if (isa >= PD_ISA_AVX2)
         return gemm_avx2_ctiles;
 #endif
@@ -767,6 +773,8 @@ static gemm_ctile_fn *const *gemm_ctiles_for(pd_isa isa)
 static gemm_ctile_fn *const *gemm_ctiles_spread_for(pd_isa isa, gemm_wtype type)
 {
 #if defined(__x86_64__)
+    if (isa >= PD_ISA_AVX512 && gemm_chunk_in_place(type))
+        return gemm_avx512_ctilepfs;
     if (isa >= PD_ISA_AVX2 && gemm_chunk_in_place(type))
         return gemm_avx2_ctilepfs;
 #endif

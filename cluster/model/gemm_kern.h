@@ -1,6 +1,7 @@
 /* gemm_kern: what gemm.c and the kernels in other files share (internal to
  * cluster/model; users include gemm.h). The panel layout, the tile, row and
- * chunk-tile descriptors every micro-kernel takes.
+ * chunk-tile descriptors every micro-kernel takes, and the tables of the
+ * AVX-512 kernels (gemm_avx512.c), which gemm.c picks at PD_ISA_AVX512.
  * Every kernel of every ISA computes each C element as the same fmaf chain
  * over k in order, so all give the same bits (ARCHITECTURE.md §8). */
 #ifndef PD_MODEL_GEMM_KERN_H
@@ -102,5 +103,14 @@ typedef const float *gemm_chunk_fn(const uint8_t *src, uint32_t kn, float *buf);
  * weights well below memory bandwidth. 4 panels give 8 independent chains;
  * every lane still runs its own chain over k in order. */
 #define GEMM_ROW_PANELS 4u
+
+/* AVX-512F kernels (gemm_avx512.c), same contracts and bits as gemm.c's AVX2
+ * ones: tiles by [type][mr - 1], single-row groups by [type][np - 1], chunk
+ * tiles by [mr - 1] (plain, and spreading a prefetch over k). The blocked
+ * path's chunk conversion stays AVX2 (every AVX-512 CPU has it). */
+extern gemm_tile_fn *const gemm_avx512_tiles[GEMM_W_COUNT][GEMM_MR];
+extern gemm_row_fn *const gemm_avx512_rows[GEMM_W_COUNT][GEMM_ROW_PANELS];
+extern gemm_ctile_fn *const gemm_avx512_ctiles[GEMM_MR];
+extern gemm_ctile_fn *const gemm_avx512_ctilepfs[GEMM_MR];
 
 #endif

@@ -66,6 +66,7 @@ START_TEST(cpu_isa_names_are_distinct_and_known)
 {
     ck_assert_str_eq(pd_isa_name(PD_ISA_SCALAR), "scalar");
     ck_assert_str_eq(pd_isa_name(PD_ISA_AVX2), "avx2");
+    ck_assert_str_eq(pd_isa_name(PD_ISA_AVX512), "avx512");
     for (int i = 0; i < PD_ISA_COUNT; i++)
         for (int j = 0; j < i; j++)
             ck_assert_str_ne(pd_isa_name((pd_isa)i), pd_isa_name((pd_isa)j));

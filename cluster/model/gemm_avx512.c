@@ -1,0 +1,302 @@
+/* The GEMM's AVX-512F micro-kernels (tables in gemm_kern.h; gemm.c picks
+ * them at PD_ISA_AVX512). A panel's k row of 16 weights is one zmm, so a
+ * tile row needs one accumulator where AVX2 needs two; every lane still runs
+ * its own fmaf chain over k in order, the chain of the portable kernel, so
+ * the bits are the same on every ISA.
+ *
+ * Built twice: for the CPU (immintrin.h, target avx512f), and, in the test
+ * test_gemm_avx512, with PD_AVX512_EMULATED on SIMDe's portable AVX-512
+ * (libsimde-dev), which runs each 512-bit operation as AVX2/FMA ones, so the
+ * same source is checked bit for bit against the portable kernel on CPUs
+ * without AVX-512. */
+#include "cluster/model/gemm_kern.h"
+
+#if defined(__x86_64__)
+
+#include <string.h>
+
+#ifdef PD_AVX512_EMULATED
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "the emulated build runs SIMDe's 512-bit FMA as two native 256-bit ones: compile with -mavx2 -mfma -mf16c"
+#endif
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#include <simde/x86/f16c.h>
+#else
+#include <immintrin.h>
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma,f16c")
+#endif
+
+static inline __attribute__((always_inline)) void gemm_avx512_store(float *c, __m512 x, uint32_t ncols)
+{
+    if (ncols == GEMM_NR) {
+        _mm512_storeu_ps(c, x);
+        return;
+    }
+    float tmp[GEMM_NR];
+    _mm512_storeu_ps(tmp, x);
+    memcpy(c, tmp, (size_t)ncols * sizeof(float));
+}
+
+/* Loads ncols floats of C, the rest zero (they are never stored). */
+static inline __attribute__((always_inline)) __m512 gemm_avx512_load(const float *c, uint32_t ncols)
+{
+    if (ncols == GEMM_NR)
+        return _mm512_loadu_ps(c);
+    float tmp[GEMM_NR] = {0};
+    memcpy(tmp, c, (size_t)ncols * sizeof(float));
+    return _mm512_loadu_ps(tmp);
+}
+
+/* Two 8-float halves as one zmm. The 16-bit and 8-bit conversions run as
+ * AVX2 halves joined so (exact either way): AVX-512F has 512-bit forms of
+ * them, but SIMDe 0.7, which the test runs this file on, has not. */
+static inline __attribute__((always_inline)) __m512 gemm_avx512_join(__m256 lo, __m256 hi)
+{
+    return _mm512_castpd_ps(
+        _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
+}
+
+/* The 16 f32 weights of one k row of an f32 or 16-bit panel at p. */
+static inline __attribute__((always_inline)) __m512 gemm_avx512_w(const uint8_t *p, const gemm_wtype type)
+{
+    if (type == GEMM_W_F32)
+        return _mm512_loadu_ps((const float *)p);
+    __m128i h0 = _mm_loadu_si128((const __m128i *)p), h1 = _mm_loadu_si128((const __m128i *)(p + 16));
+    if (type == GEMM_W_F16)
+        return gemm_avx512_join(_mm256_cvtph_ps(h0), _mm256_cvtph_ps(h1));
+    return gemm_avx512_join(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h0), 16)), /* BF16 */
+                            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h1), 16)));
+}
+
+/* A Q8_0 block's 16 scales d, and its k row q of weights (float)q * d: one
+ * exact multiply, as in the portable path. */
+static inline __attribute__((always_inline)) __m512 gemm_avx512_q8d(const uint8_t *blk)
+{
+    return gemm_avx512_w(blk, GEMM_W_F16);
+}
+static inline __attribute__((always_inline)) __m512 gemm_avx512_q8w(const uint8_t *q, __m512 d)
+{
+    __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+    __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8))));
+    return _mm512_mul_ps(gemm_avx512_join(q0, q1), d);
+}
+
+/* Accumulators are named variables (c<row>) so gcc keeps them in registers;
+ * mr and type are compile-time constants in every instantiation below. */
+#define GEMM_AVX512_ROW(i, kk)                                                   \
+    if (mr > i)                                                                  \
+        c##i = _mm512_fmadd_ps(_mm512_set1_ps(a##i[kk]), w, c##i);
+#define GEMM_AVX512_STEP(kk)                                                     \
+    GEMM_AVX512_ROW(0, kk) GEMM_AVX512_ROW(1, kk) GEMM_AVX512_ROW(2, kk)         \
+    GEMM_AVX512_ROW(3, kk) GEMM_AVX512_ROW(4, kk) GEMM_AVX512_ROW(5, kk)
+
+/* A tile's row pointers a0..a5 (rows past mr alias row 0 and are never
+ * read) and its 6 accumulators, zero. */
+#define GEMM_AVX512_TILE_VARS(a, lda, mr)                                        \
+    const float *a0 = (a);                                                       \
+    const float *a1 = (mr) > 1 ? a0 + (lda) : a0;                                \
+    const float *a2 = (mr) > 2 ? a0 + 2 * (lda) : a0;                            \
+    const float *a3 = (mr) > 3 ? a0 + 3 * (lda) : a0;                            \
+    const float *a4 = (mr) > 4 ? a0 + 4 * (lda) : a0;                            \
+    const float *a5 = (mr) > 5 ? a0 + 5 * (lda) : a0;                            \
+    __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
+
+#define GEMM_AVX512_TILE_STORE(c, ldc, mr, ncols)                                \
+    gemm_avx512_store((c), c0, (ncols));                                         \
+    if ((mr) > 1) gemm_avx512_store((c) + (ldc), c1, (ncols));                   \
+    if ((mr) > 2) gemm_avx512_store((c) + 2 * (ldc), c2, (ncols));               \
+    if ((mr) > 3) gemm_avx512_store((c) + 3 * (ldc), c3, (ncols));               \
+    if ((mr) > 4) gemm_avx512_store((c) + 4 * (ldc), c4, (ncols));               \
+    if ((mr) > 5) gemm_avx512_store((c) + 5 * (ldc), c5, (ncols));
+
+static inline __attribute__((always_inline)) void gemm_avx512_tile_impl(const gemm_tile *t, const uint32_t mr,
+                                                                        const gemm_wtype type)
+{
+    const size_t lda = t->lda;
+    GEMM_AVX512_TILE_VARS(t->a, lda, mr)
+    const uint8_t *pn = t->panel;
+    const uint32_t k = t->k;
+    if (type == GEMM_W_Q8_0) {
+        for (uint32_t kb = 0; kb < k; kb += GEMM_Q8_0_BLOCK, pn += GEMM_Q8_PANEL_BLOCK) {
+            const __m512 d = gemm_avx512_q8d(pn);
+            const uint8_t *q = pn + GEMM_Q8_SCALES;
+            if (mr > 1)
+                for (uint32_t line = 0; line < GEMM_Q8_PANEL_BLOCK; line += 64)
+                    __builtin_prefetch(pn + GEMM_PREFETCH + line, 0, 3);
+            for (uint32_t kk = kb; kk < kb + GEMM_Q8_0_BLOCK; kk++, q += GEMM_NR) {
+                const __m512 w = gemm_avx512_q8w(q, d);
+                GEMM_AVX512_STEP(kk)
+            }
+        }
+    } else {
+        const size_t rs = GEMM_NR * (type == GEMM_W_F32 ? 4u : 2u);
+        for (uint32_t kk = 0; kk < k; kk++, pn += rs) {
+            const __m512 w = gemm_avx512_w(pn, type);
+            if (mr > 1)
+                __builtin_prefetch(pn + GEMM_PREFETCH, 0, 3);
+            GEMM_AVX512_STEP(kk)
+        }
+    }
+    const size_t ldc = t->ldc;
+    GEMM_AVX512_TILE_STORE(t->c, ldc, mr, t->ncols)
+}
+
+/* One row against np consecutive panels (1 .. GEMM_ROW_PANELS): one chain
+ * per lane per panel, the panels' chains independent. */
+static inline __attribute__((always_inline)) void gemm_avx512_row_impl(const gemm_row *t, const uint32_t np,
+                                                                       const gemm_wtype type)
+{
+    const size_t ps = t->panel_stride;
+    const uint8_t *p0 = t->panel;
+    const uint8_t *p1 = np > 1 ? p0 + ps : p0;
+    const uint8_t *p2 = np > 2 ? p0 + 2 * ps : p0;
+    const uint8_t *p3 = np > 3 ? p0 + 3 * ps : p0;
+    const float *a = t->a;
+    __m512 r0 = _mm512_setzero_ps(), r1 = r0, r2 = r0, r3 = r0;
+    const uint32_t k = t->k;
+    if (type == GEMM_W_Q8_0) {
+        for (uint32_t kb = 0; kb < k; kb += GEMM_Q8_0_BLOCK) {
+            size_t off = (size_t)(kb / GEMM_Q8_0_BLOCK) * GEMM_Q8_PANEL_BLOCK;
+            const uint8_t *b0 = p0 + off, *b1 = p1 + off, *b2 = p2 + off, *b3 = p3 + off;
+            const __m512 d0 = gemm_avx512_q8d(b0);
+            const __m512 d1 = np > 1 ? gemm_avx512_q8d(b1) : d0;
+            const __m512 d2 = np > 2 ? gemm_avx512_q8d(b2) : d0;
+            const __m512 d3 = np > 3 ? gemm_avx512_q8d(b3) : d0;
+            for (uint32_t kk = 0; kk < GEMM_Q8_0_BLOCK; kk++) {
+                const __m512 b = _mm512_set1_ps(a[kb + kk]);
+                const size_t qo = GEMM_Q8_SCALES + (size_t)kk * GEMM_NR;
+                r0 = _mm512_fmadd_ps(b, gemm_avx512_q8w(b0 + qo, d0), r0);
+                if (np > 1)
+                    r1 = _mm512_fmadd_ps(b, gemm_avx512_q8w(b1 + qo, d1), r1);
+                if (np > 2)
+                    r2 = _mm512_fmadd_ps(b, gemm_avx512_q8w(b2 + qo, d2), r2);
+                if (np > 3)
+                    r3 = _mm512_fmadd_ps(b, gemm_avx512_q8w(b3 + qo, d3), r3);
+            }
+        }
+    } else {
+        const size_t rs = GEMM_NR * (type == GEMM_W_F32 ? 4u : 2u);
+        for (uint32_t kk = 0; kk < k; kk++) {
+            const __m512 b = _mm512_set1_ps(a[kk]);
+            const size_t o = (size_t)kk * rs;
+            __builtin_prefetch(p0 + o + GEMM_PREFETCH, 0, 3);
+            if (np > 1) __builtin_prefetch(p1 + o + GEMM_PREFETCH, 0, 3);
+            if (np > 2) __builtin_prefetch(p2 + o + GEMM_PREFETCH, 0, 3);
+            if (np > 3) __builtin_prefetch(p3 + o + GEMM_PREFETCH, 0, 3);
+            r0 = _mm512_fmadd_ps(b, gemm_avx512_w(p0 + o, type), r0);
+            if (np > 1)
+                r1 = _mm512_fmadd_ps(b, gemm_avx512_w(p1 + o, type), r1);
+            if (np > 2)
+                r2 = _mm512_fmadd_ps(b, gemm_avx512_w(p2 + o, type), r2);
+            if (np > 3)
+                r3 = _mm512_fmadd_ps(b, gemm_avx512_w(p3 + o, type), r3);
+        }
+    }
+    /* every panel but the last of the group is full */
+    gemm_avx512_store(t->c, r0, np > 1 ? GEMM_NR : t->ncols_last);
+    if (np > 1) gemm_avx512_store(t->c + GEMM_NR, r1, np > 2 ? GEMM_NR : t->ncols_last);
+    if (np > 2) gemm_avx512_store(t->c + 2 * GEMM_NR, r2, np > 3 ? GEMM_NR : t->ncols_last);
+    if (np > 3) gemm_avx512_store(t->c + 3 * GEMM_NR, r3, t->ncols_last);
+}
+
+/* A chunk tile (the blocked path): weights are the chunk's f32 [kn][16];
+ * chains start from zero on the first chunk, else continue from C. spread:
+ * prefetch t->pf's bytes a line every few k. */
+static inline __attribute__((always_inline)) void gemm_avx512_ctile_impl(const gemm_ctile *t, const uint32_t mr,
+                                                                         const bool spread)
+{
+    const size_t lda = t->lda, ldc = t->ldc;
+    GEMM_AVX512_TILE_VARS(t->a, lda, mr)
+    if (!t->first) {
+        c0 = gemm_avx512_load(t->c, t->ncols);
+        if (mr > 1) c1 = gemm_avx512_load(t->c + ldc, t->ncols);
+        if (mr > 2) c2 = gemm_avx512_load(t->c + 2 * ldc, t->ncols);
+        if (mr > 3) c3 = gemm_avx512_load(t->c + 3 * ldc, t->ncols);
+        if (mr > 4) c4 = gemm_avx512_load(t->c + 4 * ldc, t->ncols);
+        if (mr > 5) c5 = gemm_avx512_load(t->c + 5 * ldc, t->ncols);
+    }
+    const float *pw = t->w;
+    const uint32_t kn = t->kn;
+    const uint8_t *pf = t->pf;
+    size_t lines = spread ? t->pf_len / 64 : 0;
+    uint32_t every = lines ? (uint32_t)((kn + lines - 1) / lines) : kn;
+    for (uint32_t kk = 0; kk < kn;) {
+        uint32_t kend = kn - kk > every ? kk + every : kn;
+        if (lines) {
+            __builtin_prefetch(pf, 0, 3);
+            pf += 64;
+            lines--;
+        }
+#pragma GCC unroll 4
+        for (; kk < kend; kk++) {
+            const __m512 w = _mm512_loadu_ps(pw + (size_t)kk * GEMM_NR);
+            GEMM_AVX512_STEP(kk)
+        }
+    }
+    GEMM_AVX512_TILE_STORE(t->c, ldc, mr, t->ncols)
+}
+
+#define GEMM_AVX512_TILEFN(tname, type, mr)                                      \
+    static void gemm_avx512_##tname##_##mr(const gemm_tile *t) { gemm_avx512_tile_impl(t, mr, type); }
+#define GEMM_AVX512_TILEFNS(tname, type)                                         \
+    GEMM_AVX512_TILEFN(tname, type, 1) GEMM_AVX512_TILEFN(tname, type, 2)        \
+    GEMM_AVX512_TILEFN(tname, type, 3) GEMM_AVX512_TILEFN(tname, type, 4)        \
+    GEMM_AVX512_TILEFN(tname, type, 5) GEMM_AVX512_TILEFN(tname, type, 6)
+#define GEMM_AVX512_ROWFN(tname, type, np)                                       \
+    static void gemm_avx512_row_##tname##_##np(const gemm_row *t) { gemm_avx512_row_impl(t, np, type); }
+#define GEMM_AVX512_ROWFNS(tname, type)                                          \
+    GEMM_AVX512_ROWFN(tname, type, 1) GEMM_AVX512_ROWFN(tname, type, 2)          \
+    GEMM_AVX512_ROWFN(tname, type, 3) GEMM_AVX512_ROWFN(tname, type, 4)
+#define GEMM_AVX512_CTILEFN(mr)                                                  \
+    static void gemm_avx512_ctile_##mr(const gemm_ctile *t) { gemm_avx512_ctile_impl(t, mr, false); } \
+    static void gemm_avx512_ctilepf_##mr(const gemm_ctile *t) { gemm_avx512_ctile_impl(t, mr, true); }
+
+GEMM_AVX512_TILEFNS(f32, GEMM_W_F32)
+GEMM_AVX512_TILEFNS(f16, GEMM_W_F16)
+GEMM_AVX512_TILEFNS(bf16, GEMM_W_BF16)
+GEMM_AVX512_TILEFNS(q8_0, GEMM_W_Q8_0)
+GEMM_AVX512_ROWFNS(f32, GEMM_W_F32)
+GEMM_AVX512_ROWFNS(f16, GEMM_W_F16)
+GEMM_AVX512_ROWFNS(bf16, GEMM_W_BF16)
+GEMM_AVX512_ROWFNS(q8_0, GEMM_W_Q8_0)
+GEMM_AVX512_CTILEFN(1)
+GEMM_AVX512_CTILEFN(2)
+GEMM_AVX512_CTILEFN(3)
+GEMM_AVX512_CTILEFN(4)
+GEMM_AVX512_CTILEFN(5)
+GEMM_AVX512_CTILEFN(6)
+
+#ifndef PD_AVX512_EMULATED
+#pragma GCC pop_options
+#endif
+
+#define GEMM_AVX512_TILES(tname)                                                 \
+    {gemm_avx512_##tname##_1, gemm_avx512_##tname##_2, gemm_avx512_##tname##_3,  \
+     gemm_avx512_##tname##_4, gemm_avx512_##tname##_5, gemm_avx512_##tname##_6}
+gemm_tile_fn *const gemm_avx512_tiles[GEMM_W_COUNT][GEMM_MR] = {
+    [GEMM_W_F32] = GEMM_AVX512_TILES(f32),
+    [GEMM_W_F16] = GEMM_AVX512_TILES(f16),
+    [GEMM_W_BF16] = GEMM_AVX512_TILES(bf16),
+    [GEMM_W_Q8_0] = GEMM_AVX512_TILES(q8_0),
+};
+#define GEMM_AVX512_ROWS(tname)                                                  \
+    {gemm_avx512_row_##tname##_1, gemm_avx512_row_##tname##_2,                   \
+     gemm_avx512_row_##tname##_3, gemm_avx512_row_##tname##_4}
+gemm_row_fn *const gemm_avx512_rows[GEMM_W_COUNT][GEMM_ROW_PANELS] = {
+    [GEMM_W_F32] = GEMM_AVX512_ROWS(f32),
+    [GEMM_W_F16] = GEMM_AVX512_ROWS(f16),
+    [GEMM_W_BF16] = GEMM_AVX512_ROWS(bf16),
+    [GEMM_W_Q8_0] = GEMM_AVX512_ROWS(q8_0),
+};
+gemm_ctile_fn *const gemm_avx512_ctiles[GEMM_MR] = {
+    gemm_avx512_ctile_1, gemm_avx512_ctile_2, gemm_avx512_ctile_3,
+    gemm_avx512_ctile_4, gemm_avx512_ctile_5, gemm_avx512_ctile_6,
+};
+gemm_ctile_fn *const gemm_avx512_ctilepfs[GEMM_MR] = {
+    gemm_avx512_ctilepf_1, gemm_avx512_ctilepf_2, gemm_avx512_ctilepf_3,
+    gemm_avx512_ctilepf_4, gemm_avx512_ctilepf_5, gemm_avx512_ctilepf_6,
+};
+
+#endif /* __x86_64__ */
