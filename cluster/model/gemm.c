@@ -341,12 +341,7 @@ static inline __attribute__((always_inline)) void gemm_avx2_store(float *c, __m2
 /* A tile's row pointers a0..a5 (rows past mr alias row 0 and are never
  * read) and its 6 x 2 accumulators, zero. */
 #define GEMM_AVX2_TILE_VARS(a, lda, mr)                                          \
-    const float *a0 = (a);                                                       \
-    const float *a1 = (mr) > 1 ? a0 + (lda) : a0;                                \
-    const float *a2 = (mr) > 2 ? a0 + 2 * (lda) : a0;                            \
-    const float *a3 = (mr) > 3 ? a0 + 3 * (lda) : a0;                            \
-    const float *a4 = (mr) > 4 ? a0 + 4 * (lda) : a0;                            \
-    const float *a5 = (mr) > 5 ? a0 + 5 * (lda) : a0;                            \
+    GEMM_TILE_ROWS(a, lda, mr)                                                   \
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00;           \
     __m256 c20 = c00, c21 = c00, c30 = c00, c31 = c00;                           \
     __m256 c40 = c00, c41 = c00, c50 = c00, c51 = c00;
@@ -452,11 +447,7 @@ gemm_avx2_tile_impl(const gemm_tile *t, const uint32_t mr, const gemm_wtype type
 static inline __attribute__((always_inline)) void
 gemm_avx2_row_impl(const gemm_row *t, const uint32_t np, const gemm_wtype type)
 {
-    const size_t ps = t->panel_stride;
-    const uint8_t *p0 = t->panel;
-    const uint8_t *p1 = np > 1 ? p0 + ps : p0;
-    const uint8_t *p2 = np > 2 ? p0 + 2 * ps : p0;
-    const uint8_t *p3 = np > 3 ? p0 + 3 * ps : p0;
+    GEMM_ROW_PANEL_PTRS(t, np)
     const float *a = t->a;
     __m256 r00 = _mm256_setzero_ps(), r01 = r00, r10 = r00, r11 = r00;
     __m256 r20 = r00, r21 = r00, r30 = r00, r31 = r00;
@@ -690,33 +681,10 @@ GEMM_AVX2_ROWFNS_OF(q8_0, GEMM_W_Q8_0)
 
 #pragma GCC pop_options
 
-#define GEMM_AVX2_ROWFNS(tname)                                                  \
-    {gemm_avx2_##tname##_1, gemm_avx2_##tname##_2, gemm_avx2_##tname##_3,        \
-     gemm_avx2_##tname##_4, gemm_avx2_##tname##_5, gemm_avx2_##tname##_6}
-static gemm_tile_fn *const gemm_avx2_tiles[GEMM_W_COUNT][GEMM_MR] = {
-    [GEMM_W_F32] = GEMM_AVX2_ROWFNS(f32),
-    [GEMM_W_F16] = GEMM_AVX2_ROWFNS(f16),
-    [GEMM_W_BF16] = GEMM_AVX2_ROWFNS(bf16),
-    [GEMM_W_Q8_0] = GEMM_AVX2_ROWFNS(q8_0),
-};
-
-#define GEMM_AVX2_ROWKERNS(tname)                                                \
-    {gemm_avx2_row_##tname##_1, gemm_avx2_row_##tname##_2,                       \
-     gemm_avx2_row_##tname##_3, gemm_avx2_row_##tname##_4}
-static gemm_row_fn *const gemm_avx2_rows[GEMM_W_COUNT][GEMM_ROW_PANELS] = {
-    [GEMM_W_F32] = GEMM_AVX2_ROWKERNS(f32),
-    [GEMM_W_F16] = GEMM_AVX2_ROWKERNS(f16),
-    [GEMM_W_BF16] = GEMM_AVX2_ROWKERNS(bf16),
-    [GEMM_W_Q8_0] = GEMM_AVX2_ROWKERNS(q8_0),
-};
-static gemm_ctile_fn *const gemm_avx2_ctiles[GEMM_MR] = {
-    gemm_avx2_ctile_1, gemm_avx2_ctile_2, gemm_avx2_ctile_3,
-    gemm_avx2_ctile_4, gemm_avx2_ctile_5, gemm_avx2_ctile_6,
-};
-static gemm_ctile_fn *const gemm_avx2_ctilepfs[GEMM_MR] = {
-    gemm_avx2_ctilepf_1, gemm_avx2_ctilepf_2, gemm_avx2_ctilepf_3,
-    gemm_avx2_ctilepf_4, gemm_avx2_ctilepf_5, gemm_avx2_ctilepf_6,
-};
+static gemm_tile_fn *const gemm_avx2_tiles[GEMM_W_COUNT][GEMM_MR] = GEMM_BY_TYPE(GEMM_BY_MR, gemm_avx2_);
+static gemm_row_fn *const gemm_avx2_rows[GEMM_W_COUNT][GEMM_ROW_PANELS] = GEMM_BY_TYPE(GEMM_BY_NP, gemm_avx2_row_);
+static gemm_ctile_fn *const gemm_avx2_ctiles[GEMM_MR] = GEMM_BY_MR(gemm_avx2_ctile_);
+static gemm_ctile_fn *const gemm_avx2_ctilepfs[GEMM_MR] = GEMM_BY_MR(gemm_avx2_ctilepf_);
 static gemm_chunk_fn *const gemm_avx2_chunks[GEMM_W_COUNT] = {
     [GEMM_W_F32] = gemm_avx2_chunk_f32,
     [GEMM_W_F16] = gemm_avx2_chunk_f16,

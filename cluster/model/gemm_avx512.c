@@ -92,15 +92,9 @@ static inline __attribute__((always_inline)) __m512 gemm_avx512_q8w(const uint8_
     GEMM_AVX512_ROW(0, kk) GEMM_AVX512_ROW(1, kk) GEMM_AVX512_ROW(2, kk)         \
     GEMM_AVX512_ROW(3, kk) GEMM_AVX512_ROW(4, kk) GEMM_AVX512_ROW(5, kk)
 
-/* A tile's row pointers a0..a5 (rows past mr alias row 0 and are never
- * read) and its 6 accumulators, zero. */
+/* A tile's row pointers a0..a5 and its 6 accumulators, zero. */
 #define GEMM_AVX512_TILE_VARS(a, lda, mr)                                        \
-    const float *a0 = (a);                                                       \
-    const float *a1 = (mr) > 1 ? a0 + (lda) : a0;                                \
-    const float *a2 = (mr) > 2 ? a0 + 2 * (lda) : a0;                            \
-    const float *a3 = (mr) > 3 ? a0 + 3 * (lda) : a0;                            \
-    const float *a4 = (mr) > 4 ? a0 + 4 * (lda) : a0;                            \
-    const float *a5 = (mr) > 5 ? a0 + 5 * (lda) : a0;                            \
+    GEMM_TILE_ROWS(a, lda, mr)                                                   \
     __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
 
 #define GEMM_AVX512_TILE_STORE(c, ldc, mr, ncols)                                \
@@ -143,16 +137,22 @@ static inline __attribute__((always_inline)) void gemm_avx512_tile_impl(const ge
     GEMM_AVX512_TILE_STORE(t->c, ldc, mr, t->ncols)
 }
 
+/* r<j> += b * W(j), panel j's weights, for the group's np panels */
+#define GEMM_AVX512_RFMA(W)                                                      \
+    r0 = _mm512_fmadd_ps(b, W(0), r0);                                           \
+    if (np > 1)                                                                  \
+        r1 = _mm512_fmadd_ps(b, W(1), r1);                                       \
+    if (np > 2)                                                                  \
+        r2 = _mm512_fmadd_ps(b, W(2), r2);                                       \
+    if (np > 3)                                                                  \
+        r3 = _mm512_fmadd_ps(b, W(3), r3);
+
 /* One row against np consecutive panels (1 .. GEMM_ROW_PANELS): one chain
  * per lane per panel, the panels' chains independent. */
 static inline __attribute__((always_inline)) void gemm_avx512_row_impl(const gemm_row *t, const uint32_t np,
                                                                        const gemm_wtype type)
 {
-    const size_t ps = t->panel_stride;
-    const uint8_t *p0 = t->panel;
-    const uint8_t *p1 = np > 1 ? p0 + ps : p0;
-    const uint8_t *p2 = np > 2 ? p0 + 2 * ps : p0;
-    const uint8_t *p3 = np > 3 ? p0 + 3 * ps : p0;
+    GEMM_ROW_PANEL_PTRS(t, np)
     const float *a = t->a;
     __m512 r0 = _mm512_setzero_ps(), r1 = r0, r2 = r0, r3 = r0;
     const uint32_t k = t->k;
@@ -167,13 +167,9 @@ static inline __attribute__((always_inline)) void gemm_avx512_row_impl(const gem
             for (uint32_t kk = 0; kk < GEMM_Q8_0_BLOCK; kk++) {
                 const __m512 b = _mm512_set1_ps(a[kb + kk]);
                 const size_t qo = GEMM_Q8_SCALES + (size_t)kk * GEMM_NR;
-                r0 = _mm512_fmadd_ps(b, gemm_avx512_q8w(b0 + qo, d0), r0);
-                if (np > 1)
-                    r1 = _mm512_fmadd_ps(b, gemm_avx512_q8w(b1 + qo, d1), r1);
-                if (np > 2)
-                    r2 = _mm512_fmadd_ps(b, gemm_avx512_q8w(b2 + qo, d2), r2);
-                if (np > 3)
-                    r3 = _mm512_fmadd_ps(b, gemm_avx512_q8w(b3 + qo, d3), r3);
+#define GEMM_AVX512_Q8W(j) gemm_avx512_q8w(b##j + qo, d##j)
+                GEMM_AVX512_RFMA(GEMM_AVX512_Q8W)
+#undef GEMM_AVX512_Q8W
             }
         }
     } else {
@@ -185,13 +181,9 @@ static inline __attribute__((always_inline)) void gemm_avx512_row_impl(const gem
             if (np > 1) __builtin_prefetch(p1 + o + GEMM_PREFETCH, 0, 3);
             if (np > 2) __builtin_prefetch(p2 + o + GEMM_PREFETCH, 0, 3);
             if (np > 3) __builtin_prefetch(p3 + o + GEMM_PREFETCH, 0, 3);
-            r0 = _mm512_fmadd_ps(b, gemm_avx512_w(p0 + o, type), r0);
-            if (np > 1)
-                r1 = _mm512_fmadd_ps(b, gemm_avx512_w(p1 + o, type), r1);
-            if (np > 2)
-                r2 = _mm512_fmadd_ps(b, gemm_avx512_w(p2 + o, type), r2);
-            if (np > 3)
-                r3 = _mm512_fmadd_ps(b, gemm_avx512_w(p3 + o, type), r3);
+#define GEMM_AVX512_W(j) gemm_avx512_w(p##j + o, type)
+            GEMM_AVX512_RFMA(GEMM_AVX512_W)
+#undef GEMM_AVX512_W
         }
     }
     /* every panel but the last of the group is full */
@@ -272,31 +264,9 @@ GEMM_AVX512_CTILEFN(6)
 #pragma GCC pop_options
 #endif
 
-#define GEMM_AVX512_TILES(tname)                                                 \
-    {gemm_avx512_##tname##_1, gemm_avx512_##tname##_2, gemm_avx512_##tname##_3,  \
-     gemm_avx512_##tname##_4, gemm_avx512_##tname##_5, gemm_avx512_##tname##_6}
-gemm_tile_fn *const gemm_avx512_tiles[GEMM_W_COUNT][GEMM_MR] = {
-    [GEMM_W_F32] = GEMM_AVX512_TILES(f32),
-    [GEMM_W_F16] = GEMM_AVX512_TILES(f16),
-    [GEMM_W_BF16] = GEMM_AVX512_TILES(bf16),
-    [GEMM_W_Q8_0] = GEMM_AVX512_TILES(q8_0),
-};
-#define GEMM_AVX512_ROWS(tname)                                                  \
-    {gemm_avx512_row_##tname##_1, gemm_avx512_row_##tname##_2,                   \
-     gemm_avx512_row_##tname##_3, gemm_avx512_row_##tname##_4}
-gemm_row_fn *const gemm_avx512_rows[GEMM_W_COUNT][GEMM_ROW_PANELS] = {
-    [GEMM_W_F32] = GEMM_AVX512_ROWS(f32),
-    [GEMM_W_F16] = GEMM_AVX512_ROWS(f16),
-    [GEMM_W_BF16] = GEMM_AVX512_ROWS(bf16),
-    [GEMM_W_Q8_0] = GEMM_AVX512_ROWS(q8_0),
-};
-gemm_ctile_fn *const gemm_avx512_ctiles[GEMM_MR] = {
-    gemm_avx512_ctile_1, gemm_avx512_ctile_2, gemm_avx512_ctile_3,
-    gemm_avx512_ctile_4, gemm_avx512_ctile_5, gemm_avx512_ctile_6,
-};
-gemm_ctile_fn *const gemm_avx512_ctilepfs[GEMM_MR] = {
-    gemm_avx512_ctilepf_1, gemm_avx512_ctilepf_2, gemm_avx512_ctilepf_3,
-    gemm_avx512_ctilepf_4, gemm_avx512_ctilepf_5, gemm_avx512_ctilepf_6,
-};
+gemm_tile_fn *const gemm_avx512_tiles[GEMM_W_COUNT][GEMM_MR] = GEMM_BY_TYPE(GEMM_BY_MR, gemm_avx512_);
+gemm_row_fn *const gemm_avx512_rows[GEMM_W_COUNT][GEMM_ROW_PANELS] = GEMM_BY_TYPE(GEMM_BY_NP, gemm_avx512_row_);
+gemm_ctile_fn *const gemm_avx512_ctiles[GEMM_MR] = GEMM_BY_MR(gemm_avx512_ctile_);
+gemm_ctile_fn *const gemm_avx512_ctilepfs[GEMM_MR] = GEMM_BY_MR(gemm_avx512_ctilepf_);
 
 #endif /* __x86_64__ */

@@ -104,6 +104,34 @@ typedef const float *gemm_chunk_fn(const uint8_t *src, uint32_t kn, float *buf);
  * every lane still runs its own chain over k in order. */
 #define GEMM_ROW_PANELS 4u
 
+/* A tile's row pointers a0..a5 in a micro-kernel (rows past mr alias row 0
+ * and are never read). */
+#define GEMM_TILE_ROWS(a, lda, mr)                                               \
+    const float *a0 = (a);                                                       \
+    const float *a1 = (mr) > 1 ? a0 + (lda) : a0;                                \
+    const float *a2 = (mr) > 2 ? a0 + 2 * (lda) : a0;                            \
+    const float *a3 = (mr) > 3 ? a0 + 3 * (lda) : a0;                            \
+    const float *a4 = (mr) > 4 ? a0 + 4 * (lda) : a0;                            \
+    const float *a5 = (mr) > 5 ? a0 + 5 * (lda) : a0;
+
+/* A row group's panel pointers p0..p3 in a row kernel (panels past np
+ * alias panel 0 and are never read). */
+#define GEMM_ROW_PANEL_PTRS(t, np)                                               \
+    const size_t ps = (t)->panel_stride;                                         \
+    const uint8_t *p0 = (t)->panel;                                              \
+    const uint8_t *p1 = (np) > 1 ? p0 + ps : p0;                                 \
+    const uint8_t *p2 = (np) > 2 ? p0 + 2 * ps : p0;                             \
+    const uint8_t *p3 = (np) > 3 ? p0 + 3 * ps : p0;
+
+/* Kernel tables of one ISA, from kernels named <pre><mr> (1..6) or
+ * <pre><np> (1..4), per weight type <pre><type>_: e.g.
+ * GEMM_BY_TYPE(GEMM_BY_MR, gemm_avx2_) lists gemm_avx2_f32_1 .. _q8_0_6. */
+#define GEMM_BY_MR(pre) {pre##1, pre##2, pre##3, pre##4, pre##5, pre##6}
+#define GEMM_BY_NP(pre) {pre##1, pre##2, pre##3, pre##4}
+#define GEMM_BY_TYPE(by, pre)                                                    \
+    {[GEMM_W_F32] = by(pre##f32_), [GEMM_W_F16] = by(pre##f16_),                 \
+     [GEMM_W_BF16] = by(pre##bf16_), [GEMM_W_Q8_0] = by(pre##q8_0_)}
+
 /* AVX-512F kernels (gemm_avx512.c), same contracts and bits as gemm.c's AVX2
  * ones: tiles by [type][mr - 1], single-row groups by [type][np - 1], chunk
  * tiles by [mr - 1] (plain, and spreading a prefetch over k). The blocked
