@@ -36,10 +36,10 @@
  * of all of them (--threads x ranks on the node, rank_place) while the
  * others sleep until the previous stage's message rings them awake
  * (pipe_bells_open; ranks on several hosts nap in their receives instead).
- * README.md ("Ranks or
- * threads on one node") has the measurements. --micro-batches K keeps a
- * pipeline of K, --micro-batches pipeline the pipeline's default K, and so
- * does --draft-async (a stream's second batch needs another in flight);
+ * README.md ("Ranks or threads on one node") has the measurements.
+ * --micro-batches K keeps a pipeline of K, --micro-batches pipeline the
+ * pipeline's default K, and so does --draft-async (a stream's second batch
+ * needs another in flight);
  * --micro-batches turns asks for turns wherever the ranks are.
  * Collective, and reached by every rank whatever failed before it: a rank
  * that cannot read its topology here votes for a pipeline, and rank_start
