@@ -10,7 +10,7 @@ T="$E2E_TMP"
 m="$T/m.gguf"
 "$PIPEDEC" mkmodel --arch llama --layers 12 --hidden 128 --heads 4 --kv-heads 2 --ffn 256 --vocab 320 --seed 8 \
   --out "$m" >/dev/null
-"$PIPEDEC" mkpages --model "$m" --count 40 --embed-rows 12 --prompt-tokens 3 --max-new 200 --seed 6 \
+"$PIPEDEC" mkpages --model "$m" --count 160 --embed-rows 12 --prompt-tokens 3 --max-new 200 --seed 6 \
   --out "$T/pages" >/dev/null
 P="$T/pages/pages.jsonl"
 MPIRUN=(mpirun --oversubscribe --bind-to none)
@@ -25,7 +25,7 @@ S="$T/job.sock"; out="$T/a.jsonl"
   echo "$rc" > "$out.rc" ) &
 for _ in $(seq 1 3000); do [ -S "$S" ] && break; sleep 0.01; done
 rc=0
-PIPEDEC="$PD_BUILD/pipedec" timeout 300 "$PD_SRC/slurm/rebalance" "$S" --interval 0.4 --max-moves 2 \
+PIPEDEC="$PD_BUILD/pipedec" timeout 300 "$PD_SRC/slurm/rebalance" "$S" --interval 0.25 --max-moves 2 \
   >"$T/rb.out" 2>"$T/rb.err" || rc=$?
 wait
 [ "$rc" -eq 0 ] && pass "slurm/rebalance exited 0" || { fail "slurm/rebalance exited $rc"; tail -3 "$T/rb.err"; }
