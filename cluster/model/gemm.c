@@ -698,6 +698,17 @@ static gemm_tile_fn *const gemm_scalar_tiles[GEMM_MR] = {
     gemm_scalar_tile, gemm_scalar_tile, gemm_scalar_tile,
 };
 
+/* The tile height of the ISA's kernels. */
+static uint32_t gemm_mr_for(pd_isa isa)
+{
+#if defined(__x86_64__)
+    if (isa >= PD_ISA_AVX512)
+        return GEMM_MR512;
+#endif
+    (void)isa;
+    return GEMM_MR;
+}
+
 /* The micro-kernels (indexed by mr - 1) and the single-row multi-panel
  * kernels (indexed by np - 1, or NULL: use the tiles) for a weight type on
  * the ISA in force. */
@@ -762,17 +773,29 @@ static gemm_chunk_fn *gemm_chunk_for(pd_isa isa, gemm_wtype type)
 }
 
 /* The fewest rows of an M block that take the blocked path, by weight type
- * (from A/B runs of both paths on the decoder's shapes, one and two
- * threads). f32: any block of more than one tile, where the tile path reads
- * the panel from memory in its first tile with nothing to overlap it and
- * re-reads it from L2 in the rest (M = 8: 24-34 -> 33-49 GFLOP/s on one
- * thread, 46-54 -> 65-72 on two). 16-bit and Q8_0: below it the tile path's
- * in-register conversion costs less than the chunk's round trip through L1;
- * F16 converts in one instruction, so it gains later. Either path gives the
- * same bits. */
-static const uint32_t gemm_block_min_rows[GEMM_W_COUNT] = {
-    [GEMM_W_F32] = GEMM_MR + 1, [GEMM_W_F16] = 32, [GEMM_W_BF16] = 16, [GEMM_W_Q8_0] = 24,
-};
+ * and tile height mr (from A/B runs of both paths on the decoder's shapes,
+ * one and two threads). f32: any block of more than one tile, where the tile
+ * path reads the panel from memory in its first tile with nothing to
+ * overlap it and re-reads it from L2 in the rest (AVX2, M = 8: 24-34 ->
+ * 33-49 GFLOP/s on one thread, 46-54 -> 65-72 on two). 16-bit and Q8_0:
+ * below it the tile path's in-register conversion costs less than the
+ * chunk's round trip through L1; F16 converts in one instruction, so it
+ * gains later. AVX-512's 12-row tiles convert a weight row once per 12 rows,
+ * which moves BF16's point from 16 to 32 rows (M = 16: 133-149 against
+ * 120-133 GFLOP/s). Either path gives the same bits. */
+static uint32_t gemm_block_min_rows(gemm_wtype type, uint32_t mr)
+{
+    switch (type) {
+    case GEMM_W_F32:
+        return mr + 1;
+    case GEMM_W_BF16:
+        return mr > GEMM_MR ? 32 : 16;
+    case GEMM_W_Q8_0:
+        return 24;
+    default:
+        return 32;
+    }
+}
 
 /* ---- tiling and threads ---- */
 
@@ -786,6 +809,7 @@ typedef struct gemm_job {
     uint32_t panels_per_task;
     uint32_t n_panel_tasks;     /* panel ranges; task t takes range t % n_panel_tasks */
     uint32_t mblocks_per_task;  /* ... and M blocks from (t / n_panel_tasks) * this */
+    uint32_t mr;                /* the kernels' tile height: GEMM_MR or GEMM_MR512 */
     gemm_tile_fn *const *tiles; /* indexed by mr - 1 */
     gemm_row_fn *const *rows;   /* indexed by np - 1; NULL = tiles only */
     gemm_ctile_fn *const *ctiles; /* blocked path, by mr - 1; NULL = none */
@@ -793,12 +817,12 @@ typedef struct gemm_job {
     gemm_chunk_fn *chunk;
 } gemm_job;
 
-/* Near-equal tile heights for a block of `rows` rows (8 rows: 4 + 4, not
- * 6 + 2): a short tile has few FMA chains and runs at the FMA latency. Tile
- * ti has base + (ti < taller) rows. */
-static void gemm_tile_heights(uint32_t rows, uint32_t *n_tiles, uint32_t *base, uint32_t *taller)
+/* Near-equal tile heights of at most mr for a block of `rows` rows (8 rows,
+ * mr 6: 4 + 4, not 6 + 2): a short tile has few FMA chains and runs at the
+ * FMA latency. Tile ti has base + (ti < taller) rows. */
+static void gemm_tile_heights(uint32_t rows, uint32_t mr, uint32_t *n_tiles, uint32_t *base, uint32_t *taller)
 {
-    *n_tiles = (rows + GEMM_MR - 1) / GEMM_MR;
+    *n_tiles = (rows + mr - 1) / mr;
     *base = rows / *n_tiles;
     *taller = rows % *n_tiles;
 }
@@ -830,7 +854,7 @@ static void gemm_block(const gemm_job *j, uint32_t p0, uint32_t p1, uint32_t mb,
     const gemm_w *w = j->w;
     _Alignas(32) float buf[GEMM_KC * GEMM_NR];
     uint32_t n_tiles, base, taller;
-    gemm_tile_heights(me - mb, &n_tiles, &base, &taller);
+    gemm_tile_heights(me - mb, j->mr, &n_tiles, &base, &taller);
     const uint8_t *end = (const uint8_t *)w->data + (size_t)p1 * w->panel_bytes;
     /* spread over a few tiles, where it was measured to gain (M = 7-24);
      * larger blocks keep the burst they were tuned with */
@@ -907,12 +931,12 @@ static void gemm_task(void *ctxp, uint32_t task, uint32_t thread)
             }
             continue;
         }
-        if (j->ctiles && me - mb >= gemm_block_min_rows[w->type]) {
+        if (j->ctiles && me - mb >= gemm_block_min_rows(w->type, j->mr)) {
             gemm_block(j, p0, p1, mb, me);
             continue;
         }
         uint32_t n_tiles, base, taller;
-        gemm_tile_heights(me - mb, &n_tiles, &base, &taller);
+        gemm_tile_heights(me - mb, j->mr, &n_tiles, &base, &taller);
         for (uint32_t pnl = p0; pnl < p1; pnl++) {
             uint32_t col0 = pnl * GEMM_NR;
             gemm_tile t = {
@@ -972,6 +996,7 @@ void gemm_run_ld(const gemm_w *w, const float *a, size_t lda, uint32_t m, float 
         .panels_per_task = ppt,
         .n_panel_tasks = n_ptasks,
         .mblocks_per_task = (uint32_t)mbpt,
+        .mr = gemm_mr_for(isa),
         .tiles = gemm_tiles_for(isa, w->type),
         .rows = gemm_rows_for(isa, w->type),
         .ctiles = gemm_ctiles_for(isa),

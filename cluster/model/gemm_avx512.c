@@ -90,20 +90,47 @@ static inline __attribute__((always_inline)) __m512 gemm_avx512_q8w(const uint8_
         c##i = _mm512_fmadd_ps(_mm512_set1_ps(a##i[kk]), w, c##i);
 #define GEMM_AVX512_STEP(kk)                                                     \
     GEMM_AVX512_ROW(0, kk) GEMM_AVX512_ROW(1, kk) GEMM_AVX512_ROW(2, kk)         \
-    GEMM_AVX512_ROW(3, kk) GEMM_AVX512_ROW(4, kk) GEMM_AVX512_ROW(5, kk)
+    GEMM_AVX512_ROW(3, kk) GEMM_AVX512_ROW(4, kk) GEMM_AVX512_ROW(5, kk)         \
+    GEMM_AVX512_ROW(6, kk) GEMM_AVX512_ROW(7, kk) GEMM_AVX512_ROW(8, kk)         \
+    GEMM_AVX512_ROW(9, kk) GEMM_AVX512_ROW(10, kk) GEMM_AVX512_ROW(11, kk)
 
-/* A tile's row pointers a0..a5 and its 6 accumulators, zero. */
+/* A tile's row pointers a0..a11 (rows 7..11 from row 6 as rows 1..5 from
+ * row 0; rows past mr alias row 0 and are never read) and its 12
+ * accumulators, zero. */
 #define GEMM_AVX512_TILE_VARS(a, lda, mr)                                        \
     GEMM_TILE_ROWS(a, lda, mr)                                                   \
-    __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
+    const float *a6 = (mr) > 6 ? a0 + 6 * (lda) : a0;                            \
+    const float *a7 = (mr) > 7 ? a6 + (lda) : a0;                                \
+    const float *a8 = (mr) > 8 ? a6 + 2 * (lda) : a0;                            \
+    const float *a9 = (mr) > 9 ? a6 + 3 * (lda) : a0;                            \
+    const float *a10 = (mr) > 10 ? a6 + 4 * (lda) : a0;                          \
+    const float *a11 = (mr) > 11 ? a6 + 5 * (lda) : a0;                          \
+    __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0; \
+    __m512 c6 = c0, c7 = c0, c8 = c0, c9 = c0, c10 = c0, c11 = c0;
 
+/* Applies OP(i) to every row i of a tile of mr rows. */
+#define GEMM_AVX512_EACH_ROW(mr, OP)                                             \
+    OP(0)                                                                        \
+    if ((mr) > 1) OP(1)                                                          \
+    if ((mr) > 2) OP(2)                                                          \
+    if ((mr) > 3) OP(3)                                                          \
+    if ((mr) > 4) OP(4)                                                          \
+    if ((mr) > 5) OP(5)                                                          \
+    if ((mr) > 6) OP(6)                                                          \
+    if ((mr) > 7) OP(7)                                                          \
+    if ((mr) > 8) OP(8)                                                          \
+    if ((mr) > 9) OP(9)                                                          \
+    if ((mr) > 10) OP(10)                                                        \
+    if ((mr) > 11) OP(11)
+
+#define GEMM_AVX512_STORE_ROW(i) gemm_avx512_store(c_ + (i) * ldc_, c##i, ncols_);
 #define GEMM_AVX512_TILE_STORE(c, ldc, mr, ncols)                                \
-    gemm_avx512_store((c), c0, (ncols));                                         \
-    if ((mr) > 1) gemm_avx512_store((c) + (ldc), c1, (ncols));                   \
-    if ((mr) > 2) gemm_avx512_store((c) + 2 * (ldc), c2, (ncols));               \
-    if ((mr) > 3) gemm_avx512_store((c) + 3 * (ldc), c3, (ncols));               \
-    if ((mr) > 4) gemm_avx512_store((c) + 4 * (ldc), c4, (ncols));               \
-    if ((mr) > 5) gemm_avx512_store((c) + 5 * (ldc), c5, (ncols));
+    {                                                                            \
+        float *c_ = (c);                                                         \
+        const size_t ldc_ = (ldc);                                               \
+        const uint32_t ncols_ = (ncols);                                         \
+        GEMM_AVX512_EACH_ROW(mr, GEMM_AVX512_STORE_ROW)                          \
+    }
 
 static inline __attribute__((always_inline)) void gemm_avx512_tile_impl(const gemm_tile *t, const uint32_t mr,
                                                                         const gemm_wtype type)
@@ -202,12 +229,9 @@ static inline __attribute__((always_inline)) void gemm_avx512_ctile_impl(const g
     const size_t lda = t->lda, ldc = t->ldc;
     GEMM_AVX512_TILE_VARS(t->a, lda, mr)
     if (!t->first) {
-        c0 = gemm_avx512_load(t->c, t->ncols);
-        if (mr > 1) c1 = gemm_avx512_load(t->c + ldc, t->ncols);
-        if (mr > 2) c2 = gemm_avx512_load(t->c + 2 * ldc, t->ncols);
-        if (mr > 3) c3 = gemm_avx512_load(t->c + 3 * ldc, t->ncols);
-        if (mr > 4) c4 = gemm_avx512_load(t->c + 4 * ldc, t->ncols);
-        if (mr > 5) c5 = gemm_avx512_load(t->c + 5 * ldc, t->ncols);
+#define GEMM_AVX512_LOAD_ROW(i) c##i = gemm_avx512_load(t->c + (i) * ldc, t->ncols);
+        GEMM_AVX512_EACH_ROW(mr, GEMM_AVX512_LOAD_ROW)
+#undef GEMM_AVX512_LOAD_ROW
     }
     const float *pw = t->w;
     const uint32_t kn = t->kn;
@@ -235,7 +259,10 @@ static inline __attribute__((always_inline)) void gemm_avx512_ctile_impl(const g
 #define GEMM_AVX512_TILEFNS(tname, type)                                         \
     GEMM_AVX512_TILEFN(tname, type, 1) GEMM_AVX512_TILEFN(tname, type, 2)        \
     GEMM_AVX512_TILEFN(tname, type, 3) GEMM_AVX512_TILEFN(tname, type, 4)        \
-    GEMM_AVX512_TILEFN(tname, type, 5) GEMM_AVX512_TILEFN(tname, type, 6)
+    GEMM_AVX512_TILEFN(tname, type, 5) GEMM_AVX512_TILEFN(tname, type, 6)        \
+    GEMM_AVX512_TILEFN(tname, type, 7) GEMM_AVX512_TILEFN(tname, type, 8)        \
+    GEMM_AVX512_TILEFN(tname, type, 9) GEMM_AVX512_TILEFN(tname, type, 10)       \
+    GEMM_AVX512_TILEFN(tname, type, 11) GEMM_AVX512_TILEFN(tname, type, 12)
 #define GEMM_AVX512_ROWFN(tname, type, np)                                       \
     static void gemm_avx512_row_##tname##_##np(const gemm_row *t) { gemm_avx512_row_impl(t, np, type); }
 #define GEMM_AVX512_ROWFNS(tname, type)                                          \
@@ -259,14 +286,20 @@ GEMM_AVX512_CTILEFN(3)
 GEMM_AVX512_CTILEFN(4)
 GEMM_AVX512_CTILEFN(5)
 GEMM_AVX512_CTILEFN(6)
+GEMM_AVX512_CTILEFN(7)
+GEMM_AVX512_CTILEFN(8)
+GEMM_AVX512_CTILEFN(9)
+GEMM_AVX512_CTILEFN(10)
+GEMM_AVX512_CTILEFN(11)
+GEMM_AVX512_CTILEFN(12)
 
 #ifndef PD_AVX512_EMULATED
 #pragma GCC pop_options
 #endif
 
-gemm_tile_fn *const gemm_avx512_tiles[GEMM_W_COUNT][GEMM_MR] = GEMM_BY_TYPE(GEMM_BY_MR, gemm_avx512_);
+gemm_tile_fn *const gemm_avx512_tiles[GEMM_W_COUNT][GEMM_MR512] = GEMM_BY_TYPE(GEMM_BY_MR12, gemm_avx512_);
 gemm_row_fn *const gemm_avx512_rows[GEMM_W_COUNT][GEMM_ROW_PANELS] = GEMM_BY_TYPE(GEMM_BY_NP, gemm_avx512_row_);
-gemm_ctile_fn *const gemm_avx512_ctiles[GEMM_MR] = GEMM_BY_MR(gemm_avx512_ctile_);
-gemm_ctile_fn *const gemm_avx512_ctilepfs[GEMM_MR] = GEMM_BY_MR(gemm_avx512_ctilepf_);
+gemm_ctile_fn *const gemm_avx512_ctiles[GEMM_MR512] = GEMM_BY_MR12(gemm_avx512_ctile_);
+gemm_ctile_fn *const gemm_avx512_ctilepfs[GEMM_MR512] = GEMM_BY_MR12(gemm_avx512_ctilepf_);
 
 #endif /* __x86_64__ */

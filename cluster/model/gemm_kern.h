@@ -13,10 +13,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Rows per micro-tile (MR) and the M block a task walks over all its panels
- * before moving to the next rows (keeps that block of A hot in L2 while each
- * panel is re-read from L2 for every tile). */
+/* Rows per micro-tile (MR) of the portable and AVX2 kernels, of the AVX-512
+ * ones, and the most of any; and the M block a task walks over all its
+ * panels before moving to the next rows (keeps that block of A hot in L2
+ * while each panel is re-read from L2 for every tile). A tile needs about 8
+ * independent FMA chains to cover two FMA pipes' latency: an AVX2 row has
+ * two (16 columns are two ymm), an AVX-512 row one zmm, so AVX-512 tiles
+ * are twice as tall. */
 #define GEMM_MR 6u
+#define GEMM_MR512 12u
+#define GEMM_MR_MAX 12u
 #define GEMM_MC 96u
 /* The blocked path (gemm_block) runs over chunks of GEMM_KC k values: one
  * panel's chunk in f32 is 16 KB, half of L1. A multiple of the Q8_0 block. */
@@ -44,7 +50,7 @@ typedef struct gemm_tile {
     uint32_t k;
     const float *a;       /* row 0 of the tile, rows lda apart */
     size_t lda;
-    uint32_t mr;          /* 1 .. GEMM_MR rows */
+    uint32_t mr;          /* 1 .. the kernels' MR rows */
     float *c;             /* C[row 0][col 0 of the panel], rows ldc apart */
     size_t ldc;
     uint32_t ncols;       /* 1 .. 16 valid columns */
@@ -123,22 +129,27 @@ typedef const float *gemm_chunk_fn(const uint8_t *src, uint32_t kn, float *buf);
     const uint8_t *p2 = (np) > 2 ? p0 + 2 * ps : p0;                             \
     const uint8_t *p3 = (np) > 3 ? p0 + 3 * ps : p0;
 
-/* Kernel tables of one ISA, from kernels named <pre><mr> (1..6) or
- * <pre><np> (1..4), per weight type <pre><type>_: e.g.
- * GEMM_BY_TYPE(GEMM_BY_MR, gemm_avx2_) lists gemm_avx2_f32_1 .. _q8_0_6. */
+/* Kernel tables of one ISA, from kernels named <pre><mr> (1..6, or 1..12
+ * with GEMM_BY_MR12) or <pre><np> (1..4), per weight type <pre><type>_:
+ * e.g. GEMM_BY_TYPE(GEMM_BY_MR, gemm_avx2_) lists gemm_avx2_f32_1 ..
+ * _q8_0_6. */
 #define GEMM_BY_MR(pre) {pre##1, pre##2, pre##3, pre##4, pre##5, pre##6}
+#define GEMM_BY_MR12(pre)                                                        \
+    {pre##1, pre##2, pre##3, pre##4, pre##5,  pre##6,                            \
+     pre##7, pre##8, pre##9, pre##10, pre##11, pre##12}
 #define GEMM_BY_NP(pre) {pre##1, pre##2, pre##3, pre##4}
 #define GEMM_BY_TYPE(by, pre)                                                    \
     {[GEMM_W_F32] = by(pre##f32_), [GEMM_W_F16] = by(pre##f16_),                 \
      [GEMM_W_BF16] = by(pre##bf16_), [GEMM_W_Q8_0] = by(pre##q8_0_)}
 
 /* AVX-512F kernels (gemm_avx512.c), same contracts and bits as gemm.c's AVX2
- * ones: tiles by [type][mr - 1], single-row groups by [type][np - 1], chunk
- * tiles by [mr - 1] (plain, and spreading a prefetch over k). The blocked
- * path's chunk conversion stays AVX2 (every AVX-512 CPU has it). */
-extern gemm_tile_fn *const gemm_avx512_tiles[GEMM_W_COUNT][GEMM_MR];
+ * ones, in tiles of up to GEMM_MR512 rows: tiles by [type][mr - 1],
+ * single-row groups by [type][np - 1], chunk tiles by [mr - 1] (plain, and
+ * spreading a prefetch over k). The blocked path's chunk conversion stays
+ * AVX2 (every AVX-512 CPU has it). */
+extern gemm_tile_fn *const gemm_avx512_tiles[GEMM_W_COUNT][GEMM_MR512];
 extern gemm_row_fn *const gemm_avx512_rows[GEMM_W_COUNT][GEMM_ROW_PANELS];
-extern gemm_ctile_fn *const gemm_avx512_ctiles[GEMM_MR];
-extern gemm_ctile_fn *const gemm_avx512_ctilepfs[GEMM_MR];
+extern gemm_ctile_fn *const gemm_avx512_ctiles[GEMM_MR512];
+extern gemm_ctile_fn *const gemm_avx512_ctilepfs[GEMM_MR512];
 
 #endif
