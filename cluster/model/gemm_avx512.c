@@ -49,16 +49,20 @@ static inline __attribute__((always_inline)) __m512 gemm_avx512_load(const float
     return _mm512_loadu_ps(tmp);
 }
 
-/* Two 8-float halves as one zmm. The 16-bit and 8-bit conversions run as
- * AVX2 halves joined so (exact either way): AVX-512F has 512-bit forms of
- * them, but SIMDe 0.7, which the test runs this file on, has not. */
+/* The 16 f32 weights of one k row of an f32 or 16-bit panel at p, and a
+ * Q8_0 block's 16 scales d and its k row q of weights (float)q * d: one
+ * exact multiply, as in the portable path. Every conversion is exact, so
+ * any instruction sequence gives the same values. For the CPU they are
+ * AVX-512F's 512-bit conversions; SIMDe 0.7, which the emulated build runs
+ * on, has none of these, so that build converts two AVX2 halves and joins
+ * them. */
+#ifdef PD_AVX512_EMULATED
 static inline __attribute__((always_inline)) __m512 gemm_avx512_join(__m256 lo, __m256 hi)
 {
     return _mm512_castpd_ps(
         _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
 }
 
-/* The 16 f32 weights of one k row of an f32 or 16-bit panel at p. */
 static inline __attribute__((always_inline)) __m512 gemm_avx512_w(const uint8_t *p, const gemm_wtype type)
 {
     if (type == GEMM_W_F32)
@@ -70,17 +74,32 @@ static inline __attribute__((always_inline)) __m512 gemm_avx512_w(const uint8_t 
                             _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h1), 16)));
 }
 
-/* A Q8_0 block's 16 scales d, and its k row q of weights (float)q * d: one
- * exact multiply, as in the portable path. */
-static inline __attribute__((always_inline)) __m512 gemm_avx512_q8d(const uint8_t *blk)
-{
-    return gemm_avx512_w(blk, GEMM_W_F16);
-}
 static inline __attribute__((always_inline)) __m512 gemm_avx512_q8w(const uint8_t *q, __m512 d)
 {
     __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
     __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8))));
     return _mm512_mul_ps(gemm_avx512_join(q0, q1), d);
+}
+#else
+static inline __attribute__((always_inline)) __m512 gemm_avx512_w(const uint8_t *p, const gemm_wtype type)
+{
+    if (type == GEMM_W_F32)
+        return _mm512_loadu_ps((const float *)p);
+    __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    if (type == GEMM_W_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); /* BF16 */
+}
+
+static inline __attribute__((always_inline)) __m512 gemm_avx512_q8w(const uint8_t *q, __m512 d)
+{
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), d);
+}
+#endif
+
+static inline __attribute__((always_inline)) __m512 gemm_avx512_q8d(const uint8_t *blk)
+{
+    return gemm_avx512_w(blk, GEMM_W_F16);
 }
 
 /* Accumulators are named variables (c<row>) so gcc keeps them in registers;
