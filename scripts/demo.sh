@@ -25,7 +25,10 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl="${OMPI_MCA_btl:-self,vader}"
 export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
 rm -f "$out/out.jsonl"
-mpirun -np "$ranks" --oversubscribe "$bin" run --model "$model" --pages "$out/pages/pages.jsonl" \
+# --bind-to none: pipedec places the ranks itself (one per NUMA node where
+# there are several); on one node they take turns with all its cores rather
+# than each bound to one core by Open MPI's default, which keeps a pipeline
+mpirun -np "$ranks" --oversubscribe --bind-to none "$bin" run --model "$model" --pages "$out/pages/pages.jsonl" \
   --out "$out/out.jsonl" --batch "${PD_BATCH:-4}" --stats "$out/stats.json"
 python3 - "$out/out.jsonl" <<'PY'
 import json, sys

@@ -40,6 +40,17 @@ differ "$T/ref.jsonl" "$T/np1.f16.jsonl" "control: --wire-dtype f16 vs f32"
 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/blas5.jsonl" --batch 5 --digest --gemm openblas >/dev/null 2>&1
 differ "$T/blas1.jsonl" "$T/blas5.jsonl" "control: --gemm openblas batch 1 vs 5"
 
+# ranks on CPUs of different ISAs agree on the kernels every rank has (the
+# minimum): here rank 1 is capped at the portable kernels, so both run them,
+# with the same bytes out
+timeout 300 "${MPIRUN[@]}" -np 1 -x PD_ISA=avx512 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/isa.jsonl" \
+  --batch 3 --digest : -np 1 -x PD_ISA=scalar "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/isa.jsonl" \
+  --batch 3 --digest >"$T/isa.log" 2>&1 || fail "mixed-ISA run exited non-zero"
+grep -q "kernels scalar on every rank" "$T/isa.log" \
+  && pass "np 2, rank 1 capped at PD_ISA=scalar: the ranks agree on scalar kernels" \
+  || { fail "mixed-ISA run: no agreement on scalar kernels"; grep -o "kernels [a-z0-9]* on every rank" "$T/isa.log"; }
+same "$T/ref.jsonl" "$T/isa.jsonl" "np 2, mixed ISAs == one rank"
+
 declare -A MAPS=(
   [2]="0-2,3-5 0-4,5 0,1-5"
   [3]="0-1,2-3,4-5 0-3,4,5 0,1,2-5"
