@@ -13,8 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Rows per micro-tile (MR) of the portable and AVX2 kernels, of the AVX-512
- * ones, and the most of any; and the M block a task walks over all its
+/* Rows per micro-tile (MR) of the portable and AVX2 kernels and of the
+ * AVX-512 ones; and the M block a task walks over all its
  * panels before moving to the next rows (keeps that block of A hot in L2
  * while each panel is re-read from L2 for every tile). A tile needs about 8
  * independent FMA chains to cover two FMA pipes' latency: an AVX2 row has
@@ -22,7 +22,6 @@
  * are twice as tall. */
 #define GEMM_MR 6u
 #define GEMM_MR512 12u
-#define GEMM_MR_MAX 12u
 #define GEMM_MC 96u
 /* The blocked path (gemm_block) runs over chunks of GEMM_KC k values: one
  * panel's chunk in f32 is 16 KB, half of L1. A multiple of the Q8_0 block. */
