@@ -456,29 +456,38 @@ START_TEST(pipe_bells_wake_a_sleeping_receiver)
     if (st2 == PD_OK)
         st2 = pipe_wait(p, &s2, NULL, &e);
 
+    /* every rank closes both links (MPI_Win_free is collective) before any
+     * check can end the test: a rank that failed a check and left would
+     * otherwise hang the others in the next test's collectives */
+    bool bytes_ok = true;
+    size_t bad_at = 0;
+    for (size_t i = 0; i < BELL_LEN && bytes_ok; i++)
+        if (in[i] != pattern_byte(prev, i)) {
+            bytes_ok = false;
+            bad_at = i;
+        }
+    free(out);
+    free(in);
+    pipe_close(plain);
+    pipe_close(p);
     for (int k = 0; k < 4; k++)
         ck_assert_msg(st[k] == PD_OK, "step %d: %s", k, e.msg);
     ck_assert_msg(st2 == PD_OK, "%s", e.msg);
     ck_assert_uint_eq(len, BELL_LEN);
     ck_assert_int_eq(from, prev);
-    for (size_t i = 0; i < BELL_LEN; i++)
-        if (in[i] != pattern_byte(prev, i))
-            ck_abort_msg("byte %zu of the 4 MB message from rank %d is %u, not %u", i, prev, in[i],
-                         pattern_byte(prev, i));
+    ck_assert_msg(bytes_ok, "byte %zu of the 4 MB message from rank %d differs", bad_at, prev);
     ck_assert_uint_eq(glen, 1);
     ck_assert_uint_eq(got, (uint8_t)next);
     ck_assert_uint_eq(bc.rung, 1);
+    /* woken: the futex returned because of the ring. A ring that lands
+     * just as a nap runs out counts as late, not woken; a lost wake-up
+     * (no FUTEX_WAKE) leaves woken at 0, which this catches. late alone is
+     * not asserted: under load a nap can end as the ring lands. */
     if (rank != 0)
-        ck_assert_msg(bc.woken >= 1, "rank %d was not woken by its ring (%llu naps ran out)", rank,
-                      (unsigned long long)bc.timed_out);
-    ck_assert_msg(bc.late == 0, "rank %d saw %llu rings only when a nap ran out", rank,
-                  (unsigned long long)bc.late);
+        ck_assert_msg(bc.woken >= 1, "rank %d was not woken by its ring (%llu naps ran out, %llu late)", rank,
+                      (unsigned long long)bc.timed_out, (unsigned long long)bc.late);
     ck_assert_msg(none.rung == 0 && none.woken == 0 && none.late == 0 && none.timed_out == 0,
                   "a link without bells counted");
-    free(out);
-    free(in);
-    pipe_close(plain);
-    pipe_close(p);
 }
 END_TEST
 
