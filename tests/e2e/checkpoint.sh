@@ -76,14 +76,15 @@ done
 
 # a signal to one rank that is not the head: it travels on the next message
 # to the head, and the whole job acts on it (rank 1 middle: SIGUSR1, then the
-# tail rank 2: SIGUSR2)
+# tail rank 2: SIGUSR2); batch 1, so the job is still running when they land
+# (at batch 3 a fast CPU finished it first)
 rank_pid() { # rank_pid OUT R
   for pid in $(pgrep -f "^$PIPEDEC_BIN.*--out $1 " || true); do
     if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then echo "$pid"; return; fi
   done
 }
 out="$T/onerank.jsonl"; d="$T/onerank.d"
-( rc=0; timeout 300 "${MPIRUN[@]}" -np 3 "$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 3 --digest \
+( rc=0; timeout 300 "${MPIRUN[@]}" -np 3 "$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 1 --digest \
     --checkpoint-dir "$d" >"$out.log" 2>&1 </dev/null || rc=$?; echo "$rc" > "$out.rc" ) &
 job=$!
 for _ in $(seq 1 3000); do [ -s "$out" ] && break; sleep 0.01; done
