@@ -10,6 +10,7 @@
 #include <getopt.h>
 #include <mpi.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static void run_usage(FILE *f)
@@ -176,9 +177,28 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
     return st;
 }
 
+/* Started without a launcher (no mpirun, srun or PMI environment), pipedec
+ * is an Open MPI singleton: one rank that talks to nobody. Open MPI would
+ * still fork an orted for it and probe every transport component; loading
+ * the Omni-Path one (libpsm2) alone sleeps ~0.2 s in its constructor, so a
+ * one-rank run spent ~0.4 s in MPI_Init. A singleton needs neither, so
+ * unless the user's environment says otherwise it runs isolated (no orted)
+ * on the ob1 layer over self: MPI_Init then takes ~0.05 s. Launched ranks
+ * are left alone: their transports are the site's choice. */
+static void singleton_defaults(void)
+{
+    static const char *const launched[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"};
+    for (size_t i = 0; i < sizeof launched / sizeof *launched; i++)
+        if (getenv(launched[i]))
+            return;
+    setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
+    setenv("OMPI_MCA_pml", "ob1", 0);
+}
+
 int cmd_run(int argc, char **argv)
 {
     int provided = 0;
+    singleton_defaults();
     if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
         fprintf(stderr, "pipedec run: MPI_Init_thread failed\n");
         return 1;
