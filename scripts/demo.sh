@@ -22,6 +22,9 @@ rm -rf "$out/pages"
 "$bin" render --text "$text" --model "$model" --out "$out/pages"
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# one node: shared memory, and the ob1 layer that drives it (the default
+# first tries Omni-Path, whose library sleeps ~0.2 s in every rank's start)
+export OMPI_MCA_pml="${OMPI_MCA_pml:-ob1}"
 export OMPI_MCA_btl="${OMPI_MCA_btl:-self,vader}"
 export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
 rm -f "$out/out.jsonl"

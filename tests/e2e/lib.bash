@@ -8,6 +8,7 @@ PIPEDEC="$PD_SRC/tests/e2e/helpers/pipedec"
 PIPEDEC_BIN="$PD_BUILD/pipedec"   # what pgrep sees once the helper has exec-ed
 export PD_BUILD
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_pml="${OMPI_MCA_pml:-ob1}" # see PD_MPI_ENV in tests/CMakeLists.txt
 export OMPI_MCA_btl="${OMPI_MCA_btl:-self,vader}"
 export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
 export OMPI_MCA_rmaps_base_oversubscribe=1
