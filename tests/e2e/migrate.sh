@@ -196,19 +196,28 @@ read -r cb ca tb ta <<<"$tput"
 # moved this from 511 -> 310 to 434 -> 373 us); bench/migrate.sh measures the
 # gain of rebalancing against the best static map
 echo "# rebalance: the slowest stage's CPU time per step $cb -> $ca us (window tokens/s $tb -> $ta; 0: no window after the move)"
-# a map balanced as measured here (where the first run ended; the cost
-# model's map is not balanced under every build: the sanitizers slow
-# sampling more than the layers) is left alone; windows of 128 steps, as
-# the per-stage CPU time of 64 steps (a few ms) moved by more than the 15 %
-# threshold in two windows in a row when other suites loaded both cores
+# on the map the first run settled on, the job stays settled: windows of 128
+# steps, a move needs two windows in a row and both together to pass the
+# 15 % threshold. That map came from measurements on the lopsided map, so
+# this run may still confirm one move by one layer (under the sanitizers
+# beside other suites the head's share of a step differs: a CI run moved
+# 0-5,6-11 to 0-4,5-11 once); more moves, or a move back, is a rebalancer
+# that chases noise
 timeout 120 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m12" --pages "$P12" --out "$T/rb2.out" --batch 4 --digest \
   --layers "${final:-0-5,6-11}" --rebalance auto --rebalance-window 128 --micro-batches pipeline >"$T/rb2.log" 2>&1 \
   </dev/null \
   || fail "rebalance run on a balanced map failed"
-if grep -q "migration (rebalance)" "$T/rb2.log"; then
-  fail "rebalance: the balanced map was moved"; grep "migration (rebalance)" "$T/rb2.log" | head -3
+moves2=$(grep -o "migration (rebalance) at step [0-9]*: [0-9,-]* -> [0-9,-]*" "$T/rb2.log" | sed 's/.*: //' || true)
+n_moves2=$(grep -c . <<<"$moves2" || true)
+n_dec2=$(grep -c 'rebalance at step' "$T/rb2.log" || true)
+if [ "$n_moves2" -eq 0 ]; then
+  pass "rebalance: no move on the settled map ${final:-0-5,6-11} ($n_dec2 decisions: staying)"
+elif [ "$n_moves2" -eq 1 ] && moved_by=$(python3 -c 'import sys
+a, b = (int(m.split(",")[1].split("-")[0]) for m in sys.argv[1].split(" -> "))
+print(abs(a - b)); sys.exit(abs(a - b) != 1)' "$moves2"); then
+  pass "rebalance: the settled map moved once, by $moved_by layer ($moves2), then stayed ($n_dec2 decisions)"
 else
-  pass "rebalance: no move on the balanced map ${final:-0-5,6-11} ($(grep -c 'rebalance at step' "$T/rb2.log") decisions: staying)"
+  fail "rebalance: the settled map moved $n_moves2 times"; grep "migration (rebalance)" "$T/rb2.log" | head -3
 fi
 same "$T/rb.ref" "$T/rb2.out" "rebalance on a balanced map: output == one rank"
 # taking turns (the default here), the lopsided map stays, and says why
