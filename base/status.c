@@ -56,9 +56,10 @@ void pd_err_prefix(pd_err *err, const char *fmt, ...)
     vsnprintf(head, sizeof head, fmt, ap);
     va_end(ap);
     char tmp[sizeof err->msg];
+    _Static_assert(sizeof head + 2 < sizeof tmp, "the head and \": \" fit whole");
     size_t hl = strnlen(head, sizeof head);
-    if (hl + 2 >= sizeof tmp)
-        hl = sizeof tmp - 3;
+    if (hl > sizeof head - 1) /* never: vsnprintf terminated it (said for the optimiser) */
+        hl = sizeof head - 1;
     memcpy(tmp, head, hl);
     memcpy(tmp + hl, ": ", 2);
     size_t rest = sizeof tmp - hl - 3;
