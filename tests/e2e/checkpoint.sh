@@ -44,12 +44,14 @@ finish_run() {
 }
 
 # stop on N1 ranks, resume on N2 with MAP (0 = no mpirun), per policy; on
-# one node the stages take turns unless --micro-batches pipeline
+# one node the stages take turns unless --micro-batches pipeline (never on
+# 4 ranks here: 4 pipelined ranks on 2 cores under the sanitizers took 35 s
+# for one resume)
 cases=(
   "1|3|0,1-2,3|"
   "2|1||--kv q8"
-  "3|4|0,1,2,3|--attn rswa:8 --micro-batches pipeline"
-  "4|2|0-2,3|--evict importance:16:2"
+  "3|4|0,1,2,3|--attn rswa:8"
+  "4|2|0-2,3|--evict importance:16:2 --micro-batches pipeline"
   "0|2|0,1-3|--sample temp:0.8,top_p:0.9,top_k:40 --seed 3"
   "1|2|0-1,2-3|--draft ngram:1:6 --micro-batches pipeline"
   "3|2||--draft ngram:1:6 --draft-async"
