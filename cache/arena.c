@@ -60,7 +60,24 @@ typedef struct arena_region {
     size_t asked;               /* bytes of the live large block (0: chunk or retained) */
     bool chunk;
     bool retained;
+    struct arena_slab *slab;    /* the slab this region is, or NULL */
 } arena_region;
+
+/* A slab of medium blocks (arena.h): its region is ARENA_SLAB_BYTES long and
+ * starts on a huge-page boundary. Blocks are bumped from the start; a freed
+ * block goes on the slab's list ({next, len} in its first bytes) and is
+ * reused whole by a request of the same rounded length. A slab whose last
+ * block is freed starts over empty (bump 0, no list).
+ * INV: live + free_bytes + (ARENA_SLAB_BYTES - bump) == ARENA_SLAB_BYTES;
+ *      live == 0 implies bump == 0 and an empty list. */
+typedef struct arena_slab {
+    struct arena_slab *next;
+    char *p;
+    size_t bump;       /* bytes handed out from the start so far */
+    size_t live;       /* rounded bytes of live blocks */
+    size_t free_bytes; /* rounded bytes on the list */
+    void *free;
+} arena_slab;
 
 /* INV: every region in `buckets` is held from the system; their lens sum to
  *      st.bytes_placed and their count is st.regions;
@@ -93,6 +110,8 @@ struct arena {
     size_t small_used;        /* class bytes of live small blocks */
     size_t large_held;        /* rounded bytes of live large blocks */
     arena_region *retained;   /* freed large regions kept for reuse, newest first */
+    arena_slab *slabs;        /* every slab, in use or empty */
+    size_t slabs_empty;       /* slabs with no live block (their bytes count as retained) */
     size_t retain_cap;
     arena_stats st;
 };
@@ -126,11 +145,11 @@ static size_t arena_hash(const arena *a, const void *p)
  * Debian default) weights and caches otherwise sit on 4 KiB pages, and TLB
  * misses under a hypervisor's nested paging made one-rank decode 1.3-1.8x
  * slower and erratic. */
-static void arena_populate(const arena *a, void *p, size_t len)
+static void arena_populate(const arena *a, void *p, size_t len, bool huge)
 {
     uintptr_t lo = (uintptr_t)p & ~(uintptr_t)(a->page - 1);
     uintptr_t hi = ((uintptr_t)p + len + a->page - 1) & ~(uintptr_t)(a->page - 1);
-    if (a->bound)
+    if (a->bound || huge)
         (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
     if (madvise((void *)lo, hi - lo, ARENA_MADV_POPULATE_WRITE) == 0)
         return;
@@ -150,16 +169,43 @@ static void *arena_sys_alloc(arena *a, size_t len)
         p = aligned_alloc(ARENA_ALIGN, len); /* len is a multiple of 64 */
     if (!p)
         return NULL;
-    arena_populate(a, p, len);
+    arena_populate(a, p, len, false);
     return p;
 }
 
-static void arena_sys_free(arena *a, void *p, size_t len)
+/* A slab's region: ARENA_SLAB_BYTES mapped on a huge-page boundary (more is
+ * mapped, the ends unmapped), bound like every region when the arena is,
+ * then populated on huge pages. NULL on failure. */
+static void *arena_sys_alloc_slab(arena *a)
 {
+    size_t len = ARENA_SLAB_BYTES, al = ARENA_HUGE_PAGE;
+    char *raw = mmap(NULL, len + al, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED)
+        return NULL;
+    char *p = (char *)(((uintptr_t)raw + al - 1) & ~(uintptr_t)(al - 1));
+    if (p > raw)
+        munmap(raw, (size_t)(p - raw));
+    if (raw + len + al > p + len)
+        munmap(p + len, (size_t)(raw + len + al - (p + len)));
+    if (a->bound && hwloc_set_area_membind(a->t, p, len, a->nodeset, HWLOC_MEMBIND_BIND,
+                                           HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_STRICT) != 0) {
+        munmap(p, len);
+        return NULL;
+    }
+    arena_populate(a, p, len, true);
+    return p;
+}
+
+static void arena_sys_free(arena *a, const arena_region *r)
+{
+    void *p = r->p;
+    size_t len = r->len;
     /* Manual poison must not outlive the mapping: a later mmap could reuse
      * the addresses. */
     ARENA_UNPOISON(p, len);
-    if (a->bound)
+    if (r->slab)
+        munmap(p, len);
+    else if (a->bound)
         hwloc_free(a->t, p, len);
     else
         free(p);
@@ -191,20 +237,20 @@ static bool arena_grow_table(arena *a)
 }
 
 /* Obtains a region of len bytes and records it; NULL on failure. */
-static void *arena_region_add(arena *a, size_t len, bool chunk)
+static void *arena_region_add(arena *a, size_t len, bool chunk, arena_slab *slab)
 {
     if (a->st.regions >= a->nbuckets && !arena_grow_table(a))
         return NULL;
     arena_region *r = malloc(sizeof *r);
     if (!r)
         return NULL;
-    void *p = arena_sys_alloc(a, len);
+    void *p = slab ? arena_sys_alloc_slab(a) : arena_sys_alloc(a, len);
     if (!p) {
         free(r);
         return NULL;
     }
     size_t h = arena_hash(a, p);
-    *r = (arena_region){.next = a->buckets[h], .p = p, .len = len, .chunk = chunk};
+    *r = (arena_region){.next = a->buckets[h], .p = p, .len = len, .chunk = chunk, .slab = slab};
     a->buckets[h] = r;
     a->st.regions++;
     a->st.bytes_placed += len;
@@ -270,7 +316,7 @@ static void *arena_small_alloc(arena *a, size_t bytes)
     void *p = arena_pop(a, c);
     if (!p) {
         if (a->bump_left < size) {
-            char *chunk = arena_region_add(a, ARENA_CHUNK_BYTES, true);
+            char *chunk = arena_region_add(a, ARENA_CHUNK_BYTES, true, NULL);
             if (!chunk)
                 return NULL;
             ARENA_POISON(chunk, ARENA_CHUNK_BYTES);
@@ -325,8 +371,25 @@ static void arena_unretain(arena *a, arena_region *r)
     a->st.bytes_retained -= r->len;
 }
 
-/* Returns the oldest retained regions to the system until `need` more bytes
- * fit under the cap. */
+/* Returns an empty slab to the system. */
+static void arena_slab_release(arena *a, arena_slab *sl)
+{
+    CHECK(sl->live == 0 && a->slabs_empty > 0);
+    arena_slab **link = &a->slabs;
+    while (*link != sl)
+        link = &(*link)->next;
+    *link = sl->next;
+    a->slabs_empty--;
+    a->st.bytes_retained -= ARENA_SLAB_BYTES;
+    arena_region *r = arena_region_take(a, sl->p);
+    CHECK(r && r->slab == sl);
+    arena_sys_free(a, r);
+    free(r);
+    free(sl);
+}
+
+/* Returns the oldest retained regions, then empty slabs, to the system until
+ * `need` more bytes fit under the cap. */
 static void arena_trim_retained(arena *a, size_t need)
 {
     while (a->retained && a->st.bytes_retained + need > a->retain_cap) {
@@ -336,8 +399,14 @@ static void arena_trim_retained(arena *a, size_t need)
         arena_unretain(a, oldest);
         arena_region *r = arena_region_take(a, oldest->p);
         CHECK(r == oldest);
-        arena_sys_free(a, r->p, r->len);
+        arena_sys_free(a, r);
         free(r);
+    }
+    while (a->slabs_empty > 0 && a->st.bytes_retained + need > a->retain_cap) {
+        arena_slab *sl = a->slabs;
+        while (sl->live != 0)
+            sl = sl->next;
+        arena_slab_release(a, sl);
     }
 }
 
@@ -353,7 +422,7 @@ static void *arena_large_alloc(arena *a, size_t bytes, size_t len)
     if (best) {
         arena_unretain(a, best);
     } else {
-        void *p = arena_region_add(a, len, false);
+        void *p = arena_region_add(a, len, false, NULL);
         if (!p)
             return NULL;
         best = arena_region_find(a, p);
@@ -383,8 +452,132 @@ static void arena_large_free(arena *a, void *p, size_t bytes)
         return;
     }
     r = arena_region_take(a, p);
-    arena_sys_free(a, r->p, r->len);
+    arena_sys_free(a, r);
     free(r);
+}
+
+/* ---- medium blocks ----------------------------------------------------- */
+
+/* The {next, len} header of a free medium block. */
+typedef struct arena_free_block {
+    void *next;
+    size_t len;
+} arena_free_block;
+
+static arena_free_block arena_fb_read(void *p)
+{
+    arena_free_block b;
+    ARENA_UNPOISON(p, sizeof b);
+    memcpy(&b, p, sizeof b);
+    ARENA_POISON(p, sizeof b);
+    return b;
+}
+
+static void arena_fb_write(void *p, arena_free_block b)
+{
+    ARENA_UNPOISON(p, sizeof b);
+    memcpy(p, &b, sizeof b);
+    ARENA_POISON(p, sizeof b);
+}
+
+/* A block of len rounded bytes taken in slab sl (live before). */
+static void arena_slab_take(arena *a, arena_slab *sl, size_t len)
+{
+    if (sl->live == 0) {
+        a->slabs_empty--;
+        a->st.bytes_retained -= ARENA_SLAB_BYTES;
+    }
+    sl->live += len;
+}
+
+/* Takes a freed block of exactly len bytes off sl's list, or NULL. */
+static char *arena_slab_pop(arena_slab *sl, size_t len)
+{
+    void *prev = NULL;
+    for (void *cur = sl->free; cur;) {
+        arena_free_block b = arena_fb_read(cur);
+        if (b.len != len) {
+            prev = cur;
+            cur = b.next;
+            continue;
+        }
+        if (prev) {
+            arena_free_block pb = arena_fb_read(prev);
+            pb.next = b.next;
+            arena_fb_write(prev, pb);
+        } else {
+            sl->free = b.next;
+        }
+        sl->free_bytes -= len;
+        return cur;
+    }
+    return NULL;
+}
+
+/* A medium block of `bytes` (len rounded): a freed block of the same length
+ * in any slab, else the untouched rest of one, else a new slab (an empty
+ * slab first). */
+static void *arena_medium_alloc(arena *a, size_t bytes, size_t len)
+{
+    char *p = NULL;
+    arena_slab *sl;
+    for (sl = a->slabs; sl && !(p = arena_slab_pop(sl, len)); sl = sl->next)
+        ;
+    if (!p) {
+        arena_slab *room = NULL;
+        for (sl = a->slabs; sl; sl = sl->next)
+            if (ARENA_SLAB_BYTES - sl->bump >= len && (!room || (room->live == 0 && sl->live > 0)))
+                room = sl; /* prefer a slab in use: empty ones may go back to the system */
+        if (!room) {
+            room = calloc(1, sizeof *room);
+            if (!room)
+                return NULL;
+            if (!(room->p = arena_region_add(a, ARENA_SLAB_BYTES, false, room))) {
+                free(room);
+                return NULL;
+            }
+            ARENA_POISON(room->p, ARENA_SLAB_BYTES);
+            room->next = a->slabs;
+            a->slabs = room;
+            a->slabs_empty++;
+            a->st.bytes_retained += ARENA_SLAB_BYTES;
+        }
+        sl = room;
+        p = sl->p + sl->bump;
+        sl->bump += len;
+    }
+    arena_slab_take(a, sl, len);
+    ARENA_UNPOISON(p, bytes);
+    return p;
+}
+
+static void arena_medium_free(arena *a, void *p, size_t bytes, size_t len)
+{
+    arena_slab *sl = a->slabs;
+    while (sl && !((char *)p >= sl->p && (char *)p < sl->p + ARENA_SLAB_BYTES))
+        sl = sl->next;
+    CHECKF(sl, "arena: free of %zu bytes at %p: no slab holds it", bytes, p);
+    CHECKF(((uintptr_t)p & (ARENA_ALIGN - 1)) == 0 && (size_t)((char *)p - sl->p) + len <= sl->bump,
+           "arena: free of %zu bytes at %p: not a block of its slab", bytes, p);
+    for (void *cur = sl->free; cur; cur = arena_fb_read(cur).next)
+        CHECKF(cur != p, "arena: double free of medium block %p", p);
+    CHECKF(sl->live >= len, "arena: free of %zu bytes at %p: its slab holds %zu live", bytes, p, sl->live);
+    sl->live -= len;
+    ARENA_POISON(p, len);
+    if (sl->live > 0) {
+        arena_fb_write(p, (arena_free_block){.next = sl->free, .len = len});
+        sl->free = p;
+        sl->free_bytes += len;
+        return;
+    }
+    /* the last block: the slab starts over empty, kept within the budget */
+    sl->free = NULL;
+    sl->free_bytes = 0;
+    sl->bump = 0;
+    a->slabs_empty++;
+    a->st.bytes_retained += ARENA_SLAB_BYTES;
+    if (a->st.bytes_retained > a->retain_cap)
+        arena_slab_release(a, sl);
 }
 
 /* ---- the pd_alloc interface -------------------------------------------- */
@@ -400,7 +593,9 @@ static void *arena_iface_alloc(void *ctx, size_t bytes)
         p = arena_small_alloc(a, bytes);
     } else {
         size_t len = (bytes + (ARENA_LARGE_ROUND - 1)) & ~(size_t)(ARENA_LARGE_ROUND - 1);
-        if (len >= bytes)
+        if (len >= bytes && bytes > ARENA_MEDIUM_MIN && bytes <= ARENA_MEDIUM_MAX)
+            p = arena_medium_alloc(a, bytes, len);
+        else if (len >= bytes)
             p = arena_large_alloc(a, bytes, len);
     }
     if (p) {
@@ -423,11 +618,12 @@ static void arena_iface_free(void *ctx, void *p, size_t bytes)
     pthread_mutex_lock(&a->mu);
     CHECKF(bytes > 0 && a->st.blocks > 0 && a->st.bytes_live >= bytes,
            "arena: free of %zu bytes at %p that were never allocated", bytes, p);
-    if (bytes <= ARENA_SMALL_MAX) {
+    if (bytes <= ARENA_SMALL_MAX)
         arena_small_free(a, p, bytes);
-    } else {
+    else if (bytes > ARENA_MEDIUM_MIN && bytes <= ARENA_MEDIUM_MAX)
+        arena_medium_free(a, p, bytes, (bytes + (ARENA_LARGE_ROUND - 1)) & ~(size_t)(ARENA_LARGE_ROUND - 1));
+    else
         arena_large_free(a, p, bytes);
-    }
     a->st.blocks--;
     a->st.bytes_live -= bytes;
     pthread_mutex_unlock(&a->mu);
@@ -519,10 +715,15 @@ void arena_free(arena *a)
         arena_region *r = a->buckets[i];
         while (r) {
             arena_region *next = r->next;
-            arena_sys_free(a, r->p, r->len);
+            arena_sys_free(a, r);
             free(r);
             r = next;
         }
+    }
+    while (a->slabs) {
+        arena_slab *next = a->slabs->next;
+        free(a->slabs);
+        a->slabs = next;
     }
     free(a->buckets);
     hwloc_bitmap_free(a->nodeset);
@@ -671,7 +872,7 @@ void arena_check(arena *a)
     pthread_mutex_lock(&a->mu);
     CHECK(a->bound == (a->nodeset != NULL));
     CHECK(a->nbuckets >= 64 && (a->nbuckets & (a->nbuckets - 1)) == 0);
-    size_t regions = 0, bytes = 0, chunks = 0, large = 0, retained = 0, n_retained = 0;
+    size_t regions = 0, bytes = 0, chunks = 0, large = 0, retained = 0, n_retained = 0, n_slabs = 0;
     for (size_t i = 0; i < a->nbuckets; i++) {
         for (arena_region *r = a->buckets[i]; r; r = r->next) {
             CHECK(arena_hash(a, r->p) == i);
@@ -679,8 +880,12 @@ void arena_check(arena *a)
             regions++;
             bytes += r->len;
             if (r->chunk) {
-                CHECK(r->len == ARENA_CHUNK_BYTES && !r->retained && r->asked == 0);
+                CHECK(r->len == ARENA_CHUNK_BYTES && !r->retained && r->asked == 0 && !r->slab);
                 chunks++;
+            } else if (r->slab) {
+                CHECK(r->len == ARENA_SLAB_BYTES && !r->retained && r->asked == 0 && r->slab->p == r->p);
+                CHECK(((uintptr_t)r->p & (ARENA_HUGE_PAGE - 1)) == 0);
+                n_slabs++;
             } else {
                 CHECK(r->len > ARENA_SMALL_MAX && r->len % ARENA_LARGE_ROUND == 0);
                 if (r->retained) {
@@ -694,8 +899,31 @@ void arena_check(arena *a)
             }
         }
     }
+    size_t empty = 0;
+    for (arena_slab *sl = a->slabs; sl; sl = sl->next) {
+        arena_region *r = arena_region_find(a, sl->p);
+        CHECK(r && r->slab == sl);
+        CHECK(n_slabs-- > 0);
+        size_t fb = 0;
+        for (void *p = sl->free; p;) {
+            arena_free_block b = arena_fb_read(p);
+            CHECK((char *)p >= sl->p && (size_t)((char *)p - sl->p) + b.len <= sl->bump);
+            CHECK(b.len > ARENA_MEDIUM_MIN && b.len % ARENA_LARGE_ROUND == 0);
+            fb += b.len;
+            p = b.next;
+        }
+        CHECKF(fb == sl->free_bytes && sl->live + fb == sl->bump && sl->bump <= ARENA_SLAB_BYTES,
+               "slab %p: live %zu, free %zu (listed %zu), bumped %zu", (void *)sl->p, sl->live, sl->free_bytes, fb,
+               sl->bump);
+        if (sl->live == 0) {
+            CHECK(sl->bump == 0 && !sl->free);
+            empty++;
+        }
+    }
+    CHECK(n_slabs == 0 && empty == a->slabs_empty);
     CHECK(regions == a->st.regions && bytes == a->st.bytes_placed);
     CHECK(chunks == a->chunks && large == a->large_held);
+    retained += empty * ARENA_SLAB_BYTES;
     CHECK(retained == a->st.bytes_retained && retained <= a->retain_cap);
     for (arena_region *r = a->retained; r; r = r->older) {
         CHECK(r->retained && arena_region_find(a, r->p) == r);

@@ -1,8 +1,11 @@
 /* arena: a pd_alloc whose memory lives on one NUMA node, placement verified.
  *
  * Owns every byte it hands out: large blocks are their own hwloc regions
- * (hwloc_alloc_membind, BIND + STRICT to the node's nodeset), small ones are
- * carved from 1 MiB chunks bound the same way. Where memory binding is
+ * (hwloc_alloc_membind, BIND + STRICT to the node's nodeset), medium ones
+ * (the KV blocks of one head: a few hundred KiB) share 32 MiB slabs that
+ * start on a 2 MiB boundary (so they sit on transparent huge pages: on 4 KiB
+ * pages, TLB misses under a hypervisor's nested paging cost 64-stream decode
+ * 13-26 %), small ones are carved from 1 MiB chunks, all bound the same way. Where memory binding is
  * impossible (a synthetic or XML topology, no hwloc support, mbind refused)
  * or ARENA_UNBOUND asks for it, it falls back to plain 64-byte-aligned memory
  * and says so in arena_placement(): "unbound (<reason>)".
@@ -24,7 +27,15 @@
  *     the current chunk's remainder is too small (that remainder is split
  *     into free blocks, nothing is lost); freed small blocks return to their
  *     class and chunks are held until arena_free;
- *   - a larger request is a region of bytes rounded up to ARENA_LARGE_ROUND.
+ *   - a request of ARENA_MEDIUM_MIN + 1 .. ARENA_MEDIUM_MAX bytes is a
+ *     medium block of bytes rounded up to ARENA_LARGE_ROUND, taken from a
+ *     slab (ARENA_SLAB_BYTES, huge-page aligned, bound and touched like any
+ *     region): a freed block of the same rounded length in any slab, else
+ *     the untouched rest of a slab, else a new slab. A slab whose last block
+ *     is freed starts over empty; it is kept within the retain budget (its
+ *     bytes count as retained) and otherwise goes back to the system;
+ *   - a larger request, or one of ARENA_SMALL_MAX + 1 .. ARENA_MEDIUM_MIN
+ *     bytes, is a region of bytes rounded up to ARENA_LARGE_ROUND.
  *     When it is freed it goes back to the system, unless arena_set_retain
  *     gave a budget: then it is kept (newest first, the oldest returned to
  *     the system when the budget would be exceeded) and a later request of
@@ -32,8 +43,8 @@
  *     kept region that fits. Its pages stay placed and touched, so
  *     admitting a page-stream after one retired costs no page faults and no
  *     munmap (whose TLB shootdown is slow on VMs).
- *   bytes_placed = chunks * ARENA_CHUNK_BYTES + sum of rounded large regions,
- *   live or retained.
+ *   bytes_placed = chunks * ARENA_CHUNK_BYTES + slabs * ARENA_SLAB_BYTES +
+ *   sum of rounded large regions, live or retained.
  *
  * Thread-safe: one mutex around every operation. Allocation is for set-up
  * and stream admission, never the per-token path. Under AddressSanitizer the
@@ -53,6 +64,10 @@
 #define ARENA_SMALL_MAX 16384
 #define ARENA_CHUNK_BYTES ((size_t)1 << 20)
 #define ARENA_LARGE_ROUND 4096
+#define ARENA_MEDIUM_MIN ((size_t)64 << 10) /* medium blocks: (MIN, MAX] bytes */
+#define ARENA_MEDIUM_MAX ((size_t)2 << 20)
+#define ARENA_SLAB_BYTES ((size_t)32 << 20)
+#define ARENA_HUGE_PAGE ((size_t)2 << 20)
 
 /* Flags for arena_new. */
 enum {

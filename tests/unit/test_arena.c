@@ -110,7 +110,7 @@ START_TEST(arena_unbound_flag_on_this_machine_is_reported_and_not_verified)
     pd_err err = {0};
     ck_assert_int_eq(arena_verify(a, &v, &err), PD_OK);
     ck_assert(!v.verified); /* where it lands is luck, not placement */
-    ck_assert_uint_eq(v.bytes_checked, 102400);
+    ck_assert_uint_eq(v.bytes_checked, ARENA_SLAB_BYTES); /* a medium block: its slab is placed */
     ck_assert_uint_eq(v.bytes_on_node + v.bytes_wrong + v.bytes_unknown, v.bytes_checked);
     ck_assert_ptr_nonnull(strstr(v.reason, "unbound (requested)"));
     pd_free_bytes(al, p, 100000);
@@ -465,6 +465,118 @@ static void retains_within_budget(numa_topo *t, unsigned flags)
     arena_free(a);
 }
 
+/* Medium blocks (ARENA_MEDIUM_MIN, ARENA_MEDIUM_MAX] share slabs that start
+ * on a huge-page boundary (so a KV block of a few hundred KiB sits on huge
+ * pages); a freed block is reused by the next request of its rounded size;
+ * an emptied slab starts over, and goes back to the system unless the retain
+ * budget keeps it. */
+static void medium_blocks_share_slabs(numa_topo *t, unsigned flags)
+{
+    arena *a = make(t, 0, flags);
+    const pd_alloc *al = arena_alloc_iface(a);
+    enum { N = 40 };
+    size_t sz[N];
+    unsigned char *p[N];
+    size_t rounded = 0;
+    for (int i = 0; i < N; i++) {
+        sz[i] = ARENA_MEDIUM_MIN + 1 + (size_t)i * 40000; /* up to ~1.6 MiB */
+        p[i] = pd_alloc_bytes(al, sz[i]);
+        ck_assert_ptr_nonnull(p[i]);
+        memset(p[i], i + 1, sz[i]);
+        rounded += (sz[i] + ARENA_LARGE_ROUND - 1) / ARENA_LARGE_ROUND * ARENA_LARGE_ROUND;
+    }
+    arena_check(a);
+    arena_stats s = stats(a);
+    size_t slabs = (rounded + ARENA_SLAB_BYTES - 1) / ARENA_SLAB_BYTES;
+    ck_assert_uint_ge(s.regions, slabs); /* a block never straddles two slabs */
+    ck_assert_uint_le(s.regions, slabs + 1);
+    ck_assert_uint_eq(s.bytes_placed, s.regions * ARENA_SLAB_BYTES);
+    ck_assert_uint_eq(s.bytes_retained, 0);
+    /* the first block of the first slab starts on a huge page */
+    ck_assert_uint_eq((uintptr_t)p[0] % ARENA_HUGE_PAGE, 0);
+    for (int i = 0; i < N; i++)
+        for (int j = i + 1; j < N; j++)
+            ck_assert(p[i] + sz[i] <= p[j] || p[j] + sz[j] <= p[i]);
+    /* a freed block is reused whole by its size; the others are unharmed */
+    unsigned char *old = p[7];
+    pd_free_bytes(al, p[7], sz[7]);
+    arena_check(a);
+    p[7] = pd_alloc_bytes(al, sz[7]);
+    ck_assert_ptr_eq(p[7], old);
+    memset(p[7], 8, sz[7]);
+    ck_assert_uint_eq(stats(a).bytes_placed, s.bytes_placed);
+    for (int i = 0; i < N; i++)
+        ck_assert_uint_eq(p[i][sz[i] - 1], (unsigned char)(i + 1));
+    /* freeing everything returns the slabs (no retain budget) */
+    for (int i = 0; i < N; i++)
+        pd_free_bytes(al, p[i], sz[i]);
+    arena_check(a);
+    s = stats(a);
+    ck_assert_uint_eq(s.bytes_placed, 0);
+    ck_assert_uint_eq(s.regions, 0);
+    ck_assert_uint_eq(s.blocks, 0);
+    /* with a budget an emptied slab is kept, counted as retained, and reused */
+    arena_set_retain(a, ARENA_SLAB_BYTES);
+    unsigned char *q = pd_alloc_bytes(al, 300000);
+    ck_assert_ptr_nonnull(q);
+    pd_free_bytes(al, q, 300000);
+    arena_check(a);
+    s = stats(a);
+    ck_assert_uint_eq(s.bytes_placed, ARENA_SLAB_BYTES);
+    ck_assert_uint_eq(s.bytes_retained, ARENA_SLAB_BYTES);
+    unsigned char *r = pd_alloc_bytes(al, 500000);
+    ck_assert_ptr_eq(r, q); /* the empty slab started over */
+    ck_assert_uint_eq(stats(a).bytes_retained, 0);
+    ck_assert_uint_eq(stats(a).bytes_placed, ARENA_SLAB_BYTES);
+    pd_free_bytes(al, r, 500000);
+    /* lowering the budget returns it */
+    arena_set_retain(a, 0);
+    arena_check(a);
+    ck_assert_uint_eq(stats(a).bytes_placed, 0);
+    /* the bounds: ARENA_MEDIUM_MIN is a region of its own, ARENA_MEDIUM_MAX a slab's */
+    void *lo = pd_alloc_bytes(al, ARENA_MEDIUM_MIN), *hi = pd_alloc_bytes(al, ARENA_MEDIUM_MAX);
+    ck_assert_uint_eq(stats(a).bytes_placed, ARENA_MEDIUM_MIN + ARENA_SLAB_BYTES);
+    pd_free_bytes(al, lo, ARENA_MEDIUM_MIN);
+    pd_free_bytes(al, hi, ARENA_MEDIUM_MAX);
+    arena_check(a);
+    ck_assert_uint_eq(stats(a).bytes_placed, 0);
+    if (arena_is_bound(a)) {
+        void *b = pd_alloc_bytes(al, 200000);
+        arena_verdict v;
+        pd_err err = {0};
+        ck_assert_msg(arena_verify(a, &v, &err) == PD_OK, "%s", err.msg);
+        ck_assert_msg(v.verified, "%s", v.reason);
+        ck_assert_uint_eq(v.bytes_on_node, ARENA_SLAB_BYTES);
+        pd_free_bytes(al, b, 200000);
+    }
+    arena_free(a);
+}
+
+START_TEST(arena_medium_blocks_share_huge_page_aligned_slabs)
+{
+    numa_topo *real = this_machine(), *fake = synth("numa:2 core:2 pu:1");
+    medium_blocks_share_slabs(real, 0);
+    medium_blocks_share_slabs(real, ARENA_UNBOUND);
+    medium_blocks_share_slabs(fake, 0);
+    numa_topo_free(fake);
+    numa_topo_free(real);
+}
+END_TEST
+
+START_TEST(arena_aborts_on_freeing_a_medium_block_twice)
+{
+    numa_topo *t = this_machine();
+    arena *a = make(t, 0, 0);
+    const pd_alloc *al = arena_alloc_iface(a);
+    unsigned char *p = pd_alloc_bytes(al, 100000);
+    unsigned char *q = pd_alloc_bytes(al, 100000);
+    ck_assert_ptr_nonnull(q);
+    pd_free_bytes(al, p, 100000);
+    pd_free_bytes(al, p, 100000); /* on its slab's free list: CHECK aborts */
+    arena_check(a);
+}
+END_TEST
+
 START_TEST(arena_retains_freed_large_regions_within_its_budget)
 {
     numa_topo *real = this_machine(), *fake = synth("numa:2 core:2 pu:1");
@@ -532,8 +644,10 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, arena_serves_a_pd_alloc_client_of_many_sizes_without_leaks);
     tcase_add_test(tc, arena_allocates_from_several_threads_at_once);
     tcase_add_test(tc, arena_retains_freed_large_regions_within_its_budget);
+    tcase_add_test(tc, arena_medium_blocks_share_huge_page_aligned_slabs);
     tcase_add_test(tc, arena_churn_with_a_retain_budget_stays_consistent);
     tcase_add_test_raise_signal(tc, arena_aborts_on_freeing_a_retained_block_twice, SIGABRT);
+    tcase_add_test_raise_signal(tc, arena_aborts_on_freeing_a_medium_block_twice, SIGABRT);
     tcase_add_test_raise_signal(tc, arena_aborts_on_freeing_a_large_block_it_does_not_hold,
                                 SIGABRT);
     suite_add_tcase(s, tc);
