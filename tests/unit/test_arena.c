@@ -552,39 +552,27 @@ static void medium_blocks_share_slabs(numa_topo *t, unsigned flags)
     arena_free(a);
 }
 
-START_TEST(arena_medium_blocks_share_huge_page_aligned_slabs)
+/* Runs check on a bound arena, an unbound one, and one on a synthetic
+ * topology (the fallback). */
+static void on_every_placement(void (*check)(numa_topo *, unsigned))
 {
     numa_topo *real = this_machine(), *fake = synth("numa:2 core:2 pu:1");
-    medium_blocks_share_slabs(real, 0);
-    medium_blocks_share_slabs(real, ARENA_UNBOUND);
-    medium_blocks_share_slabs(fake, 0);
+    check(real, 0);
+    check(real, ARENA_UNBOUND);
+    check(fake, 0);
     numa_topo_free(fake);
     numa_topo_free(real);
 }
-END_TEST
 
-START_TEST(arena_aborts_on_freeing_a_medium_block_twice)
+START_TEST(arena_medium_blocks_share_huge_page_aligned_slabs)
 {
-    numa_topo *t = this_machine();
-    arena *a = make(t, 0, 0);
-    const pd_alloc *al = arena_alloc_iface(a);
-    unsigned char *p = pd_alloc_bytes(al, 100000);
-    unsigned char *q = pd_alloc_bytes(al, 100000);
-    ck_assert_ptr_nonnull(q);
-    pd_free_bytes(al, p, 100000);
-    pd_free_bytes(al, p, 100000); /* on its slab's free list: CHECK aborts */
-    arena_check(a);
+    on_every_placement(medium_blocks_share_slabs);
 }
 END_TEST
 
 START_TEST(arena_retains_freed_large_regions_within_its_budget)
 {
-    numa_topo *real = this_machine(), *fake = synth("numa:2 core:2 pu:1");
-    retains_within_budget(real, 0);
-    retains_within_budget(real, ARENA_UNBOUND);
-    retains_within_budget(fake, 0);
-    numa_topo_free(fake);
-    numa_topo_free(real);
+    on_every_placement(retains_within_budget);
 }
 END_TEST
 
@@ -604,18 +592,31 @@ START_TEST(arena_churn_with_a_retain_budget_stays_consistent)
 }
 END_TEST
 
-START_TEST(arena_aborts_on_freeing_a_retained_block_twice)
+/* Allocates two blocks of `bytes` under a retain budget and frees the first
+ * twice: the arena must CHECK-abort. */
+static void free_twice(size_t bytes, size_t retain)
 {
     numa_topo *t = synth("numa:1 core:1 pu:1");
     arena *a = make(t, 0, 0);
-    arena_set_retain(a, 1 << 20);
+    arena_set_retain(a, retain);
     const pd_alloc *al = arena_alloc_iface(a);
-    unsigned char *p = pd_alloc_bytes(al, 50000);
-    unsigned char *q = pd_alloc_bytes(al, 50000);
+    unsigned char *p = pd_alloc_bytes(al, bytes);
+    unsigned char *q = pd_alloc_bytes(al, bytes);
     ck_assert_ptr_nonnull(p);
     ck_assert_ptr_nonnull(q);
-    pd_free_bytes(al, p, 50000);
-    pd_free_bytes(al, p, 50000); /* kept for reuse, not live: CHECK aborts */
+    pd_free_bytes(al, p, bytes);
+    pd_free_bytes(al, p, bytes);
+}
+
+START_TEST(arena_aborts_on_freeing_a_retained_block_twice)
+{
+    free_twice(50000, 1 << 20); /* a large block kept for reuse, not live */
+}
+END_TEST
+
+START_TEST(arena_aborts_on_freeing_a_medium_block_twice)
+{
+    free_twice(100000, 0); /* on its slab's free list */
 }
 END_TEST
 
