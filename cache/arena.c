@@ -514,6 +514,13 @@ static char *arena_slab_pop(arena_slab *sl, size_t len)
     return NULL;
 }
 
+/* The length a medium or large block of `bytes` takes (wraps to 0 near SIZE_MAX,
+ * which the caller refuses). */
+static size_t arena_round_len(size_t bytes)
+{
+    return (bytes + (ARENA_LARGE_ROUND - 1)) & ~(size_t)(ARENA_LARGE_ROUND - 1);
+}
+
 /* A medium block of `bytes` (len rounded): a freed block of the same length
  * in any slab, else the untouched rest of one, else a new slab (an empty
  * slab first). */
@@ -551,8 +558,9 @@ static void *arena_medium_alloc(arena *a, size_t bytes, size_t len)
     return p;
 }
 
-static void arena_medium_free(arena *a, void *p, size_t bytes, size_t len)
+static void arena_medium_free(arena *a, void *p, size_t bytes)
 {
+    size_t len = arena_round_len(bytes);
     arena_slab *sl = a->slabs;
     while (sl && !((char *)p >= sl->p && (char *)p < sl->p + ARENA_SLAB_BYTES))
         sl = sl->next;
@@ -592,7 +600,7 @@ static void *arena_iface_alloc(void *ctx, size_t bytes)
     if (bytes <= ARENA_SMALL_MAX) {
         p = arena_small_alloc(a, bytes);
     } else {
-        size_t len = (bytes + (ARENA_LARGE_ROUND - 1)) & ~(size_t)(ARENA_LARGE_ROUND - 1);
+        size_t len = arena_round_len(bytes);
         if (len >= bytes && bytes > ARENA_MEDIUM_MIN && bytes <= ARENA_MEDIUM_MAX)
             p = arena_medium_alloc(a, bytes, len);
         else if (len >= bytes)
@@ -621,7 +629,7 @@ static void arena_iface_free(void *ctx, void *p, size_t bytes)
     if (bytes <= ARENA_SMALL_MAX)
         arena_small_free(a, p, bytes);
     else if (bytes > ARENA_MEDIUM_MIN && bytes <= ARENA_MEDIUM_MAX)
-        arena_medium_free(a, p, bytes, (bytes + (ARENA_LARGE_ROUND - 1)) & ~(size_t)(ARENA_LARGE_ROUND - 1));
+        arena_medium_free(a, p, bytes);
     else
         arena_large_free(a, p, bytes);
     a->st.blocks--;
