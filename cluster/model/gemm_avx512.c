@@ -210,6 +210,12 @@ static inline __attribute__((always_inline)) void gemm_avx512_row_impl(const gem
             const __m512 d1 = np > 1 ? gemm_avx512_q8d(b1) : d0;
             const __m512 d2 = np > 2 ? gemm_avx512_q8d(b2) : d0;
             const __m512 d3 = np > 3 ? gemm_avx512_q8d(b3) : d0;
+            for (uint32_t line = 0; line < GEMM_Q8_PANEL_BLOCK; line += 64) {
+                __builtin_prefetch(b0 + GEMM_PREFETCH + line, 0, 3);
+                if (np > 1) __builtin_prefetch(b1 + GEMM_PREFETCH + line, 0, 3);
+                if (np > 2) __builtin_prefetch(b2 + GEMM_PREFETCH + line, 0, 3);
+                if (np > 3) __builtin_prefetch(b3 + GEMM_PREFETCH + line, 0, 3);
+            }
             for (uint32_t kk = 0; kk < GEMM_Q8_0_BLOCK; kk++) {
                 const __m512 b = _mm512_set1_ps(a[kb + kk]);
                 const size_t qo = GEMM_Q8_SCALES + (size_t)kk * GEMM_NR;

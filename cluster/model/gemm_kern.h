@@ -99,7 +99,9 @@ typedef const float *gemm_chunk_fn(const uint8_t *src, uint32_t kn, float *buf);
  * are contiguous, so this runs ahead into the next panel too. It lifts small
  * M (2..16, where the first tile of a panel reads it from memory) by 15-25%
  * here. The single-tile path at M = 1 skips it (it cost more than it gained
- * there); the M = 1 row kernel over 4 panels uses it. */
+ * there); the M = 1 row kernel over 4 panels uses it (AVX-512 Q8_0: a block's
+ * lines at its start, +7 % batch-1 Q8_0 decode on 2 threads, more on one;
+ * AVX2's Q8_0 row kernel is compute-bound and did not gain). */
 #define GEMM_PREFETCH 4096
 
 /* One row against np consecutive panels (1 .. GEMM_ROW_PANELS) at once: a
