@@ -803,7 +803,7 @@ static pd_status arena_verify_region(arena *a, const char *p, size_t len, hwloc_
 {
     for (size_t off = 0; off < len; off += ARENA_VERIFY_SPAN) {
         size_t n = len - off < ARENA_VERIFY_SPAN ? len - off : ARENA_VERIFY_SPAN;
-        int v;
+        int v = 0;
         pd_status st = arena_locate(a, p + off, n, where, want, &v, err);
         if (st != PD_OK)
             return st;

@@ -206,6 +206,8 @@ static pd_status msg_read_header(rd *r, msg_kind *kind, msg_dtype *dtype, uint64
     uint16_t ver;
     uint8_t k, dt;
     size_t at = rd_offset(r);
+    *kind = (msg_kind)0; /* defined on failure too (callers then return) */
+    *dtype = (msg_dtype)0;
     if (rd_span(r, "magic", 4, &mg))
         return r->status;
     if (memcmp(mg, msg_magic, 4) != 0)

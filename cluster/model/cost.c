@@ -80,7 +80,7 @@ static pd_status cost_tensor(const gguf_file *f, const char *name, uint64_t ne0,
 static pd_status cost_add_mat(const gguf_file *f, const char *name, uint64_t in, uint64_t outn, cost_part *p,
                               pd_err *err)
 {
-    const gguf_tensor *t;
+    const gguf_tensor *t = NULL;
     pd_status st = cost_tensor(f, name, in, outn, &t, err);
     if (st)
         return st;

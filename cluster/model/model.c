@@ -440,7 +440,7 @@ static void tensor_row_f32(const gguf_tensor *t, uint64_t i0, uint64_t n, float 
 
 static pd_status vec_load(const model *m, const char *name, uint64_t n, float **out, pd_err *err)
 {
-    const gguf_tensor *t;
+    const gguf_tensor *t = NULL;
     pd_status st = tensor_get(m->file, name, n, 0, &t, err);
     if (st)
         return st;

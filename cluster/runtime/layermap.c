@@ -150,6 +150,8 @@ pd_status layermap_balance_costs(uint32_t n_stages, uint32_t n_layers, const uin
     const size_t n1 = (size_t)n + 1; /* size_t indices: n may be UINT32_MAX */
     double *prev = f, *cur = f + n1;
     const double inf = HUGE_VAL;
+    for (size_t j = 0; j < n1; j++)
+        prev[j] = inf; /* no stage yet: nothing reachable */
     for (uint32_t s = 0; s < k; s++) {
         uint32_t *as = arg + (size_t)s * n1;
         for (size_t j = 0; j < n1; j++) {

@@ -161,7 +161,7 @@ START_TEST(drain_at_random_steps_resumes_with_identical_output)
             ok = ok && (i == 0 || l->seen[i].step >= l->seen[i - 1].step);
         }
         if (rank == 0) {
-            size_t na, nb;
+            size_t na = 0, nb = 0;
             char *a = slurp(ref, &na), *b = slurp(out, &nb);
             int same = a && b && na == nb && na > 0 && memcmp(a, b, na) == 0 && strstr(a, "\"digest\"") != NULL;
             if (!same)

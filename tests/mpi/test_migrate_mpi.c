@@ -120,7 +120,7 @@ static int run_once(const char *out, const char *stats, const char *layers, char
 /* rank 0: out equals ref byte for byte (with digests) and stats says map */
 static int check(const char *ref, const char *out, const char *stats, const char *map)
 {
-    size_t na, nb, ns;
+    size_t na = 0, nb = 0, ns = 0;
     char *a = slurp(ref, &na), *b = slurp(out, &nb), *s = slurp(stats, &ns);
     char want[200];
     snprintf(want, sizeof want, "\"layers\":\t\"%s\"", map);
