@@ -2,30 +2,36 @@
 # The control socket (issue 14): `pipedec run --control PATH` on rank 0 and
 # `pipedec ctl PATH ...` — status (human and --json), migrations by map and
 # by layer, refusals that change nothing (a bad map, a layer that is not at a
-# boundary, checkpoint without --checkpoint-dir, a second migration while
+# boundary, checkpoint or stop without --checkpoint-dir, a second migration while
 # one waits for its drain point), a client that disconnects mid-command, the
 # socket's mode, a path that already exists (a file, a live socket, a stale
 # socket), a migration after the model file left its path (the weights come
-# over MPI), and checkpoint / stop through the socket. The job's out.jsonl is
+# over MPI), and checkpoint / stop through the socket. The job that takes
+# ~25 steps has more pages than it can finish and is ended by `ctl stop`; the
+# others run at batch 1 to outlive their one or two steps. Every out.jsonl is
 # byte-identical to a one-rank run throughout.
 source "$(dirname "$0")/lib.bash"
 T="$E2E_TMP"
 m="$T/m.gguf"
 "$PIPEDEC" mkmodel --arch llama --layers 12 --hidden 128 --heads 4 --kv-heads 2 --ffn 256 --vocab 320 --seed 8 \
   --out "$m" >/dev/null
-# the first job must outlive ~25 ctl steps and three drain points: with 60
-# pages it once finished before the last step on a loaded CI machine, so it
-# gets 120 (the other jobs keep 60: under ASan every job is slow already).
-# Output is in manifest order and a page's bytes depend on nothing else, so
-# the first K lines of the 120-page reference are the reference of the
-# first K pages: one reference run serves every job here.
-"$PIPEDEC" mkpages --model "$m" --count 120 --embed-rows 12 --prompt-tokens 3 --max-new 200 --seed 6 \
+# the first job must outlive ~25 ctl steps and three drain points whatever
+# the machine's speed: it gets 3000 pages (about a minute on one rank without
+# sanitizers), and the test ends it with `ctl stop` once its steps are done,
+# then compares the pages it wrote with the reference's first lines. Output
+# is in manifest order and a page's bytes depend on nothing else, so the
+# first K lines of a reference are the reference of the first K pages: the
+# 120-page reference serves every job here (and a longer one is run only if
+# the first job wrote more than 120 pages).
+"$PIPEDEC" mkpages --model "$m" --count 3000 --embed-rows 12 --prompt-tokens 3 --max-new 200 --seed 6 \
   --out "$T/long" >/dev/null
-PL="$T/long/pages.jsonl"
+PA="$T/long/pages.jsonl"
+PL="$T/long/first120.jsonl"
 P="$T/long/first60.jsonl"
-head -n 60 "$PL" > "$P"
-head -n 12 "$PL" > "$T/long/first12.jsonl"
-head -n 30 "$PL" > "$T/long/first30.jsonl"
+head -n 120 "$PA" > "$PL"
+head -n 60 "$PA" > "$P"
+head -n 12 "$PA" > "$T/long/first12.jsonl"
+head -n 30 "$PA" > "$T/long/first30.jsonl"
 MPIRUN=(mpirun --oversubscribe --bind-to none)
 CTL=("$PD_BUILD/pipedec" ctl)
 "$PIPEDEC" run --model "$m" --pages "$PL" --out "$T/ref_long.jsonl" --batch 4 --digest >/dev/null 2>&1
@@ -65,11 +71,7 @@ ctl_refused() {
 jq_get() { python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$@"; }
 
 S="$T/job.sock"; out="$T/a.jsonl"
-# batch 1: a quarter of the throughput, so its lifetime does not hang on the
-# machine's speed as much (120 pages at batch 4 once ended before the
-# concurrent-migration step under ASan on a fast machine); bytes do not
-# depend on the batch
-BATCH=1 PAGES="$PL" start "$out" "$S"
+PAGES="$PA" start "$out" "$S" --checkpoint-dir "$T/a.ck"
 [ "$(stat -c %a "$S")" = 600 ] && pass "the socket is mode 0600" || fail "socket mode $(stat -c %a "$S")"
 
 # the socket path exists: a live socket is refused, a file is refused
@@ -100,7 +102,6 @@ ctl_refused "a map of the wrong rank count" "refused: .*" "$S" migrate --map 0-1
 ctl_refused "a map past the model" "refused: .*" "$S" migrate --map 0-5,6-20
 ctl_refused "a layer not at a boundary" "can move only to a neighbour" "$S" migrate --layer 3 --to 1
 ctl_refused "the map in force" "in force already" "$S" migrate --map 0-5,6-11
-ctl_refused "checkpoint without --checkpoint-dir" "needs a job started with --checkpoint-dir" "$S" checkpoint
 rc=0; "${CTL[@]}" "$S" frobnicate >/dev/null 2>&1 || rc=$?
 [ "$rc" -eq 2 ] && pass "an unknown command is a usage error (exit 2)" || fail "unknown command: exit $rc"
 ctl_ok "status after the refusals" "$S" status --json
@@ -145,19 +146,31 @@ grep -q "migration (ctl) at step [0-9]*: 0-6,7-11 -> 0-4,5-11" "$out.log" \
   && pass "a client gone before its reply: the migration ran, the job went on" \
   || { fail "client disconnect: no migration to 0-4,5-11"; grep "migration" "$out.log" | tail -2; }
 
+ctl_ok "stop the long job" "$S" stop
 wait
-[ "$(cat "$out.rc")" = 0 ] && pass "the job exited 0" || { fail "the job exited $(cat "$out.rc")"; tail -3 "$out.log"; }
+[ "$(cat "$out.rc")" = 75 ] && pass "stopped by ctl: the job checkpointed and exited 75" \
+  || { fail "the job exited $(cat "$out.rc")"; tail -3 "$out.log"; }
 [ ! -e "$S" ] && pass "the socket is removed at exit" || fail "the socket is left behind"
-same "$T/ref_long.jsonl" "$out" "after ctl migrations: output == one rank"
+k=$(wc -l < "$out")
+if [ "$k" -gt 120 ]; then
+  head -n "$k" "$PA" > "$T/long/firstk.jsonl"
+  "$PIPEDEC" run --model "$m" --pages "$T/long/firstk.jsonl" --out "$T/refk.jsonl" --batch 4 --digest >/dev/null 2>&1
+else
+  head -n "$k" "$T/ref_long.jsonl" > "$T/refk.jsonl"
+fi
+[ "$k" -ge 1 ] && [ "$k" -lt 3000 ] && pass "the job wrote $k of its 3000 pages before the stop" \
+  || fail "the job wrote $k pages: it should have been stopped midway"
+same "$T/refk.jsonl" "$out" "after ctl migrations: output == one rank"
 rc=0; "${CTL[@]}" "$S" status >/dev/null 2>"$T/gone.err" || rc=$?
 [ "$rc" -eq 2 ] && grep -q "cannot connect" "$T/gone.err" && pass "ctl with no job listening: exit 2, says so" \
   || fail "ctl with no job: exit $rc"
 
 # the model file is gone from its path while the job runs (the ranks keep
-# their mappings): a migration takes the weights over MPI by itself
+# their mappings): a migration takes the weights over MPI by itself (batch 1:
+# the job must outlive the step)
 cp "$m" "$T/mv.gguf"
 S3="$T/mv.sock"; out="$T/mv.jsonl"
-( rc=0; timeout 300 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$T/mv.gguf" --pages "$T/long/first30.jsonl" --out "$out" --batch 4 \
+( rc=0; timeout 300 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$T/mv.gguf" --pages "$T/long/first30.jsonl" --out "$out" --batch 1 \
     --digest --control "$S3" >"$out.log" 2>&1 </dev/null || rc=$?; echo "$rc" > "$out.rc" ) &
 for _ in $(seq 1 3000); do [ -S "$S3" ] && [ -s "$out" ] && break; sleep 0.01; done
 mv "$T/mv.gguf" "$T/mv.gone"
@@ -177,9 +190,26 @@ python3 -c "import socket,sys; s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[
   || { fail "stale socket"; tail -2 "$T/stale.log"; }
 same "$T/ref12.jsonl" "$T/stale.jsonl" "one rank with --control: output == without"
 
+# checkpoint and stop need --checkpoint-dir: on a one-rank job without one
+# both are refused and the job goes on (then SIGINT ends it at once, 130)
+S4="$T/nock.sock"; out="$T/nock.jsonl"
+( rc=0; timeout 300 "$PIPEDEC" run --model "$m" --pages "$PA" --out "$out" --batch 4 --digest --control "$S4" \
+    >"$out.log" 2>&1 </dev/null || rc=$?; echo "$rc" > "$out.rc" ) &
+for _ in $(seq 1 3000); do [ -S "$S4" ] && [ -s "$out" ] && break; sleep 0.01; done
+ctl_refused "checkpoint without --checkpoint-dir" "checkpoint needs a job started with --checkpoint-dir" "$S4" checkpoint
+ctl_refused "stop without --checkpoint-dir" "stop needs a job started with --checkpoint-dir" "$S4" stop
+ctl_ok "status after both refusals" "$S4" status --json
+[ "$(jq_get "$T/ctl.out" "j['ok'], j['map']")" = "(True, '0-11')" ] && pass "the job without --checkpoint-dir goes on" \
+  || fail "after the refusals: $(head -c 200 "$T/ctl.out")"
+kill -INT $(pgrep -f "^$PIPEDEC_BIN.*--out $out " || true) 2>/dev/null || true
+wait
+[ "$(cat "$out.rc")" = 130 ] && pass "SIGINT: the job exited 130 at once" || fail "SIGINT: exit $(cat "$out.rc")"
+
 # checkpoint and stop through the socket, then resume
 S2="$T/ck.sock"; out="$T/ck.jsonl"
-start "$out" "$S2" --checkpoint-dir "$T/ck.d"
+# (at batch 1, so 60 pages outlast two ctl steps with a margin; the resume
+# runs at batch 4: the batch is not a token-affecting setting)
+BATCH=1 start "$out" "$S2" --checkpoint-dir "$T/ck.d"
 ctl_ok "checkpoint" "$S2" checkpoint
 grep -q '"checkpoint":".*ckpt-1"' "$T/ctl.out" && [ -d "$T/ck.d/ckpt-1" ] && pass "checkpoint: ckpt-1 written" \
   || fail "checkpoint reply: $(head -c 200 "$T/ctl.out")"
