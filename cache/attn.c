@@ -4,6 +4,7 @@
  * same order per result element, so the two agree bit for bit for every input
  * (tests/unit/test_attn.c checks across randomized configurations). */
 #include "cache/attn.h"
+#include "cache/attn_kern.h"
 
 #include "base/check.h"
 #include "base/cpu.h"
@@ -266,8 +267,7 @@ ATTN_AVX2 static void attn_expf_n_avx2(const float *x, float *y, size_t n)
  * whole block at once, which stalls on full miss buffers); int8 rows that
  * go through buf prefetch the block ATTN_PF_BLOCKS ahead. No prefetch runs
  * past a segment's end. */
-#define ATTN_PF_BLOCKS 2u
-#define ATTN_PF_ROWS 32u
+#define ATTN_PF_BLOCKS 2u /* ATTN_PF_ROWS: attn_kern.h */
 
 /* always_inline: GCC sees a prefetch as free of side effects, so an
  * out-of-line helper made of prefetches is deemed pure and its calls deleted. */
@@ -640,6 +640,8 @@ ATTN_AVX2 static uint32_t attn_run_avx2(const attn_kv *kv, const attn_query *q, 
      * dequantized in registers; with several it is dequantized once into buf. */
     const int k_inline = nh == 1 && hd % 8 == 0 && kv->k_group % 8 == 0;
     const int v_inline = nh == 1 && hd % 8 == 0 && ngv == 1;
+    /* those two cases are compute-bound: AVX-512 kernels where agreed */
+    const int wide = pd_cpu_isa() >= PD_ISA_AVX512;
 
     float *scores = scratch;
     float *qc = scores + (size_t)nh * span;
@@ -670,10 +672,12 @@ ATTN_AVX2 static uint32_t attn_run_avx2(const attn_kv *kv, const attn_query *q, 
                 for (; t + 8 <= n; t += 8) {
                     float dots[8];
                     int ahead = i + t + 8 + ATTN_PF_ROWS <= hi;
-                    attn_dot8x8_q8(qc, kq + (size_t)t * hd, ks + (size_t)t * ngk, hd, ngk,
-                                   kv->k_group, dots,
-                                   ahead ? kq + (size_t)(t + ATTN_PF_ROWS) * hd : NULL,
-                                   ahead ? ks + (size_t)(t + ATTN_PF_ROWS) * ngk : NULL);
+                    const int8_t *kt = kq + (size_t)t * hd, *kpf = ahead ? kt + (size_t)ATTN_PF_ROWS * hd : NULL;
+                    const float *st = ks + (size_t)t * ngk, *pfs = ahead ? st + (size_t)ATTN_PF_ROWS * ngk : NULL;
+                    if (wide)
+                        attn_avx512_dot8x8_q8(qc, kt, st, hd, ngk, kv->k_group, dots, kpf, pfs);
+                    else
+                        attn_dot8x8_q8(qc, kt, st, hd, ngk, kv->k_group, dots, kpf, pfs);
                     for (uint32_t x = 0; x < 8; x++)
                         dst[t + x] = dots[x] * q->scale;
                 }
@@ -738,8 +742,13 @@ ATTN_AVX2 static uint32_t attn_run_avx2(const attn_kv *kv, const attn_query *q, 
                 attn_prefetch_rows(seg, pf, hi - pf < ATTN_RB ? hi - pf : ATTN_RB, hd, ngv, 1);
             if (!seg->v && v_inline) {
                 uint32_t npf = i + ATTN_PF_ROWS < hi ? hi - (i + ATTN_PF_ROWS) : 0;
-                attn_vrows_q8(out, seg->vq + (size_t)i * hd, seg->vs + i, hd,
-                              scores + (r0 + i - first), n, npf < n ? npf : n);
+                const int8_t *vq = seg->vq + (size_t)i * hd;
+                const float *p = scores + (r0 + i - first);
+                npf = npf < n ? npf : n;
+                if (wide)
+                    attn_avx512_vrows_q8(out, vq, seg->vs + i, hd, p, n, npf);
+                else
+                    attn_vrows_q8(out, vq, seg->vs + i, hd, p, n, npf);
                 continue;
             }
             const float *v = seg->v ? seg->v + (size_t)i * hd : buf;

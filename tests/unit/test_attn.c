@@ -1,5 +1,8 @@
-/* attn: the one attention reduction. The AVX2 path equals the portable
- * reference bit for bit over randomized configurations; the reference is
+/* attn: the one attention reduction. The AVX2 path, and the AVX-512
+ * kernels it calls for int8 rows of one Q head, equal the portable
+ * reference bit for bit over randomized configurations (built a second time
+ * as test_attn_avx512 on SIMDe, so CPUs without AVX-512 check those kernels
+ * too); the reference is
  * close to an f64 softmax-attention; windows, segment splits, int8 rows,
  * importance and empty input behave as attn.h states; pd_expf's AVX2 twin
  * equals the scalar function. */
@@ -250,14 +253,16 @@ START_TEST(attn_avx2_equals_scalar_bit_for_bit_on_random_configs)
             pd_rng_fill(&rng, imp0, t.total + 1, 0.0f, 3.0f);
         }
         tres a = run(&t, PD_ISA_SCALAR, first, upto, imp0);
-        tres b = run(&t, PD_ISA_AVX2, first, upto, imp0);
-        REQUIRE(a.span == b.span, "config %u: span %u vs %u", cfg, a.span, b.span);
         n_nonempty += a.span > 0;
-        assert_same_bits("out", a.out, b.out, (size_t)c.nh * c.hd, cfg);
-        assert_same_bits("probs", a.probs, b.probs, (size_t)c.nh * (t.total + 1) + 1, cfg);
-        assert_same_bits("imp", a.imp, b.imp, (size_t)t.total + 1, cfg);
+        for (int isa = PD_ISA_AVX2; isa < PD_ISA_COUNT; isa++) {
+            tres b = run(&t, (pd_isa)isa, first, upto, imp0);
+            REQUIRE(a.span == b.span, "config %u: span %u vs %u", cfg, a.span, b.span);
+            assert_same_bits("out", a.out, b.out, (size_t)c.nh * c.hd, cfg);
+            assert_same_bits("probs", a.probs, b.probs, (size_t)c.nh * (t.total + 1) + 1, cfg);
+            assert_same_bits("imp", a.imp, b.imp, (size_t)t.total + 1, cfg);
+            tres_free(&b);
+        }
         tres_free(&a);
-        tres_free(&b);
         free(imp0);
         tkv_free(&t);
     }
@@ -285,19 +290,66 @@ START_TEST(attn_avx2_equals_scalar_on_extreme_values)
             for (uint32_t i = 0; i < c.nh * c.hd; i++)
                 t.q[i] = i % 2 ? -0.0f : 0.0f;
         tres a = run(&t, PD_ISA_SCALAR, 0, UINT32_MAX, NULL);
-        tres b = run(&t, PD_ISA_AVX2, 0, UINT32_MAX, NULL);
-        REQUIRE(a.span == b.span, "config %u: span %u vs %u", cfg, a.span, b.span);
-        for (size_t i = 0; i < (size_t)c.nh * c.hd; i++)
-            if (!(isnan(a.out[i]) && isnan(b.out[i])))
-                REQUIRE(memcmp(&a.out[i], &b.out[i], 4) == 0, "config %u out[%zu]: %a vs %a",
-                              cfg, i, (double)a.out[i], (double)b.out[i]);
-        for (size_t i = 0; i < (size_t)c.nh * a.span; i++)
-            if (!(isnan(a.probs[i]) && isnan(b.probs[i])))
-                REQUIRE(memcmp(&a.probs[i], &b.probs[i], 4) == 0, "config %u probs[%zu]", cfg, i);
+        for (int isa = PD_ISA_AVX2; isa < PD_ISA_COUNT; isa++) {
+            tres b = run(&t, (pd_isa)isa, 0, UINT32_MAX, NULL);
+            REQUIRE(a.span == b.span, "config %u: span %u vs %u", cfg, a.span, b.span);
+            for (size_t i = 0; i < (size_t)c.nh * c.hd; i++)
+                if (!(isnan(a.out[i]) && isnan(b.out[i])))
+                    REQUIRE(memcmp(&a.out[i], &b.out[i], 4) == 0, "config %u isa %d out[%zu]: %a vs %a",
+                            cfg, isa, i, (double)a.out[i], (double)b.out[i]);
+            for (size_t i = 0; i < (size_t)c.nh * a.span; i++)
+                if (!(isnan(a.probs[i]) && isnan(b.probs[i])))
+                    REQUIRE(memcmp(&a.probs[i], &b.probs[i], 4) == 0, "config %u isa %d probs[%zu]", cfg,
+                            isa, i);
+            tres_free(&b);
+        }
         tres_free(&a);
-        tres_free(&b);
         tkv_free(&t);
     }
+    pd_cpu_set_isa(pd_cpu_detect());
+}
+END_TEST
+
+/* One Q head over int8 K and V (the OCR decoder's MHA with --kv q8): the
+ * case the AVX-512 kernels take. Every head size that is a multiple of 8
+ * (so 16-channel blocks and an 8-channel tail both occur), key groups of 8
+ * to hd, row counts that leave 1..7 rows after the 8-row key blocks and
+ * reach past the prefetch distance, segments mixing int8 and f32: every
+ * ISA equals the portable path bit for bit. */
+START_TEST(attn_int8_single_head_equals_scalar_on_every_isa)
+{
+    pd_rng rng = {.s = 0xa77e0003};
+    static const uint32_t hds[] = {8, 16, 24, 40, 64, 72, 128, 136, 256};
+    unsigned n_cfg = 0;
+    for (unsigned h = 0; h < sizeof hds / sizeof hds[0]; h++)
+        for (unsigned rep = 0; rep < 12; rep++, n_cfg++) {
+            tcfg c = {.hd = hds[h], .nh = 1, .scale = 1.0f / sqrtf((float)hds[h])};
+            const uint32_t kgs[] = {8, 16, 32, c.hd};
+            c.kg = kgs[pd_rng_below(&rng, 4)];
+            c.vg = c.hd; /* one scale per V row */
+            c.n_segs = 1 + pd_rng_below(&rng, 3);
+            for (uint32_t s = 0; s < c.n_segs; s++) {
+                c.rows[s] = rep < 6 ? 1 + pd_rng_below(&rng, 16) : 33 + pd_rng_below(&rng, 60);
+                c.kq[s] = s == 0 || pd_rng_below(&rng, 4) != 0;
+                c.vq[s] = s == 0 || pd_rng_below(&rng, 4) != 0;
+            }
+            c.kcol = pd_rng_below(&rng, 2);
+            c.vcol = pd_rng_below(&rng, 2);
+            c.sinks = rep % 3 == 0;
+            tkv t;
+            tkv_make(&t, &c, &rng);
+            uint32_t first = rep % 2 ? pd_rng_below(&rng, t.total) : 0;
+            tres a = run(&t, PD_ISA_SCALAR, first, UINT32_MAX, NULL);
+            for (int isa = PD_ISA_AVX2; isa < PD_ISA_COUNT; isa++) {
+                tres b = run(&t, (pd_isa)isa, first, UINT32_MAX, NULL);
+                REQUIRE(a.span == b.span && a.span > 0, "config %u: span %u vs %u", n_cfg, a.span, b.span);
+                assert_same_bits("out", a.out, b.out, c.hd, n_cfg);
+                assert_same_bits("probs", a.probs, b.probs, a.span, n_cfg);
+                tres_free(&b);
+            }
+            tres_free(&a);
+            tkv_free(&t);
+        }
     pd_cpu_set_isa(pd_cpu_detect());
 }
 END_TEST
@@ -838,6 +890,7 @@ Suite *pd_test_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, attn_avx2_equals_scalar_bit_for_bit_on_random_configs);
     tcase_add_test(tc, attn_avx2_equals_scalar_on_extreme_values);
+    tcase_add_test(tc, attn_int8_single_head_equals_scalar_on_every_isa);
     tcase_add_test(tc, attn_matches_f64_softmax_attention);
     tcase_add_test(tc, attn_sink_joins_max_and_denominator_but_adds_no_value);
     tcase_add_test(tc, attn_softcap_matches_f64_tanh_cap);
