@@ -1,9 +1,10 @@
 /* Kernel ISA selection.
  *
  * Every kernel in the project has a portable C path and (where it pays) an
- * AVX2/FMA path that is bit-identical to it, and the GEMM an AVX-512F path
- * too; tests check the equality (AVX-512 also on CPUs without it, through
- * SIMDe: tests/unit/test_gemm_avx512.c). The
+ * AVX2/FMA path that is bit-identical to it, and the GEMM and the int8
+ * attention of one Q head an AVX-512F path too; tests check the equality
+ * (AVX-512 also on CPUs without it, through SIMDe: the unit tests
+ * gemm_avx512 and attn_avx512). The
  * choice is therefore a speed setting only, never an answer-changing one,
  * which is what lets ranks on different CPUs share one cluster (ARCHITECTURE.md
  * §1).
@@ -20,7 +21,8 @@
 typedef enum pd_isa {
     PD_ISA_SCALAR = 0, /* portable C with fmaf */
     PD_ISA_AVX2,       /* AVX2 + FMA (+ F16C for conversions) */
-    PD_ISA_AVX512,     /* AVX-512F (the GEMM's kernels; the rest run AVX2) */
+    PD_ISA_AVX512,     /* AVX-512F (the GEMM's kernels and int8 single-head
+                        * attention; the rest run AVX2) */
     PD_ISA_COUNT
 } pd_isa;
 
