@@ -22,13 +22,14 @@
 #endif
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
+#define ATTN512
 #else
 #include <immintrin.h>
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx2,fma")
+/* a function attribute, not a pragma: clang (the fuzz builds) ignores GCC's */
+#define ATTN512 __attribute__((target("avx512f,avx2,fma")))
 #endif
 
-#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define ALWAYS_INLINE ATTN512 inline __attribute__((always_inline))
 
 /* Two ymm as one zmm: lo in lanes 0-7, hi in 8-15. */
 static ALWAYS_INLINE __m512 attn512_join(__m256 lo, __m256 hi)
@@ -72,7 +73,7 @@ static ALWAYS_INLINE float attn512_hsum8(__m256 a)
     const __m512 s##j = attn512_join(_mm256_broadcast_ss(sg + (j) * (size_t)ng),                  \
                                      _mm256_broadcast_ss(sg + ((j) + 1) * (size_t)ng))
 
-void attn_avx512_dot8x8_q8(const float *qh, const int8_t *k, const float *ks, uint32_t hd,
+ATTN512 void attn_avx512_dot8x8_q8(const float *qh, const int8_t *k, const float *ks, uint32_t hd,
                            uint32_t ng, uint32_t group, float dots[8], const int8_t *pf,
                            const float *pfs)
 {
@@ -141,7 +142,7 @@ static ALWAYS_INLINE void attn512_vblock_q8(float *o, const int8_t *v, const flo
 }
 
 /* The last 8 channels when hd % 16 == 8. */
-static void attn512_vtail8_q8(float *o, const int8_t *v, const float *vs, uint32_t hd, const float *p,
+ATTN512 static void attn512_vtail8_q8(float *o, const int8_t *v, const float *vs, uint32_t hd, const float *p,
                               uint32_t n)
 {
     __m256 a = _mm256_loadu_ps(o);
@@ -152,7 +153,7 @@ static void attn512_vtail8_q8(float *o, const int8_t *v, const float *vs, uint32
     _mm256_storeu_ps(o, a);
 }
 
-void attn_avx512_vrows_q8(float *o, const int8_t *v, const float *vs, uint32_t hd, const float *p,
+ATTN512 void attn_avx512_vrows_q8(float *o, const int8_t *v, const float *vs, uint32_t hd, const float *p,
                           uint32_t n, uint32_t npf)
 {
     const int8_t *pf = v + (size_t)ATTN_PF_ROWS * hd;
@@ -175,9 +176,5 @@ void attn_avx512_vrows_q8(float *o, const int8_t *v, const float *vs, uint32_t h
     if (d + 8 <= hd)
         attn512_vtail8_q8(o + d, v + d, vs, hd, p, n);
 }
-
-#ifndef PD_AVX512_EMULATED
-#pragma GCC pop_options
-#endif
 
 #endif /* __x86_64__ */

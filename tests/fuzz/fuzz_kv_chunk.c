@@ -8,7 +8,7 @@
  * for half the inputs, so the fuzzer reaches the body's checks).
  *
  * Built by scripts/fuzz.sh (clang -fsanitize=fuzzer,address,undefined).
- * PD_FUZZ_SOURCES: comm/kv_chunk.c comm/rd.c comm/crc32c.c cache/kv_layer.c cache/attn.c cache/quant.c base/fnv.c base/fp16.c base/cpu.c base/alloc.c base/status.c */
+ * PD_FUZZ_SOURCES: comm/kv_chunk.c comm/rd.c comm/crc32c.c cache/kv_layer.c cache/attn.c cache/attn_avx512.c cache/quant.c base/fnv.c base/fp16.c base/cpu.c base/alloc.c base/status.c */
 #include "cache/kv_layer.h"
 #include "comm/crc32c.h"
 #include "comm/kv_chunk.h"

@@ -6,7 +6,7 @@
  *
  * Built by scripts/fuzz.sh (clang -fsanitize=fuzzer,address,undefined) from
  * tests/fuzz/fuzz_wire.c comm/{wire,rd,crc32c}.c, the cache sources and base/.
- * PD_FUZZ_SOURCES: comm/wire.c comm/rd.c comm/crc32c.c cache/kv_layer.c cache/ring_layer.c cache/attn.c cache/quant.c base/fnv.c base/fp16.c base/cpu.c base/alloc.c base/status.c */
+ * PD_FUZZ_SOURCES: comm/wire.c comm/rd.c comm/crc32c.c cache/kv_layer.c cache/ring_layer.c cache/attn.c cache/attn_avx512.c cache/quant.c base/fnv.c base/fp16.c base/cpu.c base/alloc.c base/status.c */
 #include "cache/kv_layer.h"
 #include "cache/ring_layer.h"
 #include "comm/wire.h"
