@@ -109,7 +109,7 @@ ATTN512 void attn_avx512_dot8x8_q8(const float *qh, const int8_t *k, const float
 
 /* The value pass over n rows for channels [0, 16*NB) of one head: the
  * accumulators stay in registers across the rows; NB is a constant at every
- * call site (8: a 128-channel row whole, in address order). */
+ * call site (8: a 128-channel row whole, in address order; or 1). */
 #define ATTN512_VLOAD(c) __m512 a##c = NB > (c) ? _mm512_loadu_ps(o + 16 * (c)) : _mm512_setzero_ps()
 #define ATTN512_VACC(c)                                                                           \
     do {                                                                                          \
@@ -121,9 +121,10 @@ ATTN512 void attn_avx512_dot8x8_q8(const float *qh, const int8_t *k, const float
 #define ATTN512_VSTORE(c) do { if (NB > (c)) _mm512_storeu_ps(o + 16 * (c), a##c); } while (0)
 
 static ALWAYS_INLINE void attn512_vblock_q8(float *o, const int8_t *v, const float *vs, uint32_t hd,
-                                            const float *p, uint32_t n, const int NB, const int8_t *pf,
-                                            const float *pfs, uint32_t npf)
+                                            const float *p, uint32_t n, const int NB, uint32_t npf)
 {
+    const int8_t *pf = v + (size_t)ATTN_PF_ROWS * hd; /* read when npf > 0: channel 0 on */
+    const float *pfs = vs + ATTN_PF_ROWS;
     ATTN512_VLOAD(0); ATTN512_VLOAD(1); ATTN512_VLOAD(2); ATTN512_VLOAD(3);
     ATTN512_VLOAD(4); ATTN512_VLOAD(5); ATTN512_VLOAD(6); ATTN512_VLOAD(7);
     for (uint32_t r = 0; r < n; r++) {
@@ -156,23 +157,13 @@ ATTN512 static void attn512_vtail8_q8(float *o, const int8_t *v, const float *vs
 ATTN512 void attn_avx512_vrows_q8(float *o, const int8_t *v, const float *vs, uint32_t hd, const float *p,
                           uint32_t n, uint32_t npf)
 {
-    const int8_t *pf = v + (size_t)ATTN_PF_ROWS * hd;
-    const float *pfs = vs + ATTN_PF_ROWS;
+    /* whole 128-channel rows, then (other head sizes) 16 channels a pass
+     * over the block's rows, which L1 holds; the first pass prefetches */
     uint32_t d = 0;
     for (; d + 128 <= hd; d += 128, npf = 0)
-        attn512_vblock_q8(o + d, v + d, vs, hd, p, n, 8, pf, pfs, npf);
-    if (d + 64 <= hd) {
-        attn512_vblock_q8(o + d, v + d, vs, hd, p, n, 4, pf, pfs, npf);
-        d += 64, npf = 0;
-    }
-    if (d + 32 <= hd) {
-        attn512_vblock_q8(o + d, v + d, vs, hd, p, n, 2, pf, pfs, npf);
-        d += 32, npf = 0;
-    }
-    if (d + 16 <= hd) {
-        attn512_vblock_q8(o + d, v + d, vs, hd, p, n, 1, pf, pfs, npf);
-        d += 16;
-    }
+        attn512_vblock_q8(o + d, v + d, vs, hd, p, n, 8, npf);
+    for (; d + 16 <= hd; d += 16, npf = 0)
+        attn512_vblock_q8(o + d, v + d, vs, hd, p, n, 1, npf);
     if (d + 8 <= hd)
         attn512_vtail8_q8(o + d, v + d, vs, hd, p, n);
 }
