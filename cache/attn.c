@@ -2,7 +2,9 @@
  * and the project's exponential. This file holds the portable reference and
  * its AVX2+FMA twin; the twin computes the very same operations in the very
  * same order per result element, so the two agree bit for bit for every input
- * (tests/unit/test_attn.c checks across randomized configurations). */
+ * (tests/unit/test_attn.c checks across randomized configurations). At
+ * PD_ISA_AVX512 the twin hands int8 rows of one Q head to the AVX-512F
+ * kernels of attn_avx512.c, which keep the same order. */
 #include "cache/attn.h"
 #include "cache/attn_kern.h"
 
