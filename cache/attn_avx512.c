@@ -60,7 +60,7 @@ static ALWAYS_INLINE float attn512_hsum8(__m256 a)
 }
 
 /* Rows j and j + 1 of the eight: their eight channels at kd as one zmm of
- * codes times their group's scales (sp), the fmaf onto a<j/2>. */
+ * codes times their group's scales (s<j>), the fmaf onto acc. */
 #define ATTN512_K2(j, acc)                                                                        \
     acc = _mm512_fmadd_ps(                                                                        \
         qv,                                                                                       \

@@ -159,8 +159,13 @@ P12="$T/p12/pages.jsonl"
 timeout 120 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m12" --pages "$P12" --out "$T/rb.out" --batch 4 --digest \
   --layers 0-0,1-11 --rebalance auto --rebalance-window 64 --micro-batches pipeline >"$T/rb.log" 2>&1 </dev/null \
   || fail "rebalance run failed"
-final=$(grep -v "pre-copy started" "$T/rb.log" | grep -o "migration (rebalance) at step [0-9]*: [0-9,-]* -> [0-9,-]*" \
-  | tail -1 | sed 's/.* -> //')
+# switches LOG: the rebalancer's completed moves, "OLD -> NEW" a line (a move
+# with a pre-copy also logs its start, "pre-copy started", which is skipped)
+switches() {
+  grep -v "pre-copy started" "$1" | grep -o "migration (rebalance) at step [0-9]*: [0-9,-]* -> [0-9,-]*" \
+    | sed 's/.*: //' || true
+}
+final=$(switches "$T/rb.log" | tail -1 | sed 's/.* -> //')
 # the balanced split the cost model predicts (the default map's first layer of rank 1)
 best=$(timeout 120 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m12" --pages "$P12" --out "$T/rb0.out" --batch 4 \
   --micro-batches pipeline 2>&1 </dev/null | grep -o "placement: layers [0-9-]*, rank 1" | grep -o "[0-9]*-" | head -1 | tr -d -)
@@ -208,10 +213,7 @@ timeout 120 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m12" --pages "$P12" --
   --layers "${final:-0-5,6-11}" --rebalance auto --rebalance-window 128 --micro-batches pipeline >"$T/rb2.log" 2>&1 \
   </dev/null \
   || fail "rebalance run on a balanced map failed"
-# a move with a pre-copy logs twice (its start, "pre-copy started", and its
-# switch): count the switches
-moves2=$(grep -v "pre-copy started" "$T/rb2.log" | grep -o "migration (rebalance) at step [0-9]*: [0-9,-]* -> [0-9,-]*" \
-  | sed 's/.*: //' || true)
+moves2=$(switches "$T/rb2.log")
 n_moves2=$(grep -c . <<<"$moves2" || true)
 n_dec2=$(grep -c 'rebalance at step' "$T/rb2.log" || true)
 if [ "$n_moves2" -eq 0 ]; then
