@@ -102,11 +102,11 @@ static inline __attribute__((always_inline)) __m512 gemm_avx512_q8d(const uint8_
     return gemm_avx512_w(blk, GEMM_W_F16);
 }
 
-/* The lines of the Q8_0 panel block GEMM_PREFETCH bytes past blk. */
+/* The lines of the Q8_0 panel block at blk. */
 static inline __attribute__((always_inline)) void gemm_avx512_q8_prefetch(const uint8_t *blk)
 {
     for (uint32_t line = 0; line < GEMM_Q8_PANEL_BLOCK; line += 64)
-        __builtin_prefetch(blk + GEMM_PREFETCH + line, 0, 3);
+        __builtin_prefetch(blk + line, 0, 3);
 }
 
 /* Accumulators are named variables (c<row>) so gcc keeps them in registers;
@@ -170,7 +170,7 @@ static inline __attribute__((always_inline)) void gemm_avx512_tile_impl(const ge
             const __m512 d = gemm_avx512_q8d(pn);
             const uint8_t *q = pn + GEMM_Q8_SCALES;
             if (mr > 1)
-                gemm_avx512_q8_prefetch(pn);
+                gemm_avx512_q8_prefetch(pn + GEMM_PREFETCH);
             for (uint32_t kk = kb; kk < kb + GEMM_Q8_0_BLOCK; kk++, q += GEMM_NR) {
                 const __m512 w = gemm_avx512_q8w(q, d);
                 GEMM_AVX512_STEP(kk)
@@ -216,10 +216,11 @@ static inline __attribute__((always_inline)) void gemm_avx512_row_impl(const gem
             const __m512 d1 = np > 1 ? gemm_avx512_q8d(b1) : d0;
             const __m512 d2 = np > 2 ? gemm_avx512_q8d(b2) : d0;
             const __m512 d3 = np > 3 ? gemm_avx512_q8d(b3) : d0;
-            gemm_avx512_q8_prefetch(b0);
-            if (np > 1) gemm_avx512_q8_prefetch(b1);
-            if (np > 2) gemm_avx512_q8_prefetch(b2);
-            if (np > 3) gemm_avx512_q8_prefetch(b3);
+            const size_t pfo = gemm_row_prefetch_offset(off, ps, np);
+            gemm_avx512_q8_prefetch(b0 + pfo);
+            if (np > 1) gemm_avx512_q8_prefetch(b1 + pfo);
+            if (np > 2) gemm_avx512_q8_prefetch(b2 + pfo);
+            if (np > 3) gemm_avx512_q8_prefetch(b3 + pfo);
             for (uint32_t kk = 0; kk < GEMM_Q8_0_BLOCK; kk++) {
                 const __m512 b = _mm512_set1_ps(a[kb + kk]);
                 const size_t qo = GEMM_Q8_SCALES + (size_t)kk * GEMM_NR;
@@ -232,11 +233,11 @@ static inline __attribute__((always_inline)) void gemm_avx512_row_impl(const gem
         const size_t rs = GEMM_NR * (type == GEMM_W_F32 ? 4u : 2u);
         for (uint32_t kk = 0; kk < k; kk++) {
             const __m512 b = _mm512_set1_ps(a[kk]);
-            const size_t o = (size_t)kk * rs;
-            __builtin_prefetch(p0 + o + GEMM_PREFETCH, 0, 3);
-            if (np > 1) __builtin_prefetch(p1 + o + GEMM_PREFETCH, 0, 3);
-            if (np > 2) __builtin_prefetch(p2 + o + GEMM_PREFETCH, 0, 3);
-            if (np > 3) __builtin_prefetch(p3 + o + GEMM_PREFETCH, 0, 3);
+            const size_t o = (size_t)kk * rs, pfo = o + gemm_row_prefetch_offset(o, ps, np);
+            __builtin_prefetch(p0 + pfo, 0, 3);
+            if (np > 1) __builtin_prefetch(p1 + pfo, 0, 3);
+            if (np > 2) __builtin_prefetch(p2 + pfo, 0, 3);
+            if (np > 3) __builtin_prefetch(p3 + pfo, 0, 3);
 #define GEMM_AVX512_W(j) gemm_avx512_w(p##j + o, type)
             GEMM_AVX512_RFMA(GEMM_AVX512_W)
 #undef GEMM_AVX512_W

@@ -101,8 +101,20 @@ typedef const float *gemm_chunk_fn(const uint8_t *src, uint32_t kn, float *buf);
  * here. The single-tile path at M = 1 skips it (it cost more than it gained
  * there); the M = 1 row kernel over 4 panels uses it (AVX-512 Q8_0: a block's
  * lines at its start, +7 % batch-1 Q8_0 decode on 2 threads, more on one;
- * AVX2's Q8_0 row kernel is compute-bound and did not gain). */
+ * AVX2's Q8_0 row kernel is compute-bound and did not gain). Near a
+ * panel's end the row kernels prefetch the next group's panel (below): a
+ * Q8_0 panel is only 21 KB at K = 1280, so starting each of the next
+ * group's panels cold cost batch-1 Q8_0 decode 4-6 % on two threads. */
 #define GEMM_PREFETCH 4096
+
+/* How far past byte o of its panel a row kernel prefetches: GEMM_PREFETCH
+ * bytes on, and near the panel's end, into the panel np on (the same panel
+ * of the next group), not into the next panel, which this group is reading
+ * already. Past the last group the address is prefetched but never read. */
+static inline size_t gemm_row_prefetch_offset(size_t o, size_t panel_stride, uint32_t np)
+{
+    return o + GEMM_PREFETCH < panel_stride ? GEMM_PREFETCH : GEMM_PREFETCH + (size_t)(np - 1) * panel_stride;
+}
 
 /* One row against np consecutive panels (1 .. GEMM_ROW_PANELS) at once: a
  * lone row has only 2 accumulators per panel, so one panel at a time is
