@@ -984,6 +984,36 @@ static void gemm_run_openblas(const gemm_w *w, const float *a, size_t lda, uint3
                 (int)lda, (const float *)w->data, (int)w->k, 0.0f, c, (int)ldc);
 }
 
+/* Sets up *job, C = A W^T on the invariant backend for `threads` threads;
+ * returns its task count. */
+static uint32_t gemm_job_init(gemm_job *job, const gemm_w *w, const float *a, size_t lda, uint32_t m, float *c,
+                              size_t ldc, uint32_t threads)
+{
+    pd_isa isa = pd_cpu_isa();
+    /* A few panel ranges per thread so a thread the OS delays does not hold
+     * up the rest; each streams contiguous panels, a multiple of the row
+     * kernel's group. M blocks are separate tasks too, so a narrow W with
+     * many rows still spreads over the threads. */
+    uint32_t want = threads == 1 ? 1 : threads * 4;
+    uint32_t n_groups = (w->n_panels + GEMM_ROW_PANELS - 1) / GEMM_ROW_PANELS;
+    uint32_t n_ptasks = n_groups < want ? n_groups : want;
+    uint64_t n_mblocks = ((uint64_t)m + GEMM_MC - 1) / GEMM_MC;
+    uint64_t mbpt = (n_mblocks * n_ptasks + GEMM_MAX_TASKS - 1) / GEMM_MAX_TASKS;
+    *job = (gemm_job){
+        .w = w, .a = a, .lda = lda, .m = m, .c = c, .ldc = ldc,
+        .n_groups = n_groups,
+        .n_panel_tasks = n_ptasks,
+        .mblocks_per_task = (uint32_t)mbpt,
+        .mr = gemm_mr_for(isa),
+        .tiles = gemm_tiles_for(isa, w->type),
+        .rows = gemm_rows_for(isa, w->type),
+        .ctiles = gemm_ctiles_for(isa),
+        .ctiles_spread = gemm_ctiles_spread_for(isa, w->type),
+        .chunk = gemm_chunk_for(isa, w->type),
+    };
+    return (uint32_t)((n_mblocks + mbpt - 1) / mbpt) * n_ptasks;
+}
+
 void gemm_run_ld(const gemm_w *w, const float *a, size_t lda, uint32_t m, float *c, size_t ldc,
                  pool *p)
 {
@@ -996,30 +1026,51 @@ void gemm_run_ld(const gemm_w *w, const float *a, size_t lda, uint32_t m, float 
         return;
     }
     uint32_t threads = pool_threads(p);
-    pd_isa isa = pd_cpu_isa();
-    /* A few panel ranges per thread so a thread the OS delays does not hold
-     * up the rest; each streams contiguous panels, a multiple of the row
-     * kernel's group. M blocks are separate tasks too, so a narrow W with
-     * many rows still spreads over the threads. */
-    uint32_t want = threads == 1 ? 1 : threads * 4;
-    uint32_t n_groups = (w->n_panels + GEMM_ROW_PANELS - 1) / GEMM_ROW_PANELS;
-    uint32_t n_ptasks = n_groups < want ? n_groups : want;
-    uint64_t n_mblocks = ((uint64_t)m + GEMM_MC - 1) / GEMM_MC;
-    uint64_t mbpt = (n_mblocks * n_ptasks + GEMM_MAX_TASKS - 1) / GEMM_MAX_TASKS;
-    gemm_job job = {
-        .w = w, .a = a, .lda = lda, .m = m, .c = c, .ldc = ldc,
-        .n_groups = n_groups,
-        .n_panel_tasks = n_ptasks,
-        .mblocks_per_task = (uint32_t)mbpt,
-        .mr = gemm_mr_for(isa),
-        .tiles = gemm_tiles_for(isa, w->type),
-        .rows = gemm_rows_for(isa, w->type),
-        .ctiles = gemm_ctiles_for(isa),
-        .ctiles_spread = gemm_ctiles_spread_for(isa, w->type),
-        .chunk = gemm_chunk_for(isa, w->type),
-    };
-    uint32_t n_tasks = (uint32_t)((n_mblocks + mbpt - 1) / mbpt) * n_ptasks;
+    gemm_job job;
+    uint32_t n_tasks = gemm_job_init(&job, w, a, lda, m, c, ldc, threads);
     pool_run(threads == 1 ? NULL : p, n_tasks, gemm_task, &job);
+}
+
+/* Several jobs in one pool_run: task t is task t - first[i] of job i, where
+ * first[i] <= t < first[i + 1]. */
+typedef struct gemm_jobs {
+    gemm_job job[GEMM_MANY_MAX];
+    uint32_t first[GEMM_MANY_MAX + 1];
+} gemm_jobs;
+
+static void gemm_many_task(void *ctxp, uint32_t task, uint32_t thread)
+{
+    gemm_jobs *js = ctxp;
+    uint32_t i = 0;
+    while (task >= js->first[i + 1])
+        i++;
+    gemm_task(&js->job[i], task - js->first[i], thread);
+}
+
+void gemm_run_many(uint32_t n, const gemm_w *const *w, const float *a, uint32_t m, float *const *c, pool *p)
+{
+    CHECK(n >= 1 && n <= GEMM_MANY_MAX && w != NULL && c != NULL);
+    bool invariant = true;
+    for (uint32_t i = 0; i < n; i++) {
+        CHECK(w[i] != NULL && w[i]->k == w[0]->k);
+        invariant = invariant && w[i]->be == GEMM_BACKEND_INVARIANT;
+    }
+    uint32_t threads = pool_threads(p);
+    if (m == 0)
+        return;
+    if (!invariant || threads == 1) {
+        for (uint32_t i = 0; i < n; i++)
+            gemm_run(w[i], a, m, c[i], p);
+        return;
+    }
+    CHECK(a != NULL);
+    gemm_jobs js;
+    js.first[0] = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        CHECK(c[i] != NULL);
+        js.first[i + 1] = js.first[i] + gemm_job_init(&js.job[i], w[i], a, w[i]->k, m, c[i], w[i]->n, threads);
+    }
+    pool_run(p, js.first[n], gemm_many_task, &js);
 }
 
 void gemm_run(const gemm_w *w, const float *a, uint32_t m, float *c, pool *p)

@@ -103,6 +103,16 @@ void gemm_run(const gemm_w *w, const float *a, uint32_t m, float *c, pool *p);
 void gemm_run_ld(const gemm_w *w, const float *a, size_t lda, uint32_t m, float *c, size_t ldc,
                  pool *p);
 
+/* Most matrices gemm_run_many takes at once. */
+#define GEMM_MANY_MAX 4u
+
+/* c[i] = A * w[i]^T for the n (1 .. GEMM_MANY_MAX) matrices, all of the same
+ * k, each C with ldc = its n: the bits of gemm_run for each, but one
+ * hand-out of tasks to the pool for all of them, so threads wait for each
+ * other once (a layer's q, k and v; its gate and up) rather than once per
+ * matrix. Matrices on the OpenBLAS backend run one after the other. */
+void gemm_run_many(uint32_t n, const gemm_w *const *w, const float *a, uint32_t m, float *const *c, pool *p);
+
 uint32_t gemm_rows_n(const gemm_w *w);
 uint32_t gemm_cols_k(const gemm_w *w);
 gemm_wtype gemm_get_wtype(const gemm_w *w);

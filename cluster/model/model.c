@@ -1023,8 +1023,7 @@ typedef void (*model_ffn_fn)(const model_layer *ly, const model_hparams *hp, con
 static void ffn_swiglu(const model_layer *ly, const model_hparams *hp, const float *h, uint32_t n, float *out,
                        model_scratch *s, pool *p, const model_hooks *hk)
 {
-    gemm_run(ly->wgate, h, n, s->g, p);
-    gemm_run(ly->wup, h, n, s->u, p);
+    gemm_run_many(2, (const gemm_w *const[]){ly->wgate, ly->wup}, h, n, (float *const[]){s->g, s->u}, p);
     hooks_progress(hk);
     model_swiglu(s->g, s->u, n * hp->ffn, s->g);
     gemm_run(ly->wdown, s->g, n, out, p);
@@ -1064,8 +1063,7 @@ static void ffn_moe(const model_layer *ly, const model_hparams *hp, const float 
         model_moe_route(s->probs + (uint64_t)i * E, E, K, s->probs + (uint64_t)i * E, s->sel + (uint64_t)i * K,
                         s->wt + (uint64_t)i * K);
     /* the shared experts' gate/up on every row */
-    gemm_run(ly->wgate, h, n, s->g, p);
-    gemm_run(ly->wup, h, n, s->u, p);
+    gemm_run_many(2, (const gemm_w *const[]){ly->wgate, ly->wup}, h, n, (float *const[]){s->g, s->u}, p);
     hooks_progress(hk);
     /* gather: expert e's rows in row order at [off[e], off[e + 1]) */
     memset(s->off, 0, (E + 1) * sizeof *s->off);
@@ -1198,9 +1196,8 @@ pd_status model_layer_forward(const model *m, uint32_t layer, const model_batch 
         return PD_OK;
     for (uint32_t i = 0; i < n; i++)
         model_rmsnorm(x + (uint64_t)i * H, ly->attn_norm, H, hp->rms_eps, s->h + (uint64_t)i * H);
-    gemm_run(ly->wq, s->h, n, s->q, p);
-    gemm_run(ly->wk, s->h, n, s->k, p);
-    gemm_run(ly->wv, s->h, n, s->v, p);
+    gemm_run_many(3, (const gemm_w *const[]){ly->wq, ly->wk, ly->wv}, s->h, n, (float *const[]){s->q, s->k, s->v},
+                  p);
     hooks_progress(hooks);
     add_bias(s->q, ly->bq, n, qd);
     add_bias(s->k, ly->bk, n, kvd);

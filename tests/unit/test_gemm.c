@@ -280,6 +280,51 @@ START_TEST(gemm_bits_do_not_depend_on_thread_count)
 }
 END_TEST
 
+/* gemm_run_many gives each matrix the bits gemm_run gives it, whatever the
+ * matrices' widths and weight types, their count, M and the threads. */
+START_TEST(gemm_run_many_equals_one_run_per_matrix)
+{
+    static const uint32_t widths[GEMM_MANY_MAX] = {203, 16, 1, 50};
+    static const uint32_t ms[] = {1, 2, 7, 64, 130};
+    const uint32_t k = 96, max_m = 130;
+    pool *pools[3] = {NULL, NULL, NULL};
+    for (uint32_t t = 0; t < 3; t++)
+        ck_assert_int_eq(pool_new(t + 1, &pools[t], NULL), PD_OK);
+    test_mat mats[GEMM_MANY_MAX];
+    gemm_w *ws[GEMM_MANY_MAX];
+    float *want[GEMM_MANY_MAX], *got[GEMM_MANY_MAX];
+    for (uint32_t i = 0; i < GEMM_MANY_MAX; i++) {
+        mats[i] = mat_make(all_types[(i + 1) % 4], widths[i], k, 777 + i); /* a different type each */
+        ws[i] = pack_or_die(&mats[i], GEMM_BACKEND_INVARIANT);
+        want[i] = malloc(sizeof(float) * max_m * widths[i]);
+        got[i] = malloc(sizeof(float) * max_m * widths[i]);
+    }
+    float *a = act_make(max_m, k, 99);
+    for (uint32_t n = 1; n <= GEMM_MANY_MAX; n++)
+        for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
+            for (uint32_t th = 0; th < 3; th++) {
+                for (uint32_t i = 0; i < n; i++) {
+                    gemm_run(ws[i], a, ms[mi], want[i], NULL);
+                    memset(got[i], 0xff, sizeof(float) * max_m * widths[i]);
+                }
+                gemm_run_many(n, (const gemm_w *const *)ws, a, ms[mi], got, pools[th]);
+                for (uint32_t i = 0; i < n; i++)
+                    ASSERT_BITS_EQ(got[i], want[i], (size_t)ms[mi] * widths[i], "%u matrices, #%u (%s), m %u, %u threads",
+                                   n, i, gemm_wtype_name(mats[i].type), ms[mi], th + 1);
+                pool_check(pools[th]);
+            }
+    free(a);
+    for (uint32_t i = 0; i < GEMM_MANY_MAX; i++) {
+        free(want[i]);
+        free(got[i]);
+        gemm_free(ws[i]);
+        mat_free(&mats[i]);
+    }
+    for (uint32_t t = 0; t < 3; t++)
+        pool_free(pools[t]);
+}
+END_TEST
+
 /* Column j has the same bits whether W has 1, 15, 16, 17 ... or all n rows
  * (different panel counts and task splits), and whether C is written
  * through gemm_run_ld with wider strides. */
@@ -605,6 +650,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, gemm_row_bits_do_not_depend_on_m_scalar_path);
     tcase_add_test(tc, gemm_bits_do_not_depend_on_thread_count);
     tcase_add_test(tc, gemm_bits_do_not_depend_on_n_split);
+    tcase_add_test(tc, gemm_run_many_equals_one_run_per_matrix);
     tcase_add_test(tc, gemm_simd_equals_scalar_bit_for_bit);
     tcase_add_test(tc, gemm_quantized_equals_f32_of_dequantized);
     tcase_add_test(tc, gemm_agrees_with_openblas_within_tolerance);
