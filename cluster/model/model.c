@@ -1046,8 +1046,8 @@ static void moe_expert_task(void *ctxp, uint32_t task, uint32_t thread)
     const uint32_t e = s->act[task], r0 = s->off[e], nr = s->off[e + 1] - r0;
     const uint64_t H = c->hp->hidden, F = c->hp->ffn_exp;
     float *g = s->xg + r0 * F, *u = s->xu + r0 * F;
-    gemm_run(c->ly->egate[e], s->xa + r0 * H, nr, g, c->p);
-    gemm_run(c->ly->eup[e], s->xa + r0 * H, nr, u, c->p);
+    gemm_run_many(2, (const gemm_w *const[]){c->ly->egate[e], c->ly->eup[e]}, s->xa + r0 * H, nr,
+                  (float *const[]){g, u}, c->p);
     model_swiglu(g, u, (uint32_t)(nr * F), g);
     gemm_run(c->ly->edown[e], g, nr, s->xy + r0 * H, c->p);
 }
@@ -1057,14 +1057,14 @@ static void ffn_moe(const model_layer *ly, const model_hparams *hp, const float 
 {
     const uint32_t E = hp->n_expert, K = hp->n_expert_used;
     const uint64_t H = hp->hidden, FS = (uint64_t)hp->ffn_exp * hp->n_expert_shared;
+    /* the router's logits and the shared experts' gate/up of every row */
+    gemm_run_many(3, (const gemm_w *const[]){ly->router, ly->wgate, ly->wup}, h, n,
+                  (float *const[]){s->probs, s->g, s->u}, p);
+    hooks_progress(hk);
     /* route every row */
-    gemm_run(ly->router, h, n, s->probs, p);
     for (uint32_t i = 0; i < n; i++)
         model_moe_route(s->probs + (uint64_t)i * E, E, K, s->probs + (uint64_t)i * E, s->sel + (uint64_t)i * K,
                         s->wt + (uint64_t)i * K);
-    /* the shared experts' gate/up on every row */
-    gemm_run_many(2, (const gemm_w *const[]){ly->wgate, ly->wup}, h, n, (float *const[]){s->g, s->u}, p);
-    hooks_progress(hk);
     /* gather: expert e's rows in row order at [off[e], off[e + 1]) */
     memset(s->off, 0, (E + 1) * sizeof *s->off);
     for (uint64_t j = 0; j < (uint64_t)n * K; j++)
