@@ -361,6 +361,32 @@ static pd_status ring_write_upto(lcache *c, uint32_t upto, pd_err *err)
     return rc;
 }
 
+/* Row j of the open group on a kv layer, KV heads [h0, h1) (Q heads
+ * [h0 * G, h1 * G)), each through kv_layer_attend in head order; scratch
+ * NULL = the layer's own. */
+static pd_status kv_attend_heads(lcache *c, uint32_t j, uint32_t h0, uint32_t h1, const float *q, float *out,
+                                 float *scratch, size_t scratch_floats, pd_err *err)
+{
+    const uint32_t hd = c->cfg.head_dim, G = c->cfg.q_per_kv;
+    uint64_t upto = c->g.r0 + j + 1;
+    uint64_t first = c->cfg.window && upto > c->cfg.window ? upto - c->cfg.window : 0;
+    pd_status rc = PD_OK;
+    for (uint32_t h = h0; rc == PD_OK && h < h1; h++) {
+        kv_attend a = {.kv_head = h,
+                       .q_head0 = h * G,
+                       .n_q = G,
+                       .q = q + (uint64_t)h * G * hd,
+                       .first = (uint32_t)first,
+                       .upto = (uint32_t)upto,
+                       .track_imp = c->cfg.evict == LCACHE_EVICT_IMPORTANCE,
+                       .out = out + (uint64_t)h * G * hd,
+                       .scratch = scratch,
+                       .scratch_floats = scratch_floats};
+        rc = kv_layer_attend(c->kv, &a, NULL, err);
+    }
+    return rc;
+}
+
 pd_status lcache_attend(lcache *c, uint32_t j, const float *q, float *out, pd_err *err)
 {
     if (!c->g.open)
@@ -369,9 +395,8 @@ pd_status lcache_attend(lcache *c, uint32_t j, const float *q, float *out, pd_er
         return pd_err_set(err, PD_ERR_ARG, "layer cache: attend of row %u (group of %u, next row %u)", j,
                           c->g.n, c->g.next_attend);
     c->g.next_attend = j + 1;
-    const uint32_t hd = c->cfg.head_dim, G = c->cfg.q_per_kv;
     if (c->ring) {
-        ring_attend_opts opts = {.group = G};
+        ring_attend_opts opts = {.group = c->cfg.q_per_kv};
         uint8_t role = c->g.roles[j];
         if (role == LCACHE_ROLE_PREFILL)
             return ring_layer_attend_prefill(c->ring, c->g.ref0 + j, q, &opts, out, NULL, err);
@@ -382,21 +407,36 @@ pd_status lcache_attend(lcache *c, uint32_t j, const float *q, float *out, pd_er
             return ring_layer_attend(c->ring, q, &opts, out, NULL, err);
         return ring_layer_draft_attend(c->ring, ring_layer_drafts(c->ring) - 1, q, &opts, out, NULL, err);
     }
-    uint64_t upto = c->g.r0 + j + 1;
-    uint64_t first = c->cfg.window && upto > c->cfg.window ? upto - c->cfg.window : 0;
-    pd_status rc = PD_OK;
-    for (uint32_t h = 0; rc == PD_OK && h < c->cfg.n_kv_heads; h++) {
-        kv_attend a = {.kv_head = h,
-                       .q_head0 = h * G,
-                       .n_q = G,
-                       .q = q + (uint64_t)h * G * hd,
-                       .first = (uint32_t)first,
-                       .upto = (uint32_t)upto,
-                       .track_imp = c->cfg.evict == LCACHE_EVICT_IMPORTANCE,
-                       .out = out + (uint64_t)h * G * hd};
-        rc = kv_layer_attend(c->kv, &a, NULL, err);
-    }
-    return rc;
+    return kv_attend_heads(c, j, 0, c->cfg.n_kv_heads, q, out, NULL, 0, err);
+}
+
+int lcache_attend_splits(const lcache *c)
+{
+    return !c->ring && c->cfg.evict != LCACHE_EVICT_IMPORTANCE;
+}
+
+size_t lcache_attend_heads_scratch(const lcache *c)
+{
+    return c->ring ? 0 : kv_layer_scratch_floats(c->kv, c->cfg.q_per_kv);
+}
+
+pd_status lcache_attend_heads(lcache *c, uint32_t j, uint32_t h0, uint32_t h1, const float *q, float *out,
+                              float *scratch, size_t scratch_floats, pd_err *err)
+{
+    if (!lcache_attend_splits(c))
+        return pd_err_set(err, PD_ERR_ARG, "layer cache: a %s attends whole rows, not KV-head ranges",
+                          c->ring ? "ring" : "kv layer tracking importance");
+    if (!c->g.open)
+        return pd_err_set(err, PD_ERR_ARG, "layer cache: attend without an open group");
+    if (c->g.next_attend)
+        return pd_err_set(err, PD_ERR_ARG, "layer cache: attend of KV heads in a group attended by whole rows");
+    if (j >= c->g.n)
+        return pd_err_set(err, PD_ERR_ARG, "layer cache: attend of row %u (group of %u)", j, c->g.n);
+    if (h0 >= h1 || h1 > c->cfg.n_kv_heads)
+        return pd_err_set(err, PD_ERR_ARG, "layer cache: KV heads [%u, %u) of %u", h0, h1, c->cfg.n_kv_heads);
+    if (!scratch)
+        return pd_err_set(err, PD_ERR_ARG, "layer cache: attend of KV heads without scratch");
+    return kv_attend_heads(c, j, h0, h1, q, out, scratch, scratch_floats, err);
 }
 
 pd_status lcache_end(lcache *c, pd_err *err)

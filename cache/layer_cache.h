@@ -151,6 +151,31 @@ pd_status lcache_append(lcache *c, const lcache_group *g, const float *k, const 
  * allocates. */
 pd_status lcache_attend(lcache *c, uint32_t j, const float *q, float *out, pd_err *err);
 
+/* Attending by KV heads on several threads (one stream's decode step or
+ * prefill would otherwise attend on one thread while the others wait).
+ * lcache_attend_splits says whether the container allows it: a kv layer
+ * that tracks no importance. A ring writes its rows as the attends advance
+ * and importance adds up over the heads in head order, so those attend
+ * whole rows (lcache_attend). */
+int lcache_attend_splits(const lcache *c);
+
+/* Floats of scratch one lcache_attend_heads call needs in the open group
+ * (after lcache_append); 0 for a ring. */
+size_t lcache_attend_heads_scratch(const lcache *c);
+
+/* Row j of the open group attends with KV heads [h0, h1) only: reads q's
+ * Q heads [h0 * q_per_kv, h1 * q_per_kv) and writes the same slices of out
+ * (q and out are whole rows as in lcache_attend). It changes nothing in the
+ * container, so calls for disjoint head ranges, each with its own scratch,
+ * may run at once on different threads, for the rows in any order; calls
+ * covering [0, n_kv_heads) give out the bits of lcache_attend (each head runs
+ * the same attn_run). A group attends either way, not both. PD_ERR_ARG when
+ * the container does not split, no group is open, the group was attended by
+ * rows, j or the range is out of bounds, or scratch is NULL; PD_ERR_RANGE when
+ * scratch_floats is below lcache_attend_heads_scratch. Never allocates. */
+pd_status lcache_attend_heads(lcache *c, uint32_t j, uint32_t h0, uint32_t h1, const float *q, float *out,
+                              float *scratch, size_t scratch_floats, pd_err *err);
+
 /* Closes the open group: a ring writes the rows no attend reached; a kv
  * layer with a window drops rows no later query can see (trim_window with
  * max_drafts + 1 rows of slack). PD_OK when no group is open. */

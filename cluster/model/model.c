@@ -921,6 +921,11 @@ struct model_scratch {
     float *xa, *xy; /* [rows x K x hidden] gathered inputs, expert outputs */
     uint64_t moe_calls, moe_active; /* MoE layer runs, and the experts they used in all */
     float *xg, *xu; /* [rows x K x ffn_exp] */
+    /* attention split by KV heads: one scratch of ascr_per floats per pool
+     * thread, grown before a layer's attends when its rows need more */
+    float *ascr;
+    size_t ascr_per;
+    uint32_t ascr_threads;
 };
 
 static float *scratch_f(uint64_t n)
@@ -995,6 +1000,7 @@ void model_scratch_free(model_scratch *s)
     free(s->xy);
     free(s->xg);
     free(s->xu);
+    free(s->ascr);
     free(s);
 }
 
@@ -1175,6 +1181,104 @@ static void attend_task(void *ctx, uint32_t task, uint32_t thread)
     }
 }
 
+/* Fewer groups than threads (one stream's decode step or its prefill): the
+ * groups whose container splits (lcache_attend_splits) attend by ranges of
+ * KV heads, one pool task per (group, range), each thread in its own
+ * scratch; the others run whole as one task. Appends and ends stay on the
+ * calling thread. Task t is part t % parts of group t / parts (a group that
+ * does not split does its work in part 0). */
+typedef struct attend_split_ctx {
+    attend_ctx *a;
+    uint32_t parts, n_kv;
+    const uint8_t *split; /* [n_groups] */
+} attend_split_ctx;
+
+static void attend_split_task(void *ctx, uint32_t task, uint32_t thread)
+{
+    attend_split_ctx *sp = ctx;
+    attend_ctx *a = sp->a;
+    const uint32_t g = task / sp->parts, part = task % sp->parts;
+    const model_group *gr = &a->b->groups[g];
+    model_scratch *s = a->s;
+    pd_err e = {0};
+    pd_status rc = PD_OK;
+    if (sp->split[g]) {
+        uint32_t h0 = (uint32_t)((uint64_t)part * sp->n_kv / sp->parts);
+        uint32_t h1 = (uint32_t)((uint64_t)(part + 1) * sp->n_kv / sp->parts);
+        for (uint32_t j = 0; rc == PD_OK && h0 < h1 && j < gr->n; j++)
+            rc = lcache_attend_heads(gr->cache, j, h0, h1, s->q + (gr->row0 + j) * a->qd,
+                                     s->att + (gr->row0 + j) * a->qd, s->ascr + (size_t)thread * s->ascr_per,
+                                     s->ascr_per, &e);
+    } else if (part == 0) {
+        for (uint32_t j = 0; rc == PD_OK && j < gr->n; j++)
+            rc = lcache_attend(gr->cache, j, s->q + (gr->row0 + j) * a->qd, s->att + (gr->row0 + j) * a->qd, &e);
+    }
+    if (rc != PD_OK && __atomic_exchange_n(&a->status, rc, __ATOMIC_ACQ_REL) == PD_OK)
+        a->err = e;
+}
+
+/* Makes room for `threads` attention scratches of `per` floats; 0 when it
+ * cannot (the caller then attends by groups). */
+static int ascr_reserve(model_scratch *s, uint32_t threads, size_t per)
+{
+    if (s->ascr && s->ascr_threads >= threads && s->ascr_per >= per)
+        return 1;
+    per += per / 2; /* rows grow by one a step: grow ahead */
+    float *n = malloc((size_t)threads * per * sizeof *n);
+    if (!n)
+        return 0;
+    free(s->ascr);
+    s->ascr = n;
+    s->ascr_per = per;
+    s->ascr_threads = threads;
+    return 1;
+}
+
+/* The split path of model_layer_forward's attention; 0 when no group splits
+ * (nothing done: the caller attends by groups). */
+static int attend_by_heads(const model_batch *b, attend_ctx *a, pool *p)
+{
+    const uint32_t threads = pool_threads(p), G = b->n_groups;
+    if (threads < 2 || G >= threads)
+        return 0;
+    uint8_t split[POOL_MAX_THREADS] = {0};
+    uint32_t n_split = 0;
+    for (uint32_t g = 0; g < G; g++)
+        n_split += split[g] = (uint8_t)(lcache_attend_splits(b->groups[g].cache) != 0);
+    if (n_split == 0)
+        return 0;
+    lcache_config cfg;
+    lcache_config_get(b->groups[0].cache, &cfg);
+    uint32_t n_kv = cfg.n_kv_heads;
+    uint32_t g = 0;
+    for (; g < G && a->status == PD_OK; g++) {
+        const model_group *gr = &b->groups[g];
+        lcache_group lg = {.pos = b->pos[gr->row0], .n = gr->n, .roles = b->roles + gr->row0};
+        a->status = lcache_append(gr->cache, &lg, a->s->k + gr->row0 * a->kvd, a->s->v + gr->row0 * a->kvd, &a->err);
+    }
+    size_t per = 0;
+    for (uint32_t i = 0; i < g; i++) {
+        size_t need = split[i] ? lcache_attend_heads_scratch(b->groups[i].cache) : 0;
+        per = need > per ? need : per;
+    }
+    if (a->status == PD_OK && !ascr_reserve(a->s, threads, per))
+        for (uint32_t i = 0; i < G; i++)
+            split[i] = 0; /* attend whole rows: same bits, one thread a group */
+    if (a->status == PD_OK) {
+        attend_split_ctx sp = {.a = a, .parts = threads < n_kv ? threads : n_kv, .n_kv = n_kv, .split = split};
+        pool_run(p, G * sp.parts, attend_split_task, &sp);
+    }
+    for (uint32_t i = 0; i < g; i++) {
+        pd_err e = {0};
+        pd_status rc = lcache_end(b->groups[i].cache, &e);
+        if (rc != PD_OK && a->status == PD_OK) {
+            a->status = rc;
+            a->err = e;
+        }
+    }
+    return 1;
+}
+
 static void add_bias(float *x, const float *b, uint32_t n, uint32_t width)
 {
     if (!b)
@@ -1208,7 +1312,8 @@ pd_status model_layer_forward(const model *m, uint32_t layer, const model_batch 
         rope_table_apply(m->rope, s->k + (uint64_t)i * kvd, hp->n_kv_heads, b->pos[i], pairs);
     }
     attend_ctx a = {.b = b, .s = s, .qd = qd, .kvd = kvd, .status = PD_OK};
-    pool_run(p, b->n_groups, attend_task, &a);
+    if (!attend_by_heads(b, &a, p))
+        pool_run(p, b->n_groups, attend_task, &a);
     if (a.status != PD_OK)
         return pd_err_set(err, a.status, "layer %u: %s", layer, a.err.msg);
     hooks_progress(hooks);

@@ -411,6 +411,86 @@ START_TEST(lcache_positions_pending_and_rollback_limits)
 }
 END_TEST
 
+/* Attending by KV-head ranges (lcache_attend_heads, what a layer does when
+ * one stream's rows would otherwise attend on one thread) gives the bits of
+ * whole-row attends, for f32 and q8 storage, a window, and a group of
+ * decode and verify rows after a prefill group; the ranges run in reverse
+ * order and the rows backwards (they change nothing, so any order is
+ * allowed). Refusals: a ring and an importance-tracking kv layer attend whole
+ * rows; no open group, a group already attended by rows, a row or a range out
+ * of bounds, no scratch (PD_ERR_ARG) or too little (PD_ERR_RANGE). */
+START_TEST(lcache_attend_heads_equal_whole_rows)
+{
+    enum { P = 9, D = 3, N = P + D };
+    float k[N * KVD], v[N * KVD], q[N * QD], whole[N * QD], byh[N * QD];
+    fill(k, sizeof k / 4, 21);
+    fill(v, sizeof v / 4, 22);
+    fill(q, sizeof q / 4, 23);
+    const uint8_t pre[P] = {0}, dv[D] = {LCACHE_ROLE_DECODE, LCACHE_ROLE_VERIFY, LCACHE_ROLE_VERIFY};
+    const lcache_config cfgs[] = {cfg_kv(KV_MODE_F32, 0, LCACHE_EVICT_NONE, 0, 0),
+                                  cfg_kv(KV_MODE_Q8, 0, LCACHE_EVICT_NONE, 0, 0),
+                                  cfg_kv(KV_MODE_F32, 5, LCACHE_EVICT_NONE, 0, 0),
+                                  cfg_kv(KV_MODE_F32, 0, LCACHE_EVICT_RECENT, 8, 0)};
+    pd_err e = {0};
+    for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
+        lcache *a = make(&cfgs[ci]), *b = make(&cfgs[ci]);
+        ck_assert_int_eq(lcache_attend_splits(b), 1);
+        memset(whole, 0, sizeof whole);
+        memset(byh, 0xff, sizeof byh);
+        lc_group(a, 0, pre, P, k, v, q, whole);
+        lc_group(a, P, dv, D, k + P * KVD, v + P * KVD, q + P * QD, whole + P * QD);
+        const struct { uint64_t pos; const uint8_t *roles; uint32_t n; uint32_t r0; } gs[] = {{0, pre, P, 0},
+                                                                                               {P, dv, D, P}};
+        for (int gi = 0; gi < 2; gi++) {
+            lcache_group g = {.pos = gs[gi].pos, .n = gs[gi].n, .roles = gs[gi].roles};
+            ck_assert_int_eq(lcache_attend_heads(b, 0, 0, NKV, q, byh, whole, sizeof whole / 4, &e), PD_ERR_ARG);
+            ck_assert_msg(lcache_append(b, &g, k + gs[gi].r0 * KVD, v + gs[gi].r0 * KVD, &e) == PD_OK, "%s", e.msg);
+            size_t need = lcache_attend_heads_scratch(b);
+            ck_assert_uint_gt(need, 0);
+            float *scr = malloc(need * sizeof *scr);
+            const float *qg = q + gs[gi].r0 * QD;
+            float *og = byh + gs[gi].r0 * QD;
+            ck_assert_int_eq(lcache_attend_heads(b, gs[gi].n, 0, NKV, qg, og, scr, need, &e), PD_ERR_ARG);
+            ck_assert_int_eq(lcache_attend_heads(b, 0, 1, 1, qg, og, scr, need, &e), PD_ERR_ARG);
+            ck_assert_int_eq(lcache_attend_heads(b, 0, 0, NKV + 1, qg, og, scr, need, &e), PD_ERR_ARG);
+            ck_assert_int_eq(lcache_attend_heads(b, 0, 0, NKV, qg, og, NULL, need, &e), PD_ERR_ARG);
+            ck_assert_int_eq(lcache_attend_heads(b, gs[gi].n - 1, 0, NKV, qg, og, scr, 8, &e), PD_ERR_RANGE);
+            for (uint32_t h = NKV; h-- > 0;)
+                for (uint32_t j = gs[gi].n; j-- > 0;)
+                    ck_assert_msg(lcache_attend_heads(b, j, h, h + 1, qg + j * QD, og + j * QD, scr, need, &e) ==
+                                      PD_OK,
+                                  "%s", e.msg);
+            free(scr);
+            ck_assert_msg(lcache_end(b, &e) == PD_OK, "%s", e.msg);
+            lcache_check(b);
+        }
+        ck_assert_msg(memcmp(whole, byh, sizeof whole) == 0, "config %zu: by heads != whole rows", ci);
+        ck_assert_uint_eq(lcache_position(a), lcache_position(b));
+        assert_kv_equal(lcache_kv(a), lcache_kv(b), "after attends by heads");
+        /* a group attended by rows refuses head ranges */
+        lcache_group g = {.pos = N, .n = 1, .roles = dv};
+        ck_assert_int_eq(lcache_append(b, &g, k, v, &e), PD_OK);
+        ck_assert_int_eq(lcache_attend(b, 0, q, byh, &e), PD_OK);
+        ck_assert_int_eq(lcache_attend_heads(b, 0, 0, NKV, q, byh, whole, sizeof whole / 4, &e), PD_ERR_ARG);
+        ck_assert_int_eq(lcache_end(b, &e), PD_OK);
+        lcache_free(a);
+        lcache_free(b);
+    }
+    const lcache_config whole_only[] = {cfg_ring(4), cfg_kv(KV_MODE_F32, 0, LCACHE_EVICT_IMPORTANCE, 8, 2)};
+    for (size_t ci = 0; ci < 2; ci++) {
+        lcache *c = make(&whole_only[ci]);
+        ck_assert_int_eq(lcache_attend_splits(c), 0);
+        lcache_group g = {.pos = 0, .n = P, .roles = pre};
+        ck_assert_int_eq(lcache_append(c, &g, k, v, &e), PD_OK);
+        e = (pd_err){0}; /* the first failure sticks: forget the ones above */
+        ck_assert_int_eq(lcache_attend_heads(c, 0, 0, NKV, q, byh, whole, sizeof whole / 4, &e), PD_ERR_ARG);
+        ck_assert_msg(strstr(e.msg, ci ? "importance" : "ring") != NULL, "%s", e.msg);
+        ck_assert_int_eq(lcache_end(c, &e), PD_OK);
+        lcache_free(c);
+    }
+}
+END_TEST
+
 START_TEST(lcache_refuses_bad_groups_and_calls_and_changes_nothing)
 {
     for (int kind = 0; kind < LCACHE_KIND_COUNT; kind++) {
@@ -609,6 +689,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, lcache_ring_answers_like_the_ring_layer);
     tcase_add_test(tc, lcache_positions_pending_and_rollback_limits);
     tcase_add_test(tc, lcache_refuses_bad_groups_and_calls_and_changes_nothing);
+    tcase_add_test(tc, lcache_attend_heads_equal_whole_rows);
     tcase_add_test(tc, lcache_refuses_contradictory_configurations);
     tcase_add_test(tc, lcache_memory_is_the_implementations);
     tcase_add_test(tc, lcache_bytes_estimate_is_what_a_new_container_holds);

@@ -331,7 +331,13 @@ static void check_stack(model_arch arch, uint32_t heads, uint32_t kv_heads)
     /* the model's layer math without a stage: one group of 3 prefill and 2
      * decode rows per layer, through a kv and through a ring container
      * (window 4 holds both decode rows, so it sees every row as well): the
-     * stage's bits exactly, and the progress hook between the GEMMs */
+     * stage's bits exactly, and the progress hook between the GEMMs; with no
+     * pool and with pools of 2 and 3 threads (one group, fewer than the
+     * threads: a kv layer attends by KV-head ranges on them) */
+    pool *pools[3] = {NULL};
+    ck_assert_int_eq(pool_new(2, &pools[1], &e), PD_OK);
+    ck_assert_int_eq(pool_new(3, &pools[2], &e), PD_OK);
+    for (int pk = 0; pk < 3; pk++)
     for (int kind = 0; kind < LCACHE_KIND_COUNT; kind++) {
         lcache_config cc = {.kind = (lcache_kind)kind,
                             .n_kv_heads = nkv,
@@ -359,18 +365,20 @@ static void check_stack(model_arch arch, uint32_t heads, uint32_t kv_heads)
         for (uint32_t L = 0; L < hp->n_layers; L++) {
             model_group g = {.row0 = 0, .n = R, .cache = caches[L]};
             model_batch b = {.n = R, .pos = pos, .roles = roles, .groups = &g, .n_groups = 1};
-            ck_assert_msg(model_layer_forward(m, L, &b, y, scr, NULL, &hk, &e) == PD_OK, "%s", e.msg);
+            ck_assert_msg(model_layer_forward(m, L, &b, y, scr, pools[pk], &hk, &e) == PD_OK, "%s", e.msg);
             lcache_check(caches[L]);
             ck_assert_uint_eq(lcache_position(caches[L]), R);
         }
         ck_assert_int_eq(calls, 4 * (int)hp->n_layers);
         ck_assert_msg(memcmp(y, x, (size_t)R * H * sizeof(float)) == 0,
-                      "model_layer_forward (%s container) differs from stage_forward",
-                      kind == LCACHE_KIND_RING ? "ring" : "kv");
+                      "model_layer_forward (%s container, %u threads) differs from stage_forward",
+                      kind == LCACHE_KIND_RING ? "ring" : "kv", pool_threads(pools[pk]));
         for (uint32_t L = 0; L < hp->n_layers; L++)
             lcache_free(caches[L]);
         model_scratch_free(scr);
     }
+    pool_free(pools[1]);
+    pool_free(pools[2]);
     gguf_close(f);
     model_free(m);
     unlink(path);
