@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <time.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -25,9 +26,17 @@
 #define POOL_IDX(s) ((uint32_t)(s))
 #define POOL_WORD(gen, idx) (((uint64_t)(gen) << 32) | (uint64_t)(idx))
 
-/* How long a thread polls before it sleeps: ~tens of microseconds, enough to
- * catch the next pool_run of the same layer without burning a shared core. */
-#define POOL_SPIN_WORKER 4096
+/* How long a worker polls for the next job before it sleeps: a layer's
+ * serial work between two pool_runs (norms, a stage's bookkeeping, attention
+ * that does not split) took longer than a count of ~80 us of PAUSEs on the
+ * 2-core machine, and every sleep costs a futex wake-up (a VM's wake-up
+ * latency, with one thread streaming the next GEMM alone meanwhile: 19 per
+ * decode step, 2-4 % of batch-1 decode). A worker stops polling at once when
+ * the owner parks the pool (pool_park: it will wait for a message or hand
+ * the CPUs to another rank). The clock is read every POOL_SPIN_CHECK polls. */
+#define POOL_SPIN_WORKER_NS 1000000L
+#define POOL_SPIN_CHECK 256
+/* How long the caller polls for the last task's end before it sleeps. */
 #define POOL_SPIN_CALLER 4096
 
 /* INV: between pool_run calls, POOL_GEN(state) == gen, POOL_IDX(state) ==
@@ -48,6 +57,7 @@ struct pool {
     atomic_uint done;     /* tasks of the current job finished */
     atomic_uint sleepers; /* workers waiting on work_cv */
     atomic_bool stop;
+    atomic_bool park;     /* pool_park: workers sleep now, not after polling */
     bool caller_waiting;  /* guarded by mu */
     pthread_mutex_t mu;
     pthread_cond_t work_cv;
@@ -91,6 +101,13 @@ static void pool_drain(pool *p, uint32_t gen, uint32_t thread)
     }
 }
 
+static long pool_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long)ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
 static void *pool_worker(void *argp)
 {
     struct pool_worker_arg a = *(struct pool_worker_arg *)argp;
@@ -101,9 +118,17 @@ static void *pool_worker(void *argp)
     uint32_t seen = 0;
     for (;;) {
         uint64_t s = atomic_load(&p->state);
-        for (int i = 0; i < POOL_SPIN_WORKER && POOL_GEN(s) == seen && !atomic_load(&p->stop); i++) {
+        long t0 = -1;
+        for (uint32_t i = 1; POOL_GEN(s) == seen && !atomic_load(&p->stop) && !atomic_load(&p->park); i++) {
             POOL_PAUSE();
             s = atomic_load(&p->state);
+            if (i % POOL_SPIN_CHECK == 0) {
+                long t = pool_now_ns();
+                if (t0 < 0)
+                    t0 = t;
+                else if (t - t0 > POOL_SPIN_WORKER_NS)
+                    break;
+            }
         }
         if (POOL_GEN(s) == seen && !atomic_load(&p->stop)) {
             pthread_mutex_lock(&p->mu);
@@ -154,6 +179,7 @@ pd_status pool_new(uint32_t n_threads, pool **out, pd_err *err)
     atomic_init(&p->done, 0);
     atomic_init(&p->sleepers, 0);
     atomic_init(&p->stop, false);
+    atomic_init(&p->park, false);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->work_cv, NULL);
     pthread_cond_init(&p->done_cv, NULL);
@@ -207,6 +233,7 @@ void pool_run(pool *p, uint32_t n_tasks, pool_fn fn, void *ctx)
     CHECKF(n_tasks < POOL_SETUP, "pool: %u tasks", n_tasks);
     uint32_t gen = p->gen + 1;
     p->gen = gen;
+    atomic_store(&p->park, false);
     atomic_store(&p->state, POOL_WORD(gen, POOL_SETUP));
     atomic_store(&p->fn, fn);
     atomic_store(&p->ctx, ctx);
@@ -232,6 +259,12 @@ void pool_run(pool *p, uint32_t n_tasks, pool_fn fn, void *ctx)
         p->caller_waiting = false;
         pthread_mutex_unlock(&p->mu);
     }
+}
+
+void pool_park(pool *p)
+{
+    if (p)
+        atomic_store(&p->park, true);
 }
 
 void pool_check(const pool *p)

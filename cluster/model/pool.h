@@ -10,8 +10,9 @@
  * has not claimed yet.
  *
  * Dispatch latency matters (several calls per layer per micro-batch): workers
- * spin briefly on the job word after each job, then sleep on a condition
- * variable; pool_run allocates nothing. */
+ * poll the job word for up to a millisecond after each job, then sleep on a
+ * condition variable; pool_park sends them to sleep at once. pool_run
+ * allocates nothing. */
 #ifndef PD_POOL_H
 #define PD_POOL_H
 
@@ -48,6 +49,12 @@ uint32_t pool_threads(const pool *p);
  * concurrently; fn must not call pool_run on the same pool. One caller at a
  * time per pool. */
 void pool_run(pool *p, uint32_t n_tasks, pool_fn fn, void *ctx);
+
+/* Tells the workers that no job comes soon (the owner is about to wait for
+ * a message, or to hand the CPUs to another rank): they sleep now instead of
+ * polling for a millisecond. The next pool_run wakes them as usual. Only the
+ * thread that calls pool_run calls it; NULL is a no-op. */
+void pool_park(pool *p);
 
 /* Checks the pool's internal invariants (idle between jobs); aborts through
  * CHECK on violation. For tests. */

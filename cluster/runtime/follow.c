@@ -113,6 +113,7 @@ pd_status follow_loop(rank *r, const run_hooks *hooks, pd_err *err)
         size_t len;
         msg_kind kind;
         uint64_t seq;
+        pool_park(r->pool); /* the pool's threads sleep while the next batch comes */
         if ((st = xport_wait_next(r->x, &in, &len, err)) || (st = msg_peek(in, len, &kind, &seq, err)))
             break;
         if (kind == MSG_KIND_STOP) {

@@ -407,6 +407,7 @@ static pd_status head_take_results(head *h, uint32_t *flags_out, pd_err *err)
     rank *r = h->r;
     const uint8_t *buf;
     size_t len;
+    pool_park(r->pool); /* the pool's threads sleep while the results come */
     pd_status st = xport_recv(r->x, xport_peers_get(r->x)->tail, &buf, &len, err);
     if (st)
         return st;

@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define MAX_TASKS 1001
 
@@ -116,6 +117,56 @@ START_TEST(pool_repeated_runs_keep_counting)
 }
 END_TEST
 
+static double cpu_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void nap_ms(long ms)
+{
+    struct timespec ts = {.tv_sec = 0, .tv_nsec = ms * 1000000L};
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
+/* After a job the workers poll for the next one (up to a millisecond each),
+ * so a pause right after it costs CPU; a parked pool's workers sleep at once:
+ * the process uses (almost) no CPU while its caller naps, and the next run
+ * still runs every task. 3 workers polling for 1 ms is >= 1 ms of CPU on any
+ * machine of 2 cores or more; parked, they take microseconds. */
+START_TEST(pool_park_sends_the_workers_to_sleep_at_once)
+{
+    pool *p = NULL;
+    ck_assert_int_eq(pool_new(4, &p, NULL), PD_OK);
+    sum_ctx s;
+    atomic_init(&s.sum, 0);
+    unsigned long long want = 0;
+    double polled = 0, parked = 1e9;
+    for (int r = 0; r < 5; r++) {
+        pool_run(p, 64, sum_task, &s);
+        double t0 = cpu_seconds();
+        nap_ms(20);
+        double a = cpu_seconds() - t0;
+        polled = a > polled ? a : polled;
+        pool_run(p, 64, sum_task, &s);
+        pool_park(p);
+        t0 = cpu_seconds();
+        nap_ms(20);
+        double b = cpu_seconds() - t0;
+        parked = b < parked ? b : parked;
+        want += 2ull * 64 * 65 / 2;
+    }
+    ck_assert_uint_eq(atomic_load(&s.sum), want);
+    ck_assert_msg(parked < 0.0005, "parked workers used %.3f ms of CPU in 20 ms", parked * 1e3);
+    ck_assert_msg(polled > parked, "polling workers used %.3f ms, parked %.3f ms", polled * 1e3, parked * 1e3);
+    pool_park(NULL);
+    pool_check(p);
+    pool_free(p);
+}
+END_TEST
+
 typedef struct order_ctx {
     uint32_t next;
     uint32_t misordered;
@@ -189,6 +240,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, pool_repeated_runs_keep_counting);
     tcase_add_test(tc, pool_null_runs_inline_in_order);
     tcase_add_test(tc, pool_workers_run_tasks_concurrently);
+    tcase_add_test(tc, pool_park_sends_the_workers_to_sleep_at_once);
     suite_add_tcase(s, tc);
     return s;
 }
