@@ -234,10 +234,13 @@ static inline __attribute__((always_inline)) void gemm_avx512_row_impl(const gem
         for (uint32_t kk = 0; kk < k; kk++) {
             const __m512 b = _mm512_set1_ps(a[kk]);
             const size_t o = (size_t)kk * rs, pfo = o + gemm_row_prefetch_offset(o, ps, np);
-            __builtin_prefetch(p0 + pfo, 0, 3);
-            if (np > 1) __builtin_prefetch(p1 + pfo, 0, 3);
-            if (np > 2) __builtin_prefetch(p2 + pfo, 0, 3);
-            if (np > 3) __builtin_prefetch(p3 + pfo, 0, 3);
+            /* one prefetch per 64-byte line: a 16-bit panel's k row is 32 bytes */
+            if (type == GEMM_W_F32 || (kk & 1) == 0) {
+                __builtin_prefetch(p0 + pfo, 0, 3);
+                if (np > 1) __builtin_prefetch(p1 + pfo, 0, 3);
+                if (np > 2) __builtin_prefetch(p2 + pfo, 0, 3);
+                if (np > 3) __builtin_prefetch(p3 + pfo, 0, 3);
+            }
 #define GEMM_AVX512_W(j) gemm_avx512_w(p##j + o, type)
             GEMM_AVX512_RFMA(GEMM_AVX512_W)
 #undef GEMM_AVX512_W
