@@ -266,7 +266,9 @@ void model_scratch_moe_stats(const model_scratch *s, uint64_t *calls, uint64_t *
  *   h = rmsnorm(x) * attn_norm;  q, k, v = h Wq^T, h Wk^T, h Wv^T (+ biases);
  *   RoPE on q and k at each row's absolute position;
  *   per group, one pool task each: lcache_append(k, v), row j attends
- *   (lcache_attend), lcache_end;
+ *   (lcache_attend), lcache_end; with fewer groups than p's threads, the
+ *   groups whose container allows it attend by ranges of KV heads, a task
+ *   per (group, range) (lcache_attend_heads, the same bits);
  *   x += att Wo^T;  h = rmsnorm(x) * ffn_norm;  x += model_ffn(h).
  * The GEMMs take every row at once (row-invariant kernels), so a row's bits
  * do not depend on the other rows. hooks->progress runs after the QKV GEMMs,
