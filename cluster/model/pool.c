@@ -26,15 +26,17 @@
 #define POOL_IDX(s) ((uint32_t)(s))
 #define POOL_WORD(gen, idx) (((uint64_t)(gen) << 32) | (uint64_t)(idx))
 
-/* How long a worker polls for the next job before it sleeps: a layer's
- * serial work between two pool_runs (norms, a stage's bookkeeping, attention
- * that does not split) took longer than a count of ~80 us of PAUSEs on the
- * 2-core machine, and every sleep costs a futex wake-up (a VM's wake-up
- * latency, with one thread streaming the next GEMM alone meanwhile: 19 per
- * decode step, 2-4 % of batch-1 decode). A worker stops polling at once when
- * the owner parks the pool (pool_park: it will wait for a message or hand
- * the CPUs to another rank). The clock is read every POOL_SPIN_CHECK polls. */
-#define POOL_SPIN_WORKER_NS 1000000L
+/* How long a worker polls for the next job before it sleeps, by default
+ * (pool_set_poll changes it): ~80 us, enough to catch the next pool_run of
+ * the same layer without burning a core another rank may need. A rank that
+ * owns its CPUs polls for 1 ms (rank.c): a layer's serial work (attention
+ * that does not split, norms, a stage's bookkeeping) was longer than 80 us
+ * on the 2-core machine, and every sleep cost a futex wake-up with one
+ * thread streaming the next GEMM alone meanwhile (19 per batch-1 decode
+ * step, 2-4 % of it). A worker stops polling at once when the owner parks
+ * the pool (pool_park: it will wait for a message). The clock is read every
+ * POOL_SPIN_CHECK polls. */
+#define POOL_POLL_US_DEFAULT 80u
 #define POOL_SPIN_CHECK 256
 /* How long the caller polls for the last task's end before it sleeps. */
 #define POOL_SPIN_CALLER 4096
@@ -58,6 +60,7 @@ struct pool {
     atomic_uint sleepers; /* workers waiting on work_cv */
     atomic_bool stop;
     atomic_bool park;     /* pool_park: workers sleep now, not after polling */
+    atomic_long poll_ns;  /* how long a worker polls for the next job */
     bool caller_waiting;  /* guarded by mu */
     pthread_mutex_t mu;
     pthread_cond_t work_cv;
@@ -126,7 +129,7 @@ static void *pool_worker(void *argp)
                 long t = pool_now_ns();
                 if (t0 < 0)
                     t0 = t;
-                else if (t - t0 > POOL_SPIN_WORKER_NS)
+                else if (t - t0 > atomic_load(&p->poll_ns))
                     break;
             }
         }
@@ -180,6 +183,7 @@ pd_status pool_new(uint32_t n_threads, pool **out, pd_err *err)
     atomic_init(&p->sleepers, 0);
     atomic_init(&p->stop, false);
     atomic_init(&p->park, false);
+    atomic_init(&p->poll_ns, (long)POOL_POLL_US_DEFAULT * 1000L);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->work_cv, NULL);
     pthread_cond_init(&p->done_cv, NULL);
@@ -259,6 +263,12 @@ void pool_run(pool *p, uint32_t n_tasks, pool_fn fn, void *ctx)
         p->caller_waiting = false;
         pthread_mutex_unlock(&p->mu);
     }
+}
+
+void pool_set_poll(pool *p, uint32_t us)
+{
+    if (p)
+        atomic_store(&p->poll_ns, (long)us * 1000L);
 }
 
 void pool_park(pool *p)

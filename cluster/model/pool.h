@@ -10,8 +10,8 @@
  * has not claimed yet.
  *
  * Dispatch latency matters (several calls per layer per micro-batch): workers
- * poll the job word for up to a millisecond after each job, then sleep on a
- * condition variable; pool_park sends them to sleep at once. pool_run
+ * poll the job word for a while after each job (pool_set_poll), then sleep
+ * on a condition variable; pool_park sends them to sleep at once. pool_run
  * allocates nothing. */
 #ifndef PD_POOL_H
 #define PD_POOL_H
@@ -50,10 +50,17 @@ uint32_t pool_threads(const pool *p);
  * time per pool. */
 void pool_run(pool *p, uint32_t n_tasks, pool_fn fn, void *ctx);
 
+/* How long workers poll for the next job after one ends before they sleep:
+ * 80 us by default, enough between the GEMMs of one layer without taking a
+ * core from another rank for long; an owner alone on its CPUs may set more
+ * (a batch-1 step's serial work between two jobs can be longer, and a sleep
+ * costs a wake-up). Takes effect from the next poll; NULL is a no-op. */
+void pool_set_poll(pool *p, uint32_t us);
+
 /* Tells the workers that no job comes soon (the owner is about to wait for
  * a message, or to hand the CPUs to another rank): they sleep now instead of
- * polling for a millisecond. The next pool_run wakes them as usual. Only the
- * thread that calls pool_run calls it; NULL is a no-op. */
+ * polling. The next pool_run wakes them as usual. Only the thread that calls
+ * pool_run calls it; NULL is a no-op. */
 void pool_park(pool *p);
 
 /* Checks the pool's internal invariants (idle between jobs); aborts through

@@ -24,6 +24,7 @@
  * 64-row chunk per stage. */
 #define RANK_PIPELINE_PREFILL_ROWS 64u
 #define RANK_CACHE_RETAIN ((size_t)512 << 20) /* freed cache bytes kept per rank */
+#define RANK_POOL_POLL_US 1000u /* workers poll 1 ms for the next job when the rank owns its CPUs */
 
 /* Stages take turns when every rank of the run is on this host and the
  * placement rule puts them all on one NUMA node that no launcher binding
@@ -298,6 +299,10 @@ pd_status rank_start(rank *r, pd_err *err)
     arena_set_retain(r->ar, RANK_CACHE_RETAIN);
     if ((st = pool_new(r->threads, &r->pool, err)))
         return st;
+    /* a rank alone on its CPUs lets its workers poll through a layer's
+     * serial work (pool.h); ranks that share CPUs keep the short poll */
+    if (!r->turns && !r->nc.cores_shared && r->local_size == 1 && r->threads <= r->nc.n_cpus)
+        pool_set_poll(r->pool, RANK_POOL_POLL_US);
 
     model_load_opts mo = {.first_layer = r->lm.first[r->rank],
                           .n_layers = r->lm.count[r->rank],

@@ -98,14 +98,29 @@ out="$T/onerank.jsonl"; d="$T/onerank.d"
     --checkpoint-dir "$d" >"$out.log" 2>&1 </dev/null || rc=$?; echo "$rc" > "$out.rc" ) &
 job=$!
 for _ in $(seq 1 3000); do [ -s "$out" ] && break; sleep 0.01; done
-kill -USR1 "$(rank_pid "$out" 1)" 2>/dev/null || true
-for _ in $(seq 1 3000); do [ -d "$d/ckpt-1" ] && break; sleep 0.01; done
-kill -USR2 "$(rank_pid "$out" 2)" 2>/dev/null || true
+# each signal is sent again every 0.5 s until it shows (once failed in CI
+# with exit 0 and no checkpoint, not reproduced; the notes below say at
+# which line and to which pid it went)
+notes=""
+for _ in $(seq 1 60); do
+  [ -d "$d/ckpt-1" ] || [ -e "$out.rc" ] && break
+  p1=$(rank_pid "$out" 1); kill -USR1 "$p1" 2>/dev/null || true
+  notes="$notes USR1->${p1:-none}@$(wc -l < "$out")"
+  for _ in $(seq 1 50); do [ -d "$d/ckpt-1" ] && break; sleep 0.01; done
+done
+for _ in $(seq 1 60); do
+  [ -e "$out.rc" ] && break
+  p2=$(rank_pid "$out" 2); kill -USR2 "$p2" 2>/dev/null || true
+  notes="$notes USR2->${p2:-none}@$(wc -l < "$out")"
+  for _ in $(seq 1 50); do [ -e "$out.rc" ] && break; sleep 0.01; done
+done
 wait "$job" || true
-if [ "$(cat "$out.rc")" -eq 75 ] && [ -d "$d/ckpt-1" ] && [ -d "$d/ckpt-2" ]; then
-  pass "SIGUSR1 to rank 1 and SIGUSR2 to rank 2 alone: the whole job checkpointed twice and exited 75"
+n_ck=$(grep -c "written at step" "$out.log" || true)
+if [ "$(cat "$out.rc")" -eq 75 ] && [ "$n_ck" -ge 2 ] && [ "$(ls "$d" | grep -c '^ckpt-')" -eq 2 ]; then
+  pass "SIGUSR1 to rank 1 and SIGUSR2 to rank 2 alone: the whole job checkpointed ($n_ck) and exited 75"
 else
-  fail "signals to non-head ranks: exit $(cat "$out.rc"), $(ls "$d" 2>/dev/null | tr '\n' ' ')"; grep -i checkpoint "$out.log" | head -3
+  fail "signals to non-head ranks: exit $(cat "$out.rc"), $n_ck checkpoints, kept: $(ls "$d" 2>/dev/null | tr '\n' ' '), signals:$notes"
+  grep -i "checkpoint\|signal" "$out.log" | head -5
 fi
 finish_run 2 "$out" "$d"
 same "$T/s1-3_.ref" "$out" "signals to non-head ranks: resumed output == uninterrupted"
