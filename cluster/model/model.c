@@ -1156,16 +1156,38 @@ typedef struct attend_ctx {
     pd_err err;
 } attend_ctx;
 
-static pd_status group_attend(const attend_ctx *a, const model_group *gr, pd_err *err)
+static pd_status group_append(const attend_ctx *a, const model_group *gr, pd_err *err)
+{
+    lcache_group lg = {.pos = a->b->pos[gr->row0], .n = gr->n, .roles = a->b->roles + gr->row0};
+    return lcache_append(gr->cache, &lg, a->s->k + gr->row0 * a->kvd, a->s->v + gr->row0 * a->kvd, err);
+}
+
+/* Every row of the open group attends with all heads. */
+static pd_status group_attend_rows(const attend_ctx *a, const model_group *gr, pd_err *err)
 {
     const model_scratch *s = a->s;
-    lcache_group lg = {.pos = a->b->pos[gr->row0], .n = gr->n, .roles = a->b->roles + gr->row0};
-    pd_status rc = lcache_append(gr->cache, &lg, s->k + gr->row0 * a->kvd, s->v + gr->row0 * a->kvd, err);
+    pd_status rc = PD_OK;
     for (uint32_t j = 0; rc == PD_OK && j < gr->n; j++)
         rc = lcache_attend(gr->cache, j, s->q + (gr->row0 + j) * a->qd, s->att + (gr->row0 + j) * a->qd, err);
+    return rc;
+}
+
+static pd_status group_attend(const attend_ctx *a, const model_group *gr, pd_err *err)
+{
+    pd_status rc = group_append(a, gr, err);
+    if (rc == PD_OK)
+        rc = group_attend_rows(a, gr, err);
     if (rc == PD_OK)
         rc = lcache_end(gr->cache, err);
     return rc;
+}
+
+/* Records a task's failure: the first one wins (the pool runs tasks on
+ * several threads). */
+static void attend_fail(attend_ctx *a, pd_status rc, const pd_err *e)
+{
+    if (rc != PD_OK && __atomic_exchange_n(&a->status, rc, __ATOMIC_ACQ_REL) == PD_OK)
+        a->err = *e;
 }
 
 static void attend_task(void *ctx, uint32_t task, uint32_t thread)
@@ -1173,12 +1195,7 @@ static void attend_task(void *ctx, uint32_t task, uint32_t thread)
     (void)thread;
     attend_ctx *a = ctx;
     pd_err e = {0};
-    pd_status rc = group_attend(a, &a->b->groups[task], &e);
-    if (rc != PD_OK) {
-        /* first failure wins; the pool runs tasks on several threads */
-        if (__atomic_exchange_n(&a->status, rc, __ATOMIC_ACQ_REL) == PD_OK)
-            a->err = e;
-    }
+    attend_fail(a, group_attend(a, &a->b->groups[task], &e), &e);
 }
 
 /* Fewer groups than threads (one stream's decode step or its prefill): the
@@ -1210,11 +1227,9 @@ static void attend_split_task(void *ctx, uint32_t task, uint32_t thread)
                                      s->att + (gr->row0 + j) * a->qd, s->ascr + (size_t)thread * s->ascr_per,
                                      s->ascr_per, &e);
     } else if (part == 0) {
-        for (uint32_t j = 0; rc == PD_OK && j < gr->n; j++)
-            rc = lcache_attend(gr->cache, j, s->q + (gr->row0 + j) * a->qd, s->att + (gr->row0 + j) * a->qd, &e);
+        rc = group_attend_rows(a, gr, &e);
     }
-    if (rc != PD_OK && __atomic_exchange_n(&a->status, rc, __ATOMIC_ACQ_REL) == PD_OK)
-        a->err = e;
+    attend_fail(a, rc, &e);
 }
 
 /* Makes room for `threads` attention scratches of `per` floats; 0 when it
@@ -1236,7 +1251,7 @@ static int ascr_reserve(model_scratch *s, uint32_t threads, size_t per)
 
 /* The split path of model_layer_forward's attention; 0 when no group splits
  * (nothing done: the caller attends by groups). */
-static int attend_by_heads(const model_batch *b, attend_ctx *a, pool *p)
+static int attend_by_heads(const model_batch *b, uint32_t n_kv, attend_ctx *a, pool *p)
 {
     const uint32_t threads = pool_threads(p), G = b->n_groups;
     if (threads < 2 || G >= threads)
@@ -1247,15 +1262,9 @@ static int attend_by_heads(const model_batch *b, attend_ctx *a, pool *p)
         n_split += split[g] = (uint8_t)(lcache_attend_splits(b->groups[g].cache) != 0);
     if (n_split == 0)
         return 0;
-    lcache_config cfg;
-    lcache_config_get(b->groups[0].cache, &cfg);
-    uint32_t n_kv = cfg.n_kv_heads;
     uint32_t g = 0;
-    for (; g < G && a->status == PD_OK; g++) {
-        const model_group *gr = &b->groups[g];
-        lcache_group lg = {.pos = b->pos[gr->row0], .n = gr->n, .roles = b->roles + gr->row0};
-        a->status = lcache_append(gr->cache, &lg, a->s->k + gr->row0 * a->kvd, a->s->v + gr->row0 * a->kvd, &a->err);
-    }
+    for (; g < G && a->status == PD_OK; g++)
+        a->status = group_append(a, &b->groups[g], &a->err);
     size_t per = 0;
     for (uint32_t i = 0; i < g; i++) {
         size_t need = split[i] ? lcache_attend_heads_scratch(b->groups[i].cache) : 0;
@@ -1312,7 +1321,7 @@ pd_status model_layer_forward(const model *m, uint32_t layer, const model_batch 
         rope_table_apply(m->rope, s->k + (uint64_t)i * kvd, hp->n_kv_heads, b->pos[i], pairs);
     }
     attend_ctx a = {.b = b, .s = s, .qd = qd, .kvd = kvd, .status = PD_OK};
-    if (!attend_by_heads(b, &a, p))
+    if (!attend_by_heads(b, hp->n_kv_heads, &a, p))
         pool_run(p, b->n_groups, attend_task, &a);
     if (a.status != PD_OK)
         return pd_err_set(err, a.status, "layer %u: %s", layer, a.err.msg);
