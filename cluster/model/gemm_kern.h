@@ -107,13 +107,30 @@ typedef const float *gemm_chunk_fn(const uint8_t *src, uint32_t kn, float *buf);
  * group's panels cold cost batch-1 Q8_0 decode 4-6 % on two threads. */
 #define GEMM_PREFETCH 4096
 
-/* How far past byte o of its panel a row kernel prefetches: GEMM_PREFETCH
- * bytes on, and near the panel's end, into the panel np on (the same panel
- * of the next group), not into the next panel, which this group is reading
- * already. Past the last group the address is prefetched but never read. */
-static inline size_t gemm_row_prefetch_offset(size_t o, size_t panel_stride, uint32_t np)
+/* How far ahead the M = 1 row kernels prefetch, by weight type (bytes).
+ * The row kernels stream 4 panels per thread at once. For 16-bit weights a
+ * shorter distance keeps them fed better: one token's GEMMs at M = 1 on two
+ * threads (AVX-512 Zen 5, interleaved runs, medians) read 61.5 GB/s at
+ * 4096 bytes, 67.5 at 2048, 71.2 at 1536, 73.7 at 1280 and 69.8 at 768
+ * while the host's bandwidth was high, 43.0 -> 44.2 at 1536 while it was
+ * low; AVX2 65.4 -> 72.0. Q8_0 gained 3 % at 3072 while the bandwidth was
+ * high and lost 2-3 % while it was low, and f32 reads the same from 2048
+ * to 6144: both keep GEMM_PREFETCH. */
+#define GEMM_ROW_PREFETCH_16 1536
+
+static inline size_t gemm_row_prefetch_dist(gemm_wtype type)
 {
-    return o + GEMM_PREFETCH < panel_stride ? GEMM_PREFETCH : GEMM_PREFETCH + (size_t)(np - 1) * panel_stride;
+    return type == GEMM_W_F16 || type == GEMM_W_BF16 ? GEMM_ROW_PREFETCH_16 : GEMM_PREFETCH;
+}
+
+/* How far past byte o of its panel a row kernel prefetches: dist bytes on
+ * (gemm_row_prefetch_dist), and near the panel's end, into the panel np on
+ * (the same panel of the next group), not into the next panel, which this
+ * group is reading already. Past the last group the address is prefetched
+ * but never read. */
+static inline size_t gemm_row_prefetch_offset(size_t o, size_t panel_stride, uint32_t np, size_t dist)
+{
+    return o + dist < panel_stride ? dist : dist + (size_t)(np - 1) * panel_stride;
 }
 
 /* One row against np consecutive panels (1 .. GEMM_ROW_PANELS) at once: a
