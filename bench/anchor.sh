@@ -18,7 +18,8 @@
 # Every (workload, engine) runs `reps` times, interleaved (rep 1 of every
 # workload and engine, then rep 2, ...), and counts by its median.
 # Limits measured in the same run (bench_probe, bench_gemm): read bandwidth
-# BW at T threads and the best f32 GEMM rate of one thread (invariant kernel
+# BW at T threads (the best of a probe before the runs and one after each
+# repetition: the host's bandwidth drifts by 15 % and more within minutes) and the best f32 GEMM rate of one thread (invariant kernel
 # or OpenBLAS, M = 256) times T, F, which bounds T threads from above. A
 # token passes two phases one after the other, each bound by the slower of
 # its compute and its reads (a roofline per phase; the phases do not overlap):
@@ -109,7 +110,7 @@ echo "anchor.sh: measuring limits" >&2
 "$build/bench/bench_probe" "$threads" 3 > "$work/probe.json"
 "$build/bench/bench_gemm" 1 > "$work/gemm.json"
 
-python3 - "$bin" "$work" "$reps" "$threads" "$quick" "$prefill" "$new" "$llama_bin" "$dtypes" "${shape[@]}" <<'PY'
+ANCHOR_PROBE="$build/bench/bench_probe" python3 - "$bin" "$work" "$reps" "$threads" "$quick" "$prefill" "$new" "$llama_bin" "$dtypes" "${shape[@]}" <<'PY'
 import json, os, re, statistics, subprocess, sys
 
 bin_, work, reps, T, quick, P, NEW, llama, dtypes = sys.argv[1:10]
@@ -192,6 +193,8 @@ for rep in range(reps):
         if llama:
             ll[dt].append(run_llama(dt, rep))
             print(f"anchor.sh: rep {rep + 1}/{reps} {dt} llama.cpp done", file=sys.stderr)
+    # the host's bandwidth drifts: probe again after every repetition
+    subprocess.run([os.environ["ANCHOR_PROBE"], str(T), "3"], stdout=open(f"{work}/probe.{rep}.json", "w"), check=True)
 
 med = lambda xs: statistics.median(xs) if xs and None not in xs else None
 def ratio(a, b):
@@ -199,9 +202,11 @@ def ratio(a, b):
 def r1(x):
     return round(x, 1) if x is not None else None
 
-probe = json.load(open(f"{work}/probe.json"))
 gemm = json.load(open(f"{work}/gemm.json"))
-bw = probe["read_bw_gbs"][str(T)] * 1e9
+# the limit is the best of the probes before the runs and after each repetition
+bw_samples = [json.load(open(f))["read_bw_gbs"][str(T)]
+              for f in [f"{work}/probe.json"] + [f"{work}/probe.{r}.json" for r in range(reps)]]
+bw = max(bw_samples) * 1e9
 g1 = max(max(x["invariant_gflops"], x["openblas_gflops"]) for x in gemm["f32"]) * 1e9
 flops_T = g1 * T
 L, H, FF, V = shape["--layers"], shape["--hidden"], shape["--ffn"], shape["--vocab"]
@@ -220,7 +225,7 @@ def limit(wread, n, ctx, kv):
 res = {"bench": "anchor", "quick": quick, "threads": T, "reps": reps,
        "workload": {"prefill_rows": P, "new_tokens": NEW, "shape": {k.lstrip("-"): v for k, v in shape.items()},
                     "params_per_token": params},
-       "limits": {"read_bw_gbs": round(bw / 1e9, 2), "gemm_gflops_1t": round(g1 / 1e9, 1),
+       "limits": {"read_bw_gbs": round(bw / 1e9, 2), "read_bw_gbs_samples": bw_samples, "gemm_gflops_1t": round(g1 / 1e9, 1),
                   "gemm_gflops_assumed_T": round(flops_T / 1e9, 1),
                   "note": "T-thread GEMM = T x the best 1-thread rate (an upper bound)"},
        "llama_cpp": llama or None, "results": {}}

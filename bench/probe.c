@@ -2,6 +2,7 @@
 #include "probe.h"
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,14 @@ double probe_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Two ways of reading a thread's part, the best of which is the limit: one
+ * stream, and four streams at once with a software prefetch ahead (the
+ * access pattern of the GEMM row kernels, which read up to 20 % more than
+ * one stream did on some hosts). */
+#define PROBE_STREAMS 4
+#define PROBE_CHUNK ((size_t)20480) /* floats per stream in one round (80 KiB) */
+#define PROBE_PREFETCH 4096         /* bytes */
+
 #if defined(__x86_64__)
 __attribute__((target("avx2"))) static float probe_sum(const float *p, size_t n)
 {
@@ -35,6 +44,29 @@ __attribute__((target("avx2"))) static float probe_sum(const float *p, size_t n)
     _mm256_storeu_ps(out, s);
     return out[0] + out[1] + out[2] + out[3] + out[4] + out[5] + out[6] + out[7];
 }
+
+/* n is a multiple of PROBE_STREAMS * PROBE_CHUNK. */
+__attribute__((target("avx2"))) static float probe_sum_streams(const float *p, size_t n)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t base = 0; base < n; base += PROBE_STREAMS * PROBE_CHUNK) {
+        const float *q0 = p + base, *q1 = q0 + PROBE_CHUNK, *q2 = q1 + PROBE_CHUNK, *q3 = q2 + PROBE_CHUNK;
+        for (size_t i = 0; i < PROBE_CHUNK; i += 16) {
+            _mm_prefetch((const char *)(q0 + i) + PROBE_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)(q1 + i) + PROBE_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)(q2 + i) + PROBE_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)(q3 + i) + PROBE_PREFETCH, _MM_HINT_T0);
+            a0 = _mm256_add_ps(a0, _mm256_add_ps(_mm256_load_ps(q0 + i), _mm256_load_ps(q0 + i + 8)));
+            a1 = _mm256_add_ps(a1, _mm256_add_ps(_mm256_load_ps(q1 + i), _mm256_load_ps(q1 + i + 8)));
+            a2 = _mm256_add_ps(a2, _mm256_add_ps(_mm256_load_ps(q2 + i), _mm256_load_ps(q2 + i + 8)));
+            a3 = _mm256_add_ps(a3, _mm256_add_ps(_mm256_load_ps(q3 + i), _mm256_load_ps(q3 + i + 8)));
+        }
+    }
+    __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+    float out[8];
+    _mm256_storeu_ps(out, s);
+    return out[0] + out[1] + out[2] + out[3] + out[4] + out[5] + out[6] + out[7];
+}
 #else
 static float probe_sum(const float *p, size_t n)
 {
@@ -44,18 +76,29 @@ static float probe_sum(const float *p, size_t n)
             a[j] += p[i + j];
     return a[0] + a[1] + a[2] + a[3];
 }
+
+static float probe_sum_streams(const float *p, size_t n)
+{
+    float a[PROBE_STREAMS] = {0};
+    for (size_t base = 0; base < n; base += PROBE_STREAMS * PROBE_CHUNK)
+        for (size_t i = 0; i < PROBE_CHUNK; i++)
+            for (int j = 0; j < PROBE_STREAMS; j++)
+                a[j] += p[base + (size_t)j * PROBE_CHUNK + i];
+    return a[0] + a[1] + a[2] + a[3];
+}
 #endif
 
 struct probe_job {
     const float *p;
     size_t n;
+    bool streams;
     float sink;
 };
 
 static void *probe_worker(void *arg)
 {
     struct probe_job *j = arg;
-    j->sink = probe_sum(j->p, j->n);
+    j->sink = j->streams ? probe_sum_streams(j->p, j->n) : probe_sum(j->p, j->n);
     return NULL;
 }
 
@@ -71,13 +114,15 @@ double probe_read_bw(int threads, int reps)
         buf[i] = (float)(i & 1023);
     double best = 0.0;
     volatile float sink = 0.0f;
-    for (int r = 0; r < reps; r++) {
+    for (int r = 0; r < 2 * reps; r++) {
         pthread_t tid[64];
         struct probe_job jobs[64];
-        size_t part = (n / (size_t)threads) & ~(size_t)31;
+        bool streams = r & 1;
+        size_t round = streams ? PROBE_STREAMS * PROBE_CHUNK : 32;
+        size_t part = n / (size_t)threads / round * round;
         double t0 = probe_now();
         for (int t = 0; t < threads; t++) {
-            jobs[t] = (struct probe_job){.p = buf + (size_t)t * part, .n = part};
+            jobs[t] = (struct probe_job){.p = buf + (size_t)t * part, .n = part, .streams = streams};
             if (t > 0)
                 pthread_create(&tid[t], NULL, probe_worker, &jobs[t]);
         }

@@ -9,9 +9,11 @@
 /* Monotonic seconds. */
 double probe_now(void);
 
-/* Read bandwidth in bytes/s: AVX2 loads into 4 independent accumulators over
- * a buffer far larger than the last-level cache, best of `reps`, using
- * `threads` threads each reading its own part. */
+/* Read bandwidth in bytes/s over a buffer far larger than the last-level
+ * cache, `threads` threads each reading its own part: the best of `reps`
+ * rounds of each of two patterns, one stream per thread (AVX2 loads into 4
+ * independent accumulators), and four streams per thread with a software
+ * prefetch 4 KiB ahead (how the GEMM row kernels read). */
 double probe_read_bw(int threads, int reps);
 
 /* memcpy bandwidth in bytes/s (bytes copied, i.e. counted once), 1 thread. */
