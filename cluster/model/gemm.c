@@ -472,7 +472,9 @@ gemm_avx2_row_impl(const gemm_row *t, const uint32_t np, const gemm_wtype type)
                 d30 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b3));
                 d31 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b3 + 16)));
             }
+            const size_t pfo = gemm_row_prefetch_offset(off, ps, np, gemm_row_prefetch_dist(type));
             for (uint32_t kk = 0; kk < GEMM_Q8_0_BLOCK; kk++) {
+                gemm_row_q8_prefetch(b0, b1, b2, b3, np, pfo, kk);
                 const __m256 b = _mm256_broadcast_ss(a + kb + kk);
                 const size_t qo = GEMM_Q8_SCALES + (size_t)kk * GEMM_NR;
                 GEMM_AVX2_Q8W(b0 + qo, d00, d01, w0, w1);

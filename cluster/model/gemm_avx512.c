@@ -217,11 +217,8 @@ static inline __attribute__((always_inline)) void gemm_avx512_row_impl(const gem
             const __m512 d2 = np > 2 ? gemm_avx512_q8d(b2) : d0;
             const __m512 d3 = np > 3 ? gemm_avx512_q8d(b3) : d0;
             const size_t pfo = gemm_row_prefetch_offset(off, ps, np, gemm_row_prefetch_dist(type));
-            gemm_avx512_q8_prefetch(b0 + pfo);
-            if (np > 1) gemm_avx512_q8_prefetch(b1 + pfo);
-            if (np > 2) gemm_avx512_q8_prefetch(b2 + pfo);
-            if (np > 3) gemm_avx512_q8_prefetch(b3 + pfo);
             for (uint32_t kk = 0; kk < GEMM_Q8_0_BLOCK; kk++) {
+                gemm_row_q8_prefetch(b0, b1, b2, b3, np, pfo, kk);
                 const __m512 b = _mm512_set1_ps(a[kb + kk]);
                 const size_t qo = GEMM_Q8_SCALES + (size_t)kk * GEMM_NR;
 #define GEMM_AVX512_Q8W(j) gemm_avx512_q8w(b##j + qo, d##j)
