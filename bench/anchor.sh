@@ -19,8 +19,9 @@
 # workload and engine, then rep 2, ...), and counts by its median.
 # Limits measured in the same run (bench_probe, bench_gemm): read bandwidth
 # BW at T threads (the best of a probe before the runs and one after each
-# repetition: the host's bandwidth drifts by 15 % and more within minutes) and the best f32 GEMM rate of one thread (invariant kernel
-# or OpenBLAS, M = 256) times T, F, which bounds T threads from above. A
+# repetition: the host's bandwidth drifts by 15 % and more within minutes)
+# and the best f32 GEMM rate of one thread (invariant kernel or OpenBLAS,
+# M = 256) times T, F, which bounds T threads from above. A
 # token passes two phases one after the other, each bound by the slower of
 # its compute and its reads (a roofline per phase; the phases do not overlap):
 #   matrices:  max(2 x params / F, matrix bytes / (N x BW)) at N streams (the

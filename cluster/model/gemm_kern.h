@@ -99,12 +99,12 @@ typedef const float *gemm_chunk_fn(const uint8_t *src, uint32_t kn, float *buf);
  * are contiguous, so this runs ahead into the next panel too. It lifts small
  * M (2..16, where the first tile of a panel reads it from memory) by 15-25%
  * here. The single-tile path at M = 1 skips it (it cost more than it gained
- * there); the M = 1 row kernels over 4 panels use it (Q8_0 spread over a
- * block's k, gemm_row_q8_prefetch; 16-bit weights closer,
- * gemm_row_prefetch_dist). Near a
- * panel's end the row kernels prefetch the next group's panel (below): a
- * Q8_0 panel is only 21 KB at K = 1280, so starting each of the next
- * group's panels cold cost batch-1 Q8_0 decode 4-6 % on two threads. */
+ * there); the M = 1 row kernels over 4 panels use it for f32 and Q8_0
+ * (Q8_0 spread over a block's k: gemm_row_q8_prefetch) and a shorter
+ * distance for 16-bit weights (gemm_row_prefetch_dist). Near a panel's end
+ * the row kernels prefetch the next group's panel (below): a Q8_0 panel is
+ * only 21 KB at K = 1280, so starting each of the next group's panels cold
+ * cost batch-1 Q8_0 decode 4-6 % on two threads. */
 #define GEMM_PREFETCH 4096
 
 /* How far ahead the M = 1 row kernels prefetch, by weight type (bytes).
