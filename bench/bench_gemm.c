@@ -1,7 +1,8 @@
 /* GEMM benchmark: the invariant kernel against OpenBLAS sgemm on the decoder's
  * shape (K = 1280, N = 3584), one thread, M = 1 .. 256, measured in the same
  * run; plus the bandwidth the M = 1 case achieves against the machine's read
- * bandwidth (probe.h), and 16-bit / Q8_0 figures. Prints one JSON object.
+ * bandwidth (probe.h), 16-bit / Q8_0 figures, and each type's M = 1 compute
+ * rate with its weights in L2 (m1_hot). Prints one JSON object.
  *
  * Weights are "cold" as in a real stage, whose layers far exceed the last
  * level cache: each call uses the next of several weight copies whose total
@@ -158,6 +159,38 @@ static double bench_pool_dispatch_us(int reps)
     return best * 1e6;
 }
 
+/* The M = 1 kernels' compute rate: one thread, one small W (K = BK,
+ * N = BHOT_N) run back to back, so its weights stay in the thread's L2 and
+ * memory does not bound the call. Bytes of packed weights per second (best
+ * batch); a decode step's GEMMs can read no faster than this, whatever the
+ * bandwidth. */
+#define BHOT_N 128u
+#define BHOT_CALLS 2000
+
+static double bench_m1_hot_gbs(gemm_wtype type, const float *a, float *c, int reps)
+{
+    uint8_t *w = bench_weights(type, 99);
+    gemm_w *g = NULL;
+    pd_err err = {0};
+    /* bench_weights makes BN rows; the first BHOT_N are W */
+    if (gemm_pack(w, type, BHOT_N, BK, GEMM_BACKEND_INVARIANT, NULL, &g, &err) != PD_OK)
+        bench_die("pack hot", &err);
+    free(w);
+    for (int i = 0; i < 100; i++)
+        gemm_run(g, a, 1, c, NULL);
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double t0 = probe_now();
+        for (int i = 0; i < BHOT_CALLS; i++)
+            gemm_run(g, a, 1, c, NULL);
+        double t = (probe_now() - t0) / BHOT_CALLS;
+        best = t < best ? t : best;
+    }
+    double gbs = (double)gemm_bytes(g) / best / 1e9;
+    gemm_free(g);
+    return gbs;
+}
+
 static double bench_load(void)
 {
     double l[1] = {-1.0};
@@ -259,6 +292,18 @@ int main(int argc, char **argv)
                    ti + 1 < 3 || mi + 1 < sizeof ms / sizeof ms[0] ? "," : "");
         }
         bench_unpack(&set);
+    }
+    printf("  ],\n");
+    /* hot / read_bw_1t below 1 (or near it) means the M = 1 kernel, not
+     * memory, bounds a thread at batch 1 */
+    static const gemm_wtype ht[] = {GEMM_W_F32, GEMM_W_F16, GEMM_W_BF16, GEMM_W_Q8_0};
+    printf("  \"m1_hot\": [\n");
+    for (size_t ti = 0; ti < 4; ti++) {
+        double gbs = bench_m1_hot_gbs(ht[ti], a, c, reps);
+        double wps = gbs * 1e9 / (double)gemm_row_bytes(ht[ti], BK) * BK;
+        printf("    {\"type\": \"%s\", \"n\": %u, \"weight_gbs\": %.2f, \"gweights_per_s\": %.2f, "
+               "\"vs_read_bw_1t\": %.3f}%s\n",
+               gemm_wtype_name(ht[ti]), BHOT_N, gbs, wps / 1e9, gbs * 1e9 / bw, ti + 1 < 4 ? "," : "");
     }
     printf("  ],\n");
     printf("  \"pool_dispatch_us_2threads_8tasks\": %.2f,\n", bench_pool_dispatch_us(reps));
