@@ -30,6 +30,10 @@
 #              and V rows of every layer read once per token at a mid-decode
 #              context ctx = P + new/2 (prefill: the mean prefix, P/2);
 #   limit tokens/s (or prefill rows/s) = 1 / (matrices + attention).
+# Batch 1 is also given against the bandwidth of its own seconds
+# (decode_1_vs_adjacent_probe): bytes read per second (weights, and weights
+# plus K/V) over the better of a probe just before and one just after each
+# run, the median over repetitions.
 # pipedec runs as 1 rank x T threads (`--threads T`), llama.cpp with -t T.
 #
 # llama.cpp is never vendored or downloaded: set LLAMA_CPP_DIR to a local
@@ -183,19 +187,28 @@ def run_llama(dt, rep):
             "prefill_64": bb[64]["speed_pp"], "decode": {n: bb[n]["speed_tg"] for n in streams},
             "rss_mb": max(x for x in (rss, rss1) if x is not None)}
 
+def probe(reps_):
+    r = subprocess.run([os.environ["ANCHOR_PROBE"], str(T), str(reps_)], stdout=subprocess.PIPE, check=True, text=True)
+    return json.loads(r.stdout)["read_bw_gbs"][str(T)]
+
 pd = {dt: {n: [] for n in streams} for dt in dtypes}
 ll = {dt: [] for dt in dtypes}
 for rep in range(reps):
     for dt in dtypes:
         for n in streams:
+            # batch 1 is bandwidth-bound: probe right before and after it too,
+            # so its ratio is against the bandwidth of the same seconds
+            before = probe(2) if n == 1 else None
             pd[dt][n].append(run_pipedec(dt, n, rep))
+            if n == 1:
+                pd[dt][n][-1]["bw_adjacent_gbs"] = max(before, probe(2))
             print(f"anchor.sh: rep {rep + 1}/{reps} {dt} pipedec {n} streams: "
                   f"{pd[dt][n][-1]['decode_tokens_per_s']:.1f} tok/s decode", file=sys.stderr)
         if llama:
             ll[dt].append(run_llama(dt, rep))
             print(f"anchor.sh: rep {rep + 1}/{reps} {dt} llama.cpp done", file=sys.stderr)
     # the host's bandwidth drifts: probe again after every repetition
-    subprocess.run([os.environ["ANCHOR_PROBE"], str(T), "3"], stdout=open(f"{work}/probe.{rep}.json", "w"), check=True)
+    json.dump({"read_bw_gbs": {str(T): probe(3)}}, open(f"{work}/probe.{rep}.json", "w"))
 
 med = lambda xs: statistics.median(xs) if xs and None not in xs else None
 def ratio(a, b):
@@ -251,6 +264,13 @@ for dt in dtypes:
     d["limits"] = {"prefill_rows_per_s": r1(lim_pre), "decode_tokens_per_s": {str(n): r1(lim_dec[n]) for n in streams}}
     d["pipedec_vs_limit"] = {"prefill_1": ratio(pre1, lim_pre), "prefill_64": ratio(pre64, lim_pre),
                              "decode": {str(n): ratio(dec[n], lim_dec[n]) for n in streams}}
+    # batch 1 against the better of the probes just before and after each run
+    # (medians over repetitions): bytes read per second / that bandwidth
+    adj = [(x["decode_tokens_per_s"], x["bw_adjacent_gbs"] * 1e9) for x in pd[dt][1]]
+    d["decode_1_vs_adjacent_probe"] = {
+        "probes_gbs": [round(b / 1e9, 2) for _, b in adj],
+        "weight_bytes": ratio(med([t * wread / b for t, b in adj]), 1),
+        "weight_and_kv_bytes": ratio(med([t * (wread + kv_bytes) / b for t, b in adj]), 1)}
     if llama:
         lp1 = med([x["prefill_1"] for x in ll[dt]])
         lp64 = med([x["prefill_64"] for x in ll[dt]])
