@@ -472,7 +472,7 @@ gemm_avx2_row_impl(const gemm_row *t, const uint32_t np, const gemm_wtype type)
                 d30 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b3));
                 d31 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b3 + 16)));
             }
-            const size_t pfo = gemm_row_prefetch_offset(off, ps, np, gemm_row_prefetch_dist(type));
+            const size_t pfo = gemm_row_prefetch_offset(off, ps, np, type);
             for (uint32_t kk = 0; kk < GEMM_Q8_0_BLOCK; kk++) {
                 gemm_row_q8_prefetch(b0, b1, b2, b3, np, pfo, kk);
                 const __m256 b = _mm256_broadcast_ss(a + kb + kk);
@@ -497,7 +497,7 @@ gemm_avx2_row_impl(const gemm_row *t, const uint32_t np, const gemm_wtype type)
         const size_t es = type == GEMM_W_F32 ? 4 : 2, rs = GEMM_NR * es;
         for (uint32_t kk = 0; kk < k; kk++) {
             const __m256 b = _mm256_broadcast_ss(a + kk);
-            const size_t o = (size_t)kk * rs, pfo = o + gemm_row_prefetch_offset(o, ps, np, gemm_row_prefetch_dist(type));
+            const size_t o = (size_t)kk * rs, pfo = o + gemm_row_prefetch_offset(o, ps, np, type);
             /* 4 streams: software prefetch lifts 16-bit weights ~10% here */
             _mm_prefetch((const char *)p0 + pfo, _MM_HINT_T0);
             if (np > 1) _mm_prefetch((const char *)p1 + pfo, _MM_HINT_T0);

@@ -216,7 +216,7 @@ static inline __attribute__((always_inline)) void gemm_avx512_row_impl(const gem
             const __m512 d1 = np > 1 ? gemm_avx512_q8d(b1) : d0;
             const __m512 d2 = np > 2 ? gemm_avx512_q8d(b2) : d0;
             const __m512 d3 = np > 3 ? gemm_avx512_q8d(b3) : d0;
-            const size_t pfo = gemm_row_prefetch_offset(off, ps, np, gemm_row_prefetch_dist(type));
+            const size_t pfo = gemm_row_prefetch_offset(off, ps, np, type);
             for (uint32_t kk = 0; kk < GEMM_Q8_0_BLOCK; kk++) {
                 gemm_row_q8_prefetch(b0, b1, b2, b3, np, pfo, kk);
                 const __m512 b = _mm512_set1_ps(a[kb + kk]);
@@ -230,7 +230,7 @@ static inline __attribute__((always_inline)) void gemm_avx512_row_impl(const gem
         const size_t rs = GEMM_NR * (type == GEMM_W_F32 ? 4u : 2u);
         for (uint32_t kk = 0; kk < k; kk++) {
             const __m512 b = _mm512_set1_ps(a[kk]);
-            const size_t o = (size_t)kk * rs, pfo = o + gemm_row_prefetch_offset(o, ps, np, gemm_row_prefetch_dist(type));
+            const size_t o = (size_t)kk * rs, pfo = o + gemm_row_prefetch_offset(o, ps, np, type);
             /* one prefetch per 64-byte line: a 16-bit panel's k row is 32 bytes */
             if (type == GEMM_W_F32 || (kk & 1) == 0) {
                 __builtin_prefetch(p0 + pfo, 0, 3);

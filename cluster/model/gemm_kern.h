@@ -123,13 +123,14 @@ static inline size_t gemm_row_prefetch_dist(gemm_wtype type)
     return type == GEMM_W_F16 || type == GEMM_W_BF16 ? GEMM_ROW_PREFETCH_16 : GEMM_PREFETCH;
 }
 
-/* How far past byte o of its panel a row kernel prefetches: dist bytes on
- * (gemm_row_prefetch_dist), and near the panel's end, into the panel np on
- * (the same panel of the next group), not into the next panel, which this
- * group is reading already. Past the last group the address is prefetched
- * but never read. */
-static inline size_t gemm_row_prefetch_offset(size_t o, size_t panel_stride, uint32_t np, size_t dist)
+/* How far past byte o of its panel a row kernel over weights of type
+ * prefetches: gemm_row_prefetch_dist bytes on, and near the panel's end,
+ * into the panel np on (the same panel of the next group), not into the
+ * next panel, which this group is reading already. Past the last group the
+ * address is prefetched but never read. */
+static inline size_t gemm_row_prefetch_offset(size_t o, size_t panel_stride, uint32_t np, gemm_wtype type)
 {
+    const size_t dist = gemm_row_prefetch_dist(type);
     return o + dist < panel_stride ? dist : dist + (size_t)(np - 1) * panel_stride;
 }
 
