@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Obtains and builds llama.cpp, the reference implementation the anchor tests
+# and benchmarks compare pipedec against. Its source comes from the npm
+# package node-llama-cpp (a git bundle of a pinned llama.cpp release); it is
+# built once per machine into a cache outside the repository and never
+# vendored. Prints the install prefix on stdout (bin/, lib/, include/).
+# usage: scripts/llama_cpp.sh [--print-prefix]
+# env:   PD_CACHE          cache root (default: $HOME/.cache/pipedec)
+#        PD_LLAMA_NPM      npm package spec (default: node-llama-cpp@3.22.1)
+#        PD_LLAMA_JOBS     build jobs (default: nproc)
+# With --print-prefix it only prints where the build would be, building nothing.
+set -euo pipefail
+
+spec="${PD_LLAMA_NPM:-node-llama-cpp@3.22.1}"
+cache="${PD_CACHE:-$HOME/.cache/pipedec}"
+tag="${spec//[@\/]/_}"
+root="$cache/llama.cpp-$tag"
+prefix="$root/install"
+if [ "${1:-}" = "--print-prefix" ]; then
+  echo "$prefix"
+  exit 0
+fi
+[ $# -eq 0 ] || { echo "usage: scripts/llama_cpp.sh [--print-prefix]" >&2; exit 2; }
+
+# Everything the checks use; one stamp per set, so adding a target rebuilds.
+targets=(llama ggml mtmd llama-quantize llama-batched-bench llama-tokenize
+         llama-simple llama-mtmd-cli llama-gguf-split)
+stamp="$prefix/.built-$(printf '%s\n' "${targets[@]}" | md5sum | cut -c1-12)"
+if [ -f "$stamp" ]; then
+  echo "$prefix"
+  exit 0
+fi
+
+mkdir -p "$root"
+exec 9>"$root/.lock"
+flock 9                                   # one build per machine at a time
+if [ -f "$stamp" ]; then echo "$prefix"; exit 0; fi
+
+for tool in npm git cmake; do
+  command -v "$tool" >/dev/null || { echo "llama_cpp.sh: $tool is required" >&2; exit 1; }
+done
+if [ ! -d "$root/src/.git" ]; then
+  rm -rf "$root/pkg" "$root/src"
+  mkdir -p "$root/pkg"
+  (cd "$root/pkg" && npm pack --silent "$spec" >/dev/null && tar xzf ./*.tgz)
+  bundle="$root/pkg/package/llama/gitRelease.bundle"
+  [ -f "$bundle" ] || { echo "llama_cpp.sh: $spec has no llama/gitRelease.bundle" >&2; exit 1; }
+  git -c advice.detachedHead=false clone -q "$bundle" "$root/src"
+  cp "$root/pkg/package/llama/llama.cpp.info.json" "$root/llama.cpp.info.json"
+  rm -rf "$root/pkg"
+fi
+echo "llama_cpp.sh: building llama.cpp ($(cat "$root/llama.cpp.info.json" | tr -d '\n ')) into $prefix" >&2
+cmake -S "$root/src" -B "$root/build" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_INSTALL_PREFIX="$prefix" -DCMAKE_INSTALL_RPATH="$prefix/lib" \
+  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+  -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON \
+  -DGGML_NATIVE=ON >"$root/configure.log" 2>&1 \
+  || { tail -30 "$root/configure.log" >&2; exit 1; }
+cmake --build "$root/build" -j "${PD_LLAMA_JOBS:-$(nproc)}" --target "${targets[@]}" \
+  >"$root/build.log" 2>&1 || { tail -40 "$root/build.log" >&2; exit 1; }
+# Install the libraries and headers (for helpers that link libllama / mtmd)
+# and the tools that were built.
+mkdir -p "$prefix/bin" "$prefix/lib" "$prefix/include"
+find "$root/build/bin" -maxdepth 1 -type f -perm -u+x -exec cp -f {} "$prefix/bin/" \;
+find "$root/build" -name '*.so*' \( -type f -o -type l \) -exec cp -Pf {} "$prefix/lib/" \;
+cp -f "$root/src/include/"*.h "$root/src/ggml/include/"*.h "$prefix/include/"
+cp -f "$root/src/tools/mtmd/mtmd.h" "$root/src/tools/mtmd/mtmd-helper.h" "$prefix/include/" 2>/dev/null || true
+ln -sfn "$root/src/gguf-py" "$prefix/gguf-py"
+touch "$stamp"
+echo "$prefix"
