@@ -2,6 +2,8 @@
  * (contract and manifest layout in ckpt.h). */
 #include "cluster/runtime/ckpt.h"
 
+#include "cluster/runtime/ckpt_dir.h"
+
 #include "base/check.h"
 #include "base/file.h"
 #include "base/fnv.h"
@@ -67,61 +69,34 @@ static pd_status sync_dir(const char *dir, pd_err *err)
     return PD_OK;
 }
 
-static void remove_tree(const char *dir)
+/* Lists dir, saying on stderr which entries named like checkpoints are not
+ * ones (they are never resumed, numbered by or removed). */
+static pd_status scan_dir(const char *dir, ckpt_dir_scan *sc, pd_err *err)
 {
-    DIR *d = opendir(dir);
-    if (!d)
-        return;
-    struct dirent *de;
-    char p[4096];
-    while ((de = readdir(d)))
-        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
-            snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-            unlink(p);
-        }
-    closedir(d);
-    rmdir(dir);
-}
-
-/* Checkpoint sequence numbers in dir, newest first (owned array). */
-static uint32_t list_ckpts(const char *dir, uint64_t **seqs)
-{
-    *seqs = NULL;
-    DIR *d = opendir(dir);
-    if (!d)
-        return 0;
-    uint32_t n = 0, cap = 0;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        unsigned long long s;
-        char rest;
-        if (sscanf(de->d_name, "ckpt-%llu%c", &s, &rest) != 1 || s == 0)
-            continue;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 8;
-            uint64_t *ns = realloc(*seqs, cap * sizeof *ns);
-            if (!ns)
-                break;
-            *seqs = ns;
-        }
-        (*seqs)[n++] = s;
-    }
-    closedir(d);
-    for (uint32_t i = 1; i < n; i++)
-        for (uint32_t j = i; j > 0 && (*seqs)[j] > (*seqs)[j - 1]; j--) {
-            uint64_t t = (*seqs)[j];
-            (*seqs)[j] = (*seqs)[j - 1];
-            (*seqs)[j - 1] = t;
-        }
-    return n;
+    pd_status st = ckpt_dir_list(dir, sc, err);
+    for (uint32_t i = 0; st == PD_OK && i < sc->n_foreign && i < 8; i++)
+        fprintf(stderr, "pipedec: checkpoint-dir %s: ignoring %s: not a checkpoint pipedec wrote\n", dir,
+                sc->foreign[i]);
+    if (st == PD_OK && sc->n_foreign > 8)
+        fprintf(stderr, "pipedec: checkpoint-dir %s: ... and %u more such entries\n", dir, sc->n_foreign - 8);
+    return st;
 }
 
 uint64_t ckpt_newest(const char *dir)
 {
-    uint64_t *seqs;
-    uint32_t n = list_ckpts(dir, &seqs);
-    uint64_t s = n ? seqs[0] : 0;
-    free(seqs);
+    ckpt_dir_scan sc;
+    pd_err e = {0};
+    uint64_t s = ckpt_dir_list(dir, &sc, &e) == PD_OK && sc.n ? sc.seqs[0] : 0;
+    ckpt_dir_scan_free(&sc);
+    return s;
+}
+
+uint64_t ckpt_highest(const char *dir)
+{
+    ckpt_dir_scan sc;
+    pd_err e = {0};
+    uint64_t s = ckpt_dir_list(dir, &sc, &e) == PD_OK ? sc.max_seq : 0;
+    ckpt_dir_scan_free(&sc);
     return s;
 }
 
@@ -234,9 +209,13 @@ pd_status ckpt_find(const char *dir, uint64_t model_fp, uint64_t pages_digest, c
                     uint32_t n_layers, ckpt_manifest *m, uint64_t *seq, pd_err *err)
 {
     *seq = 0;
-    uint64_t *seqs;
-    uint32_t n = list_ckpts(dir, &seqs);
-    pd_status st = PD_OK;
+    ckpt_dir_scan sc;
+    pd_status st = scan_dir(dir, &sc, err);
+    if (st)
+        return st;
+    ckpt_dir_clean_stale(dir);
+    const uint64_t *seqs = sc.seqs;
+    uint32_t n = sc.n;
     for (uint32_t i = 0; i < n && *seq == 0; i++) {
         pd_err e = {0};
         ckpt_manifest c = {0};
@@ -269,8 +248,49 @@ pd_status ckpt_find(const char *dir, uint64_t model_fp, uint64_t pages_digest, c
     }
     if (st == PD_OK && *seq == 0 && n > 0)
         fprintf(stderr, "pipedec: no usable checkpoint in %s: starting from scratch\n", dir);
-    free(seqs);
+    ckpt_dir_scan_free(&sc);
     return st;
+}
+
+/* Removes this checkpoint's temporary directory (tmp: its path in dir),
+ * saying why when it is left. */
+static void remove_tmp(const char *dir, const char *tmp)
+{
+    const char *slash = strrchr(tmp, '/');
+    pd_err e = {0};
+    if (*tmp && ckpt_dir_remove(dir, slash ? slash + 1 : tmp, 0, &e) != PD_OK)
+        fprintf(stderr, "pipedec: checkpoint-dir: %s\n", e.msg);
+}
+
+/* Keeps the two newest checkpoints pipedec wrote in dir and removes its
+ * older ones; entries it does not recognise as its own are left, said once
+ * per checkpoint. */
+static void keep_last_two(const char *dir)
+{
+    ckpt_dir_scan sc;
+    pd_err e = {0};
+    if (ckpt_dir_list(dir, &sc, &e) != PD_OK) {
+        fprintf(stderr, "pipedec: checkpoint-dir %s: old checkpoints not removed: %s\n", dir, e.msg);
+        return;
+    }
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < sc.n; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "ckpt-%llu", (unsigned long long)sc.seqs[i]);
+        if (!ckpt_dir_is_checkpoint(dir, sc.seqs[i])) {
+            fprintf(stderr, "pipedec: checkpoint-dir %s: leaving %s: it has no manifest pipedec can read\n", dir,
+                    name);
+            continue;
+        }
+        if (kept < 2) {
+            kept++;
+            continue;
+        }
+        pd_err re = {0};
+        if (ckpt_dir_remove(dir, name, sc.seqs[i], &re) != PD_OK)
+            fprintf(stderr, "pipedec: checkpoint-dir: %s\n", re.msg);
+    }
+    ckpt_dir_scan_free(&sc);
 }
 
 /* The next position a restored stream's rows take on every stage. */
@@ -346,9 +366,10 @@ static pd_status write_bundles(rank *r, const char *dir, const uint64_t *ids, ui
 
 pd_status ckpt_write(rank *r, sched *sc, const char *dir, uint64_t seq, uint64_t out_size, pd_err *err)
 {
-    char tmp[4096], fin[4096];
-    snprintf(tmp, sizeof tmp, "%s/.ckpt-%llu.tmp", dir, (unsigned long long)seq);
-    snprintf(fin, sizeof fin, "%s/ckpt-%llu", dir, (unsigned long long)seq);
+    /* tmp: made by the head (mkdtemp: a directory nobody else holds), its
+     * name sent to every rank */
+    char tmp[4096] = {0}, fin[64];
+    snprintf(fin, sizeof fin, "ckpt-%llu", (unsigned long long)seq);
     uint32_t L_all = r->hp.n_layers;
     pd_err e = {0};
     pd_status st = PD_OK, all;
@@ -360,11 +381,13 @@ pd_status ckpt_write(rank *r, sched *sc, const char *dir, uint64_t seq, uint64_t
     if (!ids || !pos)
         st = pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
     if (r->is_head && st == PD_OK) {
-        remove_tree(tmp);
-        if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        if (seq == 0)
+            st = pd_err_set(&e, PD_ERR_RANGE, "checkpoint: %s: checkpoint numbers ran out (the next would wrap to 0)",
+                            dir);
+        else if (mkdir(dir, 0755) != 0 && errno != EEXIST)
             st = pd_err_set(&e, PD_ERR_IO, "checkpoint: %s: mkdir: %s", dir, strerror(errno));
-        else if (mkdir(tmp, 0755) != 0)
-            st = pd_err_set(&e, PD_ERR_IO, "checkpoint: %s: mkdir: %s", tmp, strerror(errno));
+        else
+            st = ckpt_dir_make_tmp(dir, seq, tmp, sizeof tmp, &e);
         stream_table *t = sched_streams(sc);
         for (uint32_t i = 0; i < stream_table_capacity(t); i++)
             if (stream_table_at(t, i)) {
@@ -384,6 +407,9 @@ pd_status ckpt_write(rank *r, sched *sc, const char *dir, uint64_t seq, uint64_t
     /* every rank learns the streams the head holds (retirements not yet
      * sent are not among them) */
     pd_status bs = pipe_bcast(r->p, &cnt, sizeof cnt, err);
+    if (bs == PD_OK)
+        bs = pipe_bcast(r->p, tmp, sizeof tmp, err);
+    tmp[sizeof tmp - 1] = 0;
     if (bs == PD_OK && cnt)
         bs = pipe_bcast(r->p, ids, (size_t)cnt * sizeof *ids, err);
     if (bs == PD_OK && cnt)
@@ -411,7 +437,7 @@ pd_status ckpt_write(rank *r, sched *sc, const char *dir, uint64_t seq, uint64_t
         else
             pd_err_set(err, all, "checkpoint %llu: another rank could not write its layers", (unsigned long long)seq);
         if (r->is_head)
-            remove_tree(tmp);
+            remove_tmp(dir, tmp);
         free(info);
         free(every);
         free(ids);
@@ -459,23 +485,14 @@ pd_status ckpt_write(rank *r, sched *sc, const char *dir, uint64_t seq, uint64_t
         }
         if (st == PD_OK)
             st = sync_dir(tmp, &e);
-        if (st == PD_OK && rename(tmp, fin) != 0)
-            st = pd_err_set(&e, PD_ERR_IO, "checkpoint: rename %s to %s: %s", tmp, fin, strerror(errno));
+        if (st == PD_OK)
+            st = ckpt_dir_publish(tmp, dir, fin, &e);
         if (st == PD_OK)
             st = sync_dir(dir, &e);
         if (st)
-            remove_tree(tmp);
-        else {
-            /* keep the last two */
-            uint64_t *seqs;
-            uint32_t n = list_ckpts(dir, &seqs);
-            for (uint32_t i = 2; i < n; i++) {
-                char old[4200];
-                snprintf(old, sizeof old, "%s/ckpt-%llu", dir, (unsigned long long)seqs[i]);
-                remove_tree(old);
-            }
-            free(seqs);
-        }
+            remove_tmp(dir, tmp);
+        else
+            keep_last_two(dir);
         free(m.settings);
         free(m.bundles);
         free(m.streams);

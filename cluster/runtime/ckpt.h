@@ -6,11 +6,13 @@
  *                      by the rank that owns the layer: every alive stream's
  *                      record of that layer
  *   manifest.pdck      written by the head last (layout below)
- * Every rank writes its bundles into D/.ckpt-SEQ.tmp and fsyncs them; only
+ * Every rank writes its bundles into D/.ckpt-SEQ.XXXXXX (made by the head) and fsyncs them; only
  * when every rank succeeded does the head write the manifest, fsync the
  * directory, rename it to ckpt-SEQ and fsync D (atomic publish). Any failure
  * removes the temporary directory, is reported, and decoding goes on: the
- * previous checkpoint stays the newest. The last two are kept.
+ * previous checkpoint stays the newest. The last two are kept. What pipedec
+ * may remove, follow or number in D, which it shares with its user, is
+ * ckpt_dir.h's to decide.
  * D must be on a file system every rank sees (a shared or node-local
  * directory when all ranks share a node).
  *
@@ -55,8 +57,11 @@ pd_status ckpt_find(const char *dir, uint64_t model_fp, uint64_t pages_digest, c
  * newest checkpoint in it is checked (*seq says which). */
 pd_status ckpt_inspect(const char *path, ckpt_manifest *m, uint64_t *seq, pd_err *err);
 
-/* The highest checkpoint number in dir (0 when none). */
+/* The number of the newest checkpoint directory in dir (0 when none). */
 uint64_t ckpt_newest(const char *dir);
+/* The highest checkpoint number any entry of dir is named with (0 when
+ * none): new checkpoints are numbered past it (ckpt_dir.h). */
+uint64_t ckpt_highest(const char *dir);
 
 /* The drain action: writes checkpoint seq of every rank's state (collective;
  * h: the head's scheduler, NULL elsewhere; out_size: the head's durable

@@ -233,7 +233,7 @@ static pd_status head_find_checkpoint(head *h, pd_err *err)
         st = ckpt_find(o->checkpoint_dir, model_fingerprint(h->r->m), digest, settings, h->r->hp.n_layers, &m,
                        &h->resume_seq, err);
     free(settings);
-    h->ckpt_newest = ckpt_newest(o->checkpoint_dir);
+    h->ckpt_newest = ckpt_highest(o->checkpoint_dir);
     if (st || !h->resume_seq)
         return st;
     struct stat sb;

@@ -1,7 +1,28 @@
 /* main() for every Check suite, and the test RNG. */
 #include "pd_test.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <ftw.h>
+#include <unistd.h>
+
+void pd_test_tmpdir(char *out, size_t cap, const char *tag)
+{
+    ck_assert_int_lt(snprintf(out, cap, "/tmp/pd_test_%s_XXXXXX", tag), (int)cap);
+    ck_assert_ptr_nonnull(mkdtemp(out));
+}
+
+static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *f)
+{
+    (void)sb;
+    (void)f;
+    return flag == FTW_DP ? rmdir(path) : unlink(path);
+}
+
+void pd_test_rmtree(const char *dir)
+{
+    ck_assert_int_eq(nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS), 0);
+}
 
 uint64_t pd_rng_next(pd_rng *r)
 {

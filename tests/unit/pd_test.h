@@ -23,4 +23,9 @@ uint32_t pd_rng_below(pd_rng *r, uint32_t n);
 /* Fills dst[0..n) with uniform values in [lo, hi). */
 void pd_rng_fill(pd_rng *r, float *dst, size_t n, float lo, float hi);
 
+/* A fresh directory /tmp/pd_test_<tag>_XXXXXX into out (cap >= 64), and its
+ * removal with everything in it (links are removed, never followed). */
+void pd_test_tmpdir(char *out, size_t cap, const char *tag);
+void pd_test_rmtree(const char *dir);
+
 #endif

@@ -1,5 +1,6 @@
 /* LD_PRELOAD shim for end-to-end tests: makes the file named by
- * PD_FULL_DISK_PATH behave like a disk that fills up after
+ * PD_FULL_DISK_PATH (a shell pattern, fnmatch(3), matched against the open
+ * file's absolute path) behave like a disk that fills up after
  * PD_FULL_DISK_BYTES bytes: a write that crosses the limit writes what fits,
  * the next one fails with ENOSPC. Every other file is untouched. */
 #ifndef _GNU_SOURCE
@@ -7,6 +8,7 @@
 #endif
 #include <dlfcn.h>
 #include <errno.h>
+#include <fnmatch.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,7 +30,7 @@ static int is_target(int fd, off_t *size)
         return 0;
     got[k] = '\0';
     struct stat sb;
-    if (strcmp(got, want) != 0 || fstat(fd, &sb) != 0)
+    if (fnmatch(want, got, FNM_PATHNAME) != 0 || fstat(fd, &sb) != 0)
         return 0;
     *size = sb.st_size;
     return 1;
