@@ -18,12 +18,14 @@ typedef struct ctl_client {
     int fd;                  /* -1: free slot */
     size_t n;                /* bytes of buf */
     bool asked;              /* a request was taken: waiting for its reply */
+    double since;            /* when it connected (monotonic seconds) */
     char buf[CTL_LINE_MAX];
 } ctl_client;
 
 struct ctl {
     int fd;
     char *path;
+    double line_timeout;     /* seconds a client has to complete its line */
     ctl_client cl[CTL_MAX_CLIENTS];
 };
 
@@ -38,7 +40,14 @@ static pd_status ctl_addr(const char *path, struct sockaddr_un *a, pd_err *err)
     return PD_OK;
 }
 
-pd_status ctl_open(const char *path, ctl **out, pd_err *err)
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+pd_status ctl_open(const char *path, double line_timeout_s, ctl **out, pd_err *err)
 {
     struct sockaddr_un a;
     pd_status st = ctl_addr(path, &a, err);
@@ -70,6 +79,7 @@ pd_status ctl_open(const char *path, ctl **out, pd_err *err)
     }
     for (int i = 0; i < CTL_MAX_CLIENTS; i++)
         c->cl[i].fd = -1;
+    c->line_timeout = line_timeout_s > 0 ? line_timeout_s : CTL_LINE_TIMEOUT_S;
     c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (c->fd < 0) {
         st = pd_err_set(err, PD_ERR_IO, "--control %s: socket: %s", path, strerror(errno));
@@ -149,17 +159,42 @@ void ctl_reply(ctl *c, int client, const char *json)
     client_drop(&c->cl[client]);
 }
 
+/* A free slot for a new client: when every slot is taken, the oldest
+ * client that has not completed its line gives its slot up (told so);
+ * -1 when every client is waiting for a reply. */
+static int free_slot(ctl *c)
+{
+    int oldest = -1;
+    for (int i = 0; i < CTL_MAX_CLIENTS; i++) {
+        if (c->cl[i].fd < 0)
+            return i;
+        if (!c->cl[i].asked && (oldest < 0 || c->cl[i].since < c->cl[oldest].since))
+            oldest = i;
+    }
+    if (oldest >= 0)
+        ctl_reply(c, oldest, "{\"ok\":false,\"error\":\"dropped: no complete request line while other clients "
+                             "needed the slot\"}");
+    return oldest;
+}
+
 bool ctl_next(ctl *c, int *client, char *line, size_t cap)
 {
+    double now = now_s();
+    /* clients that did not complete a line in time */
+    for (int i = 0; i < CTL_MAX_CLIENTS; i++)
+        if (c->cl[i].fd >= 0 && !c->cl[i].asked && now - c->cl[i].since > c->line_timeout) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "{\"ok\":false,\"error\":\"no complete request line within %g s\"}",
+                     c->line_timeout);
+            ctl_reply(c, i, msg);
+        }
     /* new connections */
     for (;;) {
         int fd = accept4(c->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0)
             break;
-        int i = 0;
-        while (i < CTL_MAX_CLIENTS && c->cl[i].fd >= 0)
-            i++;
-        if (i == CTL_MAX_CLIENTS) {
+        int i = free_slot(c);
+        if (i < 0) {
             static const char busy[] = "{\"ok\":false,\"error\":\"too many control clients at once\"}\n";
             send_all(fd, busy, sizeof busy - 1);
             close(fd);
@@ -168,6 +203,7 @@ bool ctl_next(ctl *c, int *client, char *line, size_t cap)
         c->cl[i].fd = fd;
         c->cl[i].n = 0;
         c->cl[i].asked = false;
+        c->cl[i].since = now;
     }
     /* bytes from clients that have not asked yet */
     for (int i = 0; i < CTL_MAX_CLIENTS; i++) {

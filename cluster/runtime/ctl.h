@@ -13,6 +13,13 @@
  * dropped; no SIGPIPE). A request line that is too long is answered with an
  * error at once.
  *
+ * Nobody can jam it: a client that has not completed its line within the
+ * line timeout (CTL_LINE_TIMEOUT_S by default) is answered with an error and
+ * dropped, and when all CTL_MAX_CLIENTS slots are taken a new client gets
+ * the slot of the oldest one that has not completed its line (that one is
+ * told why it was dropped). Only when every slot holds a client waiting for
+ * its reply is a newcomer turned away ("too many control clients at once").
+ *
  * Opening: the socket is created with mode 0600. An existing PATH is
  * replaced only when it is a stale socket (nothing accepts on it);
  * anything else there — a live socket, a file, a directory — is refused
@@ -27,11 +34,14 @@
 
 #define CTL_MAX_CLIENTS 16
 #define CTL_LINE_MAX 1024
+#define CTL_LINE_TIMEOUT_S 5.0
 
 typedef struct ctl ctl;
 
-/* Returns owned *out (ctl_close). Errors name PATH and the reason. */
-pd_status ctl_open(const char *path, ctl **out, pd_err *err);
+/* Returns owned *out (ctl_close). line_timeout_s: seconds a client has to
+ * complete its request line (<= 0: CTL_LINE_TIMEOUT_S). Errors name PATH
+ * and the reason. */
+pd_status ctl_open(const char *path, double line_timeout_s, ctl **out, pd_err *err);
 /* Closes every client and the socket, removes PATH. NULL is a no-op. */
 void ctl_close(ctl *c);
 

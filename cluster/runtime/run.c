@@ -7,6 +7,7 @@
 #include "cluster/runtime/report.h"
 
 #include "cluster/runtime/ckpt.h"
+#include "cluster/runtime/ckpt_dir.h"
 #include "cluster/runtime/ctl.h"
 #include "cluster/runtime/jobctl.h"
 #include "cluster/runtime/signals.h"
@@ -39,10 +40,14 @@ static pd_status run_start(rank *r, head **h, ctl **c, pd_err *err)
         if (st == PD_OK && (st = layermap_parse(map, (uint32_t)r->size, r->hp.n_layers, &lm, err)))
             pd_err_prefix(err, "--migrate-at %s", r->o->migrate_at[i]);
     }
+    /* every rank writes its layers' bundles into --checkpoint-dir: each
+     * checks that it can, before anything is decoded */
+    if (st == PD_OK && r->o->checkpoint_dir)
+        st = ckpt_dir_check(r->o->checkpoint_dir, err);
     if (st == PD_OK && r->is_head)
         st = head_open(r, h, err);
     if (st == PD_OK && r->is_head && r->o->control_path)
-        st = ctl_open(r->o->control_path, c, err);
+        st = ctl_open(r->o->control_path, CTL_LINE_TIMEOUT_S, c, err);
     if (st == PD_OK && r->o->trace_path)
         st = rank_open_trace(r, *h ? head_pages(*h) : NULL, err);
     return st;
