@@ -230,7 +230,11 @@ static pd_status parse_full_body(rd *r, int hdr_f16, wire_info *in, wspans *sp, 
     if (rd_u32(r, "rows", &rows) != PD_OK || read_dim(r, "kv_heads", &heads) != PD_OK ||
         read_dim(r, "head_dim", &hd) != PD_OK || rd_u32(r, "n_linear", &nlin) != PD_OK)
         return r->status;
-    if (read_count_in(r, "n_importance", 0, rows, &nimp) != PD_OK)
+    /* a versioned record carries one importance value per row (every
+     * exporter writes them: importance is state eviction reads); only the
+     * legacy body may leave them out. Accepting none for rows would install
+     * zeros the record did not hold. */
+    if (read_count_in(r, "n_importance", hdr_f16 < 0 ? 0 : rows, rows, &nimp) != PD_OK)
         return r->status;
     if (take_array(r, "linear count", nlin, DT_F32, sp ? &sp->linear : NULL) != PD_OK ||
         take_array(r, "importance count", nimp, DT_F32, sp ? &sp->imp : NULL) != PD_OK ||
@@ -395,7 +399,7 @@ static pd_status parse_q8(rd *r, wire_info *in, wspans *sp, waux *aux)
         return r->status;
     size_t rows_at = rd_offset(r);
     if (rd_u32(r, "rows", &rows) != PD_OK || rd_u32(r, "n_linear", &nlin) != PD_OK ||
-        read_count_in(r, "n_importance", 0, rows, &nimp) != PD_OK)
+        read_count_in(r, "n_importance", rows, rows, &nimp) != PD_OK) /* one per row, as full */
         return r->status;
     if (base > UINT64_MAX - rows || base + rows != in->position)
         return rd_fail_at(r, rows_at, PD_ERR_FORMAT, "base %llu + rows %u != header position %llu",

@@ -45,6 +45,12 @@ expect bundle "$data/two_streams.cmfb" 0
 expect bad_version "$data/bad_version.cmfs" 1
 grep -q 'offset 4: wire version 3' "$tmp/bad_version.err" || fail "bad_version: stderr names offset and reason"
 expect bad_count "$data/bad_count.cmfs" 1
+# fuzz_wire's finding (issue 41): a v2 full record of 2 rows without their
+# importance values; import refuses it, so inspect must not call it valid
+python3 -c 'import sys; sys.stdout.buffer.write(bytes.fromhex(sys.argv[1]))' 434d4653020000008877665544332211030000000001000002000000000000000100000002000000010000000200000003000000000000000100403f0000c03f0000003f04000000003c00c000383400040000004400000032000000 \
+  > "$tmp/no_imp.cmfs"
+expect no_imp "$tmp/no_imp.cmfs" 1
+grep -q "offset 52: n_importance 0, expected 2" "$tmp/no_imp.err" "$tmp/no_imp.txt" || fail "no_imp: the offset and field are not named"
 expect bad_crc "$data/bad_crc.cmfb" 1
 expect legacy_refused "$data/legacy_full.bin" 1
 expect legacy "$data/legacy_full.bin" 0 --legacy

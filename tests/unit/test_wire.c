@@ -10,6 +10,7 @@
 #include "cache/ring_layer.h"
 #include "comm/wire.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1026,10 +1027,8 @@ START_TEST(wire_counts_near_uint32_max_are_refused_before_allocation)
     b32(&b, 1);
     b32(&b, 1);
     b32(&b, 0);
-    b32(&b, 0);
-    b32(&b, UINT32_MAX);
-    b32(&b, 0);
-    kv_refused(&t, b.b, b.n, PD_ERR_TRUNCATED, "head 0 k count 4294967295");
+    b32(&b, UINT32_MAX); /* n_importance: one per row */
+    kv_refused(&t, b.b, b.n, PD_ERR_TRUNCATED, "importance count 4294967295");
     /* n_linear near the limit */
     b.n = 0;
     bhdr(&b, WIRE_KIND_FULL, 0, 0);
@@ -1049,7 +1048,7 @@ START_TEST(wire_counts_near_uint32_max_are_refused_before_allocation)
     b32(&b, 1);
     b32(&b, 0);
     b32(&b, UINT32_MAX);
-    kv_refused(&t, b.b, b.n, PD_ERR_FORMAT, "n_importance 4294967295 is neither 0 nor 5");
+    kv_refused(&t, b.b, b.n, PD_ERR_FORMAT, "n_importance 4294967295, expected 5");
     /* a per-head length that is neither 0 nor rows x head_dim */
     b.n = 0;
     bhdr(&b, WIRE_KIND_FULL, 0, 2);
@@ -1058,7 +1057,9 @@ START_TEST(wire_counts_near_uint32_max_are_refused_before_allocation)
     b32(&b, 1);
     b32(&b, 1);
     b32(&b, 0);
-    b32(&b, 0);
+    b32(&b, 2);
+    bf(&b, 0.0f);
+    bf(&b, 0.0f);
     b32(&b, 1);
     bf(&b, 1.0f);
     kv_refused(&t, b.b, b.n, PD_ERR_FORMAT, "head 0 k count 1 is neither 0 nor 2");
@@ -1347,6 +1348,54 @@ START_TEST(wire_f16_export_refuses_values_beyond_half_range)
 }
 END_TEST
 
+/* Found by fuzz_wire (scripts/fuzz.sh 150): a version-2 full record of 2
+ * rows with no importance values (and a 3-value linear section) was
+ * installed with zero importance and exported 8 bytes longer. Every
+ * section is now installed as given or refused: a v2 record carries one
+ * importance value per row, and inspect agrees. */
+START_TEST(wire_v2_record_without_importance_for_its_rows_is_refused_at_the_field)
+{
+    static const char hex[] = "434d4653020000008877665544332211030000000001000002000000000000000100000002000000"
+                              "010000000200000003000000000000000100403f0000c03f0000003f04000000003c00c0003834"
+                              "00040000004400000032000000";
+    uint8_t rec[92];
+    for (size_t i = 0; i < sizeof rec; i++)
+        sscanf(hex + 2 * i, "%2hhx", &rec[i]);
+    wire_info in;
+    pd_err e = {0};
+    ck_assert_int_eq(wire_inspect(rec, sizeof rec, 0, 0, &in, &e), PD_ERR_FORMAT);
+    ck_assert_str_eq(e.msg, "wire: offset 52: n_importance 0, expected 2");
+    kvfix t;
+    kv_mk(&t, 1, 2, KV_MODE_F32, NULL);
+    wire_layer_ref r = kv_ref(&t);
+    r.identity = 0x1122334455667788ull;
+    r.layer = 3;
+    tsnap sn = kv_snap(&t);
+    pd_err_clear(&e);
+    ck_assert_int_eq(wire_import(&r, rec, sizeof rec, 0, 0, &e), PD_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(e.msg, "offset 52"));
+    kv_unchanged(&t, &sn);
+    free(sn.bytes);
+    /* with its two importance values it installs and exports byte for byte */
+    uint8_t fixed[100];
+    memcpy(fixed, rec, 52);
+    fixed[52] = 2;
+    memset(fixed + 53, 0, 3);
+    memcpy(fixed + 56, rec + 56, 12);       /* the linear section */
+    const float imp[2] = {0.25f, 0.5f};
+    memcpy(fixed + 68, imp, 8);
+    memcpy(fixed + 76, rec + 68, 24);       /* the heads */
+    pd_err_clear(&e);
+    ck_assert_msg(wire_import(&r, fixed, sizeof fixed, 0, 0, &e) == PD_OK, "%s", e.msg);
+    size_t n = 0;
+    uint8_t *again = export_ok(&r, 1, &n);
+    ck_assert_uint_eq(n, sizeof fixed);
+    ck_assert_int_eq(memcmp(again, fixed, n), 0);
+    free(again);
+    kv_layer_free(t.l);
+}
+END_TEST
+
 Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("wire");
@@ -1380,6 +1429,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(kv, wire_header_faults_are_refused_with_their_offset);
     tcase_add_test(kv, wire_geometry_and_kind_mismatches_are_refused);
     tcase_add_test(kv, wire_counts_near_uint32_max_are_refused_before_allocation);
+    tcase_add_test(kv, wire_v2_record_without_importance_for_its_rows_is_refused_at_the_field);
     tcase_add_test(kv, wire_export_refuses_state_it_cannot_describe);
     tcase_add_test(kv, wire_two_phase_import_changes_nothing_until_commit);
     tcase_add_test(kv, wire_non_finite_values_are_refused_on_import_and_inspect);
