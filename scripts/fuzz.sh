@@ -5,8 +5,15 @@
 # executions and findings of each. Exits non-zero when any target found a
 # crash, leak, timeout or sanitizer report (the reproducer is kept and named).
 #
-# usage: scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
+# usage: scripts/fuzz.sh [SECONDS_PER_TARGET | --long] [TARGET...]
 #   SECONDS_PER_TARGET  default 60; TARGET e.g. fuzz_wire (default: all of tests/fuzz)
+#   --long              the long mode: 600 s per target, the targets two at a
+#                       time (PD_FUZZ_PARALLEL, default 2); the corpora grow
+#                       in PD_FUZZ_DIR and are kept, so a later run goes on
+#                       from them. CI's few seconds per target catch what a
+#                       change breaks at once; run --long before a release
+#                       and after changing a decoder (about 45 minutes for
+#                       every target on two cores).
 # env:  PD_FUZZ_DIR   work directory (binaries, corpora, findings); default build-fuzz
 #       PD_FUZZ_JOBS   parallel fuzzing processes per target (default 1)
 #       CC             clang to use (default clang)
@@ -16,7 +23,9 @@ set -euo pipefail
 src="$(cd "$(dirname "$0")/.." && pwd)"
 secs="${1:-60}"
 shift || true
-case "$secs" in ''|*[!0-9]*) echo "usage: scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]" >&2; exit 2;; esac
+parallel=1
+if [ "$secs" = "--long" ]; then secs=600; parallel="${PD_FUZZ_PARALLEL:-2}"; fi
+case "$secs" in ''|*[!0-9]*) echo "usage: scripts/fuzz.sh [SECONDS_PER_TARGET | --long] [TARGET...]" >&2; exit 2;; esac
 work="${PD_FUZZ_DIR:-$src/build-fuzz}"
 cc="${CC:-clang}"
 jobs="${PD_FUZZ_JOBS:-1}"
@@ -53,12 +62,13 @@ if [ ${#targets[@]} -eq 0 ]; then
   for f in "$src"/tests/fuzz/fuzz_*.c; do targets+=("$(basename "$f" .c)"); done
 fi
 
-total_execs=0
-findings=0
-for t in "${targets[@]}"; do
-  file="$src/tests/fuzz/$t.c"
-  [ -f "$file" ] || { echo "fuzz.sh: no such target $file" >&2; exit 2; }
-  srcs=()
+# fuzz_one TARGET: builds and runs one target; its summary line goes to
+# $work/TARGET.summary, its executions to $work/TARGET.execs; returns 1 on a finding.
+fuzz_one() {
+  local t="$1"
+  local file="$src/tests/fuzz/$t.c"
+  [ -f "$file" ] || { echo "fuzz.sh: no such target $file" >&2; return 2; }
+  local srcs=() words=() extra=() line libline s
   line="$(grep -m1 -o 'PD_FUZZ_SOURCES:.*' "$file" || true)"
   if [ -n "$line" ]; then
     read -r -a words <<<"${line#PD_FUZZ_SOURCES:}"
@@ -66,42 +76,62 @@ for t in "${targets[@]}"; do
       case "$s" in *.c) srcs+=("$src/$s");; esac
     done
   fi
-  libs=(-lm -lpthread)
+  local libs=(-lm -lpthread)
   libline="$(grep -m1 -o 'PD_FUZZ_LIBS:.*' "$file" || true)"
   if [ -n "$libline" ]; then read -r -a extra <<<"${libline#PD_FUZZ_LIBS:}"; libs+=("${extra[@]}"); fi
-  bin="$work/$t"
+  local bin="$work/$t"
   echo "fuzz.sh: building $t" >&2
+  local t0 t1 t2 rc=0
   t0=$(date +%s)
   "$cc" -g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined \
         -fno-sanitize-recover=all -include "$compat" -I"$src" "$file" "${srcs[@]}" "${libs[@]}" -o "$bin"
 
-  corpus="$work/corpus_$t"
-  found="$work/findings_$t"
+  local corpus="$work/corpus_$t" found="$work/findings_$t" log="$work/$t.log"
   mkdir -p "$corpus" "$found"
   cp -n "$src"/tests/data/*.cmf* "$src"/tests/data/*.pdss "$src"/tests/data/*.pdck "$src"/tests/data/*.bin "$src"/tests/data/*.gguf "$corpus"/ 2>/dev/null || true
-  log="$work/$t.log"
-  rc=0
   t1=$(date +%s)
   # -rss_limit / -malloc_limit keep a hostile count from eating the machine;
   # -timeout flags a slow input as a finding.
-  # run inside $work: with -jobs libFuzzer writes fuzz-N.log to the current directory
-  (cd "$work" && "$bin" "$corpus" -max_total_time="$secs" -print_final_stats=1 -timeout=10 \
+  # run inside a directory of its own: with -jobs libFuzzer writes fuzz-N.log
+  # to the current directory
+  mkdir -p "$work/run_$t"
+  (cd "$work/run_$t" && "$bin" "$corpus" -max_total_time="$secs" -print_final_stats=1 -timeout=10 \
          -rss_limit_mb=2048 -malloc_limit_mb=1024 -max_len=8192 \
          -jobs="$jobs" -workers="$jobs" -artifact_prefix="$found/") >"$log" 2>&1 || rc=$?
   t2=$(date +%s)
   # $log alone: with -jobs, libFuzzer copies each job's fuzz-N.log into its
   # own output once the job ends (counting both doubled every figure)
+  local execs crashes
   execs="$( (grep -h 'stat::number_of_executed_units' "$log" || true) | awk '{s += $2} END {print s + 0}')"
-  rm -f "$work"/fuzz-*.log
+  rm -rf "$work/run_$t"
   crashes="$(find "$found" -type f | wc -l)"
-  total_execs=$((total_execs + execs))
+  echo "$execs" > "$work/$t.execs"
   if [ "$rc" -ne 0 ] || [ "$crashes" -gt 0 ]; then
-    findings=$((findings + 1))
-    echo "$t: $execs executions in $((t2 - t1)) s (built in $((t1 - t0)) s), FINDING (exit $rc, $crashes reproducer(s) in $found, log $log)"
-    grep -m5 -E 'ERROR|runtime error|fuzz_[a-z]+: ' "$log" || true
-  else
-    echo "$t: $execs executions in $((t2 - t1)) s (built in $((t1 - t0)) s), no findings (corpus $(ls "$corpus" | wc -l) inputs)"
+    { echo "$t: $execs executions in $((t2 - t1)) s (built in $((t1 - t0)) s), FINDING (exit $rc, $crashes reproducer(s) in $found, log $log)"
+      grep -m5 -E 'ERROR|runtime error|fuzz_[a-z]+: ' "$log" || true; } > "$work/$t.summary"
+    return 1
   fi
+  echo "$t: $execs executions in $((t2 - t1)) s (built in $((t1 - t0)) s), no findings (corpus $(ls "$corpus" | wc -l) inputs)" \
+    > "$work/$t.summary"
+}
+
+total_execs=0
+findings=0
+running=0
+for t in "${targets[@]}"; do
+  rm -f "$work/$t.summary" "$work/$t.execs"
+  fuzz_one "$t" &
+  running=$((running + 1))
+  if [ "$running" -ge "$parallel" ]; then wait -n || true; running=$((running - 1)); fi
+done
+wait || true
+for t in "${targets[@]}"; do
+  if [ ! -f "$work/$t.summary" ]; then
+    echo "$t: did not run (build failed?)"; findings=$((findings + 1)); continue
+  fi
+  cat "$work/$t.summary"
+  grep -q FINDING "$work/$t.summary" && findings=$((findings + 1))
+  total_execs=$((total_execs + $(cat "$work/$t.execs" 2>/dev/null || echo 0)))
 done
 echo "fuzz.sh: ${#targets[@]} target(s), $total_execs executions, $findings target(s) with findings, $(( $(date +%s) - t_all )) s"
 [ "$findings" -eq 0 ]
