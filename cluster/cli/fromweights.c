@@ -85,6 +85,24 @@ static pd_status fw_moe_config(const cJSON *root, fw_cfg *c, pd_err *err)
     return PD_OK;
 }
 
+/* A JSON object with a key twice is refused: cJSON takes the first, the
+ * training script's reader (Python's json) the last, so the two would
+ * disagree on the model silently. */
+static pd_status fw_unique_keys(const cJSON *obj, const char *path, pd_err *err)
+{
+    for (const cJSON *a = obj ? obj->child : NULL; a; a = a->next) {
+        for (const cJSON *b = a->next; b; b = b->next)
+            if (a->string && b->string && strcmp(a->string, b->string) == 0)
+                return pd_err_set(err, PD_ERR_FORMAT, "%s: key \"%s\" appears more than once", path, a->string);
+        if (cJSON_IsObject(a)) {
+            pd_status st = fw_unique_keys(a, path, err);
+            if (st)
+                return st;
+        }
+    }
+    return PD_OK;
+}
+
 static pd_status fw_config(const char *dir, fw_cfg *c, pd_err *err)
 {
     char path[4096];
@@ -101,6 +119,10 @@ static pd_status fw_config(const char *dir, fw_cfg *c, pd_err *err)
         return pd_err_set(err, PD_ERR_FORMAT, "%s: not a JSON object", path);
     }
     memset(c, 0, sizeof *c);
+    if ((st = fw_unique_keys(root, path, err)) != PD_OK) {
+        cJSON_Delete(root);
+        return st;
+    }
     const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "arch");
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(root, "vocab");
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(root, "name");
@@ -139,6 +161,12 @@ static pd_status fw_config(const char *dir, fw_cfg *c, pd_err *err)
                 c->prompt[c->n_prompt++] = (int32_t)t->valuedouble;
         }
     }
+    /* a page is BOS, the cells and the prompt: it must fit the context */
+    if (st == PD_OK && (uint64_t)c->cells + 1 + c->n_prompt > c->ctx)
+        st = pd_err_set(err, PD_ERR_RANGE,
+                        "config.json: \"ocr_cells\" %u: a page (BOS, %u cells, %u prompt tokens) would not fit the "
+                        "context of %u positions",
+                        c->cells, c->cells, c->n_prompt, c->ctx);
     snprintf(c->name, sizeof c->name, "%s", cJSON_IsString(name) ? name->valuestring : "pipedec ocr");
     cJSON_Delete(root);
     return st;

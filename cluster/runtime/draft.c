@@ -26,11 +26,20 @@ pd_status draft_parse(const char *s, draft_config *out, pd_err *err)
     }
     unsigned n = 3, k = 4;
     if (strncmp(s, "model:", 6) == 0) {
+        /* one rule: a last ':' followed by nothing or by digits only starts
+         * K, which must be 1..16 (an empty, zero, huge or out-of-range K
+         * gets the same message); anything else belongs to the file name */
         const char *file = s + 6, *colon = strrchr(file, ':');
         const char *kp = colon ? colon + 1 : NULL;
-        int has_k = kp && *kp && draft_uint(&kp, &k) && *kp == '\0';
+        int has_k = kp && strspn(kp, "0123456789") == strlen(kp);
         size_t flen = has_k ? (size_t)(colon - file) : strlen(file);
-        if (flen == 0 || (has_k && (k < 1 || k > 16)))
+        if (has_k) {
+            const char *q = kp;
+            k = 0;
+            if (strlen(kp) > 2 || !draft_uint(&q, &k) || k < 1 || k > 16)
+                return pd_err_set(err, PD_ERR_ARG, "--draft '%s': K must be an integer 1..16 (model:FILE[:K])", s);
+        }
+        if (flen == 0)
             return pd_err_set(err, PD_ERR_ARG, "--draft '%s': expected model:FILE[:K] (K 1..16)", s);
         if (flen >= sizeof out->path)
             return pd_err_set(err, PD_ERR_ARG, "--draft model: the file name is longer than %zu bytes",

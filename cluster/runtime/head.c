@@ -237,12 +237,18 @@ static pd_status head_find_checkpoint(head *h, pd_err *err)
     if (st || !h->resume_seq)
         return st;
     struct stat sb;
-    if (stat(o->out_path, &sb) != 0 || (uint64_t)sb.st_size < m.out_size)
+    if (stat(o->out_path, &sb) != 0)
+        st = pd_err_set(err, PD_ERR_MISMATCH,
+                        "%s: %s, but checkpoint %llu recorded %llu bytes of it written: resume with the output the "
+                        "checkpoint belongs to, or give another --checkpoint-dir to start over",
+                        o->out_path, errno == ENOENT ? "does not exist" : strerror(errno),
+                        (unsigned long long)h->resume_seq, (unsigned long long)m.out_size);
+    else if ((uint64_t)sb.st_size < m.out_size)
         st = pd_err_set(err, PD_ERR_MISMATCH,
                         "%s holds %lld bytes but checkpoint %llu recorded %llu written: it is not the output this "
                         "checkpoint belongs to",
-                        o->out_path, stat(o->out_path, &sb) == 0 ? (long long)sb.st_size : -1LL,
-                        (unsigned long long)h->resume_seq, (unsigned long long)m.out_size);
+                        o->out_path, (long long)sb.st_size, (unsigned long long)h->resume_seq,
+                        (unsigned long long)m.out_size);
     else if ((uint64_t)sb.st_size > m.out_size && truncate(o->out_path, (off_t)m.out_size) != 0)
         st = pd_err_set(err, PD_ERR_IO, "%s: cutting back to %llu bytes: %s", o->out_path,
                         (unsigned long long)m.out_size, strerror(errno));

@@ -115,6 +115,11 @@ wait "$job" || true
 [ -d "$D/ckpt-1" ] && [ -d "$D/ckpt-18446744073709551616" ] && pass "a 21-digit name is ignored; the first checkpoint is ckpt-1" \
   || { fail "21-digit name: $(ls "$D" | tr '\n' ' ')"; tail -3 "$T/big.err"; }
 
+# the output deleted before a resume: said plainly, nothing decoded
+rm -f "$T/big.jsonl"
+expect_fail "resume with the output deleted" "big.jsonl: does not exist, but checkpoint 1 recorded [0-9]+ bytes" \
+  "$PIPEDEC" run --model "$m" --pages "$PA" --out "$T/big.jsonl" --batch 3 --digest --checkpoint-dir "$D"
+
 # D is a file, or under a file: refused at start-up on every rank count
 echo "x" > "$T/afile"
 for n in 0 2; do

@@ -6,6 +6,7 @@
 
 #include "cluster/runtime/draft.h"
 
+#include <stdio.h>
 #include <string.h>
 
 START_TEST(draft_parse_accepts_the_documented_forms_and_refuses_others)
@@ -25,8 +26,18 @@ START_TEST(draft_parse_accepts_the_documented_forms_and_refuses_others)
     ck_assert(c.mode == DRAFT_MODEL && c.k == 4 && strcmp(c.path, "small.gguf") == 0);
     ck_assert_int_eq(draft_parse("model:/d/a:b.gguf:7", &c, &e), PD_OK);
     ck_assert(c.mode == DRAFT_MODEL && c.k == 7 && strcmp(c.path, "/d/a:b.gguf") == 0);
-    ck_assert_int_eq(draft_parse("model:x.gguf:", &c, &e), PD_OK); /* an empty K is part of the name */
-    ck_assert(c.k == 4 && strcmp(c.path, "x.gguf:") == 0);
+    /* one rule for K: empty, zero, too large or too long all get one message */
+    static const char *bad_k[] = {"model:x.gguf:", "model:x.gguf:0", "model:x.gguf:17", "model:x.gguf:99999",
+                                  "model:x.gguf:00004"};
+    for (size_t i = 0; i < sizeof bad_k / sizeof bad_k[0]; i++) {
+        pd_err_clear(&e);
+        ck_assert_msg(draft_parse(bad_k[i], &c, &e) == PD_ERR_ARG, "'%s' accepted", bad_k[i]);
+        char want[128];
+        snprintf(want, sizeof want, "--draft '%s': K must be an integer 1..16 (model:FILE[:K])", bad_k[i]);
+        ck_assert_str_eq(e.msg, want);
+    }
+    ck_assert_int_eq(draft_parse("model:x.gguf:k4", &c, &e), PD_OK); /* not digits: part of the name */
+    ck_assert(c.k == 4 && strcmp(c.path, "x.gguf:k4") == 0);
     char long_name[1200] = "model:";
     memset(long_name + 6, 'a', 1100);
     long_name[1106] = '\0';

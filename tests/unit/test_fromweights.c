@@ -188,6 +188,22 @@ START_TEST(fromweights_refuses_bad_config_fields_by_name)
                             "\"kv_heads\":2,\"ffn\":16,\"ctx\":512,\"ocr_cells\":32,\"rope_base\":1,"
                             "\"rms_eps\":1e-5,\"ocr_prompt\":[]}");
     refused("\"rope_base\" must be a number");
+    /* a duplicate key: Python's json takes the last, cJSON the first */
+    put_text("config.json", "{\"arch\":\"llama\",\"vocab\":\"bytes\",\"layers\":1,\"hidden\":8,\"heads\":2,"
+                            "\"kv_heads\":2,\"ffn\":16,\"ctx\":512,\"ocr_cells\":32,\"rope_base\":10000,"
+                            "\"rms_eps\":1e-5,\"ocr_prompt\":[],\"hidden\":16}");
+    refused("key \"hidden\" appears more than once");
+    /* more cells than the context holds (BOS + 512 cells + 2 prompt tokens > 512) */
+    put_text("config.json", "{\"arch\":\"llama\",\"vocab\":\"bytes\",\"layers\":1,\"hidden\":8,\"heads\":2,"
+                            "\"kv_heads\":2,\"ffn\":16,\"ctx\":512,\"ocr_cells\":512,\"rope_base\":10000,"
+                            "\"rms_eps\":1e-5,\"ocr_prompt\":[79,67]}");
+    refused("\"ocr_cells\" 512: a page (BOS, 512 cells, 2 prompt tokens) would not fit the context of 512");
+    /* exactly fitting is fine: 1 + 509 + 2 = 512 */
+    put_text("config.json", "{\"arch\":\"llama\",\"vocab\":\"bytes\",\"layers\":1,\"hidden\":8,\"heads\":2,"
+                            "\"kv_heads\":2,\"ffn\":16,\"ctx\":512,\"ocr_cells\":509,\"rope_base\":10000,"
+                            "\"rms_eps\":1e-5,\"ocr_prompt\":[79,67]}");
+    pd_err e = {0};
+    ck_assert_msg(fromweights_write(dir, 1, out, &e) == PD_OK, "%s", e.msg);
 }
 END_TEST
 
