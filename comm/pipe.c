@@ -254,9 +254,11 @@ pd_status pipe_recv(pipe_link *p, int src, void *buf, size_t cap, size_t *len, i
     if (count < 0 || (size_t)count > cap) {
         /* drain it so the sender is not left hanging, then report */
         char *tmp = malloc(count > 0 ? (size_t)count : 1);
-        if (tmp)
-            MPI_Recv(tmp, count, MPI_BYTE, stt.MPI_SOURCE, PIPE_TAG, p->comm, MPI_STATUS_IGNORE);
+        int rc = tmp ? MPI_Recv(tmp, count, MPI_BYTE, stt.MPI_SOURCE, PIPE_TAG, p->comm, MPI_STATUS_IGNORE)
+                     : MPI_SUCCESS;
         free(tmp);
+        if (rc != MPI_SUCCESS)
+            return pipe_mpi_fail(err, rc, "MPI_Recv (draining an oversized message)");
         return pd_err_set(err, PD_ERR_RANGE, "pipe: message of %d bytes from rank %d exceeds the %zu-byte buffer",
                           count, stt.MPI_SOURCE, cap);
     }
@@ -342,6 +344,14 @@ pd_status pipe_cancel_recv(pipe_link *p, MPI_Request *req, pd_err *err)
     if (!cancelled)
         return pd_err_set(err, PD_ERR_FORMAT, "pipe: a message from rank %d arrived for a receive being withdrawn",
                           stt.MPI_SOURCE);
+    return PD_OK;
+}
+
+pd_status pipe_release_send(MPI_Request *req, pd_err *err)
+{
+    if (*req == MPI_REQUEST_NULL)
+        return PD_OK;
+    PIPE_CALL(MPI_Request_free(req), "MPI_Request_free");
     return PD_OK;
 }
 

@@ -97,6 +97,9 @@ pd_status pipe_test_recv(pipe_link *p, MPI_Request *req, int *done, size_t *len,
  * MPI_REQUEST_NULL). A message that had already matched it is dropped and
  * reported (PD_ERR_FORMAT, naming the sender): the protocol was broken. */
 pd_status pipe_cancel_recv(pipe_link *p, MPI_Request *req, pd_err *err);
+/* Lets go of a nonblocking send nobody will wait for (MPI_Request_free:
+ * the send still completes; no-op for MPI_REQUEST_NULL). */
+pd_status pipe_release_send(MPI_Request *req, pd_err *err);
 /* Agreement: every rank passes its local status; returns the worst status
  * of all ranks (PD_OK only when every rank is PD_OK). Collective. */
 pd_status pipe_agree(pipe_link *p, pd_status local, pd_err *err);

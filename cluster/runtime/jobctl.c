@@ -196,8 +196,9 @@ void jobctl_free(jobctl *j)
     /* no waiting here (after a failed run peers may never answer) */
     for (int q = 0; j->snap_rreq && j->stl && q < j->r->size; q++)
         (void)pipe_cancel_recv(j->stl, &j->snap_rreq[q], &(pd_err){0});
-    if (j->snap_sreq != MPI_REQUEST_NULL)
-        MPI_Request_free(&j->snap_sreq);
+    pd_err fe = {0};
+    if (pipe_release_send(&j->snap_sreq, &fe) != PD_OK)
+        fprintf(stderr, "pipedec: rank %d: letting go of a status send: %s\n", j->r->rank, fe.msg);
     free(j->last_busy);
     free(j->snap_in);
     free(j->snap_last);

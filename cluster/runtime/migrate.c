@@ -658,6 +658,33 @@ static void spares_free(spare_set *ss)
     *ss = (spare_set){0};
 }
 
+/* Everything migrate_run allocates for one migration, freed on every path
+ * out of it (the early returns of a broken link included). ss may be NULL. */
+static void run_buffers_free(migrate_move *give, uint32_t n_give, migrate_move *take, uint32_t n_take, model *pl[2],
+                             spare_set *ss, uint64_t *dg, uint64_t *all_dg, migrate_verdict *vd, uint64_t *ids,
+                             uint64_t *pos)
+{
+    if (ss)
+        spares_free(ss);
+    for (uint32_t i = 0; i < 2; i++)
+        model_free(pl[i]);
+    for (uint32_t i = 0; give && i < n_give; i++) {
+        free(give[i].buf);
+        free(give[i].req);
+    }
+    for (uint32_t i = 0; take && i < n_take; i++) {
+        bundle_view_free(take[i].v);
+        free(take[i].buf);
+    }
+    free(give);
+    free(take);
+    free(dg);
+    free(all_dg);
+    free(vd);
+    free(ids);
+    free(pos);
+}
+
 /* The stage owns them now. */
 static void spares_taken(spare_set *ss)
 {
@@ -775,8 +802,7 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
         pd_err we = {0};
         pd_status xs = weights_exchange(mg, from, to, np, pf, pn, pw, pl, &mpi_w, &corrupted, &w_mpi, &wl, &we, err);
         if (xs) { /* the link is broken: nothing can be agreed on */
-            free(ids);
-            free(pos);
+            run_buffers_free(give, n_give, take, n_take, pl, NULL, dg, all_dg, vd, ids, pos);
             rep->total_s = MPI_Wtime() - t0;
             return xs;
         }
@@ -1007,6 +1033,7 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
     }
     double transfer_s = MPI_Wtime() - t_xfer - weights_s - install_s;
     if (ms) { /* the link is broken: nothing can be agreed on */
+        run_buffers_free(give, n_give, take, n_take, pl, &ss, dg, all_dg, vd, ids, pos);
         rep->total_s = MPI_Wtime() - t0;
         return ms;
     }
@@ -1035,8 +1062,11 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
     pd_status gs = pipe_allgather(r->p, &mine, sizeof mine, vd, err);
     if (gs == PD_OK)
         gs = pipe_allgather(r->p, dg, 2 * (size_t)NL * sizeof *dg, all_dg, err);
-    if (gs)
+    if (gs) {
+        run_buffers_free(give, n_give, take, n_take, pl, &ss, dg, all_dg, vd, ids, pos);
+        rep->total_s = MPI_Wtime() - t0;
         return gs;
+    }
     pd_status verdict = PD_OK;
     for (int q = 0; q < r->size && verdict == PD_OK; q++)
         if (vd[q].status) {
@@ -1141,24 +1171,7 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
         rep->moved = cs == PD_OK;
     }
     rep->switch_s = MPI_Wtime() - t1 + install_s; /* installing early is part of the switch */
-    spares_free(&ss);
-    for (uint32_t i = 0; i < 2; i++)
-        model_free(pl[i]);
-    for (uint32_t i = 0; give && i < n_give; i++) {
-        free(give[i].buf);
-        free(give[i].req);
-    }
-    for (uint32_t i = 0; take && i < n_take; i++) {
-        bundle_view_free(take[i].v);
-        free(take[i].buf);
-    }
-    free(give);
-    free(take);
-    free(dg);
-    free(all_dg);
-    free(vd);
-    free(ids);
-    free(pos);
+    run_buffers_free(give, n_give, take, n_take, pl, &ss, dg, all_dg, vd, ids, pos);
     if (pre) { /* moved or refused: the copies left go */
         pd_status ps = precopy_stop(mg->pc, err);
         if (cs == PD_OK)

@@ -168,9 +168,11 @@ void precopy_free(precopy *pc)
      * withdraw the receives, let go of the sends */
     for (int i = 0; pc->link && i < N_RECV; i++)
         (void)pipe_cancel_recv(pc->link, &pc->rb[i].req, &(pd_err){0});
-    for (int i = 0; i < N_SEND; i++)
-        if (pc->sb[i].req != MPI_REQUEST_NULL)
-            MPI_Request_free(&pc->sb[i].req);
+    for (int i = 0; i < N_SEND; i++) {
+        pd_err fe = {0};
+        if (pipe_release_send(&pc->sb[i].req, &fe) != PD_OK)
+            fprintf(stderr, "pipedec: pre-copy: letting go of a send: %s\n", fe.msg);
+    }
     drop_copies(pc);
     for (int i = 0; i < N_SEND; i++)
         free(pc->sb[i].p);

@@ -394,12 +394,10 @@ pd_status rank_agree_run(rank *r, pd_err *err)
     char (*mine)[RANK_FIELD] = calloc(RANK_SLOTS, RANK_FIELD);
     char (*all)[RANK_FIELD] = calloc((size_t)r->size * RANK_SLOTS, RANK_FIELD);
     /* every rank reaches the gather even without memory for it */
-    int have = mine && all;
-    int all_have = 0;
-    pd_status st = PD_OK;
-    MPI_Allreduce(&have, &all_have, 1, MPI_INT, MPI_MIN, pipe_comm(r->p));
-    if (!all_have)
-        st = pd_err_set(err, PD_ERR_NOMEM, "out of memory comparing the ranks' options");
+    pd_status st = pipe_agree(r->p, mine && all ? PD_OK : PD_ERR_NOMEM, err);
+    if (st == PD_ERR_NOMEM)
+        pd_err_set(err, PD_ERR_NOMEM, "out of memory comparing the ranks' options (on %s rank)",
+                   mine && all ? "another" : "this");
     if (st == PD_OK) {
         rank_fields(r, mine);
         st = pipe_allgather(r->p, mine, (size_t)RANK_SLOTS * RANK_FIELD, all, err);
