@@ -27,7 +27,7 @@ static void run_usage(FILE *f)
             "         [--checkpoint-dir D [--checkpoint-every SECONDS]] [--draft none|ngram[:N[:K]]|model:FILE[:K]]\n"
             "         [--draft-async]\n"
             "         [--control SOCKET] [--rebalance off|auto] [--rebalance-window STEPS]\n"
-            "         [--rebalance-threshold PERCENT] [--weights-over-mpi]\n"
+            "         [--rebalance-threshold PERCENT] [--weights-over-mpi] [--pid-file FILE]\n"
             "testing aids: [--migrate-at STEP:MAP]... [--migrate-fault none|corrupt|weights]\n");
 }
 
@@ -52,7 +52,8 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         {"control", required_argument, 0, 'Q'},      {"rebalance", required_argument, 0, 'U'},
         {"rebalance-window", required_argument, 0, 'V'}, {"migrate-at", required_argument, 0, 'G'},
         {"migrate-fault", required_argument, 0, 'F'}, {"rebalance-threshold", required_argument, 0, 'J'},
-        {"weights-over-mpi", no_argument, 0, 'O'},    {"micro-batches", required_argument, 0, 'k'},    {"help", no_argument, 0, 'h'},
+        {"weights-over-mpi", no_argument, 0, 'O'},    {"pid-file", required_argument, 0, 'I'},
+           {"micro-batches", required_argument, 0, 'k'},    {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     pd_status st = PD_OK;
     int ch;
@@ -113,6 +114,7 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         }
         case 'H': o->trace_path = optarg; break;
         case 'Q': o->control_path = optarg; break;
+        case 'I': o->pid_path = optarg; break;
         case 'U':
             if (strcmp(optarg, "auto") == 0)
                 o->rebalance = true;

@@ -1,6 +1,7 @@
 /* run: one rank's `pipedec run` from start-up to report (contract in run.h). */
 #include "cluster/runtime/run.h"
 
+#include "base/file.h"
 #include "cluster/runtime/follow.h"
 #include "cluster/runtime/head.h"
 #include "cluster/runtime/rank.h"
@@ -14,6 +15,7 @@
 
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -51,6 +53,39 @@ static pd_status run_start(rank *r, head **h, ctl **c, pd_err *err)
     if (st == PD_OK && r->o->trace_path)
         st = rank_open_trace(r, *h ? head_pages(*h) : NULL, err);
     return st;
+}
+
+/* --pid-file (collective): rank 0 gathers every rank's pid and host and
+ * publishes "RANK PID HOST" lines atomically, so scripts signal a rank by
+ * its number instead of searching the process table. */
+static pd_status run_write_pids(rank *r, const char *path, pd_err *err)
+{
+    struct { int32_t rank, pid; char host[64]; } mine = {.rank = r->rank, .pid = (int32_t)getpid()}, *all = NULL;
+    gethostname(mine.host, sizeof mine.host - 1);
+    if (r->rank == 0 && !(all = calloc((size_t)r->size, sizeof *all)))
+        return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+    pd_status st = pipe_gather(r->p, &mine, sizeof mine, all, err);
+    pd_publish *pub = NULL;
+    pd_err e = {0};
+    pd_status ws = PD_OK;
+    if (st == PD_OK && r->rank == 0 && (ws = pd_file_publish_begin(path, 0644, "--pid-file", &pub, &e)) == PD_OK) {
+        for (int k = 0; ws == PD_OK && k < r->size; k++) {
+            char line[128];
+            int n = snprintf(line, sizeof line, "%d %d %.64s\n", (int)all[k].rank, (int)all[k].pid, all[k].host);
+            ws = pd_file_publish_write(pub, line, (size_t)n, &e);
+        }
+        if (ws == PD_OK)
+            ws = pd_file_publish_commit(pub, &e);
+        else
+            pd_file_publish_abort(pub);
+    }
+    free(all);
+    if (st)
+        return st;
+    pd_status ag = pipe_agree(r->p, ws, err);
+    if (ws)
+        *err = e;
+    return ag;
 }
 
 int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
@@ -99,6 +134,17 @@ int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
     /* every rank started: do they run the same thing? (collective, the
      * same verdict everywhere, so a mismatch still ends the run cleanly) */
     if (rank_agree_run(&r, &e) != PD_OK) {
+        if (r.rank == 0)
+            fprintf(stderr, "pipedec: %s; nothing was decoded\n", e.msg);
+        ctl_close(c);
+        head_free(h);
+        rank_stop(&r);
+        pipe_close(p);
+        return RUN_EXIT_FAIL;
+    }
+
+    /* --pid-file: where every rank runs, once all of them started */
+    if (o->pid_path && run_write_pids(&r, o->pid_path, &e) != PD_OK) {
         if (r.rank == 0)
             fprintf(stderr, "pipedec: %s; nothing was decoded\n", e.msg);
         ctl_close(c);
@@ -170,6 +216,8 @@ int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
         fflush(stderr);
         code = RUN_EXIT_ABORT;
     }
+    if (o->pid_path && r.rank == 0)
+        unlink(o->pid_path);
     report_free(rep);
     jobctl_free(jc);
     ctl_close(c);

@@ -67,6 +67,8 @@ typedef struct run_opts {
                                  done when the file is not readable on that rank any more) */
     const char *trace_path;   /* --trace-hidden: per-rank residual-row hashes, NULL = off
                                  (rank 0 writes the path itself, rank r > 0 path.r) */
+    const char *pid_path;     /* --pid-file: rank 0 writes "rank pid host" per rank once every
+                                 rank started, removes it at exit; NULL = none */
 } run_opts;
 
 /* A micro-batch of the largest shapes takes seconds per stage; ten minutes
