@@ -46,6 +46,13 @@ static pd_status run_start(rank *r, head **h, ctl **c, pd_err *err)
      * checks that it can, before anything is decoded */
     if (st == PD_OK && r->o->checkpoint_dir)
         st = ckpt_dir_check(r->o->checkpoint_dir, err);
+    /* --pid-file is written once every rank started (run_write_pids); that
+     * it can be is checked now, before the head creates the output */
+    if (st == PD_OK && r->is_head && r->o->pid_path) {
+        pd_publish *pub = NULL;
+        if ((st = pd_file_publish_begin(r->o->pid_path, 0644, "--pid-file", &pub, err)) == PD_OK)
+            pd_file_publish_abort(pub);
+    }
     if (st == PD_OK && r->is_head)
         st = head_open(r, h, err);
     if (st == PD_OK && r->is_head && r->o->control_path)

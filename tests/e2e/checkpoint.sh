@@ -30,15 +30,17 @@ MPIRUN=(mpirun --oversubscribe --bind-to none)
 # exit status lands in OUT.rc
 launch() {
   local n="$1" out="$2" dir="$3" sig="$4"; shift 4
-  local cmd=("$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 3 --digest --checkpoint-dir "$dir" "$@")
+  local cmd=("$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 3 --digest --checkpoint-dir "$dir"
+             --pid-file "$out.pids" "$@")
   [ "$n" -gt 0 ] && cmd=("${MPIRUN[@]}" -np "$n" "${cmd[@]}")
   ( rc=0; timeout 300 "${cmd[@]}" >"$out.log" 2>&1 </dev/null || rc=$?; echo "$rc" > "$out.rc" ) &
   local job=$!
-  for _ in $(seq 1 3000); do [ -s "$out" ] && break; sleep 0.01; done
-  # mpirun forwards the signal to every rank; alone, pipedec gets it
+  for _ in $(seq 1 3000); do [ -s "$out" ] && [ -s "$out.pids" ] && break; sleep 0.01; done
+  # mpirun forwards the signal to every rank (the mpirun this test started);
+  # alone, pipedec gets it
   local target
   if [ "$n" -gt 0 ]; then target=$(pgrep -f -o "^mpirun.*--out $out " || true)
-  else target=$(pgrep -f -n "^$PIPEDEC_BIN.*--out $out " || true); fi
+  else target=$(rank_pid "$out" 0); fi
   [ -n "$target" ] && kill -"$sig" "$target" 2>/dev/null || true
   wait "$job" || true
 }
@@ -88,16 +90,11 @@ done
 # to the head, and the whole job acts on it (rank 1 middle: SIGUSR1, then the
 # tail rank 2: SIGUSR2); batch 1, so the job is still running when they land
 # (at batch 3 a fast CPU finished it first)
-rank_pid() { # rank_pid OUT R
-  for pid in $(pgrep -f "^$PIPEDEC_BIN.*--out $1 " || true); do
-    if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then echo "$pid"; return; fi
-  done
-}
 out="$T/onerank.jsonl"; d="$T/onerank.d"
 ( rc=0; timeout 300 "${MPIRUN[@]}" -np 3 "$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 1 --digest \
-    --checkpoint-dir "$d" >"$out.log" 2>&1 </dev/null || rc=$?; echo "$rc" > "$out.rc" ) &
+    --checkpoint-dir "$d" --pid-file "$out.pids" >"$out.log" 2>&1 </dev/null || rc=$?; echo "$rc" > "$out.rc" ) &
 job=$!
-for _ in $(seq 1 3000); do [ -s "$out" ] && break; sleep 0.01; done
+for _ in $(seq 1 3000); do [ -s "$out" ] && [ -s "$out.pids" ] && break; sleep 0.01; done
 # each signal is sent again every 0.5 s until it shows (once failed in CI
 # with exit 0 and no checkpoint, not reproduced; the notes below say at
 # which line and to which pid it went)
@@ -150,10 +147,10 @@ wait_lines() {
 # checkpoints); the last two are kept. SIGUSR2 then ends the long job.
 out="$T/u1.jsonl"; d="$T/u1.d"
 ( rc=0; timeout 300 "$PIPEDEC" run --model "$m" --pages "$PA" --out "$out" --batch 3 --digest --checkpoint-dir "$d" \
-    >"$out.log" 2>&1 || rc=$?; echo "$rc" > "$out.rc" ) &
+    --pid-file "$out.pids" >"$out.log" 2>&1 || rc=$?; echo "$rc" > "$out.rc" ) &
 job=$!
-for _ in $(seq 1 3000); do [ -s "$out" ] && break; sleep 0.01; done
-pid=$(pgrep -f -n "^$PIPEDEC_BIN.*--out $out " || true)
+for _ in $(seq 1 3000); do [ -s "$out" ] && [ -s "$out.pids" ] && break; sleep 0.01; done
+pid=$(rank_pid "$out" 0)
 for _ in 1 2 3; do kill -USR1 "$pid" 2>/dev/null || true; sleep 0.05; done
 for _ in $(seq 1 3000); do grep -q "written at step" "$out.log" && break; sleep 0.01; done
 wait_lines "$out" "$(wc -l < "$out")"
@@ -185,10 +182,10 @@ same "$T/s1-3_.ref" "$out" "kill -9 after a checkpoint: the rerun completes the 
 # a damaged newest checkpoint falls back to the previous one
 out="$T/twock.jsonl"; d="$T/twock.d"
 ( rc=0; timeout 300 "$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 3 --digest --checkpoint-dir "$d" \
-    >"$out.log" 2>&1 || rc=$?; echo "$rc" > "$out.rc" ) &
+    --pid-file "$out.pids" >"$out.log" 2>&1 || rc=$?; echo "$rc" > "$out.rc" ) &
 job=$!
-for _ in $(seq 1 3000); do [ -s "$out" ] && break; sleep 0.01; done
-pid=$(pgrep -f -n "^$PIPEDEC_BIN.*--out $out " || true)
+for _ in $(seq 1 3000); do [ -s "$out" ] && [ -s "$out.pids" ] && break; sleep 0.01; done
+pid=$(rank_pid "$out" 0)
 kill -USR1 "$pid" 2>/dev/null || true
 for _ in $(seq 1 300); do [ -d "$d/ckpt-1" ] && break; sleep 0.01; done
 kill -USR2 "$pid" 2>/dev/null || true
@@ -235,10 +232,10 @@ mkdir -p "$d"
 ( rc=0; ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0" \
   PD_FULL_DISK_PATH="$(realpath "$d")/.ckpt-1.??????/layer-00000.cmfb" PD_FULL_DISK_BYTES=100 \
   LD_PRELOAD="$PD_BUILD/tests/libpd_full_disk.so" timeout 300 "$PIPEDEC" run --model "$m" --pages "$PA" --out "$out" \
-  --batch 3 --digest --checkpoint-dir "$d" >"$out.log" 2>&1 || rc=$?; echo "${rc:-0}" > "$out.rc" ) &
+  --batch 3 --digest --checkpoint-dir "$d" --pid-file "$out.pids" >"$out.log" 2>&1 || rc=$?; echo "${rc:-0}" > "$out.rc" ) &
 job=$!
-for _ in $(seq 1 3000); do [ -s "$out" ] && break; sleep 0.01; done
-pid=$(pgrep -f -n "^$PIPEDEC_BIN.*--out $out " || echo 0)
+for _ in $(seq 1 3000); do [ -s "$out" ] && [ -s "$out.pids" ] && break; sleep 0.01; done
+pid=$(rank_pid "$out" 0)
 kill -USR1 "$pid" 2>/dev/null || true
 for _ in $(seq 1 3000); do grep -q "checkpoint 1 failed" "$out.log" && break; sleep 0.01; done
 wait_lines "$out" "$(wc -l < "$out")"

@@ -136,6 +136,11 @@ expect_fail "--checkpoint-dir under a file" "afile/d: Not a directory" \
   >/dev/null 2>&1 && [ -d "$T/newd" ] && [ -z "$(ls -A "$T/newd")" ] && pass "an absent D is created (and left empty)" \
   || fail "an absent D"
 
+# --pid-file where it cannot be written: refused before anything is decoded
+expect_fail "--pid-file in a directory that does not exist" "pid-file: .*nodir/p.pids" \
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/pid.jsonl" --pid-file "$T/nodir/p.pids"
+[ ! -e "$T/pid.jsonl" ] && pass "an unwritable --pid-file: nothing decoded" || fail "an unwritable --pid-file: output written"
+
 # permissions bite only for a user who is not root: a world-readable copy
 # of the inputs, D owned by root and not writable by nobody
 if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null && id nobody >/dev/null 2>&1; then

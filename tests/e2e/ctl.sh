@@ -50,9 +50,6 @@ start() {
   ( rc=0; timeout 600 "${cmd[@]}" >"$out.log" 2>&1 </dev/null || rc=$?; echo "$rc" > "$out.rc" ) &
   for _ in $(seq 1 6000); do [ -S "$sock" ] && [ -s "$out" ] && [ -s "$out.pids" ] && break; sleep 0.01; done
 }
-rank_pid() { # rank_pid OUT R: from the pid file the job wrote
-  awk -v r="$2" '$1 == r { print $2 }' "$1.pids" 2>/dev/null
-}
 # same_prefix OUT WHAT: OUT (a job on $PA ended midway) holds the first k
 # pages of an uninterrupted one-rank run, digests included
 same_prefix() {

@@ -77,6 +77,12 @@ expect_fail() {
   if grep -Eq -e "$pat" "$log"; then pass "$name (exit $rc)"; else fail "$name: stderr lacks /$pat/:"; head -5 "$log"; fi
 }
 
+# rank_pid OUT R: the pid of rank R of a job run with --pid-file OUT.pids
+# (the job writes it once every rank started; never a process-table search)
+rank_pid() {
+  awk -v r="$2" '$1 == r { print $2 }' "$1.pids" 2>/dev/null
+}
+
 finish() {
   echo "$E2E_PASSES passed, $E2E_FAILS failed"
   [ "$E2E_FAILS" -eq 0 ]
