@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages pipedec builds and tests with. Idempotent: does
 # nothing when everything is present. Needs root (or sudo) only to install.
-# usage: scripts/setup.sh
+# usage: scripts/setup.sh [--tests]
+#   --tests  also what only the test suite needs: git and npm (llama.cpp's
+#            source comes from an npm package, scripts/llama_cpp.sh)
 set -euo pipefail
 
 PKGS=(build-essential cmake pkg-config
@@ -14,6 +16,10 @@ PKGS=(build-essential cmake pkg-config
       python3
       slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge  # tests/slurm: a private Slurm
       iproute2)                                                   # tests/netns: network namespaces
+if [ "${1:-}" = "--tests" ]; then
+  PKGS+=(git)
+  command -v npm >/dev/null || PKGS+=(npm)                     # node's own npm counts
+fi
 
 missing=()
 for p in "${PKGS[@]}"; do
