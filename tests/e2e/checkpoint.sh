@@ -179,25 +179,37 @@ grep -q "resuming from" "$out.resume.log" && pass "kill -9: the rerun resumed fr
   || fail "kill -9: the rerun did not resume"
 same "$T/s1-3_.ref" "$out" "kill -9 after a checkpoint: the rerun completes the output exactly"
 
-# a damaged newest checkpoint falls back to the previous one
+# a damaged newest checkpoint falls back to the previous one. The job runs
+# on the 3000 pages, so it cannot end before the test has its two
+# checkpoints: SIGUSR2 goes only once ckpt-1 exists (a pending SIGUSR1 and
+# SIGUSR2 would make one checkpoint)
 out="$T/twock.jsonl"; d="$T/twock.d"
-( rc=0; timeout 300 "$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 3 --digest --checkpoint-dir "$d" \
+( rc=0; timeout 300 "$PIPEDEC" run --model "$m" --pages "$PA" --out "$out" --batch 3 --digest --checkpoint-dir "$d" \
     --pid-file "$out.pids" >"$out.log" 2>&1 || rc=$?; echo "$rc" > "$out.rc" ) &
 job=$!
 for _ in $(seq 1 3000); do [ -s "$out" ] && [ -s "$out.pids" ] && break; sleep 0.01; done
 pid=$(rank_pid "$out" 0)
 kill -USR1 "$pid" 2>/dev/null || true
-for _ in $(seq 1 300); do [ -d "$d/ckpt-1" ] && break; sleep 0.01; done
+for _ in $(seq 1 30000); do [ -d "$d/ckpt-1" ] || [ -e "$out.rc" ] && break; sleep 0.01; done
 kill -USR2 "$pid" 2>/dev/null || true
 wait "$job" || true
 if [ -d "$d/ckpt-1" ] && [ -d "$d/ckpt-2" ]; then
   printf '\x55' | dd of="$d/ckpt-2/layer-00001.cmfb" bs=1 seek=40 conv=notrunc 2>/dev/null
-  finish_run 0 "$out" "$d"
+  cp -a "$d" "$T/twock.copy" # for inspect and the both-damaged case below
+  # the rerun resumes from ckpt-1, writes a few more pages, and is stopped
+  k=$(wc -l < "$out")
+  ( rc=0; timeout 300 "$PIPEDEC" run --model "$m" --pages "$PA" --out "$out" --batch 3 --digest --checkpoint-dir "$d" \
+      --pid-file "$out.pids" >"$out.resume.log" 2>&1 || rc=$?; echo "$rc" > "$out.rc" ) &
+  job=$!
+  for _ in $(seq 1 30000); do [ "$(wc -l < "$out")" -gt "$((k + 1))" ] && [ -s "$out.pids" ] && break; sleep 0.01; done
+  kill -USR2 "$(rank_pid "$out" 0)" 2>/dev/null || true
+  wait "$job" || true
   grep -q "checkpoint 2 is not usable.*CRC32C" "$out.resume.log" && grep -q "resuming from .*ckpt-1" "$out.resume.log" \
     && pass "a damaged newest checkpoint is reported and the previous one used" || { fail "damaged newest"; head -3 "$out.resume.log"; }
-  same "$T/s1-3_.ref" "$out" "resumed from the previous checkpoint == uninterrupted"
+  same_prefix "$out" "resumed from the previous checkpoint == uninterrupted"
+  d="$T/twock.copy"
 else
-  fail "could not make two checkpoints ($(ls "$d" | tr '\n' ' '))"
+  fail "could not make two checkpoints ($(ls "$d" | tr '\n' ' '), exit $(cat "$out.rc" 2>/dev/null))"
 fi
 
 # pipedec inspect validates a checkpoint: the good one, the damaged one
