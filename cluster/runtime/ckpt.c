@@ -510,6 +510,48 @@ pd_status ckpt_write(rank *r, sched *sc, const char *dir, uint64_t seq, uint64_t
     return all;
 }
 
+/* --checkpoint-dir: the checkpoint to resume, and out.jsonl cut back to the
+ * bytes it recorded durable (lines written after it are decoded again). */
+pd_status ckpt_resume_find(const run_opts *o, const model *mdl, uint32_t n_layers, uint64_t *seq, uint64_t *newest,
+                           pd_err *err)
+{
+    *seq = 0;
+    uint64_t digest;
+    pd_status st = ckpt_file_digest(o->pages_path, &digest, err);
+    char *settings = ckpt_settings(o);
+    if (st == PD_OK && !settings)
+        st = pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+    ckpt_manifest m = {0};
+    if (st == PD_OK)
+        st = ckpt_find(o->checkpoint_dir, model_fingerprint(mdl), digest, settings, n_layers, &m, seq, err);
+    free(settings);
+    *newest = ckpt_highest(o->checkpoint_dir);
+    if (st || !*seq)
+        return st;
+    struct stat sb;
+    if (stat(o->out_path, &sb) != 0)
+        st = pd_err_set(err, PD_ERR_MISMATCH,
+                        "%s: %s, but checkpoint %llu recorded %llu bytes of it written: resume with the output the "
+                        "checkpoint belongs to, or give another --checkpoint-dir to start over",
+                        o->out_path, errno == ENOENT ? "does not exist" : strerror(errno),
+                        (unsigned long long)*seq, (unsigned long long)m.out_size);
+    else if ((uint64_t)sb.st_size < m.out_size)
+        st = pd_err_set(err, PD_ERR_MISMATCH,
+                        "%s holds %lld bytes but checkpoint %llu recorded %llu written: it is not the output this "
+                        "checkpoint belongs to",
+                        o->out_path, (long long)sb.st_size, (unsigned long long)*seq,
+                        (unsigned long long)m.out_size);
+    else if ((uint64_t)sb.st_size > m.out_size && truncate(o->out_path, (off_t)m.out_size) != 0)
+        st = pd_err_set(err, PD_ERR_IO, "%s: cutting back to %llu bytes: %s", o->out_path,
+                        (unsigned long long)m.out_size, strerror(errno));
+    if (st == PD_OK)
+        fprintf(stderr, "pipedec: resuming from %s/ckpt-%llu (%u streams in flight, %s cut back to %llu bytes)\n",
+                o->checkpoint_dir, (unsigned long long)*seq, m.n_streams, o->out_path,
+                (unsigned long long)m.out_size);
+    ckpt_manifest_free(&m);
+    return st;
+}
+
 /* ---- restoring --------------------------------------------------------------- */
 
 pd_status ckpt_restore(rank *r, sched *sc, const char *dir, uint64_t seq, pd_err *err)

@@ -50,6 +50,14 @@ pd_status ckpt_file_digest(const char *path, uint64_t *out, pd_err *err);
 pd_status ckpt_find(const char *dir, uint64_t model_fp, uint64_t pages_digest, const char *settings,
                     uint32_t n_layers, ckpt_manifest *m, uint64_t *seq, pd_err *err);
 
+/* Head, at start-up (head.h's head_resume_fn): the checkpoint of
+ * o->checkpoint_dir to resume (*seq, 0 = none) and the highest number there
+ * (*newest); out.jsonl is cut back to the size that checkpoint recorded
+ * durable (lines written after it are decoded again). A missing or shorter
+ * output is an error naming both sizes. */
+pd_status ckpt_resume_find(const run_opts *o, const model *mdl, uint32_t n_layers, uint64_t *seq, uint64_t *newest,
+                           pd_err *err);
+
 /* Validates one checkpoint directory (D/ckpt-SEQ) without a model: the
  * manifest, every layer bundle's size, CRC32C and structure (bundle_parse),
  * and that every bundle holds exactly the manifest's streams. On success

@@ -17,7 +17,7 @@
 
 #include "base/status.h"
 #include "cluster/runtime/rank.h"
-#include "cluster/runtime/run.h"
+#include "cluster/runtime/run_opts.h"
 
 /* Runs until the stop message. hooks may be NULL. */
 pd_status follow_loop(rank *r, const run_hooks *hooks, pd_err *err);

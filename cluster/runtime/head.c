@@ -4,7 +4,6 @@
 
 #include "base/check.h"
 #include "base/file.h"
-#include "cluster/runtime/ckpt.h"
 #include "cluster/runtime/signals.h"
 
 #include <errno.h>
@@ -82,7 +81,6 @@ static pd_status head_vocab(head *h, pd_err *err)
 }
 
 static pd_status head_on_done(void *ctx, const sched_result *r, pd_err *err);
-static pd_status head_find_checkpoint(head *h, pd_err *err);
 
 /* No output may land on an input or on another output: --stats naming the
  * output replaced the results, naming the model overwrote it, and --out
@@ -123,7 +121,7 @@ static pd_status head_check_paths(const head *h, pd_err *err)
     return PD_OK;
 }
 
-pd_status head_open(rank *r, head **out, pd_err *err)
+pd_status head_open(rank *r, head_resume_fn resume, head **out, pd_err *err)
 {
     head *h = calloc(1, sizeof *h);
     if (!h)
@@ -139,7 +137,8 @@ pd_status head_open(rank *r, head **out, pd_err *err)
         return st;
     if ((st = head_check_paths(h, err)))
         return st;
-    if (o->checkpoint_dir && (st = head_find_checkpoint(h, err)))
+    if (o->checkpoint_dir && resume &&
+        (st = resume(o, r->m, r->hp.n_layers, &h->resume_seq, &h->ckpt_newest, err)))
         return st;
     if (o->draft.mode == DRAFT_MODEL) {
         /* a draft model of another vocabulary is refused before any output */
@@ -218,47 +217,6 @@ uint64_t head_resume_seq(const head *h, uint64_t *newest)
     return h->resume_seq;
 }
 
-/* --checkpoint-dir: the checkpoint to resume, and out.jsonl cut back to the
- * bytes it recorded durable (lines written after it are decoded again). */
-static pd_status head_find_checkpoint(head *h, pd_err *err)
-{
-    const run_opts *o = h->r->o;
-    uint64_t digest;
-    pd_status st = ckpt_file_digest(o->pages_path, &digest, err);
-    char *settings = ckpt_settings(o);
-    if (st == PD_OK && !settings)
-        st = pd_err_set(err, PD_ERR_NOMEM, "out of memory");
-    ckpt_manifest m = {0};
-    if (st == PD_OK)
-        st = ckpt_find(o->checkpoint_dir, model_fingerprint(h->r->m), digest, settings, h->r->hp.n_layers, &m,
-                       &h->resume_seq, err);
-    free(settings);
-    h->ckpt_newest = ckpt_highest(o->checkpoint_dir);
-    if (st || !h->resume_seq)
-        return st;
-    struct stat sb;
-    if (stat(o->out_path, &sb) != 0)
-        st = pd_err_set(err, PD_ERR_MISMATCH,
-                        "%s: %s, but checkpoint %llu recorded %llu bytes of it written: resume with the output the "
-                        "checkpoint belongs to, or give another --checkpoint-dir to start over",
-                        o->out_path, errno == ENOENT ? "does not exist" : strerror(errno),
-                        (unsigned long long)h->resume_seq, (unsigned long long)m.out_size);
-    else if ((uint64_t)sb.st_size < m.out_size)
-        st = pd_err_set(err, PD_ERR_MISMATCH,
-                        "%s holds %lld bytes but checkpoint %llu recorded %llu written: it is not the output this "
-                        "checkpoint belongs to",
-                        o->out_path, (long long)sb.st_size, (unsigned long long)h->resume_seq,
-                        (unsigned long long)m.out_size);
-    else if ((uint64_t)sb.st_size > m.out_size && truncate(o->out_path, (off_t)m.out_size) != 0)
-        st = pd_err_set(err, PD_ERR_IO, "%s: cutting back to %llu bytes: %s", o->out_path,
-                        (unsigned long long)m.out_size, strerror(errno));
-    if (st == PD_OK)
-        fprintf(stderr, "pipedec: resuming from %s/ckpt-%llu (%u streams in flight, %s cut back to %llu bytes)\n",
-                o->checkpoint_dir, (unsigned long long)h->resume_seq, m.n_streams, o->out_path,
-                (unsigned long long)m.out_size);
-    ckpt_manifest_free(&m);
-    return st;
-}
 
 void head_use_budget(head *h, budget *b)
 {

@@ -21,7 +21,7 @@
 #include "cluster/format/pages.h"
 #include "cluster/runtime/budget.h"
 #include "cluster/runtime/rank.h"
-#include "cluster/runtime/run.h"
+#include "cluster/runtime/run_opts.h"
 #include "cluster/runtime/sched.h"
 
 typedef struct head head;
@@ -30,7 +30,14 @@ typedef struct head head;
  * builds the detokenizer, opens (locks, repairs) the output file, marks the
  * pages already written, creates the scheduler. On failure *out holds what
  * was made (head_free frees it); nothing was written to the output. */
-pd_status head_open(rank *r, head **out, pd_err *err);
+/* Finds the checkpoint to resume (*seq, 0 = none; *newest: the highest
+ * checkpoint number there) and cuts the output back to what it recorded:
+ * the drain-point operations provide it (ckpt_resume_find), head_open calls
+ * it after the manifest and the paths were checked and before the output is
+ * opened, when --checkpoint-dir is given. */
+typedef pd_status (*head_resume_fn)(const run_opts *o, const model *m, uint32_t n_layers, uint64_t *seq,
+                                    uint64_t *newest, pd_err *err);
+pd_status head_open(rank *r, head_resume_fn resume, head **out, pd_err *err);
 void head_free(head *h);
 
 const pages *head_pages(const head *h);

@@ -36,7 +36,7 @@
 #include "cluster/runtime/ctl.h"
 #include "cluster/runtime/head.h"
 #include "cluster/runtime/rank.h"
-#include "cluster/runtime/run.h"
+#include "cluster/runtime/run_opts.h"
 
 typedef struct jobctl jobctl;
 

@@ -26,7 +26,7 @@
 #include "cluster/model/model.h"
 #include "cluster/model/pool.h"
 #include "cluster/runtime/layermap.h"
-#include "cluster/runtime/run.h"
+#include "cluster/runtime/run_opts.h"
 #include "cluster/runtime/stage.h"
 #include "cluster/runtime/tail.h"
 #include "cluster/runtime/trace.h"

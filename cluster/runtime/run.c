@@ -19,15 +19,6 @@
 #include <string.h>
 #include <unistd.h>
 
-void run_opts_default(run_opts *o)
-{
-    *o = (run_opts){.batch = 8, .threads = 1, .seed = 0, .backend = GEMM_BACKEND_INVARIANT,
-                    .wire_dtype = MSG_DTYPE_F32, .stall_timeout = RUN_STALL_DEFAULT_S, .mem_limit = 0,
-                    .rebalance_window = 64, .rebalance_threshold = 0.15, .rebalance_hold = 1};
-    policy_default(&o->policy);
-    o->sample = (sample_params){.mode = SAMPLE_GREEDY, .temperature = 1.0f, .top_p = 1.0f};
-    o->ngram = (sample_ngram){.n = 0};
-}
 
 /* Everything that can fail on one rank before anything is decoded. */
 static pd_status run_start(rank *r, head **h, ctl **c, pd_err *err)
@@ -54,7 +45,7 @@ static pd_status run_start(rank *r, head **h, ctl **c, pd_err *err)
             pd_file_publish_abort(pub);
     }
     if (st == PD_OK && r->is_head)
-        st = head_open(r, h, err);
+        st = head_open(r, ckpt_resume_find, h, err);
     if (st == PD_OK && r->is_head && r->o->control_path)
         st = ctl_open(r->o->control_path, CTL_LINE_TIMEOUT_S, c, err);
     if (st == PD_OK && r->o->trace_path)
