@@ -16,8 +16,8 @@
 #include "cluster/model/gemm.h"
 #include "cluster/cli/mkmodel.h"
 #include "cluster/model/model.h"
-#include "cluster/runtime/stage.h"
-#include "cluster/runtime/tail.h"
+#include "cluster/runtime/pipeline/stage.h"
+#include "cluster/runtime/pipeline/tail.h"
 
 #include <cblas.h>
 #include <stdio.h>

@@ -21,8 +21,8 @@
 #include "cluster/model/gemm.h"
 #include "cluster/model/model.h"
 #include "cluster/model/pool.h"
-#include "cluster/runtime/stage.h"
-#include "cluster/runtime/tail.h"
+#include "cluster/runtime/pipeline/stage.h"
+#include "cluster/runtime/pipeline/tail.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /* kv_chunk: rows of one kv layer of one page-stream as a message — the
- * unit of live migration's pre-copy (cluster/runtime/precopy.h). A chunk
+ * unit of live migration's pre-copy (cluster/runtime/ops/precopy.h). A chunk
  * carries rows [row0, row0 + n) exactly as the layer stores them (f32 or
  * int8 rows and their scales, the frozen q8 field), so a receiver can grow
  * a copy of the layer row range by row range while the source keeps

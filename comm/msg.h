@@ -24,7 +24,7 @@
  * flight (seq = the number of micro-batches sent before it, so a stage can
  * check it has run every one of them):
  *   16  u32 action (what every rank runs at the drain point; the runtime's
- *       numbering, cluster/runtime/jobctl.h: 1 checkpoint, 2 checkpoint and
+ *       numbering, cluster/runtime/ops/jobctl.h: 1 checkpoint, 2 checkpoint and
  *       stop, 3 migrate, 4 status gather), u32 drain number (0, 1, ...)
  *       Migration state does not travel in pipeline messages: bundles go
  *       point to point on a communicator of their own (docs/wire.md §9).

@@ -43,11 +43,11 @@ int cmd_shard(int argc, char **argv);
 int cmd_merge(int argc, char **argv);
 
 /* `pipedec run`: decode a page manifest, on one rank or as an MPI pipeline
- * (cluster/runtime/run.h). Initializes and finalizes MPI itself. */
+ * (cluster/runtime/job/run.h). Initializes and finalizes MPI itself. */
 int cmd_run(int argc, char **argv);
 
 /* `pipedec ctl PATH COMMAND...`: sends one command to a running job's
- * control socket (run --control PATH, cluster/runtime/ctl.h, jobctl.h) and
+ * control socket (run --control PATH, cluster/runtime/ops/ctl.h, jobctl.h) and
  * prints the reply: status (human lines, or the JSON line with --json),
  * migrate --map M, migrate --layer L --to R, checkpoint, stop. Exit 0 when
  * the job did it, 1 when it refused (the reason on stderr, the JSON reply

@@ -1,7 +1,7 @@
 /* pipedec ctl: one command to a running job's control socket (cmd.h). */
 #include "cluster/cli/cli.h"
 #include "cluster/cli/cmd.h"
-#include "cluster/runtime/ctl.h"
+#include "cluster/runtime/ops/ctl.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>

@@ -5,7 +5,7 @@
 #include "cluster/cli/cmd.h"
 
 #include "base/file.h"
-#include "cluster/runtime/ckpt.h"
+#include "cluster/runtime/ops/ckpt.h"
 #include "comm/bundle.h"
 #include "comm/wire.h"
 

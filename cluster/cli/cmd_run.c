@@ -2,10 +2,10 @@
  * (`mpirun -np N pipedec run ...`). */
 #include "cluster/cli/cli.h"
 #include "cluster/cli/cmd.h"
-#include "cluster/runtime/budget.h"
-#include "cluster/runtime/jobctl.h"
-#include "cluster/runtime/migrate.h"
-#include "cluster/runtime/run.h"
+#include "cluster/runtime/sched/budget.h"
+#include "cluster/runtime/ops/jobctl.h"
+#include "cluster/runtime/ops/migrate.h"
+#include "cluster/runtime/job/run.h"
 
 #include <getopt.h>
 #include <mpi.h>

@@ -4,7 +4,7 @@
  *   {"id":"p7","tokens":[12,99,2],"text":"...","prefill_rows":273,
  *    "generated":3,"stop":"eos","digest":"9c0f1e2d3b4a5968"}
  * stop is "eos" or "length"; digest (only when the page has one: `run
- * --digest`) is 16 lower-case hex digits (cluster/runtime/digest.h).
+ * --digest`) is 16 lower-case hex digits (cluster/runtime/pipeline/digest.h).
  * A page that failed by itself (its input became unreadable mid-run) gets
  *   {"id":"p7","error":"pages.jsonl:7: page \"p7\": ..."}
  * instead; such a line does not count as done, so a rerun retries the page

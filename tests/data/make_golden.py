@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes the golden CMFS records, bundles and stream record of tests/data from
-the byte tables in docs/wire.md and cluster/runtime/stream.h, independently of the C encoder (so the e2e test
+the byte tables in docs/wire.md and cluster/runtime/pipeline/stream.h, independently of the C encoder (so the e2e test
 checks the decoder against the documentation, not against itself).
 usage: tests/data/make_golden.py [OUT_DIR]   (default: the script's folder)"""
 import os
@@ -62,7 +62,7 @@ def fnv1a64(data):
 
 
 def stream_record():
-    # the per-stream state record of cluster/runtime/stream.h, version 1
+    # the per-stream state record of cluster/runtime/pipeline/stream.h, version 1
     page_id = b"p00001"
     tokens = [17, 4, 299]
     out = b"PDSS" + struct.pack("<HH", 1, 0)
@@ -72,7 +72,7 @@ def stream_record():
 
 
 def ckpt_manifest():
-    # the checkpoint manifest of cluster/runtime/ckpt_manifest.h, version 1:
+    # the checkpoint manifest of cluster/runtime/ops/ckpt_manifest.h, version 1:
     # 2 layers, one stream (stream_record's)
     rec = stream_record()
     settings, lmap = b"policy attn=full; seed 0", b"0-1"

@@ -1,8 +1,8 @@
 /* libFuzzer target: the checkpoint manifest decoder (cluster/runtime/
  * ckpt_manifest.h). Any input is refused cleanly or decodes into streams that
  * keep every invariant and re-encodes to the same bytes.
- * PD_FUZZ_SOURCES: cluster/runtime/ckpt_manifest.c cluster/runtime/stream.c cluster/runtime/digest.c cluster/model/sample.c cache/attn.c cache/attn_avx512.c comm/rd.c comm/crc32c.c base/fp16.c base/cpu.c base/status.c base/fnv.c */
-#include "cluster/runtime/ckpt_manifest.h"
+ * PD_FUZZ_SOURCES: cluster/runtime/ops/ckpt_manifest.c cluster/runtime/pipeline/stream.c cluster/runtime/pipeline/digest.c cluster/model/sample.c cache/attn.c cache/attn_avx512.c comm/rd.c comm/crc32c.c base/fp16.c base/cpu.c base/status.c base/fnv.c */
+#include "cluster/runtime/ops/ckpt_manifest.h"
 
 #include <stdint.h>
 #include <stdlib.h>

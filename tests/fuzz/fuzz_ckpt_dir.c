@@ -9,8 +9,8 @@
  *     but regular files with pipedec's names; a directory that stays keeps
  *     every child; nothing that is not a directory is ever removed;
  *   - list reports exactly the real directories with canonical names.
- * PD_FUZZ_SOURCES: cluster/runtime/ckpt_dir.c cluster/runtime/ckpt_manifest.c cluster/runtime/stream.c cluster/runtime/digest.c cluster/model/sample.c cache/attn.c cache/attn_avx512.c comm/rd.c comm/crc32c.c base/fp16.c base/cpu.c base/status.c base/fnv.c */
-#include "cluster/runtime/ckpt_dir.h"
+ * PD_FUZZ_SOURCES: cluster/runtime/ops/ckpt_dir.c cluster/runtime/ops/ckpt_manifest.c cluster/runtime/pipeline/stream.c cluster/runtime/pipeline/digest.c cluster/model/sample.c cache/attn.c cache/attn_avx512.c comm/rd.c comm/crc32c.c base/fp16.c base/cpu.c base/status.c base/fnv.c */
+#include "cluster/runtime/ops/ckpt_dir.h"
 
 #include <dirent.h>
 #include <fcntl.h>

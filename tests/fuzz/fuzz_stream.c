@@ -1,8 +1,8 @@
 /* libFuzzer target: the per-stream state record decoder (cluster/runtime/
  * stream.h). Any input is refused cleanly or decodes into a state that keeps
  * every invariant (stream_check) and re-encodes to the same bytes.
- * PD_FUZZ_SOURCES: cluster/runtime/stream.c cluster/runtime/digest.c cluster/model/sample.c cache/attn.c cache/attn_avx512.c comm/rd.c comm/crc32c.c base/fp16.c base/cpu.c base/status.c base/fnv.c */
-#include "cluster/runtime/stream.h"
+ * PD_FUZZ_SOURCES: cluster/runtime/pipeline/stream.c cluster/runtime/pipeline/digest.c cluster/model/sample.c cache/attn.c cache/attn_avx512.c comm/rd.c comm/crc32c.c base/fp16.c base/cpu.c base/status.c base/fnv.c */
+#include "cluster/runtime/pipeline/stream.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -10,7 +10,7 @@
 
 #include "cluster/cli/mkmodel.h"
 #include "cluster/cli/mkpages.h"
-#include "cluster/runtime/run.h"
+#include "cluster/runtime/job/run.h"
 
 #include <mpi.h>
 #include <stdio.h>

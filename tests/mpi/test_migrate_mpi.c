@@ -10,8 +10,8 @@
 
 #include "cluster/cli/mkmodel.h"
 #include "cluster/cli/mkpages.h"
-#include "cluster/runtime/migrate.h"
-#include "cluster/runtime/run.h"
+#include "cluster/runtime/ops/migrate.h"
+#include "cluster/runtime/job/run.h"
 
 #include <mpi.h>
 #include <stdio.h>

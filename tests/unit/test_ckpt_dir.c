@@ -5,8 +5,8 @@
  * numbers that would wrap. */
 #include "pd_test.h"
 
-#include "cluster/runtime/ckpt_dir.h"
-#include "cluster/runtime/ckpt_manifest.h"
+#include "cluster/runtime/ops/ckpt_dir.h"
+#include "cluster/runtime/ops/ckpt_manifest.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,11 +1,11 @@
-/* Tests for cluster/runtime/ckpt_manifest.h, the checkpoint manifest: round trip,
+/* Tests for cluster/runtime/ops/ckpt_manifest.h, the checkpoint manifest: round trip,
  * and the decoder's refusals — every truncation, every byte flip (the CRC
  * covers all of it), version + 1, huge counts, inconsistent streams —
  * leaving the output untouched. The checkpoint protocol itself (write,
  * publish, resume on other rank counts) is tests/e2e/checkpoint.sh. */
 #include "pd_test.h"
 
-#include "cluster/runtime/ckpt_manifest.h"
+#include "cluster/runtime/ops/ckpt_manifest.h"
 #include "comm/crc32c.h"
 
 #include <stdlib.h>

@@ -11,7 +11,7 @@
 #include "cluster/format/gguf.h"
 #include "cluster/model/cost.h"
 #include "cluster/model/model.h"
-#include "cluster/runtime/layermap.h"
+#include "cluster/runtime/plan/layermap.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -5,7 +5,7 @@
  * the oldest idle one). */
 #include "pd_test.h"
 
-#include "cluster/runtime/ctl.h"
+#include "cluster/runtime/ops/ctl.h"
 
 #include <pthread.h>
 #include <stdio.h>

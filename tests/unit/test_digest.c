@@ -1,9 +1,9 @@
-/* Tests for cluster/runtime/digest.h: the row hash sees every bit of every value and
+/* Tests for cluster/runtime/pipeline/digest.h: the row hash sees every bit of every value and
  * the length, is pinned to golden values (digests in output files stay
  * comparable across builds and hosts), and the chain is order sensitive. */
 #include "pd_test.h"
 
-#include "cluster/runtime/digest.h"
+#include "cluster/runtime/pipeline/digest.h"
 
 #include <stdlib.h>
 #include <string.h>

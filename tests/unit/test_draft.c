@@ -1,10 +1,10 @@
-/* Tests for cluster/runtime/draft.h: the --draft parser (ngram and model
+/* Tests for cluster/runtime/spec/draft.h: the --draft parser (ngram and model
  * forms) and the n-gram
  * prompt lookup (latest earlier occurrence, at most K, nothing when the
  * suffix never occurred). */
 #include "pd_test.h"
 
-#include "cluster/runtime/draft.h"
+#include "cluster/runtime/spec/draft.h"
 
 #include <stdio.h>
 #include <string.h>

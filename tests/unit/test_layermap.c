@@ -4,7 +4,7 @@
  * rule), and puts the head's and tail's extras on the first and last stage. */
 #include "pd_test.h"
 
-#include "cluster/runtime/layermap.h"
+#include "cluster/runtime/plan/layermap.h"
 
 #include <string.h>
 

@@ -5,7 +5,7 @@
  * and streams). */
 #include "pd_test.h"
 
-#include "cluster/runtime/migrate.h"
+#include "cluster/runtime/ops/migrate.h"
 
 #include <string.h>
 

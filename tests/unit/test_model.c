@@ -11,7 +11,7 @@
 #include "cluster/format/gguf.h"
 #include "cluster/cli/mkmodel.h"
 #include "cluster/model/model.h"
-#include "cluster/runtime/stage.h"
+#include "cluster/runtime/pipeline/stage.h"
 
 #include <math.h>
 #include <stdio.h>

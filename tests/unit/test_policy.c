@@ -3,7 +3,7 @@
  * policy; cross-flag validation; the canonical description string. */
 #include "pd_test.h"
 
-#include "cluster/runtime/policy.h"
+#include "cluster/runtime/plan/policy.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -3,7 +3,7 @@
  * moves only when the predicted gain passes the threshold. */
 #include "pd_test.h"
 
-#include "cluster/runtime/rebalance.h"
+#include "cluster/runtime/plan/rebalance.h"
 
 #include <math.h>
 #include <string.h>

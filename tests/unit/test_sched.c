@@ -1,4 +1,4 @@
-/* Tests for cluster/runtime/sched.h: the tests play the pipeline (hold micro-batches
+/* Tests for cluster/runtime/sched/sched.h: the tests play the pipeline (hold micro-batches
  * in flight, complete them in any order with made-up sampled tokens) while a
  * shadow of every page checks each micro-batch, each completion and each
  * finished-page callback against the contract in sched.h. Deterministic cases
@@ -7,13 +7,13 @@
 #define _XOPEN_SOURCE 700
 #include "pd_test.h"
 
-#include "cluster/runtime/digest.h"
+#include "cluster/runtime/pipeline/digest.h"
 #include "cluster/cli/mkmodel.h"
 #include "cluster/model/model.h"
 #include "cluster/format/npy.h"
 #include "cluster/format/pages.h"
 #include "cluster/model/sample.h"
-#include "cluster/runtime/sched.h"
+#include "cluster/runtime/sched/sched.h"
 
 #include <ftw.h>
 #include <stdarg.h>

@@ -17,9 +17,9 @@
 #include "cache/kv_layer.h"
 #include "cluster/cli/mkmodel.h"
 #include "cluster/model/model.h"
-#include "cluster/runtime/policy.h"
+#include "cluster/runtime/plan/policy.h"
 #include "cluster/model/pool.h"
-#include "cluster/runtime/stage.h"
+#include "cluster/runtime/pipeline/stage.h"
 #include "comm/wire.h"
 
 #include <stdio.h>

@@ -1,12 +1,12 @@
-/* Tests for cluster/runtime/stream.h: the per-stream state's invariants, its
+/* Tests for cluster/runtime/pipeline/stream.h: the per-stream state's invariants, its
  * table, and its byte encoding — round trip, the golden layout, and the
  * decoder's refusals (every truncation, every byte flip, version + 1, huge
  * counts, inconsistent fields) leaving the output untouched. */
 #include "pd_test.h"
 
 #include "cluster/model/sample.h"
-#include "cluster/runtime/digest.h"
-#include "cluster/runtime/stream.h"
+#include "cluster/runtime/pipeline/digest.h"
+#include "cluster/runtime/pipeline/stream.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -10,8 +10,8 @@
 #include "cluster/cli/mkmodel.h"
 #include "cluster/model/model.h"
 #include "cluster/model/sample.h"
-#include "cluster/runtime/digest.h"
-#include "cluster/runtime/tail.h"
+#include "cluster/runtime/pipeline/digest.h"
+#include "cluster/runtime/pipeline/tail.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,0 +1,26 @@
+/* report: what a run tells its user — every rank's placement at start, and
+ * at the end the summary line and the --stats JSON (per stage: layers,
+ * busy / waiting times, messages, bytes, micro-batches, rows, cache peaks,
+ * placement; overall pages, tokens, tokens/s).
+ *
+ * Every rank's figures travel to rank 0 as fixed-size records gathered
+ * through comm/ (placement text, msg_stats): collectives every rank calls. */
+#ifndef PD_RUNTIME_REPORT_H
+#define PD_RUNTIME_REPORT_H
+
+#include "base/status.h"
+#include "cluster/runtime/loop/head.h"
+#include "cluster/runtime/rank/rank.h"
+
+/* Placement lines of every rank, printed by rank 0 in rank order with the
+ * run's header line. Collective. The JSON form of each rank's placement is
+ * kept for report_end (owned by rep; report_free). */
+typedef struct report report;
+pd_status report_start(rank *r, report **out, pd_err *err);
+
+/* Gathers every rank's counters; rank 0 (h != NULL) writes --stats and
+ * prints the summary line. Collective. */
+pd_status report_end(report *rep, rank *r, head *h, pd_err *err);
+void report_free(report *rep);
+
+#endif

@@ -1,0 +1,227 @@
+/* run: one rank's `pipedec run` from start-up to report (contract in run.h). */
+#include "cluster/runtime/job/run.h"
+
+#include "base/file.h"
+#include "cluster/runtime/loop/follow.h"
+#include "cluster/runtime/loop/head.h"
+#include "cluster/runtime/rank/rank.h"
+#include "cluster/runtime/job/report.h"
+
+#include "cluster/runtime/ops/ckpt.h"
+#include "cluster/runtime/ops/ckpt_dir.h"
+#include "cluster/runtime/ops/ctl.h"
+#include "cluster/runtime/ops/jobctl.h"
+#include "cluster/runtime/rank/signals.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+
+/* Everything that can fail on one rank before anything is decoded. */
+static pd_status run_start(rank *r, head **h, ctl **c, pd_err *err)
+{
+    pd_status st = rank_start(r, err);
+    /* --migrate-at maps are checked now, not when their step comes */
+    for (uint32_t i = 0; st == PD_OK && i < r->o->n_migrate_at; i++) {
+        uint64_t step;
+        const char *map;
+        layermap lm;
+        st = jobctl_parse_migrate_at(r->o->migrate_at[i], &step, &map, err);
+        if (st == PD_OK && (st = layermap_parse(map, (uint32_t)r->size, r->hp.n_layers, &lm, err)))
+            pd_err_prefix(err, "--migrate-at %s", r->o->migrate_at[i]);
+    }
+    /* every rank writes its layers' bundles into --checkpoint-dir: each
+     * checks that it can, before anything is decoded */
+    if (st == PD_OK && r->o->checkpoint_dir)
+        st = ckpt_dir_check(r->o->checkpoint_dir, err);
+    /* --pid-file is written once every rank started (run_write_pids); that
+     * it can be is checked now, before the head creates the output */
+    if (st == PD_OK && r->is_head && r->o->pid_path) {
+        pd_publish *pub = NULL;
+        if ((st = pd_file_publish_begin(r->o->pid_path, 0644, "--pid-file", &pub, err)) == PD_OK)
+            pd_file_publish_abort(pub);
+    }
+    if (st == PD_OK && r->is_head)
+        st = head_open(r, ckpt_resume_find, h, err);
+    if (st == PD_OK && r->is_head && r->o->control_path)
+        st = ctl_open(r->o->control_path, CTL_LINE_TIMEOUT_S, c, err);
+    if (st == PD_OK && r->o->trace_path)
+        st = rank_open_trace(r, *h ? head_pages(*h) : NULL, err);
+    return st;
+}
+
+/* --pid-file (collective): rank 0 gathers every rank's pid and host and
+ * publishes "RANK PID HOST" lines atomically, so scripts signal a rank by
+ * its number instead of searching the process table. */
+static pd_status run_write_pids(rank *r, const char *path, pd_err *err)
+{
+    struct { int32_t rank, pid; char host[64]; } mine = {.rank = r->rank, .pid = (int32_t)getpid()}, *all = NULL;
+    gethostname(mine.host, sizeof mine.host - 1);
+    if (r->rank == 0 && !(all = calloc((size_t)r->size, sizeof *all)))
+        return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+    pd_status st = pipe_gather(r->p, &mine, sizeof mine, all, err);
+    pd_publish *pub = NULL;
+    pd_err e = {0};
+    pd_status ws = PD_OK;
+    if (st == PD_OK && r->rank == 0 && (ws = pd_file_publish_begin(path, 0644, "--pid-file", &pub, &e)) == PD_OK) {
+        for (int k = 0; ws == PD_OK && k < r->size; k++) {
+            char line[128];
+            int n = snprintf(line, sizeof line, "%d %d %.64s\n", (int)all[k].rank, (int)all[k].pid, all[k].host);
+            ws = pd_file_publish_write(pub, line, (size_t)n, &e);
+        }
+        if (ws == PD_OK)
+            ws = pd_file_publish_commit(pub, &e);
+        else
+            pd_file_publish_abort(pub);
+    }
+    free(all);
+    if (st)
+        return st;
+    pd_status ag = pipe_agree(r->p, ws, err);
+    if (ws)
+        *err = e;
+    return ag;
+}
+
+int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
+{
+    pd_err e = {0};
+    pipe_link *p = NULL;
+    if (pipe_open(world, &p, &e) != PD_OK) {
+        fprintf(stderr, "pipedec: %s\n", e.msg);
+        return RUN_EXIT_FAIL;
+    }
+    /* the head waits twice as long: when a stage stops, the rank right after
+     * it notices first and names it (the head would only see its results
+     * missing) */
+    pipe_set_stall_timeout(p, pipe_rank(p) == 0 && pipe_size(p) > 1 ? 2 * o->stall_timeout : o->stall_timeout);
+    rank r = {.o = o, .p = p};
+    head *h = NULL;
+    ctl *c = NULL;
+    jobctl *jc = NULL;
+    report *rep = NULL;
+    double t_start = MPI_Wtime();
+
+    /* the ISA and work-mix agreements are the only collectives before the
+     * start-up agreement: every rank reaches them whatever fails in between */
+    pd_status st = rank_agree_isa(&r, &e);
+    pd_err we = {0};
+    pd_status wst = rank_agree_work(&r, &we); /* reached even after a failure: it is collective */
+    if (st == PD_OK && wst != PD_OK) {
+        st = wst;
+        e = we;
+    }
+    if (st == PD_OK)
+        st = run_start(&r, &h, &c, &e);
+    if (st)
+        fprintf(stderr, "pipedec: rank %d: %s\n", r.rank, e.msg);
+    pd_err ae = {0};
+    if (pipe_agree(p, st, &ae) != PD_OK) {
+        if (r.rank == 0 && st == PD_OK)
+            fprintf(stderr, "pipedec: start-up failed on another rank (see its message); nothing was decoded\n");
+        ctl_close(c);
+        head_free(h);
+        rank_stop(&r);
+        pipe_close(p);
+        return RUN_EXIT_FAIL;
+    }
+
+    /* every rank started: do they run the same thing? (collective, the
+     * same verdict everywhere, so a mismatch still ends the run cleanly) */
+    if (rank_agree_run(&r, &e) != PD_OK) {
+        if (r.rank == 0)
+            fprintf(stderr, "pipedec: %s; nothing was decoded\n", e.msg);
+        ctl_close(c);
+        head_free(h);
+        rank_stop(&r);
+        pipe_close(p);
+        return RUN_EXIT_FAIL;
+    }
+
+    /* --pid-file: where every rank runs, once all of them started */
+    if (o->pid_path && run_write_pids(&r, o->pid_path, &e) != PD_OK) {
+        if (r.rank == 0)
+            fprintf(stderr, "pipedec: %s; nothing was decoded\n", e.msg);
+        ctl_close(c);
+        head_free(h);
+        rank_stop(&r);
+        pipe_close(p);
+        return RUN_EXIT_FAIL;
+    }
+
+    /* From here on a failure cannot be agreed on: report it, end the job. */
+    uint64_t *lim = NULL;
+    uint32_t *first = NULL, *layers = NULL;
+    st = rank_gather_budgets(&r, &lim, &first, &layers, &e);
+    if (st == PD_OK && h) {
+        budget *b = NULL;
+        st = budget_new(&r.hp, &o->policy, r.size, lim, first, layers, &b, &e);
+        if (st == PD_OK)
+            head_use_budget(h, b);
+    }
+    free(lim);
+    free(first);
+    free(layers);
+    /* --checkpoint-dir: resume what the head found, on every rank */
+    uint64_t seqs[2] = {0, 0};
+    if (st == PD_OK && o->checkpoint_dir) {
+        if (h)
+            seqs[0] = head_resume_seq(h, &seqs[1]);
+        st = pipe_bcast(p, seqs, sizeof seqs, &e);
+        if (st == PD_OK && seqs[0]) {
+            double t0 = MPI_Wtime();
+            st = ckpt_restore(&r, h ? head_sched(h) : NULL, o->checkpoint_dir, seqs[0], &e);
+            if (st == PD_OK && h)
+                fprintf(stderr, "pipedec: restored checkpoint %llu in %.3f s\n", (unsigned long long)seqs[0],
+                        MPI_Wtime() - t0);
+        }
+        sig_install();
+    }
+    /* drain-point actions: checkpoints, migrations, status (collective) */
+    run_hooks jc_hooks;
+    if (st == PD_OK) {
+        st = jobctl_new(&r, h, c, seqs[1], &jc, &e);
+        c = NULL; /* jobctl owns it now */
+        if (st == PD_OK) {
+            jobctl_hooks(jc, &jc_hooks);
+            if (!hooks)
+                hooks = &jc_hooks;
+        }
+    }
+    if (st == PD_OK)
+        st = report_start(&r, &rep, &e);
+    if (st == PD_OK)
+        st = xport_agree_caps(r.x, &e);
+    if (st == PD_OK) {
+        t_start = MPI_Wtime();
+        st = r.is_head ? head_loop(h, hooks, &e) : follow_loop(&r, hooks, &e);
+    }
+    if (st == PD_OK && jc)
+        st = jobctl_finish(jc, &e);
+    if (st == PD_OK)
+        st = xport_flush(r.x, &e);
+    r.stats.wall_s = MPI_Wtime() - t_start;
+    if (st == PD_OK && h)
+        head_progress_line(h, true);
+    if (st == PD_OK)
+        st = report_end(rep, &r, h, &e);
+    int code = jc && jobctl_exit_code(jc) ? jobctl_exit_code(jc) : RUN_EXIT_OK;
+    if (st) {
+        fprintf(stderr, "pipedec: rank %d: %s: %s\n", r.rank, pd_status_str(st), e.msg);
+        fflush(stderr);
+        code = RUN_EXIT_ABORT;
+    }
+    if (o->pid_path && r.rank == 0)
+        unlink(o->pid_path);
+    report_free(rep);
+    jobctl_free(jc);
+    ctl_close(c);
+    head_free(h);
+    rank_stop(&r);
+    if (code == RUN_EXIT_OK)
+        pipe_close(p);
+    return code;
+}

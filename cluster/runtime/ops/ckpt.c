@@ -1,0 +1,619 @@
+/* ckpt: writing checkpoints at a drain point and resuming from them
+ * (contract and manifest layout in ckpt.h). */
+#include "cluster/runtime/ops/ckpt.h"
+
+#include "cluster/runtime/ops/ckpt_dir.h"
+
+#include "base/check.h"
+#include "base/file.h"
+#include "base/fnv.h"
+#include "comm/bundle.h"
+#include "comm/crc32c.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+
+/* ---- small helpers ------------------------------------------------------------ */
+
+char *ckpt_settings(const run_opts *o)
+{
+    char pol[160];
+    policy_describe(&o->policy, pol, sizeof pol);
+    char *s = malloc(512);
+    if (s)
+        snprintf(s, 512, "policy %s; sample mode %d temperature %a top_p %a top_k %u; seed %llu; ngram %u:%u; gemm %s; "
+                 "wire %s",
+                 pol, (int)o->sample.mode, (double)o->sample.temperature, (double)o->sample.top_p,
+                 (unsigned)o->sample.top_k, (unsigned long long)o->seed, (unsigned)o->ngram.n,
+                 (unsigned)o->ngram.window, o->backend == GEMM_BACKEND_OPENBLAS ? "openblas" : "invariant",
+                 o->wire_dtype == MSG_DTYPE_F16 ? "f16" : "f32");
+    return s;
+}
+
+pd_status ckpt_file_digest(const char *path, uint64_t *out, pd_err *err)
+{
+    uint8_t *b;
+    size_t n;
+    pd_status st = pd_file_read_all(path, "checkpoint", &b, &n, err);
+    if (st)
+        return st;
+    *out = pd_fnv_bytes(PD_FNV_OFFSET, b, n);
+    free(b);
+    return PD_OK;
+}
+
+static void layer_file(char *out, size_t cap, const char *dir, uint32_t layer)
+{
+    snprintf(out, cap, "%s/layer-%05u.cmfb", dir, layer);
+}
+
+/* fsync of a directory (its entries survive a crash). */
+static pd_status sync_dir(const char *dir, pd_err *err)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return pd_err_set(err, PD_ERR_IO, "checkpoint: %s: open directory: %s", dir, strerror(errno));
+    int rc = fsync(fd);
+    int e = errno;
+    close(fd);
+    if (rc != 0 && e != EINVAL)
+        return pd_err_set(err, PD_ERR_IO, "checkpoint: %s: fsync directory: %s", dir, strerror(e));
+    return PD_OK;
+}
+
+/* Lists dir, saying on stderr which entries named like checkpoints are not
+ * ones (they are never resumed, numbered by or removed). */
+static pd_status scan_dir(const char *dir, ckpt_dir_scan *sc, pd_err *err)
+{
+    pd_status st = ckpt_dir_list(dir, sc, err);
+    for (uint32_t i = 0; st == PD_OK && i < sc->n_foreign && i < 8; i++)
+        fprintf(stderr, "pipedec: checkpoint-dir %s: ignoring %s: not a checkpoint pipedec wrote\n", dir,
+                sc->foreign[i]);
+    if (st == PD_OK && sc->n_foreign > 8)
+        fprintf(stderr, "pipedec: checkpoint-dir %s: ... and %u more such entries\n", dir, sc->n_foreign - 8);
+    return st;
+}
+
+uint64_t ckpt_newest(const char *dir)
+{
+    ckpt_dir_scan sc;
+    pd_err e = {0};
+    uint64_t s = ckpt_dir_list(dir, &sc, &e) == PD_OK && sc.n ? sc.seqs[0] : 0;
+    ckpt_dir_scan_free(&sc);
+    return s;
+}
+
+uint64_t ckpt_highest(const char *dir)
+{
+    ckpt_dir_scan sc;
+    pd_err e = {0};
+    uint64_t s = ckpt_dir_list(dir, &sc, &e) == PD_OK ? sc.max_seq : 0;
+    ckpt_dir_scan_free(&sc);
+    return s;
+}
+
+pd_status ckpt_inspect(const char *path, ckpt_manifest *m, uint64_t *seq, pd_err *err)
+{
+    char cd[4096], p[4200];
+    snprintf(p, sizeof p, "%s/manifest.pdck", path);
+    struct stat sb;
+    if (stat(p, &sb) == 0)
+        snprintf(cd, sizeof cd, "%s", path);
+    else {
+        uint64_t newest = ckpt_newest(path);
+        if (!newest)
+            return pd_err_set(err, PD_ERR_FORMAT, "%s: neither a checkpoint (no manifest.pdck) nor a directory of them",
+                              path);
+        snprintf(cd, sizeof cd, "%s/ckpt-%llu", path, (unsigned long long)newest);
+        snprintf(p, sizeof p, "%s/manifest.pdck", cd);
+    }
+    uint8_t *b;
+    size_t n;
+    pd_status st = pd_file_read_all(p, "checkpoint", &b, &n, err);
+    if (st)
+        return st;
+    stream_limits lim = {.max_new = UINT32_MAX - 1, .max_prefill = UINT64_MAX};
+    st = ckpt_manifest_decode(b, n, &lim, 1u << 20, m, err);
+    free(b);
+    if (st) {
+        pd_err_prefix(err, "%s", p);
+        return st;
+    }
+    *seq = m->seq;
+    for (uint32_t L = 0; st == PD_OK && L < m->n_layers; L++) {
+        layer_file(p, sizeof p, cd, L);
+        if ((st = pd_file_read_all(p, "checkpoint", &b, &n, err)))
+            break;
+        bundle_view *v = NULL;
+        if (n != m->bundles[L].bytes)
+            st = pd_err_set(err, PD_ERR_TRUNCATED, "%s: %zu bytes, the manifest says %" PRIu64, p, n, m->bundles[L].bytes);
+        else if (crc32c_update(0, b, n) != m->bundles[L].crc)
+            st = pd_err_set(err, PD_ERR_CHECKSUM, "%s: CRC32C does not match the manifest", p);
+        else if ((st = bundle_parse(b, n, &v, err)) != PD_OK)
+            pd_err_prefix(err, "%s", p);
+        else if (v->layer != L)
+            st = pd_err_set(err, PD_ERR_FORMAT, "%s: holds layer %u", p, v->layer);
+        else if (v->n_streams != m->n_streams)
+            st = pd_err_set(err, PD_ERR_FORMAT, "%s: %llu streams, the manifest has %u", p,
+                            (unsigned long long)v->n_streams, m->n_streams);
+        for (uint64_t i = 0; st == PD_OK && i < v->n_streams; i++) {
+            bool known = false;
+            for (uint32_t k = 0; k < m->n_streams; k++)
+                known |= m->streams[k].id == v->entries[i].stream;
+            if (!known)
+                st = pd_err_set(err, PD_ERR_FORMAT, "%s: stream %llu is not in the manifest", p,
+                                (unsigned long long)v->entries[i].stream);
+        }
+        bundle_view_free(v);
+        free(b);
+    }
+    if (st)
+        ckpt_manifest_free(m);
+    return st;
+}
+
+/* ---- finding the checkpoint to resume -------------------------------------- */
+
+/* Reads and checks dir/ckpt-seq: manifest, and every bundle's size and CRC. */
+static pd_status check_one(const char *dir, uint64_t seq, uint32_t n_layers, ckpt_manifest *m, pd_err *err)
+{
+    char cd[4096], path[4200];
+    snprintf(cd, sizeof cd, "%s/ckpt-%llu", dir, (unsigned long long)seq);
+    snprintf(path, sizeof path, "%s/manifest.pdck", cd);
+    uint8_t *b;
+    size_t n;
+    pd_status st = pd_file_read_all(path, "checkpoint", &b, &n, err);
+    if (st)
+        return st;
+    stream_limits lim = {.max_new = UINT32_MAX - 1, .max_prefill = UINT64_MAX};
+    st = ckpt_manifest_decode(b, n, &lim, n_layers, m, err);
+    free(b);
+    if (st) {
+        pd_err_prefix(err, "%s", path);
+        return st;
+    }
+    if (m->seq != seq || m->n_layers != n_layers) {
+        st = pd_err_set(err, PD_ERR_FORMAT, "%s: says checkpoint %llu of %u layers, expected %llu of %u", path,
+                        (unsigned long long)m->seq, m->n_layers, (unsigned long long)seq, n_layers);
+        ckpt_manifest_free(m);
+        return st;
+    }
+    for (uint32_t L = 0; L < n_layers; L++) {
+        layer_file(path, sizeof path, cd, L);
+        st = pd_file_read_all(path, "checkpoint", &b, &n, err);
+        if (st == PD_OK) {
+            if (n != m->bundles[L].bytes)
+                st = pd_err_set(err, PD_ERR_TRUNCATED, "%s: %zu bytes, the manifest says %" PRIu64, path, n,
+                                m->bundles[L].bytes);
+            else if (crc32c_update(0, b, n) != m->bundles[L].crc)
+                st = pd_err_set(err, PD_ERR_CHECKSUM, "%s: CRC32C does not match the manifest", path);
+            free(b);
+        }
+        if (st) {
+            ckpt_manifest_free(m);
+            return st;
+        }
+    }
+    return PD_OK;
+}
+
+pd_status ckpt_find(const char *dir, uint64_t model_fp, uint64_t pages_digest, const char *settings,
+                    uint32_t n_layers, ckpt_manifest *m, uint64_t *seq, pd_err *err)
+{
+    *seq = 0;
+    ckpt_dir_scan sc;
+    pd_status st = scan_dir(dir, &sc, err);
+    if (st)
+        return st;
+    ckpt_dir_clean_stale(dir);
+    const uint64_t *seqs = sc.seqs;
+    uint32_t n = sc.n;
+    for (uint32_t i = 0; i < n && *seq == 0; i++) {
+        pd_err e = {0};
+        ckpt_manifest c = {0};
+        if (check_one(dir, seqs[i], n_layers, &c, &e) != PD_OK) {
+            fprintf(stderr, "pipedec: checkpoint %llu is not usable, trying an older one: %s\n",
+                    (unsigned long long)seqs[i], e.msg);
+            continue;
+        }
+        if (c.model_fp != model_fp)
+            st = pd_err_set(err, PD_ERR_MISMATCH,
+                            "%s/ckpt-%llu was written with another model (fingerprint %016llx, this one %016llx): "
+                            "resume with the model it was written with, or give another --checkpoint-dir",
+                            dir, (unsigned long long)seqs[i], (unsigned long long)c.model_fp,
+                            (unsigned long long)model_fp);
+        else if (c.pages_digest != pages_digest)
+            st = pd_err_set(err, PD_ERR_MISMATCH,
+                            "%s/ckpt-%llu was written for another page manifest (digest %016llx, this one %016llx)",
+                            dir, (unsigned long long)seqs[i], (unsigned long long)c.pages_digest,
+                            (unsigned long long)pages_digest);
+        else if (strcmp(c.settings, settings) != 0)
+            st = pd_err_set(err, PD_ERR_MISMATCH,
+                            "%s/ckpt-%llu was written with other settings (%s), this run has %s", dir,
+                            (unsigned long long)seqs[i], c.settings, settings);
+        if (st) {
+            ckpt_manifest_free(&c);
+            break;
+        }
+        *m = c;
+        *seq = seqs[i];
+    }
+    if (st == PD_OK && *seq == 0 && n > 0)
+        fprintf(stderr, "pipedec: no usable checkpoint in %s: starting from scratch\n", dir);
+    ckpt_dir_scan_free(&sc);
+    return st;
+}
+
+/* Removes this checkpoint's temporary directory (tmp: its path in dir),
+ * saying why when it is left. */
+static void remove_tmp(const char *dir, const char *tmp)
+{
+    const char *slash = strrchr(tmp, '/');
+    pd_err e = {0};
+    if (*tmp && ckpt_dir_remove(dir, slash ? slash + 1 : tmp, 0, &e) != PD_OK)
+        fprintf(stderr, "pipedec: checkpoint-dir: %s\n", e.msg);
+}
+
+/* Keeps the two newest checkpoints pipedec wrote in dir and removes its
+ * older ones; entries it does not recognise as its own are left, said once
+ * per checkpoint. */
+static void keep_last_two(const char *dir)
+{
+    ckpt_dir_scan sc;
+    pd_err e = {0};
+    if (ckpt_dir_list(dir, &sc, &e) != PD_OK) {
+        fprintf(stderr, "pipedec: checkpoint-dir %s: old checkpoints not removed: %s\n", dir, e.msg);
+        return;
+    }
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < sc.n; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "ckpt-%llu", (unsigned long long)sc.seqs[i]);
+        if (!ckpt_dir_is_checkpoint(dir, sc.seqs[i])) {
+            fprintf(stderr, "pipedec: checkpoint-dir %s: leaving %s: it has no manifest pipedec can read\n", dir,
+                    name);
+            continue;
+        }
+        if (kept < 2) {
+            kept++;
+            continue;
+        }
+        pd_err re = {0};
+        if (ckpt_dir_remove(dir, name, sc.seqs[i], &re) != PD_OK)
+            fprintf(stderr, "pipedec: checkpoint-dir: %s\n", re.msg);
+    }
+    ckpt_dir_scan_free(&sc);
+}
+
+/* The next position a restored stream's rows take on every stage. */
+static uint64_t stream_next_pos(const stream_state *s)
+{
+    return s->n_tokens ? s->prefill_rows + s->n_tokens - 1 : s->fed;
+}
+
+/* ---- writing ---------------------------------------------------------------- */
+
+typedef struct crc_sink {
+    int fd;
+    uint32_t crc;
+    uint64_t bytes;
+    const char *path;
+} crc_sink;
+
+static pd_status crc_sink_write(void *ctx, const void *bytes, size_t n, pd_err *err)
+{
+    crc_sink *s = ctx;
+    const uint8_t *p = bytes;
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = write(s->fd, p + done, n - done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return pd_err_set(err, PD_ERR_IO, "checkpoint: %s: write: %s", s->path, w < 0 ? strerror(errno) : "no progress");
+        done += (size_t)w;
+    }
+    s->crc = crc32c_update(s->crc, bytes, n);
+    s->bytes += n;
+    return PD_OK;
+}
+
+/* This rank's bundles of the streams ids[0..n) into dir; info[L] filled for
+ * the layers it owns. */
+static pd_status write_bundles(rank *r, const char *dir, const uint64_t *ids, uint32_t n, ckpt_bundle_info *info,
+                               pd_err *err)
+{
+    uint32_t first, cnt;
+    stage_layers(r->st, &first, &cnt);
+    for (uint32_t L = first; L < first + cnt; L++) {
+        char path[4200];
+        layer_file(path, sizeof path, dir, L);
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0)
+            return pd_err_set(err, PD_ERR_IO, "checkpoint: %s: create: %s", path, strerror(errno));
+        crc_sink cs = {.fd = fd, .path = path};
+        bundle_writer *bw = NULL;
+        pd_status st = bundle_writer_new(crc_sink_write, &cs, stage_layer_identity(r->st, L), L, n, &bw, err);
+        for (uint32_t i = 0; st == PD_OK && i < n; i++) {
+            uint8_t *rec;
+            size_t len;
+            if ((st = stage_export_layer(r->st, ids[i], L, &rec, &len, err)) == PD_OK) {
+                st = bundle_writer_add_record(bw, ids[i], rec, len, err);
+                free(rec);
+            }
+        }
+        if (st == PD_OK)
+            st = bundle_writer_finish(bw, err);
+        bundle_writer_free(bw);
+        if (st == PD_OK && fsync(fd) != 0)
+            st = pd_err_set(err, PD_ERR_IO, "checkpoint: %s: fsync: %s", path, strerror(errno));
+        if (close(fd) != 0 && st == PD_OK)
+            st = pd_err_set(err, PD_ERR_IO, "checkpoint: %s: close: %s", path, strerror(errno));
+        if (st)
+            return st;
+        info[L] = (ckpt_bundle_info){.layer = L, .bytes = cs.bytes, .crc = cs.crc};
+    }
+    return PD_OK;
+}
+
+pd_status ckpt_write(rank *r, sched *sc, const char *dir, uint64_t seq, uint64_t out_size, pd_err *err)
+{
+    /* tmp: made by the head (mkdtemp: a directory nobody else holds), its
+     * name sent to every rank */
+    char tmp[4096] = {0}, fin[64];
+    snprintf(fin, sizeof fin, "ckpt-%llu", (unsigned long long)seq);
+    uint32_t L_all = r->hp.n_layers;
+    pd_err e = {0};
+    pd_status st = PD_OK, all;
+
+    /* 1. the head makes the temporary directory and names the streams */
+    uint64_t cnt = 0;
+    uint64_t *ids = calloc(r->sz.max_streams + 1, sizeof *ids);
+    uint64_t *pos = calloc(r->sz.max_streams + 1, sizeof *pos);
+    if (!ids || !pos)
+        st = pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
+    if (r->is_head && st == PD_OK) {
+        if (seq == 0)
+            st = pd_err_set(&e, PD_ERR_RANGE, "checkpoint: %s: checkpoint numbers ran out (the next would wrap to 0)",
+                            dir);
+        else if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+            st = pd_err_set(&e, PD_ERR_IO, "checkpoint: %s: mkdir: %s", dir, strerror(errno));
+        else
+            st = ckpt_dir_make_tmp(dir, seq, tmp, sizeof tmp, &e);
+        stream_table *t = sched_streams(sc);
+        for (uint32_t i = 0; i < stream_table_capacity(t); i++)
+            if (stream_table_at(t, i)) {
+                pos[cnt] = stream_next_pos(stream_table_at(t, i));
+                ids[cnt++] = stream_table_at(t, i)->id;
+            }
+    }
+    if ((all = pipe_agree(r->p, st, err)) != PD_OK) {
+        if (!st)
+            pd_err_set(err, all, "checkpoint %llu: another rank could not start it", (unsigned long long)seq);
+        else
+            *err = e;
+        free(ids);
+        free(pos);
+        return all;
+    }
+    /* every rank learns the streams the head holds (retirements not yet
+     * sent are not among them) */
+    pd_status bs = pipe_bcast(r->p, &cnt, sizeof cnt, err);
+    if (bs == PD_OK)
+        bs = pipe_bcast(r->p, tmp, sizeof tmp, err);
+    tmp[sizeof tmp - 1] = 0;
+    if (bs == PD_OK && cnt)
+        bs = pipe_bcast(r->p, ids, (size_t)cnt * sizeof *ids, err);
+    if (bs == PD_OK && cnt)
+        bs = pipe_bcast(r->p, pos, (size_t)cnt * sizeof *pos, err);
+    if (bs) {
+        free(ids);
+        free(pos);
+        return bs;
+    }
+
+    /* 2. every rank settles and writes its layers' bundles */
+    ckpt_bundle_info *info = calloc(L_all, sizeof *info);
+    st = info ? PD_OK : pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
+    /* the rows up to the head's position are final; rejected drafts past
+     * it are dropped (the position-driven rollback the next pass would do) */
+    for (uint64_t i = 0; st == PD_OK && i < cnt; i++)
+        st = stage_settle(r->st, ids[i], pos[i], &e);
+    if (st == PD_OK)
+        st = write_bundles(r, tmp, ids, (uint32_t)cnt, info, &e);
+    ckpt_bundle_info *every = r->is_head ? calloc((size_t)r->size * L_all, sizeof *every) : NULL;
+    pd_status gs = pipe_gather(r->p, info ? info : (void *)ids, (size_t)L_all * sizeof *info, every, err);
+    if ((all = pipe_agree(r->p, st ? st : gs, err)) != PD_OK) {
+        if (st)
+            *err = e;
+        else
+            pd_err_set(err, all, "checkpoint %llu: another rank could not write its layers", (unsigned long long)seq);
+        if (r->is_head)
+            remove_tmp(dir, tmp);
+        free(info);
+        free(every);
+        free(ids);
+        free(pos);
+        return all;
+    }
+
+    /* 3. the head writes the manifest and publishes */
+    st = PD_OK;
+    if (r->is_head) {
+        ckpt_manifest m = {.seq = seq, .out_size = out_size, .next_id = sched_next_id(sc), .n_layers = L_all,
+                           .n_streams = (uint32_t)cnt};
+        m.model_fp = model_fingerprint(r->m);
+        st = ckpt_file_digest(r->o->pages_path, &m.pages_digest, &e);
+        m.settings = ckpt_settings(r->o);
+        char lm[512];
+        layermap_format(&r->lm, lm, sizeof lm);
+        m.layer_map = lm;
+        m.bundles = calloc(L_all, sizeof *m.bundles);
+        m.streams = calloc(cnt ? cnt : 1, sizeof *m.streams);
+        if (st == PD_OK && (!m.settings || !m.bundles || !m.streams))
+            st = pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
+        for (int k = 0; st == PD_OK && k < r->size; k++)
+            for (uint32_t L = r->lm.first[k]; L < r->lm.first[k] + r->lm.count[k]; L++)
+                m.bundles[L] = every[(size_t)k * L_all + L];
+        for (uint64_t i = 0; st == PD_OK && i < cnt; i++)
+            m.streams[i] = *stream_table_find(sched_streams(sc), ids[i]); /* shallow: not freed here */
+        wr w;
+        char path[4200];
+        snprintf(path, sizeof path, "%s/manifest.pdck", tmp);
+        pd_publish *pub = NULL;
+        if (st == PD_OK && (st = wr_init_buffer(&w, 4096, &e)) == PD_OK) {
+            st = ckpt_manifest_encode(&m, &w);
+            size_t len;
+            uint8_t *bytes = wr_take(&w, &len);
+            if (st == PD_OK && !bytes)
+                st = pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
+            if (st == PD_OK && (st = pd_file_publish_begin(path, 0644, "checkpoint", &pub, &e)) == PD_OK &&
+                (st = pd_file_publish_write(pub, bytes, len, &e)) == PD_OK)
+                st = pd_file_publish_commit(pub, &e);
+            else if (pub)
+                pd_file_publish_abort(pub);
+            free(bytes);
+            wr_dispose(&w);
+        }
+        if (st == PD_OK)
+            st = sync_dir(tmp, &e);
+        if (st == PD_OK)
+            st = ckpt_dir_publish(tmp, dir, fin, &e);
+        if (st == PD_OK)
+            st = sync_dir(dir, &e);
+        if (st)
+            remove_tmp(dir, tmp);
+        else
+            keep_last_two(dir);
+        free(m.settings);
+        free(m.bundles);
+        free(m.streams);
+    }
+    free(info);
+    free(every);
+    free(ids);
+    free(pos);
+    if ((all = pipe_agree(r->p, st, err)) != PD_OK) {
+        if (st)
+            *err = e;
+        else
+            pd_err_set(err, all, "checkpoint %llu: the head could not publish it", (unsigned long long)seq);
+    }
+    return all;
+}
+
+/* --checkpoint-dir: the checkpoint to resume, and out.jsonl cut back to the
+ * bytes it recorded durable (lines written after it are decoded again). */
+pd_status ckpt_resume_find(const run_opts *o, const model *mdl, uint32_t n_layers, uint64_t *seq, uint64_t *newest,
+                           pd_err *err)
+{
+    *seq = 0;
+    uint64_t digest;
+    pd_status st = ckpt_file_digest(o->pages_path, &digest, err);
+    char *settings = ckpt_settings(o);
+    if (st == PD_OK && !settings)
+        st = pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+    ckpt_manifest m = {0};
+    if (st == PD_OK)
+        st = ckpt_find(o->checkpoint_dir, model_fingerprint(mdl), digest, settings, n_layers, &m, seq, err);
+    free(settings);
+    *newest = ckpt_highest(o->checkpoint_dir);
+    if (st || !*seq)
+        return st;
+    struct stat sb;
+    if (stat(o->out_path, &sb) != 0)
+        st = pd_err_set(err, PD_ERR_MISMATCH,
+                        "%s: %s, but checkpoint %llu recorded %llu bytes of it written: resume with the output the "
+                        "checkpoint belongs to, or give another --checkpoint-dir to start over",
+                        o->out_path, errno == ENOENT ? "does not exist" : strerror(errno),
+                        (unsigned long long)*seq, (unsigned long long)m.out_size);
+    else if ((uint64_t)sb.st_size < m.out_size)
+        st = pd_err_set(err, PD_ERR_MISMATCH,
+                        "%s holds %lld bytes but checkpoint %llu recorded %llu written: it is not the output this "
+                        "checkpoint belongs to",
+                        o->out_path, (long long)sb.st_size, (unsigned long long)*seq,
+                        (unsigned long long)m.out_size);
+    else if ((uint64_t)sb.st_size > m.out_size && truncate(o->out_path, (off_t)m.out_size) != 0)
+        st = pd_err_set(err, PD_ERR_IO, "%s: cutting back to %llu bytes: %s", o->out_path,
+                        (unsigned long long)m.out_size, strerror(errno));
+    if (st == PD_OK)
+        fprintf(stderr, "pipedec: resuming from %s/ckpt-%llu (%u streams in flight, %s cut back to %llu bytes)\n",
+                o->checkpoint_dir, (unsigned long long)*seq, m.n_streams, o->out_path,
+                (unsigned long long)m.out_size);
+    ckpt_manifest_free(&m);
+    return st;
+}
+
+/* ---- restoring --------------------------------------------------------------- */
+
+pd_status ckpt_restore(rank *r, sched *sc, const char *dir, uint64_t seq, pd_err *err)
+{
+    char cd[4096], path[4200];
+    snprintf(cd, sizeof cd, "%s/ckpt-%llu", dir, (unsigned long long)seq);
+    snprintf(path, sizeof path, "%s/manifest.pdck", cd);
+    ckpt_manifest m = {0};
+    uint8_t *b = NULL;
+    size_t n = 0;
+    pd_err e = {0};
+    pd_status st = pd_file_read_all(path, "checkpoint", &b, &n, &e);
+    stream_limits lim = {.max_new = UINT32_MAX - 1, .max_prefill = UINT64_MAX};
+    if (st == PD_OK)
+        st = ckpt_manifest_decode(b, n, &lim, r->hp.n_layers, &m, &e);
+    free(b);
+    if (st == PD_OK && m.n_streams > r->sz.max_streams)
+        st = pd_err_set(&e, PD_ERR_RANGE, "checkpoint %llu holds %u streams; resume with --batch %u or more",
+                        (unsigned long long)seq, m.n_streams, m.n_streams);
+    /* streams: on every stage, the tail and the head's scheduler */
+    for (uint32_t i = 0; st == PD_OK && i < m.n_streams; i++) {
+        const stream_state *s = &m.streams[i];
+        mb_admit a = {.stream = s->id, .prefill_rows = (uint32_t)s->prefill_rows, .max_new = s->max_new,
+                      .sample_key = s->key};
+        st = stage_admit_at(r->st, &a, stream_next_pos(s), &e);
+        if (st == PD_OK && r->tl)
+            st = tail_restore(r->tl, s, &e);
+    }
+    /* this rank's layers, from their bundles */
+    uint32_t first, cnt;
+    stage_layers(r->st, &first, &cnt);
+    for (uint32_t L = first; st == PD_OK && L < first + cnt; L++) {
+        snprintf(path, sizeof path, "%s/layer-%05u.cmfb", cd, L);
+        if ((st = pd_file_read_all(path, "checkpoint", &b, &n, &e)))
+            break;
+        bundle_view *v = NULL;
+        if (crc32c_update(0, b, n) != m.bundles[L].crc || n != m.bundles[L].bytes)
+            st = pd_err_set(&e, PD_ERR_CHECKSUM, "%s does not match the manifest (size or CRC32C)", path);
+        if (st == PD_OK)
+            st = bundle_parse(b, n, &v, &e);
+        if (st == PD_OK && v->n_streams != m.n_streams)
+            st = pd_err_set(&e, PD_ERR_FORMAT, "%s holds %llu streams, the manifest %u", path,
+                            (unsigned long long)v->n_streams, m.n_streams);
+        for (uint64_t i = 0; st == PD_OK && i < v->n_streams; i++)
+            st = stage_import_layer(r->st, v->entries[i].stream, L, v->entries[i].record, v->entries[i].len, &e);
+        if (st)
+            pd_err_prefix(&e, "%s", path);
+        bundle_view_free(v);
+        free(b);
+    }
+    if (st == PD_OK && sc) {
+        stream_state *mine = m.streams;
+        uint32_t ns = m.n_streams;
+        st = sched_restore(sc, mine, ns, m.next_id, &e); /* takes the records over */
+        for (uint32_t i = 0; i < ns; i++)
+            stream_release(&mine[i]); /* no-op on the ones taken */
+    }
+    ckpt_manifest_free(&m);
+    pd_status all = pipe_agree(r->p, st, err);
+    if (st)
+        *err = e;
+    else if (all)
+        pd_err_set(err, all, "restoring checkpoint %llu failed on another rank", (unsigned long long)seq);
+    return all;
+}
