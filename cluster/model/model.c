@@ -375,7 +375,7 @@ static pd_status tensor_get(const gguf_file *f, const char *name, uint64_t ne0, 
                           (unsigned long long)ne0, (unsigned long long)(ne1 ? ne1 : 1));
     if (!gguf_type_supported(t->type))
         return pd_err_set(err, PD_ERR_UNSUPPORTED,
-                          "tensor %s has type %s; supported: f32, f16, bf16, q8_0", name,
+                          "tensor %s has type %s; supported: f32, f16, bf16, q8_0, q4_0, q5_0, q4_K, q5_K, q6_K", name,
                           gguf_type_name(t->type));
     *out = t;
     return PD_OK;
@@ -396,10 +396,27 @@ static pd_status tensor_get3(const gguf_file *f, const char *name, uint64_t ne0,
                           (unsigned long long)(t->n_dims > 2 ? t->ne[2] : 1), t->n_dims,
                           (unsigned long long)ne0, (unsigned long long)ne1, (unsigned long long)ne2);
     if (!gguf_type_supported(t->type))
-        return pd_err_set(err, PD_ERR_UNSUPPORTED, "tensor %s has type %s; supported: f32, f16, bf16, q8_0",
+        return pd_err_set(err, PD_ERR_UNSUPPORTED, "tensor %s has type %s; supported: f32, f16, bf16, q8_0, q4_0, q5_0, q4_K, q5_K, q6_K",
                           name, gguf_type_name(t->type));
     *out = t;
     return PD_OK;
+}
+
+/* The GEMM's type of a supported ggml type (GEMM_W_COUNT for others). */
+static gemm_wtype tensor_gemm_type(uint32_t type)
+{
+    switch (type) {
+    case GGUF_TENSOR_F32: return GEMM_W_F32;
+    case GGUF_TENSOR_F16: return GEMM_W_F16;
+    case GGUF_TENSOR_BF16: return GEMM_W_BF16;
+    case GGUF_TENSOR_Q8_0: return GEMM_W_Q8_0;
+    case GGUF_TENSOR_Q4_0: return GEMM_W_Q4_0;
+    case GGUF_TENSOR_Q5_0: return GEMM_W_Q5_0;
+    case GGUF_TENSOR_Q4_K: return GEMM_W_Q4_K;
+    case GGUF_TENSOR_Q5_K: return GEMM_W_Q5_K;
+    case GGUF_TENSOR_Q6_K: return GEMM_W_Q6_K;
+    default: return GEMM_W_COUNT;
+    }
 }
 
 /* Converts element range [i0, i0 + n) of a supported tensor to f32. */
@@ -433,8 +450,21 @@ static void tensor_row_f32(const gguf_tensor *t, uint64_t i0, uint64_t n, float 
             out[i] = (float)(int8_t)bb[2 + e % 32] * pd_f16_to_f32(h);
         }
         break;
-    default:
-        CHECKF(0, "tensor_row_f32: unsupported type %u", t->type);
+    default: {
+        /* the ggml block types: by rows of ne0 (the token embedding's rows,
+         * a whole norm vector), the values the GEMM multiplies with */
+        gemm_wtype wt = tensor_gemm_type(t->type);
+        CHECKF(gemm_wtype_is_qs(wt), "tensor_row_f32: unsupported type %u", t->type);
+        const uint64_t ne0 = t->ne[0];
+        const size_t row = gemm_row_bytes(wt, (uint32_t)ne0);
+        while (n > 0) {
+            uint64_t r = i0 / ne0, k0 = i0 % ne0, take = ne0 - k0 < n ? ne0 - k0 : n;
+            gemm_dequant(wt, b + r * row, (uint32_t)k0, (uint32_t)take, out);
+            out += take;
+            i0 += take;
+            n -= take;
+        }
+    }
     }
 }
 
@@ -454,13 +484,10 @@ static pd_status vec_load(const model *m, const char *name, uint64_t n, float **
 
 static pd_status tensor_wtype(const gguf_tensor *t, const char *name, gemm_wtype *wt, pd_err *err)
 {
-    switch (t->type) {
-    case GGUF_TENSOR_F32: *wt = GEMM_W_F32; return PD_OK;
-    case GGUF_TENSOR_F16: *wt = GEMM_W_F16; return PD_OK;
-    case GGUF_TENSOR_BF16: *wt = GEMM_W_BF16; return PD_OK;
-    case GGUF_TENSOR_Q8_0: *wt = GEMM_W_Q8_0; return PD_OK;
-    default: return pd_err_set(err, PD_ERR_UNSUPPORTED, "tensor %s: type %s", name, gguf_type_name(t->type));
-    }
+    *wt = tensor_gemm_type(t->type);
+    if (*wt == GEMM_W_COUNT)
+        return pd_err_set(err, PD_ERR_UNSUPPORTED, "tensor %s: type %s", name, gguf_type_name(t->type));
+    return PD_OK;
 }
 
 static pd_status mat_load(const model *m, const char *name, uint64_t in, uint64_t outn,
