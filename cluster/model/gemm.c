@@ -44,6 +44,8 @@ const char *gemm_wtype_name(gemm_wtype t)
     case GEMM_W_Q8_0: return "q8_0";
     case GEMM_W_Q4_0: return "q4_0";
     case GEMM_W_Q5_0: return "q5_0";
+    case GEMM_W_Q4_1: return "q4_1";
+    case GEMM_W_Q5_1: return "q5_1";
     case GEMM_W_Q4_K: return "q4_K";
     case GEMM_W_Q5_K: return "q5_K";
     case GEMM_W_Q6_K: return "q6_K";
@@ -66,6 +68,8 @@ static void gemm_qs_src_block(gemm_wtype type, uint32_t *elems, uint32_t *bytes)
     switch (type) {
     case GEMM_W_Q4_0: *elems = 32; *bytes = 18; return;
     case GEMM_W_Q5_0: *elems = 32; *bytes = 22; return;
+    case GEMM_W_Q4_1: *elems = 32; *bytes = 20; return;
+    case GEMM_W_Q5_1: *elems = 32; *bytes = 24; return;
     case GEMM_W_Q4_K: *elems = 256; *bytes = 144; return;
     case GEMM_W_Q5_K: *elems = 256; *bytes = 176; return;
     case GEMM_W_Q6_K: *elems = 256; *bytes = 210; return;
@@ -110,6 +114,28 @@ void gemm_qs_block(gemm_wtype type, const uint8_t *row, uint32_t b, float s[2], 
         for (uint32_t j = 0; j < 16; j++) {
             q[j] = (int8_t)((qs[j] & 0x0F) - 8);
             q[j + 16] = (int8_t)((qs[j] >> 4) - 8);
+        }
+        return;
+    }
+    case GEMM_W_Q4_1: {
+        const uint8_t *x = row + (size_t)b * 20, *qs = x + 4;
+        s[0] = s[1] = pd_f16_to_f32(gemm_rd16(x));
+        *nm = pd_f16_to_f32(gemm_rd16(x + 2));
+        for (uint32_t j = 0; j < 16; j++) {
+            q[j] = (int8_t)(qs[j] & 0x0F);
+            q[j + 16] = (int8_t)(qs[j] >> 4);
+        }
+        return;
+    }
+    case GEMM_W_Q5_1: {
+        const uint8_t *x = row + (size_t)b * 24, *qs = x + 8;
+        uint32_t qh = (uint32_t)x[4] | (uint32_t)x[5] << 8 | (uint32_t)x[6] << 16 | (uint32_t)x[7] << 24;
+        s[0] = s[1] = pd_f16_to_f32(gemm_rd16(x));
+        *nm = pd_f16_to_f32(gemm_rd16(x + 2));
+        for (uint32_t j = 0; j < 16; j++) {
+            uint32_t h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+            q[j] = (int8_t)((qs[j] & 0x0F) | h0);
+            q[j + 16] = (int8_t)((qs[j] >> 4) | h1);
         }
         return;
     }
@@ -959,6 +985,8 @@ static gemm_chunk_fn *const gemm_avx2_chunks[GEMM_W_COUNT] = {
     [GEMM_W_Q8_0] = gemm_avx2_chunk_q8_0,
     [GEMM_W_Q4_0] = gemm_avx2_chunk_qs,
     [GEMM_W_Q5_0] = gemm_avx2_chunk_qs,
+    [GEMM_W_Q4_1] = gemm_avx2_chunk_qs,
+    [GEMM_W_Q5_1] = gemm_avx2_chunk_qs,
     [GEMM_W_Q4_K] = gemm_avx2_chunk_qs,
     [GEMM_W_Q5_K] = gemm_avx2_chunk_qs,
     [GEMM_W_Q6_K] = gemm_avx2_chunk_qs,

@@ -55,7 +55,9 @@ typedef enum gemm_wtype {
      * and Q5_0: blocks of 32 (18 and 22 bytes); Q4_K, Q5_K, Q6_K: super-
      * blocks of 256 (144, 176, 210 bytes), so k % 256 == 0. */
     GEMM_W_Q4_0,
+    GEMM_W_Q4_1, /* blocks of 32: f16 d, f16 m, 16 bytes of nibbles = 20 bytes; d * q + m */
     GEMM_W_Q5_0,
+    GEMM_W_Q5_1, /* blocks of 32: f16 d, f16 m, 4 bytes qh, 16 bytes qs = 24 bytes */
     GEMM_W_Q4_K,
     GEMM_W_Q5_K,
     GEMM_W_Q6_K,
@@ -74,7 +76,7 @@ typedef enum gemm_backend {
 #define GEMM_Q8_0_BLOCK 32u
 
 /* True for the ggml block types that share the "qs" panel layout
- * (gemm_kern.h): Q4_0, Q5_0, Q4_K, Q5_K, Q6_K. */
+ * (gemm_kern.h): Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K. */
 static inline int gemm_wtype_is_qs(gemm_wtype t) { return t >= GEMM_W_Q4_0 && t <= GEMM_W_Q6_K; }
 
 /* Values per source block of a type along k (1 for f32/f16/bf16). */
@@ -86,7 +88,8 @@ uint32_t gemm_wtype_block(gemm_wtype type);
  * type has none). Value i is exactly fmaf(s[i / 16], (float)q[i], nm), which
  * is the float ggml's dequantize_row_* gives (its products d * sc and
  * d_min * m are exact in f32, and so is s * q except for Q6_K, where ggml
- * rounds (d * sc) * q once, as fmaf does). row must hold block b. */
+ * rounds (d * sc) * q once, as fmaf does; Q4_1 and Q5_1 add m: nm = +m,
+ * d * q exact). row must hold block b. */
 void gemm_qs_block(gemm_wtype type, const uint8_t *row, uint32_t b, float s[2], float *nm, int8_t q[32]);
 
 /* Values [k0, k0 + n) of a source row of `type` (GGUF layout), exactly the

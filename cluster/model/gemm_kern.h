@@ -207,6 +207,7 @@ static inline __attribute__((always_inline)) void gemm_row_q8_prefetch(const uin
     {[GEMM_W_F32] = by(pre##f32_), [GEMM_W_F16] = by(pre##f16_),                 \
      [GEMM_W_BF16] = by(pre##bf16_), [GEMM_W_Q8_0] = by(pre##q8_0_),             \
      [GEMM_W_Q4_0] = by(pre##qs_), [GEMM_W_Q5_0] = by(pre##qs_),                 \
+     [GEMM_W_Q4_1] = by(pre##qs_), [GEMM_W_Q5_1] = by(pre##qs_),                 \
      [GEMM_W_Q4_K] = by(pre##qs_), [GEMM_W_Q5_K] = by(pre##qs_),                 \
      [GEMM_W_Q6_K] = by(pre##qs_)}
 

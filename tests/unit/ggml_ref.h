@@ -34,6 +34,8 @@ static inline void ggml_ref_block(int ggml_type, int *qk, int *bytes)
     switch (ggml_type) {
     case 2: *qk = 32; *bytes = 18; break;   /* q4_0: d, qs[16] */
     case 6: *qk = 32; *bytes = 22; break;   /* q5_0: d, qh[4], qs[16] */
+    case 3: *qk = 32; *bytes = 20; break;   /* q4_1: d, m, qs[16] */
+    case 7: *qk = 32; *bytes = 24; break;   /* q5_1: d, m, qh[4], qs[16] */
     case 12: *qk = 256; *bytes = 144; break; /* q4_K: d, dmin, scales[12], qs[128] */
     case 13: *qk = 256; *bytes = 176; break; /* q5_K: d, dmin, scales[12], qh[32], qs[128] */
     case 14: *qk = 256; *bytes = 210; break; /* q6_K: ql[128], qh[64], scales[16], d */
@@ -56,6 +58,26 @@ static inline void ggml_ref_dequant(int ggml_type, const uint8_t *x, float *y, i
                 const int x1 = (b[2 + j] >> 4) - 8;
                 y[i * qk + j + 0] = x0 * d;
                 y[i * qk + j + qk / 2] = x1 * d;
+            }
+        } else if (ggml_type == 3) {
+            const float d = ggml_ref_f16(b), m = ggml_ref_f16(b + 2);
+            for (int j = 0; j < qk / 2; ++j) {
+                const int x0 = (b[4 + j] & 0x0F);
+                const int x1 = (b[4 + j] >> 4);
+                y[i * qk + j + 0] = x0 * d + m;
+                y[i * qk + j + qk / 2] = x1 * d + m;
+            }
+        } else if (ggml_type == 7) {
+            const float d = ggml_ref_f16(b), m = ggml_ref_f16(b + 2);
+            uint32_t qh;
+            memcpy(&qh, b + 4, 4);
+            for (int j = 0; j < qk / 2; ++j) {
+                const uint8_t xh_0 = (uint8_t)(((qh >> (j + 0)) << 4) & 0x10);
+                const uint8_t xh_1 = (uint8_t)(((qh >> (j + 12))) & 0x10);
+                const int x0 = (b[8 + j] & 0x0F) | xh_0;
+                const int x1 = (b[8 + j] >> 4) | xh_1;
+                y[i * qk + j + 0] = x0 * d + m;
+                y[i * qk + j + qk / 2] = x1 * d + m;
             }
         } else if (ggml_type == 6) {
             const float d = ggml_ref_f16(b);

@@ -36,6 +36,8 @@ static int ggml_id(gemm_wtype t)
     switch (t) {
     case GEMM_W_Q4_0: return 2;
     case GEMM_W_Q5_0: return 6;
+    case GEMM_W_Q4_1: return 3;
+    case GEMM_W_Q5_1: return 7;
     case GEMM_W_Q4_K: return 12;
     case GEMM_W_Q5_K: return 13;
     case GEMM_W_Q6_K: return 14;
@@ -50,6 +52,8 @@ static int f16_fields(gemm_wtype t, int off[2])
     switch (t) {
     case GEMM_W_Q4_0:
     case GEMM_W_Q5_0: off[0] = 0; return 1;
+    case GEMM_W_Q4_1:
+    case GEMM_W_Q5_1:
     case GEMM_W_Q4_K:
     case GEMM_W_Q5_K: off[0] = 0; off[1] = 2; return 2;
     case GEMM_W_Q6_K: off[0] = 208; return 1;
@@ -184,8 +188,8 @@ static long first_diff(const float *x, const float *y, size_t n)
                          (double)(y)[d_]);                                                    \
     } while (0)
 
-static const gemm_wtype all_types[] = {GEMM_W_F32,  GEMM_W_F16,  GEMM_W_BF16, GEMM_W_Q8_0, GEMM_W_Q4_0,
-                                       GEMM_W_Q5_0, GEMM_W_Q4_K, GEMM_W_Q5_K, GEMM_W_Q6_K};
+static const gemm_wtype all_types[] = {GEMM_W_F32,  GEMM_W_F16,  GEMM_W_BF16, GEMM_W_Q8_0, GEMM_W_Q4_0, GEMM_W_Q4_1,
+                                       GEMM_W_Q5_0, GEMM_W_Q5_1, GEMM_W_Q4_K, GEMM_W_Q5_K, GEMM_W_Q6_K};
 #define N_TYPES (sizeof all_types / sizeof all_types[0])
 
 /* A k valid for the type near the wanted one (a multiple of its block). */
@@ -289,6 +293,8 @@ START_TEST(gemm_row_bits_do_not_depend_on_m)
      * across chunks */
     rows_independent_of_m(GEMM_W_Q4_0, 39, 64, 3);
     rows_independent_of_m(GEMM_W_Q5_0, 18, 544, 9);
+    rows_independent_of_m(GEMM_W_Q4_1, 20, 96, 5);
+    rows_independent_of_m(GEMM_W_Q5_1, 17, 320, 7);
     rows_independent_of_m(GEMM_W_Q4_K, 70, 256, 7);
     rows_independent_of_m(GEMM_W_Q5_K, 21, 512, 11);
     rows_independent_of_m(GEMM_W_Q6_K, 33, 768, 13);

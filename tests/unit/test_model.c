@@ -451,6 +451,50 @@ START_TEST(model_moe_route_is_softmax_top_k_with_ties_to_the_lower_index)
 }
 END_TEST
 
+/* deepseek2-ocr's router options, as build_moe_ffn: the selection bias picks
+ * experts but the weights stay the unbiased p; sigmoid gating; the chosen
+ * weights renormalised (sum in double, clamped) and scaled. */
+START_TEST(model_moe_route_ex_bias_selects_norm_and_scale_weigh)
+{
+    const float lg[6] = {1.0f, 0.5f, -0.25f, 2.0f, 0.0f, -1.0f};
+    const float bias[6] = {0.0f, 0.0f, 5.0f, 0.0f, 0.0f, 0.0f};
+    float p[6], w[2], pr[6], wr[2];
+    uint32_t sel[2], selr[2];
+    model_moe_route(lg, 6, 2, pr, selr, wr);
+    ck_assert_uint_eq(selr[0], 3);
+    ck_assert_uint_eq(selr[1], 0);
+    model_moe_opts o = {.gating = MODEL_MOE_SOFTMAX, .sel_bias = bias};
+    model_moe_route_ex(lg, 6, 2, &o, p, sel, w);
+    ck_assert_int_eq(memcmp(p, pr, sizeof p), 0); /* p unbiased */
+    ck_assert_uint_eq(sel[0], 2);                 /* biased into the top */
+    ck_assert_uint_eq(sel[1], 3);
+    ck_assert_int_eq(memcmp(&w[0], &p[2], 4), 0); /* weight of the unbiased p */
+    /* norm and scale */
+    o = (model_moe_opts){.gating = MODEL_MOE_SOFTMAX, .norm_w = 1, .scale_w = 2.5f};
+    model_moe_route_ex(lg, 6, 2, &o, p, sel, w);
+    float s = (float)((double)pr[3] + (double)pr[0]);
+    ck_assert_int_eq(sel[0], 3);
+    ck_assert_float_eq(w[0], (pr[3] / s) * 2.5f);
+    ck_assert_float_eq(w[1], (pr[0] / s) * 2.5f);
+    /* scale 1 or 0: not applied */
+    o = (model_moe_opts){.gating = MODEL_MOE_SOFTMAX, .scale_w = 1.0f};
+    model_moe_route_ex(lg, 6, 2, &o, p, sel, w);
+    ck_assert_int_eq(memcmp(w, wr, sizeof w), 0);
+    /* sigmoid gating */
+    o = (model_moe_opts){.gating = MODEL_MOE_SIGMOID};
+    model_moe_route_ex(lg, 6, 2, &o, p, sel, w);
+    for (int e = 0; e < 6; e++)
+        ck_assert_double_eq_tol(p[e], 1.0 / (1.0 + exp(-(double)lg[e])), 1e-6);
+    ck_assert_uint_eq(sel[0], 3);
+    ck_assert_uint_eq(sel[1], 0);
+    /* the clamp: tiny weights are divided by 6.103515625e-5, not their sum */
+    const float neg[2] = {-30.0f, -31.0f};
+    o = (model_moe_opts){.gating = MODEL_MOE_SIGMOID, .norm_w = 1};
+    model_moe_route_ex(neg, 2, 1, &o, p, sel, w);
+    ck_assert_float_eq(w[0], p[0] / 6.103515625e-5f);
+}
+END_TEST
+
 /* A row's MoE output bits do not depend on the other rows of its batch (which
  * experts they share with it), on their order, or on the thread count: each
  * row alone equals the same row inside batches of 7 rows in two orders, with
@@ -912,6 +956,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, model_stack_matches_reference_qwen2_mha_with_bias);
     tcase_add_test(tc, model_stack_matches_reference_deepseek_moe);
     tcase_add_test(tc, model_moe_route_is_softmax_top_k_with_ties_to_the_lower_index);
+    tcase_add_test(tc, model_moe_route_ex_bias_selects_norm_and_scale_weigh);
     tcase_add_test(tc, model_moe_rows_do_not_depend_on_their_batch);
     tcase_add_test(tc, model_deepseek_loader_names_bad_moe_keys_and_tensors);
     tcase_add_test(tc, model_stack_matches_reference_qwen2_gqa_with_bias);
