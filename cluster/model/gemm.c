@@ -341,6 +341,40 @@ static void gemm_pack_panel(const void *w, gemm_wtype type, uint32_t n, uint32_t
     }
 }
 
+/* The first non-finite f16 scale of a block type's source rows (Q8_0 and
+ * the qs types): 1 and its row, block and bits, else 0. */
+static int gemm_bad_scale(const void *w, gemm_wtype type, uint32_t n, uint32_t k, uint32_t *row, uint32_t *blk,
+                          uint16_t *bits)
+{
+    uint32_t be, bb, off[2] = {0, 0}, nf = 1;
+    switch (type) {
+    case GEMM_W_Q8_0: be = 32; bb = GEMM_Q8_SRC_BLOCK; break;
+    case GEMM_W_Q4_1:
+    case GEMM_W_Q5_1:
+    case GEMM_W_Q4_K:
+    case GEMM_W_Q5_K: nf = 2; off[1] = 2; gemm_qs_src_block(type, &be, &bb); break;
+    case GEMM_W_Q6_K: off[0] = 208; gemm_qs_src_block(type, &be, &bb); break;
+    default:
+        if (!gemm_wtype_is_qs(type))
+            return 0;
+        gemm_qs_src_block(type, &be, &bb);
+    }
+    const uint8_t *p = w;
+    const size_t rb = (size_t)(k / be) * bb;
+    for (uint32_t j = 0; j < n; j++)
+        for (uint32_t b = 0; b < k / be; b++)
+            for (uint32_t f = 0; f < nf; f++) {
+                uint16_t h = gemm_rd16(p + (size_t)j * rb + (size_t)b * bb + off[f]);
+                if ((h & 0x7c00) == 0x7c00) {
+                    *row = j;
+                    *blk = b;
+                    *bits = h;
+                    return 1;
+                }
+            }
+    return 0;
+}
+
 pd_status gemm_pack(const void *w, gemm_wtype type, uint32_t n, uint32_t k, gemm_backend be,
                     const pd_alloc *alloc, gemm_w **out, pd_err *err)
 {
@@ -357,6 +391,11 @@ pd_status gemm_pack(const void *w, gemm_wtype type, uint32_t n, uint32_t k, gemm
                           gemm_wtype_block(type), k);
     if (be == GEMM_BACKEND_OPENBLAS && (n > INT_MAX || k > INT_MAX))
         return pd_err_set(err, PD_ERR_RANGE, "gemm_pack: %u x %u exceeds cblas int sizes", n, k);
+    uint32_t bad_row, bad_blk;
+    uint16_t bad_bits;
+    if (gemm_bad_scale(w, type, n, k, &bad_row, &bad_blk, &bad_bits))
+        return pd_err_set(err, PD_ERR_FORMAT, "row %u, block %u: %s scale 0x%04x is %s", bad_row, bad_blk,
+                          gemm_wtype_name(type), bad_bits, (bad_bits & 0x3ff) ? "NaN" : "infinite");
     uint32_t n_panels = (uint32_t)(((uint64_t)n + GEMM_NR - 1) / GEMM_NR);
     size_t panel_bytes = gemm_panel_bytes(type, k);
     size_t bytes;

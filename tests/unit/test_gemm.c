@@ -801,6 +801,22 @@ START_TEST(gemm_pack_rejects_bad_arguments)
     ck_assert_uint_eq(gemm_row_bytes(GEMM_W_Q6_K, 256), 210);
     ck_assert_uint_eq(gemm_row_bytes(GEMM_W_Q6_K, 128), 0);
     expect_pack_fails(w, GEMM_W_Q4_K, 4, 128, GEMM_BACKEND_INVARIANT, PD_ERR_ARG);
+    /* non-finite f16 scales are refused before anything is allocated */
+    {
+        static const gemm_wtype bt[] = {GEMM_W_Q8_0, GEMM_W_Q4_0, GEMM_W_Q5_1, GEMM_W_Q4_K, GEMM_W_Q6_K};
+        for (size_t i = 0; i < sizeof bt / sizeof bt[0]; i++) {
+            test_mat t = mat_make(bt[i], 3, k_for(bt[i], 64), 5 + i);
+            const uint32_t kk = t.k, bb = (uint32_t)gemm_row_bytes(bt[i], gemm_wtype_block(bt[i]));
+            uint8_t *blk = t.raw + gemm_row_bytes(bt[i], kk) * 2 + bb * (kk / gemm_wtype_block(bt[i]) - 1);
+            put16(blk + (bt[i] == GEMM_W_Q6_K ? 208 : 0), i % 2 ? 0x7c00 : 0xfe01);
+            gemm_w *sentinel = (gemm_w *)&t, *g2 = sentinel;
+            pd_err err = {0};
+            ck_assert_int_eq(gemm_pack(t.raw, bt[i], 3, kk, GEMM_BACKEND_INVARIANT, NULL, &g2, &err), PD_ERR_FORMAT);
+            ck_assert_ptr_eq(g2, sentinel);
+            ck_assert_msg(strstr(err.msg, "row 2") && strstr(err.msg, gemm_wtype_name(bt[i])), "%s", err.msg);
+            mat_free(&t);
+        }
+    }
     expect_pack_fails(w, GEMM_W_Q5_0, 4, 48, GEMM_BACKEND_OPENBLAS, PD_ERR_ARG);
     ck_assert_str_eq(gemm_backend_name(GEMM_BACKEND_OPENBLAS), "openblas");
     ck_assert_str_eq(gemm_backend_name(GEMM_BACKEND_COUNT), "unknown");
