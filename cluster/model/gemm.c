@@ -1333,9 +1333,6 @@ static uint32_t gemm_job_init(gemm_job *job, const gemm_w *w, const float *a, si
                               size_t ldc, uint32_t threads)
 {
     pd_isa isa = pd_cpu_isa();
-    /* the qs types have AVX2 kernels only (same bits as any path) */
-    if (gemm_wtype_is_qs(w->type) && isa > PD_ISA_AVX2)
-        isa = PD_ISA_AVX2;
     /* A few panel ranges per thread so a thread the OS delays does not hold
      * up the rest; each streams contiguous panels, a multiple of the row
      * kernel's group. M blocks are separate tasks too, so a narrow W with
