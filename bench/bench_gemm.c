@@ -41,6 +41,11 @@ typedef struct bench_set {
     gemm_w *blas[BCOPIES_MAX];
 } bench_set;
 
+/* PD_BENCH_THREADS=T (T >= 2): the invariant kernel's timed runs use a pool
+ * of T threads (the OpenBLAS runs stay on one thread); the JSON's "threads"
+ * says which. */
+static pool *bench_pool;
+
 static void bench_die(const char *what, const pd_err *err)
 {
     fprintf(stderr, "bench_gemm: %s: %s\n", what, err ? err->msg : "");
@@ -144,7 +149,7 @@ static void bench_time(bench_set *s, int blas, const float *a, uint32_t m, float
     gemm_w *const *ws = blas ? s->blas : s->inv;
     double c0 = bench_cpu_now(), t0 = probe_now();
     for (int i = 0; i < calls; i++) {
-        gemm_run(ws[s->next], a, m, c, NULL);
+        gemm_run(ws[s->next], a, m, c, bench_pool);
         s->next = (s->next + 1) % s->n;
     }
     double wall = (probe_now() - t0) / calls, cpu = (bench_cpu_now() - c0) / calls;
@@ -229,6 +234,12 @@ int main(int argc, char **argv)
     int reps = argc > 1 ? atoi(argv[1]) : 7;
     if (reps < 1)
         reps = 1;
+    const char *bench_threads = getenv("PD_BENCH_THREADS");
+    uint32_t threads = bench_threads ? (uint32_t)atoi(bench_threads) : 1;
+    if (threads >= 2 && pool_new(threads, &bench_pool, NULL) != PD_OK)
+        bench_die("pool", NULL);
+    if (!bench_pool)
+        threads = 1;
     openblas_set_num_threads(1);
     float *a = malloc(sizeof(float) * BMAX * BK);
     float *c = malloc(sizeof(float) * BMAX * BN);
@@ -249,7 +260,7 @@ int main(int argc, char **argv)
         gemm_run(set.blas[c2], a, 1, c, NULL);
     }
 
-    printf("{\n  \"bench\": \"gemm\",\n  \"threads\": 1,\n  \"isa\": \"%s\",\n",
+    printf("{\n  \"bench\": \"gemm\",\n  \"threads\": %u,\n  \"isa\": \"%s\",\n", threads,
            pd_isa_name(pd_cpu_isa()));
     printf("  \"k\": %u,\n  \"n\": %u,\n  \"reps\": %d,\n  \"weight_copies\": %d,\n", BK, BN, reps,
            set.n);
@@ -341,5 +352,6 @@ int main(int argc, char **argv)
     printf("  \"goal_met\": %s\n}\n", all_met ? "true" : "false");
     free(a);
     free(c);
+    pool_free(bench_pool);
     return 0;
 }
