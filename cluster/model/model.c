@@ -413,6 +413,18 @@ static pd_status hparams_read(const gguf_file *f, model_hparams *hp, pd_err *err
         return pd_err_set(err, PD_ERR_FORMAT, "tensor output.weight is missing (deepseek's output is not tied)");
     if ((st = tensors_check_used(f, hp, archz, err)))
         return st;
+    /* every tensor's type, before any weight is read or allocated (every
+     * rank reads the hyperparameters first): a file people quantized with a
+     * type this build does not compute with is refused here, naming the
+     * first such tensor in file order */
+    for (uint64_t i = 0; i < gguf_tensor_count(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        if (!gguf_type_supported(t->type))
+            return pd_err_set(err, PD_ERR_UNSUPPORTED,
+                              "tensor %s has type %s; supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, "
+                              "q5_K, q6_K",
+                              t->name, gguf_type_name(t->type));
+    }
     hparams_describe_assumed(hp, archz);
     return PD_OK;
 }

@@ -997,6 +997,39 @@ START_TEST(model_refuses_unsupported_architecture_and_types)
     pd_err_clear(&e);
     ck_assert_int_ne(model_read_hparams("/nonexistent/model.gguf", &hp, &e), PD_OK);
     ck_assert_msg(strstr(e.msg, "/nonexistent/model.gguf") != NULL, "%s", e.msg);
+    /* a Q4_0 model whose blk.1.attn_v.weight claims IQ4_NL (the same block
+     * size): refused by the hyperparameter read, before any weight is
+     * loaded, naming the tensor and its type */
+    mkmodel_opts o;
+    mkmodel_defaults(&o);
+    o.layers = 2;
+    o.hidden = 64;
+    o.ffn = 128;
+    o.dtype = MK_Q4_0;
+    ck_assert_int_eq(mkmodel_write(&o, path, &e), PD_OK);
+    FILE *fp = fopen(path, "r+b");
+    ck_assert_ptr_nonnull(fp);
+    static uint8_t buf[1 << 16];
+    size_t got = fread(buf, 1, sizeof buf, fp);
+    const char *nm = "blk.1.attn_v.weight";
+    uint8_t *at = memmem(buf, got, nm, strlen(nm));
+    ck_assert_ptr_nonnull(at);
+    size_t toff = (size_t)(at - buf) + strlen(nm) + 4 + 2 * 8; /* n_dims, ne[2], then the type */
+    uint32_t ty;
+    memcpy(&ty, buf + toff, 4);
+    ck_assert_uint_eq(ty, GGUF_TENSOR_Q4_0);
+    ty = GGUF_TENSOR_IQ4_NL;
+    ck_assert_int_eq(fseek(fp, (long)toff, SEEK_SET), 0);
+    ck_assert_uint_eq(fwrite(&ty, 4, 1, fp), 1);
+    fclose(fp);
+    pd_err_clear(&e);
+    ck_assert_int_eq(model_read_hparams(path, &hp, &e), PD_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(e.msg, "blk.1.attn_v.weight") && strstr(e.msg, "iq4_nl"), "%s", e.msg);
+    model *m = NULL;
+    model_load_opts lo = {.all_layers = 1, .want_embed = 1, .want_output = 1};
+    pd_err_clear(&e);
+    ck_assert_int_eq(model_load(path, &lo, &m, &e), PD_ERR_UNSUPPORTED);
+    ck_assert_ptr_null(m);
     unlink(path);
 }
 END_TEST
