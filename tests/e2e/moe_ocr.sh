@@ -4,7 +4,8 @@
 # the whole head, MHA; 1 dense layer, then MoE layers of 8 experts, top 2,
 # 1 shared) decodes every page, logit digests included, byte-identically
 # alone, batched, prefill-chunked, on 2 threads, under every cache policy and
-# over 1..3 ranks with several layer maps; the same weights as `deepseek`
+# over 1..3 ranks with several layer maps, with speculation, a live layer
+# migration and checkpoints; the same weights as `deepseek`
 # (V1, adjacent-pair rope) give other tokens (the rope style is in force);
 # the ggml block types written by mkmodel (q4_0 .. q6_k) keep the invariance
 # over ranks; a key/shape disagreement is refused naming the key.
@@ -55,6 +56,15 @@ for spec in "2 0,1-4" "3 0-1,2-3,4"; do
   prun "$m" "$n" "$T/np$n.jsonl" --layers "$map" --prefill-chunk 4
   same "$T/alone.jsonl" "$T/np$n.jsonl" "np $n, --layers $map, chunk 4 == one rank"
 done
+
+# speculation (n-gram drafts verified), a live layer migration between two
+# ranks, and a run writing checkpoints: the same bytes as alone
+run --out "$T/spec.jsonl" --batch 3 --draft ngram:1:6
+same "$T/alone.jsonl" "$T/spec.jsonl" "--draft ngram:1:6 == alone"
+prun "$m" 2 "$T/mig.jsonl" --layers 0,1-4 --migrate-at 3:0-2,3-4 --migrate-at 9:0-3,4
+same "$T/alone.jsonl" "$T/mig.jsonl" "2 ranks migrating layers at steps 3 and 9 == one rank"
+run --out "$T/ck.jsonl" --batch 3 --checkpoint-dir "$T/ck"
+same "$T/alone.jsonl" "$T/ck.jsonl" "--checkpoint-dir == alone"
 
 # the ggml block types (hidden 256 so the K types keep 256-blocks where the
 # row allows; the 32-wide expert rows take llama-quantize's fallbacks)
