@@ -41,6 +41,11 @@ typedef struct bench_set {
     gemm_w *blas[BCOPIES_MAX];
 } bench_set;
 
+/* PD_BENCH_THREADS=T (T >= 2): the invariant kernel's timed runs use a pool
+ * of T threads (the OpenBLAS runs stay on one thread); the JSON's "threads"
+ * says which. */
+static pool *bench_pool;
+
 static void bench_die(const char *what, const pd_err *err)
 {
     fprintf(stderr, "bench_gemm: %s: %s\n", what, err ? err->msg : "");
@@ -54,6 +59,27 @@ static uint8_t *bench_weights(gemm_wtype type, uint64_t seed)
     if (!w)
         bench_die("out of memory", NULL);
     uint64_t s = seed;
+    if (gemm_wtype_is_qs(type)) {
+        /* random integer data, f16 scale fields 0.01 (Q4_K/Q5_K: d and
+         * dmin at the block start; Q6_K: d at its end) */
+        const uint32_t qk = gemm_wtype_block(type), bb = (uint32_t)gemm_row_bytes(type, qk);
+        const uint16_t h = pd_f32_to_f16(0.01f);
+        for (size_t i = 0; i < row * BN; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            w[i] = (uint8_t)(s >> 56);
+        }
+        for (size_t b = 0; b < row * BN / bb; b++) {
+            uint8_t *blk = w + b * bb;
+            if (type == GEMM_W_Q6_K) {
+                memcpy(blk + 208, &h, 2);
+            } else {
+                memcpy(blk, &h, 2);
+                if (type == GEMM_W_Q4_K || type == GEMM_W_Q5_K)
+                    memcpy(blk + 2, &h, 2);
+            }
+        }
+        return w;
+    }
     for (uint32_t j = 0; j < BN; j++) {
         uint8_t *r = w + row * j;
         for (uint32_t k = 0; k < BK; k++) {
@@ -123,7 +149,7 @@ static void bench_time(bench_set *s, int blas, const float *a, uint32_t m, float
     gemm_w *const *ws = blas ? s->blas : s->inv;
     double c0 = bench_cpu_now(), t0 = probe_now();
     for (int i = 0; i < calls; i++) {
-        gemm_run(ws[s->next], a, m, c, NULL);
+        gemm_run(ws[s->next], a, m, c, bench_pool);
         s->next = (s->next + 1) % s->n;
     }
     double wall = (probe_now() - t0) / calls, cpu = (bench_cpu_now() - c0) / calls;
@@ -167,7 +193,7 @@ static double bench_pool_dispatch_us(int reps)
 #define BHOT_N 128u
 #define BHOT_CALLS 2000
 
-static double bench_m1_hot_gbs(gemm_wtype type, const float *a, float *c, int reps)
+static double bench_m1_hot_gbs(gemm_wtype type, const float *a, float *c, int reps, double *wps)
 {
     uint8_t *w = bench_weights(type, 99);
     gemm_w *g = NULL;
@@ -187,6 +213,7 @@ static double bench_m1_hot_gbs(gemm_wtype type, const float *a, float *c, int re
         best = t < best ? t : best;
     }
     double gbs = (double)gemm_bytes(g) / best / 1e9;
+    *wps = (double)BHOT_N * BK / best;
     gemm_free(g);
     return gbs;
 }
@@ -207,6 +234,12 @@ int main(int argc, char **argv)
     int reps = argc > 1 ? atoi(argv[1]) : 7;
     if (reps < 1)
         reps = 1;
+    const char *bench_threads = getenv("PD_BENCH_THREADS");
+    uint32_t threads = bench_threads ? (uint32_t)atoi(bench_threads) : 1;
+    if (threads >= 2 && pool_new(threads, &bench_pool, NULL) != PD_OK)
+        bench_die("pool", NULL);
+    if (!bench_pool)
+        threads = 1;
     openblas_set_num_threads(1);
     float *a = malloc(sizeof(float) * BMAX * BK);
     float *c = malloc(sizeof(float) * BMAX * BN);
@@ -227,7 +260,7 @@ int main(int argc, char **argv)
         gemm_run(set.blas[c2], a, 1, c, NULL);
     }
 
-    printf("{\n  \"bench\": \"gemm\",\n  \"threads\": 1,\n  \"isa\": \"%s\",\n",
+    printf("{\n  \"bench\": \"gemm\",\n  \"threads\": %u,\n  \"isa\": \"%s\",\n", threads,
            pd_isa_name(pd_cpu_isa()));
     printf("  \"k\": %u,\n  \"n\": %u,\n  \"reps\": %d,\n  \"weight_copies\": %d,\n", BK, BN, reps,
            set.n);
@@ -271,9 +304,11 @@ int main(int argc, char **argv)
 
     /* 16-bit and Q8_0 weights: invariant kernel only (OpenBLAS has no such
      * type); GFLOP/s and the weight bandwidth at M = 1. */
-    static const gemm_wtype qt[] = {GEMM_W_F16, GEMM_W_BF16, GEMM_W_Q8_0};
+    static const gemm_wtype qt[] = {GEMM_W_F16,  GEMM_W_BF16, GEMM_W_Q8_0, GEMM_W_Q4_0,
+                                    GEMM_W_Q5_0, GEMM_W_Q4_K, GEMM_W_Q5_K, GEMM_W_Q6_K};
+    const size_t nqt = sizeof qt / sizeof qt[0];
     printf("  \"quantized\": [\n");
-    for (size_t ti = 0; ti < 3; ti++) {
+    for (size_t ti = 0; ti < nqt; ti++) {
         bench_pack(&set, qt[ti], 0);
         for (int c2 = 0; c2 < set.n; c2++)
             gemm_run(set.inv[c2], a, 1, c, NULL);
@@ -284,26 +319,32 @@ int main(int argc, char **argv)
                 bench_time(&set, 0, a, m, c, bench_calls(m), &bt);
             double best = bt.wall;
             double flop = 2.0 * m * BN * BK;
+            /* weight_gbs: packed bytes read; file_gbs: the same time on
+             * the bytes the type takes in a GGUF file (the qs types are
+             * packed wider than they are stored) */
+            const double file_bytes = (double)gemm_row_bytes(qt[ti], BK) * BN;
             printf("    {\"type\": \"%s\", \"copies\": %d, \"m\": %u, \"invariant_gflops\": %.2f, "
-                   "\"weight_gbs\": %.2f, \"bw_ratio\": %.3f}%s\n",
+                   "\"weight_gbs\": %.2f, \"bw_ratio\": %.3f, \"file_gbs\": %.2f}%s\n",
                    gemm_wtype_name(qt[ti]), set.n, m, flop / best / 1e9,
                    (double)gemm_bytes(set.inv[0]) / best / 1e9,
-                   (double)gemm_bytes(set.inv[0]) / best / bw,
-                   ti + 1 < 3 || mi + 1 < sizeof ms / sizeof ms[0] ? "," : "");
+                   (double)gemm_bytes(set.inv[0]) / best / bw, file_bytes / best / 1e9,
+                   ti + 1 < nqt || mi + 1 < sizeof ms / sizeof ms[0] ? "," : "");
         }
         bench_unpack(&set);
     }
     printf("  ],\n");
     /* hot / read_bw_1t below 1 (or near it) means the M = 1 kernel, not
      * memory, bounds a thread at batch 1 */
-    static const gemm_wtype ht[] = {GEMM_W_F32, GEMM_W_F16, GEMM_W_BF16, GEMM_W_Q8_0};
+    static const gemm_wtype ht[] = {GEMM_W_F32,  GEMM_W_F16,  GEMM_W_BF16, GEMM_W_Q8_0, GEMM_W_Q4_0,
+                                    GEMM_W_Q5_0, GEMM_W_Q4_K, GEMM_W_Q5_K, GEMM_W_Q6_K};
+    const size_t nht = sizeof ht / sizeof ht[0];
     printf("  \"m1_hot\": [\n");
-    for (size_t ti = 0; ti < 4; ti++) {
-        double gbs = bench_m1_hot_gbs(ht[ti], a, c, reps);
-        double wps = gbs * 1e9 / (double)gemm_row_bytes(ht[ti], BK) * BK;
+    for (size_t ti = 0; ti < nht; ti++) {
+        double wps = 0.0;
+        double gbs = bench_m1_hot_gbs(ht[ti], a, c, reps, &wps);
         printf("    {\"type\": \"%s\", \"n\": %u, \"weight_gbs\": %.2f, \"gweights_per_s\": %.2f, "
                "\"vs_read_bw_1t\": %.3f}%s\n",
-               gemm_wtype_name(ht[ti]), BHOT_N, gbs, wps / 1e9, gbs * 1e9 / bw, ti + 1 < 4 ? "," : "");
+               gemm_wtype_name(ht[ti]), BHOT_N, gbs, wps / 1e9, gbs * 1e9 / bw, ti + 1 < nht ? "," : "");
     }
     printf("  ],\n");
     printf("  \"pool_dispatch_us_2threads_8tasks\": %.2f,\n", bench_pool_dispatch_us(reps));
@@ -311,5 +352,6 @@ int main(int argc, char **argv)
     printf("  \"goal_met\": %s\n}\n", all_met ? "true" : "false");
     free(a);
     free(c);
+    pool_free(bench_pool);
     return 0;
 }

@@ -5,7 +5,10 @@
 #include "cluster/cli/cmd.h"
 
 #include "base/file.h"
+#include "cluster/format/gguf.h"
+#include "cluster/model/model.h"
 #include "cluster/runtime/ops/ckpt.h"
+#include "cluster/runtime/plan/layermap.h"
 #include "comm/bundle.h"
 #include "comm/wire.h"
 
@@ -39,7 +42,9 @@ typedef struct insp {
 static void usage(FILE *f)
 {
     fprintf(f, "usage: pipedec inspect FILE|CHECKPOINT_DIR [--json] [--legacy]\n"
-               "  Describes and validates a CMFS record or state bundle (docs/wire.md).\n"
+               "  Describes and validates a CMFS record or state bundle (docs/wire.md), or a GGUF model\n"
+               "  (architecture, hyperparameters, bytes by tensor type, default layer maps for 1..8 ranks,\n"
+               "  tokenizer, metadata keys pipedec does not use).\n"
                "  --json    print one JSON object (valid, kind, layer, identity, position, error, ...)\n"
                "  --legacy  read a file without the CMFS magic as the unversioned legacy body\n"
                "  FILE may be - for standard input.\n"
@@ -388,6 +393,222 @@ static int inspect_checkpoint(const char *path, int json, FILE *out, FILE *err)
     return st ? CMD_EXIT_INVALID : CMD_EXIT_OK;
 }
 
+/* ---- GGUF models ---- */
+
+/* The metadata keys pipedec reads (the architecture's own under "<arch>."). */
+static int gguf_key_used(const char *key, const char *arch)
+{
+    static const char *const general[] = {
+        "general.architecture", "general.alignment", "tokenizer.ggml.model", "tokenizer.ggml.tokens",
+        "tokenizer.ggml.token_type", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+    };
+    static const char *const per_arch[] = {
+        "block_count", "embedding_length", "feed_forward_length", "attention.head_count",
+        "attention.head_count_kv", "context_length", "rope.freq_base", "attention.layer_norm_rms_epsilon",
+        "leading_dense_block_count", "expert_count", "expert_used_count", "expert_shared_count",
+        "expert_feed_forward_length", "expert_weights_scale", "expert_weights_norm", "expert_gating_func",
+        "rope.scaling.factor",
+    };
+    for (size_t i = 0; i < sizeof general / sizeof general[0]; i++)
+        if (!strcmp(key, general[i]))
+            return 1;
+    size_t al = strlen(arch);
+    if (al == 0 || strncmp(key, arch, al) != 0 || key[al] != '.')
+        return 0;
+    for (size_t i = 0; i < sizeof per_arch / sizeof per_arch[0]; i++)
+        if (!strcmp(key + al + 1, per_arch[i]))
+            return 1;
+    return 0;
+}
+
+#define INSP_MAX_RANKS 8u
+
+static int inspect_gguf(const char *path, int json, FILE *out, FILE *err)
+{
+    pd_err e = {0};
+    gguf_file *f = NULL;
+    if (gguf_open(path, &f, &e) != PD_OK) {
+        if (json) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddBoolToObject(o, "valid", 0);
+            cJSON_AddStringToObject(o, "kind", "gguf");
+            cJSON_AddStringToObject(o, "error", e.msg);
+            char *t = cJSON_PrintUnformatted(o);
+            if (t)
+                fprintf(out, "%s\n", t);
+            cJSON_free(t);
+            cJSON_Delete(o);
+        }
+        fprintf(err, "pipedec inspect: %s: invalid: %s\n", path, e.msg);
+        return CMD_EXIT_INVALID;
+    }
+    model_hparams hp;
+    pd_err he = {0};
+    pd_status hst = model_read_hparams(path, &hp, &he);
+    const char *arch = "";
+    size_t alen = 0;
+    char archz[64] = "";
+    pd_err ae = {0};
+    if (gguf_get_str(f, "general.architecture", &arch, &alen, &ae) == PD_OK && alen < sizeof archz) {
+        memcpy(archz, arch, alen);
+        archz[alen] = '\0';
+    }
+    /* bytes and tensor counts by type */
+    uint64_t by_bytes[GGUF_TENSOR_TYPE_COUNT] = {0}, by_count[GGUF_TENSOR_TYPE_COUNT] = {0}, total = 0;
+    for (uint64_t i = 0; i < gguf_tensor_count(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        if (t->type < GGUF_TENSOR_TYPE_COUNT) {
+            by_bytes[t->type] += t->bytes;
+            by_count[t->type]++;
+        }
+        total += t->bytes;
+    }
+    /* default layer maps */
+    char maps[INSP_MAX_RANKS][256];
+    for (uint32_t n = 1; n <= INSP_MAX_RANKS; n++) {
+        layermap lm;
+        pd_err le = {0};
+        maps[n - 1][0] = '\0';
+        if (hst != PD_OK || n > hp.n_layers)
+            continue;
+        /* the cost table reads every tensor's shape and type: a missing
+         * tensor or a shape the keys disagree with shows here */
+        pd_status ls = layermap_for_model(path, n, NULL, NULL, &lm, &le);
+        if (ls == PD_OK)
+            layermap_format(&lm, maps[n - 1], sizeof maps[n - 1]);
+        else if (n == 1) {
+            hst = ls;
+            he = le;
+        }
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddBoolToObject(o, "valid", hst == PD_OK);
+    cJSON_AddStringToObject(o, "kind", "gguf");
+    cJSON_AddStringToObject(o, "architecture", archz);
+    if (hst == PD_OK) {
+        cJSON *h = cJSON_AddObjectToObject(o, "hparams");
+        json_u64(h, "block_count", hp.n_layers);
+        json_u64(h, "embedding_length", hp.hidden);
+        json_u64(h, "head_count", hp.n_heads);
+        json_u64(h, "head_count_kv", hp.n_kv_heads);
+        json_u64(h, "head_dim", hp.head_dim);
+        json_u64(h, "feed_forward_length", hp.ffn);
+        json_u64(h, "context_length", hp.ctx);
+        cJSON_AddNumberToObject(h, "rope_freq_base", hp.rope_base);
+        cJSON_AddStringToObject(h, "rope", hp.rope == MODEL_ROPE_NEOX ? "neox" : "norm");
+        cJSON_AddNumberToObject(h, "rms_eps", hp.rms_eps);
+        cJSON_AddBoolToObject(h, "tied_output", hp.tied_output);
+        cJSON_AddBoolToObject(h, "qkv_bias", hp.qkv_bias);
+        if (model_arch_is_moe(hp.arch)) {
+            json_u64(h, "leading_dense_block_count", hp.n_dense_lead);
+            json_u64(h, "expert_count", hp.n_expert);
+            json_u64(h, "expert_used_count", hp.n_expert_used);
+            json_u64(h, "expert_shared_count", hp.n_expert_shared);
+            json_u64(h, "expert_feed_forward_length", hp.ffn_exp);
+            cJSON_AddNumberToObject(h, "expert_weights_scale", hp.expert_weights_scale);
+            cJSON_AddBoolToObject(h, "expert_weights_norm", hp.expert_weights_norm);
+            cJSON_AddStringToObject(h, "expert_gating_func", hp.moe_gating == MODEL_MOE_SIGMOID ? "sigmoid" : "softmax");
+            cJSON_AddBoolToObject(h, "exp_probs_b", hp.has_exp_probs_b);
+        }
+        cJSON_AddStringToObject(h, "assumed", hp.assumed);
+        cJSON *tk = cJSON_AddObjectToObject(o, "tokenizer");
+        cJSON_AddStringToObject(tk, "model", hp.vocab_kind == MODEL_VOCAB_GPT2 ? "gpt2" : "llama");
+        json_u64(tk, "size", hp.vocab);
+        json_u64(tk, "bos_token_id", hp.bos);
+        json_u64(tk, "eos_token_id", hp.eos);
+    }
+    json_u64(o, "tensor_count", gguf_tensor_count(f));
+    json_u64(o, "tensor_bytes", total);
+    cJSON *bt = cJSON_AddArrayToObject(o, "by_type");
+    for (uint32_t t = 0; t < GGUF_TENSOR_TYPE_COUNT; t++)
+        if (by_count[t]) {
+            cJSON *x = cJSON_CreateObject();
+            cJSON_AddStringToObject(x, "type", gguf_type_name(t));
+            json_u64(x, "tensors", by_count[t]);
+            json_u64(x, "bytes", by_bytes[t]);
+            cJSON_AddBoolToObject(x, "supported", gguf_type_supported(t));
+            cJSON_AddItemToArray(bt, x);
+        }
+    cJSON *lmj = cJSON_AddObjectToObject(o, "default_layer_maps");
+    for (uint32_t n = 1; n <= INSP_MAX_RANKS; n++)
+        if (maps[n - 1][0]) {
+            char k[8];
+            snprintf(k, sizeof k, "%u", n);
+            cJSON_AddStringToObject(lmj, k, maps[n - 1]);
+        }
+    cJSON *uk = cJSON_AddArrayToObject(o, "unused_keys");
+    for (uint64_t i = 0; i < gguf_kv_count(f); i++) {
+        const gguf_kv_info *kv = gguf_kv_at(f, i);
+        if (!gguf_key_used(kv->key, archz))
+            cJSON_AddItemToArray(uk, cJSON_CreateString(kv->key));
+    }
+    if (hst == PD_OK)
+        cJSON_AddNullToObject(o, "error");
+    else
+        cJSON_AddStringToObject(o, "error", he.msg);
+    if (json) {
+        char *t = cJSON_PrintUnformatted(o);
+        if (t)
+            fprintf(out, "%s\n", t);
+        cJSON_free(t);
+    } else {
+        fprintf(out, "kind: gguf\narchitecture: %s\n", archz);
+        if (hst == PD_OK) {
+            fprintf(out, "layers: %u\nhidden: %u\nheads: %u x %u (kv heads %u)\nffn: %u\ncontext: %u\n"
+                         "rope: %s, base %g\nrms_eps: %g\noutput: %s\n",
+                    hp.n_layers, hp.hidden, hp.n_heads, hp.head_dim, hp.n_kv_heads, hp.ffn, hp.ctx,
+                    hp.rope == MODEL_ROPE_NEOX ? "neox" : "norm", (double)hp.rope_base, (double)hp.rms_eps,
+                    hp.tied_output ? "tied to token_embd" : "output.weight");
+            if (model_arch_is_moe(hp.arch))
+                fprintf(out, "moe: %u dense layers, %u experts (top %u) of ffn %u, %u shared, gating %s, norm %s, "
+                             "scale %g%s\n",
+                        hp.n_dense_lead, hp.n_expert, hp.n_expert_used, hp.ffn_exp, hp.n_expert_shared,
+                        hp.moe_gating == MODEL_MOE_SIGMOID ? "sigmoid" : "softmax", hp.expert_weights_norm ? "yes" : "no",
+                        (double)hp.expert_weights_scale, hp.has_exp_probs_b ? ", selection bias" : "");
+            fprintf(out, "tokenizer: %s, %u tokens, bos %u, eos %u\n", hp.vocab_kind == MODEL_VOCAB_GPT2 ? "gpt2" : "llama",
+                    hp.vocab, hp.bos, hp.eos);
+            if (hp.assumed[0])
+                fprintf(out, "assumed: %s\n", hp.assumed);
+        }
+        fprintf(out, "tensors: %llu, %llu bytes\n", (unsigned long long)gguf_tensor_count(f), (unsigned long long)total);
+        for (uint32_t t = 0; t < GGUF_TENSOR_TYPE_COUNT; t++)
+            if (by_count[t])
+                fprintf(out, "  %-8s %6llu tensors %14llu bytes%s\n", gguf_type_name(t), (unsigned long long)by_count[t],
+                        (unsigned long long)by_bytes[t], gguf_type_supported(t) ? "" : "  (not supported)");
+        for (uint32_t n = 1; n <= INSP_MAX_RANKS; n++)
+            if (maps[n - 1][0])
+                fprintf(out, "layers over %u rank%s: %s\n", n, n == 1 ? "" : "s", maps[n - 1]);
+        int any = 0;
+        for (uint64_t i = 0; i < gguf_kv_count(f); i++) {
+            const gguf_kv_info *kv = gguf_kv_at(f, i);
+            if (!gguf_key_used(kv->key, archz)) {
+                fprintf(out, "%s%s", any ? ", " : "unused keys: ", kv->key);
+                any = 1;
+            }
+        }
+        if (any)
+            fprintf(out, "\n");
+        fprintf(out, "valid: %s\n", hst == PD_OK ? "yes" : "no");
+    }
+    cJSON_Delete(o);
+    gguf_close(f);
+    if (hst != PD_OK)
+        fprintf(err, "pipedec inspect: %s: invalid: %s\n", path, he.msg);
+    return hst == PD_OK ? CMD_EXIT_OK : CMD_EXIT_INVALID;
+}
+
+/* 1 when the file at path starts with the GGUF magic. */
+static int is_gguf(const char *path)
+{
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : NULL;
+    if (!f)
+        return 0;
+    char m[4] = {0};
+    size_t n = fread(m, 1, 4, f);
+    fclose(f);
+    return n == 4 && memcmp(m, "GGUF", 4) == 0;
+}
+
 int cmd_inspect_run(int argc, char **argv, FILE *out, FILE *err)
 {
     const char *path = NULL;
@@ -421,6 +642,8 @@ int cmd_inspect_run(int argc, char **argv, FILE *out, FILE *err)
     snprintf(mpath, sizeof mpath, "%s/manifest.pdck", path);
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode) && (access(mpath, F_OK) == 0 || ckpt_newest(path) > 0))
         return inspect_checkpoint(path, json, out, err);
+    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode) && is_gguf(path))
+        return inspect_gguf(path, json, out, err);
     insp in = {.path = path};
     uint8_t *buf = NULL;
     size_t len = 0;

@@ -8,15 +8,18 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 static void mkmodel_usage(FILE *f)
 {
-    fprintf(f, "usage: pipedec mkmodel --out FILE [--arch llama|qwen2|deepseek] [--layers N] [--hidden N]\n"
+    fprintf(f, "usage: pipedec mkmodel --out FILE [--arch llama|qwen2|deepseek|deepseek2-ocr] [--layers N] [--hidden N]\n"
                "                        [--heads N] [--kv-heads N] [--ffn N] [--vocab N] [--ctx N]\n"
-               "                        [--dtype|--type f32|f16|bf16|q8_0] [--seed S] [--eos-boost X] [--repeat P]\n"
+               "                        [--dtype|--type f32|f16|bf16|q8_0|q4_0|q5_0|q4_k|q5_k|q6_k] [--seed S]\n"
+               "                        [--eos-boost X] [--repeat P]\n"
                "       deepseek only:   [--dense-layers N] [--experts N] [--experts-used K]\n"
                "                        [--expert-ffn N] [--shared N] [--expert-scale X]\n"
-               "  --arch deepseek defaults to DeepSeek-OCR's decoder: 12 layers, hidden 1280, 10 heads (MHA),\n"
+               "  --arch deepseek2-ocr (DeepSeek-OCR as llama.cpp's converter writes it: NEOX rope) and deepseek (V1)\n"
+               "  default to DeepSeek-OCR's decoder: 12 layers, hidden 1280, 10 heads (MHA),\n"
                "  1 dense layer of ffn 6848, 64 experts (top 6) of ffn 896, 2 shared, vocab 129280, ctx 8192\n"
                "       or:              pipedec mkmodel --from-weights DIR --out FILE [--dtype f32|f16]\n"
                "  --from-weights DIR: a trained llama or deepseek model (DIR/config.json + one .npy per tensor, see docs/ocr.md)\n"
@@ -58,8 +61,10 @@ int cmd_mkmodel(int argc, char **argv)
                 mo.arch = MODEL_ARCH_QWEN2;
             else if (strcmp(optarg, "deepseek") == 0)
                 mo.arch = MODEL_ARCH_DEEPSEEK;
+            else if (strcmp(optarg, "deepseek2-ocr") == 0)
+                mo.arch = MODEL_ARCH_DEEPSEEK2_OCR;
             else
-                st = pd_err_set(&e, PD_ERR_ARG, "--arch '%s': expected llama, qwen2 or deepseek", optarg);
+                st = pd_err_set(&e, PD_ERR_ARG, "--arch '%s': expected llama, qwen2, deepseek or deepseek2-ocr", optarg);
             break;
         case 'D': st = cli_u32("--dense-layers", optarg, 0, 1024, &mo.dense_lead, &e); break;
         case 'E': st = cli_u32("--experts", optarg, 1, 512, &mo.experts, &e); break;
@@ -87,10 +92,15 @@ int cmd_mkmodel(int argc, char **argv)
                 mo.dtype = MK_F16;
             else if (strcmp(optarg, "bf16") == 0)
                 mo.dtype = MK_BF16;
-            else if (strcmp(optarg, "q8_0") == 0)
-                mo.dtype = MK_Q8_0;
-            else
-                st = pd_err_set(&e, PD_ERR_ARG, "--dtype '%s': expected f32, f16, bf16 or q8_0", optarg);
+            else {
+                mo.dtype = MK_DTYPE_COUNT;
+                for (int t = MK_Q8_0; t < MK_DTYPE_COUNT; t++)
+                    if (strcasecmp(optarg, mk_dtype_name((mk_dtype)t)) == 0)
+                        mo.dtype = (mk_dtype)t;
+                if (mo.dtype == MK_DTYPE_COUNT)
+                    st = pd_err_set(&e, PD_ERR_ARG, "--dtype '%s': expected f32, f16, bf16, q8_0, q4_0, q5_0, q4_k, q5_k or q6_k",
+                                    optarg);
+            }
             break;
         case 's': st = cli_u64("--seed", optarg, &mo.seed, &e); break;
         case 'e': {
@@ -110,9 +120,10 @@ int cmd_mkmodel(int argc, char **argv)
             st = pd_err_set(&e, PD_ERR_ARG, "unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
-    if (st == PD_OK && mo.arch == MODEL_ARCH_DEEPSEEK) {
+    if (st == PD_OK && model_arch_is_moe(mo.arch)) {
         mkmodel_opts d;
         mkmodel_defaults_deepseek(&d);
+        d.arch = mo.arch;
 #define KEEP(letter, field) \
     if (given & (1ull << ((letter) - 'A')))  \
         d.field = mo.field;
@@ -124,7 +135,7 @@ int cmd_mkmodel(int argc, char **argv)
         mo = d;
     } else if (st == PD_OK && (given & ((1ull << ('D' - 'A')) | (1ull << ('E' - 'A')) | (1ull << ('K' - 'A')) |
                                         (1ull << ('F' - 'A')) | (1ull << ('S' - 'A')) | (1ull << ('X' - 'A')))))
-        st = pd_err_set(&e, PD_ERR_ARG, "the expert options need --arch deepseek");
+        st = pd_err_set(&e, PD_ERR_ARG, "the expert options need --arch deepseek or deepseek2-ocr");
     if (st == PD_OK && optind < argc)
         st = pd_err_set(&e, PD_ERR_ARG, "unexpected argument '%s'", argv[optind]);
     if (st == PD_OK && !out)
@@ -149,9 +160,9 @@ int cmd_mkmodel(int argc, char **argv)
         return 2;
     }
     printf("pipedec mkmodel: wrote %s (%s, %u layers, hidden %u, %u heads / %u kv heads, ffn %u, vocab %u, %s",
-           out, mo.arch == MODEL_ARCH_LLAMA ? "llama" : mo.arch == MODEL_ARCH_QWEN2 ? "qwen2" : "deepseek",
-           mo.layers, mo.hidden, mo.heads, mo.kv_heads, mo.ffn, mo.vocab, (const char *[]){"f32", "f16", "bf16", "q8_0"}[mo.dtype]);
-    if (mo.arch == MODEL_ARCH_DEEPSEEK)
+           out, model_arch_name(mo.arch), mo.layers, mo.hidden, mo.heads, mo.kv_heads, mo.ffn, mo.vocab,
+           mk_dtype_name(mo.dtype));
+    if (model_arch_is_moe(mo.arch))
         printf("; %u dense layers, %u experts (top %u) of ffn %u, %u shared", mo.dense_lead, mo.experts,
                mo.experts_used, mo.expert_ffn, mo.shared);
     printf(")\n");

@@ -82,10 +82,163 @@ static void *mk_keep(mk_ctx *c, size_t bytes)
     return p;
 }
 
-/* Bytes of n values (a multiple of 32 for Q8_0) stored as t. */
+static const uint32_t mk_gguf_type[] = {[MK_F32] = GGUF_TENSOR_F32,   [MK_F16] = GGUF_TENSOR_F16,
+                                        [MK_BF16] = GGUF_TENSOR_BF16, [MK_Q8_0] = GGUF_TENSOR_Q8_0,
+                                        [MK_Q4_0] = GGUF_TENSOR_Q4_0, [MK_Q5_0] = GGUF_TENSOR_Q5_0,
+                                        [MK_Q4_K] = GGUF_TENSOR_Q4_K, [MK_Q5_K] = GGUF_TENSOR_Q5_K,
+                                        [MK_Q6_K] = GGUF_TENSOR_Q6_K};
+
+const char *mk_dtype_name(mk_dtype t)
+{
+    static const char *const names[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k", "q5_k", "q6_k"};
+    return (unsigned)t < MK_DTYPE_COUNT ? names[t] : NULL;
+}
+
+/* The type a matrix of rows of ne0 values is stored as: t, or for a K type
+ * whose rows do not split into 256-blocks, llama-quantize's fallback. */
+static mk_dtype mk_row_type(mk_dtype t, uint64_t ne0)
+{
+    if (ne0 % 256 == 0)
+        return t;
+    switch (t) {
+    case MK_Q4_K:
+    case MK_Q5_K: return MK_Q5_0;
+    case MK_Q6_K: return MK_Q8_0;
+    default: return t;
+    }
+}
+
+/* Bytes of n values (a multiple of the block) stored as t. */
 static uint64_t mk_bytes(mk_dtype t, uint64_t n)
 {
-    return t == MK_F32 ? n * 4 : t == MK_Q8_0 ? n / 32 * 34 : n * 2;
+    uint32_t be = 1, bb = 4;
+    gguf_type_block(mk_gguf_type[t], &be, &bb);
+    return n / be * bb;
+}
+
+static void mk_put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static int mk_clampi(int v, int lo, int hi)
+{
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* Q4_0 / Q5_0 (bits 4 or 5) block of 32 at b: as ggml's reference, d =
+ * (the value of largest magnitude) / -2^(bits-1), q = x / d + 2^(bits-1)
+ * rounded, clamped. */
+static void mk_quant_q_0(const float *x, int bits, uint8_t *b)
+{
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 32; j++)
+        if (fabsf(x[j]) > amax) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    const int half = 1 << (bits - 1);
+    const float d = max / (float)-half, id = d != 0.0f ? 1.0f / d : 0.0f;
+    mk_put16(b, pd_f32_to_f16(d));
+    uint8_t q[32];
+    for (int j = 0; j < 32; j++)
+        q[j] = (uint8_t)mk_clampi((int)(x[j] * id + (float)half + 0.5f), 0, 2 * half - 1);
+    uint8_t *qs = b + (bits == 4 ? 2 : 6);
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; j++) {
+        qs[j] = (uint8_t)((q[j] & 15) | ((q[j + 16] & 15) << 4));
+        qh |= (uint32_t)(q[j] >> 4) << j;
+        qh |= (uint32_t)(q[j + 16] >> 4) << (j + 16);
+    }
+    if (bits == 5)
+        for (int i = 0; i < 4; i++)
+            b[2 + i] = (uint8_t)(qh >> (8 * i));
+}
+
+/* Q4_K / Q5_K (bits 4 or 5) super-block of 256 at b: per 32, scale
+ * (max - min) / (2^bits - 1) and offset -min (min <= 0), both as 6-bit
+ * multiples of the super-block's f16 d and dmin; q rounded and clamped. */
+static void mk_quant_k(const float *x, int bits, uint8_t *b)
+{
+    const int top = (1 << bits) - 1;
+    float sc[8], mn[8], smax = 0.0f, mmax = 0.0f;
+    for (int s = 0; s < 8; s++) {
+        float lo = 0.0f, hi = x[32 * s];
+        for (int j = 0; j < 32; j++) {
+            lo = x[32 * s + j] < lo ? x[32 * s + j] : lo;
+            hi = x[32 * s + j] > hi ? x[32 * s + j] : hi;
+        }
+        sc[s] = (hi - lo) / (float)top;
+        mn[s] = -lo;
+        smax = sc[s] > smax ? sc[s] : smax;
+        mmax = mn[s] > mmax ? mn[s] : mmax;
+    }
+    const uint16_t dh = pd_f32_to_f16(smax / 63.0f), mh = pd_f32_to_f16(mmax / 63.0f);
+    const float d = pd_f16_to_f32(dh), dmin = pd_f16_to_f32(mh);
+    uint8_t ls[8], lm[8];
+    for (int s = 0; s < 8; s++) {
+        ls[s] = (uint8_t)(d > 0.0f ? mk_clampi((int)lroundf(sc[s] / d), 0, 63) : 0);
+        lm[s] = (uint8_t)(dmin > 0.0f ? mk_clampi((int)lroundf(mn[s] / dmin), 0, 63) : 0);
+    }
+    mk_put16(b, dh);
+    mk_put16(b + 2, mh);
+    uint8_t *scales = b + 4;
+    for (int j = 0; j < 4; j++) {
+        scales[j] = (uint8_t)(ls[j] | ((ls[j + 4] >> 4) << 6));
+        scales[j + 4] = (uint8_t)(lm[j] | ((lm[j + 4] >> 4) << 6));
+        scales[j + 8] = (uint8_t)((ls[j + 4] & 0xF) | ((lm[j + 4] & 0xF) << 4));
+    }
+    uint8_t q[256];
+    for (int s = 0; s < 8; s++) {
+        const float D = d * (float)ls[s], M = dmin * (float)lm[s];
+        for (int j = 0; j < 32; j++)
+            q[32 * s + j] = (uint8_t)(D > 0.0f ? mk_clampi((int)lroundf((x[32 * s + j] + M) / D), 0, top) : 0);
+    }
+    uint8_t *qh = b + 16, *ql = bits == 4 ? b + 16 : b + 48;
+    if (bits == 5)
+        memset(qh, 0, 32);
+    for (int p = 0; p < 4; p++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t lo = q[64 * p + l], hi = q[64 * p + 32 + l];
+            ql[32 * p + l] = (uint8_t)((lo & 15) | ((hi & 15) << 4));
+            if (bits == 5)
+                qh[l] |= (uint8_t)(((lo >> 4) << (2 * p)) | ((hi >> 4) << (2 * p + 1)));
+        }
+}
+
+/* Q6_K super-block of 256 at b: per 16 an int8 scale of the f16 d, q in
+ * -32..31 rounded. */
+static void mk_quant_q6_k(const float *x, uint8_t *b)
+{
+    float sc[16], amax = 0.0f;
+    for (int s = 0; s < 16; s++) {
+        float m = 0.0f;
+        for (int j = 0; j < 16; j++)
+            m = fabsf(x[16 * s + j]) > m ? fabsf(x[16 * s + j]) : m;
+        sc[s] = m / 31.0f;
+        amax = sc[s] > amax ? sc[s] : amax;
+    }
+    const uint16_t dh = pd_f32_to_f16(amax / 127.0f);
+    const float d = pd_f16_to_f32(dh);
+    int8_t ls[16];
+    uint8_t u[256];
+    for (int s = 0; s < 16; s++) {
+        ls[s] = (int8_t)(d > 0.0f ? mk_clampi((int)lroundf(sc[s] / d), -128, 127) : 0);
+        const float D = d * (float)ls[s];
+        for (int j = 0; j < 16; j++)
+            u[16 * s + j] = (uint8_t)(mk_clampi(D > 0.0f ? (int)lroundf(x[16 * s + j] / D) : 0, -32, 31) + 32);
+    }
+    uint8_t *ql = b, *qh = b + 128;
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t *v = u + 128 * h + l;
+            ql[64 * h + l] = (uint8_t)((v[0] & 15) | ((v[64] & 15) << 4));
+            ql[64 * h + 32 + l] = (uint8_t)((v[32] & 15) | ((v[96] & 15) << 4));
+            qh[32 * h + l] = (uint8_t)((v[0] >> 4) | ((v[32] >> 4) << 2) | ((v[64] >> 4) << 4) | ((v[96] >> 4) << 6));
+        }
+    memcpy(b + 192, ls, 16);
+    mk_put16(b + 208, dh);
 }
 
 /* Stores src [n] as t into dst (Q8_0: per block of 32, d = amax / 127 as
@@ -98,6 +251,19 @@ static void mk_convert(mk_dtype t, const float *src, uint64_t n, void *dst)
         uint16_t *h = dst;
         for (uint64_t i = 0; i < n; i++)
             h[i] = t == MK_F16 ? pd_f32_to_f16(src[i]) : pd_f32_to_bf16(src[i]);
+    } else if (t != MK_Q8_0) {
+        uint8_t *b = dst;
+        const uint64_t qk = t == MK_Q4_0 || t == MK_Q5_0 ? 32 : 256, bb = mk_bytes(t, qk);
+        for (uint64_t blk = 0; blk < n / qk; blk++, b += bb) {
+            const float *x = src + blk * qk;
+            switch (t) {
+            case MK_Q4_0: mk_quant_q_0(x, 4, b); break;
+            case MK_Q5_0: mk_quant_q_0(x, 5, b); break;
+            case MK_Q4_K: mk_quant_k(x, 4, b); break;
+            case MK_Q5_K: mk_quant_k(x, 5, b); break;
+            default: mk_quant_q6_k(x, b); break;
+            }
+        }
     } else {
         uint8_t *b = dst;
         for (uint64_t blk = 0; blk < n / 32; blk++, b += 34) {
@@ -114,8 +280,6 @@ static void mk_convert(mk_dtype t, const float *src, uint64_t n, void *dst)
     }
 }
 
-static const uint32_t mk_gguf_type[] = {[MK_F32] = GGUF_TENSOR_F32, [MK_F16] = GGUF_TENSOR_F16,
-                                        [MK_BF16] = GGUF_TENSOR_BF16, [MK_Q8_0] = GGUF_TENSOR_Q8_0};
 
 /* Adds tensor `name` of shape [ne0 x ne1 x ne2] (ne1 = 0: a vector; ne2 = 0:
  * at most 2 dimensions) with values base + uniform(-a, a); matrices are
@@ -127,7 +291,7 @@ static pd_status mk_tensor3k(mk_ctx *c, const char *name, uint64_t ne0, uint64_t
 {
     uint64_t n = ne0 * (ne1 ? ne1 : 1) * (ne2 ? ne2 : 1);
     uint64_t tag = ++c->tag;
-    mk_dtype t = matrix ? c->o->dtype : MK_F32;
+    mk_dtype t = matrix ? mk_row_type(c->o->dtype, ne0) : MK_F32;
     float *f = keep || t != MK_F32 ? malloc(n * sizeof *f) : mk_keep(c, n * sizeof *f);
     void *buf = t == MK_F32 && !keep ? f : mk_keep(c, mk_bytes(t, n));
     if (!f || !buf) {
@@ -218,7 +382,7 @@ static pd_status mk_vocab(mk_ctx *c, pd_err *err)
     if (!toks || !types || !scores)
         st = pd_err_set(err, PD_ERR_NOMEM, "mkmodel: out of memory for the vocabulary");
     uint32_t bos, eos;
-    int llama = o->arch == MODEL_ARCH_LLAMA, deepseek = o->arch == MODEL_ARCH_DEEPSEEK;
+    int llama = o->arch == MODEL_ARCH_LLAMA, deepseek = model_arch_is_moe(o->arch);
     for (uint32_t i = 0; st == PD_OK && i < V; i++) {
         char piece[96];
         int32_t type = 1;
@@ -298,6 +462,21 @@ static pd_status mk_vocab(mk_ctx *c, pd_err *err)
         gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", types, V);
         if (llama)
             gguf_writer_set_arr_f32(w, "tokenizer.ggml.scores", scores, V);
+        else {
+            /* a gpt2 vocabulary needs merges to load in llama.cpp ("cannot
+             * find tokenizer merges in model file"): the syllables' letter
+             * pairs, whose letters are byte tokens of the vocabulary */
+            const char *mg[MK_NSYL];
+            char buf[MK_NSYL][8];
+            size_t nm = 0;
+            for (size_t i = 0; i < MK_NSYL; i++)
+                if (strlen(mk_syl[i]) == 2) {
+                    snprintf(buf[nm], sizeof buf[nm], "%c %c", mk_syl[i][0], mk_syl[i][1]);
+                    mg[nm] = buf[nm];
+                    nm++;
+                }
+            gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", mg, nm);
+        }
         gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", bos);
         gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", eos);
     }
@@ -312,8 +491,13 @@ static pd_status mk_vocab(mk_ctx *c, pd_err *err)
 pd_status mkmodel_write(const mkmodel_opts *o, const char *path, pd_err *err)
 {
     if (o->arch >= MODEL_ARCH_COUNT)
-        return pd_err_set(err, PD_ERR_ARG, "mkmodel: --arch must be llama, qwen2 or deepseek");
-    const int moe = o->arch == MODEL_ARCH_DEEPSEEK;
+        return pd_err_set(err, PD_ERR_ARG, "mkmodel: --arch must be llama, qwen2, deepseek or deepseek2-ocr");
+    if ((unsigned)o->dtype >= MK_DTYPE_COUNT)
+        return pd_err_set(err, PD_ERR_ARG, "mkmodel: unknown --dtype %d", (int)o->dtype);
+    const int moe = model_arch_is_moe(o->arch), ocr = o->arch == MODEL_ARCH_DEEPSEEK2_OCR;
+    if (ocr && o->kv_heads != o->heads)
+        return pd_err_set(err, PD_ERR_ARG, "mkmodel: deepseek2-ocr is MHA: --kv-heads %u must equal --heads %u",
+                          o->kv_heads, o->heads);
     if (moe && o->dense_lead > o->layers)
         return pd_err_set(err, PD_ERR_ARG, "mkmodel: --dense-layers %u exceeds --layers %u", o->dense_lead,
                           o->layers);
@@ -342,19 +526,19 @@ pd_status mkmodel_write(const mkmodel_opts *o, const char *path, pd_err *err)
     if (o->vocab < min_vocab || o->vocab > (1u << 20))
         return pd_err_set(err, PD_ERR_ARG, "mkmodel: --vocab %u: expected %u..1048576 (byte tokens need room)",
                           o->vocab, min_vocab);
-    if (o->dtype == MK_Q8_0) {
+    if (o->dtype != MK_F32 && o->dtype != MK_F16 && o->dtype != MK_BF16) {
         /* every matrix's row (its input width) splits into blocks of 32 */
         const struct {
             const char *what;
             uint64_t width;
         } rows[] = {{"--hidden", o->hidden},
                     {"--ffn", o->ffn},
-                    {"--expert-ffn", o->arch == MODEL_ARCH_DEEPSEEK ? o->expert_ffn : 32},
-                    {"--expert-ffn x --shared", o->arch == MODEL_ARCH_DEEPSEEK ? (uint64_t)o->expert_ffn * o->shared : 32}};
+                    {"--expert-ffn", moe ? o->expert_ffn : 32},
+                    {"--expert-ffn x --shared", moe ? (uint64_t)o->expert_ffn * o->shared : 32}};
         for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
             if (rows[i].width % 32)
-                return pd_err_set(err, PD_ERR_ARG, "mkmodel: --dtype q8_0 stores rows in blocks of 32: %s %llu is not a multiple of 32",
-                                  rows[i].what, (unsigned long long)rows[i].width);
+                return pd_err_set(err, PD_ERR_ARG, "mkmodel: --dtype %s stores rows in blocks of 32: %s %llu is not a multiple of 32",
+                                  mk_dtype_name(o->dtype), rows[i].what, (unsigned long long)rows[i].width);
     }
     if (o->ctx < 16)
         return pd_err_set(err, PD_ERR_ARG, "mkmodel: --ctx %u: expected >= 16", o->ctx);
@@ -366,7 +550,7 @@ pd_status mkmodel_write(const mkmodel_opts *o, const char *path, pd_err *err)
     mk_ctx c = {.o = o, .w = gguf_writer_new()};
     if (!c.w)
         return pd_err_set(err, PD_ERR_NOMEM, "mkmodel: out of memory");
-    const char *arch = o->arch == MODEL_ARCH_LLAMA ? "llama" : o->arch == MODEL_ARCH_QWEN2 ? "qwen2" : "deepseek";
+    const char *arch = model_arch_name(o->arch);
     char key[128];
     gguf_writer *w = c.w;
     gguf_writer_set_str(w, "general.architecture", arch);
@@ -388,6 +572,14 @@ pd_status mkmodel_write(const mkmodel_opts *o, const char *path, pd_err *err)
         gguf_writer_set_u32(w, KEY("expert_shared_count"), o->shared);
         gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), o->expert_ffn);
         gguf_writer_set_f32(w, KEY("expert_weights_scale"), o->expert_scale);
+    }
+    if (ocr) {
+        /* what llama.cpp's converter adds for DeepSeek-OCR: the vocabulary
+         * size, rope.dimension_count = qk_rope_head_dim (0: the decoder ropes
+         * the whole head anyway), softmax gating */
+        gguf_writer_set_u32(w, KEY("vocab_size"), o->vocab);
+        gguf_writer_set_u32(w, KEY("rope.dimension_count"), 0);
+        gguf_writer_set_u32(w, KEY("expert_gating_func"), 1);
     }
 #undef KEY
     pd_status st = mk_vocab(&c, err);
@@ -442,7 +634,7 @@ pd_status mkmodel_write(const mkmodel_opts *o, const char *path, pd_err *err)
         /* untied output; logits of std ~2.5 give varied but not uniform text */
         st = mk_tensor3k(&c, "output.weight", H, o->vocab, 0, 0.0f, a_in * 4.0f, 1, &outw, &outw_st, err);
         if (st == PD_OK && o->eos_boost != 1.0f) {
-            uint32_t eos = o->arch == MODEL_ARCH_LLAMA ? 2 : o->arch == MODEL_ARCH_DEEPSEEK ? 1 : 0;
+            uint32_t eos = o->arch == MODEL_ARCH_LLAMA ? 2 : moe ? 1 : 0;
             for (uint32_t i = 0; i < H; i++)
                 outw[(uint64_t)eos * H + i] *= o->eos_boost;
         }
@@ -451,9 +643,9 @@ pd_status mkmodel_write(const mkmodel_opts *o, const char *path, pd_err *err)
         mk_repeat(o, embd, outw);
     /* the two matrices kept as f32 until now get their stored bytes */
     if (embd)
-        mk_convert(o->dtype, embd, (uint64_t)H * o->vocab, embd_st);
+        mk_convert(mk_row_type(o->dtype, H), embd, (uint64_t)H * o->vocab, embd_st);
     if (outw)
-        mk_convert(o->dtype, outw, (uint64_t)H * o->vocab, outw_st);
+        mk_convert(mk_row_type(o->dtype, H), outw, (uint64_t)H * o->vocab, outw_st);
     free(embd);
     free(outw);
     if (st == PD_OK)

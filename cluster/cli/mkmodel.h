@@ -24,8 +24,15 @@
 
 /* Matrix storage: F32, F16, BF16 or Q8_0 (blocks of 32 along a row: an f16
  * scale amax / 127 and 32 rounded int8, as llama.cpp quantizes; every
- * matrix's row length must then be a multiple of 32). */
-typedef enum mk_dtype { MK_F32, MK_F16, MK_BF16, MK_Q8_0 } mk_dtype;
+ * matrix's row length must then be a multiple of 32), or ggml's Q4_0, Q5_0,
+ * Q4_K, Q5_K, Q6_K blocks (simple round-to-nearest quantizers with ggml's
+ * byte layouts, not ggml's search for the best scales). A K-type matrix
+ * whose row is not a multiple of 256 takes llama-quantize's fallback type
+ * (Q4_K -> Q5_0, Q5_K -> Q5_0 here (llama.cpp: Q5_1), Q6_K -> Q8_0). */
+typedef enum mk_dtype { MK_F32, MK_F16, MK_BF16, MK_Q8_0, MK_Q4_0, MK_Q5_0, MK_Q4_K, MK_Q5_K, MK_Q6_K, MK_DTYPE_COUNT } mk_dtype;
+
+/* "f32" .. "q6_k" (the --dtype spellings); NULL out of range. */
+const char *mk_dtype_name(mk_dtype t);
 
 typedef struct mkmodel_opts {
     model_arch arch;
@@ -46,7 +53,8 @@ typedef struct mkmodel_opts {
 /* Defaults: llama, 4 layers, hidden 64, 4 heads, 2 kv heads, ffn 128,
  * vocab 512, ctx 2048, f32, seed 1. */
 void mkmodel_defaults(mkmodel_opts *o);
-/* Defaults for --arch deepseek: DeepSeek-OCR's decoder shape, 12 layers,
+/* Defaults for --arch deepseek and deepseek2-ocr (set o->arch after):
+ * DeepSeek-OCR's decoder shape, 12 layers,
  * hidden 1280, 10 x 128 heads (MHA), 1 dense layer of ffn 6848, 64 experts
  * (top 6) of ffn 896, 2 shared, vocab 129280, ctx 8192, expert scale 1,
  * f32, seed 1. */

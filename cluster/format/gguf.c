@@ -124,7 +124,11 @@ const char *gguf_type_name(uint32_t ggml_type)
 bool gguf_type_supported(uint32_t ggml_type)
 {
     return ggml_type == GGUF_TENSOR_F32 || ggml_type == GGUF_TENSOR_F16 ||
-           ggml_type == GGUF_TENSOR_Q8_0 || ggml_type == GGUF_TENSOR_BF16;
+           ggml_type == GGUF_TENSOR_Q8_0 || ggml_type == GGUF_TENSOR_BF16 ||
+           ggml_type == GGUF_TENSOR_Q4_0 || ggml_type == GGUF_TENSOR_Q5_0 ||
+           ggml_type == GGUF_TENSOR_Q4_1 || ggml_type == GGUF_TENSOR_Q5_1 ||
+           ggml_type == GGUF_TENSOR_Q4_K || ggml_type == GGUF_TENSOR_Q5_K ||
+           ggml_type == GGUF_TENSOR_Q6_K;
 }
 
 bool gguf_type_block(uint32_t ggml_type, uint32_t *block_elems, uint32_t *block_bytes)
@@ -142,7 +146,7 @@ size_t gguf_type_row_bytes(uint32_t ggml_type, uint64_t ne0, pd_err *err)
 {
     if (!gguf_type_supported(ggml_type)) {
         pd_err_set(err, PD_ERR_UNSUPPORTED,
-                   "gguf: tensor type %s is not supported (f32, f16, bf16 and q8_0 are)",
+                   "gguf: tensor type %s is not supported (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K and q6_K are)",
                    gguf_type_name(ggml_type));
         return 0;
     }

@@ -83,8 +83,8 @@ typedef enum gguf_vtype {
  * out of range. Static storage. */
 const char *gguf_vtype_name(uint32_t vtype);
 
-/* ggml tensor types by id. This build computes with F32, F16, Q8_0 and BF16
- * (gguf_type_supported); the others are known (names and byte sizes, so a file
+/* ggml tensor types by id. This build computes with F32, F16, Q8_0, BF16,
+ * Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K (gguf_type_supported); the others are known (names and byte sizes, so a file
  * holding them opens) but the model code refuses them. Ids 4, 5, 31..33 and
  * 36..38 were removed from ggml and are refused at open. */
 typedef enum gguf_tensor_type {
@@ -131,7 +131,8 @@ typedef enum gguf_tensor_type {
  * valid for the next three calls on the same thread (enough for one printf). */
 const char *gguf_type_name(uint32_t ggml_type);
 
-/* True for the types the model code computes with: F32, F16, Q8_0, BF16. */
+/* True for the types the model code computes with: F32, F16, Q8_0, BF16,
+ * Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K. */
 bool gguf_type_supported(uint32_t ggml_type);
 
 /* Elements per block and bytes per block of a type the reader knows (F32: 1, 4;

@@ -70,7 +70,7 @@ static pd_status cost_tensor(const gguf_file *f, const char *name, uint64_t ne0,
                           name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], t->n_dims,
                           (unsigned long long)ne0, (unsigned long long)(ne1 ? ne1 : 1));
     if (!gguf_type_supported(t->type))
-        return pd_err_set(err, PD_ERR_UNSUPPORTED, "tensor %s has type %s; supported: f32, f16, bf16, q8_0", name,
+        return pd_err_set(err, PD_ERR_UNSUPPORTED, "tensor %s has type %s; supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K", name,
                           gguf_type_name(t->type));
     *out = t;
     return PD_OK;
@@ -107,7 +107,7 @@ static pd_status cost_add_experts(const gguf_file *f, const char *name, uint64_t
                           (unsigned long long)(t->n_dims > 2 ? t->ne[2] : 1), t->n_dims, (unsigned long long)in,
                           (unsigned long long)outn, hp->n_expert);
     if (!gguf_type_supported(t->type))
-        return pd_err_set(err, PD_ERR_UNSUPPORTED, "tensor %s has type %s; supported: f32, f16, bf16, q8_0", name,
+        return pd_err_set(err, PD_ERR_UNSUPPORTED, "tensor %s has type %s; supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K", name,
                           gguf_type_name(t->type));
     p->weight_bytes += t->bytes;
     p->macs += in * outn * hp->n_expert_used;
@@ -141,7 +141,7 @@ static pd_status cost_layer(const gguf_file *f, const model_hparams *hp, uint32_
         (st = cost_add_mat(f, LNAME("attn_v.weight"), hp->hidden, kv_out, p, err)) ||
         (st = cost_add_mat(f, LNAME("attn_output.weight"), q_out, hp->hidden, p, err)))
         return st;
-    if (hp->arch == MODEL_ARCH_DEEPSEEK && L >= hp->n_dense_lead) {
+    if (model_arch_is_moe(hp->arch) && L >= hp->n_dense_lead) {
         /* MoE: the router, the routed experts (all bytes, top-k active), the
          * shared experts (dense) */
         uint64_t fe = hp->ffn_exp, fs = (uint64_t)hp->ffn_exp * hp->n_expert_shared;

@@ -42,6 +42,13 @@ const char *gemm_wtype_name(gemm_wtype t)
     case GEMM_W_F16: return "f16";
     case GEMM_W_BF16: return "bf16";
     case GEMM_W_Q8_0: return "q8_0";
+    case GEMM_W_Q4_0: return "q4_0";
+    case GEMM_W_Q5_0: return "q5_0";
+    case GEMM_W_Q4_1: return "q4_1";
+    case GEMM_W_Q5_1: return "q5_1";
+    case GEMM_W_Q4_K: return "q4_K";
+    case GEMM_W_Q5_K: return "q5_K";
+    case GEMM_W_Q6_K: return "q6_K";
     default: return "unknown";
     }
 }
@@ -55,8 +62,145 @@ const char *gemm_backend_name(gemm_backend b)
     }
 }
 
+/* Source block of a qs type: values and bytes. */
+static void gemm_qs_src_block(gemm_wtype type, uint32_t *elems, uint32_t *bytes)
+{
+    switch (type) {
+    case GEMM_W_Q4_0: *elems = 32; *bytes = 18; return;
+    case GEMM_W_Q5_0: *elems = 32; *bytes = 22; return;
+    case GEMM_W_Q4_1: *elems = 32; *bytes = 20; return;
+    case GEMM_W_Q5_1: *elems = 32; *bytes = 24; return;
+    case GEMM_W_Q4_K: *elems = 256; *bytes = 144; return;
+    case GEMM_W_Q5_K: *elems = 256; *bytes = 176; return;
+    case GEMM_W_Q6_K: *elems = 256; *bytes = 210; return;
+    default: CHECK(0);
+    }
+}
+
+uint32_t gemm_wtype_block(gemm_wtype type)
+{
+    if (type == GEMM_W_Q8_0)
+        return GEMM_Q8_0_BLOCK;
+    if (gemm_wtype_is_qs(type)) {
+        uint32_t e, b;
+        gemm_qs_src_block(type, &e, &b);
+        return e;
+    }
+    return 1;
+}
+
+static uint16_t gemm_rd16(const uint8_t *p);
+
+/* ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j (0..7)
+ * of a Q4_K / Q5_K super-block's 12 scale bytes. */
+static void gemm_scale_min_k4(uint32_t j, const uint8_t *q, uint8_t *d, uint8_t *m)
+{
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+void gemm_qs_block(gemm_wtype type, const uint8_t *row, uint32_t b, float s[2], float *nm, int8_t q[32])
+{
+    switch (type) {
+    case GEMM_W_Q4_0: {
+        const uint8_t *x = row + (size_t)b * 18, *qs = x + 2;
+        s[0] = s[1] = pd_f16_to_f32(gemm_rd16(x));
+        *nm = -0.0f;
+        for (uint32_t j = 0; j < 16; j++) {
+            q[j] = (int8_t)((qs[j] & 0x0F) - 8);
+            q[j + 16] = (int8_t)((qs[j] >> 4) - 8);
+        }
+        return;
+    }
+    case GEMM_W_Q4_1: {
+        const uint8_t *x = row + (size_t)b * 20, *qs = x + 4;
+        s[0] = s[1] = pd_f16_to_f32(gemm_rd16(x));
+        *nm = pd_f16_to_f32(gemm_rd16(x + 2));
+        for (uint32_t j = 0; j < 16; j++) {
+            q[j] = (int8_t)(qs[j] & 0x0F);
+            q[j + 16] = (int8_t)(qs[j] >> 4);
+        }
+        return;
+    }
+    case GEMM_W_Q5_1: {
+        const uint8_t *x = row + (size_t)b * 24, *qs = x + 8;
+        uint32_t qh = (uint32_t)x[4] | (uint32_t)x[5] << 8 | (uint32_t)x[6] << 16 | (uint32_t)x[7] << 24;
+        s[0] = s[1] = pd_f16_to_f32(gemm_rd16(x));
+        *nm = pd_f16_to_f32(gemm_rd16(x + 2));
+        for (uint32_t j = 0; j < 16; j++) {
+            uint32_t h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+            q[j] = (int8_t)((qs[j] & 0x0F) | h0);
+            q[j + 16] = (int8_t)((qs[j] >> 4) | h1);
+        }
+        return;
+    }
+    case GEMM_W_Q5_0: {
+        const uint8_t *x = row + (size_t)b * 22, *qs = x + 6;
+        uint32_t qh = (uint32_t)x[2] | (uint32_t)x[3] << 8 | (uint32_t)x[4] << 16 | (uint32_t)x[5] << 24;
+        s[0] = s[1] = pd_f16_to_f32(gemm_rd16(x));
+        *nm = -0.0f;
+        for (uint32_t j = 0; j < 16; j++) {
+            uint32_t h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+            q[j] = (int8_t)((int)((qs[j] & 0x0F) | h0) - 16);
+            q[j + 16] = (int8_t)((int)((qs[j] >> 4) | h1) - 16);
+        }
+        return;
+    }
+    case GEMM_W_Q4_K:
+    case GEMM_W_Q5_K: {
+        const uint32_t sub = b % 8, pair = sub / 2;
+        const uint8_t *x = row + (size_t)(b / 8) * (type == GEMM_W_Q4_K ? 144 : 176);
+        const float d = pd_f16_to_f32(gemm_rd16(x)), dmin = pd_f16_to_f32(gemm_rd16(x + 2));
+        uint8_t sc, m;
+        gemm_scale_min_k4(sub, x + 4, &sc, &m);
+        s[0] = s[1] = d * (float)sc;
+        *nm = -(dmin * (float)m);
+        if (type == GEMM_W_Q4_K) {
+            const uint8_t *ql = x + 16 + 32 * pair;
+            for (uint32_t l = 0; l < 32; l++)
+                q[l] = (int8_t)(sub % 2 ? ql[l] >> 4 : ql[l] & 0xF);
+        } else {
+            const uint8_t *qh = x + 16, *ql = x + 48 + 32 * pair;
+            const uint8_t u = (uint8_t)(1u << sub); /* u1 = 1 << 2 pair, u2 = 2 << 2 pair */
+            for (uint32_t l = 0; l < 32; l++)
+                q[l] = (int8_t)((sub % 2 ? ql[l] >> 4 : ql[l] & 0xF) + (qh[l] & u ? 16 : 0));
+        }
+        return;
+    }
+    case GEMM_W_Q6_K: {
+        /* 128-value halves; in each, l in 0..31 gives values l, l + 32,
+         * l + 64, l + 96 (r = 0..3) */
+        const uint32_t sub = b % 8, half = sub / 4, r = sub % 4;
+        const uint8_t *x = row + (size_t)(b / 8) * 210;
+        const uint8_t *ql = x + 64 * half + (r % 2 ? 32 : 0), *qh = x + 128 + 32 * half;
+        const int8_t *sc = (const int8_t *)(x + 192) + 8 * half;
+        const float d = pd_f16_to_f32(gemm_rd16(x + 208));
+        s[0] = d * (float)sc[2 * r];
+        s[1] = d * (float)sc[2 * r + 1];
+        *nm = -0.0f;
+        for (uint32_t l = 0; l < 32; l++) {
+            uint32_t lo = r < 2 ? ql[l] & 0xF : ql[l] >> 4;
+            uint32_t hi = (qh[l] >> (2 * r)) & 3;
+            q[l] = (int8_t)((int)(lo | hi << 4) - 32);
+        }
+        return;
+    }
+    default: CHECK(0);
+    }
+}
+
 size_t gemm_row_bytes(gemm_wtype type, uint32_t k)
 {
+    if (gemm_wtype_is_qs(type)) {
+        uint32_t e, b;
+        gemm_qs_src_block(type, &e, &b);
+        return k % e ? 0 : (size_t)(k / e) * b;
+    }
     switch (type) {
     case GEMM_W_F32: return (size_t)k * 4;
     case GEMM_W_F16:
@@ -75,12 +219,14 @@ static size_t gemm_panel_bytes(gemm_wtype type, uint32_t k)
     case GEMM_W_F16:
     case GEMM_W_BF16: return (size_t)k * GEMM_NR * 2;
     case GEMM_W_Q8_0: return (size_t)(k / GEMM_Q8_0_BLOCK) * GEMM_Q8_PANEL_BLOCK;
-    default: return 0;
+    default:
+        return gemm_wtype_is_qs(type) ? (size_t)(k / GEMM_QS_BLOCK) * GEMM_QS_PANEL_BLOCK : 0;
     }
 }
 
 static uint16_t gemm_rd16(const uint8_t *p)
 {
+    /* little-endian, as GGUF stores it */
     return (uint16_t)(p[0] | (p[1] << 8));
 }
 
@@ -107,7 +253,35 @@ static float gemm_src_value(const uint8_t *row, gemm_wtype type, uint32_t kk)
         float d = pd_f16_to_f32(gemm_rd16(blk));
         return (float)(int8_t)blk[2 + kk % GEMM_Q8_0_BLOCK] * d;
     }
-    default: CHECK(0); return 0.0f;
+    default: {
+        float sv[2], nm;
+        int8_t q[32];
+        gemm_qs_block(type, row, kk / GEMM_QS_BLOCK, sv, &nm, q);
+        uint32_t i = kk % GEMM_QS_BLOCK;
+        return fmaf(sv[i / 16], (float)q[i], nm);
+    }
+    }
+}
+
+void gemm_dequant(gemm_wtype type, const void *row, uint32_t k0, uint32_t n, float *out)
+{
+    const uint8_t *r = row;
+    if (!gemm_wtype_is_qs(type)) {
+        for (uint32_t i = 0; i < n; i++)
+            out[i] = gemm_src_value(r, type, k0 + i);
+        return;
+    }
+    float sv[2], nm;
+    int8_t q[32];
+    uint32_t cur = UINT32_MAX;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t kk = k0 + i;
+        if (kk / GEMM_QS_BLOCK != cur) {
+            cur = kk / GEMM_QS_BLOCK;
+            gemm_qs_block(type, r, cur, sv, &nm, q);
+        }
+        uint32_t j = kk % GEMM_QS_BLOCK;
+        out[i] = fmaf(sv[j / 16], (float)q[j], nm);
     }
 }
 
@@ -144,8 +318,61 @@ static void gemm_pack_panel(const void *w, gemm_wtype type, uint32_t n, uint32_t
         }
         break;
     }
-    default: CHECK(0);
+    default: {
+        CHECK(gemm_wtype_is_qs(type));
+        uint32_t nb = k / GEMM_QS_BLOCK;
+        memset(dst, 0, (size_t)nb * GEMM_QS_PANEL_BLOCK);
+        for (uint32_t l = 0; l < cols; l++) {
+            const uint8_t *row = gemm_src_row(w, type, k, col0 + l);
+            for (uint32_t b = 0; b < nb; b++) {
+                uint8_t *blk = dst + (size_t)b * GEMM_QS_PANEL_BLOCK;
+                float sv[2], nm;
+                int8_t q[32];
+                gemm_qs_block(type, row, b, sv, &nm, q);
+                memcpy(blk + 4 * l, &sv[0], 4);
+                memcpy(blk + 64 + 4 * l, &sv[1], 4);
+                memcpy(blk + 128 + 4 * l, &nm, 4);
+                for (uint32_t kk = 0; kk < GEMM_QS_BLOCK; kk++)
+                    blk[GEMM_QS_HDR + kk * GEMM_NR + l] = (uint8_t)q[kk];
+            }
+        }
+        break;
     }
+    }
+}
+
+/* The first non-finite f16 scale of a block type's source rows (Q8_0 and
+ * the qs types): 1 and its row, block and bits, else 0. */
+static int gemm_bad_scale(const void *w, gemm_wtype type, uint32_t n, uint32_t k, uint32_t *row, uint32_t *blk,
+                          uint16_t *bits)
+{
+    uint32_t be, bb, off[2] = {0, 0}, nf = 1;
+    switch (type) {
+    case GEMM_W_Q8_0: be = 32; bb = GEMM_Q8_SRC_BLOCK; break;
+    case GEMM_W_Q4_1:
+    case GEMM_W_Q5_1:
+    case GEMM_W_Q4_K:
+    case GEMM_W_Q5_K: nf = 2; off[1] = 2; gemm_qs_src_block(type, &be, &bb); break;
+    case GEMM_W_Q6_K: off[0] = 208; gemm_qs_src_block(type, &be, &bb); break;
+    default:
+        if (!gemm_wtype_is_qs(type))
+            return 0;
+        gemm_qs_src_block(type, &be, &bb);
+    }
+    const uint8_t *p = w;
+    const size_t rb = (size_t)(k / be) * bb;
+    for (uint32_t j = 0; j < n; j++)
+        for (uint32_t b = 0; b < k / be; b++)
+            for (uint32_t f = 0; f < nf; f++) {
+                uint16_t h = gemm_rd16(p + (size_t)j * rb + (size_t)b * bb + off[f]);
+                if ((h & 0x7c00) == 0x7c00) {
+                    *row = j;
+                    *blk = b;
+                    *bits = h;
+                    return 1;
+                }
+            }
+    return 0;
 }
 
 pd_status gemm_pack(const void *w, gemm_wtype type, uint32_t n, uint32_t k, gemm_backend be,
@@ -159,10 +386,16 @@ pd_status gemm_pack(const void *w, gemm_wtype type, uint32_t n, uint32_t k, gemm
         return pd_err_set(err, PD_ERR_ARG, "gemm_pack: unknown backend %d", (int)be);
     if (n == 0 || k == 0)
         return pd_err_set(err, PD_ERR_ARG, "gemm_pack: empty matrix %u x %u", n, k);
-    if (type == GEMM_W_Q8_0 && k % GEMM_Q8_0_BLOCK != 0)
-        return pd_err_set(err, PD_ERR_ARG, "gemm_pack: q8_0 needs k %% 32 == 0, k = %u", k);
+    if (type != GEMM_W_F32 && k % gemm_wtype_block(type) != 0)
+        return pd_err_set(err, PD_ERR_ARG, "gemm_pack: %s needs k %% %u == 0, k = %u", gemm_wtype_name(type),
+                          gemm_wtype_block(type), k);
     if (be == GEMM_BACKEND_OPENBLAS && (n > INT_MAX || k > INT_MAX))
         return pd_err_set(err, PD_ERR_RANGE, "gemm_pack: %u x %u exceeds cblas int sizes", n, k);
+    uint32_t bad_row, bad_blk;
+    uint16_t bad_bits;
+    if (gemm_bad_scale(w, type, n, k, &bad_row, &bad_blk, &bad_bits))
+        return pd_err_set(err, PD_ERR_FORMAT, "row %u, block %u: %s scale 0x%04x is %s", bad_row, bad_blk,
+                          gemm_wtype_name(type), bad_bits, (bad_bits & 0x3ff) ? "NaN" : "infinite");
     uint32_t n_panels = (uint32_t)(((uint64_t)n + GEMM_NR - 1) / GEMM_NR);
     size_t panel_bytes = gemm_panel_bytes(type, k);
     size_t bytes;
@@ -226,7 +459,7 @@ void gemm_check(const gemm_w *w)
     CHECK((unsigned)w->type < GEMM_W_COUNT && (unsigned)w->be < GEMM_BACKEND_COUNT);
     CHECK(w->n >= 1 && w->k >= 1 && w->data != NULL);
     CHECK(w->n_panels == (w->n + GEMM_NR - 1) / GEMM_NR);
-    CHECK(w->type != GEMM_W_Q8_0 || w->k % GEMM_Q8_0_BLOCK == 0);
+    CHECK(w->k % gemm_wtype_block(w->type) == 0);
     if (w->be == GEMM_BACKEND_OPENBLAS) {
         CHECK(w->bytes == (size_t)w->n * w->k * 4);
         return;
@@ -236,7 +469,18 @@ void gemm_check(const gemm_w *w)
     /* padding columns of the last panel are zero */
     uint32_t cols = w->n - (w->n_panels - 1) * GEMM_NR;
     const uint8_t *last = (const uint8_t *)w->data + (size_t)(w->n_panels - 1) * w->panel_bytes;
-    if (w->type == GEMM_W_Q8_0) {
+    if (gemm_wtype_is_qs(w->type)) {
+        for (uint32_t b = 0; b < w->k / GEMM_QS_BLOCK; b++) {
+            const uint8_t *blk = last + (size_t)b * GEMM_QS_PANEL_BLOCK;
+            for (uint32_t l = cols; l < GEMM_NR; l++) {
+                for (uint32_t h = 0; h < 3; h++)
+                    for (uint32_t byte = 0; byte < 4; byte++)
+                        CHECK(blk[64 * h + 4 * l + byte] == 0);
+                for (uint32_t kk = 0; kk < GEMM_QS_BLOCK; kk++)
+                    CHECK(blk[GEMM_QS_HDR + kk * GEMM_NR + l] == 0);
+            }
+        }
+    } else if (w->type == GEMM_W_Q8_0) {
         for (uint32_t b = 0; b < w->k / GEMM_Q8_0_BLOCK; b++) {
             const uint8_t *blk = last + (size_t)b * GEMM_Q8_PANEL_BLOCK;
             for (uint32_t l = cols; l < GEMM_NR; l++) {
@@ -277,7 +521,19 @@ static void gemm_panel_row(gemm_wtype type, const uint8_t *panel, uint32_t kk, f
             wv[l] = (float)(int8_t)q[l] * pd_f16_to_f32(gemm_rd16(blk + 2 * l));
         break;
     }
-    default: CHECK(0);
+    default: {
+        CHECK(gemm_wtype_is_qs(type));
+        const uint8_t *blk = panel + (size_t)(kk / GEMM_QS_BLOCK) * GEMM_QS_PANEL_BLOCK;
+        const uint8_t *sp = blk + (kk % GEMM_QS_BLOCK < 16 ? 0 : 64);
+        const uint8_t *q = blk + GEMM_QS_HDR + (kk % GEMM_QS_BLOCK) * GEMM_NR;
+        for (uint32_t l = 0; l < GEMM_NR; l++) {
+            float sv, nm;
+            memcpy(&sv, sp + 4 * l, 4);
+            memcpy(&nm, blk + 128 + 4 * l, 4);
+            wv[l] = fmaf(sv, (float)(int8_t)q[l], nm);
+        }
+        break;
+    }
     }
 }
 
@@ -355,6 +611,16 @@ static inline __attribute__((always_inline)) void gemm_avx2_store(float *c, __m2
     if ((mr) > 4) gemm_avx2_store((c) + 4 * (ldc), c40, c41, (ncols));           \
     if ((mr) > 5) gemm_avx2_store((c) + 5 * (ldc), c50, c51, (ncols));
 
+/* A qs panel's k row: fmaf(s, (float)q, nm) lane by lane, as the portable
+ * path computes it. */
+#define GEMM_AVX2_QSW(q, s0, s1, m0, m1, w0, w1)                                        \
+    do {                                                                                \
+        w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                   \
+                                 _mm_loadl_epi64((const __m128i *)(q)))), s0, m0);      \
+        w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                   \
+                                 _mm_loadl_epi64((const __m128i *)((q) + 8)))), s1, m1); \
+    } while (0)
+
 static inline __attribute__((always_inline)) void
 gemm_avx2_tile_impl(const gemm_tile *t, const uint32_t mr, const gemm_wtype type)
 {
@@ -362,7 +628,25 @@ gemm_avx2_tile_impl(const gemm_tile *t, const uint32_t mr, const gemm_wtype type
     GEMM_AVX2_TILE_VARS(t->a, lda, mr)
     const uint8_t *pn = t->panel;
     const uint32_t k = t->k;
-    if (type == GEMM_W_Q8_0) {
+    if (gemm_wtype_is_qs(type)) {
+        for (uint32_t kb = 0; kb < k; kb += GEMM_QS_BLOCK, pn += GEMM_QS_PANEL_BLOCK) {
+            const float *hf = (const float *)pn;
+            const __m256 m0 = _mm256_loadu_ps(hf + 32), m1 = _mm256_loadu_ps(hf + 40);
+            const uint8_t *q = pn + GEMM_QS_HDR;
+            if (mr > 1)
+                for (uint32_t line = 0; line < GEMM_QS_PANEL_BLOCK; line += 64)
+                    _mm_prefetch((const char *)pn + GEMM_PREFETCH + line, _MM_HINT_T0);
+            for (uint32_t h = 0; h < 2; h++) {
+                const __m256 s0 = _mm256_loadu_ps(hf + 16 * h), s1 = _mm256_loadu_ps(hf + 16 * h + 8);
+                const uint32_t k0 = kb + 16 * h;
+                for (uint32_t kk = k0; kk < k0 + 16; kk++, q += GEMM_NR) {
+                    __m256 w0, w1;
+                    GEMM_AVX2_QSW(q, s0, s1, m0, m1, w0, w1);
+                    GEMM_AVX2_STEP(kk)
+                }
+            }
+        }
+    } else if (type == GEMM_W_Q8_0) {
         for (uint32_t kb = 0; kb < k; kb += GEMM_Q8_0_BLOCK, pn += GEMM_Q8_PANEL_BLOCK) {
             const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pn));
             const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pn + 16)));
@@ -453,7 +737,32 @@ gemm_avx2_row_impl(const gemm_row *t, const uint32_t np, const gemm_wtype type)
     __m256 r20 = r00, r21 = r00, r30 = r00, r31 = r00;
     __m256 w0, w1;
     const uint32_t k = t->k;
-    if (type == GEMM_W_Q8_0) {
+    if (gemm_wtype_is_qs(type)) {
+        for (uint32_t kb = 0; kb < k; kb += GEMM_QS_BLOCK) {
+            size_t off = (size_t)(kb / GEMM_QS_BLOCK) * GEMM_QS_PANEL_BLOCK;
+            const uint8_t *b0 = p0 + off, *b1 = p1 + off, *b2 = p2 + off, *b3 = p3 + off;
+            const size_t pfo = gemm_row_prefetch_offset(off, ps, np, type);
+            for (uint32_t h = 0; h < 2; h++) {
+                const size_t so = 64 * (size_t)h;
+                for (uint32_t kk = 16 * h; kk < 16 * h + 16; kk++) {
+                    gemm_row_qs_prefetch(b0, b1, b2, b3, np, pfo, kk);
+                    const __m256 b = _mm256_broadcast_ss(a + kb + kk);
+                    const size_t qo = GEMM_QS_HDR + (size_t)kk * GEMM_NR;
+#define GEMM_AVX2_QSROW(j)                                                                   \
+    GEMM_AVX2_QSW(b##j + qo, _mm256_loadu_ps((const float *)(b##j + so)),                    \
+                  _mm256_loadu_ps((const float *)(b##j + so + 32)),                          \
+                  _mm256_loadu_ps((const float *)(b##j + 128)),                              \
+                  _mm256_loadu_ps((const float *)(b##j + 160)), w0, w1);                     \
+    GEMM_AVX2_RFMA(j)
+                    GEMM_AVX2_QSROW(0)
+                    if (np > 1) { GEMM_AVX2_QSROW(1) }
+                    if (np > 2) { GEMM_AVX2_QSROW(2) }
+                    if (np > 3) { GEMM_AVX2_QSROW(3) }
+#undef GEMM_AVX2_QSROW
+                }
+            }
+        }
+    } else if (type == GEMM_W_Q8_0) {
         for (uint32_t kb = 0; kb < k; kb += GEMM_Q8_0_BLOCK) {
             size_t off = (size_t)(kb / GEMM_Q8_0_BLOCK) * GEMM_Q8_PANEL_BLOCK;
             const uint8_t *b0 = p0 + off, *b1 = p1 + off, *b2 = p2 + off, *b3 = p3 + off;
@@ -609,6 +918,24 @@ gemm_avx2_chunk_impl(const uint8_t *src, uint32_t kn, float *buf, const gemm_wty
     if (gemm_chunk_in_place(type))
         return (const float *)src;
     float *dst = buf;
+    if (gemm_wtype_is_qs(type)) {
+        const uint8_t *blk = src;
+        for (uint32_t kb = 0; kb < kn; kb += GEMM_QS_BLOCK, blk += GEMM_QS_PANEL_BLOCK) {
+            const float *hf = (const float *)blk;
+            const __m256 m0 = _mm256_loadu_ps(hf + 32), m1 = _mm256_loadu_ps(hf + 40);
+            const uint8_t *q = blk + GEMM_QS_HDR;
+            for (uint32_t h = 0; h < 2; h++) {
+                const __m256 s0 = _mm256_loadu_ps(hf + 16 * h), s1 = _mm256_loadu_ps(hf + 16 * h + 8);
+                for (uint32_t kk = 0; kk < 16; kk++, q += GEMM_NR, dst += GEMM_NR) {
+                    __m256 w0, w1;
+                    GEMM_AVX2_QSW(q, s0, s1, m0, m1, w0, w1);
+                    _mm256_store_ps(dst, w0);
+                    _mm256_store_ps(dst + 8, w1);
+                }
+            }
+        }
+        return buf;
+    }
     if (type == GEMM_W_Q8_0) {
         const uint8_t *blk = src;
         for (uint32_t kb = 0; kb < kn; kb += GEMM_Q8_0_BLOCK, blk += GEMM_Q8_PANEL_BLOCK) {
@@ -643,6 +970,7 @@ GEMM_AVX2_CHUNKFN(f32, GEMM_W_F32)
 GEMM_AVX2_CHUNKFN(f16, GEMM_W_F16)
 GEMM_AVX2_CHUNKFN(bf16, GEMM_W_BF16)
 GEMM_AVX2_CHUNKFN(q8_0, GEMM_W_Q8_0)
+GEMM_AVX2_CHUNKFN(qs, GEMM_W_Q4_0) /* every qs type: one layout */
 
 #define GEMM_AVX2_CTILEFN(mr)                                                    \
     static void gemm_avx2_ctile_##mr(const gemm_ctile *t) { gemm_avx2_ctile_impl(t, mr, false); } \
@@ -676,15 +1004,17 @@ GEMM_AVX2_FNS(f32, GEMM_W_F32)
 GEMM_AVX2_FNS(f16, GEMM_W_F16)
 GEMM_AVX2_FNS(bf16, GEMM_W_BF16)
 GEMM_AVX2_FNS(q8_0, GEMM_W_Q8_0)
+GEMM_AVX2_FNS(qs, GEMM_W_Q4_0)
 GEMM_AVX2_ROWFNS_OF(f32, GEMM_W_F32)
 GEMM_AVX2_ROWFNS_OF(f16, GEMM_W_F16)
 GEMM_AVX2_ROWFNS_OF(bf16, GEMM_W_BF16)
 GEMM_AVX2_ROWFNS_OF(q8_0, GEMM_W_Q8_0)
+GEMM_AVX2_ROWFNS_OF(qs, GEMM_W_Q4_0)
 
 #pragma GCC pop_options
 
-static gemm_tile_fn *const gemm_avx2_tiles[GEMM_W_COUNT][GEMM_MR] = GEMM_BY_TYPE(GEMM_BY_MR, gemm_avx2_);
-static gemm_row_fn *const gemm_avx2_rows[GEMM_W_COUNT][GEMM_ROW_PANELS] = GEMM_BY_TYPE(GEMM_BY_NP, gemm_avx2_row_);
+static gemm_tile_fn *const gemm_avx2_tiles[GEMM_W_COUNT][GEMM_MR] = GEMM_BY_TYPE_QS(GEMM_BY_MR, gemm_avx2_);
+static gemm_row_fn *const gemm_avx2_rows[GEMM_W_COUNT][GEMM_ROW_PANELS] = GEMM_BY_TYPE_QS(GEMM_BY_NP, gemm_avx2_row_);
 static gemm_ctile_fn *const gemm_avx2_ctiles[GEMM_MR] = GEMM_BY_MR(gemm_avx2_ctile_);
 static gemm_ctile_fn *const gemm_avx2_ctilepfs[GEMM_MR] = GEMM_BY_MR(gemm_avx2_ctilepf_);
 static gemm_chunk_fn *const gemm_avx2_chunks[GEMM_W_COUNT] = {
@@ -692,6 +1022,13 @@ static gemm_chunk_fn *const gemm_avx2_chunks[GEMM_W_COUNT] = {
     [GEMM_W_F16] = gemm_avx2_chunk_f16,
     [GEMM_W_BF16] = gemm_avx2_chunk_bf16,
     [GEMM_W_Q8_0] = gemm_avx2_chunk_q8_0,
+    [GEMM_W_Q4_0] = gemm_avx2_chunk_qs,
+    [GEMM_W_Q5_0] = gemm_avx2_chunk_qs,
+    [GEMM_W_Q4_1] = gemm_avx2_chunk_qs,
+    [GEMM_W_Q5_1] = gemm_avx2_chunk_qs,
+    [GEMM_W_Q4_K] = gemm_avx2_chunk_qs,
+    [GEMM_W_Q5_K] = gemm_avx2_chunk_qs,
+    [GEMM_W_Q6_K] = gemm_avx2_chunk_qs,
 };
 #endif
 
@@ -795,7 +1132,7 @@ static uint32_t gemm_block_min_rows(gemm_wtype type, uint32_t mr)
     case GEMM_W_Q8_0:
         return 24;
     default:
-        return 32;
+        return gemm_wtype_is_qs(type) ? 24 : 32;
     }
 }
 
@@ -835,6 +1172,10 @@ static void gemm_tile_heights(uint32_t rows, uint32_t mr, uint32_t *n_tiles, uin
 static const uint8_t *gemm_chunk_src(const gemm_w *w, uint32_t pnl, uint32_t k0, uint32_t kn, size_t *len)
 {
     const uint8_t *panel = (const uint8_t *)w->data + (size_t)pnl * w->panel_bytes;
+    if (gemm_wtype_is_qs(w->type)) {
+        *len = (size_t)(kn / GEMM_QS_BLOCK) * GEMM_QS_PANEL_BLOCK;
+        return panel + (size_t)(k0 / GEMM_QS_BLOCK) * GEMM_QS_PANEL_BLOCK;
+    }
     if (w->type == GEMM_W_Q8_0) {
         *len = (size_t)(kn / GEMM_Q8_0_BLOCK) * GEMM_Q8_PANEL_BLOCK;
         return panel + (size_t)(k0 / GEMM_Q8_0_BLOCK) * GEMM_Q8_PANEL_BLOCK;

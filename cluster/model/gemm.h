@@ -50,6 +50,17 @@ typedef enum gemm_wtype {
     GEMM_W_BF16,
     GEMM_W_Q8_0, /* ggml/GGUF block: per 32 consecutive k, an f16 scale d then 32 int8 q;
                     value = d * q. A row of k values is k / 32 blocks of 34 bytes. */
+    /* The block-quantized types of ggml (byte layouts as in ggml-common.h);
+     * each weight is exactly the f32 ggml's dequantize_row_* gives. Q4_0
+     * and Q5_0: blocks of 32 (18 and 22 bytes); Q4_K, Q5_K, Q6_K: super-
+     * blocks of 256 (144, 176, 210 bytes), so k % 256 == 0. */
+    GEMM_W_Q4_0,
+    GEMM_W_Q4_1, /* blocks of 32: f16 d, f16 m, 16 bytes of nibbles = 20 bytes; d * q + m */
+    GEMM_W_Q5_0,
+    GEMM_W_Q5_1, /* blocks of 32: f16 d, f16 m, 4 bytes qh, 16 bytes qs = 24 bytes */
+    GEMM_W_Q4_K,
+    GEMM_W_Q5_K,
+    GEMM_W_Q6_K,
     GEMM_W_COUNT
 } gemm_wtype;
 
@@ -63,6 +74,27 @@ typedef enum gemm_backend {
 #define GEMM_NR 16u
 /* Q8_0 block length along k. */
 #define GEMM_Q8_0_BLOCK 32u
+
+/* True for the ggml block types that share the "qs" panel layout
+ * (gemm_kern.h): Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K. */
+static inline int gemm_wtype_is_qs(gemm_wtype t) { return t >= GEMM_W_Q4_0 && t <= GEMM_W_Q6_K; }
+
+/* Values per source block of a type along k (1 for f32/f16/bf16). */
+uint32_t gemm_wtype_block(gemm_wtype type);
+
+/* Block b (32 consecutive k values, from k = 32 b) of a source row of a qs
+ * type, as ggml defines its values: q[i] an integer, s[0] the scale of
+ * i < 16 and s[1] of i >= 16, nm minus the block's offset (-0.0f when the
+ * type has none). Value i is exactly fmaf(s[i / 16], (float)q[i], nm), which
+ * is the float ggml's dequantize_row_* gives (its products d * sc and
+ * d_min * m are exact in f32, and so is s * q except for Q6_K, where ggml
+ * rounds (d * sc) * q once, as fmaf does; Q4_1 and Q5_1 add m: nm = +m,
+ * d * q exact). row must hold block b. */
+void gemm_qs_block(gemm_wtype type, const uint8_t *row, uint32_t b, float s[2], float *nm, int8_t q[32]);
+
+/* Values [k0, k0 + n) of a source row of `type` (GGUF layout), exactly the
+ * f32 values every GEMM path multiplies with. */
+void gemm_dequant(gemm_wtype type, const void *row, uint32_t k0, uint32_t n, float *out);
 
 /* Packed weights, opaque. Immutable after gemm_pack, so several threads may
  * run GEMMs on one gemm_w at once (each with its own pool or none). */
@@ -120,7 +152,8 @@ gemm_backend gemm_get_backend(const gemm_w *w);
 /* Bytes of packed weight memory held (including panel padding). */
 size_t gemm_bytes(const gemm_w *w); /* 0 for NULL */
 
-/* "f32" / "f16" / "bf16" / "q8_0"; "unknown" out of range. */
+/* "f32" / "f16" / "bf16" / "q8_0" / "q4_0" / "q5_0" / "q4_K" / "q5_K" /
+ * "q6_K" (ggml's names); "unknown" out of range. */
 const char *gemm_wtype_name(gemm_wtype t);
 /* "invariant" / "openblas"; "unknown" out of range. */
 const char *gemm_backend_name(gemm_backend b);

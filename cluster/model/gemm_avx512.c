@@ -80,6 +80,13 @@ static inline __attribute__((always_inline)) __m512 gemm_avx512_q8w(const uint8_
     __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8))));
     return _mm512_mul_ps(gemm_avx512_join(q0, q1), d);
 }
+
+static inline __attribute__((always_inline)) __m512 gemm_avx512_qsw(const uint8_t *q, __m512 s, __m512 nm)
+{
+    __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+    __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8))));
+    return _mm512_fmadd_ps(gemm_avx512_join(q0, q1), s, nm);
+}
 #else
 static inline __attribute__((always_inline)) __m512 gemm_avx512_w(const uint8_t *p, const gemm_wtype type)
 {
@@ -94,6 +101,12 @@ static inline __attribute__((always_inline)) __m512 gemm_avx512_w(const uint8_t 
 static inline __attribute__((always_inline)) __m512 gemm_avx512_q8w(const uint8_t *q, __m512 d)
 {
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), d);
+}
+
+/* A qs panel's k row: fmaf(s, (float)q, nm) lane by lane (gemm_kern.h). */
+static inline __attribute__((always_inline)) __m512 gemm_avx512_qsw(const uint8_t *q, __m512 s, __m512 nm)
+{
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), s, nm);
 }
 #endif
 
@@ -165,7 +178,22 @@ static inline __attribute__((always_inline)) void gemm_avx512_tile_impl(const ge
     GEMM_AVX512_TILE_VARS(t->a, lda, mr)
     const uint8_t *pn = t->panel;
     const uint32_t k = t->k;
-    if (type == GEMM_W_Q8_0) {
+    if (gemm_wtype_is_qs(type)) {
+        for (uint32_t kb = 0; kb < k; kb += GEMM_QS_BLOCK, pn += GEMM_QS_PANEL_BLOCK) {
+            const __m512 nm = _mm512_loadu_ps((const float *)(pn + 128));
+            if (mr > 1)
+                for (uint32_t line = 0; line < GEMM_QS_PANEL_BLOCK; line += 64)
+                    __builtin_prefetch(pn + GEMM_PREFETCH + line, 0, 3);
+            const uint8_t *q = pn + GEMM_QS_HDR;
+            for (uint32_t h = 0; h < 2; h++) {
+                const __m512 sc = _mm512_loadu_ps((const float *)(pn + 64 * h));
+                for (uint32_t kk = kb + 16 * h; kk < kb + 16 * h + 16; kk++, q += GEMM_NR) {
+                    const __m512 w = gemm_avx512_qsw(q, sc, nm);
+                    GEMM_AVX512_STEP(kk)
+                }
+            }
+        }
+    } else if (type == GEMM_W_Q8_0) {
         for (uint32_t kb = 0; kb < k; kb += GEMM_Q8_0_BLOCK, pn += GEMM_Q8_PANEL_BLOCK) {
             const __m512 d = gemm_avx512_q8d(pn);
             const uint8_t *q = pn + GEMM_Q8_SCALES;
@@ -208,7 +236,34 @@ static inline __attribute__((always_inline)) void gemm_avx512_row_impl(const gem
     const float *a = t->a;
     __m512 r0 = _mm512_setzero_ps(), r1 = r0, r2 = r0, r3 = r0;
     const uint32_t k = t->k;
-    if (type == GEMM_W_Q8_0) {
+    if (gemm_wtype_is_qs(type)) {
+        for (uint32_t kb = 0; kb < k; kb += GEMM_QS_BLOCK) {
+            size_t off = (size_t)(kb / GEMM_QS_BLOCK) * GEMM_QS_PANEL_BLOCK;
+            const uint8_t *b0 = p0 + off, *b1 = p1 + off, *b2 = p2 + off, *b3 = p3 + off;
+#define GEMM_AVX512_QSV(j, o) _mm512_loadu_ps((const float *)(b##j + (o)))
+            const __m512 n0 = GEMM_AVX512_QSV(0, 128);
+            const __m512 n1 = np > 1 ? GEMM_AVX512_QSV(1, 128) : n0;
+            const __m512 n2 = np > 2 ? GEMM_AVX512_QSV(2, 128) : n0;
+            const __m512 n3 = np > 3 ? GEMM_AVX512_QSV(3, 128) : n0;
+            const size_t pfo = gemm_row_prefetch_offset(off, ps, np, type);
+            for (uint32_t h = 0; h < 2; h++) {
+                const size_t so = 64 * (size_t)h;
+                const __m512 s0 = GEMM_AVX512_QSV(0, so);
+                const __m512 s1 = np > 1 ? GEMM_AVX512_QSV(1, so) : s0;
+                const __m512 s2 = np > 2 ? GEMM_AVX512_QSV(2, so) : s0;
+                const __m512 s3 = np > 3 ? GEMM_AVX512_QSV(3, so) : s0;
+                for (uint32_t kk = 16 * h; kk < 16 * h + 16; kk++) {
+                    gemm_row_qs_prefetch(b0, b1, b2, b3, np, pfo, kk);
+                    const __m512 b = _mm512_set1_ps(a[kb + kk]);
+                    const size_t qo = GEMM_QS_HDR + (size_t)kk * GEMM_NR;
+#define GEMM_AVX512_QSW(j) gemm_avx512_qsw(b##j + qo, s##j, n##j)
+                    GEMM_AVX512_RFMA(GEMM_AVX512_QSW)
+#undef GEMM_AVX512_QSW
+                }
+            }
+#undef GEMM_AVX512_QSV
+        }
+    } else if (type == GEMM_W_Q8_0) {
         for (uint32_t kb = 0; kb < k; kb += GEMM_Q8_0_BLOCK) {
             size_t off = (size_t)(kb / GEMM_Q8_0_BLOCK) * GEMM_Q8_PANEL_BLOCK;
             const uint8_t *b0 = p0 + off, *b1 = p1 + off, *b2 = p2 + off, *b3 = p3 + off;
@@ -306,10 +361,12 @@ GEMM_AVX512_TILEFNS(f32, GEMM_W_F32)
 GEMM_AVX512_TILEFNS(f16, GEMM_W_F16)
 GEMM_AVX512_TILEFNS(bf16, GEMM_W_BF16)
 GEMM_AVX512_TILEFNS(q8_0, GEMM_W_Q8_0)
+GEMM_AVX512_TILEFNS(qs, GEMM_W_Q4_0) /* every qs type: one layout */
 GEMM_AVX512_ROWFNS(f32, GEMM_W_F32)
 GEMM_AVX512_ROWFNS(f16, GEMM_W_F16)
 GEMM_AVX512_ROWFNS(bf16, GEMM_W_BF16)
 GEMM_AVX512_ROWFNS(q8_0, GEMM_W_Q8_0)
+GEMM_AVX512_ROWFNS(qs, GEMM_W_Q4_0)
 GEMM_AVX512_CTILEFN(1)
 GEMM_AVX512_CTILEFN(2)
 GEMM_AVX512_CTILEFN(3)
@@ -327,8 +384,8 @@ GEMM_AVX512_CTILEFN(12)
 #pragma GCC pop_options
 #endif
 
-gemm_tile_fn *const gemm_avx512_tiles[GEMM_W_COUNT][GEMM_MR512] = GEMM_BY_TYPE(GEMM_BY_MR12, gemm_avx512_);
-gemm_row_fn *const gemm_avx512_rows[GEMM_W_COUNT][GEMM_ROW_PANELS] = GEMM_BY_TYPE(GEMM_BY_NP, gemm_avx512_row_);
+gemm_tile_fn *const gemm_avx512_tiles[GEMM_W_COUNT][GEMM_MR512] = GEMM_BY_TYPE_QS(GEMM_BY_MR12, gemm_avx512_);
+gemm_row_fn *const gemm_avx512_rows[GEMM_W_COUNT][GEMM_ROW_PANELS] = GEMM_BY_TYPE_QS(GEMM_BY_NP, gemm_avx512_row_);
 gemm_ctile_fn *const gemm_avx512_ctiles[GEMM_MR512] = GEMM_BY_MR12(gemm_avx512_ctile_);
 gemm_ctile_fn *const gemm_avx512_ctilepfs[GEMM_MR512] = GEMM_BY_MR12(gemm_avx512_ctilepf_);
 

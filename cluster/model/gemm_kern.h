@@ -42,6 +42,15 @@
 #define GEMM_Q8_SCALES 32u
 #define GEMM_Q8_PANEL_BLOCK (GEMM_Q8_SCALES + GEMM_Q8_0_BLOCK * GEMM_NR)
 
+/* The qs layout of the ggml block types (gemm_wtype_is_qs), per 32-k
+ * block of a panel: [16] f32 s_lo (the scales of k 0..15), [16] f32 s_hi
+ * (k 16..31), [16] f32 nm (minus the offset; -0.0f for types without), then
+ * [32][16] int8 q; weight = fmaf(s, (float)q, nm) (gemm_qs_block).
+ * 192 + 512 = 704 bytes per block. */
+#define GEMM_QS_BLOCK 32u
+#define GEMM_QS_HDR 192u
+#define GEMM_QS_PANEL_BLOCK (GEMM_QS_HDR + GEMM_QS_BLOCK * GEMM_NR)
+
 /* One micro-tile: C[mr x ncols] = A[mr x k] * panel, from zero. */
 typedef struct gemm_tile {
     gemm_wtype type;
@@ -192,6 +201,31 @@ static inline __attribute__((always_inline)) void gemm_row_q8_prefetch(const uin
 #define GEMM_BY_TYPE(by, pre)                                                    \
     {[GEMM_W_F32] = by(pre##f32_), [GEMM_W_F16] = by(pre##f16_),                 \
      [GEMM_W_BF16] = by(pre##bf16_), [GEMM_W_Q8_0] = by(pre##q8_0_)}
+
+/* The same with the qs types, which share the kernels <pre>qs_. */
+#define GEMM_BY_TYPE_QS(by, pre)                                                 \
+    {[GEMM_W_F32] = by(pre##f32_), [GEMM_W_F16] = by(pre##f16_),                 \
+     [GEMM_W_BF16] = by(pre##bf16_), [GEMM_W_Q8_0] = by(pre##q8_0_),             \
+     [GEMM_W_Q4_0] = by(pre##qs_), [GEMM_W_Q5_0] = by(pre##qs_),                 \
+     [GEMM_W_Q4_1] = by(pre##qs_), [GEMM_W_Q5_1] = by(pre##qs_),                 \
+     [GEMM_W_Q4_K] = by(pre##qs_), [GEMM_W_Q5_K] = by(pre##qs_),                 \
+     [GEMM_W_Q6_K] = by(pre##qs_)}
+
+/* The qs row kernels' prefetch at k row kk of a block (as
+ * gemm_row_q8_prefetch): a 704-byte block spans 12 lines at worst; one
+ * line every 3 k (kk = 0, 3, .., 30) and the last at kk = 31. */
+static inline __attribute__((always_inline)) void gemm_row_qs_prefetch(const uint8_t *b0, const uint8_t *b1,
+                                                                       const uint8_t *b2, const uint8_t *b3,
+                                                                       uint32_t np, size_t pfo, uint32_t kk)
+{
+    if (kk % 3 != 0 && kk != GEMM_QS_BLOCK - 1)
+        return;
+    const size_t l = pfo + (size_t)(kk % 3 == 0 ? kk / 3 : 11) * 64;
+    __builtin_prefetch(b0 + l, 0, 3);
+    if (np > 1) __builtin_prefetch(b1 + l, 0, 3);
+    if (np > 2) __builtin_prefetch(b2 + l, 0, 3);
+    if (np > 3) __builtin_prefetch(b3 + l, 0, 3);
+}
 
 /* AVX-512F kernels (gemm_avx512.c), same contracts and bits as gemm.c's AVX2
  * ones, in tiles of up to GEMM_MR512 rows: tiles by [type][mr - 1],

@@ -44,7 +44,13 @@ static const char *const model_arch_names[MODEL_ARCH_COUNT] = {
     [MODEL_ARCH_LLAMA] = "llama",
     [MODEL_ARCH_QWEN2] = "qwen2",
     [MODEL_ARCH_DEEPSEEK] = "deepseek",
+    [MODEL_ARCH_DEEPSEEK2_OCR] = "deepseek2-ocr",
 };
+
+const char *model_arch_name(model_arch a)
+{
+    return (unsigned)a < MODEL_ARCH_COUNT ? model_arch_names[a] : "unknown";
+}
 
 /* llama.cpp's LLAMA_MAX_EXPERTS: a file claiming more is refused. */
 #define MODEL_MAX_EXPERTS 512u
@@ -147,7 +153,7 @@ static const char *const model_moe_parts[] = {
  * deepseek after its leading dense layers is a mixture of experts. */
 static model_ffn_kind ffn_kind_of(const model_hparams *hp, uint32_t L)
 {
-    return hp->arch == MODEL_ARCH_DEEPSEEK && L >= hp->n_dense_lead ? MODEL_FFN_MOE : MODEL_FFN_SWIGLU;
+    return model_arch_is_moe(hp->arch) && L >= hp->n_dense_lead ? MODEL_FFN_MOE : MODEL_FFN_SWIGLU;
 }
 static const char *const model_layer_bias_parts[] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
 
@@ -180,6 +186,8 @@ static int tensor_used(const model_hparams *hp, const char *name)
     for (size_t i = 0; i < n_ffn; i++)
         if (!strcmp(p, ffn_parts[i]))
             return 1;
+    if (moe && hp->has_exp_probs_b && !strcmp(p, "exp_probs_b.bias"))
+        return 1;
     for (size_t i = 0; hp->qkv_bias && i < sizeof model_layer_bias_parts / sizeof model_layer_bias_parts[0];
          i++)
         if (!strcmp(p, model_layer_bias_parts[i]))
@@ -230,16 +238,44 @@ static pd_status moe_hparams_read(const gguf_file *f, model_hparams *hp, const c
     const model_hp_key req = MODEL_HP_KEY_COUNT;
     char key[160];
     pd_status st;
-    if ((st = hp_u32(f, archz, "leading_dense_block_count", &hp->n_dense_lead, 1, 0, dfl, req, err)) ||
+    const int ocr = hp->arch == MODEL_ARCH_DEEPSEEK2_OCR;
+    hp->moe_gating = MODEL_MOE_SOFTMAX;
+    if (ocr) {
+        /* llama.cpp's deepseek2-ocr loader: leading_dense_block_count,
+         * expert_weights_scale, expert_weights_norm and expert_gating_func
+         * optional */
+        uint32_t scratch = 0;
+        if ((st = hp_u32(f, archz, "leading_dense_block_count", &hp->n_dense_lead, 0, 0, &scratch, 0, err)))
+            return st;
+        snprintf(key, sizeof key, "%s.expert_weights_scale", archz);
+        hp->expert_weights_scale = 0.0f;
+        if (gguf_find_key(f, key) >= 0 && (st = gguf_get_f32(f, key, &hp->expert_weights_scale, err)))
+            return st;
+        if (!(hp->expert_weights_scale >= 0.0f) || hp->expert_weights_scale > 1e6f)
+            return pd_err_set(err, PD_ERR_FORMAT, "%s %g out of range", key, (double)hp->expert_weights_scale);
+        snprintf(key, sizeof key, "%s.expert_weights_norm", archz);
+        bool norm = false;
+        if (gguf_find_key(f, key) >= 0 && (st = gguf_get_bool(f, key, &norm, err)))
+            return st;
+        hp->expert_weights_norm = norm;
+        uint32_t gf = 0;
+        if ((st = hp_u32(f, archz, "expert_gating_func", &gf, 0, 0, &scratch, 0, err)))
+            return st;
+        if (gf > 2)
+            return pd_err_set(err, PD_ERR_UNSUPPORTED, "%s.expert_gating_func %u: supported 1 (softmax), 2 (sigmoid)",
+                              archz, gf);
+        hp->moe_gating = gf == 2 ? MODEL_MOE_SIGMOID : MODEL_MOE_SOFTMAX;
+    }
+    if ((!ocr && (st = hp_u32(f, archz, "leading_dense_block_count", &hp->n_dense_lead, 1, 0, dfl, req, err))) ||
         (st = hp_u32(f, archz, "expert_count", &hp->n_expert, 1, 0, dfl, req, err)) ||
         (st = hp_u32(f, archz, "expert_used_count", &hp->n_expert_used, 1, 0, dfl, req, err)) ||
         (st = hp_u32(f, archz, "expert_shared_count", &hp->n_expert_shared, 1, 0, dfl, req, err)) ||
         (st = hp_u32(f, archz, "expert_feed_forward_length", &hp->ffn_exp, 1, 0, dfl, req, err)))
         return st;
     snprintf(key, sizeof key, "%s.expert_weights_scale", archz);
-    if (gguf_find_key(f, key) < 0)
+    if (!ocr && gguf_find_key(f, key) < 0)
         return pd_err_set(err, PD_ERR_FORMAT, "missing metadata key %s", key);
-    if ((st = gguf_get_f32(f, key, &hp->expert_weights_scale, err)))
+    if (!ocr && (st = gguf_get_f32(f, key, &hp->expert_weights_scale, err)))
         return st;
     if (hp->n_dense_lead > hp->n_layers)
         return pd_err_set(err, PD_ERR_FORMAT, "%s.leading_dense_block_count %u exceeds block_count %u", archz,
@@ -256,7 +292,7 @@ static pd_status moe_hparams_read(const gguf_file *f, model_hparams *hp, const c
                           "%s.expert_shared_count %u x expert_feed_forward_length %u: expected 1..2^24 "
                           "(a layer without a shared expert is not supported)",
                           archz, hp->n_expert_shared, hp->ffn_exp);
-    if (!(hp->expert_weights_scale > 0.0f) || hp->expert_weights_scale > 1e6f)
+    if (!ocr && (!(hp->expert_weights_scale > 0.0f) || hp->expert_weights_scale > 1e6f))
         return pd_err_set(err, PD_ERR_FORMAT, "%s.expert_weights_scale %g out of range", archz,
                           (double)hp->expert_weights_scale);
     return PD_OK;
@@ -283,10 +319,13 @@ static pd_status hparams_read(const gguf_file *f, model_hparams *hp, pd_err *err
         }
     if (!found)
         return pd_err_set(err, PD_ERR_UNSUPPORTED,
-                          "architecture \"%s\" is not supported (supported: llama, qwen2, deepseek)",
+                          "architecture \"%s\" is not supported (supported: llama, qwen2, deepseek, deepseek2-ocr)",
                           archz);
-    /* llama.cpp's rope type: NEOX for qwen2, NORM for llama and deepseek */
-    hp->rope = hp->arch == MODEL_ARCH_QWEN2 ? MODEL_ROPE_NEOX : MODEL_ROPE_NORM;
+    /* llama.cpp's rope type: NEOX for qwen2 and deepseek2-ocr (its OCR
+     * branch ropes the whole head, whatever rope.dimension_count says),
+     * NORM for llama and deepseek */
+    hp->rope = hp->arch == MODEL_ARCH_QWEN2 || hp->arch == MODEL_ARCH_DEEPSEEK2_OCR ? MODEL_ROPE_NEOX
+                                                                                   : MODEL_ROPE_NORM;
     uint32_t *dfl = &hp->defaulted;
     const model_hp_key req = MODEL_HP_KEY_COUNT; /* required: never defaulted */
     if ((st = hp_u32(f, archz, "block_count", &hp->n_layers, 1, 0, dfl, req, err)) ||
@@ -301,8 +340,27 @@ static pd_status hparams_read(const gguf_file *f, model_hparams *hp, pd_err *err
         (st = hp_f32(f, archz, "attention.layer_norm_rms_epsilon", &hp->rms_eps, 1e-5f, dfl,
                      MODEL_HP_KEY_RMS_EPS, err)))
         return st;
-    if (hp->arch == MODEL_ARCH_DEEPSEEK && (st = moe_hparams_read(f, hp, archz, err)))
+    if (model_arch_is_moe(hp->arch) && (st = moe_hparams_read(f, hp, archz, err)))
         return st;
+    if (hp->arch == MODEL_ARCH_DEEPSEEK2_OCR) {
+        /* llama.cpp builds full MHA (n_head K/V heads) and a kq scale of
+         * mscale^2 / sqrt(head_dim), mscale 1 without YaRN: a file asking
+         * for rope scaling or grouped K/V is not the model this computes */
+        char key[160];
+        snprintf(key, sizeof key, "%s.rope.scaling.factor", archz);
+        float fs = 1.0f;
+        if (gguf_find_key(f, key) >= 0 && (st = gguf_get_f32(f, key, &fs, err)))
+            return st;
+        if (fs != 1.0f && fs != 0.0f)
+            return pd_err_set(err, PD_ERR_UNSUPPORTED, "%s %g: rope scaling (YaRN) is not supported", key, (double)fs);
+        if (hp->n_kv_heads != hp->n_heads)
+            return pd_err_set(err, PD_ERR_FORMAT,
+                              "%s.attention.head_count_kv %u differs from head_count %u (deepseek2-ocr is MHA)", archz,
+                              hp->n_kv_heads, hp->n_heads);
+        char bn[64];
+        snprintf(bn, sizeof bn, "blk.%u.exp_probs_b.bias", hp->n_dense_lead);
+        hp->has_exp_probs_b = hp->n_dense_lead < hp->n_layers && gguf_tensor_find(f, bn) != NULL;
+    }
     if (gguf_find_key(f, "general.alignment") < 0)
         hp->defaulted |= 1u << MODEL_HP_KEY_ALIGNMENT;
     if (gguf_find_key(f, "tokenizer.ggml.token_type") < 0)
@@ -355,6 +413,18 @@ static pd_status hparams_read(const gguf_file *f, model_hparams *hp, pd_err *err
         return pd_err_set(err, PD_ERR_FORMAT, "tensor output.weight is missing (deepseek's output is not tied)");
     if ((st = tensors_check_used(f, hp, archz, err)))
         return st;
+    /* every tensor's type, before any weight is read or allocated (every
+     * rank reads the hyperparameters first): a file people quantized with a
+     * type this build does not compute with is refused here, naming the
+     * first such tensor in file order */
+    for (uint64_t i = 0; i < gguf_tensor_count(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        if (!gguf_type_supported(t->type))
+            return pd_err_set(err, PD_ERR_UNSUPPORTED,
+                              "tensor %s has type %s; supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, "
+                              "q5_K, q6_K",
+                              t->name, gguf_type_name(t->type));
+    }
     hparams_describe_assumed(hp, archz);
     return PD_OK;
 }
@@ -375,7 +445,7 @@ static pd_status tensor_get(const gguf_file *f, const char *name, uint64_t ne0, 
                           (unsigned long long)ne0, (unsigned long long)(ne1 ? ne1 : 1));
     if (!gguf_type_supported(t->type))
         return pd_err_set(err, PD_ERR_UNSUPPORTED,
-                          "tensor %s has type %s; supported: f32, f16, bf16, q8_0", name,
+                          "tensor %s has type %s; supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K", name,
                           gguf_type_name(t->type));
     *out = t;
     return PD_OK;
@@ -396,10 +466,29 @@ static pd_status tensor_get3(const gguf_file *f, const char *name, uint64_t ne0,
                           (unsigned long long)(t->n_dims > 2 ? t->ne[2] : 1), t->n_dims,
                           (unsigned long long)ne0, (unsigned long long)ne1, (unsigned long long)ne2);
     if (!gguf_type_supported(t->type))
-        return pd_err_set(err, PD_ERR_UNSUPPORTED, "tensor %s has type %s; supported: f32, f16, bf16, q8_0",
+        return pd_err_set(err, PD_ERR_UNSUPPORTED, "tensor %s has type %s; supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K",
                           name, gguf_type_name(t->type));
     *out = t;
     return PD_OK;
+}
+
+/* The GEMM's type of a supported ggml type (GEMM_W_COUNT for others). */
+static gemm_wtype tensor_gemm_type(uint32_t type)
+{
+    switch (type) {
+    case GGUF_TENSOR_F32: return GEMM_W_F32;
+    case GGUF_TENSOR_F16: return GEMM_W_F16;
+    case GGUF_TENSOR_BF16: return GEMM_W_BF16;
+    case GGUF_TENSOR_Q8_0: return GEMM_W_Q8_0;
+    case GGUF_TENSOR_Q4_0: return GEMM_W_Q4_0;
+    case GGUF_TENSOR_Q5_0: return GEMM_W_Q5_0;
+    case GGUF_TENSOR_Q4_1: return GEMM_W_Q4_1;
+    case GGUF_TENSOR_Q5_1: return GEMM_W_Q5_1;
+    case GGUF_TENSOR_Q4_K: return GEMM_W_Q4_K;
+    case GGUF_TENSOR_Q5_K: return GEMM_W_Q5_K;
+    case GGUF_TENSOR_Q6_K: return GEMM_W_Q6_K;
+    default: return GEMM_W_COUNT;
+    }
 }
 
 /* Converts element range [i0, i0 + n) of a supported tensor to f32. */
@@ -433,8 +522,21 @@ static void tensor_row_f32(const gguf_tensor *t, uint64_t i0, uint64_t n, float 
             out[i] = (float)(int8_t)bb[2 + e % 32] * pd_f16_to_f32(h);
         }
         break;
-    default:
-        CHECKF(0, "tensor_row_f32: unsupported type %u", t->type);
+    default: {
+        /* the ggml block types: by rows of ne0 (the token embedding's rows,
+         * a whole norm vector), the values the GEMM multiplies with */
+        gemm_wtype wt = tensor_gemm_type(t->type);
+        CHECKF(gemm_wtype_is_qs(wt), "tensor_row_f32: unsupported type %u", t->type);
+        const uint64_t ne0 = t->ne[0];
+        const size_t row = gemm_row_bytes(wt, (uint32_t)ne0);
+        while (n > 0) {
+            uint64_t r = i0 / ne0, k0 = i0 % ne0, take = ne0 - k0 < n ? ne0 - k0 : n;
+            gemm_dequant(wt, b + r * row, (uint32_t)k0, (uint32_t)take, out);
+            out += take;
+            i0 += take;
+            n -= take;
+        }
+    }
     }
 }
 
@@ -454,13 +556,10 @@ static pd_status vec_load(const model *m, const char *name, uint64_t n, float **
 
 static pd_status tensor_wtype(const gguf_tensor *t, const char *name, gemm_wtype *wt, pd_err *err)
 {
-    switch (t->type) {
-    case GGUF_TENSOR_F32: *wt = GEMM_W_F32; return PD_OK;
-    case GGUF_TENSOR_F16: *wt = GEMM_W_F16; return PD_OK;
-    case GGUF_TENSOR_BF16: *wt = GEMM_W_BF16; return PD_OK;
-    case GGUF_TENSOR_Q8_0: *wt = GEMM_W_Q8_0; return PD_OK;
-    default: return pd_err_set(err, PD_ERR_UNSUPPORTED, "tensor %s: type %s", name, gguf_type_name(t->type));
-    }
+    *wt = tensor_gemm_type(t->type);
+    if (*wt == GEMM_W_COUNT)
+        return pd_err_set(err, PD_ERR_UNSUPPORTED, "tensor %s: type %s", name, gguf_type_name(t->type));
+    return PD_OK;
 }
 
 static pd_status mat_load(const model *m, const char *name, uint64_t in, uint64_t outn,
@@ -543,6 +642,8 @@ static pd_status layer_load(model *m, uint32_t L, model_layer *ly, gemm_backend 
             (st = mat_load(m, LNAME("ffn_up_shexp.weight"), hp->hidden, fs, be, &ly->wup, err)) ||
             (st = mat_load(m, LNAME("ffn_down_shexp.weight"), fs, hp->hidden, be, &ly->wdown, err)))
             return st;
+        if (hp->has_exp_probs_b && (st = vec_load(m, LNAME("exp_probs_b.bias"), hp->n_expert, &ly->exp_probs_b, err)))
+            return st;
         break;
     }
     default:
@@ -581,6 +682,7 @@ static void layer_free(const model *m, model_layer *ly)
     pd_free_bytes(m->alloc, ly->bq, q_out * sizeof(float));
     pd_free_bytes(m->alloc, ly->bk, kv_out * sizeof(float));
     pd_free_bytes(m->alloc, ly->bv, kv_out * sizeof(float));
+    pd_free_bytes(m->alloc, ly->exp_probs_b, hp->n_expert * sizeof(float));
     memset(ly, 0, sizeof *ly);
 }
 
@@ -1068,9 +1170,16 @@ static void ffn_moe(const model_layer *ly, const model_hparams *hp, const float 
                   (float *const[]){s->probs, s->g, s->u}, p);
     hooks_progress(hk);
     /* route every row */
+    const model_moe_opts ro = {
+        .gating = hp->moe_gating,
+        .sel_bias = ly->exp_probs_b,
+        .norm_w = hp->expert_weights_norm,
+        /* deepseek (V1): llama.cpp passes no scale */
+        .scale_w = hp->arch == MODEL_ARCH_DEEPSEEK2_OCR ? hp->expert_weights_scale : 0.0f,
+    };
     for (uint32_t i = 0; i < n; i++)
-        model_moe_route(s->probs + (uint64_t)i * E, E, K, s->probs + (uint64_t)i * E, s->sel + (uint64_t)i * K,
-                        s->wt + (uint64_t)i * K);
+        model_moe_route_ex(s->probs + (uint64_t)i * E, E, K, &ro, s->probs + (uint64_t)i * E,
+                           s->sel + (uint64_t)i * K, s->wt + (uint64_t)i * K);
     /* gather: expert e's rows in row order at [off[e], off[e + 1]) */
     memset(s->off, 0, (E + 1) * sizeof *s->off);
     for (uint64_t j = 0; j < (uint64_t)n * K; j++)
@@ -1368,9 +1477,62 @@ void model_rope_row(float *x, uint32_t n_heads, uint32_t head_dim, uint64_t pos,
     }
 }
 
+/* The top k of p (+ o's selection bias) and their weights (o's norm and
+ * scale). Selection: the largest remaining each time, strictly greater wins,
+ * so among equal scores the lowest index comes first. k x n_expert compares
+ * (64 x 6 for the OCR decoder): cheaper than a sort. */
+static void model_moe_select(const float *p, uint32_t n_expert, uint32_t k, const model_moe_opts *o, uint32_t *sel,
+                             float *w)
+{
+    const float *b = o ? o->sel_bias : NULL;
+    for (uint32_t r = 0; r < k; r++) {
+        uint32_t best = UINT32_MAX;
+        float bs = 0.0f;
+        for (uint32_t e = 0; e < n_expert; e++) {
+            int taken = 0;
+            for (uint32_t q = 0; q < r && !taken; q++)
+                taken = sel[q] == e;
+            const float sc = b ? p[e] + b[e] : p[e];
+            if (!taken && (best == UINT32_MAX || sc > bs)) {
+                best = e;
+                bs = sc;
+            }
+        }
+        sel[r] = best;
+        w[r] = p[best];
+    }
+    if (o && o->norm_w) {
+        double sum = 0.0;
+        for (uint32_t r = 0; r < k; r++)
+            sum += (double)w[r];
+        float s = (float)sum;
+        s = s < 6.103515625e-5f ? 6.103515625e-5f : s;
+        for (uint32_t r = 0; r < k; r++)
+            w[r] = w[r] / s;
+    }
+    if (o && o->scale_w != 0.0f && o->scale_w != 1.0f)
+        for (uint32_t r = 0; r < k; r++)
+            w[r] = w[r] * o->scale_w;
+}
+
 void model_moe_route(const float *logits, uint32_t n_expert, uint32_t k, float *p, uint32_t *sel, float *w)
 {
+    model_moe_route_ex(logits, n_expert, k, NULL, p, sel, w);
+}
+
+void model_moe_route_ex(const float *logits, uint32_t n_expert, uint32_t k, const model_moe_opts *o, float *p,
+                        uint32_t *sel, float *w)
+{
     CHECKF(k >= 1 && k <= n_expert, "model_moe_route: top %u of %u", k, n_expert);
+    if (o && o->gating == MODEL_MOE_SIGMOID) {
+        for (uint32_t e = 0; e < n_expert; e++)
+            p[e] = -logits[e];
+        pd_expf_n(p, p, n_expert);
+        for (uint32_t e = 0; e < n_expert; e++)
+            p[e] = 1.0f / (1.0f + p[e]);
+        model_moe_select(p, n_expert, k, o, sel, w);
+        return;
+    }
     float mx = logits[0];
     for (uint32_t e = 1; e < n_expert; e++)
         mx = logits[e] > mx ? logits[e] : mx;
@@ -1383,21 +1545,7 @@ void model_moe_route(const float *logits, uint32_t n_expert, uint32_t k, float *
     const float inv = (float)(1.0 / sum);
     for (uint32_t e = 0; e < n_expert; e++)
         p[e] = p[e] * inv;
-    /* selection: the largest remaining each time, strictly greater wins, so
-     * among equal probabilities the lowest index comes first. k x n_expert
-     * compares (64 x 6 for the OCR decoder): cheaper than a sort. */
-    for (uint32_t r = 0; r < k; r++) {
-        uint32_t best = UINT32_MAX;
-        for (uint32_t e = 0; e < n_expert; e++) {
-            int taken = 0;
-            for (uint32_t q = 0; q < r && !taken; q++)
-                taken = sel[q] == e;
-            if (!taken && (best == UINT32_MAX || p[e] > p[best]))
-                best = e;
-        }
-        sel[r] = best;
-        w[r] = p[best];
-    }
+    model_moe_select(p, n_expert, k, o, sel, w);
 }
 
 void model_swiglu(const float *g, const float *u, uint32_t n, float *a)

@@ -34,7 +34,34 @@
 
 #include <stdint.h>
 
-typedef enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_DEEPSEEK, MODEL_ARCH_COUNT } model_arch;
+typedef enum model_arch {
+    MODEL_ARCH_LLAMA,
+    MODEL_ARCH_QWEN2,
+    MODEL_ARCH_DEEPSEEK,
+    /* DeepSeek-OCR's language decoder as llama.cpp reads it (deepseek2 graph,
+     * OCR branch): the deepseek layers with NEOX RoPE over the whole head,
+     * full MHA, the router of build_moe_ffn (gating function, selection
+     * bias exp_probs_b, expert_weights_norm, expert_weights_scale) and an
+     * output tied to token_embd.weight when output.weight is absent. */
+    MODEL_ARCH_DEEPSEEK2_OCR,
+    MODEL_ARCH_COUNT
+} model_arch;
+
+/* 1 for the mixture-of-experts architectures (deepseek, deepseek2-ocr). */
+static inline int model_arch_is_moe(model_arch a) { return a == MODEL_ARCH_DEEPSEEK || a == MODEL_ARCH_DEEPSEEK2_OCR; }
+/* The GGUF name of an architecture ("deepseek2-ocr"); "unknown" out of range. */
+const char *model_arch_name(model_arch a);
+
+/* The router's gating function (llama.cpp's expert_gating_func). */
+typedef enum model_moe_gating { MODEL_MOE_SOFTMAX, MODEL_MOE_SIGMOID } model_moe_gating;
+
+/* How a router turns logits into experts and weights (build_moe_ffn): */
+typedef struct model_moe_opts {
+    model_moe_gating gating; /* p = softmax(logits) or sigmoid(logits) */
+    const float *sel_bias;   /* [n_expert] added to p for the top-k selection only (exp_probs_b), or NULL */
+    int norm_w;              /* w_r /= max(sum_r w_r (in double, to f32), 6.103515625e-5) */
+    float scale_w;           /* w_r *= scale_w unless it is 0 or 1 */
+} model_moe_opts;
 typedef enum model_rope { MODEL_ROPE_NORM, MODEL_ROPE_NEOX } model_rope;
 typedef enum model_vocab_kind { MODEL_VOCAB_LLAMA, MODEL_VOCAB_GPT2 } model_vocab_kind;
 
@@ -78,7 +105,12 @@ typedef struct model_hparams {
     uint32_t n_expert_shared;/* deepseek.expert_shared_count (>= 1) */
     uint32_t ffn_exp;        /* deepseek.expert_feed_forward_length: one expert's width */
     float expert_weights_scale; /* deepseek.expert_weights_scale: read, NOT applied (llama.cpp's
-                                   deepseek graph passes scale_w = false) */
+                                   deepseek graph passes scale_w = false); deepseek2-ocr: applied
+                                   unless 0 (absent) or 1 */
+    /* deepseek2-ocr's router (deepseek: softmax, no norm, scale not applied) */
+    model_moe_gating moe_gating; /* expert_gating_func: 1 softmax (also when absent), 2 sigmoid */
+    int expert_weights_norm;     /* expert_weights_norm (bool, default false) */
+    int has_exp_probs_b;         /* MoE layers carry blk.N.exp_probs_b.bias */
     uint32_t defaulted;  /* bit 1u << k for each model_hp_key the file lacks */
     /* The same for people, so a run can say what it assumed, in model_hp_key
      * order: "rope base 10000 (llama.rope.freq_base absent), rms epsilon
@@ -130,6 +162,7 @@ typedef struct model_layer {
                                        [hidden x ffn_exp] */
     float *attn_norm, *ffn_norm;    /* [hidden] */
     float *bq, *bk, *bv;            /* [n_heads*hd], [n_kv*hd] x2, or NULL */
+    float *exp_probs_b;             /* MOE: [n_expert] selection bias, or NULL */
 } model_layer;
 
 typedef struct model_load_opts {
@@ -306,5 +339,11 @@ void model_swiglu(const float *g, const float *u, uint32_t n, float *a);
  * logits. 1 <= k <= n_expert. */
 void model_moe_route(const float *logits, uint32_t n_expert, uint32_t k, float *p, uint32_t *sel,
                      float *w);
+/* The same with a router's options (o NULL = model_moe_route): p is the
+ * gating function's output; the selection compares p[e] + sel_bias[e]
+ * (f32 adds), ties to the lower index; w[r] = p[sel[r]], then normalised and
+ * scaled as o says (sigmoid: p = 1 / (1 + pd_expf(-l))). */
+void model_moe_route_ex(const float *logits, uint32_t n_expert, uint32_t k, const model_moe_opts *o, float *p,
+                        uint32_t *sel, float *w);
 
 #endif

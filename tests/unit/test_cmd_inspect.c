@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #define ID 0xabcdef0123456789ull
@@ -300,15 +301,24 @@ START_TEST(inspect_unusable_input_exits_two_or_one)
     inspect(&r, "--help", NULL, NULL);
     ck_assert_int_eq(r.rc, 0);
     ck_assert_ptr_nonnull(strstr(r.out, "usage: pipedec inspect"));
-    /* a file that is neither */
+    /* a truncated GGUF model (issue 36: GGUF files are inspected as models):
+     * invalid, the reader's offset and field named */
     char path[] = "/tmp/pd_inspect_XXXXXX";
     int fd = mkstemp(path);
     ck_assert_int_eq(write(fd, "GGUF\3\0\0\0", 8), 8);
     close(fd);
     inspect(&r, path, NULL, NULL);
     ck_assert_int_eq(r.rc, 1);
+    ck_assert_ptr_nonnull(strstr(r.err, "gguf: offset 8: tensor count"));
+    /* a file that is none of them */
+    fd = open(path, O_WRONLY | O_TRUNC);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "GGUX\3\0\0\0", 8), 8);
+    close(fd);
+    inspect(&r, path, NULL, NULL);
+    ck_assert_int_eq(r.rc, 1);
     ck_assert_ptr_nonnull(strstr(r.out, "type: unknown\n"));
-    ck_assert_ptr_nonnull(strstr(r.out, "offset 0: magic 47 47 55 46"));
+    ck_assert_ptr_nonnull(strstr(r.out, "offset 0: magic 47 47 55 58"));
     unlink(path);
 }
 END_TEST

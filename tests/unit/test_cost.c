@@ -313,18 +313,18 @@ END_TEST
 START_TEST(cost_refuses_unsupported_types_missing_tensors_and_bad_files)
 {
     spec s = spec_small(GGUF_TENSOR_F32);
-    s.layer_type[2] = GGUF_TENSOR_Q4_0;
+    s.layer_type[2] = GGUF_TENSOR_IQ4_NL;
     char p[64];
     tmp_path(p, sizeof p, "bad");
     spec_write(&s, p);
     cost_table *t = (cost_table *)&s; /* a sentinel that must stay */
     pd_err e = {0};
     ck_assert_int_eq(cost_table_read(p, &t, &e), PD_ERR_UNSUPPORTED);
-    ck_assert_msg(strstr(e.msg, "blk.2.attn_q.weight") && strstr(e.msg, "q4_0") && strstr(e.msg, p), "%s", e.msg);
+    ck_assert_msg(strstr(e.msg, "blk.2.attn_q.weight") && strstr(e.msg, "iq4_nl") && strstr(e.msg, p), "%s", e.msg);
     ck_assert_ptr_eq(t, (cost_table *)&s);
     s = spec_small(GGUF_TENSOR_F32);
     s.tied = 1;
-    s.embd_type = GGUF_TENSOR_Q4_0; /* the tied projection's type is the embedding's */
+    s.embd_type = GGUF_TENSOR_IQ4_NL; /* the tied projection's type is the embedding's */
     spec_write(&s, p);
     pd_err_clear(&e);
     ck_assert_int_eq(cost_table_read(p, &t, &e), PD_ERR_UNSUPPORTED);

@@ -8,6 +8,7 @@
 #include "base/fp16.h"
 #include "cluster/model/gemm.h"
 #include "cluster/model/pool.h"
+#include "ggml_ref.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -29,6 +30,55 @@ static void put16(uint8_t *p, uint16_t v)
     p[1] = (uint8_t)(v >> 8);
 }
 
+/* The ggml type id of a qs GEMM type. */
+static int ggml_id(gemm_wtype t)
+{
+    switch (t) {
+    case GEMM_W_Q4_0: return 2;
+    case GEMM_W_Q5_0: return 6;
+    case GEMM_W_Q4_1: return 3;
+    case GEMM_W_Q5_1: return 7;
+    case GEMM_W_Q4_K: return 12;
+    case GEMM_W_Q5_K: return 13;
+    case GEMM_W_Q6_K: return 14;
+    default: ck_abort(); return -1;
+    }
+}
+
+/* Byte offsets of the f16 scale fields of a ggml block (the rest is
+ * integer data: any byte is valid). */
+static int f16_fields(gemm_wtype t, int off[2])
+{
+    switch (t) {
+    case GEMM_W_Q4_0:
+    case GEMM_W_Q5_0: off[0] = 0; return 1;
+    case GEMM_W_Q4_1:
+    case GEMM_W_Q5_1:
+    case GEMM_W_Q4_K:
+    case GEMM_W_Q5_K: off[0] = 0; off[1] = 2; return 2;
+    case GEMM_W_Q6_K: off[0] = 208; return 1;
+    default: ck_abort(); return 0;
+    }
+}
+
+/* A random row of a qs type: random bytes, f16 scales of either sign
+ * around `mag`; deq from the test's ggml reference. */
+static void qs_row_make(gemm_wtype type, uint32_t k, pd_rng *r, uint8_t *dst, float *deq)
+{
+    size_t row = gemm_row_bytes(type, k);
+    for (size_t i = 0; i < row; i++)
+        dst[i] = (uint8_t)pd_rng_below(r, 256);
+    int qk, bb, off[2];
+    ggml_ref_block(ggml_id(type), &qk, &bb);
+    int nf = f16_fields(type, off);
+    for (uint32_t b = 0; b < k / (uint32_t)qk; b++)
+        for (int f = 0; f < nf; f++) {
+            float v = pd_rng_uniform(r, 0.0005f, 0.01f) * (pd_rng_below(r, 4) == 0 ? -1.0f : 1.0f);
+            put16(dst + (size_t)b * bb + off[f], pd_f32_to_f16(v));
+        }
+    ggml_ref_dequant(ggml_id(type), dst, deq, (int)k);
+}
+
 static test_mat mat_make(gemm_wtype type, uint32_t n, uint32_t k, uint64_t seed)
 {
     pd_rng r = {.s = seed};
@@ -38,6 +88,11 @@ static test_mat mat_make(gemm_wtype type, uint32_t n, uint32_t k, uint64_t seed)
     m.raw = malloc(row * n);
     m.deq = malloc(sizeof(float) * n * k);
     ck_assert(m.raw && m.deq);
+    if (gemm_wtype_is_qs(type)) {
+        for (uint32_t j = 0; j < n; j++)
+            qs_row_make(type, k, &r, m.raw + row * j, m.deq + (size_t)j * k);
+        return m;
+    }
     for (uint32_t j = 0; j < n; j++) {
         uint8_t *dst = m.raw + row * j;
         float *dq = m.deq + (size_t)j * k;
@@ -133,7 +188,16 @@ static long first_diff(const float *x, const float *y, size_t n)
                          (double)(y)[d_]);                                                    \
     } while (0)
 
-static const gemm_wtype all_types[] = {GEMM_W_F32, GEMM_W_F16, GEMM_W_BF16, GEMM_W_Q8_0};
+static const gemm_wtype all_types[] = {GEMM_W_F32,  GEMM_W_F16,  GEMM_W_BF16, GEMM_W_Q8_0, GEMM_W_Q4_0, GEMM_W_Q4_1,
+                                       GEMM_W_Q5_0, GEMM_W_Q5_1, GEMM_W_Q4_K, GEMM_W_Q5_K, GEMM_W_Q6_K};
+#define N_TYPES (sizeof all_types / sizeof all_types[0])
+
+/* A k valid for the type near the wanted one (a multiple of its block). */
+static uint32_t k_for(gemm_wtype type, uint32_t want)
+{
+    uint32_t b = gemm_wtype_block(type);
+    return want < b ? b : (want + b - 1) / b * b;
+}
 
 /* Every (type, shape, isa): gemm_run equals the reference chain bit for bit. */
 START_TEST(gemm_matches_the_fma_chain_for_every_type_and_isa)
@@ -144,13 +208,13 @@ START_TEST(gemm_matches_the_fma_chain_for_every_type_and_isa)
     pd_isa best = pd_cpu_detect();
     for (int isa = PD_ISA_SCALAR; isa <= (int)best; isa++) {
         ck_assert_int_eq(pd_cpu_set_isa((pd_isa)isa), isa);
-        for (size_t ti = 0; ti < 4; ti++)
+        for (size_t ti = 0; ti < N_TYPES; ti++)
             for (size_t ni = 0; ni < 5; ni++)
                 for (size_t ki = 0; ki < 4; ki++) {
                     gemm_wtype type = all_types[ti];
                     uint32_t n = ns[ni], k = ks[ki];
-                    if (type == GEMM_W_Q8_0)
-                        k = 32 * (uint32_t)(ki + 1);
+                    if (type != GEMM_W_F32 && gemm_wtype_block(type) > 1)
+                        k = gemm_wtype_block(type) * (uint32_t)(ki + 1);
                     test_mat t = mat_make(type, n, k, 100 + ti * 31 + ni * 7 + ki);
                     gemm_w *g = pack_or_die(&t, GEMM_BACKEND_INVARIANT);
                     float *a = act_make(50, k, 5 + ni + ki);
@@ -225,6 +289,15 @@ START_TEST(gemm_row_bits_do_not_depend_on_m)
      * tiles prefetch the next chunk in segments of their k loop: every M,
      * three panels, the last chunk partial */
     rows_independent_of_m(GEMM_W_F32, 40, 300, 1);
+    /* the ggml block types: single-row kernels, tiles, blocked path, chains
+     * across chunks */
+    rows_independent_of_m(GEMM_W_Q4_0, 39, 64, 3);
+    rows_independent_of_m(GEMM_W_Q5_0, 18, 544, 9);
+    rows_independent_of_m(GEMM_W_Q4_1, 20, 96, 5);
+    rows_independent_of_m(GEMM_W_Q5_1, 17, 320, 7);
+    rows_independent_of_m(GEMM_W_Q4_K, 70, 256, 7);
+    rows_independent_of_m(GEMM_W_Q5_K, 21, 512, 11);
+    rows_independent_of_m(GEMM_W_Q6_K, 33, 768, 13);
 }
 END_TEST
 
@@ -234,6 +307,8 @@ START_TEST(gemm_row_bits_do_not_depend_on_m_scalar_path)
     rows_independent_of_m(GEMM_W_F32, 37, 67, 11);
     rows_independent_of_m(GEMM_W_Q8_0, 21, 32, 13);
     rows_independent_of_m(GEMM_W_BF16, 19, 300, 29);
+    rows_independent_of_m(GEMM_W_Q5_K, 19, 256, 29);
+    rows_independent_of_m(GEMM_W_Q6_K, 17, 256, 31);
 }
 END_TEST
 
@@ -251,8 +326,8 @@ START_TEST(gemm_bits_do_not_depend_on_thread_count)
     for (uint32_t t = 0; t < 3; t++)
         ck_assert_int_eq(pool_new(t + 1, &pools[t], NULL), PD_OK);
     for (size_t si = 0; si < 2; si++)
-        for (size_t ti = 0; ti < 4; ti++) {
-            const uint32_t n = shapes[si].n, k = shapes[si].k;
+        for (size_t ti = 0; ti < N_TYPES; ti++) {
+            const uint32_t n = shapes[si].n, k = k_for(all_types[ti], shapes[si].k);
             test_mat t = mat_make(all_types[ti], n, k, 5150 + ti + si);
             gemm_w *g = pack_or_die(&t, GEMM_BACKEND_INVARIANT);
             float *a = act_make(max_m, k, 31 + ti);
@@ -295,6 +370,10 @@ START_TEST(gemm_run_many_equals_one_run_per_matrix)
     float *want[GEMM_MANY_MAX], *got[GEMM_MANY_MAX];
     for (uint32_t i = 0; i < GEMM_MANY_MAX; i++) {
         mats[i] = mat_make(all_types[(i + 1) % 4], widths[i], k, 777 + i); /* a different type each */
+        if (i == 2) { /* and a ggml block type */
+            mat_free(&mats[i]);
+            mats[i] = mat_make(GEMM_W_Q4_0, widths[i], k, 777 + i);
+        }
         ws[i] = pack_or_die(&mats[i], GEMM_BACKEND_INVARIANT);
         want[i] = malloc(sizeof(float) * max_m * widths[i]);
         got[i] = malloc(sizeof(float) * max_m * widths[i]);
@@ -382,8 +461,9 @@ END_TEST
 START_TEST(gemm_simd_equals_scalar_bit_for_bit)
 {
     ck_assert_int_eq(pd_cpu_set_isa(PD_ISA_SCALAR), PD_ISA_SCALAR);
-    const uint32_t n = 45, k = 544, m = 41;
-    for (size_t ti = 0; ti < 4; ti++) {
+    const uint32_t n = 45, m = 41;
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t k = k_for(all_types[ti], 544);
         test_mat t = mat_make(all_types[ti], n, k, 606 + ti);
         gemm_w *g = pack_or_die(&t, GEMM_BACKEND_INVARIANT);
         float *a = act_make(m, k, 99 + ti);
@@ -409,8 +489,9 @@ END_TEST
  * weights, bit for bit. */
 START_TEST(gemm_quantized_equals_f32_of_dequantized)
 {
-    const uint32_t n = 70, k = 160, m = 19;
-    for (size_t ti = 1; ti < 4; ti++) {
+    const uint32_t n = 70, m = 19;
+    for (size_t ti = 1; ti < N_TYPES; ti++) {
+        const uint32_t k = k_for(all_types[ti], 160);
         test_mat t = mat_make(all_types[ti], n, k, 1234 + ti);
         gemm_w *gq = pack_or_die(&t, GEMM_BACKEND_INVARIANT);
         gemm_w *gf = NULL;
@@ -432,6 +513,83 @@ START_TEST(gemm_quantized_equals_f32_of_dequantized)
         free(cf);
         gemm_free(gq);
         gemm_free(gf);
+        mat_free(&t);
+    }
+}
+END_TEST
+
+/* Edge blocks of a qs type: row j, block b gets the f16 scale fields
+ * edges[(j * 7 + b + f) % n_edges] and integer bytes that, over the rows,
+ * take every value 0..255 at every position (every nibble and bit
+ * pattern, every 6-bit scale and min of the K types). */
+static test_mat edge_mat(gemm_wtype type, uint32_t n, uint32_t k)
+{
+    static const uint16_t edges[] = {
+        0x0000, 0x8000, 0x0001, 0x8001, 0x03ff, 0x83ff, 0x0400, 0x7bff, 0xfbff,
+        0x3c00, 0xbc00, 0x1400, 0x2e66, 0x0200, 0x5bff,
+    };
+    const uint32_t n_edges = sizeof edges / sizeof edges[0];
+    test_mat m = {.type = type, .n = n, .k = k};
+    size_t row = gemm_row_bytes(type, k);
+    m.raw = malloc(row * n);
+    m.deq = malloc(sizeof(float) * n * k);
+    ck_assert(m.raw && m.deq);
+    int qk, bb, off[2];
+    ggml_ref_block(ggml_id(type), &qk, &bb);
+    int nf = f16_fields(type, off);
+    for (uint32_t j = 0; j < n; j++) {
+        uint8_t *dst = m.raw + row * j;
+        for (uint32_t b = 0; b < k / (uint32_t)qk; b++) {
+            uint8_t *blk = dst + (size_t)b * bb;
+            for (int i = 0; i < bb; i++)
+                blk[i] = (uint8_t)(j + b * 256u / (k / (uint32_t)qk) + (uint32_t)i * 97u * (b % 2) + (uint32_t)i * (b % 3));
+            for (int f = 0; f < nf; f++)
+                put16(blk + off[f], edges[(j * 7 + b + (uint32_t)f) % n_edges]);
+        }
+        ggml_ref_dequant(ggml_id(type), dst, m.deq + (size_t)j * k, (int)k);
+    }
+    return m;
+}
+
+/* gemm_dequant and every GEMM path give exactly ggml's dequantized values
+ * on edge blocks: scales 0, -0, subnormal f16, max f16, either sign, every
+ * byte value at every position (over the 256 rows). */
+START_TEST(gemm_qs_values_equal_ggml_on_edge_blocks)
+{
+    for (size_t ti = 4; ti < N_TYPES; ti++) {
+        const gemm_wtype type = all_types[ti];
+        const uint32_t n = 256, k = gemm_wtype_block(type) * 4;
+        test_mat t = edge_mat(type, n, k);
+        float *got = malloc(sizeof(float) * k);
+        for (uint32_t j = 0; j < n; j++) {
+            const uint8_t *row = t.raw + gemm_row_bytes(type, k) * j;
+            gemm_dequant(type, row, 0, k, got);
+            ASSERT_BITS_EQ(got, t.deq + (size_t)j * k, k, "%s row %u", gemm_wtype_name(type), j);
+            /* a range starting mid-block */
+            gemm_dequant(type, row, 13, k - 20, got);
+            ASSERT_BITS_EQ(got, t.deq + (size_t)j * k + 13, k - 20, "%s row %u from 13", gemm_wtype_name(type), j);
+        }
+        /* the GEMM multiplies with exactly these values on every path */
+        gemm_w *g = pack_or_die(&t, GEMM_BACKEND_INVARIANT);
+        const uint32_t ms[] = {1, 5, 30};
+        float *a = act_make(30, k, 17);
+        float *want = malloc(sizeof(float) * 30 * n);
+        float *c = malloc(sizeof(float) * 30 * n);
+        for (int isa = PD_ISA_SCALAR; isa <= (int)pd_cpu_detect(); isa++) {
+            pd_cpu_set_isa((pd_isa)isa);
+            for (size_t mi = 0; mi < 3; mi++) {
+                ref_gemm(a, k, ms[mi], &t, want, n);
+                gemm_run(g, a, ms[mi], c, NULL);
+                ASSERT_BITS_EQ(c, want, (size_t)ms[mi] * n, "%s edge blocks m %u isa %s", gemm_wtype_name(type),
+                               ms[mi], pd_isa_name((pd_isa)isa));
+            }
+        }
+        pd_cpu_set_isa(pd_cpu_detect());
+        free(a);
+        free(want);
+        free(c);
+        free(got);
+        gemm_free(g);
         mat_free(&t);
     }
 }
@@ -459,7 +617,7 @@ START_TEST(gemm_agrees_with_openblas_within_tolerance)
     const uint32_t n = 97, k = 256, m = 33;
     pool *p = NULL;
     ck_assert_int_eq(pool_new(2, &p, NULL), PD_OK);
-    for (size_t ti = 0; ti < 4; ti++) {
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
         test_mat t = mat_make(all_types[ti], n, k, 777 + ti);
         gemm_w *gi = pack_or_die(&t, GEMM_BACKEND_INVARIANT);
         gemm_w *gb = pack_or_die(&t, GEMM_BACKEND_OPENBLAS);
@@ -635,6 +793,31 @@ START_TEST(gemm_pack_rejects_bad_arguments)
     ck_assert_uint_eq(gemm_row_bytes(GEMM_W_F32, 7), 28);
     ck_assert_uint_eq(gemm_row_bytes(GEMM_W_COUNT, 7), 0);
     ck_assert_str_eq(gemm_wtype_name(GEMM_W_Q8_0), "q8_0");
+    ck_assert_str_eq(gemm_wtype_name(GEMM_W_Q4_K), "q4_K");
+    ck_assert_uint_eq(gemm_row_bytes(GEMM_W_Q4_0, 64), 36);
+    ck_assert_uint_eq(gemm_row_bytes(GEMM_W_Q5_0, 64), 44);
+    ck_assert_uint_eq(gemm_row_bytes(GEMM_W_Q4_K, 512), 288);
+    ck_assert_uint_eq(gemm_row_bytes(GEMM_W_Q5_K, 256), 176);
+    ck_assert_uint_eq(gemm_row_bytes(GEMM_W_Q6_K, 256), 210);
+    ck_assert_uint_eq(gemm_row_bytes(GEMM_W_Q6_K, 128), 0);
+    expect_pack_fails(w, GEMM_W_Q4_K, 4, 128, GEMM_BACKEND_INVARIANT, PD_ERR_ARG);
+    /* non-finite f16 scales are refused before anything is allocated */
+    {
+        static const gemm_wtype bt[] = {GEMM_W_Q8_0, GEMM_W_Q4_0, GEMM_W_Q5_1, GEMM_W_Q4_K, GEMM_W_Q6_K};
+        for (size_t i = 0; i < sizeof bt / sizeof bt[0]; i++) {
+            test_mat t = mat_make(bt[i], 3, k_for(bt[i], 64), 5 + i);
+            const uint32_t kk = t.k, bb = (uint32_t)gemm_row_bytes(bt[i], gemm_wtype_block(bt[i]));
+            uint8_t *blk = t.raw + gemm_row_bytes(bt[i], kk) * 2 + bb * (kk / gemm_wtype_block(bt[i]) - 1);
+            put16(blk + (bt[i] == GEMM_W_Q6_K ? 208 : 0), i % 2 ? 0x7c00 : 0xfe01);
+            gemm_w *sentinel = (gemm_w *)&t, *g2 = sentinel;
+            pd_err err = {0};
+            ck_assert_int_eq(gemm_pack(t.raw, bt[i], 3, kk, GEMM_BACKEND_INVARIANT, NULL, &g2, &err), PD_ERR_FORMAT);
+            ck_assert_ptr_eq(g2, sentinel);
+            ck_assert_msg(strstr(err.msg, "row 2") && strstr(err.msg, gemm_wtype_name(bt[i])), "%s", err.msg);
+            mat_free(&t);
+        }
+    }
+    expect_pack_fails(w, GEMM_W_Q5_0, 4, 48, GEMM_BACKEND_OPENBLAS, PD_ERR_ARG);
     ck_assert_str_eq(gemm_backend_name(GEMM_BACKEND_OPENBLAS), "openblas");
     ck_assert_str_eq(gemm_backend_name(GEMM_BACKEND_COUNT), "unknown");
 }
@@ -653,6 +836,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, gemm_run_many_equals_one_run_per_matrix);
     tcase_add_test(tc, gemm_simd_equals_scalar_bit_for_bit);
     tcase_add_test(tc, gemm_quantized_equals_f32_of_dequantized);
+    tcase_add_test(tc, gemm_qs_values_equal_ggml_on_edge_blocks);
     tcase_add_test(tc, gemm_agrees_with_openblas_within_tolerance);
     tcase_add_test(tc, gemm_zero_products_give_positive_zero);
     tcase_add_test(tc, gemm_m_zero_leaves_c_untouched);

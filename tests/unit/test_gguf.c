@@ -481,7 +481,7 @@ START_TEST(roundtrip_every_tensor_type)
                                             (const uint64_t[]){64, 3}, q8), PD_OK);
     ck_assert_int_eq(gguf_writer_add_tensor_copy(w, "w.bf16", GGUF_TENSOR_BF16, 4,
                                                  (const uint64_t[]){2, 2, 1, 2}, bf16), PD_OK);
-    /* a known type the model code does not compute with still round-trips */
+    /* a K-quant type round-trips */
     ck_assert_int_eq(gguf_writer_add_tensor(w, "w.q4_K", GGUF_TENSOR_Q4_K, 1,
                                             (const uint64_t[]){512}, q4k), PD_OK);
     gguf_writer_check(w);
@@ -526,7 +526,10 @@ START_TEST(roundtrip_every_tensor_type)
     ck_assert_ptr_null(gguf_tensor_find(f, "w.none"));
     ck_assert_uint_eq(gguf_file_size(f), gguf_data_offset(f) + expect_off);
     ck_assert(gguf_type_supported(gguf_tensor_find(f, "w.q8_0")->type));
-    ck_assert(!gguf_type_supported(gguf_tensor_find(f, "w.q4_K")->type));
+    ck_assert(gguf_type_supported(gguf_tensor_find(f, "w.q4_K")->type));
+    ck_assert(!gguf_type_supported(GGUF_TENSOR_Q2_K));
+    ck_assert(!gguf_type_supported(GGUF_TENSOR_IQ4_XS));
+    ck_assert(!gguf_type_supported(GGUF_TENSOR_MXFP4));
     gguf_close(f);
     free(buf);
     gguf_writer_free(w);
@@ -1272,9 +1275,14 @@ START_TEST(type_names_and_row_bytes)
     ck_assert_uint_eq(gguf_type_row_bytes(GGUF_TENSOR_Q8_0, 33, &err), 0);
     ck_assert_int_eq(err.status, PD_ERR_ARG);
     pd_err_clear(&err);
-    ck_assert_uint_eq(gguf_type_row_bytes(GGUF_TENSOR_Q4_K, 256, &err), 0);
+    ck_assert_uint_eq(gguf_type_row_bytes(GGUF_TENSOR_Q4_K, 256, &err), 144);
+    ck_assert_uint_eq(gguf_type_row_bytes(GGUF_TENSOR_Q5_0, 64, &err), 44);
+    ck_assert_uint_eq(gguf_type_row_bytes(GGUF_TENSOR_Q6_K, 128, &err), 0);
+    ck_assert_int_eq(err.status, PD_ERR_ARG);
+    pd_err_clear(&err);
+    ck_assert_uint_eq(gguf_type_row_bytes(GGUF_TENSOR_Q2_K, 256, &err), 0);
     ck_assert_int_eq(err.status, PD_ERR_UNSUPPORTED);
-    ck_assert_ptr_nonnull(strstr(err.msg, "q4_K"));
+    ck_assert_ptr_nonnull(strstr(err.msg, "q2_K"));
     pd_err_clear(&err);
     ck_assert_uint_eq(gguf_type_row_bytes(500, 256, &err), 0);
     ck_assert_ptr_nonnull(strstr(err.msg, "unknown(500)"));

@@ -19,6 +19,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ggml_ref.h"
+
 START_TEST(model_rmsnorm_matches_hand_values)
 {
     const float x[4] = {1, 2, 3, 4}, w[4] = {1, 1, 2, 0.5f};
@@ -91,12 +93,45 @@ END_TEST
 
 /* ---- a naive reference forward from the file's tensors ----------------- */
 
+/* Tensors of other types, dequantized exactly (tests/unit/ggml_ref.h for
+ * the ggml block types, written from ggml's definitions): kept until
+ * tensors_free. */
+static float *deq_bufs[256];
+static int n_deq_bufs;
+
+static void tensors_free(void)
+{
+    while (n_deq_bufs > 0)
+        free(deq_bufs[--n_deq_bufs]);
+}
+
 static const float *tensor(gguf_file *f, const char *name)
 {
     const gguf_tensor *t = gguf_tensor_find(f, name);
     ck_assert_ptr_nonnull(t);
-    ck_assert_uint_eq(t->type, GGUF_TENSOR_F32);
-    return t->data;
+    if (t->type == GGUF_TENSOR_F32)
+        return t->data;
+    uint64_t n = 1;
+    for (uint32_t d = 0; d < t->n_dims; d++)
+        n *= t->ne[d];
+    float *y = malloc(n * sizeof *y);
+    ck_assert_ptr_nonnull(y);
+    ck_assert_int_lt(n_deq_bufs, 256);
+    deq_bufs[n_deq_bufs++] = y;
+    const uint8_t *b = t->data;
+    if (t->type == GGUF_TENSOR_Q8_0) {
+        for (uint64_t i = 0; i < n; i++)
+            y[i] = (float)(int8_t)b[(i / 32) * 34 + 2 + i % 32] * ggml_ref_f16(b + (i / 32) * 34);
+    } else if (t->type == GGUF_TENSOR_F16) {
+        for (uint64_t i = 0; i < n; i++)
+            y[i] = ggml_ref_f16(b + 2 * i);
+    } else {
+        int qk = 0, bb = 0;
+        ggml_ref_block((int)t->type, &qk, &bb);
+        ck_assert_msg(qk > 0, "tensor %s: type %u", name, t->type);
+        ggml_ref_dequant((int)t->type, b, y, (int)n);
+    }
+    return y;
 }
 
 /* y[o] = sum_i W[o][i] x[i] (+ b[o]) with W stored [out x in] */
@@ -146,7 +181,7 @@ static void ref_ffn(gguf_file *f, const model_hparams *hp, uint32_t L, const dou
     char n[64];
     double g[256], u[256], a[256], y[64];
 #define T(s) (snprintf(n, sizeof n, "blk.%u." s, L), tensor(f, n))
-    if (hp->arch != MODEL_ARCH_DEEPSEEK || L < hp->n_dense_lead) {
+    if (!model_arch_is_moe(hp->arch) || L < hp->n_dense_lead) {
         const uint32_t F = hp->ffn;
         ck_assert_uint_le(F, 256);
         ref_matvec(T("ffn_gate.weight"), NULL, h, H, F, g);
@@ -213,7 +248,7 @@ static void deepseek_small_opts(mkmodel_opts *o, uint32_t k)
     o->expert_scale = 1.0f;
 }
 
-static void check_stack(model_arch arch, uint32_t heads, uint32_t kv_heads)
+static void check_stack_dt(model_arch arch, uint32_t heads, uint32_t kv_heads, mk_dtype dtype)
 {
     char path[] = "/tmp/pd_test_model_XXXXXX";
     int fd = mkstemp(path);
@@ -221,14 +256,17 @@ static void check_stack(model_arch arch, uint32_t heads, uint32_t kv_heads)
     close(fd);
     mkmodel_opts o;
     mkmodel_defaults(&o);
-    if (arch == MODEL_ARCH_DEEPSEEK)
+    if (model_arch_is_moe(arch))
         deepseek_small_opts(&o, 2);
     o.arch = arch;
-    o.layers = arch == MODEL_ARCH_DEEPSEEK ? 3 : 2;
+    o.dtype = dtype;
+    o.layers = model_arch_is_moe(arch) ? 3 : 2;
+    if (dtype != MK_F32)
+        o.expert_ffn = 32; /* block-quantized rows: multiples of 32 */
     o.hidden = 32;
     o.heads = heads;
     o.kv_heads = kv_heads;
-    o.ffn = 40;
+    o.ffn = dtype == MK_F32 ? 40 : 64;
     o.vocab = 300;
     o.seed = 9;
     pd_err e = {0};
@@ -238,7 +276,8 @@ static void check_stack(model_arch arch, uint32_t heads, uint32_t kv_heads)
     model_load_opts lo = {.all_layers = 1, .want_embed = 1, .want_output = 1};
     ck_assert_int_eq(model_load(path, &lo, &m, &e), PD_OK);
     const model_hparams *hp = model_hp(m);
-    ck_assert_int_eq(hp->rope, arch == MODEL_ARCH_QWEN2 ? MODEL_ROPE_NEOX : MODEL_ROPE_NORM);
+    ck_assert_int_eq(hp->rope, arch == MODEL_ARCH_QWEN2 || arch == MODEL_ARCH_DEEPSEEK2_OCR ? MODEL_ROPE_NEOX
+                                                                                            : MODEL_ROPE_NORM);
     ck_assert_int_eq(hp->qkv_bias, arch == MODEL_ARCH_QWEN2);
     gguf_file *f;
     ck_assert_int_eq(gguf_open(path, &f, &e), PD_OK);
@@ -323,9 +362,8 @@ static void check_stack(model_arch arch, uint32_t heads, uint32_t kv_heads)
             double d = fabs(x[r * H + i] - ref[r][i]) / (fabs(ref[r][i]) + 1e-2);
             worst = d > worst ? d : worst;
         }
-    ck_assert_msg(worst < 2e-4, "%s %u/%u heads: max relative error %g against the reference",
-                  arch == MODEL_ARCH_LLAMA ? "llama" : arch == MODEL_ARCH_QWEN2 ? "qwen2" : "deepseek", heads,
-                  kv_heads, worst);
+    ck_assert_msg(worst < 2e-4, "%s %s %u/%u heads: max relative error %g against the reference",
+                  model_arch_name(arch), mk_dtype_name(dtype), heads, kv_heads, worst);
     stage_free(st);
 
     /* the model's layer math without a stage: one group of 3 prefill and 2
@@ -380,8 +418,14 @@ static void check_stack(model_arch arch, uint32_t heads, uint32_t kv_heads)
     pool_free(pools[1]);
     pool_free(pools[2]);
     gguf_close(f);
+    tensors_free();
     model_free(m);
     unlink(path);
+}
+
+static void check_stack(model_arch arch, uint32_t heads, uint32_t kv_heads)
+{
+    check_stack_dt(arch, heads, kv_heads, MK_F32);
 }
 
 START_TEST(model_stack_matches_reference_llama_gqa)
@@ -407,6 +451,20 @@ END_TEST
 START_TEST(model_stack_matches_reference_deepseek_moe)
 {
     check_stack(MODEL_ARCH_DEEPSEEK, 4, 4);
+}
+END_TEST
+
+/* deepseek2-ocr: NEOX rope over the whole head, the same MoE, against the
+ * double-precision reference; and on Q8_0, Q4_0 and Q5_0 weights, exactly
+ * dequantized by the test's ggml reference (hidden 32: the K types would
+ * fall back to these) */
+START_TEST(model_stack_matches_reference_deepseek2_ocr)
+{
+    check_stack(MODEL_ARCH_DEEPSEEK2_OCR, 4, 4);
+    check_stack_dt(MODEL_ARCH_DEEPSEEK2_OCR, 4, 4, MK_Q8_0);
+    check_stack_dt(MODEL_ARCH_DEEPSEEK2_OCR, 4, 4, MK_Q4_0);
+    check_stack_dt(MODEL_ARCH_DEEPSEEK2_OCR, 4, 4, MK_Q5_0);
+    check_stack_dt(MODEL_ARCH_LLAMA, 4, 2, MK_Q4_0);
 }
 END_TEST
 
@@ -448,6 +506,50 @@ START_TEST(model_moe_route_is_softmax_top_k_with_ties_to_the_lower_index)
     ck_assert_uint_eq(s2[0], 0);
     ck_assert_uint_eq(s2[1], 1);
     ck_assert_float_eq(w2[0], 0.25f);
+}
+END_TEST
+
+/* deepseek2-ocr's router options, as build_moe_ffn: the selection bias picks
+ * experts but the weights stay the unbiased p; sigmoid gating; the chosen
+ * weights renormalised (sum in double, clamped) and scaled. */
+START_TEST(model_moe_route_ex_bias_selects_norm_and_scale_weigh)
+{
+    const float lg[6] = {1.0f, 0.5f, -0.25f, 2.0f, 0.0f, -1.0f};
+    const float bias[6] = {0.0f, 0.0f, 5.0f, 0.0f, 0.0f, 0.0f};
+    float p[6], w[2], pr[6], wr[2];
+    uint32_t sel[2], selr[2];
+    model_moe_route(lg, 6, 2, pr, selr, wr);
+    ck_assert_uint_eq(selr[0], 3);
+    ck_assert_uint_eq(selr[1], 0);
+    model_moe_opts o = {.gating = MODEL_MOE_SOFTMAX, .sel_bias = bias};
+    model_moe_route_ex(lg, 6, 2, &o, p, sel, w);
+    ck_assert_int_eq(memcmp(p, pr, sizeof p), 0); /* p unbiased */
+    ck_assert_uint_eq(sel[0], 2);                 /* biased into the top */
+    ck_assert_uint_eq(sel[1], 3);
+    ck_assert_int_eq(memcmp(&w[0], &p[2], 4), 0); /* weight of the unbiased p */
+    /* norm and scale */
+    o = (model_moe_opts){.gating = MODEL_MOE_SOFTMAX, .norm_w = 1, .scale_w = 2.5f};
+    model_moe_route_ex(lg, 6, 2, &o, p, sel, w);
+    float s = (float)((double)pr[3] + (double)pr[0]);
+    ck_assert_int_eq(sel[0], 3);
+    ck_assert_float_eq(w[0], (pr[3] / s) * 2.5f);
+    ck_assert_float_eq(w[1], (pr[0] / s) * 2.5f);
+    /* scale 1 or 0: not applied */
+    o = (model_moe_opts){.gating = MODEL_MOE_SOFTMAX, .scale_w = 1.0f};
+    model_moe_route_ex(lg, 6, 2, &o, p, sel, w);
+    ck_assert_int_eq(memcmp(w, wr, sizeof w), 0);
+    /* sigmoid gating */
+    o = (model_moe_opts){.gating = MODEL_MOE_SIGMOID};
+    model_moe_route_ex(lg, 6, 2, &o, p, sel, w);
+    for (int e = 0; e < 6; e++)
+        ck_assert_double_eq_tol(p[e], 1.0 / (1.0 + exp(-(double)lg[e])), 1e-6);
+    ck_assert_uint_eq(sel[0], 3);
+    ck_assert_uint_eq(sel[1], 0);
+    /* the clamp: tiny weights are divided by 6.103515625e-5, not their sum */
+    const float neg[2] = {-30.0f, -31.0f};
+    o = (model_moe_opts){.gating = MODEL_MOE_SIGMOID, .norm_w = 1};
+    model_moe_route_ex(neg, 2, 1, &o, p, sel, w);
+    ck_assert_float_eq(w[0], p[0] / 6.103515625e-5f);
 }
 END_TEST
 
@@ -895,6 +997,39 @@ START_TEST(model_refuses_unsupported_architecture_and_types)
     pd_err_clear(&e);
     ck_assert_int_ne(model_read_hparams("/nonexistent/model.gguf", &hp, &e), PD_OK);
     ck_assert_msg(strstr(e.msg, "/nonexistent/model.gguf") != NULL, "%s", e.msg);
+    /* a Q4_0 model whose blk.1.attn_v.weight claims IQ4_NL (the same block
+     * size): refused by the hyperparameter read, before any weight is
+     * loaded, naming the tensor and its type */
+    mkmodel_opts o;
+    mkmodel_defaults(&o);
+    o.layers = 2;
+    o.hidden = 64;
+    o.ffn = 128;
+    o.dtype = MK_Q4_0;
+    ck_assert_int_eq(mkmodel_write(&o, path, &e), PD_OK);
+    FILE *fp = fopen(path, "r+b");
+    ck_assert_ptr_nonnull(fp);
+    static uint8_t buf[1 << 16];
+    size_t got = fread(buf, 1, sizeof buf, fp);
+    const char *nm = "blk.1.attn_v.weight";
+    uint8_t *at = memmem(buf, got, nm, strlen(nm));
+    ck_assert_ptr_nonnull(at);
+    size_t toff = (size_t)(at - buf) + strlen(nm) + 4 + 2 * 8; /* n_dims, ne[2], then the type */
+    uint32_t ty;
+    memcpy(&ty, buf + toff, 4);
+    ck_assert_uint_eq(ty, GGUF_TENSOR_Q4_0);
+    ty = GGUF_TENSOR_IQ4_NL;
+    ck_assert_int_eq(fseek(fp, (long)toff, SEEK_SET), 0);
+    ck_assert_uint_eq(fwrite(&ty, 4, 1, fp), 1);
+    fclose(fp);
+    pd_err_clear(&e);
+    ck_assert_int_eq(model_read_hparams(path, &hp, &e), PD_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(e.msg, "blk.1.attn_v.weight") && strstr(e.msg, "iq4_nl"), "%s", e.msg);
+    model *m = NULL;
+    model_load_opts lo = {.all_layers = 1, .want_embed = 1, .want_output = 1};
+    pd_err_clear(&e);
+    ck_assert_int_eq(model_load(path, &lo, &m, &e), PD_ERR_UNSUPPORTED);
+    ck_assert_ptr_null(m);
     unlink(path);
 }
 END_TEST
@@ -911,7 +1046,9 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, model_stack_matches_reference_llama_gqa);
     tcase_add_test(tc, model_stack_matches_reference_qwen2_mha_with_bias);
     tcase_add_test(tc, model_stack_matches_reference_deepseek_moe);
+    tcase_add_test(tc, model_stack_matches_reference_deepseek2_ocr);
     tcase_add_test(tc, model_moe_route_is_softmax_top_k_with_ties_to_the_lower_index);
+    tcase_add_test(tc, model_moe_route_ex_bias_selects_norm_and_scale_weigh);
     tcase_add_test(tc, model_moe_rows_do_not_depend_on_their_batch);
     tcase_add_test(tc, model_deepseek_loader_names_bad_moe_keys_and_tensors);
     tcase_add_test(tc, model_stack_matches_reference_qwen2_gqa_with_bias);
