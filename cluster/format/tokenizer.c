@@ -605,7 +605,7 @@ typedef struct tok_cuts {
 
 static void cut(tok_cuts *c, size_t end)
 {
-    if (c->n == 0 || c->v[c->n - 1] < end)
+    if (c->n == 0 ? end > 0 : c->v[c->n - 1] < end) /* no empty pieces */
         c->v[c->n++] = end;
 }
 
@@ -1600,6 +1600,73 @@ pd_status tok_encode(const tok *t, const char *text, size_t len, tok_opts o, int
     }
     *ids = out.v;
     *n_ids = out.n;
+    return PD_OK;
+}
+
+pd_status tok_split(const tok *t, const char *text, size_t len, size_t **lens, size_t *n,
+                    pd_err *err)
+{
+    if (!t || !lens || !n || (!text && len))
+        return pd_err_set(err, PD_ERR_ARG, "tokenizer: NULL argument");
+    size_t bad = 0;
+    const char *nul = len ? memchr(text, 0, len) : NULL;
+    bool valid = pd_utf8_valid(text, len, &bad);
+    if (nul && (valid || (size_t)(nul - text) < bad))
+        return pd_err_set(err, PD_ERR_FORMAT, "tokenizer: byte offset %zu: NUL byte in text",
+                          (size_t)(nul - text));
+    if (!valid)
+        return pd_err_set(err, PD_ERR_FORMAT, "tokenizer: byte offset %zu: invalid UTF-8", bad);
+    size_t np = 0;
+    bool oom = false;
+    tok_piece *pc = len ? partition(t, text, len, true, &np, &oom) : NULL;
+    size_t *out = oom ? NULL : malloc((len + 1) * sizeof *out);
+    tok_frag f = {.t = t};
+    if (out && t->model == TOK_MODEL_GPT2) {
+        f.cp = malloc((len + 1) * sizeof *f.cp);
+        f.boff = malloc((len + 1) * sizeof *f.boff);
+        f.cb = malloc(len + 1);
+        f.ends = malloc((len + 1) * sizeof *f.ends);
+        f.ends2 = malloc((len + 1) * sizeof *f.ends2);
+        oom = !f.cp || !f.boff || !f.cb || !f.ends || !f.ends2;
+    }
+    size_t k = 0;
+    for (size_t i = 0; out && !oom && i < np; i++) {
+        if (pc[i].id >= 0 || t->model != TOK_MODEL_GPT2) {
+            out[k++] = pc[i].e - pc[i].s;
+            continue;
+        }
+        const char *s = text + pc[i].s;
+        size_t m = pc[i].e - pc[i].s, c = 0;
+        for (size_t j = 0; j < m;) {
+            uint32_t cp = 0;
+            size_t l = pd_utf8_decode(s + j, m - j, &cp, NULL);
+            f.cp[c] = cp;
+            f.boff[c] = j;
+            f.cb[c] = tok_collapse(t, cp);
+            c++;
+            j += l;
+        }
+        f.boff[c] = m;
+        f.ncp = c;
+        pretokenize(&f);
+        size_t st = 0;
+        for (size_t q = 0; q < f.n_ends; q++) {
+            out[k++] = f.boff[f.ends[q]] - f.boff[st];
+            st = f.ends[q];
+        }
+    }
+    free(pc);
+    free(f.cp);
+    free(f.boff);
+    free(f.cb);
+    free(f.ends);
+    free(f.ends2);
+    if (!out || oom) {
+        free(out);
+        return pd_err_set(err, PD_ERR_NOMEM, "tokenizer: no memory for a text of %zu bytes", len);
+    }
+    *lens = out;
+    *n = k;
     return PD_OK;
 }
 

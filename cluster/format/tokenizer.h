@@ -120,6 +120,13 @@ typedef struct tok_opts {
 pd_status tok_encode(const tok *t, const char *text, size_t len, tok_opts o, int32_t **ids,
                      size_t *n_ids, pd_err *err);
 
+/* The pieces tok_encode would merge, as byte lengths in text order: special
+ * tokens (parse_special on) one piece each; gpt2: the pre-tokenizer's pieces;
+ * llama: each text fragment whole. *lens owned by the caller (free()). For
+ * tests and debugging. Refuses what tok_encode refuses. */
+pd_status tok_split(const tok *t, const char *text, size_t len, size_t **lens, size_t *n,
+                    pd_err *err);
+
 /* Aborts (CHECK) if an invariant of t is broken. */
 void tok_check(const tok *t);
 
