@@ -1509,10 +1509,10 @@ static void gpt2_fragment(const tok *t, tok_frag *f, tok_scratch *sc, const char
 static void spm_fragment(const tok *t, tok_scratch *sc, const char *s, size_t n, bool prefix,
                          tok_ids *out)
 {
-    size_t spaces = prefix ? 1 : 0;
+    size_t spaces = 0;
     for (size_t i = 0; i < n; i++)
         spaces += s[i] == ' ';
-    size_t m = n + 2 * spaces; /* each space grows from 1 to 3 bytes */
+    size_t m = n + 2 * spaces + (prefix ? 3 : 0); /* each space grows from 1 to 3 bytes */
     char *buf = malloc(m ? m : 1);
     if (!buf) {
         sc->oom = true;
