@@ -63,6 +63,10 @@ int cmd_mkpages(int argc, char **argv);
 /* `pipedec render`: text pages -> an OCR page manifest (cluster/format/render.h). */
 int cmd_render(int argc, char **argv);
 
+/* `pipedec tokenize`: text -> ids with the model's own tokenizer
+ * (cluster/format/tokenizer.h), like llama.cpp's llama-tokenize. */
+int cmd_tokenize(int argc, char **argv);
+
 /* `pipedec score`: character error rate of an output file against the text. */
 int cmd_score(int argc, char **argv);
 

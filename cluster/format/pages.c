@@ -346,7 +346,7 @@ enum { PAGES_KEY_ID, PAGES_KEY_PREFILL, PAGES_KEY_MAX_NEW, PAGES_KEY_COUNT };
 /* Validates one line; when p is set, also stores it as page p->n (not yet
  * counted: the caller commits it after the file checks). */
 static pd_status pages_parse_line(pages *p, pages_where *w, const char *text, size_t len,
-                                  uint32_t vocab_size, pages_page *out)
+                                  uint32_t vocab_size, const pages_opts *opts, pages_page *out)
 {
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
@@ -451,16 +451,17 @@ static pd_status pages_parse_line(pages *p, pages_where *w, const char *text, si
             st = pages_fail(w, PD_ERR_FORMAT, "prefill[%d]: a segment must be an object", s);
             goto done;
         }
-        const cJSON *tok = NULL, *emb = NULL;
+        const cJSON *tok = NULL, *emb = NULL, *txt = NULL;
         for (const cJSON *c = sg->child; c; c = c->next) {
             const cJSON **slot = c->string && !strcmp(c->string, "tokens")       ? &tok
                                  : c->string && !strcmp(c->string, "embeddings") ? &emb
+                                 : c->string && !strcmp(c->string, "text")       ? &txt
                                                                                  : NULL;
             char shown[96];
             pages_show_id(shown, sizeof shown, c->string ? c->string : "");
             if (!slot) {
                 st = pages_fail(w, PD_ERR_FORMAT,
-                                "prefill[%d]: unknown key \"%s\" (a segment has tokens or "
+                                "prefill[%d]: unknown key \"%s\" (a segment has tokens, text or "
                                 "embeddings)", s, shown);
                 goto done;
             }
@@ -470,18 +471,83 @@ static pd_status pages_parse_line(pages *p, pages_where *w, const char *text, si
             }
             *slot = c;
         }
-        if (tok && emb) {
+        if (tok && emb && !txt) {
             st = pages_fail(w, PD_ERR_FORMAT,
                             "prefill[%d]: has both \"tokens\" and \"embeddings\"; a segment is one "
                             "or the other", s);
             goto done;
         }
-        if (!tok && !emb) {
+        if (!!tok + !!emb + !!txt > 1) {
             st = pages_fail(w, PD_ERR_FORMAT,
-                            "prefill[%d]: empty segment (expected \"tokens\" or \"embeddings\")", s);
+                            "prefill[%d]: has more than one of \"tokens\", \"text\" and "
+                            "\"embeddings\"; a segment is one of them", s);
             goto done;
         }
-        if (tok) {
+        if (!tok && !emb && !txt) {
+            st = pages_fail(w, PD_ERR_FORMAT,
+                            "prefill[%d]: empty segment (expected \"tokens\", \"text\" or "
+                            "\"embeddings\")", s);
+            goto done;
+        }
+        if (txt) {
+            if (!cJSON_IsString(txt) || !txt->valuestring || !txt->valuestring[0]) {
+                st = pages_fail(w, PD_ERR_FORMAT, "prefill[%d].text: must be a non-empty string", s);
+                goto done;
+            }
+            size_t tl = strlen(txt->valuestring), bad = 0;
+            if (!pd_utf8_valid(txt->valuestring, tl, &bad)) {
+                st = pages_fail(w, PD_ERR_FORMAT, "prefill[%d].text: byte offset %zu: not valid UTF-8",
+                                s, bad);
+                goto done;
+            }
+            if (!opts || !opts->tokenize) {
+                /* no tokenizer at hand (a tool without the model): kept as text */
+                if (segs) {
+                    segs[s] = (pages_seg){.kind = PAGES_SEG_TEXT, .text = pages_strdup(p, txt->valuestring)};
+                    if (!segs[s].text) {
+                        st = pages_fail(w, PD_ERR_NOMEM, "no memory");
+                        goto done;
+                    }
+                }
+                continue;
+            }
+            int32_t *tids = NULL;
+            size_t nt = 0;
+            pd_err te = {0};
+            if (opts->tokenize(opts->tokenize_ctx, txt->valuestring, tl, &tids, &nt, &te) != PD_OK) {
+                st = pages_fail(w, te.status ? te.status : PD_ERR_FORMAT, "prefill[%d].text: %s", s,
+                                te.msg);
+                goto done;
+            }
+            if (nt == 0 || nt > PAGES_MAX_PREFILL_ROWS) {
+                free(tids);
+                st = pages_fail(w, nt ? PD_ERR_RANGE : PD_ERR_FORMAT,
+                                "prefill[%d].text: tokenizes to %zu tokens (need 1..%u)", s, nt,
+                                PAGES_MAX_PREFILL_ROWS);
+                goto done;
+            }
+            for (size_t t = 0; t < nt; t++)
+                if (tids[t] < 0 || (uint32_t)tids[t] >= vocab_size) {
+                    int32_t bad_id = tids[t];
+                    free(tids);
+                    st = pages_fail(w, PD_ERR_RANGE,
+                                    "prefill[%d].text: token %zu is id %d, outside the vocabulary "
+                                    "[0, %" PRIu32 ")", s, t, bad_id, vocab_size);
+                    goto done;
+                }
+            int32_t *ids = p ? pages_alloc(p, nt * sizeof *ids) : NULL;
+            if (p && !ids) {
+                free(tids);
+                st = pages_fail(w, PD_ERR_NOMEM, "no memory");
+                goto done;
+            }
+            if (ids)
+                memcpy(ids, tids, nt * sizeof *ids);
+            free(tids);
+            rows += (uint64_t)nt;
+            if (segs)
+                segs[s] = (pages_seg){.kind = PAGES_SEG_TOKENS, .rows = (uint32_t)nt, .tokens = ids};
+        } else if (tok) {
             int nt = cJSON_IsArray(tok) ? cJSON_GetArraySize(tok) : 0;
             if (nt <= 0) {
                 st = pages_fail(w, PD_ERR_FORMAT,
@@ -562,7 +628,7 @@ pd_status pages_line_check(const char *text, size_t len, uint32_t vocab_size, pd
     if (!text && len)
         return pd_err_set(err, PD_ERR_ARG, "pages: NULL line");
     pages_where w = {.manifest = "line", .line = 1, .err = err};
-    return pages_parse_line(NULL, &w, text ? text : "", len, vocab_size, NULL);
+    return pages_parse_line(NULL, &w, text ? text : "", len, vocab_size, NULL, NULL);
 }
 
 /* ---- files ---------------------------------------------------------------- */
@@ -708,7 +774,7 @@ pd_status pages_load(const char *path, uint32_t vocab_size, uint32_t hidden,
         pages_where w = {.manifest = path, .line = line, .err = err};
         pages_page *pg = &p->pg[p->n];
         *pg = (pages_page){0};
-        if ((st = pages_parse_line(p, &w, ln, ll, vocab_size, pg)) != PD_OK)
+        if ((st = pages_parse_line(p, &w, ln, ll, vocab_size, opts, pg)) != PD_OK)
             break;
         long prev = pages_lookup(p, pg->id);
         if (prev >= 0) {
@@ -819,6 +885,10 @@ void pages_check(const pages *p)
         uint64_t rows = 0;
         for (uint32_t s = 0; s < pg->n_segs; s++) {
             const pages_seg *sg = &pg->segs[s];
+            if (sg->kind == PAGES_SEG_TEXT) {
+                CHECK(sg->rows == 0 && sg->text && !sg->tokens && !sg->file);
+                continue;
+            }
             CHECK(sg->rows >= 1);
             if (sg->kind == PAGES_SEG_TOKENS) {
                 CHECK(sg->tokens && !sg->file && !sg->path);

@@ -10,6 +10,10 @@
  *                   object with exactly one key:
  *                     "tokens": non-empty array of integers in [0, vocab_size)
  *                               (integral JSON numbers such as 5 or 5.0)
+ *                     "text": non-empty UTF-8 string, tokenized with the
+ *                               model's own tokenizer (pages_opts.tokenize:
+ *                               no BOS, special tokens parsed) into a tokens
+ *                               segment; one that gives no tokens is refused
  *                     "embeddings": path of a '<f4' .npy file of shape
  *                               [rows >= 1, hidden] with finite values; a
  *                               relative path is relative to the manifest's
@@ -48,11 +52,13 @@
 typedef enum pages_seg_kind {
     PAGES_SEG_TOKENS,
     PAGES_SEG_EMBEDDINGS,
+    PAGES_SEG_TEXT, /* only when loaded without pages_opts.tokenize: rows 0, text set */
     PAGES_SEG_KIND_COUNT
 } pages_seg_kind;
 
 /* One prefill segment (borrowed from its pages object).
- * INV: rows >= 1; tokens set iff kind == PAGES_SEG_TOKENS; file, path and npy
+ * INV: rows >= 1 except for PAGES_SEG_TEXT (rows 0, text set: loaded without a
+ *      tokenizer); tokens set iff kind == PAGES_SEG_TOKENS; file, path and npy
  *      set iff kind == PAGES_SEG_EMBEDDINGS, with npy.rows == rows and
  *      npy.cols == the hidden size given to pages_load. */
 typedef struct pages_seg {
@@ -62,6 +68,7 @@ typedef struct pages_seg {
     const char *file;      /* the path as written in the manifest */
     const char *path;      /* the path that is opened (resolved against the manifest dir) */
     npy_info npy;          /* the header validated at load */
+    const char *text;      /* PAGES_SEG_TEXT: the text as written */
 } pages_seg;
 
 /* One page (borrowed from its pages object).
@@ -79,6 +86,12 @@ typedef struct pages_opts {
     /* Validate embeddings by header only (skip the finite-value scan at load;
      * pages_embed_read still checks every value it returns). */
     bool header_only;
+    /* Tokenizes a "text" segment (valid UTF-8, NUL-free, len bytes): on PD_OK
+     * *ids is owned by the caller (free()), *n ids; on failure err says why.
+     * NULL: text segments are kept as PAGES_SEG_TEXT (tools without a model). */
+    pd_status (*tokenize)(void *ctx, const char *text, size_t len, int32_t **ids, size_t *n,
+                          pd_err *err);
+    void *tokenize_ctx;
 } pages_opts;
 
 typedef struct pages pages;

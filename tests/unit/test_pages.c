@@ -69,6 +69,83 @@ static pd_status load(const char *path, pages **out, pd_err *err)
     return pages_load(path, VOCAB, HIDDEN, NULL, out, err);
 }
 
+/* A stand-in tokenizer: one id per byte (the byte value), "EMPTY" gives no
+ * ids, "FAIL" fails, "BIG" gives an id outside the vocabulary. */
+static pd_status fake_tokenize(void *ctx, const char *text, size_t len, int32_t **ids, size_t *n,
+                               pd_err *err)
+{
+    (*(int *)ctx)++;
+    if (!strcmp(text, "FAIL"))
+        return pd_err_set(err, PD_ERR_FORMAT, "tokenizer: byte offset 2: invalid UTF-8");
+    size_t k = !strcmp(text, "EMPTY") ? 0 : len;
+    *ids = malloc((k ? k : 1) * sizeof **ids);
+    for (size_t i = 0; i < k; i++)
+        (*ids)[i] = !strcmp(text, "BIG") ? 100000 : (unsigned char)text[i];
+    *n = k;
+    return PD_OK;
+}
+
+START_TEST(pages_text_segments_are_tokenized_or_refused_naming_the_page)
+{
+    int calls = 0;
+    pages_opts o = {.tokenize = fake_tokenize, .tokenize_ctx = &calls};
+    put("pages.jsonl", "{\"id\": \"t\", \"prefill\": [{\"tokens\": [1]}, {\"text\": \"ab\"}], "
+                       "\"max_new_tokens\": 5}\n");
+    pages *p = NULL;
+    pd_err err = {0};
+    ck_assert_msg(pages_load("pages.jsonl", VOCAB, HIDDEN, &o, &p, &err) == PD_OK, "%s", err.msg);
+    pages_check(p);
+    const pages_page *pg = pages_get(p, 0);
+    ck_assert_uint_eq(pg->n_segs, 2);
+    ck_assert_int_eq(pg->segs[1].kind, PAGES_SEG_TOKENS);
+    ck_assert_uint_eq(pg->segs[1].rows, 2);
+    ck_assert_int_eq(pg->segs[1].tokens[0], 'a');
+    ck_assert_int_eq(pg->segs[1].tokens[1], 'b');
+    ck_assert_uint_eq(pg->prefill_rows, 3);
+    ck_assert_int_eq(calls, 1);
+    pages_free(p);
+    /* without a tokenizer (tools): kept as text, no rows */
+    ck_assert_msg(pages_load("pages.jsonl", VOCAB, 0, NULL, &p, &err) == PD_OK, "%s", err.msg);
+    pages_check(p);
+    pg = pages_get(p, 0);
+    ck_assert_int_eq(pg->segs[1].kind, PAGES_SEG_TEXT);
+    ck_assert_str_eq(pg->segs[1].text, "ab");
+    ck_assert_uint_eq(pg->prefill_rows, 1);
+    pages_free(p);
+    static const struct { const char *seg; pd_status st; const char *msg; } bad[] = {
+        {"{\"text\": \"EMPTY\"}", PD_ERR_FORMAT,
+         "pages.jsonl:1: page \"t\": prefill[0].text: tokenizes to 0 tokens (need 1..16777216)"},
+        {"{\"text\": \"FAIL\"}", PD_ERR_FORMAT,
+         "pages.jsonl:1: page \"t\": prefill[0].text: tokenizer: byte offset 2: invalid UTF-8"},
+        {"{\"text\": \"BIG\"}", PD_ERR_RANGE,
+         "pages.jsonl:1: page \"t\": prefill[0].text: token 0 is id 100000, outside the vocabulary "
+         "[0, 1000)"},
+        {"{\"text\": \"\"}", PD_ERR_FORMAT,
+         "pages.jsonl:1: page \"t\": prefill[0].text: must be a non-empty string"},
+        {"{\"text\": 5}", PD_ERR_FORMAT,
+         "pages.jsonl:1: page \"t\": prefill[0].text: must be a non-empty string"},
+        {"{\"text\": \"a\xff\"}", PD_ERR_FORMAT,
+         "pages.jsonl:1: page \"t\": prefill[0].text: byte offset 1: not valid UTF-8"},
+        {"{\"text\": \"a\", \"tokens\": [1]}", PD_ERR_FORMAT,
+         "pages.jsonl:1: page \"t\": prefill[0]: has more than one of \"tokens\", \"text\" and "
+         "\"embeddings\"; a segment is one of them"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char text[512];
+        snprintf(text, sizeof text, "{\"id\": \"t\", \"prefill\": [%s], \"max_new_tokens\": 5}\n",
+                 bad[i].seg);
+        put("pages.jsonl", text);
+        p = (pages *)&text;
+        pd_err_clear(&err);
+        pd_status st = pages_load("pages.jsonl", VOCAB, HIDDEN, &o, &p, &err);
+        ck_assert_msg(st == bad[i].st, "case %zu: status %d: %s", i, st, err.msg);
+        ck_assert_msg(!strcmp(err.msg, bad[i].msg), "case %zu:\n got  %s\n want %s", i, err.msg,
+                      bad[i].msg);
+        ck_assert_ptr_eq(p, (pages *)&text);
+    }
+}
+END_TEST
+
 START_TEST(pages_load_reads_tokens_and_embedding_segments)
 {
     put_npy("e1.npy", 7, HIDDEN, 1.0f);
@@ -276,11 +353,12 @@ static const bad_case BAD[] = {
      "pages.jsonl:3: page \"p3\": prefill[0]: has both \"tokens\" and \"embeddings\"; a segment is "
      "one or the other"},
     {"{\"id\": \"p3\", \"prefill\": [{}], \"max_new_tokens\": 5}", PD_ERR_FORMAT,
-     "pages.jsonl:3: page \"p3\": prefill[0]: empty segment (expected \"tokens\" or \"embeddings\")"},
+     "pages.jsonl:3: page \"p3\": prefill[0]: empty segment (expected \"tokens\", \"text\" or "
+     "\"embeddings\")"},
     {"{\"id\": \"p3\", \"prefill\": [[1]], \"max_new_tokens\": 5}", PD_ERR_FORMAT,
      "pages.jsonl:3: page \"p3\": prefill[0]: a segment must be an object"},
     {"{\"id\": \"p3\", \"prefill\": [{\"token\": [1]}], \"max_new_tokens\": 5}", PD_ERR_FORMAT,
-     "pages.jsonl:3: page \"p3\": prefill[0]: unknown key \"token\" (a segment has tokens or "
+     "pages.jsonl:3: page \"p3\": prefill[0]: unknown key \"token\" (a segment has tokens, text or "
      "embeddings)"},
     {"{\"id\": \"p3\", \"prefill\": [{\"tokens\": [1], \"tokens\": [2]}], \"max_new_tokens\": 5}",
      PD_ERR_FORMAT, "pages.jsonl:3: page \"p3\": prefill[0]: key \"tokens\" given twice"},
@@ -484,6 +562,7 @@ Suite *pd_test_suite(void)
     TCase *tc = tcase_create("pages");
     tcase_add_checked_fixture(tc, setup_dir, teardown_dir);
     tcase_add_test(tc, pages_load_reads_tokens_and_embedding_segments);
+    tcase_add_test(tc, pages_text_segments_are_tokenized_or_refused_naming_the_page);
     tcase_add_test(tc, pages_relative_paths_resolve_against_the_manifest_dir);
     tcase_add_test(tc, pages_lazy_embed_read_equals_the_file);
     tcase_add_test(tc, pages_header_only_defers_the_finite_check_to_reads);

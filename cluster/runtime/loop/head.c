@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <sys/stat.h>
 #include "cluster/format/outfile.h"
+#include "cluster/format/tokenizer.h"
 #include "cluster/format/vocab.h"
 
 #include <stdio.h>
@@ -49,6 +50,27 @@ struct head {
 };
 
 /* ---- start-up ----------------------------------------------------------- */
+
+/* The manifest's "text" segments: the model's own tokenizer, built on the
+ * first text segment (a manifest of ids never builds it, so models whose
+ * tokenizer this build cannot run still decode id manifests as before). */
+typedef struct head_tok_ctx {
+    const model *m;
+    tok *t;
+} head_tok_ctx;
+
+static pd_status head_tokenize(void *ctx, const char *text, size_t len, int32_t **ids, size_t *n,
+                               pd_err *err)
+{
+    head_tok_ctx *c = ctx;
+    pd_status st;
+    if (!c->t && (st = tok_new_gguf(model_gguf(c->m), &c->t, err)) != PD_OK) {
+        pd_err_prefix(err, "the model's tokenizer");
+        return st;
+    }
+    return tok_encode(c->t, text, len, (tok_opts){.add_special = false, .parse_special = true},
+                      ids, n, err);
+}
 
 static pd_status head_vocab(head *h, pd_err *err)
 {
@@ -131,7 +153,11 @@ pd_status head_open(rank *r, head_resume_fn resume, head **out, pd_err *err)
     h->n_inflight = r->sz.n_inflight;
     const run_opts *o = r->o;
     pd_status st;
-    if ((st = pages_load(o->pages_path, r->hp.vocab, r->hp.hidden, NULL, &h->pg, err)))
+    head_tok_ctx tc = {.m = r->m};
+    pages_opts po = {.tokenize = head_tokenize, .tokenize_ctx = &tc};
+    st = pages_load(o->pages_path, r->hp.vocab, r->hp.hidden, &po, &h->pg, err);
+    tok_free(tc.t);
+    if (st)
         return st;
     if ((st = head_vocab(h, err)))
         return st;
