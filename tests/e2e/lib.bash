@@ -78,9 +78,11 @@ expect_fail() {
 }
 
 # rank_pid OUT R: the pid of rank R of a job run with --pid-file OUT.pids
-# (the job writes it once every rank started; never a process-table search)
+# (the job writes it once every rank started; never a process-table search).
+# Prints nothing, and succeeds, once the job has ended and removed the file:
+# callers run under set -e and may ask just as the job ends.
 rank_pid() {
-  awk -v r="$2" '$1 == r { print $2 }' "$1.pids" 2>/dev/null
+  awk -v r="$2" '$1 == r { print $2 }' "$1.pids" 2>/dev/null || true
 }
 
 finish() {
