@@ -206,6 +206,39 @@ START_TEST(ctl_silent_clients_cannot_jam_the_socket)
 }
 END_TEST
 
+/* All in one backlog before the server looks (a busy head polls between
+ * micro-batches): 16 silent clients, a real request, 3 more silent ones.
+ * The newcomers evict the clients that connected first and said nothing;
+ * the request, complete in its socket, is never the one evicted. */
+START_TEST(ctl_a_whole_line_is_never_evicted_by_later_silent_clients)
+{
+    char path[300], line[CTL_LINE_MAX];
+    mkpath(path, sizeof path, "backlog.sock");
+    ctl *c = NULL;
+    pd_err e = {0};
+    ck_assert_int_eq(ctl_open(path, 30, &c, &e), PD_OK);
+    int fds[20];
+    for (int i = 0; i < 16; i++)
+        fds[i] = raw_client(path, NULL);
+    fds[16] = raw_client(path, "status\n");
+    for (int i = 17; i < 20; i++)
+        fds[i] = raw_client(path, i == 18 ? "mig" : NULL);
+    int id = wait_request(c, line, sizeof line);
+    ck_assert_str_eq(line, "status");
+    ctl_reply(c, id, "{\"ok\":true}");
+    char got[256];
+    read_all(fds[16], got, sizeof got);
+    ck_assert_str_eq(got, "{\"ok\":true}\n");
+    for (int i = 0; i < 4; i++) { /* the four that connected first made room */
+        read_all(fds[i], got, sizeof got);
+        ck_assert_ptr_nonnull(strstr(got, "dropped: no complete request line"));
+    }
+    for (int i = 0; i < 20; i++)
+        close(fds[i]);
+    ctl_close(c);
+}
+END_TEST
+
 START_TEST(ctl_a_client_without_a_whole_line_is_dropped_after_the_timeout)
 {
     char path[300], line[CTL_LINE_MAX];
@@ -275,6 +308,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, ctl_existing_paths);
     tcase_add_test(tc, ctl_silent_clients_cannot_jam_the_socket);
     tcase_add_test(tc, ctl_a_client_without_a_whole_line_is_dropped_after_the_timeout);
+    tcase_add_test(tc, ctl_a_whole_line_is_never_evicted_by_later_silent_clients);
     tcase_add_test(tc, ctl_turns_away_a_newcomer_only_when_every_client_awaits_a_reply);
     suite_add_tcase(s, tc);
     return s;

@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <stdint.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@ typedef struct ctl_client {
     size_t n;                /* bytes of buf */
     bool asked;              /* a request was taken: waiting for its reply */
     double since;            /* when it connected (monotonic seconds) */
+    uint64_t seq;            /* connection order (eviction takes the lowest) */
     char buf[CTL_LINE_MAX];
 } ctl_client;
 
@@ -26,6 +28,7 @@ struct ctl {
     int fd;
     char *path;
     double line_timeout;     /* seconds a client has to complete its line */
+    uint64_t accepted;       /* connections taken so far */
     ctl_client cl[CTL_MAX_CLIENTS];
 };
 
@@ -92,7 +95,7 @@ pd_status ctl_open(const char *path, double line_timeout_s, ctl **out, pd_err *e
     int rc = bind(c->fd, (struct sockaddr *)&a, sizeof a);
     int e = errno;
     umask(old);
-    if (rc != 0 || listen(c->fd, CTL_MAX_CLIENTS) != 0) {
+    if (rc != 0 || listen(c->fd, 4 * CTL_MAX_CLIENTS) != 0) {
         st = pd_err_set(err, PD_ERR_IO, "--control %s: %s: %s", path, rc ? "bind" : "listen", strerror(rc ? e : errno));
         if (rc == 0)
             unlink(path);
@@ -159,16 +162,49 @@ void ctl_reply(ctl *c, int client, const char *json)
     client_drop(&c->cl[client]);
 }
 
-/* A free slot for a new client: when every slot is taken, the oldest
- * client that has not completed its line gives its slot up (told so);
- * -1 when every client is waiting for a reply. */
+/* Reads what client i has sent so far, never blocking. 1: buf holds a
+ * whole line; 0: not yet; -1: the slot was freed (the client closed before
+ * a whole line, or its line is too long and it was answered so). */
+static int client_fill(ctl *c, int i)
+{
+    ctl_client *k = &c->cl[i];
+    for (;;) {
+        if (memchr(k->buf, '\n', k->n))
+            return 1;
+        if (k->n == sizeof k->buf) {
+            ctl_reply(c, i, "{\"ok\":false,\"error\":\"request line too long\"}");
+            return -1;
+        }
+        ssize_t r = recv(k->fd, k->buf + k->n, sizeof k->buf - k->n, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        if (r <= 0) { /* closed before a whole line: forget it */
+            client_drop(k);
+            return -1;
+        }
+        k->n += (size_t)r;
+    }
+}
+
+/* A free slot for a new client: when every slot is taken, the client that
+ * connected first among those that have not completed a line (their bytes
+ * read first, so a line already sent counts) gives its slot up, told so;
+ * -1 when every client has a whole line in. */
 static int free_slot(ctl *c)
 {
     int oldest = -1;
-    for (int i = 0; i < CTL_MAX_CLIENTS; i++) {
+    for (int i = 0; i < CTL_MAX_CLIENTS; i++)
         if (c->cl[i].fd < 0)
             return i;
-        if (!c->cl[i].asked && (oldest < 0 || c->cl[i].since < c->cl[oldest].since))
+    for (int i = 0; i < CTL_MAX_CLIENTS; i++) {
+        if (c->cl[i].asked)
+            continue;
+        int f = client_fill(c, i);
+        if (f < 0)
+            return i;
+        if (f == 0 && (oldest < 0 || c->cl[i].seq < c->cl[oldest].seq))
             oldest = i;
     }
     if (oldest >= 0)
@@ -182,7 +218,8 @@ bool ctl_next(ctl *c, int *client, char *line, size_t cap)
     double now = now_s();
     /* clients that did not complete a line in time */
     for (int i = 0; i < CTL_MAX_CLIENTS; i++)
-        if (c->cl[i].fd >= 0 && !c->cl[i].asked && now - c->cl[i].since > c->line_timeout) {
+        if (c->cl[i].fd >= 0 && !c->cl[i].asked && now - c->cl[i].since > c->line_timeout &&
+            client_fill(c, i) == 0) {
             char msg[128];
             snprintf(msg, sizeof msg, "{\"ok\":false,\"error\":\"no complete request line within %g s\"}",
                      c->line_timeout);
@@ -200,43 +237,22 @@ bool ctl_next(ctl *c, int *client, char *line, size_t cap)
             close(fd);
             continue;
         }
-        c->cl[i].fd = fd;
-        c->cl[i].n = 0;
-        c->cl[i].asked = false;
-        c->cl[i].since = now;
+        c->cl[i] = (ctl_client){.fd = fd, .since = now, .seq = c->accepted++};
     }
-    /* bytes from clients that have not asked yet */
+    /* a whole line from a client that has not asked yet */
     for (int i = 0; i < CTL_MAX_CLIENTS; i++) {
         ctl_client *k = &c->cl[i];
-        if (k->fd < 0 || k->asked)
+        if (k->fd < 0 || k->asked || client_fill(c, i) != 1)
             continue;
-        for (;;) {
-            if (k->n == sizeof k->buf) {
-                ctl_reply(c, i, "{\"ok\":false,\"error\":\"request line too long\"}");
-                break;
-            }
-            ssize_t r = recv(k->fd, k->buf + k->n, sizeof k->buf - k->n, 0);
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-                break;
-            if (r <= 0) { /* closed before a whole line: forget it */
-                client_drop(k);
-                break;
-            }
-            k->n += (size_t)r;
-            char *nl = memchr(k->buf, '\n', k->n);
-            if (nl) {
-                size_t len = (size_t)(nl - k->buf);
-                if (len >= cap)
-                    len = cap - 1;
-                memcpy(line, k->buf, len);
-                line[len] = '\0';
-                k->asked = true;
-                *client = i;
-                return true;
-            }
-        }
+        char *nl = memchr(k->buf, '\n', k->n);
+        size_t len = (size_t)(nl - k->buf);
+        if (len >= cap)
+            len = cap - 1;
+        memcpy(line, k->buf, len);
+        line[len] = '\0';
+        k->asked = true;
+        *client = i;
+        return true;
     }
     return false;
 }

@@ -16,8 +16,9 @@
  * Nobody can jam it: a client that has not completed its line within the
  * line timeout (CTL_LINE_TIMEOUT_S by default) is answered with an error and
  * dropped, and when all CTL_MAX_CLIENTS slots are taken a new client gets
- * the slot of the oldest one that has not completed its line (that one is
- * told why it was dropped). Only when every slot holds a client waiting for
+ * the slot of the one that connected first among those that have not
+ * completed a line (their bytes are read first, so a line already sent is
+ * never evicted; the evicted one is told why). Only when every slot holds a client waiting for
  * its reply is a newcomer turned away ("too many control clients at once").
  *
  * Opening: the socket is created with mode 0600. An existing PATH is
