@@ -22,7 +22,7 @@ static void run_usage(FILE *f)
             "         [--evict none|recent:N|importance:N:SINKS]\n"
             "         [--sample greedy|temp:T[,top_p:P][,top_k:K]] [--seed S] [--no-repeat-ngram N:WINDOW]\n"
             "         [--gemm invariant|openblas] [--layers 0-3,4-7,...] [--wire-dtype f32|f16]\n"
-            "         [--stats FILE] [--progress] [--no-bind] [--digest] [--trace-hidden FILE]\n"
+            "         [--stats FILE] [--progress] [--no-bind] [--digest] [--special] [--trace-hidden FILE]\n"
             "         [--past-context] [--stall-timeout SECONDS] [--mem-limit BYTES|auto|none]\n"
             "         [--checkpoint-dir D [--checkpoint-every SECONDS]] [--draft none|ngram[:N[:K]]|model:FILE[:K]]\n"
             "         [--draft-async]\n"
@@ -53,6 +53,7 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         {"rebalance-window", required_argument, 0, 'V'}, {"migrate-at", required_argument, 0, 'G'},
         {"migrate-fault", required_argument, 0, 'F'}, {"rebalance-threshold", required_argument, 0, 'J'},
         {"weights-over-mpi", no_argument, 0, 'O'},    {"pid-file", required_argument, 0, 'I'},
+        {"special", no_argument, 0, 'Z'},
            {"micro-batches", required_argument, 0, 'k'},    {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     pd_status st = PD_OK;
@@ -115,6 +116,7 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         case 'H': o->trace_path = optarg; break;
         case 'Q': o->control_path = optarg; break;
         case 'I': o->pid_path = optarg; break;
+        case 'Z': o->special = true; break;
         case 'U':
             if (strcmp(optarg, "auto") == 0)
                 o->rebalance = true;

@@ -17,6 +17,7 @@ struct vocab {
     uint32_t n;
     int32_t bos, eos;
     bool strip_space; /* llama with add_space_prefix */
+    bool special;     /* control tokens keep their text (vocab_desc.special) */
     size_t max_piece;
     size_t *off;      /* [n + 1] */
     char *pieces;     /* concatenated piece bytes */
@@ -91,11 +92,15 @@ static int vocab_byte_token(const char *t, size_t n)
 }
 
 /* Writes token i's piece at dst (room for max(len, 3) bytes); returns its length. */
-static size_t vocab_decode(const vocab_gpt2_inv *inv, vocab_kind kind, vocab_ttype tt,
+static size_t vocab_decode(const vocab_gpt2_inv *inv, vocab_kind kind, vocab_ttype tt, bool special,
                            const char *t, size_t n, char *dst)
 {
     switch (tt) {
     case VOCAB_TT_CONTROL:
+        if (!special)
+            return 0;
+        memcpy(dst, t, n); /* its own text, as written in the vocabulary */
+        return n;
     case VOCAB_TT_UNUSED:
         return 0;
     case VOCAB_TT_USER_DEFINED:
@@ -194,6 +199,7 @@ pd_status vocab_new(const vocab_desc *d, vocab **out, pd_err *err)
     v->bos = d->bos;
     v->eos = d->eos;
     v->strip_space = kind == VOCAB_LLAMA && !d->no_space_prefix;
+    v->special = d->special;
     vocab_gpt2_inv inv;
     vocab_gpt2_inv_init(&inv);
     size_t o = 0;
@@ -211,7 +217,7 @@ pd_status vocab_new(const vocab_desc *d, vocab **out, pd_err *err)
             tt = VOCAB_TT_CONTROL;
         v->types[i] = (uint8_t)tt;
         v->off[i] = o;
-        size_t k = vocab_decode(&inv, kind, tt, t, len, v->pieces + o);
+        size_t k = vocab_decode(&inv, kind, tt, d->special, t, len, v->pieces + o);
         CHECK(k <= (len < 3 ? 3 : len));
         o += k;
         if (k > v->max_piece)
@@ -354,7 +360,7 @@ void vocab_check(const vocab *v)
         size_t k = v->off[i + 1] - v->off[i];
         if (k > mx)
             mx = k;
-        if (v->types[i] == VOCAB_TT_CONTROL || v->types[i] == VOCAB_TT_UNUSED)
+        if ((v->types[i] == VOCAB_TT_CONTROL && !v->special) || v->types[i] == VOCAB_TT_UNUSED)
             CHECK(k == 0);
     }
     CHECK(mx == v->max_piece);

@@ -67,6 +67,9 @@ typedef struct vocab_desc {
     int32_t bos;                   /* -1 = none */
     int32_t eos;                   /* -1 = none */
     bool no_space_prefix;          /* llama: keep the first piece's leading space */
+    bool special;                  /* control tokens decode to their own text (llama.cpp's
+                                      token_to_piece with special = true; run --special);
+                                      false: to nothing */
 } vocab_desc;
 
 typedef struct vocab vocab;

@@ -131,6 +131,31 @@ START_TEST(vocab_llama_control_unused_unknown_and_user_defined)
 }
 END_TEST
 
+/* DeepSeek's EOS, "<｜end▁of▁sentence｜>" */
+#define EOS_TEXT "<" "\xef\xbd\x9c" "end" "\xe2\x96\x81" "of" "\xe2\x96\x81" "sentence" "\xef\xbd\x9c" ">"
+
+/* --special: control tokens decode to their own text, as llama.cpp's
+ * token_to_piece with special = true; without it, to nothing. */
+START_TEST(vocab_special_shows_control_tokens_as_their_text)
+{
+    static const char *t[] = {"Hello", EOS_TEXT, "<image>",
+                              "\xc4\xa0world"};
+    static const int32_t ty[] = {VOCAB_TT_NORMAL, VOCAB_TT_CONTROL, VOCAB_TT_CONTROL, VOCAB_TT_NORMAL};
+    const int32_t a[] = {2, 0, 3, 1};
+    for (int special = 0; special < 2; special++) {
+        vocab_desc d = {.model = "gpt2", .n_tokens = 4, .tokens = t, .types = ty, .bos = -1, .eos = 1,
+                        .special = special};
+        vocab *v = NULL;
+        pd_err err = {0};
+        ck_assert_msg(vocab_new(&d, &v, &err) == PD_OK, "%s", err.msg);
+        vocab_check(v);
+        expect_text(v, a, 4, special ? "<image>Hello world" EOS_TEXT
+                                     : "Hello world");
+        vocab_free(v);
+    }
+}
+END_TEST
+
 START_TEST(vocab_llama_types_inferred_without_token_types)
 {
     vocab *v = make_llama(false, false);
@@ -383,6 +408,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, vocab_llama_byte_tokens_reassemble_multibyte_utf8);
     tcase_add_test(tc, vocab_llama_control_unused_unknown_and_user_defined);
     tcase_add_test(tc, vocab_llama_types_inferred_without_token_types);
+    tcase_add_test(tc, vocab_special_shows_control_tokens_as_their_text);
     tcase_add_test(tc, vocab_nul_byte_is_kept_with_its_length);
     tcase_add_test(tc, vocab_gpt2_every_byte_maps_back_through_the_table);
     tcase_add_test(tc, vocab_gpt2_words_spaces_and_split_characters);

@@ -93,7 +93,8 @@ static pd_status head_vocab(head *h, pd_err *err)
                         .token_lens = lens,
                         .types = types,
                         .bos = (int32_t)hp->bos,
-                        .eos = (int32_t)hp->eos};
+                        .eos = (int32_t)hp->eos,
+                        .special = h->r->o->special};
         st = vocab_new(&d, &h->vb, err);
     }
     free(toks);

@@ -35,6 +35,10 @@ char *ckpt_settings(const run_opts *o)
                  (unsigned)o->sample.top_k, (unsigned long long)o->seed, (unsigned)o->ngram.n,
                  (unsigned)o->ngram.window, o->backend == GEMM_BACKEND_OPENBLAS ? "openblas" : "invariant",
                  o->wire_dtype == MSG_DTYPE_F16 ? "f16" : "f32");
+    /* the output text's convention: a resume must write lines like the
+     * ones before it (appended only when set, so older checkpoints match) */
+    if (s && o->special)
+        strncat(s, "; special tokens in text", 511 - strlen(s));
     return s;
 }
 

@@ -33,6 +33,8 @@ typedef struct run_opts {
     bool progress;            /* progress line on stderr even when not a terminal */
     bool no_bind;             /* do not bind ranks to cores / NUMA nodes */
     bool digest;              /* each output line carries the page's logits digest */
+    bool special;             /* --special: control tokens (BOS, EOS, <image>, ...) appear in the
+                                 output text as their own text; default: they decode to nothing */
     bool past_context;        /* run pages past the model's context_length (counted in --stats) */
     uint64_t mem_limit;       /* cache bytes per rank: 0 = auto (budget.h), UINT64_MAX = none */
     draft_config draft;       /* --draft: speculation (draft.h); policy.max_drafts = its K */
