@@ -12,6 +12,7 @@
 #include "base/fnv.h"
 #include "base/utf8.h"
 #include "cluster/format/ucd.h"
+#include "cluster/format/vocab.h"
 
 enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER = 4, TT_UNUSED = 5, TT_BYTE = 6 };
 
@@ -198,21 +199,6 @@ static size_t tok_gpt2_char(int b, char out[2])
     return 2;
 }
 
-static int tok_byte_text(const char *t, size_t n)
-{
-    if (n != 6 || t[0] != '<' || t[1] != '0' || t[2] != 'x' || t[5] != '>')
-        return -1;
-    int v = 0;
-    for (int i = 3; i < 5; i++) {
-        char c = t[i];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-              : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-        if (d < 0)
-            return -1;
-        v = v * 16 + d;
-    }
-    return v;
-}
 
 void tok_free(tok *t)
 {
@@ -303,7 +289,7 @@ pd_status tok_new(const tok_desc *d, tok **out, pd_err *err)
             return pd_err_set(err, PD_ERR_FORMAT, "tokenizer: token %d: unknown token type %d", i,
                               d->types[i]);
         if (model == TOK_MODEL_LLAMA && d->types && d->types[i] == TT_BYTE &&
-            tok_byte_text(d->tokens[i], len) < 0)
+            vocab_byte_token(d->tokens[i], len) < 0)
             return pd_err_set(err, PD_ERR_FORMAT,
                               "tokenizer: token %d: byte token text is not of the form <0xNN>", i);
         if (text_bytes > SIZE_MAX / 4 - len)

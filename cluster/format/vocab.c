@@ -74,8 +74,7 @@ size_t vocab_utf8_repair(const char *in, size_t n, char *out)
     return o;
 }
 
-/* Parses "<0xNN>" (hex, either case); returns the byte or -1. */
-static int vocab_byte_token(const char *t, size_t n)
+int vocab_byte_token(const char *t, size_t n)
 {
     if (n != 6 || t[0] != '<' || t[1] != '0' || t[2] != 'x' || t[5] != '>')
         return -1;

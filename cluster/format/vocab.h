@@ -80,6 +80,10 @@ typedef struct vocab vocab;
  * bos/eos outside [-1, n_tokens). */
 pd_status vocab_new(const vocab_desc *d, vocab **out, pd_err *err);
 
+/* The byte a SentencePiece byte token's text "<0xNN>" (hex, either case)
+ * names, or -1 for any other text (also the tokenizer's byte fallback). */
+int vocab_byte_token(const char *t, size_t n);
+
 /* vocab_free(NULL) is a no-op. */
 void vocab_free(vocab *v);
 
