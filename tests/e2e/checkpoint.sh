@@ -25,12 +25,13 @@ PA="$T/long/pages.jsonl"
 cmp -s <(head -n 40 "$PA") "$P" || fail "the long manifest does not start with the 40 pages"
 MPIRUN=(mpirun --oversubscribe --bind-to none)
 
-# launch N OUT DIR SIGNAL extra...: starts a job, sends SIGNAL (to mpirun,
-# which forwards it to every rank) once the first page is out, waits; the
-# exit status lands in OUT.rc
+# launch N OUT DIR SIGNAL extra...: starts a job on the 3000 pages (it cannot
+# end before the test ends it), sends SIGNAL (to mpirun, which forwards it to
+# every rank) once the first page is out, waits; the exit status lands in
+# OUT.rc
 launch() {
   local n="$1" out="$2" dir="$3" sig="$4"; shift 4
-  local cmd=("$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 3 --digest --checkpoint-dir "$dir"
+  local cmd=("$PIPEDEC" run --model "$m" --pages "$PA" --out "$out" --batch 3 --digest --checkpoint-dir "$dir"
              --pid-file "$out.pids" "$@")
   [ "$n" -gt 0 ] && cmd=("${MPIRUN[@]}" -np "$n" "${cmd[@]}")
   ( rc=0; timeout 300 "${cmd[@]}" >"$out.log" 2>&1 </dev/null || rc=$?; echo "$rc" > "$out.rc" ) &
@@ -45,13 +46,46 @@ launch() {
   wait "$job" || true
 }
 
-# finish N OUT DIR extra...: the same command line, run to the end
-finish_run() {
+# rerun N OUT DIR extra...: the same command line resumed in the background
+# and stopped again (SIGUSR2 to rank 0, from its pid file) once it wrote two
+# more pages, so no run waits for 3000 pages; exit status in OUT.rc2
+rerun() {
   local n="$1" out="$2" dir="$3"; shift 3
-  local cmd=("$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 3 --digest --checkpoint-dir "$dir" "$@")
+  local k
+  k=$(wc -l < "$out")
+  local cmd=("$PIPEDEC" run --model "$m" --pages "$PA" --out "$out" --batch 3 --digest --checkpoint-dir "$dir"
+             --pid-file "$out.pids" "$@")
   [ "$n" -gt 0 ] && cmd=("${MPIRUN[@]}" -np "$n" "${cmd[@]}")
-  timeout 300 "${cmd[@]}" >"$out.resume.log" 2>&1 </dev/null
+  rm -f "$out.pids" "$out.rc2"
+  ( rc=0; timeout 300 "${cmd[@]}" >"$out.resume.log" 2>&1 </dev/null || rc=$?; echo "$rc" > "$out.rc2" ) &
+  local job=$!
+  for _ in $(seq 1 30000); do
+    [ -e "$out.rc2" ] && break
+    [ "$(wc -l < "$out")" -gt "$((k + 1))" ] && [ -s "$out.pids" ] && break
+    sleep 0.01
+  done
+  kill -USR2 "$(rank_pid "$out" 0)" 2>/dev/null || true
+  wait "$job" || true
 }
+
+# same_prefix OUT WHAT [policy...]: OUT's k lines (k >= 1, a job stopped
+# midway on PA) are the first k lines of an uninterrupted one-rank run under
+# the same policy
+same_prefix() {
+  local out="$1" what="$2" k; shift 2
+  k=$(wc -l < "$out")
+  rm -f "$T/prefix.ref" # a run onto an existing output skips the pages in it
+  if [ "$k" -le 40 ] && [ $# -eq 0 ]; then
+    head -n "$k" "$T/s1-3_.ref" > "$T/prefix.ref"
+  else
+    head -n "$k" "$PA" > "$T/long/first.jsonl"
+    "$PIPEDEC" run --model "$m" --pages "$T/long/first.jsonl" --out "$T/prefix.ref" --batch 3 --digest "$@" >/dev/null 2>&1
+  fi
+  [ "$k" -ge 1 ] && [ "$k" -lt 3000 ] || fail "$what: $k of 3000 pages written (the job should have been ended midway)"
+  same "$T/prefix.ref" "$out" "$what ($k pages)"
+}
+
+"$PIPEDEC" run --model "$m" --pages "$P" --out "$T/s1-3_.ref" --batch 3 --digest >/dev/null 2>&1
 
 # stop on N1 ranks, resume on N2 with MAP (0 = no mpirun), per policy; on
 # one node the stages take turns unless --micro-batches pipeline (never on
@@ -70,20 +104,20 @@ for c in "${cases[@]}"; do
   IFS='|' read -r n1 n2 map pol <<<"$c"
   tag=$(echo "s$n1-$n2$pol" | tr -c 'a-zA-Z0-9-' '_')
   # shellcheck disable=SC2086
-  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/$tag.ref" --batch 3 --digest $pol >/dev/null 2>&1
-  # shellcheck disable=SC2086
   launch "$n1" "$T/$tag.out" "$T/$tag.d" USR2 $pol
   rc=$(cat "$T/$tag.out.rc")
-  if [ "$rc" -eq 75 ] && [ -d "$T/$tag.d/ckpt-1" ] && [ "$(wc -l < "$T/$tag.out")" -lt 40 ]; then
-    pass "$tag: SIGUSR2 checkpointed and exited 75 with $(wc -l < "$T/$tag.out") of 40 pages out"
+  if [ "$rc" -eq 75 ] && [ -d "$T/$tag.d/ckpt-1" ] && [ "$(wc -l < "$T/$tag.out")" -lt 3000 ]; then
+    pass "$tag: SIGUSR2 checkpointed and exited 75 with $(wc -l < "$T/$tag.out") of 3000 pages out"
   else
     fail "$tag: exit $rc after SIGUSR2"; tail -3 "$T/$tag.out.log"
   fi
   extra=(); [ -n "$map" ] && extra=(--layers "$map")
   # shellcheck disable=SC2086
-  finish_run "$n2" "$T/$tag.out" "$T/$tag.d" "${extra[@]}" $pol || fail "$tag: resume exited non-zero"
+  rerun "$n2" "$T/$tag.out" "$T/$tag.d" "${extra[@]}" $pol
+  [ "$(cat "$T/$tag.out.rc2")" = 75 ] || fail "$tag: the resumed run exited $(cat "$T/$tag.out.rc2")"
   grep -q "resuming from" "$T/$tag.out.resume.log" || fail "$tag: the rerun did not say it resumed"
-  same "$T/$tag.ref" "$T/$tag.out" "$tag: resumed on ${n2} rank(s) ${map:+(map $map) }== uninterrupted"
+  # shellcheck disable=SC2086
+  same_prefix "$T/$tag.out" "$tag: resumed on ${n2} rank(s) ${map:+(map $map) }== uninterrupted" $pol
 done
 
 # a signal to one rank that is not the head: it travels on the next message
@@ -91,7 +125,7 @@ done
 # tail rank 2: SIGUSR2); batch 1, so the job is still running when they land
 # (at batch 3 a fast CPU finished it first)
 out="$T/onerank.jsonl"; d="$T/onerank.d"
-( rc=0; timeout 300 "${MPIRUN[@]}" -np 3 "$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 1 --digest \
+( rc=0; timeout 300 "${MPIRUN[@]}" -np 3 "$PIPEDEC" run --model "$m" --pages "$PA" --out "$out" --batch 3 --digest \
     --checkpoint-dir "$d" --pid-file "$out.pids" >"$out.log" 2>&1 </dev/null || rc=$?; echo "$rc" > "$out.rc" ) &
 job=$!
 for _ in $(seq 1 3000); do [ -s "$out" ] && [ -s "$out.pids" ] && break; sleep 0.01; done
@@ -119,24 +153,8 @@ else
   fail "signals to non-head ranks: exit $(cat "$out.rc"), $n_ck checkpoints, kept: $(ls "$d" 2>/dev/null | tr '\n' ' '), signals:$notes"
   grep -i "checkpoint\|signal" "$out.log" | head -5
 fi
-finish_run 2 "$out" "$d"
-same "$T/s1-3_.ref" "$out" "signals to non-head ranks: resumed output == uninterrupted"
-
-# same_prefix OUT WHAT: OUT's k lines (k >= 1, a job stopped midway on PA)
-# are the first k lines of an uninterrupted run
-same_prefix() {
-  local k
-  k=$(wc -l < "$1")
-  rm -f "$T/prefix.ref" # a run onto an existing output skips the pages in it
-  if [ "$k" -gt 40 ]; then
-    head -n "$k" "$PA" > "$T/long/first.jsonl"
-    "$PIPEDEC" run --model "$m" --pages "$T/long/first.jsonl" --out "$T/prefix.ref" --batch 3 --digest >/dev/null 2>&1
-  else
-    head -n "$k" "$T/s1-3_.ref" > "$T/prefix.ref"
-  fi
-  [ "$k" -ge 1 ] && [ "$k" -lt 3000 ] || fail "$2: $k of 3000 pages written (the job should have been ended midway)"
-  same "$T/prefix.ref" "$1" "$2 ($k pages)"
-}
+rerun 2 "$out" "$d"
+same_prefix "$out" "signals to non-head ranks: resumed output == uninterrupted"
 
 # wait_lines OUT N: waits (up to 30 s) until OUT has more than N lines
 wait_lines() {
@@ -166,18 +184,19 @@ same_prefix "$out" "SIGUSR1: output == uninterrupted"
 
 # kill -9 of the whole job after a checkpoint: the rerun resumes, nothing lost or duplicated
 out="$T/k9.jsonl"; d="$T/k9.d"
-( rc=0; timeout 300 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 3 --digest \
+( rc=0; timeout 300 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$m" --pages "$PA" --out "$out" --batch 3 --digest \
     --checkpoint-dir "$d" --checkpoint-every 3600 >"$out.log" 2>&1 </dev/null || rc=$?; echo "$rc" > "$out.rc" ) &
 job=$!
 for _ in $(seq 1 3000); do [ -s "$out" ] && break; sleep 0.01; done
 kill -USR1 "$(pgrep -f -o "^mpirun.*--out $out " || echo 0)" 2>/dev/null || true
-for _ in $(seq 1 3000); do [ -d "$d/ckpt-1" ] && break; sleep 0.01; done
-pkill -9 -f "pipedec run --model $m --pages $P --out $out " || true
+for _ in $(seq 1 30000); do [ -d "$d/ckpt-1" ] || [ -e "$out.rc" ] && break; sleep 0.01; done
+pkill -9 -f "pipedec run --model $m --pages $PA --out $out " || true
 wait "$job" || true
-finish_run 2 "$out" "$d"
+[ -d "$d/ckpt-1" ] || fail "kill -9: no checkpoint was written before the kill"
+rerun 2 "$out" "$d"
 grep -q "resuming from" "$out.resume.log" && pass "kill -9: the rerun resumed from the last published checkpoint" \
   || fail "kill -9: the rerun did not resume"
-same "$T/s1-3_.ref" "$out" "kill -9 after a checkpoint: the rerun completes the output exactly"
+same_prefix "$out" "kill -9 after a checkpoint: nothing lost or duplicated"
 
 # a damaged newest checkpoint falls back to the previous one. The job runs
 # on the 3000 pages, so it cannot end before the test has its two
