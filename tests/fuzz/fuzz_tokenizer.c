@@ -8,7 +8,7 @@
  * " the", and special tokens of different lengths that overlap.
  *
  * For scripts/fuzz.sh:
- *   PD_FUZZ_SOURCES: cluster/format/tokenizer.c cluster/format/ucd.c cluster/format/gguf.c comm/rd.c comm/crc32c.c base/file.c base/fnv.c base/utf8.c base/fp16.c base/cpu.c base/status.c
+ *   PD_FUZZ_SOURCES: cluster/format/tokenizer.c cluster/format/vocab.c cluster/format/ucd.c cluster/format/gguf.c comm/rd.c comm/crc32c.c base/file.c base/fnv.c base/utf8.c base/fp16.c base/cpu.c base/status.c
  * Replay without libFuzzer: add -DPD_FUZZ_MAIN, drop -fsanitize=fuzzer, and
  * pass input files as arguments. */
 #include <stddef.h>
