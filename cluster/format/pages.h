@@ -18,6 +18,12 @@
  *                               [rows >= 1, hidden] with finite values; a
  *                               relative path is relative to the manifest's
  *                               directory, an absolute path is used as is
+ *                     "image": path of a page image (PNG, JPEG, PPM),
+ *                               resolved as embeddings paths are; its rows
+ *                               come from the vision encoder
+ *                               (cluster/vision/venc.h), so pages_load only
+ *                               resolves the path (rows 0): `pipedec encode`
+ *                               turns such pages into embeddings pages
  *   max_new_tokens  integer in [0, PAGES_MAX_NEW_TOKENS]
  * Every key is required. Unknown keys, in a page or a segment, are refused
  * (a typo such as "max_new_token" must not silently mean a default), and so
@@ -52,14 +58,16 @@
 typedef enum pages_seg_kind {
     PAGES_SEG_TOKENS,
     PAGES_SEG_EMBEDDINGS,
-    PAGES_SEG_TEXT, /* only when loaded without pages_opts.tokenize: rows 0, text set */
+    PAGES_SEG_TEXT,  /* only when loaded without pages_opts.tokenize: rows 0, text set */
+    PAGES_SEG_IMAGE, /* rows 0, file and path set: for the vision encoder */
     PAGES_SEG_KIND_COUNT
 } pages_seg_kind;
 
 /* One prefill segment (borrowed from its pages object).
  * INV: rows >= 1 except for PAGES_SEG_TEXT (rows 0, text set: loaded without a
- *      tokenizer); tokens set iff kind == PAGES_SEG_TOKENS; file, path and npy
- *      set iff kind == PAGES_SEG_EMBEDDINGS, with npy.rows == rows and
+ *      tokenizer) and PAGES_SEG_IMAGE (rows 0, file and path set); tokens set
+ *      iff kind == PAGES_SEG_TOKENS; npy set iff kind == PAGES_SEG_EMBEDDINGS,
+ *      with npy.rows == rows and
  *      npy.cols == the hidden size given to pages_load. */
 typedef struct pages_seg {
     pages_seg_kind kind;

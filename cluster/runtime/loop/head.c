@@ -13,6 +13,7 @@
 #include "cluster/format/vocab.h"
 
 #include <stdio.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -144,6 +145,24 @@ static pd_status head_check_paths(const head *h, pd_err *err)
     return PD_OK;
 }
 
+/* Image segments need the vision encoder; a run decodes rows, so a manifest
+ * with images is refused before anything decodes, saying what to do. */
+static pd_status head_no_images(const head *h, pd_err *err)
+{
+    for (size_t p = 0; p < pages_count(h->pg); p++) {
+        const pages_page *pg = pages_get(h->pg, p);
+        for (uint32_t k = 0; k < pg->n_segs; k++)
+            if (pg->segs[k].kind == PAGES_SEG_IMAGE)
+                return pd_err_set(err, PD_ERR_UNSUPPORTED,
+                                  "%s:%" PRIu32 ": page \"%s\": prefill[%" PRIu32 "].image: %s: "
+                                  "image pages are encoded first: pipedec encode --mmproj MM "
+                                  "--model M --pages %s --out DIR, then run DIR/pages.jsonl",
+                                  h->r->o->pages_path, pg->line, pg->id, k, pg->segs[k].file,
+                                  h->r->o->pages_path);
+    }
+    return PD_OK;
+}
+
 pd_status head_open(rank *r, head_resume_fn resume, head **out, pd_err *err)
 {
     head *h = calloc(1, sizeof *h);
@@ -159,6 +178,8 @@ pd_status head_open(rank *r, head_resume_fn resume, head **out, pd_err *err)
     st = pages_load(o->pages_path, r->hp.vocab, r->hp.hidden, &po, &h->pg, err);
     tok_free(tc.t);
     if (st)
+        return st;
+    if ((st = head_no_images(h, err)))
         return st;
     if ((st = head_vocab(h, err)))
         return st;
