@@ -28,6 +28,7 @@ static void run_usage(FILE *f)
             "         [--draft-async]\n"
             "         [--control SOCKET] [--rebalance off|auto] [--rebalance-window STEPS]\n"
             "         [--rebalance-threshold PERCENT] [--weights-over-mpi] [--pid-file FILE]\n"
+            "         [--mmproj MM [--encoder-threads T]]   (image pages: the vision encoder, llama.cpp's mtmd)\n"
             "testing aids: [--migrate-at STEP:MAP]... [--migrate-fault none|corrupt|weights]\n");
 }
 
@@ -53,7 +54,8 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         {"rebalance-window", required_argument, 0, 'V'}, {"migrate-at", required_argument, 0, 'G'},
         {"migrate-fault", required_argument, 0, 'F'}, {"rebalance-threshold", required_argument, 0, 'J'},
         {"weights-over-mpi", no_argument, 0, 'O'},    {"pid-file", required_argument, 0, 'I'},
-        {"special", no_argument, 0, 'Z'},
+        {"special", no_argument, 0, 'Z'},             {"mmproj", required_argument, 0, 'i'},
+        {"encoder-threads", required_argument, 0, 'e'},
            {"micro-batches", required_argument, 0, 'k'},    {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     pd_status st = PD_OK;
@@ -117,6 +119,8 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         case 'Q': o->control_path = optarg; break;
         case 'I': o->pid_path = optarg; break;
         case 'Z': o->special = true; break;
+        case 'i': o->mmproj_path = optarg; break;
+        case 'e': st = cli_u32("--encoder-threads", optarg, 1, 1024, &o->encoder_threads, e); break;
         case 'U':
             if (strcmp(optarg, "auto") == 0)
                 o->rebalance = true;

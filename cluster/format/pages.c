@@ -673,6 +673,34 @@ static pd_status pages_resolve(pages *p, const pages_where *w, size_t dir_len, p
     return PD_OK;
 }
 
+/* Counts image segment s's rows with opts->image_rows; a refusal stays with
+ * the segment (rows 1, error) for the page to fail with when decoded. */
+static pd_status pages_count_image(pages *p, const pages_where *w, pages_seg *sg, size_t s,
+                                   const pages_opts *opts)
+{
+    uint32_t rows = 0;
+    pd_err e = {0};
+    pd_status st = opts->image_rows(opts->image_ctx, sg->path, &rows, &e);
+    if (st == PD_ERR_NOMEM)
+        return pages_fail(w, st, "prefill[%zu].image: %s", s, e.msg);
+    if (st == PD_OK && (rows == 0 || rows > PAGES_MAX_PREFILL_ROWS)) {
+        st = PD_ERR_RANGE;
+        pd_err_set(&e, st, "%s: the vision encoder makes %" PRIu32 " rows of it (need 1..%u)",
+                   sg->file, rows, PAGES_MAX_PREFILL_ROWS);
+    }
+    if (st == PD_OK) {
+        sg->rows = rows;
+        return PD_OK;
+    }
+    char msg[sizeof e.msg + 64];
+    snprintf(msg, sizeof msg, "prefill[%zu].image: %s", s, e.msg);
+    sg->error = pages_strdup(p, msg);
+    if (!sg->error)
+        return pages_fail(w, PD_ERR_NOMEM, "no memory");
+    sg->rows = 1;
+    return PD_OK;
+}
+
 /* Resolves, probes and (unless header_only) scans embeddings segment s.
  * dir_len: length of the manifest's directory prefix in manifest (the text
  * before its last '/'), or SIZE_MAX when the manifest path has no '/'. */
@@ -800,7 +828,15 @@ pd_status pages_load(const char *path, uint32_t vocab_size, uint32_t hidden,
         pages_seg *segs = (pages_seg *)pg->segs;
         for (uint32_t s = 0; s < pg->n_segs && st == PD_OK; s++) {
             if (segs[s].kind == PAGES_SEG_IMAGE) {
-                st = pages_resolve(p, &w, dir_len, &segs[s]); /* read by the vision encoder */
+                /* read by the vision encoder */
+                if ((st = pages_resolve(p, &w, dir_len, &segs[s])) == PD_OK && opts && opts->image_rows)
+                    st = pages_count_image(p, &w, &segs[s], s, opts);
+                if (st == PD_OK) {
+                    pg->prefill_rows += segs[s].rows;
+                    if (pg->prefill_rows > PAGES_MAX_PREFILL_ROWS)
+                        st = pages_fail(&w, PD_ERR_RANGE, "prefill[%" PRIu32 "]: the prefill exceeds "
+                                        "%u rows", s, PAGES_MAX_PREFILL_ROWS);
+                }
                 continue;
             }
             if (segs[s].kind != PAGES_SEG_EMBEDDINGS)
@@ -909,7 +945,9 @@ void pages_check(const pages *p)
                 continue;
             }
             if (sg->kind == PAGES_SEG_IMAGE) {
-                CHECK(sg->rows == 0 && sg->file && sg->path && !sg->tokens && !sg->text);
+                CHECK(sg->file && sg->path && !sg->tokens && !sg->text);
+                CHECK(!sg->error || sg->rows == 1);
+                rows += sg->rows;
                 continue;
             }
             CHECK(sg->rows >= 1);

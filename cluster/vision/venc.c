@@ -313,9 +313,12 @@ pd_status venc_image(venc *v, const char *path, bool count_only, venc_out *out, 
             mtmd_helper_bitmap_init_from_buf(v->ctx, buf, len, false, mtmd_helper_init_opt_default());
         free(buf);
         bm = bw.bitmap;
+        /* mtmd's helper falls back to video decoding (ffprobe) when stb_image
+         * refuses the bytes; its messages about that would only mislead */
         if (!bm)
-            return pd_err_set(err, PD_ERR_FORMAT, "%s: cannot decode the %s image: %s", path,
-                              image_kind_name(info.kind), venc_last(v));
+            return pd_err_set(err, PD_ERR_FORMAT, "%s: cannot decode the %s image: llama.cpp's "
+                              "image decoder (stb_image) refused its data: corrupt or truncated",
+                              path, image_kind_name(info.kind));
         if (mtmd_bitmap_get_nx(bm) != info.width || mtmd_bitmap_get_ny(bm) != info.height) {
             mtmd_bitmap_free(bm);
             return pd_err_set(err, PD_ERR_FORMAT, "%s: decoded as %" PRIu32 " x %" PRIu32

@@ -1,6 +1,7 @@
 /* head: the manifest, the scheduler's loop, results and the output file on
  * rank 0 (contract in head.h). */
 #include "cluster/runtime/loop/head.h"
+#include "cluster/runtime/loop/pageimg.h"
 
 #include "base/check.h"
 #include "base/file.h"
@@ -36,6 +37,7 @@ struct head {
     outfile *of;
     sched *sc;
     drafter *dr;              /* --draft model: the draft model, else NULL */
+    pageimg *img;             /* --mmproj: image pages' encoder, else NULL */
     budget *bud;              /* NULL: no admission budget */
     bool *skip;               /* [pages] already in the output file */
     head_pending *pending;
@@ -155,8 +157,9 @@ static pd_status head_no_images(const head *h, pd_err *err)
             if (pg->segs[k].kind == PAGES_SEG_IMAGE)
                 return pd_err_set(err, PD_ERR_UNSUPPORTED,
                                   "%s:%" PRIu32 ": page \"%s\": prefill[%" PRIu32 "].image: %s: "
-                                  "image pages are encoded first: pipedec encode --mmproj MM "
-                                  "--model M --pages %s --out DIR, then run DIR/pages.jsonl",
+                                  "image pages need the vision encoder: run --mmproj MM, or "
+                                  "pipedec encode --mmproj MM --model M --pages %s --out DIR first "
+                                  "and run DIR/pages.jsonl",
                                   h->r->o->pages_path, pg->line, pg->id, k, pg->segs[k].file,
                                   h->r->o->pages_path);
     }
@@ -175,11 +178,21 @@ pd_status head_open(rank *r, head_resume_fn resume, head **out, pd_err *err)
     pd_status st;
     head_tok_ctx tc = {.m = r->m};
     pages_opts po = {.tokenize = head_tokenize, .tokenize_ctx = &tc};
+    if (o->mmproj_path) {
+        st = pageimg_open(o->mmproj_path, o->model_path, o->encoder_threads ? o->encoder_threads : o->threads,
+                          r->sz.max_streams, &h->img, err);
+        if (st) {
+            pd_err_prefix(err, "--mmproj");
+            return st;
+        }
+        po.image_rows = pageimg_count;
+        po.image_ctx = h->img;
+    }
     st = pages_load(o->pages_path, r->hp.vocab, r->hp.hidden, &po, &h->pg, err);
     tok_free(tc.t);
     if (st)
         return st;
-    if ((st = head_no_images(h, err)))
+    if (!h->img && (st = head_no_images(h, err)))
         return st;
     if ((st = head_vocab(h, err)))
         return st;
@@ -220,7 +233,9 @@ pd_status head_open(rank *r, head_resume_fn resume, head **out, pd_err *err)
                         .drafter = h->dr,
                         .spec_async = o->policy.spec_async,
                         .on_done = head_on_done,
-                        .on_done_ctx = h};
+                        .on_done_ctx = h,
+                        .image = h->img ? pageimg_read : NULL,
+                        .image_ctx = h->img};
     return sched_new(&cfg, h->n_inflight, &h->sc, err);
 }
 
@@ -237,6 +252,7 @@ void head_free(head *h)
     free(h->skip);
     sched_free(h->sc);
     drafter_free(h->dr);
+    pageimg_free(h->img);
     budget_free(h->bud);
     outfile_free(h->of);
     vocab_free(h->vb);
