@@ -33,6 +33,16 @@ static void mkmodel_usage(FILE *f)
                "  window 14, CLIP 2 layers x 64 (4 heads), f32, seed 1\n");
 }
 
+/* The long name of the first option in opts whose letter is in mask (the
+ * `given` bits below), for messages that name the flag. */
+static const char *mkmodel_flag(const struct option *opts, uint64_t mask)
+{
+    for (const struct option *o = opts; o->name; o++)
+        if (o->val >= 'A' && o->val <= 'z' && (mask & (1ull << (o->val - 'A'))))
+            return o->name;
+    return "?";
+}
+
 int cmd_mkmodel(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -147,10 +157,12 @@ int cmd_mkmodel(int argc, char **argv)
     const uint64_t mm_only = BIT('m') | BIT('n') | BIT('p') | BIT('q') | BIT('r') | BIT('t') | BIT('w');
     const uint64_t mm_flags = BIT('M') | BIT('H') | BIT('s') | BIT('d') | mm_only;
     if (st == PD_OK && !mmproj && (given & mm_only))
-        st = pd_err_set(&e, PD_ERR_ARG, "--sam-*, --clip-* and --window describe a vision projector: they need --mmproj FILE");
+        st = pd_err_set(&e, PD_ERR_ARG, "--%s describes a vision projector: it needs --mmproj FILE",
+                        mkmodel_flag(opts, given & mm_only));
     if (st == PD_OK && mmproj && (given & ~mm_flags))
-        st = pd_err_set(&e, PD_ERR_ARG, "--mmproj takes only --hidden, --seed, --dtype, --sam-layers, --sam-width, "
-                                        "--sam-heads, --window, --clip-layers, --clip-width and --clip-heads");
+        st = pd_err_set(&e, PD_ERR_ARG, "--mmproj does not take --%s (only --hidden, --seed, --dtype, --sam-layers, "
+                                        "--sam-width, --sam-heads, --window, --clip-layers, --clip-width, --clip-heads)",
+                        mkmodel_flag(opts, given & ~mm_flags));
     if (st == PD_OK && mmproj && !(given & BIT('H')))
         st = pd_err_set(&e, PD_ERR_ARG, "--mmproj needs --hidden H, the hidden size of the decoder it feeds");
     if (st == PD_OK && mmproj && optind < argc)
