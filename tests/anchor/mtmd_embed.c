@@ -30,7 +30,20 @@
  * C order, shape (rows, width), width = llama_model_n_embd_inp.
  * Stdout gets one summary line per chunk. Exit status: 0, 1 on a failure
  * (named on stderr), 3 when an embedding value is NaN or infinite (the files
- * are still written). */
+ * are still written).
+ *
+ * Taps, to find where a reimplementation departs: PD_MTMD_TAPS, a
+ * comma-separated list of clip graph tensor names, adds for each image chunk
+ * OUTDIR/chunk_NNN.<name>.npy, '<f4' of shape (ne3, ne2, ne1, ne0) in ggml's
+ * order (ne0 fastest), as the graph computed it. "inp_raw" is the chunk's
+ * normalized pixels as the graph receives them (x, y, channel, image); for
+ * deepseekocr (models/deepseekocr.cpp) also "sam_layer_out-L",
+ * "sam_output" (the SAM grid after net_3), "pos_embed", "layer_out-L"
+ * (CLIP), "dsocr_output" (the rows above). A name absent from the graph is
+ * absent from OUTDIR. Only the dump's own encodes are tapped, not the
+ * generation's. */
+#include "ggml-backend.h"
+#include "ggml.h"
 #include "llama.h"
 #include "mtmd-helper.h"
 #include "mtmd.h"
@@ -49,10 +62,16 @@ static void quiet(enum ggml_log_level level, const char *text, void *ud)
 
 /* NumPy v1.0: magic, version, u16 header length, a dict padded with spaces
  * and ended by '\n' so the data starts at a multiple of 64. */
-static int write_npy(const char *path, const float *x, size_t rows, size_t width)
+static int write_npy_nd(const char *path, const float *x, const size_t *shape, int nd)
 {
-    char hdr[128];
-    int n = snprintf(hdr, sizeof hdr, "{'descr': '<f4', 'fortran_order': False, 'shape': (%zu, %zu), }", rows, width);
+    char dims[160] = "", hdr[256];
+    size_t count = 1;
+    for (int i = 0; i < nd; i++) {
+        size_t l = strlen(dims);
+        snprintf(dims + l, sizeof dims - l, "%zu%s", shape[i], (nd == 1 || i < nd - 1) ? ", " : "");
+        count *= shape[i];
+    }
+    int n = snprintf(hdr, sizeof hdr, "{'descr': '<f4', 'fortran_order': False, 'shape': (%s), }", dims);
     size_t total = 10 + (size_t)n + 1, pad = (64 - total % 64) % 64;
     FILE *f = fopen(path, "wb");
     if (!f)
@@ -65,8 +84,87 @@ static int write_npy(const char *path, const float *x, size_t rows, size_t width
         ok = fputc(' ', f) != EOF;
     ok = ok && fputc('\n', f) != EOF;
     /* little-endian hosts only (x86-64, aarch64): the floats go as they are */
-    ok = ok && fwrite(x, sizeof *x, rows * width, f) == rows * width;
+    ok = ok && fwrite(x, sizeof *x, count, f) == count;
     return (fclose(f) == 0 && ok) ? 0 : -1;
+}
+
+static int write_npy(const char *path, const float *x, size_t rows, size_t width)
+{
+    const size_t shape[2] = {rows, width};
+    return write_npy_nd(path, x, shape, 2);
+}
+
+/* The eval callback's state: which names to write, for which chunk. */
+typedef struct taps {
+    const char *names; /* PD_MTMD_TAPS, or NULL */
+    const char *outdir;
+    int on;            /* only during the dump's own encodes */
+    size_t chunk;
+    int failed;
+} taps;
+
+static int tap_wanted(const taps *tp, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = tp->names; p && *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0)
+            return 1;
+        p = e ? e + 1 : p + len;
+    }
+    return 0;
+}
+
+/* The graph input "inp_raw" is a leaf, never passed to the callback: it is
+ * taken from the first node that reads it. */
+static struct ggml_tensor *tap_inp_raw(struct ggml_tensor *t)
+{
+    for (int i = 0; i < GGML_MAX_SRC; i++)
+        if (t->src[i] && strcmp(t->src[i]->name, "inp_raw") == 0)
+            return t->src[i];
+    return NULL;
+}
+
+static void tap_write(taps *tp, struct ggml_tensor *t)
+{
+    if (t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t)) {
+        fprintf(stderr, "mtmd_embed: tap %s is not contiguous f32, not written\n", t->name);
+        return;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/chunk_%03zu.%s.npy", tp->outdir, tp->chunk, t->name);
+    FILE *probe = fopen(path, "rb");
+    if (probe) { /* a tensor read by several nodes: written once */
+        fclose(probe);
+        return;
+    }
+    const size_t n = (size_t)ggml_nelements(t);
+    float *x = malloc(n * sizeof *x);
+    if (!x) {
+        tp->failed = 1;
+        return;
+    }
+    ggml_backend_tensor_get(t, x, 0, n * sizeof *x);
+    size_t shape[4] = {(size_t)t->ne[3], (size_t)t->ne[2], (size_t)t->ne[1], (size_t)t->ne[0]};
+    if (write_npy_nd(path, x, shape, 4) != 0)
+        tp->failed = 1;
+    free(x);
+}
+
+static bool tap_cb(struct ggml_tensor *t, bool ask, void *ud)
+{
+    taps *tp = ud;
+    if (!tp->on)
+        return ask ? false : true;
+    const int want = tap_wanted(tp, t->name), raw = tap_wanted(tp, "inp_raw") && tap_inp_raw(t);
+    if (ask)
+        return want || raw;
+    if (raw)
+        tap_write(tp, tap_inp_raw(t));
+    if (want)
+        tap_write(tp, t);
+    return true;
 }
 
 /* s as a JSON string body (quotes, backslashes and control bytes escaped). */
@@ -106,6 +204,11 @@ int main(int argc, char **argv)
     mcp.n_threads = threads;
     mcp.print_timings = false;
     mcp.warmup = false;
+    taps tp = {.names = getenv("PD_MTMD_TAPS"), .outdir = outdir};
+    if (tp.names && *tp.names) {
+        mcp.cb_eval = tap_cb;
+        mcp.cb_eval_user_data = &tp;
+    }
     mtmd_context *mctx = mtmd_init_from_file(mmproj, model, mcp);
     if (!mctx) {
         fprintf(stderr, "mtmd_embed: mtmd_init_from_file refused %s\n", mmproj);
@@ -157,7 +260,15 @@ int main(int argc, char **argv)
             fprintf(js, "]}\n");
             printf("chunk %zu text  pos %ld: %zu tokens\n", i, pos, n);
         } else if (mtmd_input_chunk_get_type(ch) == MTMD_INPUT_CHUNK_TYPE_IMAGE) {
-            if (mtmd_encode_chunk(mctx, ch) != 0) {
+            tp.on = 1;
+            tp.chunk = i;
+            const int32_t enc = mtmd_encode_chunk(mctx, ch);
+            tp.on = 0;
+            if (tp.failed) {
+                fprintf(stderr, "mtmd_embed: cannot write a tap of chunk %zu\n", i);
+                return 1;
+            }
+            if (enc != 0) {
                 fprintf(stderr, "mtmd_embed: mtmd_encode_chunk failed on chunk %zu\n", i);
                 return 1;
             }

@@ -9,7 +9,8 @@
 # decoder is fed, chunk by chunk (text ids, image rows as .npy): the rows
 # must be finite, the chunk layout the one clip's deepseekocr graph gives,
 # and its own greedy continuation must equal llama-mtmd-cli's text. That dump
-# is the reference pipedec's vision stage is compared against.
+# is the reference pipedec's vision stage is compared against; its taps
+# (PD_MTMD_TAPS) write the graph's intermediate tensors (pixels, SAM, CLIP).
 #
 # DeepSeek-OCR's "<image>\n" is mtmd's media marker "<__media__>": for this
 # projector mtmd itself puts the text "\n" after the image rows.
@@ -166,6 +167,37 @@ if "$EMBED" "$DEC" "$T/mm_f16.gguf" "$T/wide.ppm" "<__media__>Free OCR." "$T/f16
   pass "f16 mmproj: encoded, finite, the same layout"
 else
   fail "f16 mmproj: ${msg:-$(tail -2 "$T/f16.log")}"
+fi
+
+# taps (PD_MTMD_TAPS): the graph's own tensors of each image chunk; they
+# leave the dump unchanged, and the last one is the rows themselves
+mkdir -p "$T/taps"
+W1="$T/wide.ppm.$(printf '%s' "${PROMPTS[1]}" | md5sum | cut -c1-6).dump"
+if PD_MTMD_TAPS=inp_raw,sam_output,layer_out-1,dsocr_output "$EMBED" "$DEC" "$MM" "$T/wide.ppm" \
+      "<__media__>Free OCR." "$T/taps" 8 2 >"$T/taps.log" 2>&1 \
+    && cmp -s "$T/taps/chunks.jsonl" "$W1/chunks.jsonl" && cmp -s "$T/taps/chunk_000.npy" "$W1/chunk_000.npy" \
+    && python3 - "$T/taps" "$H" <<'PY'
+import array, struct, sys
+d, h = sys.argv[1], int(sys.argv[2])
+def rd(name):
+    b = open(f"{d}/{name}", "rb").read()
+    hl = struct.unpack("<H", b[8:10])[0]
+    return b[10:10 + hl].decode(), b[10 + hl:]
+want = {  # chunk 0: one row of 2 tiles (640 x 1280 pixels); chunk 1: the overview
+    "chunk_000.inp_raw.npy": "(1, 3, 1280, 640)", "chunk_001.inp_raw.npy": "(1, 3, 1024, 1024)",
+    "chunk_000.sam_output.npy": "(2, 64, 10, 10)", "chunk_001.sam_output.npy": "(1, 64, 16, 16)",
+    "chunk_001.layer_out-1.npy": "(1, 1, 257, 64)", "chunk_001.dsocr_output.npy": f"(1, 1, 273, {h})"}
+for name, shape in want.items():
+    assert shape in rd(name)[0], (name, rd(name)[0])
+for i in (0, 1):
+    assert rd(f"chunk_00{i}.dsocr_output.npy")[1] == rd(f"chunk_00{i}.npy")[1], i
+px = array.array("f"); px.frombytes(rd("chunk_001.inp_raw.npy")[1])
+assert -1.0 <= min(px) and max(px) <= 1.0 and abs(px[0] - (127 / 255 - 0.5) / 0.5) < 1e-6, (min(px), max(px), px[0])
+PY
+then
+  pass "taps: inp_raw, sam_output, CLIP layer_out-1 and dsocr_output of each chunk, with their shapes; the dump unchanged"
+else
+  fail "taps: $(tail -3 "$T/taps.log")"
 fi
 
 # negative controls
