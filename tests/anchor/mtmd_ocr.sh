@@ -16,7 +16,8 @@
 # projector mtmd itself puts the text "\n" after the image rows.
 #
 # Negative controls: a decoder of another hidden size is refused; another
-# image, and another mmproj seed, give other rows.
+# image, and another mmproj seed, give other rows; another image, another
+# greedy text.
 #
 # llama.cpp: the prefix in PD_LLAMA (ctest passes PD_LLAMA_PREFIX), else
 # scripts/llama_cpp.sh (built once per machine into a cache outside the
@@ -219,5 +220,12 @@ if [ -e "$G/chunk_000.npy" ] && [ -e "$W/chunk_001.npy" ] && [ -e "$T/seed4/chun
   pass "negative control: another image and another mmproj seed give other overview rows"
 else
   fail "the overview rows do not depend on the image or the mmproj seed"
+fi
+# the decoder sees the image: the text-equality check above is not met by
+# text the image does not change
+if [ -s "$G/generated.txt" ] && [ -s "$W/generated.txt" ] && ! cmp -s "$G/generated.txt" "$W/generated.txt"; then
+  pass "negative control: another image, another greedy text"
+else
+  fail "the greedy text does not depend on the image"
 fi
 finish
