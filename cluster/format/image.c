@@ -247,7 +247,7 @@ pd_status image_probe(const char *path, image_info *out, pd_err *err)
 {
     int fd;
     uint64_t size;
-    pd_status st = pd_file_open_read(path, "image", &fd, &size, err);
+    pd_status st = pd_file_open_read(path, NULL, &fd, &size, err);
     if (st != PD_OK)
         return st;
     size_t cap = size < IMAGE_HEAD_BYTES ? (size_t)size : IMAGE_HEAD_BYTES;
@@ -257,7 +257,7 @@ pd_status image_probe(const char *path, image_info *out, pd_err *err)
         return pd_err_set(err, PD_ERR_NOMEM, "image: %s: no memory", path);
     }
     for (;;) {
-        if ((st = pd_file_read_at(fd, b, cap, 0, path, "image", err)) != PD_OK)
+        if ((st = pd_file_read_at(fd, b, cap, 0, path, NULL, err)) != PD_OK)
             break;
         size_t need = 0;
         pd_err e = {0};

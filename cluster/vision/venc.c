@@ -302,7 +302,7 @@ pd_status venc_image(venc *v, const char *path, bool count_only, venc_out *out, 
         bm = mtmd_bitmap_init(info.width, info.height, NULL); /* a placeholder: sizes only */
     } else {
         size_t len = 0;
-        if ((st = pd_file_read_all(path, "image", &buf, &len, err)) != PD_OK)
+        if ((st = pd_file_read_all(path, NULL, &buf, &len, err)) != PD_OK)
             return st;
         if (info.kind == IMAGE_JPEG && (st = venc_jpeg_complete(buf, len, path, err)) != PD_OK) {
             free(buf);
