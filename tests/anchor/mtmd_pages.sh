@@ -17,7 +17,8 @@
 #     (llama.cpp decoding the same rows), token for token.
 #  3. `run --mmproj` (the head encodes) on 1, 2 and 3 ranks writes the same
 #     bytes, digests included, as encode + run; the encoder's rows do not
-#     depend on its thread count (1 vs 2).
+#     depend on its thread count (1 vs 2); a rerun does not encode the pages
+#     already in the output (--stats images_encoded).
 #  4. Bad pages (issue 38 section 3): empty, not an image, a header claiming
 #     60000x60000, a cut PNG, a cut JPEG, a corrupt zlib stream, a missing
 #     file: each gets its {"id","error"} line naming the file and the cause,
@@ -176,6 +177,15 @@ for np in 1 2 3; do
     --digest --batch 2 >/dev/null 2>"$T/mm$np.err" || fail "run --mmproj np $np: $(tail -2 "$T/mm$np.err")"
   same_bytes "$T/ref.jsonl" "$T/mm$np.jsonl" "run --mmproj on $np rank(s) = encode + run (digests)"
 done
+
+# a rerun resumes: pages already in the output are not encoded again
+head -n 2 "$T/mm1.jsonl" >"$T/re.jsonl"
+"$PIPEDEC" run --model "$DEC" --mmproj "$MM" --pages "$T/pages.jsonl" --out "$T/re.jsonl" --digest \
+  --stats "$T/re.json" >/dev/null 2>"$T/re.err" || fail "rerun: $(tail -2 "$T/re.err")"
+enc=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["images_encoded"])' "$T/re.json" 2>/dev/null || echo "?")
+[ "$enc" = 2 ] && cmp -s "$T/re.jsonl" "$T/ref.jsonl" \
+  && pass "rerun over 2 finished pages of 4: 2 images encoded, output identical" \
+  || fail "rerun: images_encoded $enc, output $(cmp "$T/re.jsonl" "$T/ref.jsonl" 2>&1 || true)"
 
 # 4. bad pages: each fails alone, naming the file and the cause
 python3 - "$T" "$bos" <<'PY'

@@ -381,6 +381,7 @@ static pd_status head_on_done(void *ctx, const sched_result *r, pd_err *err)
 void head_progress(const head *h, sched_progress *out)
 {
     sched_get_progress(h->sc, out);
+    out->images_encoded = pageimg_encoded(h->img);
 }
 
 void head_progress_line(head *h, bool final)

@@ -184,6 +184,7 @@ typedef struct sched_progress {
     uint64_t stale_rows;      /* asynchronous speculation: verify rows sent on an assumption a
                                * result then refuted (the stages rolled them back) */
     uint32_t streams_alive;
+    uint64_t images_encoded;  /* run --mmproj: page images encoded (filled by the head, loop/pageimg.h) */
 } sched_progress;
 void sched_get_progress(const sched *s, sched_progress *out);
 
