@@ -81,4 +81,35 @@ pd_status venc_image(venc *v, const char *path, bool count_only, venc_out *out, 
 
 void venc_out_free(venc_out *out);
 
+/* ---- the encoder-rank messages (run --encoder-ranks, loop/pageimg.h) ------
+ * Little-endian, read through comm/rd.h (every count checked against the
+ * bytes that remain):
+ *   request  u32 magic "PDIQ", u32 kind (1 encode, 2 stop), u64 id,
+ *            u32 path length P (1..4096), P bytes of path (no NUL)
+ *   reply    u32 magic "PDIR", u64 id, u32 status (0 = encoded, else a
+ *            pd_status), u32 message length M (<= 511), M bytes; when
+ *            encoded: u32 width W, u32 pieces K (1..4096), and K times
+ *            u8 kind (0 text, 1 image), u32 n (>= 1), then n i32 ids or
+ *            n x W f32 rows (finite) */
+#define VENC_MSG_ENCODE 1u
+#define VENC_MSG_STOP 2u
+#define VENC_MAX_PATH 4096u
+#define VENC_MAX_PIECES 4096u
+
+/* Writes a request (kind, id, path) into a new buffer (*buf owned, free()). */
+pd_status venc_msg_request(uint32_t kind, uint64_t id, const char *path, uint8_t **buf, size_t *len,
+                           pd_err *err);
+/* Parses a request; *path points into buf (not NUL-terminated: *path_len). */
+pd_status venc_msg_parse_request(const void *buf, size_t len, uint32_t *kind, uint64_t *id,
+                                 const char **path, size_t *path_len, pd_err *err);
+/* Writes a reply: out and width when st == PD_OK, else the message msg. */
+pd_status venc_msg_reply(uint64_t id, pd_status st, const char *msg, const venc_out *out,
+                         uint32_t width, uint8_t **buf, size_t *len, pd_err *err);
+/* Parses a reply for rows of width `width`: *id, and either *out (PD_OK,
+ * owned by the caller) or the encoder's status and message in *enc_err (the
+ * return value is then PD_OK too: the message was well formed). A malformed
+ * message returns its own status with the offset and field. */
+pd_status venc_msg_parse_reply(const void *buf, size_t len, uint32_t width, uint64_t *id,
+                               venc_out *out, pd_err *enc_err, pd_err *err);
+
 #endif

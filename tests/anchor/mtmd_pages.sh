@@ -15,8 +15,9 @@
 #     llama-mtmd-cli itself (its greedy text equals the CLI's).
 #  2. `pipedec run` on that manifest generates mtmd_embed's greedy tokens
 #     (llama.cpp decoding the same rows), token for token.
-#  3. `run --mmproj` (the head encodes) on 1, 2 and 3 ranks writes the same
-#     bytes, digests included, as encode + run; the encoder's rows do not
+#  3. `run --mmproj` (the head encodes) on 1, 2 and 3 ranks, and with
+#     encoder ranks (--encoder-ranks 1 and 2 beside 1 or 2 decoding ranks)
+#     writes the same bytes, digests included, as encode + run; the encoder's rows do not
 #     depend on its thread count (1 vs 2); a rerun does not encode the pages
 #     already in the output (--stats images_encoded).
 #  4. Bad pages (issue 38 section 3): empty, not an image, a header claiming
@@ -170,16 +171,19 @@ sys.exit(1 if bad else 0)
 PY
 then pass "run: greedy tokens equal llama.cpp's on every page"; else fail "run: tokens differ from llama.cpp's"; fi
 
-# 3. run --mmproj: the head encodes; identical output on 1, 2, 3 ranks
-for np in 1 2 3; do
+# 3. run --mmproj: the head encodes (1, 2, 3 decoding ranks), or E encoder
+# ranks do while the others decode: identical output
+for cfg in 1:0 2:0 3:0 2:1 3:1 4:2; do
+  np=${cfg%%:*} e=${cfg##*:}
   pre=(); [ "$np" -gt 1 ] && pre=("${MPIRUN[@]}" -np "$np")
-  "${pre[@]}" "$PIPEDEC" run --model "$DEC" --mmproj "$MM" --pages "$T/pages.jsonl" --out "$T/mm$np.jsonl" \
-    --digest --batch 2 >/dev/null 2>"$T/mm$np.err" || fail "run --mmproj np $np: $(tail -2 "$T/mm$np.err")"
-  same_bytes "$T/ref.jsonl" "$T/mm$np.jsonl" "run --mmproj on $np rank(s) = encode + run (digests)"
+  extra=(); [ "$e" -gt 0 ] && extra=(--encoder-ranks "$e")
+  "${pre[@]}" "$PIPEDEC" run --model "$DEC" --mmproj "$MM" --pages "$T/pages.jsonl" --out "$T/mm$np-$e.jsonl" \
+    --digest --batch 2 "${extra[@]}" >/dev/null 2>"$T/mm$np-$e.err" || fail "run --mmproj np $np E $e: $(tail -2 "$T/mm$np-$e.err")"
+  same_bytes "$T/ref.jsonl" "$T/mm$np-$e.jsonl" "run --mmproj, $((np - e)) decoding rank(s) + $e encoder rank(s) = encode + run (digests)"
 done
 
 # a rerun resumes: pages already in the output are not encoded again
-head -n 2 "$T/mm1.jsonl" >"$T/re.jsonl"
+head -n 2 "$T/mm1-0.jsonl" >"$T/re.jsonl"
 "$PIPEDEC" run --model "$DEC" --mmproj "$MM" --pages "$T/pages.jsonl" --out "$T/re.jsonl" --digest \
   --stats "$T/re.json" >/dev/null 2>"$T/re.err" || fail "rerun: $(tail -2 "$T/re.err")"
 enc=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["images_encoded"])' "$T/re.json" 2>/dev/null || echo "?")
@@ -203,6 +207,11 @@ PY
 rc=0
 "${MPIRUN[@]}" -np 2 "$PIPEDEC" run --model "$DEC" --mmproj "$MM" --pages "$T/bad.jsonl" --out "$T/bad.out" \
   --digest >/dev/null 2>"$T/bad.err" || rc=$?
+rc2=0
+"${MPIRUN[@]}" -np 3 "$PIPEDEC" run --model "$DEC" --mmproj "$MM" --pages "$T/bad.jsonl" --out "$T/bad-enc.out" \
+  --digest --encoder-ranks 1 >/dev/null 2>"$T/bad-enc.err" || rc2=$?
+[ "$rc2" -eq 4 ] && same_bytes "$T/bad.out" "$T/bad-enc.out" "bad pages: with an encoder rank, the same lines and exit 4" \
+  || fail "bad pages with an encoder rank: exit $rc2 ($(tail -2 "$T/bad-enc.err"))"
 [ "$rc" -eq 4 ] && pass "bad pages: the job ran to its end and exited 4" || fail "bad pages: exit $rc ($(tail -2 "$T/bad.err"))"
 if python3 - "$T" <<'PY'
 import json, sys

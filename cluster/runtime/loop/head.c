@@ -179,8 +179,9 @@ pd_status head_open(rank *r, head_resume_fn resume, head **out, pd_err *err)
     head_tok_ctx tc = {.m = r->m};
     pages_opts po = {.tokenize = head_tokenize, .tokenize_ctx = &tc};
     if (o->mmproj_path) {
+        pageimg_encoders enc = {.world = o->enc_world, .first = o->enc_first, .n = (int)o->encoder_ranks};
         st = pageimg_open(o->mmproj_path, o->model_path, o->encoder_threads ? o->encoder_threads : o->threads,
-                          r->sz.max_streams, &h->img, err);
+                          r->sz.max_streams, &enc, &h->img, err);
         if (st) {
             pd_err_prefix(err, "--mmproj");
             return st;
@@ -221,6 +222,8 @@ pd_status head_open(rank *r, head_resume_fn resume, head **out, pd_err *err)
         return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < n; i++)
         h->skip[i] = outfile_has(h->of, pages_get(h->pg, i)->id);
+    if (h->img && (st = pageimg_plan(h->img, h->pg, h->skip, err)))
+        return st;
     sched_config cfg = {.pg = h->pg,
                         .m = r->m,
                         .max_streams = r->sz.max_streams,
@@ -503,6 +506,8 @@ pd_status head_loop(head *h, const run_hooks *hooks, pd_err *err)
     h->t_start = MPI_Wtime();
     h->asked = UINT64_MAX;
     for (;;) {
+        if (h->img && (st = pageimg_pump(h->img, err)))
+            return st;
         if (!drain_action && hk->want_drain && inflight < h->n_inflight && h->asked != h->formed &&
             !sched_finished(h->sc)) {
             h->asked = h->formed;
@@ -558,6 +563,8 @@ pd_status head_loop(head *h, const run_hooks *hooks, pd_err *err)
             return st;
         head_progress_line(h, false);
     }
+    if (h->img && (st = pageimg_finish(h->img, err)))
+        return st;
     if (!alone) {
         uint8_t *buf;
         uint32_t slot;

@@ -63,6 +63,9 @@ typedef struct run_opts {
                                  (rank 0 writes the path itself, rank r > 0 path.r) */
     const char *mmproj_path;  /* --mmproj: image pages encoded at the head (loop/pageimg.h), NULL = none */
     uint32_t encoder_threads; /* --encoder-threads: the encoder's threads (0 = --threads) */
+    uint32_t encoder_ranks;   /* --encoder-ranks E: the last E ranks of the launch encode images */
+    MPI_Comm enc_world;       /* set by cmd_run with encoder ranks: the launch's communicator */
+    int enc_first;            /* ... and the first encoder's rank in it */
     const char *pid_path;     /* --pid-file: rank 0 writes "rank pid host" per rank once every
                                  rank started, removes it at exit; NULL = none */
 } run_opts;
