@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/file.h"
@@ -164,6 +165,13 @@ static pd_status enc_put(pd_publish *pub, cJSON *line, pd_err *err)
     return st;
 }
 
+static double enc_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static int enc_mkdir(const char *path)
 {
     if (mkdir(path, 0755) == 0 || errno == EEXIST) {
@@ -268,6 +276,7 @@ int cmd_encode(int argc, char **argv)
     if (st == PD_OK)
         st = pd_file_publish_begin(errs, 0644, "encode", &pe, &err);
     enc_job j = {.out_dir = out_dir, .pg = pg, .v = v, .hidden = hp.hidden};
+    double t_start = enc_now();
     size_t failed = 0;
     for (size_t i = 0; st == PD_OK && i < pages_count(pg); i++) {
         pd_err pe_err = {0};
@@ -301,6 +310,13 @@ int cmd_encode(int argc, char **argv)
     } else {
         fprintf(stderr, "pipedec encode: %zu pages, %" PRIu64 " images, %" PRIu64 " image rows of "
                 "%" PRIu32 " -> %s\n", pages_count(pg) - failed, j.images, j.rows, hp.hidden, man);
+        double enc_s = 0;
+        uint64_t n_img = 0;
+        venc_stats(v, &enc_s, &n_img);
+        if (n_img)
+            fprintf(stderr, "pipedec encode: %.1f ms per image in the encoder graph, %.1f ms per image "
+                    "in all (read, decode, preprocess, encode, write), %ld threads\n",
+                    1e3 * enc_s / (double)n_img, 1e3 * (enc_now() - t_start) / (double)n_img, threads);
         if (failed) {
             fprintf(stderr, "pipedec encode: %zu page(s) failed, listed in %s\n", failed, errs);
             rc = CMD_EXIT_INVALID;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/file.h"
@@ -57,6 +58,13 @@ uint32_t venc_width(const venc *v)
     return 0;
 }
 
+void venc_stats(const venc *v, double *encode_s, uint64_t *images)
+{
+    (void)v;
+    *encode_s = 0;
+    *images = 0;
+}
+
 pd_status venc_image(venc *v, const char *path, bool count_only, venc_out *out, pd_err *err)
 {
     (void)v;
@@ -79,7 +87,22 @@ struct venc {
     uint32_t width;
     char log[512]; /* the last warning or error mtmd / llama logged */
     size_t log_len;
+    double encode_s; /* in mtmd_encode_chunk */
+    uint64_t images;
 };
+
+static double venc_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void venc_stats(const venc *v, double *encode_s, uint64_t *images)
+{
+    *encode_s = v ? v->encode_s : 0;
+    *images = v ? v->images : 0;
+}
 
 bool venc_available(void)
 {
@@ -264,7 +287,10 @@ static pd_status venc_pieces(venc *v, const mtmd_input_chunks *chunks, bool coun
                 if (!pc->rows)
                     return pd_err_set(err, PD_ERR_NOMEM, "%s: no memory for %zu image rows", path, nt);
                 v->log_len = 0;
-                if (mtmd_encode_chunk(v->ctx, c) != 0)
+                double t0 = venc_now();
+                int rc = mtmd_encode_chunk(v->ctx, c);
+                v->encode_s += venc_now() - t0;
+                if (rc != 0)
                     return pd_err_set(err, PD_ERR_FORMAT, "%s: the vision encoder failed: %s", path,
                                       venc_last(v));
                 const float *e = mtmd_get_output_embd(v->ctx);
@@ -284,6 +310,7 @@ static pd_status venc_pieces(venc *v, const mtmd_input_chunks *chunks, bool coun
     }
     if (out->rows == 0)
         return pd_err_set(err, PD_ERR_FORMAT, "%s: the vision encoder made no rows", path);
+    v->images += !count_only;
     return PD_OK;
 }
 

@@ -81,6 +81,11 @@ pd_status venc_image(venc *v, const char *path, bool count_only, venc_out *out, 
 
 void venc_out_free(venc_out *out);
 
+/* Time spent in the encoder graph (mtmd_encode_chunk, wall seconds) and
+ * images encoded by this venc so far; the rest of venc_image (reading,
+ * decoding, preprocessing) is the caller's wall time minus this. */
+void venc_stats(const venc *v, double *encode_s, uint64_t *images);
+
 /* ---- the encoder-rank messages (run --encoder-ranks, loop/pageimg.h) ------
  * Little-endian, read through comm/rd.h (every count checked against the
  * bytes that remain):

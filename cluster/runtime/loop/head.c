@@ -238,7 +238,8 @@ pd_status head_open(rank *r, head_resume_fn resume, head **out, pd_err *err)
                         .on_done = head_on_done,
                         .on_done_ctx = h,
                         .image = h->img ? pageimg_read : NULL,
-                        .image_ctx = h->img};
+                        .image_ctx = h->img,
+                        .ready = h->img ? pageimg_ready : NULL};
     return sched_new(&cfg, h->n_inflight, &h->sc, err);
 }
 

@@ -31,6 +31,7 @@ typedef struct pageimg_job {
     size_t page;
     uint32_t seg;
     const char *path; /* borrowed from the pages */
+    bool taken;       /* requested, or read directly: never requested again */
 } pageimg_job;
 
 struct pageimg {
@@ -124,6 +125,27 @@ pd_status pageimg_plan(pageimg *pi, const pages *pg, const bool *skip, pd_err *e
     }
     pi->next_plan = 0;
     return PD_OK;
+}
+
+/* The plan's first job of `page` (the plan is in (page, seg) order), or n_plan. */
+static size_t pageimg_plan_at(const pageimg *pi, size_t page)
+{
+    size_t lo = 0, hi = pi->n_plan;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (pi->plan[mid].page < page)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static void pageimg_take_job(pageimg *pi, size_t page, uint32_t seg)
+{
+    for (size_t j = pageimg_plan_at(pi, page); j < pi->n_plan && pi->plan[j].page == page; j++)
+        if (pi->plan[j].seg == seg)
+            pi->plan[j].taken = true;
 }
 
 static pageimg_entry *pageimg_find(pageimg *pi, size_t page, uint32_t seg)
@@ -263,9 +285,10 @@ pd_status pageimg_pump(pageimg *pi, pd_err *err)
     for (uint32_t i = 0; i < pi->n_e; i++)
         ahead += pi->e[i].state != PE_FREE && !pi->e[i].started;
     while (st == PD_OK && pi->next_plan < pi->n_plan && ahead < (uint32_t)pi->enc.n * PAGEIMG_DEPTH) {
-        const pageimg_job *j = &pi->plan[pi->next_plan++];
-        if (pageimg_find(pi, j->page, j->seg))
+        pageimg_job *j = &pi->plan[pi->next_plan++];
+        if (j->taken || pageimg_find(pi, j->page, j->seg))
             continue;
+        j->taken = true;
         pageimg_entry *e = pageimg_slot(pi);
         CHECK(e);
         st = pageimg_request(pi, e, j->page, j->seg, j->path, err);
@@ -301,6 +324,19 @@ pd_status pageimg_finish(pageimg *pi, pd_err *err)
     return st;
 }
 
+bool pageimg_ready(void *ctx, size_t page)
+{
+    pageimg *pi = ctx;
+    if (pi->enc.n == 0)
+        return true; /* encoded here when read */
+    for (size_t j = pageimg_plan_at(pi, page); j < pi->n_plan && pi->plan[j].page == page; j++) {
+        pageimg_entry *e = pageimg_find(pi, page, pi->plan[j].seg);
+        if (!e || e->state != PE_READY)
+            return false;
+    }
+    return true;
+}
+
 /* ---- reading rows -------------------------------------------------------- */
 
 /* The encoding of (page, seg), ready: from the cache, from an encoder rank
@@ -310,6 +346,7 @@ static pd_status pageimg_get(pageimg *pi, size_t page, uint32_t seg, const char 
 {
     pageimg_entry *e = pageimg_find(pi, page, seg);
     pd_status st;
+    pageimg_take_job(pi, page, seg);
     if (!e) {
         e = pageimg_slot(pi);
         CHECK(e);

@@ -67,6 +67,12 @@ pd_status pageimg_pump(pageimg *pi, pd_err *err);
  * stop. Call once, after the last micro-batch. No-op without them. */
 pd_status pageimg_finish(pageimg *pi, pd_err *err);
 
+/* sched_config.ready (sched.h): whether every image of `page` is encoded
+ * (always, without encoder ranks: the head encodes when it reads). The
+ * scheduler admits a page whose images are still on an encoder only when
+ * nothing else decodes, so the head decodes instead of waiting. */
+bool pageimg_ready(void *ctx, size_t page);
+
 /* sched_config.image (sched.h). ctx: pageimg. */
 pd_status pageimg_read(void *ctx, size_t page, uint32_t seg, const char *path, uint32_t seg_rows,
                        const model *em, uint32_t off, uint32_t n, float *dst, pd_err *err);

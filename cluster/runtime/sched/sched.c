@@ -316,6 +316,9 @@ static pd_status admit_next(sched *s, sched_slot *sl, uint32_t *na, uint32_t *sl
             s->next_page++;
         if (stream_table_count(s->streams) == s->cfg.max_streams || s->next_page >= n_pages)
             return PD_OK;
+        /* its images still on an encoder rank: decode the others meanwhile */
+        if (s->cfg.ready && stream_table_count(s->streams) > 0 && !s->cfg.ready(s->cfg.image_ctx, s->next_page))
+            return PD_OK;
         const pages_page *pg = pages_get(s->cfg.pg, s->next_page);
         stream_state fresh;
         uint32_t free_slot;

@@ -118,6 +118,9 @@ typedef struct sched_config {
                                * when not; the stages roll it back) */
     sched_image_fn image;     /* rows of "image" segments (run --mmproj), NULL: none in the pages */
     void *image_ctx;
+    bool (*ready)(void *ctx, size_t page); /* whether a page's input is at hand (its images
+                               * encoded): a page that is not waits while other streams decode
+                               * (admitted anyway when none does); NULL: always */
     sched_admit_fn admit;     /* NULL: admit whenever a stream slot is free */
     sched_release_fn release;
     void *admit_ctx;
