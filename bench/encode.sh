@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Image pages (issue 38 section 4), ratios from one run on this machine:
+#
+#  encoder   pipedec's time per image in the encoder graph (pipedec encode)
+#            against llama-mtmd-cli's own "batch encoding done in N ms" for
+#            the same images, mmproj and threads (1 and 2). Same library, so
+#            the goal is >= 0.95: pipedec adds nothing to the encode itself.
+#            Also pipedec's whole per-image time (read, decode, preprocess,
+#            encode, write the rows) for what a page costs in all.
+#  overlap   P pages through 1 encoder rank + 1 decoding rank (run --mmproj
+#            --encoder-ranks 1, one thread each) against min(the encode rate
+#            of one rank, the decode rate of one rank), each measured alone
+#            (pipedec encode --threads 1; run --threads 1 on its manifest).
+#            Goal >= 0.9: encoding hides behind decoding and vice versa.
+#            Models sized so both stages take comparable time: a random
+#            DeepSeek-OCR mmproj (mkmodel --mmproj, small) and a random
+#            deepseek2-ocr decoder of hidden 512, 8 layers, 300 new tokens a page.
+#
+# Prints one JSON object. usage: bench/encode.sh BUILD_DIR [PAGES] (default 8)
+set -euo pipefail
+[ $# -ge 1 ] || { echo "usage: bench/encode.sh BUILD_DIR [PAGES]" >&2; exit 2; }
+build="$(cd "$1" && pwd)"
+P="${2:-8}"
+src="$(cd "$(dirname "$0")/.." && pwd)"
+pd="$build/pipedec"
+"$pd" encode --help | grep -q "llama.cpp mtmd" || { echo "encode.sh: $pd was built without llama.cpp's mtmd" >&2; exit 1; }
+prefix="$("$src/scripts/llama_cpp.sh")"
+work="$(mktemp -d "${TMPDIR:-/tmp}/pd-encbench.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+"$pd" mkmodel --arch deepseek2-ocr --layers 8 --hidden 512 --heads 8 --kv-heads 8 --ffn 1024 --vocab 1024 \
+  --ctx 4096 --dense-layers 1 --experts 8 --experts-used 2 --expert-ffn 256 --shared 1 --repeat 16 \
+  --out "$work/dec.gguf" >/dev/null
+"$pd" mkmodel --mmproj "$work/mm.gguf" --hidden 512 >/dev/null
+python3 "$src/tests/anchor/mkimages.py" "$work/img"
+python3 - "$work" "$P" <<'PY'
+import json, sys
+d, P = sys.argv[1], int(sys.argv[2])
+with open(f"{d}/three.jsonl", "w") as f:
+    for img in ("page-a.ppm", "page-b.png", "page-c.jpg"):
+        f.write(json.dumps({"id": img, "prefill": [{"image": f"img/{img}"}, {"text": "Free OCR."}],
+                            "max_new_tokens": 1}) + "\n")
+with open(f"{d}/many.jsonl", "w") as f:
+    for i in range(P):
+        f.write(json.dumps({"id": f"p{i}", "prefill": [{"image": "img/page-a.ppm"}, {"text": "Free OCR."}],
+                            "max_new_tokens": 300}) + "\n")
+PY
+
+# encoder: pipedec against llama-mtmd-cli, same images and threads
+declare -A pd_graph pd_all cli_ms
+for t in 1 2; do
+  "$pd" encode --mmproj "$work/mm.gguf" --model "$work/dec.gguf" --pages "$work/three.jsonl" --out "$work/e$t" \
+    --threads "$t" 2>"$work/e$t.err"
+  read -r g a < <(sed -n 's/.*: \([0-9.]*\) ms per image in the encoder graph, \([0-9.]*\) ms per image in all.*/\1 \2/p' "$work/e$t.err")
+  pd_graph[$t]=$g; pd_all[$t]=$a
+  sum=0
+  for img in page-a.ppm page-b.png page-c.jpg; do
+    "$prefix/bin/llama-mtmd-cli" -m "$work/dec.gguf" --mmproj "$work/mm.gguf" --image "$work/img/$img" \
+      -p "<__media__>Free OCR." --chat-template deepseek-ocr -n 1 --temp 0 -t "$t" >/dev/null 2>"$work/cli.err" || true
+    ms=$(sed -n 's/.*batch encoding done in \([0-9.]*\) ms.*/\1/p' "$work/cli.err" | tail -1)
+    [ -n "$ms" ] || { echo "encode.sh: no encode time in llama-mtmd-cli's log ($img)" >&2; tail -3 "$work/cli.err" >&2; exit 1; }
+    sum=$(python3 -c "print($sum + $ms)")
+  done
+  cli_ms[$t]=$(python3 -c "print($sum / 3)")
+done
+
+# overlap: 1 encoder rank + 1 decoding rank against each alone
+"$pd" encode --mmproj "$work/mm.gguf" --model "$work/dec.gguf" --pages "$work/many.jsonl" --out "$work/m" \
+  --threads 1 2>"$work/m.err"
+enc_ms=$(sed -n 's/.*, \([0-9.]*\) ms per image in all.*/\1/p' "$work/m.err")
+"$pd" run --model "$work/dec.gguf" --pages "$work/m/pages.jsonl" --out "$work/dec.jsonl" --threads 1 \
+  --stats "$work/dec.json" 2>/dev/null >/dev/null
+mpirun --oversubscribe --bind-to none -np 2 "$pd" run --model "$work/dec.gguf" --mmproj "$work/mm.gguf" \
+  --pages "$work/many.jsonl" --out "$work/both.jsonl" --threads 1 --encoder-threads 1 --encoder-ranks 1 \
+  --stats "$work/both.json" >/dev/null 2>&1
+cmp -s "$work/dec.jsonl" "$work/both.jsonl" || { echo "encode.sh: the overlapped run's output differs" >&2; exit 1; }
+
+python3 - "$work" "$P" "$enc_ms" "${pd_graph[1]}" "${pd_all[1]}" "${cli_ms[1]}" "${pd_graph[2]}" "${pd_all[2]}" \
+  "${cli_ms[2]}" <<'PY'
+import json, sys
+d, P, enc_ms = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+g1, a1, c1, g2, a2, c2 = map(float, sys.argv[4:])
+dec = json.load(open(f"{d}/dec.json"))
+both = json.load(open(f"{d}/both.json"))
+enc_rate = 1000.0 / enc_ms
+dec_rate = P / dec["wall_s"]
+both_rate = P / both["wall_s"]
+out = {
+    "loadavg_at_end": open("/proc/loadavg").read().split()[:3],
+    "encoder": {
+        str(t): {"pipedec_graph_ms_per_image": g, "pipedec_all_ms_per_image": a, "llama_mtmd_cli_ms_per_image": c,
+                 "ratio_cli_over_pipedec_graph": c / g, "goal": 0.95}
+        for t, g, a, c in ((1, g1, a1, c1), (2, g2, a2, c2))},
+    "overlap": {"pages": P, "encode_pages_per_s_1_rank": enc_rate, "decode_pages_per_s_1_rank": dec_rate,
+                "both_pages_per_s_1_plus_1": both_rate, "images_encoded": both.get("images_encoded"),
+                "ratio_to_min": both_rate / min(enc_rate, dec_rate), "goal": 0.9},
+}
+print(json.dumps(out, indent=1))
+PY
