@@ -19,7 +19,9 @@
 #     encoder ranks (--encoder-ranks 1 and 2 beside 1 or 2 decoding ranks)
 #     writes the same bytes, digests included, as encode + run; the encoder's rows do not
 #     depend on its thread count (1 vs 2); a rerun does not encode the pages
-#     already in the output (--stats images_encoded).
+#     already in the output (--stats images_encoded), and a job stopped by
+#     SIGUSR2 (checkpoint) resumes to the same bytes, encoding only the pages
+#     not yet out.
 #  4. Bad pages (issue 38 section 3): empty, not an image, a header claiming
 #     60000x60000, a cut PNG, a cut JPEG, a corrupt zlib stream, a missing
 #     file: each gets its {"id","error"} line naming the file and the cause,
@@ -190,6 +192,43 @@ enc=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["images_en
 [ "$enc" = 2 ] && cmp -s "$T/re.jsonl" "$T/ref.jsonl" \
   && pass "rerun over 2 finished pages of 4: 2 images encoded, output identical" \
   || fail "rerun: images_encoded $enc, output $(cmp "$T/re.jsonl" "$T/ref.jsonl" 2>&1 || true)"
+
+# checkpoint and resume with image pages and an encoder rank: SIGUSR2 after
+# the first page is out (checkpoint, exit 75), the same command resumes; the
+# output equals an uninterrupted run's and the resumed job encodes only the
+# pages not yet out. A decoder that never stops early (--repeat) keeps the
+# job running long enough (batch 1: one page at a time).
+"$PIPEDEC" mkmodel --arch deepseek2-ocr --layers 3 --hidden $H --heads 4 --kv-heads 4 --ffn 128 --vocab 1024 \
+  --ctx 4096 --dense-layers 1 --experts 4 --experts-used 2 --expert-ffn 32 --shared 1 --seed 5 --repeat 16 \
+  --out "$T/long.gguf" >/dev/null
+python3 - "$T" <<'PY'
+import json, sys
+d = sys.argv[1]
+with open(f"{d}/long.jsonl", "w") as f:
+    for i in range(6):
+        img = ["page-a.ppm", "page-c.jpg"][i % 2]
+        f.write(json.dumps({"id": f"l{i}", "prefill": [{"image": f"img/{img}"}, {"text": "Free OCR."}],
+                            "max_new_tokens": 1500}) + "\n")
+PY
+long=(--model "$T/long.gguf" --mmproj "$MM" --pages "$T/long.jsonl" --batch 1 --digest --encoder-ranks 1)
+"${MPIRUN[@]}" -np 3 "$PIPEDEC" run "${long[@]}" --out "$T/long-ref.jsonl" >/dev/null 2>"$T/long-ref.err" \
+  || fail "long reference run: $(tail -2 "$T/long-ref.err")"
+( c=0; "${MPIRUN[@]}" -np 3 "$PIPEDEC" run "${long[@]}" --out "$T/long.jsonl.out" --checkpoint-dir "$T/ck" \
+    --pid-file "$T/long.jsonl.out.pids" >/dev/null 2>"$T/long1.err" || c=$?; echo "$c" >"$T/long1.rc" ) &
+for _ in $(seq 1 6000); do [ -s "$T/long.jsonl.out" ] && break; sleep 0.01; done
+kill -USR2 "$(rank_pid "$T/long.jsonl.out" 0)" 2>/dev/null || true
+wait
+n1=$(wc -l <"$T/long.jsonl.out")
+rc=0
+"${MPIRUN[@]}" -np 3 "$PIPEDEC" run "${long[@]}" --out "$T/long.jsonl.out" --checkpoint-dir "$T/ck" \
+  --stats "$T/long2.json" >/dev/null 2>"$T/long2.err" || rc=$?
+enc=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["images_encoded"])' "$T/long2.json" 2>/dev/null || echo "?")
+if [ "$(cat "$T/long1.rc")" = 75 ] && [ "$rc" = 0 ] && cmp -s "$T/long.jsonl.out" "$T/long-ref.jsonl" \
+   && [ "$enc" != "?" ] && [ "$enc" -le $((6 - n1)) ]; then
+  pass "SIGUSR2 after $n1 of 6 pages: checkpointed (75), resumed, output identical; $enc images encoded on resume"
+else
+  fail "checkpoint/resume: first exit $(cat "$T/long1.rc"), $n1 pages out, resume exit $rc, $enc encoded, output $(cmp "$T/long.jsonl.out" "$T/long-ref.jsonl" 2>&1 || true)"
+fi
 
 # 4. bad pages: each fails alone, naming the file and the cause
 python3 - "$T" "$bos" <<'PY'
