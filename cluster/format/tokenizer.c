@@ -148,16 +148,6 @@ struct tok {
     uint8_t *cls;          /* [UCD_CODEPOINTS] */
 };
 
-static const char *const tok_pre_names[TOK_PRE_COUNT + 1] = {
-    [TOK_PRE_DEFAULT] = "default",       [TOK_PRE_DEEPSEEK_V3] = "deepseek-v3",
-    [TOK_PRE_DEEPSEEK_LLM] = "deepseek-llm", [TOK_PRE_LLAMA3] = "llama-bpe",
-    [TOK_PRE_QWEN2] = "qwen2",           [TOK_PRE_GPT2] = "gpt-2",
-    [TOK_PRE_COUNT] = NULL};
-_Static_assert(sizeof tok_pre_names / sizeof tok_pre_names[0] == TOK_PRE_COUNT + 1,
-               "tok_pre_names in step with tok_pre");
-
-const char *tok_pre_name(tok_pre p) { return p < TOK_PRE_COUNT ? tok_pre_names[p] : "?"; }
-
 static bool tok_pre_parse(const char *s, tok_pre *out)
 {
     static const struct { const char *name; tok_pre pre; } alias[] = {

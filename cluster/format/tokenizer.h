@@ -105,8 +105,6 @@ bool tok_adds_eos(const tok *t);
 const char *tok_text(const tok *t, int32_t id, size_t *len);
 /* GGUF token type of id (1 normal, 3 control, ...); id must be in range. */
 int32_t tok_token_type(const tok *t, int32_t id);
-/* Name of a pre-tokenizer ("deepseek-v3"). */
-const char *tok_pre_name(tok_pre p);
 
 typedef struct tok_opts {
     bool add_special;   /* BOS/EOS as the model says */

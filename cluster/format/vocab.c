@@ -238,9 +238,6 @@ void vocab_free(vocab *v)
 }
 
 uint32_t vocab_size(const vocab *v) { return v->n; }
-vocab_kind vocab_kind_of(const vocab *v) { return v->kind; }
-int32_t vocab_bos(const vocab *v) { return v->bos; }
-int32_t vocab_eos(const vocab *v) { return v->eos; }
 size_t vocab_max_piece(const vocab *v) { return v->max_piece; }
 
 vocab_ttype vocab_token_type(const vocab *v, int32_t token)

@@ -88,9 +88,6 @@ int vocab_byte_token(const char *t, size_t n);
 void vocab_free(vocab *v);
 
 uint32_t vocab_size(const vocab *v);
-vocab_kind vocab_kind_of(const vocab *v);
-int32_t vocab_bos(const vocab *v);
-int32_t vocab_eos(const vocab *v);
 vocab_ttype vocab_token_type(const vocab *v, int32_t token); /* token must be in range */
 
 /* The raw bytes token emits (before the leading-space rule and UTF-8 repair),

@@ -846,10 +846,6 @@ const model_hparams *model_hp(const model *m) { return &m->hp; }
 uint32_t model_first_layer(const model *m) { return m->first; }
 uint32_t model_layer_count(const model *m) { return m->n_layers; }
 
-const rope_table *model_rope_table(const model *m)
-{
-    return m->rope;
-}
 
 const model_layer *model_layer_get(const model *m, uint32_t layer)
 {

@@ -229,9 +229,6 @@ const model_layer *model_layer_get(const model *m, uint32_t layer);
  * it are computed by the same routine (the same bits, slower). With
  * head_dim 128 the full table takes 64 MiB. */
 #define MODEL_ROPE_TABLE_POSITIONS (1u << 17)
-/* The RoPE angles of this model's layers (cluster/model/rope.h), built once
- * at load when the model holds layers (NULL otherwise). Borrowed. */
-const rope_table *model_rope_table(const model *m);
 /* 64-bit digest of the whole file's tensor data and metadata (cached). */
 uint64_t model_digest(const model *m);
 /* Gives m the cached digest of `from` when both come from files with the

@@ -55,6 +55,8 @@ import json, sys
 st = json.load(open(sys.argv[1]))
 sp, tok = st['spec'], st['tokens']
 assert sp['drafted'] > 100 and sp['accepted'] == sp['drafted'], sp
+# the draft model's own counters: it proposed for streams and ran rows
+assert sp['draft_model_proposals'] > 0 and sp['draft_model_rows'] >= sp['drafted'], sp
 print(f\"    drafted {sp['drafted']}, accepted {sp['accepted']}, {tok / sp['passes']:.2f} tokens per pass at K 4\")
 assert tok / sp['passes'] > 3, 'tokens per pass'" "$T/self.stats" \
   && pass "the target as its own draft: every draft accepted, > 3 tokens per pass" \

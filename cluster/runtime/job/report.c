@@ -97,6 +97,10 @@ static void report_stats_json(const report *rep, const rank *r, const sched_prog
         cJSON_AddNumberToObject(sp, "passes", (double)pr->spec_passes);
         if (o->policy.spec_async)
             cJSON_AddNumberToObject(sp, "stale", (double)pr->stale_rows);
+        if (o->draft.mode == DRAFT_MODEL) {
+            cJSON_AddNumberToObject(sp, "draft_model_rows", (double)pr->draft_rows);
+            cJSON_AddNumberToObject(sp, "draft_model_proposals", (double)pr->draft_proposals);
+        }
     }
     cJSON_AddNumberToObject(j, "context_length", r->hp.ctx);
     cJSON_AddNumberToObject(j, "tokens", (double)pr->tokens_generated);

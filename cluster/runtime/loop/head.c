@@ -386,6 +386,12 @@ void head_progress(const head *h, sched_progress *out)
 {
     sched_get_progress(h->sc, out);
     out->images_encoded = pageimg_encoded(h->img);
+    if (h->dr) {
+        drafter_stats ds;
+        drafter_get_stats(h->dr, &ds);
+        out->draft_rows = ds.rows;
+        out->draft_proposals = ds.proposals;
+    }
 }
 
 void head_progress_line(head *h, bool final)

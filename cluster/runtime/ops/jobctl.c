@@ -243,10 +243,6 @@ int jobctl_exit_code(const jobctl *j)
     return j->exit_code;
 }
 
-uint32_t jobctl_migrations(const jobctl *j)
-{
-    return j->migrations;
-}
 
 /* ---- replies ----------------------------------------------------------------- */
 

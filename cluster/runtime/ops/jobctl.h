@@ -59,8 +59,6 @@ void jobctl_hooks(jobctl *j, run_hooks *out);
  * after a checkpoint, RUN_EXIT_FAIL when it failed). */
 int jobctl_exit_code(const jobctl *j);
 
-/* Migrations that moved layers in this run (the head's count). */
-uint32_t jobctl_migrations(const jobctl *j);
 
 /* --migrate-at STEP:MAP (testing aid): parses one; *step and map borrowed
  * from s. PD_ERR_ARG naming the flag. */
