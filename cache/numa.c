@@ -262,7 +262,8 @@ pd_status numa_binding_nodes(const numa_topo *t, const char *cpus, unsigned *nod
     return st;
 }
 
-const char *numa_mode_str(numa_mode m)
+/* "spread", "respected", "within"; never NULL. */
+static const char *numa_mode_str(numa_mode m)
 {
     static const char *const names[] = {
         [NUMA_MODE_SPREAD] = "spread",

@@ -124,9 +124,6 @@ typedef enum numa_mode {
     NUMA_MODE_COUNT
 } numa_mode;
 
-/* "spread", "respected", "within"; never NULL. */
-const char *numa_mode_str(numa_mode m);
-
 /* A placement decision and what became of the binding.
  * INV: cpus is a non-empty subset of logical node `node`'s CPUs and of the
  *      binding it was chosen from; slot < ranks_on_node;

@@ -282,6 +282,8 @@ static uint32_t max_abs_bits_scalar(const float *x, size_t n)
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+static pd_status wr_reserve(wr *w, size_t more);
+
 __attribute__((target("avx2"))) static uint32_t max_abs_bits_avx2(const float *x, size_t n)
 {
     const __m256i mask = _mm256_set1_epi32(0x7fffffff);
@@ -383,7 +385,8 @@ static pd_status wr_failed(wr *w, pd_status s)
     return w->status;
 }
 
-pd_status wr_reserve(wr *w, size_t more)
+/* BUFFER mode: ensures room for `more` bytes beyond what is written. */
+static pd_status wr_reserve(wr *w, size_t more)
 {
     if (w->status != PD_OK)
         return w->status;

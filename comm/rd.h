@@ -164,9 +164,6 @@ pd_status wr_init_buffer(wr *w, size_t reserve, pd_err *err);
 void wr_init_sink(wr *w, wr_sink_fn sink, void *sink_ctx, void *staging, size_t staging_len,
                   pd_err *err);
 
-/* BUFFER mode: ensures room for `more` bytes beyond what is written. */
-pd_status wr_reserve(wr *w, size_t more);
-
 pd_status wr_bytes(wr *w, const void *p, size_t n);
 pd_status wr_u8(wr *w, uint8_t v);
 pd_status wr_u16(wr *w, uint16_t v);

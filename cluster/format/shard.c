@@ -26,7 +26,9 @@ uint32_t shard_of(uint64_t before, uint64_t cost, uint64_t total, uint32_t shard
     return k >= shards ? shards - 1 : (uint32_t)k;
 }
 
-pd_status shard_path(const char *out_dir, uint32_t k, char *buf, size_t cap, pd_err *err)
+/* The path of shard k's manifest in out_dir ("out_dir/shard-k.jsonl") into
+ * buf of cap bytes; PD_ERR_RANGE when it does not fit. */
+static pd_status shard_path(const char *out_dir, uint32_t k, char *buf, size_t cap, pd_err *err)
 {
     int n = snprintf(buf, cap, "%s/shard-%" PRIu32 ".jsonl", out_dir, k);
     if (n < 0 || (size_t)n >= cap)

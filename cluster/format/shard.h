@@ -53,8 +53,4 @@ uint32_t shard_of(uint64_t before, uint64_t cost, uint64_t total, uint32_t shard
 pd_status shard_split(const char *manifest, uint32_t shards, const char *out_dir,
                       const shard_counts *counts, pd_err *err);
 
-/* The path of shard k's manifest in out_dir ("out_dir/shard-k.jsonl") into
- * buf of cap bytes; PD_ERR_RANGE when it does not fit. */
-pd_status shard_path(const char *out_dir, uint32_t k, char *buf, size_t cap, pd_err *err);
-
 #endif

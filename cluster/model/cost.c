@@ -266,7 +266,9 @@ pd_status cost_table_units(const cost_table *t, const cost_rule *r, uint64_t *la
     return PD_OK;
 }
 
-pd_status cost_mix_validate(const cost_mix *m, pd_err *err)
+/* PD_ERR_ARG naming the field when a mean is negative or not finite or a
+ * count is out of range. */
+static pd_status cost_mix_validate(const cost_mix *m, pd_err *err)
 {
     if (!(m->prefill_rows >= 0.0 && m->prefill_rows <= 1e300))
         return pd_err_set(err, PD_ERR_ARG, "cost mix: prefill_rows %g is not a number >= 0", m->prefill_rows);

@@ -114,10 +114,6 @@ typedef struct cost_mix {
     uint32_t decode_streams;         /* streams of a decode micro-batch (1 .. decode_rows) */
 } cost_mix;
 
-/* PD_ERR_ARG naming the field when a mean is negative or not finite or a
- * count is out of range. */
-pd_status cost_mix_validate(const cost_mix *m, pd_err *err);
-
 /* Predicted time one average page of mix brings to each part, in integer
  * picoseconds (the unit layermap_balance_costs takes), under r's machine
  * (bandwidth, peak, kv_value_bytes; r->rows and r->depth are not used: the

@@ -23,7 +23,8 @@
 
 /* ---- small helpers ------------------------------------------------------------ */
 
-char *ckpt_settings(const run_opts *o)
+/* The settings text a run's tokens depend on (compared on resume). Owned. */
+static char *ckpt_settings(const run_opts *o)
 {
     char pol[160];
     policy_describe(&o->policy, pol, sizeof pol);
@@ -42,7 +43,8 @@ char *ckpt_settings(const run_opts *o)
     return s;
 }
 
-pd_status ckpt_file_digest(const char *path, uint64_t *out, pd_err *err)
+/* FNV-1a 64 of a file's bytes. */
+static pd_status ckpt_file_digest(const char *path, uint64_t *out, pd_err *err)
 {
     uint8_t *b;
     size_t n;
@@ -95,7 +97,9 @@ uint64_t ckpt_newest(const char *dir)
     return s;
 }
 
-uint64_t ckpt_highest(const char *dir)
+/* The highest checkpoint number any entry of dir is named with (0 when
+ * none): new checkpoints are numbered past it (ckpt_dir.h). */
+static uint64_t ckpt_highest(const char *dir)
 {
     ckpt_dir_scan sc;
     pd_err e = {0};
@@ -209,7 +213,11 @@ static pd_status check_one(const char *dir, uint64_t seq, uint32_t n_layers, ckp
     return PD_OK;
 }
 
-pd_status ckpt_find(const char *dir, uint64_t model_fp, uint64_t pages_digest, const char *settings,
+/* Head, at start-up: the newest valid checkpoint of dir for this run
+ * (*m filled, *seq >= 1), or *seq = 0 when there is none to resume (said on
+ * stderr when some were skipped). A checkpoint of another model, manifest or
+ * settings is an error naming what differs. */
+static pd_status ckpt_find(const char *dir, uint64_t model_fp, uint64_t pages_digest, const char *settings,
                     uint32_t n_layers, ckpt_manifest *m, uint64_t *seq, pd_err *err)
 {
     *seq = 0;

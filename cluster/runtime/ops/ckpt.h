@@ -38,18 +38,6 @@
 
 #include <stdint.h>
 
-/* The settings text a run's tokens depend on (compared on resume). Owned. */
-char *ckpt_settings(const run_opts *o);
-/* FNV-1a 64 of a file's bytes. */
-pd_status ckpt_file_digest(const char *path, uint64_t *out, pd_err *err);
-
-/* Head, at start-up: the newest valid checkpoint of dir for this run
- * (*m filled, *seq >= 1), or *seq = 0 when there is none to resume (said on
- * stderr when some were skipped). A checkpoint of another model, manifest or
- * settings is an error naming what differs. */
-pd_status ckpt_find(const char *dir, uint64_t model_fp, uint64_t pages_digest, const char *settings,
-                    uint32_t n_layers, ckpt_manifest *m, uint64_t *seq, pd_err *err);
-
 /* Head, at start-up (head.h's head_resume_fn): the checkpoint of
  * o->checkpoint_dir to resume (*seq, 0 = none) and the highest number there
  * (*newest); out.jsonl is cut back to the size that checkpoint recorded
@@ -67,9 +55,6 @@ pd_status ckpt_inspect(const char *path, ckpt_manifest *m, uint64_t *seq, pd_err
 
 /* The number of the newest checkpoint directory in dir (0 when none). */
 uint64_t ckpt_newest(const char *dir);
-/* The highest checkpoint number any entry of dir is named with (0 when
- * none): new checkpoints are numbered past it (ckpt_dir.h). */
-uint64_t ckpt_highest(const char *dir);
 
 /* The drain action: writes checkpoint seq of every rank's state (collective;
  * h: the head's scheduler, NULL elsewhere; out_size: the head's durable

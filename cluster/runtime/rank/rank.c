@@ -498,7 +498,8 @@ pd_status rank_lifecycle(rank *r, const mb_admit *admit, uint32_t na, const uint
     return PD_OK;
 }
 
-double rank_cpu_seconds(void)
+/* CPU seconds this process has used (CLOCK_PROCESS_CPUTIME_ID). */
+static double rank_cpu_seconds(void)
 {
     struct timespec ts;
     if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0)

@@ -121,9 +121,6 @@ pd_status rank_forward(rank *r, const mb_row *rows, uint32_t n, float *x, pd_err
 /* Tail only: samples the rows that want logits into r->tokens / r->digests. */
 pd_status rank_sample(rank *r, const mb_row *rows, uint32_t n, const float *x, uint32_t *n_tokens, pd_err *err);
 
-/* CPU seconds this process has used (CLOCK_PROCESS_CPUTIME_ID). */
-double rank_cpu_seconds(void);
-
 /* This rank's counters with the transport's folded in. */
 msg_stats rank_stats(const rank *r);
 
