@@ -24,6 +24,31 @@ void pd_test_rmtree(const char *dir)
     ck_assert_int_eq(nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS), 0);
 }
 
+char pd_tmpdir[256];
+static char pd_oldcwd[4096];
+static int pd_did_cd;
+
+void pd_test_dir_setup(void)
+{
+    pd_test_tmpdir(pd_tmpdir, sizeof pd_tmpdir, "fixture");
+    pd_did_cd = 0;
+}
+
+void pd_test_dir_setup_cd(void)
+{
+    pd_test_dir_setup();
+    ck_assert_ptr_nonnull(getcwd(pd_oldcwd, sizeof pd_oldcwd));
+    ck_assert_int_eq(chdir(pd_tmpdir), 0);
+    pd_did_cd = 1;
+}
+
+void pd_test_dir_teardown(void)
+{
+    if (pd_did_cd)
+        ck_assert_int_eq(chdir(pd_oldcwd), 0);
+    pd_test_rmtree(pd_tmpdir);
+}
+
 uint64_t pd_rng_next(pd_rng *r)
 {
     uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);

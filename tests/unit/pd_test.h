@@ -28,4 +28,14 @@ void pd_rng_fill(pd_rng *r, float *dst, size_t n, float lo, float hi);
 void pd_test_tmpdir(char *out, size_t cap, const char *tag);
 void pd_test_rmtree(const char *dir);
 
+/* The temp-dir fixture the file-handling suites share: before each test
+ * pd_tmpdir is a fresh /tmp/pd_test_fixture_XXXXXX (the _cd variant also
+ * makes it the working directory); after it, the working directory is
+ * restored and the directory removed with everything in it.
+ *   tcase_add_checked_fixture(tc, pd_test_dir_setup_cd, pd_test_dir_teardown); */
+extern char pd_tmpdir[256];
+void pd_test_dir_setup(void);
+void pd_test_dir_setup_cd(void);
+void pd_test_dir_teardown(void);
+
 #endif

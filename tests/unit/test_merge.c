@@ -15,30 +15,6 @@
 #include "cluster/format/merge.h"
 #include "pd_test.h"
 
-static char tmpdir[256];
-static char oldcwd[PATH_MAX];
-
-static void setup_dir(void)
-{
-    strcpy(tmpdir, "/tmp/pd_test_merge.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
-    ck_assert_ptr_nonnull(getcwd(oldcwd, sizeof oldcwd));
-    ck_assert_int_eq(chdir(tmpdir), 0);
-}
-
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
-}
-
-static void teardown_dir(void)
-{
-    ck_assert_int_eq(chdir(oldcwd), 0);
-    nftw(tmpdir, rm_one, 8, FTW_DEPTH | FTW_PHYS);
-}
 
 static void put(const char *path, const char *text)
 {
@@ -204,7 +180,7 @@ Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("merge");
     TCase *tc = tcase_create("merge");
-    tcase_add_checked_fixture(tc, setup_dir, teardown_dir);
+    tcase_add_checked_fixture(tc, pd_test_dir_setup_cd, pd_test_dir_teardown);
     tcase_add_test(tc, merge_joins_outputs_in_manifest_order_byte_for_byte);
     tcase_add_test(tc, merge_lists_missing_failed_duplicated_unknown_and_writes_nothing);
     tcase_add_test(tc, merge_caps_each_list_and_counts_the_rest);

@@ -47,27 +47,10 @@ static size_t build(uint8_t *out, size_t cap, int major, const char *dict, size_
     return total + data_len;
 }
 
-static char tmpdir[256];
-
-static void setup_dir(void)
-{
-    strcpy(tmpdir, "/tmp/pd_test_npy.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
-}
-
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
-}
-
-static void teardown_dir(void) { nftw(tmpdir, rm_one, 8, FTW_DEPTH | FTW_PHYS); }
 
 static void path_in(char *out, size_t cap, const char *name)
 {
-    snprintf(out, cap, "%s/%s", tmpdir, name);
+    snprintf(out, cap, "%s/%s", pd_tmpdir, name);
 }
 
 static void write_file(const char *path, const void *b, size_t n)
@@ -146,7 +129,7 @@ START_TEST(npy_writer_replaces_atomically_and_leaves_no_temp)
     ck_assert_uint_eq(info.cols, 7);
     ck_assert_mem_eq(v, big, sizeof big);
     free(v);
-    DIR *d = opendir(tmpdir);
+    DIR *d = opendir(pd_tmpdir);
     ck_assert_ptr_nonnull(d);
     int files = 0;
     for (struct dirent *e; (e = readdir(d));)
@@ -450,7 +433,7 @@ Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("npy");
     TCase *tc = tcase_create("npy");
-    tcase_add_checked_fixture(tc, setup_dir, teardown_dir);
+    tcase_add_checked_fixture(tc, pd_test_dir_setup, pd_test_dir_teardown);
     tcase_add_test(tc, npy_golden_v1_bytes_parse_and_read);
     tcase_add_test(tc, npy_writer_emits_numpy_golden_bytes);
     tcase_add_test(tc, npy_writer_replaces_atomically_and_leaves_no_temp);

@@ -16,25 +16,13 @@
 #include "cluster/format/outfile.h"
 #include "pd_test.h"
 
-static char tmpdir[256];
 static char path[512];
 
 static void setup_dir(void)
 {
-    strcpy(tmpdir, "/tmp/pd_test_outfile.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
-    snprintf(path, sizeof path, "%s/out.jsonl", tmpdir);
+    pd_test_dir_setup();
+    snprintf(path, sizeof path, "%s/out.jsonl", pd_tmpdir);
 }
-
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
-}
-
-static void teardown_dir(void) { nftw(tmpdir, rm_one, 8, FTW_DEPTH | FTW_PHYS); }
 
 static void put(const char *text, size_t n)
 {
@@ -370,7 +358,7 @@ Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("outfile");
     TCase *tc = tcase_create("outfile");
-    tcase_add_checked_fixture(tc, setup_dir, teardown_dir);
+    tcase_add_checked_fixture(tc, setup_dir, pd_test_dir_teardown);
     tcase_add_test(tc, outfile_writes_one_exact_json_line_per_page);
     tcase_add_test(tc, outfile_escapes_strings_and_repairs_utf8);
     tcase_add_test(tc, outfile_reports_the_real_error_of_a_short_write_and_cuts_it);

@@ -18,30 +18,6 @@
 #define VOCAB 1000u
 #define HIDDEN 16u
 
-static char tmpdir[256];
-static char oldcwd[PATH_MAX];
-
-static void setup_dir(void)
-{
-    strcpy(tmpdir, "/tmp/pd_test_pages.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
-    ck_assert_ptr_nonnull(getcwd(oldcwd, sizeof oldcwd));
-    ck_assert_int_eq(chdir(tmpdir), 0);
-}
-
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
-}
-
-static void teardown_dir(void)
-{
-    ck_assert_int_eq(chdir(oldcwd), 0);
-    nftw(tmpdir, rm_one, 8, FTW_DEPTH | FTW_PHYS);
-}
 
 static void put(const char *path, const char *text)
 {
@@ -200,8 +176,8 @@ START_TEST(pages_relative_paths_resolve_against_the_manifest_dir)
     put_npy("sub/emb/a.npy", 4, HIDDEN, 3.0f);
     put_npy("abs.npy", 2, HIDDEN, 4.0f);
     char absnpy[512], manifest[512];
-    snprintf(absnpy, sizeof absnpy, "%s/abs.npy", tmpdir);
-    snprintf(manifest, sizeof manifest, "%s/sub/m.jsonl", tmpdir);
+    snprintf(absnpy, sizeof absnpy, "%s/abs.npy", pd_tmpdir);
+    snprintf(manifest, sizeof manifest, "%s/sub/m.jsonl", pd_tmpdir);
     char line[1200];
     snprintf(line, sizeof line,
              "{\"id\": \"r\", \"prefill\": [{\"embeddings\": \"emb/a.npy\"}, {\"embeddings\": \"%s\"}],"
@@ -216,11 +192,11 @@ START_TEST(pages_relative_paths_resolve_against_the_manifest_dir)
     const pages_page *g = pages_get(p, 0);
     ck_assert_uint_eq(g->prefill_rows, 6);
     char want[600];
-    snprintf(want, sizeof want, "%s/sub/emb/a.npy", tmpdir);
+    snprintf(want, sizeof want, "%s/sub/emb/a.npy", pd_tmpdir);
     ck_assert_str_eq(g->segs[0].path, want);
     ck_assert_str_eq(g->segs[1].path, absnpy);
     pages_free(p);
-    ck_assert_int_eq(chdir(tmpdir), 0);
+    ck_assert_int_eq(chdir(pd_tmpdir), 0);
     ck_assert_msg(load("sub/m.jsonl", &p, &err) == PD_OK, "%s", err.msg);
     ck_assert_str_eq(pages_get(p, 0)->segs[0].path, "sub/emb/a.npy");
     pages_free(p);
@@ -229,7 +205,7 @@ START_TEST(pages_relative_paths_resolve_against_the_manifest_dir)
     ck_assert_str_eq(pages_get(p, 0)->segs[0].path, "emb/a.npy");
     pages_free(p);
     /* Relative to the manifest, not to the working directory. */
-    ck_assert_int_eq(chdir(tmpdir), 0);
+    ck_assert_int_eq(chdir(pd_tmpdir), 0);
     put("sub/m2.jsonl", "{\"id\": \"r\", \"prefill\": [{\"embeddings\": \"abs.npy\"}], "
                         "\"max_new_tokens\": 3}\n");
     ck_assert_int_eq(load("sub/m2.jsonl", &p, &err), PD_ERR_IO);
@@ -593,7 +569,7 @@ Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("pages");
     TCase *tc = tcase_create("pages");
-    tcase_add_checked_fixture(tc, setup_dir, teardown_dir);
+    tcase_add_checked_fixture(tc, pd_test_dir_setup_cd, pd_test_dir_teardown);
     tcase_add_test(tc, pages_load_reads_tokens_and_embedding_segments);
     tcase_add_test(tc, pages_text_segments_are_tokenized_or_refused_naming_the_page);
     tcase_add_test(tc, pages_relative_paths_resolve_against_the_manifest_dir);

@@ -152,31 +152,13 @@ START_TEST(render_embedding_is_exact_deterministic_and_bounded)
 }
 END_TEST
 
-static char tmpdir[256];
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
-}
-static void setup_dir(void)
-{
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/pd_test_render_XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
-}
-static void teardown_dir(void)
-{
-    nftw(tmpdir, rm_cb, 8, FTW_DEPTH | FTW_PHYS);
-}
-
 START_TEST(render_write_emits_manifest_and_rows)
 {
     render_doc *d = parse_ok("ab\n\fc\n");
     render_opts o = {.hidden = 16, .cells = 8, .bos = 256, .prompt = {79, 67}, .n_prompt = 2, .max_new_extra = 8,
                      .id_prefix = "t"};
     char dir[300], path[400];
-    snprintf(dir, sizeof dir, "%s/out", tmpdir);
+    snprintf(dir, sizeof dir, "%s/out", pd_tmpdir);
     pd_err e = {0};
     ck_assert_msg(render_write(d, &o, dir, &e) == PD_OK, "%s", e.msg);
     snprintf(path, sizeof path, "%s/pages.jsonl", dir);
@@ -197,7 +179,7 @@ START_TEST(render_write_emits_manifest_and_rows)
 
     /* a page over capacity: refused before anything is written */
     d = parse_ok("0123456789\n");
-    snprintf(dir, sizeof dir, "%s/over", tmpdir);
+    snprintf(dir, sizeof dir, "%s/over", pd_tmpdir);
     ck_assert_int_eq(render_write(d, &o, dir, &e), PD_ERR_RANGE);
     ck_assert(strstr(e.msg, "page 1 uses 11 cells"));
     struct stat st;
@@ -210,7 +192,7 @@ Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("render");
     TCase *tc = tcase_create("render");
-    tcase_add_checked_fixture(tc, setup_dir, teardown_dir);
+    tcase_add_checked_fixture(tc, pd_test_dir_setup, pd_test_dir_teardown);
     tcase_add_test(tc, render_glyphs_are_distinct_and_space_is_blank);
     tcase_add_test(tc, render_pages_split_at_form_feeds_with_a_final_newline);
     tcase_add_test(tc, render_refuses_bad_text_naming_page_line_and_column);

@@ -17,30 +17,6 @@
 #include "cluster/format/shard.h"
 #include "pd_test.h"
 
-static char tmpdir[256];
-static char oldcwd[PATH_MAX];
-
-static void setup_dir(void)
-{
-    strcpy(tmpdir, "/tmp/pd_test_shard.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
-    ck_assert_ptr_nonnull(getcwd(oldcwd, sizeof oldcwd));
-    ck_assert_int_eq(chdir(tmpdir), 0);
-}
-
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
-}
-
-static void teardown_dir(void)
-{
-    ck_assert_int_eq(chdir(oldcwd), 0);
-    nftw(tmpdir, rm_one, 8, FTW_DEPTH | FTW_PHYS);
-}
 
 static void put(const char *path, const char *text)
 {
@@ -156,7 +132,7 @@ START_TEST(shard_rewrites_relative_embedding_paths_to_name_the_same_file)
     ck_assert_int_eq(mkdir("deep", 0777), 0);
     put_npy("in/emb/a.npy", 4, 8);
     char abs[PATH_MAX + 32];
-    snprintf(abs, sizeof abs, "%s/in/emb/a.npy", tmpdir);
+    snprintf(abs, sizeof abs, "%s/in/emb/a.npy", pd_tmpdir);
     char text[PATH_MAX * 2];
     snprintf(text, sizeof text,
              "{\"id\":\"rel\",\"prefill\":[{\"tokens\":[1]},{\"embeddings\":\"emb/a.npy\"}],\"max_new_tokens\":2}\n"
@@ -243,7 +219,7 @@ Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("shard");
     TCase *tc = tcase_create("shard");
-    tcase_add_checked_fixture(tc, setup_dir, teardown_dir);
+    tcase_add_checked_fixture(tc, pd_test_dir_setup_cd, pd_test_dir_teardown);
     tcase_add_test(tc, shard_of_is_contiguous_and_balanced);
     tcase_add_test(tc, shard_split_balances_cost_and_keeps_every_page_once);
     tcase_add_test(tc, shard_rewrites_relative_embedding_paths_to_name_the_same_file);

@@ -11,17 +11,6 @@
 #include "cluster/vision/venc.h"
 #include "pd_test.h"
 
-static char dir[128];
-
-static void setup(void)
-{
-    pd_test_tmpdir(dir, sizeof dir, "vision");
-}
-
-static void teardown(void)
-{
-    pd_test_rmtree(dir);
-}
 
 /* A decoder of hidden 64 (any architecture: only its hidden size is read). */
 static void put_model(const char *path)
@@ -61,9 +50,9 @@ static void put_mmproj(const char *path, const char *type, uint64_t fc_in, uint6
 
 START_TEST(mmproj_width_must_equal_the_decoders_hidden_size)
 {
-    char dec[256], mm[256];
-    snprintf(dec, sizeof dec, "%s/dec.gguf", dir);
-    snprintf(mm, sizeof mm, "%s/mm.gguf", dir);
+    char dec[320], mm[320];
+    snprintf(dec, sizeof dec, "%s/dec.gguf", pd_tmpdir);
+    snprintf(mm, sizeof mm, "%s/mm.gguf", pd_tmpdir);
     put_model(dec);
     uint32_t width = 0;
     pd_err err = {0};
@@ -74,7 +63,7 @@ START_TEST(mmproj_width_must_equal_the_decoders_hidden_size)
     ck_assert_msg(mmproj_check(mm, dec, &width, &err) == PD_OK, "%s", err.msg);
     put_mmproj(mm, "deepseekocr", 32, 128);
     ck_assert_int_eq(mmproj_check(mm, dec, &width, &err), PD_ERR_MISMATCH);
-    char want[700];
+    char want[900];
     snprintf(want, sizeof want, "the mmproj %s makes rows 128 wide (mm.model.fc.weight), the model "
              "%s has hidden size 64", mm, dec);
     ck_assert_str_eq(err.msg, want);
@@ -94,7 +83,7 @@ START_TEST(mmproj_width_must_equal_the_decoders_hidden_size)
     pd_err_clear(&err);
     ck_assert_int_eq(mmproj_check(dec, dec, &width, &err), PD_ERR_FORMAT);
     pd_err_clear(&err);
-    snprintf(mm, sizeof mm, "%s/none.gguf", dir);
+    snprintf(mm, sizeof mm, "%s/none.gguf", pd_tmpdir);
     ck_assert_int_eq(mmproj_check(mm, dec, &width, &err), PD_ERR_IO);
     ck_assert_uint_eq(width, 64);
 }
@@ -102,9 +91,9 @@ END_TEST
 
 START_TEST(venc_says_what_it_needs)
 {
-    char dec[256], mm[256];
-    snprintf(dec, sizeof dec, "%s/dec.gguf", dir);
-    snprintf(mm, sizeof mm, "%s/mm.gguf", dir);
+    char dec[320], mm[320];
+    snprintf(dec, sizeof dec, "%s/dec.gguf", pd_tmpdir);
+    snprintf(mm, sizeof mm, "%s/mm.gguf", pd_tmpdir);
     put_model(dec);
     venc *v = NULL;
     pd_err err = {0};
@@ -141,7 +130,7 @@ Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("vision");
     TCase *tc = tcase_create("vision");
-    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_checked_fixture(tc, pd_test_dir_setup, pd_test_dir_teardown);
     tcase_add_test(tc, mmproj_width_must_equal_the_decoders_hidden_size);
     tcase_add_test(tc, venc_says_what_it_needs);
     suite_add_tcase(s, tc);
