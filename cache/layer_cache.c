@@ -71,9 +71,10 @@ static pd_status config_check(const lcache_config *c, pd_err *err)
     if (c->kind == LCACHE_KIND_RING) {
         if (c->window == 0)
             return pd_err_set(err, PD_ERR_ARG, "layer cache: a ring needs window >= 1");
-        if (c->mode != KV_MODE_F32 || c->evict != LCACHE_EVICT_NONE)
-            return pd_err_set(err, PD_ERR_ARG, "layer cache: a ring stores f32 rows and bounds itself "
-                                               "(mode f32, no eviction)");
+        if (c->evict != LCACHE_EVICT_NONE)
+            return pd_err_set(err, PD_ERR_ARG, "layer cache: a ring bounds itself (no eviction)");
+        if ((unsigned)c->mode >= KV_MODE_COUNT)
+            return pd_err_set(err, PD_ERR_ARG, "layer cache: mode %u is unknown", (unsigned)c->mode);
     } else if (c->window && c->evict != LCACHE_EVICT_NONE) {
         return pd_err_set(err, PD_ERR_ARG, "layer cache: a kv window trims itself (no eviction)");
     }
@@ -92,6 +93,7 @@ static ring_layer_config ring_config_of(const lcache_config *cfg)
                                .window = cfg->window,
                                .ref_capacity = cfg->prefill_rows,
                                .max_drafts = cfg->max_drafts,
+                               .mode = cfg->mode,
                                .alloc = cfg->alloc,
                                .max_group = cfg->q_per_kv};
 }

@@ -80,7 +80,8 @@ typedef struct lcache_config {
     uint32_t q_per_kv;     /* Q heads per KV head (GQA fan-out), >= 1 */
     uint32_t window;       /* kv: rows a query sees, 0 = all (full attention);
                               ring: W ring slots, >= 1 */
-    kv_mode mode;          /* kv storage; a ring stores f32 (must be KV_MODE_F32) */
+    kv_mode mode;          /* storage: kv layer (q8_2f), or a ring's int8 storage
+                              (ring_layer.h: reference, ring and drafts alike) */
     lcache_evict evict;    /* kv without a window only */
     uint32_t evict_budget; /* rows kept (evict != NONE), >= 1 */
     uint32_t evict_sinks;  /* importance: oldest rows always kept */

@@ -41,6 +41,7 @@ static direct direct_new(const lcache_config *cfg)
                                 .window = cfg->window,
                                 .ref_capacity = cfg->prefill_rows,
                                 .max_drafts = cfg->max_drafts,
+                                .mode = cfg->mode,
                                 .max_group = QPK};
         ck_assert_msg(ring_layer_new(&rc, &d.ring, &e) == PD_OK, "%s", e.msg);
     } else {
@@ -188,11 +189,28 @@ static void assert_ring_equal(const ring_layer *a, const ring_layer *b, const ch
                       sa.writes == sb.writes && sa.decoding == sb.decoding,
                   "%s: ring cursors differ", what);
     ck_assert_uint_eq(ring_layer_drafts(a), ring_layer_drafts(b));
+    ck_assert_int_eq(sa.mode, sb.mode);
+    const size_t ngk = (HD + RING_K_GROUP - 1) / RING_K_GROUP, nr = sa.ref_rows, ng = sa.ring_len;
     for (uint32_t h = 0; h < NKV; h++) {
-        assert_same_bytes(sa.ref_k[h], sb.ref_k[h], (size_t)sa.ref_rows * HD * 4, "ref k");
-        assert_same_bytes(sa.ref_v[h], sb.ref_v[h], (size_t)sa.ref_rows * HD * 4, "ref v");
-        assert_same_bytes(sa.ring_k[h], sb.ring_k[h], (size_t)sa.ring_len * HD * 4, "ring k");
-        assert_same_bytes(sa.ring_v[h], sb.ring_v[h], (size_t)sa.ring_len * HD * 4, "ring v");
+        /* a component stored int8 has only its codes and scales (ring_state) */
+        if (sa.ref_k) {
+            assert_same_bytes(sa.ref_k[h], sb.ref_k[h], nr * HD * 4, "ref k");
+            assert_same_bytes(sa.ring_k[h], sb.ring_k[h], ng * HD * 4, "ring k");
+        } else {
+            assert_same_bytes(sa.ref_kq[h], sb.ref_kq[h], nr * HD, "ref kq");
+            assert_same_bytes(sa.ref_ks[h], sb.ref_ks[h], nr * ngk * 4, "ref ks");
+            assert_same_bytes(sa.ring_kq[h], sb.ring_kq[h], ng * HD, "ring kq");
+            assert_same_bytes(sa.ring_ks[h], sb.ring_ks[h], ng * ngk * 4, "ring ks");
+        }
+        if (sa.ref_v) {
+            assert_same_bytes(sa.ref_v[h], sb.ref_v[h], nr * HD * 4, "ref v");
+            assert_same_bytes(sa.ring_v[h], sb.ring_v[h], ng * HD * 4, "ring v");
+        } else {
+            assert_same_bytes(sa.ref_vq[h], sb.ref_vq[h], nr * HD, "ref vq");
+            assert_same_bytes(sa.ref_vs[h], sb.ref_vs[h], nr * 4, "ref vs");
+            assert_same_bytes(sa.ring_vq[h], sb.ring_vq[h], ng * HD, "ring vq");
+            assert_same_bytes(sa.ring_vs[h], sb.ring_vs[h], ng * 4, "ring vs");
+        }
     }
 }
 
@@ -234,6 +252,13 @@ static lcache_config cfg_ring(uint32_t window)
                            .max_drafts = 3,
                            .prefill_rows = 70,
                            .max_new = 60};
+}
+
+static lcache_config cfg_ring_q8(uint32_t window, kv_mode mode)
+{
+    lcache_config c = cfg_ring(window);
+    c.mode = mode;
+    return c;
 }
 
 static lcache *make(const lcache_config *cfg)
@@ -352,6 +377,19 @@ START_TEST(lcache_ring_answers_like_the_ring_layer)
             lcache_config cfg = cfg_ring(w);
             run_schedule(&cfg, seed);
         }
+}
+END_TEST
+
+START_TEST(lcache_ring_q8_answers_like_the_ring_layer)
+{
+    /* int8 storage (issue 40): groups, verify spill slots and settles give
+     * the ring layer's own bits in every mode */
+    for (int m = KV_MODE_Q8K; m <= KV_MODE_Q8; m++)
+        for (uint32_t w = 3; w <= 9; w += 6)
+            for (uint64_t seed = 0; seed < 3; seed++) {
+                lcache_config cfg = cfg_ring_q8(w, (kv_mode)m);
+                run_schedule(&cfg, seed);
+            }
 }
 END_TEST
 
@@ -587,14 +625,14 @@ START_TEST(lcache_refuses_contradictory_configurations)
         const char *name;
         lcache_config c;
     } bad[] = {
-        {"kind", ok}, {"heads", ok}, {"prefill", ok}, {"budget", ok}, {"ring q8", cfg_ring(4)},
+        {"kind", ok}, {"heads", ok}, {"prefill", ok}, {"budget", ok}, {"ring mode", cfg_ring(4)},
         {"ring evict", cfg_ring(4)}, {"ring window 0", cfg_ring(4)}, {"window + evict", ok}, {"q per kv", ok},
     };
     bad[0].c.kind = LCACHE_KIND_COUNT;
     bad[1].c.n_kv_heads = 0;
     bad[2].c.prefill_rows = 0;
     bad[3].c.evict = LCACHE_EVICT_RECENT;
-    bad[4].c.mode = KV_MODE_Q8;
+    bad[4].c.mode = KV_MODE_COUNT;
     bad[5].c.evict = LCACHE_EVICT_RECENT;
     bad[5].c.evict_budget = 4;
     bad[6].c.window = 0;
@@ -622,6 +660,7 @@ START_TEST(lcache_bytes_estimate_is_what_a_new_container_holds)
         cfg_kv(KV_MODE_Q8K, 0, LCACHE_EVICT_NONE, 0, 0),     cfg_kv(KV_MODE_Q8V, 8, LCACHE_EVICT_NONE, 0, 0),
         cfg_kv(KV_MODE_F32, 0, LCACHE_EVICT_IMPORTANCE, 16, 2), cfg_kv(KV_MODE_Q8, 0, LCACHE_EVICT_RECENT, 9, 0),
         cfg_ring(4),                                          cfg_ring(32),
+        cfg_ring_q8(4, KV_MODE_Q8),                           cfg_ring_q8(32, KV_MODE_Q8V),
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
         lcache_config cfg = cfgs[i];
@@ -687,6 +726,7 @@ Suite *pd_test_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, lcache_kv_answers_like_the_kv_layer);
     tcase_add_test(tc, lcache_ring_answers_like_the_ring_layer);
+    tcase_add_test(tc, lcache_ring_q8_answers_like_the_ring_layer);
     tcase_add_test(tc, lcache_positions_pending_and_rollback_limits);
     tcase_add_test(tc, lcache_refuses_bad_groups_and_calls_and_changes_nothing);
     tcase_add_test(tc, lcache_attend_heads_equal_whole_rows);

@@ -101,8 +101,6 @@ pd_status policy_parse_evict(const char *s, cache_policy *p, pd_err *err)
 
 pd_status policy_validate(const cache_policy *p, pd_err *err)
 {
-    if (p->attn == POLICY_ATTN_RSWA && p->kv != KV_MODE_F32)
-        return pd_err_set(err, PD_ERR_ARG, "--attn rswa keeps f32 rows; --kv must be f32");
     if (p->attn == POLICY_ATTN_RSWA && p->evict != POLICY_EVICT_NONE)
         return pd_err_set(err, PD_ERR_ARG, "--attn rswa bounds itself; --evict must be none");
     if (p->attn == POLICY_ATTN_WINDOW && p->evict != POLICY_EVICT_NONE)
