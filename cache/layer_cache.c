@@ -5,6 +5,7 @@
 #include "cache/layer_cache.h"
 
 #include "base/check.h"
+#include "cache/attn.h"
 
 #include <string.h>
 
@@ -21,7 +22,36 @@ typedef struct lcache_open {
     uint64_t r0;          /* kv: stored rows before the group's rows */
     uint32_t ref0;        /* ring: reference rows before the group's prefill rows */
     uint32_t written;     /* ring: rows of the group in the cache so far */
+    uint32_t vkept;       /* kv, importance eviction: rows of the kept set
+                             (lcache.spec.keep) of group row vrow */
+    uint32_t vrow;
 } lcache_open;
+
+/* Eviction under speculation (kv layer with --evict and drafts). A group
+ * [decode p, verify p+1 .. p+K] must see, row by row, what K + 1 sequential
+ * steps would: each step evicts down to budget - 1 rows before its row is
+ * appended, deciding from the importance of the steps before it. The
+ * decode row's eviction is made (its position is final); the verify rows'
+ * evictions are only decided: their rows are appended without evicting, and
+ * each attends the KEPT SET its sequential step would hold (recent: the
+ * newest rows, a window; importance: kv_select_importance over the previous
+ * kept set, with kv_layer_importance_below). Once the next group (or a
+ * settle) says how many verify rows were accepted, the rejected rows are
+ * truncated (their importance mass goes with them) and the kept set of the
+ * last accepted row is made real (kv_layer_evict_recent / keep_rows): the
+ * layer is then what the sequential steps left.
+ * Scratch (importance eviction with drafts only, cap = budget + drafts + 1
+ * entries each): keep (the kept set, stored row indices), next, sel, idx,
+ * flag, imp, imp_rows, segs. */
+typedef struct lcache_spec {
+    uint32_t cap;
+    uint32_t *keep, *next, *idx;
+    float *sel, *imp, *imp_rows;
+    uint8_t *flag;
+    attn_seg *segs;
+    void *block;
+    size_t bytes;
+} lcache_spec;
 
 /* INV: exactly one of kv / ring is set, of cfg.kind.
  * INV: pending <= pos; kv: base + rows (the depth) <= pos, == pos without
@@ -39,6 +69,12 @@ struct lcache {
     uint32_t pending;
     uint64_t fin; /* undo_rows > 0: rows before it are final */
     lcache_open g;
+    lcache_spec spec;
+    /* the last group, for its settle: kv eviction with verify rows decided
+     * but not made (lg_deferred), its rows before (lg_r0) and its size */
+    int lg_deferred;
+    uint64_t lg_r0;
+    uint32_t lg_n;
 };
 
 /* ---- creation -------------------------------------------------------------- */
@@ -98,6 +134,50 @@ static ring_layer_config ring_config_of(const lcache_config *cfg)
                                .max_group = cfg->q_per_kv};
 }
 
+/* Entries of each eviction scratch array (0: none needed). */
+static uint32_t spec_cap(const lcache_config *cfg)
+{
+    if (cfg->kind != LCACHE_KIND_KV || cfg->evict != LCACHE_EVICT_IMPORTANCE || cfg->max_drafts == 0)
+        return 0;
+    return cfg->evict_budget + cfg->max_drafts + 1;
+}
+
+static size_t spec_round(size_t b) { return (b + 63) & ~(size_t)63; }
+
+/* Bytes of the eviction scratch block (in the estimate and the memory). */
+static size_t spec_bytes(uint32_t cap)
+{
+    if (!cap)
+        return 0;
+    return 3 * spec_round((size_t)4 * cap) + 3 * spec_round((size_t)4 * cap) + spec_round(cap) +
+           spec_round(sizeof(attn_seg) * cap);
+}
+
+static pd_status spec_alloc(lcache *c, pd_err *err)
+{
+    uint32_t cap = spec_cap(&c->cfg);
+    if (!cap)
+        return PD_OK;
+    size_t bytes = spec_bytes(cap);
+    char *b = pd_alloc_bytes(c->cfg.alloc, bytes);
+    if (!b)
+        return pd_err_set(err, PD_ERR_NOMEM, "layer cache: %zu bytes of eviction scratch", bytes);
+    memset(b, 0, bytes);
+    lcache_spec *s = &c->spec;
+    size_t at = 0, u = spec_round((size_t)4 * cap);
+    *s = (lcache_spec){.cap = cap, .block = b, .bytes = bytes};
+    s->keep = (uint32_t *)(void *)(b + at), at += u;
+    s->next = (uint32_t *)(void *)(b + at), at += u;
+    s->idx = (uint32_t *)(void *)(b + at), at += u;
+    s->sel = (float *)(void *)(b + at), at += u;
+    s->imp = (float *)(void *)(b + at), at += u;
+    s->imp_rows = (float *)(void *)(b + at), at += u;
+    s->segs = (attn_seg *)(void *)(b + at), at += spec_round(sizeof(attn_seg) * cap);
+    s->flag = (uint8_t *)(b + at), at += spec_round(cap);
+    CHECK(at == bytes);
+    return PD_OK;
+}
+
 static kv_layer_config kv_config_of(const lcache_config *cfg)
 {
     return (kv_layer_config){.n_kv_heads = cfg->n_kv_heads,
@@ -125,6 +205,8 @@ pd_status lcache_new(const lcache_config *cfg, lcache **out, pd_err *err)
     } else {
         c->kv_cfg = kv_config_of(cfg);
         st = kv_layer_new(&c->kv_cfg, &c->kv, err);
+        if (st == PD_OK && (st = spec_alloc(c, err)) != PD_OK)
+            kv_layer_free(c->kv);
     }
     if (st != PD_OK) {
         pd_free_bytes(cfg->alloc, c, sizeof *c);
@@ -140,6 +222,8 @@ void lcache_free(lcache *c)
         return;
     kv_layer_free(c->kv);
     ring_layer_free(c->ring);
+    if (c->spec.block)
+        pd_free_bytes(c->cfg.alloc, c->spec.block, c->spec.bytes);
     pd_free_bytes(c->cfg.alloc, c, sizeof *c);
 }
 
@@ -163,6 +247,57 @@ uint64_t lcache_position(const lcache *c)
 uint32_t lcache_pending(const lcache *c)
 {
     return c->pending;
+}
+
+/* Eviction under speculation (lcache_spec above). The kept set of group row
+ * t, from that of row t - 1 (spec.keep[0..n)): the sequential step's
+ * eviction down to budget - 1 rows when n + 1 rows would pass the budget,
+ * then the row itself (stored row r0 + t). Returns the new size. */
+static uint32_t spec_step(lcache *c, uint64_t r0, uint32_t t, uint32_t n)
+{
+    lcache_spec *s = &c->spec;
+    const lcache_config *p = &c->cfg;
+    if ((uint64_t)n + 1 > p->evict_budget) {
+        uint64_t keep = p->evict_budget > 1 ? p->evict_budget - 1 : 0;
+        uint64_t sinks = p->evict_sinks < keep ? p->evict_sinks : keep;
+        kv_layer_importance_below(c->kv, r0 + t, s->imp);
+        for (uint32_t i = 0; i < n; i++)
+            s->sel[i] = s->imp[s->keep[i]];
+        uint32_t m = kv_select_importance(s->sel, n, keep, sinks, keep / 2 ? keep / 2 : 1, s->idx, s->flag);
+        for (uint32_t i = 0; i < m; i++)
+            s->next[i] = s->keep[s->idx[i]];
+        uint32_t *t_ = s->keep;
+        s->keep = s->next;
+        s->next = t_;
+        n = m;
+    }
+    CHECK(n < s->cap);
+    s->keep[n++] = (uint32_t)(r0 + t);
+    return n;
+}
+
+/* The kept set of group row `to`, from row 0's (every stored row up to it). */
+static uint32_t spec_replay(lcache *c, uint64_t r0, uint32_t to)
+{
+    CHECK(r0 + 1 <= c->spec.cap);
+    for (uint32_t i = 0; i <= r0; i++)
+        c->spec.keep[i] = i;
+    uint32_t n = (uint32_t)r0 + 1;
+    for (uint32_t t = 1; t <= to; t++)
+        n = spec_step(c, r0, t, n);
+    return n;
+}
+
+/* Settle of a deferred group whose rows [0, a] survived (the rest was
+ * truncated): makes row a's kept set real, as the sequential steps made it. */
+static pd_status spec_make_real(lcache *c, uint32_t a, pd_err *err)
+{
+    if (c->cfg.evict == LCACHE_EVICT_RECENT) {
+        kv_layer_evict_recent(c->kv, c->cfg.evict_budget);
+        return PD_OK;
+    }
+    uint32_t n = spec_replay(c, c->lg_r0, a);
+    return kv_layer_keep_rows(c->kv, c->spec.keep, n, err);
 }
 
 uint64_t lcache_rollback_limit(const lcache *c)
@@ -204,9 +339,12 @@ pd_status lcache_settle(lcache *c, uint64_t pos, pd_err *err)
     } else {
         if (back)
             rc = kv_layer_truncate_last(c->kv, back, err);
+        if (rc == PD_OK && c->lg_deferred && c->pending - back >= 2)
+            rc = spec_make_real(c, (uint32_t)(c->pending - back) - 1, err);
         if (rc == PD_OK)
             kv_layer_confirm(c->kv, kv_layer_pos_len(c->kv));
     }
+    c->lg_deferred = 0;
     /* the checks above are what both implementations refuse on */
     CHECKF(rc == PD_OK, "layer cache: settle refused after validation: %s", err ? err->msg : "");
     c->pos = pos;
@@ -283,8 +421,10 @@ static void kv_evict_for(lcache *c, const lcache_group *g)
      * stored rows are cut to N - n first (0 with recent:1 and one decode
      * row: the row attends only itself); policy_validate refuses budgets
      * below a verify group's rows */
-    if (kv_layer_rows(c->kv) + g->n > p->evict_budget) {
-        uint64_t keep = p->evict_budget > g->n ? p->evict_budget - g->n : 0;
+    if (kv_layer_rows(c->kv) + 1 > p->evict_budget) {
+        /* the first row's own step; the group's later rows decide theirs
+         * without making them (lcache_spec) */
+        uint64_t keep = p->evict_budget > 1 ? p->evict_budget - 1 : 0;
         /* sinks up to the budget, the library's own clamp: with S = N - 1 a
          * decode step keeps N - 1 rows, all of them sinks */
         uint64_t sinks = p->evict_sinks < keep ? p->evict_sinks : keep;
@@ -327,6 +467,13 @@ pd_status lcache_append(lcache *c, const lcache_group *g, const float *k, const 
         kv_evict_for(c, g);
         c->g.r0 = kv_layer_rows(c->kv);
         rc = kv_layer_append_rows(c->kv, g->n, k, v, err);
+        if (rc == PD_OK && c->cfg.evict != LCACHE_EVICT_NONE && g->roles[0] != LCACHE_ROLE_PREFILL) {
+            c->lg_deferred = g->n > 1;
+            c->lg_r0 = c->g.r0;
+            c->lg_n = g->n;
+            if (c->spec.cap)
+                c->g.vkept = spec_replay(c, c->g.r0, 0);
+        }
     }
     if (rc != PD_OK) {
         /* a kv layer that could not grow keeps the rows it took: the
@@ -372,6 +519,21 @@ static pd_status kv_attend_heads(lcache *c, uint32_t j, uint32_t h0, uint32_t h1
     const uint32_t hd = c->cfg.head_dim, G = c->cfg.q_per_kv;
     uint64_t upto = c->g.r0 + j + 1;
     uint64_t first = c->cfg.window && upto > c->cfg.window ? upto - c->cfg.window : 0;
+    const int gen = c->cfg.evict != LCACHE_EVICT_NONE && c->g.roles[0] != LCACHE_ROLE_PREFILL;
+    /* recent eviction under speculation: row j's sequential step keeps the
+     * newest budget rows (its own included): a window */
+    if (gen && c->cfg.evict == LCACHE_EVICT_RECENT && upto > c->cfg.evict_budget)
+        first = upto - c->cfg.evict_budget;
+    /* importance: the kept set its sequential step would hold */
+    const int listed = gen && c->spec.cap && c->g.n > 1;
+    if (listed) {
+        CHECK(!scratch); /* whole rows (lcache_attend_splits) */
+        for (uint32_t t = c->g.vrow + 1; t <= j; t++)
+            c->g.vkept = spec_step(c, c->g.r0, t, c->g.vkept);
+        if (j > c->g.vrow)
+            c->g.vrow = j;
+        CHECK(c->spec.keep[c->g.vkept - 1] == c->g.r0 + j);
+    }
     pd_status rc = PD_OK;
     for (uint32_t h = h0; rc == PD_OK && h < h1; h++) {
         kv_attend a = {.kv_head = h,
@@ -383,7 +545,11 @@ static pd_status kv_attend_heads(lcache *c, uint32_t j, uint32_t h0, uint32_t h1
                        .track_imp = c->cfg.evict == LCACHE_EVICT_IMPORTANCE,
                        .out = out + (uint64_t)h * G * hd,
                        .scratch = scratch,
-                       .scratch_floats = scratch_floats};
+                       .scratch_floats = scratch_floats,
+                       .rows = listed ? c->spec.keep : NULL,
+                       .n_rows = listed ? c->g.vkept : 0,
+                       .segs = listed ? c->spec.segs : NULL,
+                       .imp_rows = listed ? c->spec.imp_rows : NULL};
         rc = kv_layer_attend(c->kv, &a, NULL, err);
     }
     return rc;
@@ -471,7 +637,7 @@ void lcache_memory(const lcache *c, lcache_mem *out)
     } else {
         kv_memory m;
         kv_layer_memory(c->kv, &m);
-        out->allocated = m.allocated + sizeof *c;
+        out->allocated = m.allocated + sizeof *c + c->spec.bytes;
         out->live = m.attention + m.recurrent;
     }
 }
@@ -486,7 +652,7 @@ uint64_t lcache_bytes_estimate(const lcache_config *c)
         return sizeof(lcache) + ring_layer_bytes_for(&rc);
     }
     kv_layer_config kc = kv_config_of(c);
-    return sizeof(lcache) + kv_layer_bytes_for(&kc);
+    return sizeof(lcache) + kv_layer_bytes_for(&kc) + spec_bytes(spec_cap(c));
 }
 
 void lcache_check(const lcache *c)
@@ -549,4 +715,5 @@ void lcache_adopt(lcache *c, uint64_t pos)
     c->pos = pos;
     c->fin = pos;
     c->pending = 0;
+    c->lg_deferred = 0;
 }

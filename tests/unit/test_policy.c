@@ -355,6 +355,37 @@ START_TEST(policy_refuses_an_eviction_budget_below_a_verify_step)
 }
 END_TEST
 
+START_TEST(policy_eviction_takes_drafts_but_not_async_nor_a_q8_budget_at_the_freeze)
+{
+    static const struct { kv_mode kv; uint32_t budget, drafts; int async; const char *needle; } cases[] = {
+        {KV_MODE_F32, 60, 6, 0, NULL},      /* f32: no field to freeze */
+        {KV_MODE_Q8, 58, 6, 0, NULL},       /* 58 + 6 rows: the 64th never held */
+        {KV_MODE_Q8, 59, 6, 0, "freezes"},  /* a verify group reaches 64 rows, one-by-one never */
+        {KV_MODE_Q8K, 64, 1, 0, "freezes"},
+        {KV_MODE_Q8V, 65, 8, 0, NULL},      /* both freeze at position 64 */
+        {KV_MODE_Q8, 200, 8, 0, NULL},
+        {KV_MODE_Q8, 59, 0, 0, NULL},       /* no drafts */
+        {KV_MODE_F32, 16, 4, 1, "--draft-async with --evict"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cache_policy p;
+        policy_default(&p);
+        p.kv = cases[i].kv;
+        p.evict = POLICY_EVICT_IMPORTANCE;
+        p.evict_budget = cases[i].budget;
+        p.evict_sinks = 2;
+        p.max_drafts = cases[i].drafts;
+        p.spec_async = cases[i].async;
+        pd_err e = {0};
+        pd_status st = policy_validate(&p, &e);
+        if (!cases[i].needle)
+            ck_assert_msg(st == PD_OK, "case %zu refused: %s", i, e.msg);
+        else
+            ck_assert_msg(st == PD_ERR_ARG && strstr(e.msg, cases[i].needle), "case %zu: %s", i, e.msg);
+    }
+}
+END_TEST
+
 Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("policy");
@@ -368,6 +399,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, policy_evict_refuses_junk_after_a_long_valid_prefix);
     tcase_add_test(tc, policy_validate_refuses_contradictory_combinations);
     tcase_add_test(tc, policy_parsed_flags_validate_together);
+    tcase_add_test(tc, policy_eviction_takes_drafts_but_not_async_nor_a_q8_budget_at_the_freeze);
     tcase_add_test(tc, policy_describe_gives_the_canonical_strings);
     tcase_add_test(tc, policy_maps_to_the_container_it_asks_for);
     tcase_add_test(tc, policy_refuses_an_eviction_budget_below_a_verify_step);

@@ -40,7 +40,8 @@ pd_status policy_parse_attn(const char *s, cache_policy *p, pd_err *err);
 pd_status policy_parse_kv(const char *s, cache_policy *p, pd_err *err);
 pd_status policy_parse_evict(const char *s, cache_policy *p, pd_err *err);
 /* Cross-flag checks (e.g. eviction needs KV layers; a ring bounds itself,
- * so no --evict). --kv applies to a ring too: q8 / q8k / q8v store its
+ * so no --evict; eviction takes drafts, not --draft-async, and with --kv
+ * q8* not a budget whose verify groups pass the int8 freeze point). --kv applies to a ring too: q8 / q8k / q8v store its
  * reference block, ring and draft rows int8 (ring_layer.h). */
 pd_status policy_validate(const cache_policy *p, pd_err *err);
 
