@@ -1099,6 +1099,50 @@ pd_status kv_layer_keep_rows(kv_layer *l, const uint32_t *rows, uint32_t n, pd_e
     return PD_OK;
 }
 
+pd_status kv_layer_keep_rows_below(kv_layer *l, const uint32_t *rows, uint32_t n, uint64_t below, pd_err *err)
+{
+    kv_core *c = &l->c;
+    if (kv_evict_blocked(c))
+        return pd_err_set(err, PD_ERR_ARG, "kv_layer_keep_rows_below: a tail or bounded layer does not evict");
+    if (below > c->rows || n > below || (n && !rows))
+        return pd_err_set(err, PD_ERR_RANGE, "kv_layer_keep_rows_below: %u rows below %llu of %u", n,
+                          (unsigned long long)below, c->rows);
+    for (uint32_t i = 0; i < n; i++)
+        if (rows[i] >= below || (i && rows[i] <= rows[i - 1]))
+            return pd_err_set(err, PD_ERR_RANGE,
+                              "kv_layer_keep_rows_below: entry %u (row %u) is not increasing below %llu", i,
+                              rows[i], (unsigned long long)below);
+    if (n == below)
+        return PD_OK;
+    if (c->snap_valid)
+        return pd_err_set(err, PD_ERR_REFUSED, "kv_layer_keep_rows_below: a q8 freeze can still be undone");
+    const uint64_t cut = c->base + below;
+    kv_pend_fold_below(c, cut);
+    if (c->folded_to < cut)
+        c->folded_to = cut;
+    const uint32_t removed = (uint32_t)below - n, m = c->rows - removed;
+    memcpy(c->idx, rows, sizeof(uint32_t) * n);
+    for (uint32_t r = (uint32_t)below; r < c->rows; r++)
+        c->idx[n + r - (uint32_t)below] = r;
+    /* the entries still pending move with their rows (idx[i] >= i: forward) */
+    for (uint32_t s = 0; s < c->spec_depth; s++) {
+        kv_pend *p = &c->pend[s];
+        if (!p->used)
+            continue;
+        CHECK(p->qpos >= cut && p->len > below);
+        float *ms = c->pend_mass + (size_t)s * c->cap;
+        uint32_t len = p->len - removed;
+        for (uint32_t i = 0; i < len; i++)
+            ms[i] = ms[c->idx[i]];
+        p->len = len;
+        p->qpos -= removed;
+    }
+    kv_gather(c, c->idx, m);
+    c->folded_to -= removed;
+    kv_changed(c, 0);
+    return PD_OK;
+}
+
 void kv_layer_importance_below(const kv_layer *l, uint64_t row, float *out)
 {
     const kv_core *c = &l->c;

@@ -237,6 +237,15 @@ void kv_layer_importance_below(const kv_layer *l, uint64_t row, float *out);
  * increasing or out of range, or on a tail / bounded layer. */
 pd_status kv_layer_keep_rows(kv_layer *l, const uint32_t *rows, uint32_t n, pd_err *err);
 
+/* The same for the rows below `below` only: keeps rows[0..n) (increasing,
+ * < below) and every row from `below` on, which stay undoable: the pending
+ * importance of query positions below base + below is folded first, that of
+ * the later ones keeps its entries, moved with their rows (asynchronous
+ * speculation: rows become final, and their eviction real, while newer
+ * verify rows are still pending). PD_ERR_RANGE / PD_ERR_ARG (unchanged) as
+ * keep_rows, below > rows; PD_ERR_REFUSED while a q8 freeze can be undone. */
+pd_status kv_layer_keep_rows_below(kv_layer *l, const uint32_t *rows, uint32_t n, uint64_t below, pd_err *err);
+
 /* Sliding-window tail (seed trim_window): sets the tail window to w, then,
  * once more than 2w rows are stored, drops front rows down to w + slack,
  * the cut rounded down to an absolute position that is a multiple of align

@@ -49,17 +49,37 @@ typedef struct lcache_spec {
     float *sel, *imp, *imp_rows;
     uint8_t *flag;
     attn_seg *segs;
+    struct lcache_ugroup *ugrp; /* asynchronous: [ugrp_cap] */
+    uint32_t ugrp_cap;
     void *block;
     size_t bytes;
 } lcache_spec;
+
+/* Asynchronous speculation with eviction (undo_rows > 0): the same, across
+ * groups. Rows [0, r_fin) hold the final positions [0, fin) as the
+ * sequential steps left them; rows from r_fin are the pending positions fin,
+ * fin + 1, ... in order, none of their evictions made; each attends the
+ * kept set of its step, replayed from the final rows (cached in spec.keep
+ * for pending row vt). Rows become final once undo_rows newer positions
+ * follow them (at lcache_end, after the group attended) or at a settle,
+ * and their eviction is then made with kv_layer_keep_rows_below, which
+ * leaves the pending rows and their importance undoable. */
+typedef struct lcache_ugroup {
+    uint64_t pos;
+    uint32_t n;
+    uint8_t gen; /* its rows evict (a group that does not start with prefill) */
+} lcache_ugroup;
 
 /* INV: exactly one of kv / ring is set, of cfg.kind.
  * INV: pending <= pos; kv: base + rows (the depth) <= pos, == pos without
  *      eviction; ring: position + drafts == pos, drafts <= pending.
  * INV: no open group => drafts of a ring are the verify rows of the last
  *      group (all of them pending).
- * INV: cfg.undo_rows > 0 => a kv layer, no eviction, pending == pos - fin
- *      <= undo_rows and the kv layer confirmed up to fin. */
+ * INV: cfg.undo_rows > 0 => a kv layer, pending == pos - fin <= undo_rows
+ *      (plus the open group's rows, which turn final at lcache_end); without
+ *      eviction the kv layer is confirmed up to fin; with eviction (f32)
+ *      rows [0, r_fin) are the final positions, evicted as the sequential
+ *      steps did, and r_fin + pos - fin == rows (lcache_ugroup). */
 struct lcache {
     lcache_config cfg;
     kv_layer *kv;
@@ -75,7 +95,17 @@ struct lcache {
     int lg_deferred;
     uint64_t lg_r0;
     uint32_t lg_n;
+    /* asynchronous speculation with eviction (lcache_ugroup) */
+    uint64_t r_fin;
+    uint32_t n_ugrp;
+    int64_t vt;
+    uint32_t vn;
 };
+
+static int u_on(const lcache *c)
+{
+    return c->kv && c->cfg.undo_rows && c->cfg.evict != LCACHE_EVICT_NONE;
+}
 
 /* ---- creation -------------------------------------------------------------- */
 
@@ -86,8 +116,9 @@ static uint32_t kv_capacity(const lcache_config *c)
     uint64_t rows = (uint64_t)c->prefill_rows + c->max_new + c->max_drafts + 1 + c->undo_rows;
     if (c->window && rows > 2ull * c->window + c->max_drafts + 2 + c->undo_rows)
         rows = 2ull * c->window + c->max_drafts + 2 + c->undo_rows;
-    if (c->evict != LCACHE_EVICT_NONE && rows > (uint64_t)c->evict_budget + c->prefill_rows + c->max_drafts + 1)
-        rows = (uint64_t)c->evict_budget + c->prefill_rows + c->max_drafts + 1;
+    if (c->evict != LCACHE_EVICT_NONE &&
+        rows > (uint64_t)c->evict_budget + c->prefill_rows + c->max_drafts + 1 + c->undo_rows)
+        rows = (uint64_t)c->evict_budget + c->prefill_rows + c->max_drafts + 1 + c->undo_rows;
     return rows > UINT32_MAX - 2 ? UINT32_MAX - 2 : (uint32_t)rows;
 }
 
@@ -114,7 +145,7 @@ static pd_status config_check(const lcache_config *c, pd_err *err)
     } else if (c->window && c->evict != LCACHE_EVICT_NONE) {
         return pd_err_set(err, PD_ERR_ARG, "layer cache: a kv window trims itself (no eviction)");
     }
-    if (c->undo_rows && (c->kind != LCACHE_KIND_KV || c->evict != LCACHE_EVICT_NONE))
+    if (c->undo_rows && (c->kind != LCACHE_KIND_KV || (c->evict != LCACHE_EVICT_NONE && c->mode != KV_MODE_F32)))
         return pd_err_set(err, PD_ERR_ARG, "layer cache: undo across groups (undo_rows) needs a kv layer "
                                            "without eviction");
     return PD_OK;
@@ -137,28 +168,46 @@ static ring_layer_config ring_config_of(const lcache_config *cfg)
 /* Entries of each eviction scratch array (0: none needed). */
 static uint32_t spec_cap(const lcache_config *cfg)
 {
-    if (cfg->kind != LCACHE_KIND_KV || cfg->evict != LCACHE_EVICT_IMPORTANCE || cfg->max_drafts == 0)
+    if (cfg->kind != LCACHE_KIND_KV || cfg->evict == LCACHE_EVICT_NONE)
+        return 0;
+    if (cfg->undo_rows) /* a kept set may hold every row (the prefill's) */
+        return kv_capacity(cfg) + 1;
+    if (cfg->evict != LCACHE_EVICT_IMPORTANCE || cfg->max_drafts == 0)
         return 0;
     return cfg->evict_budget + cfg->max_drafts + 1;
+}
+
+/* Pending groups an asynchronous layer tracks (each holds a pending row). */
+static uint32_t ugrp_cap(const lcache_config *cfg)
+{
+    return cfg->kind == LCACHE_KIND_KV && cfg->evict != LCACHE_EVICT_NONE && cfg->undo_rows
+               ? cfg->undo_rows + cfg->max_drafts + 3
+               : 0;
 }
 
 static size_t spec_round(size_t b) { return (b + 63) & ~(size_t)63; }
 
 /* Bytes of the eviction scratch block (in the estimate and the memory). */
-static size_t spec_bytes(uint32_t cap)
+static size_t spec_bytes_of(uint32_t cap, uint32_t ucap)
 {
     if (!cap)
         return 0;
     return 3 * spec_round((size_t)4 * cap) + 3 * spec_round((size_t)4 * cap) + spec_round(cap) +
-           spec_round(sizeof(attn_seg) * cap);
+           spec_round(sizeof(attn_seg) * cap) + spec_round(sizeof(lcache_ugroup) * ucap);
+}
+
+static size_t spec_bytes(const lcache_config *cfg)
+{
+    return spec_bytes_of(spec_cap(cfg), ugrp_cap(cfg));
 }
 
 static pd_status spec_alloc(lcache *c, pd_err *err)
 {
-    uint32_t cap = spec_cap(&c->cfg);
+    uint32_t cap = spec_cap(&c->cfg), ucap = ugrp_cap(&c->cfg);
+    c->vt = -1;
     if (!cap)
         return PD_OK;
-    size_t bytes = spec_bytes(cap);
+    size_t bytes = spec_bytes(&c->cfg);
     char *b = pd_alloc_bytes(c->cfg.alloc, bytes);
     if (!b)
         return pd_err_set(err, PD_ERR_NOMEM, "layer cache: %zu bytes of eviction scratch", bytes);
@@ -174,6 +223,8 @@ static pd_status spec_alloc(lcache *c, pd_err *err)
     s->imp_rows = (float *)(void *)(b + at), at += u;
     s->segs = (attn_seg *)(void *)(b + at), at += spec_round(sizeof(attn_seg) * cap);
     s->flag = (uint8_t *)(b + at), at += spec_round(cap);
+    s->ugrp = (lcache_ugroup *)(void *)(b + at), at += spec_round(sizeof(lcache_ugroup) * ucap);
+    s->ugrp_cap = ucap;
     CHECK(at == bytes);
     return PD_OK;
 }
@@ -185,7 +236,11 @@ static kv_layer_config kv_config_of(const lcache_config *cfg)
                              .mode = cfg->mode,
                              .capacity_rows = kv_capacity(cfg),
                              .alloc = cfg->alloc,
-                             .spec_depth = cfg->max_drafts + 1,
+                             /* asynchronous eviction keeps every pending
+                                position's importance undoable */
+                             .spec_depth = cfg->max_drafts + 1 +
+                                           (cfg->evict != LCACHE_EVICT_NONE && cfg->undo_rows
+                                                ? cfg->undo_rows + 1 : 0),
                              .max_q_per_kv = cfg->q_per_kv};
 }
 
@@ -253,14 +308,18 @@ uint32_t lcache_pending(const lcache *c)
  * t, from that of row t - 1 (spec.keep[0..n)): the sequential step's
  * eviction down to budget - 1 rows when n + 1 rows would pass the budget,
  * then the row itself (stored row r0 + t). Returns the new size. */
-static uint32_t spec_step(lcache *c, uint64_t r0, uint32_t t, uint32_t n)
+static uint32_t spec_decide(lcache *c, uint64_t row, uint32_t n)
 {
     lcache_spec *s = &c->spec;
     const lcache_config *p = &c->cfg;
     if ((uint64_t)n + 1 > p->evict_budget) {
         uint64_t keep = p->evict_budget > 1 ? p->evict_budget - 1 : 0;
+        if (p->evict == LCACHE_EVICT_RECENT) {
+            memmove(s->keep, s->keep + (n - keep), sizeof(uint32_t) * keep);
+            return (uint32_t)keep;
+        }
         uint64_t sinks = p->evict_sinks < keep ? p->evict_sinks : keep;
-        kv_layer_importance_below(c->kv, r0 + t, s->imp);
+        kv_layer_importance_below(c->kv, row, s->imp);
         for (uint32_t i = 0; i < n; i++)
             s->sel[i] = s->imp[s->keep[i]];
         uint32_t m = kv_select_importance(s->sel, n, keep, sinks, keep / 2 ? keep / 2 : 1, s->idx, s->flag);
@@ -271,9 +330,87 @@ static uint32_t spec_step(lcache *c, uint64_t r0, uint32_t t, uint32_t n)
         s->next = t_;
         n = m;
     }
-    CHECK(n < s->cap);
-    s->keep[n++] = (uint32_t)(r0 + t);
     return n;
+}
+
+static uint32_t spec_step(lcache *c, uint64_t r0, uint32_t t, uint32_t n)
+{
+    n = spec_decide(c, r0 + t, n);
+    CHECK(n < c->spec.cap);
+    c->spec.keep[n++] = (uint32_t)(r0 + t);
+    return n;
+}
+
+/* ---- asynchronous speculation with eviction (lcache_ugroup) ---- */
+
+static int u_gen(const lcache *c, uint64_t q)
+{
+    for (uint32_t i = 0; i < c->n_ugrp; i++) {
+        const lcache_ugroup *g = &c->spec.ugrp[i];
+        if (q >= g->pos && q < g->pos + g->n)
+            return g->gen;
+    }
+    CHECKF(0, "layer cache: position %llu is in no pending group", (unsigned long long)q);
+    return 0;
+}
+
+/* The kept set of pending row t (stored row r_fin + t) in spec.keep. */
+static uint32_t u_kept(lcache *c, uint64_t t)
+{
+    lcache_spec *s = &c->spec;
+    if (c->vt < 0 || (uint64_t)c->vt > t) {
+        CHECK(c->r_fin < s->cap);
+        for (uint32_t i = 0; i < c->r_fin; i++)
+            s->keep[i] = i;
+        c->vn = (uint32_t)c->r_fin;
+        c->vt = -1;
+    }
+    for (uint64_t u = (uint64_t)(c->vt + 1); u <= t; u++) {
+        uint64_t row = c->r_fin + u;
+        if (u_gen(c, c->fin + u))
+            c->vn = spec_decide(c, row, c->vn);
+        CHECK(c->vn < s->cap);
+        s->keep[c->vn++] = (uint32_t)row;
+    }
+    c->vt = (int64_t)t;
+    return c->vn;
+}
+
+/* Positions before nf become final: their evictions are made. */
+static pd_status u_finalize(lcache *c, uint64_t nf, pd_err *err)
+{
+    if (nf <= c->fin)
+        return PD_OK;
+    uint64_t t = nf - c->fin - 1;
+    uint32_t n = u_kept(c, t);
+    pd_status rc = kv_layer_keep_rows_below(c->kv, c->spec.keep, n, c->r_fin + t + 1, err);
+    if (rc != PD_OK)
+        return rc;
+    c->r_fin = n;
+    c->fin = nf;
+    c->vt = -1;
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < c->n_ugrp; i++)
+        if (c->spec.ugrp[i].pos + c->spec.ugrp[i].n > nf)
+            c->spec.ugrp[k++] = c->spec.ugrp[i];
+    c->n_ugrp = k;
+    return PD_OK;
+}
+
+/* A rollback to pos dropped the pending rows from it. */
+static void u_truncate(lcache *c, uint64_t pos)
+{
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < c->n_ugrp; i++) {
+        lcache_ugroup *g = &c->spec.ugrp[i];
+        if (g->pos >= pos)
+            continue;
+        if (g->pos + g->n > pos)
+            g->n = (uint32_t)(pos - g->pos);
+        c->spec.ugrp[k++] = *g;
+    }
+    c->n_ugrp = k;
+    c->vt = -1;
 }
 
 /* The kept set of group row `to`, from row 0's (every stored row up to it). */
@@ -326,7 +463,13 @@ pd_status lcache_settle(lcache *c, uint64_t pos, pd_err *err)
                           (unsigned long long)back, (unsigned long long)c->pos, (unsigned long long)pos,
                           (unsigned long long)lcache_rollback_limit(c));
     pd_status rc = PD_OK;
-    if (c->cfg.undo_rows) {
+    if (u_on(c)) {
+        if (back)
+            rc = kv_layer_truncate_last(c->kv, back, err);
+        u_truncate(c, pos);
+        if (rc == PD_OK)
+            rc = u_finalize(c, pos, err);
+    } else if (c->cfg.undo_rows) {
         if (back)
             rc = kv_layer_truncate_last(c->kv, back, err);
         if (rc == PD_OK)
@@ -450,6 +593,8 @@ pd_status lcache_append(lcache *c, const lcache_group *g, const float *k, const 
         uint64_t back = c->pos - g->pos;
         if (back && (rc = kv_layer_truncate_last(c->kv, back, err)) != PD_OK)
             return rc;
+        if (u_on(c))
+            u_truncate(c, g->pos);
         c->pos = g->pos;
     } else if ((rc = lcache_settle(c, g->pos, err)) != PD_OK) {
         return rc;
@@ -463,6 +608,15 @@ pd_status lcache_append(lcache *c, const lcache_group *g, const float *k, const 
         if (np)
             rc = ring_layer_prefill(c->ring, k, v, np, err);
         c->g.written = np;
+    } else if (u_on(c)) {
+        /* every eviction waits until its row is final (lcache_ugroup) */
+        c->g.r0 = kv_layer_rows(c->kv);
+        rc = kv_layer_append_rows(c->kv, g->n, k, v, err);
+        if (rc == PD_OK) {
+            CHECK(c->n_ugrp < c->spec.ugrp_cap);
+            c->spec.ugrp[c->n_ugrp++] =
+                (lcache_ugroup){.pos = g->pos, .n = g->n, .gen = g->roles[0] != LCACHE_ROLE_PREFILL};
+        }
     } else {
         kv_evict_for(c, g);
         c->g.r0 = kv_layer_rows(c->kv);
@@ -483,7 +637,9 @@ pd_status lcache_append(lcache *c, const lcache_group *g, const float *k, const 
     }
     c->pos = g->pos + g->n;
     c->pending = g->n;
-    if (c->cfg.undo_rows) {
+    if (u_on(c)) {
+        c->pending = (uint32_t)(c->pos - c->fin); /* rows turn final at lcache_end */
+    } else if (c->cfg.undo_rows) {
         if (c->pos - c->fin > c->cfg.undo_rows) {
             c->fin = c->pos - c->cfg.undo_rows;
             kv_layer_confirm(c->kv, c->fin);
@@ -519,6 +675,26 @@ static pd_status kv_attend_heads(lcache *c, uint32_t j, uint32_t h0, uint32_t h1
     const uint32_t hd = c->cfg.head_dim, G = c->cfg.q_per_kv;
     uint64_t upto = c->g.r0 + j + 1;
     uint64_t first = c->cfg.window && upto > c->cfg.window ? upto - c->cfg.window : 0;
+    if (u_on(c)) {
+        CHECK(!scratch); /* whole rows (lcache_attend_splits) */
+        uint32_t n = u_kept(c, upto - 1 - c->r_fin);
+        CHECK(c->spec.keep[n - 1] == upto - 1);
+        pd_status rc = PD_OK;
+        for (uint32_t h = h0; rc == PD_OK && h < h1; h++) {
+            kv_attend a = {.kv_head = h,
+                           .q_head0 = h * G,
+                           .n_q = G,
+                           .q = q + (uint64_t)h * G * hd,
+                           .track_imp = c->cfg.evict == LCACHE_EVICT_IMPORTANCE,
+                           .out = out + (uint64_t)h * G * hd,
+                           .rows = c->spec.keep,
+                           .n_rows = n,
+                           .segs = c->spec.segs,
+                           .imp_rows = c->spec.imp_rows};
+            rc = kv_layer_attend(c->kv, &a, NULL, err);
+        }
+        return rc;
+    }
     const int gen = c->cfg.evict != LCACHE_EVICT_NONE && c->g.roles[0] != LCACHE_ROLE_PREFILL;
     /* recent eviction under speculation: row j's sequential step keeps the
      * newest budget rows (its own included): a window */
@@ -580,7 +756,7 @@ pd_status lcache_attend(lcache *c, uint32_t j, const float *q, float *out, pd_er
 
 int lcache_attend_splits(const lcache *c)
 {
-    return !c->ring && c->cfg.evict != LCACHE_EVICT_IMPORTANCE;
+    return !c->ring && c->cfg.evict != LCACHE_EVICT_IMPORTANCE && !u_on(c);
 }
 
 size_t lcache_attend_heads_scratch(const lcache *c)
@@ -614,7 +790,10 @@ pd_status lcache_end(lcache *c, pd_err *err)
     pd_status rc = PD_OK;
     if (c->ring)
         rc = ring_write_upto(c, c->g.n, err);
-    else if (c->cfg.window)
+    else if (u_on(c) && c->pos - c->fin > c->cfg.undo_rows) {
+        rc = u_finalize(c, c->pos - c->cfg.undo_rows, err);
+        c->pending = (uint32_t)(c->pos - c->fin);
+    } else if (c->cfg.window)
         kv_layer_trim_window(c->kv, c->cfg.window, c->cfg.undo_rows ? c->cfg.undo_rows : c->cfg.max_drafts + 1, 1);
     c->g = (lcache_open){0};
     return rc;
@@ -652,7 +831,7 @@ uint64_t lcache_bytes_estimate(const lcache_config *c)
         return sizeof(lcache) + ring_layer_bytes_for(&rc);
     }
     kv_layer_config kc = kv_config_of(c);
-    return sizeof(lcache) + kv_layer_bytes_for(&kc) + spec_bytes(spec_cap(c));
+    return sizeof(lcache) + kv_layer_bytes_for(&kc) + spec_bytes(c);
 }
 
 void lcache_check(const lcache *c)
@@ -673,8 +852,9 @@ void lcache_check(const lcache *c)
         CHECK(depth <= c->pos);
         CHECK(c->cfg.evict != LCACHE_EVICT_NONE || depth == c->pos);
         CHECK(!c->g.open || c->g.r0 + c->g.n == kv_layer_rows(c->kv));
-        CHECK(!c->cfg.undo_rows || (c->fin <= c->pos && c->pos - c->fin <= c->cfg.undo_rows &&
-                                    c->pending == c->pos - c->fin));
+        CHECK(!c->cfg.undo_rows || (c->fin <= c->pos && c->pending == c->pos - c->fin &&
+                                    c->pos - c->fin <= c->cfg.undo_rows + (c->g.open ? c->g.n : 0)));
+        CHECK(!u_on(c) || c->r_fin + (c->pos - c->fin) == kv_layer_rows(c->kv));
     }
     CHECK(!c->g.open || (c->g.n >= 1 && c->g.next_attend <= c->g.n && c->g.written <= c->g.n));
 }
@@ -716,4 +896,7 @@ void lcache_adopt(lcache *c, uint64_t pos)
     c->fin = pos;
     c->pending = 0;
     c->lg_deferred = 0;
+    c->n_ugrp = 0;
+    c->vt = -1;
+    c->r_fin = c->kv ? kv_layer_rows(c->kv) : 0;
 }

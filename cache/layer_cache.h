@@ -88,7 +88,8 @@ typedef struct lcache_config {
     uint32_t max_drafts;   /* verify rows a group may carry */
     uint32_t undo_rows;    /* 0: a group may roll back only rows of the last
                               group (at most max_drafts + 1). > 0 (asynchronous
-                              speculation; a kv layer without eviction only):
+                              speculation; a kv layer, with eviction only on
+                              f32 rows):
                               any of the last undo_rows positions, across
                               groups — a row becomes final once undo_rows newer
                               positions follow it, or at lcache_settle */

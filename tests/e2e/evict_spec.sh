@@ -5,8 +5,9 @@
 # full attention, so long runs are accepted and rejected across evictions), on 1-3 ranks
 # with chunked prefill and batch 1, f32 and int8 storage, while drafts are
 # really sent and accepted; eviction really changes the answers (negative
-# controls). --draft-async with --evict stays refused, and so does a q8
-# budget whose verify groups would pass the int8 field's freeze point.
+# controls); --draft-async too (f32), on 1 and 3 ranks with refuted
+# batches in flight. Refused: --draft-async with --evict on int8 rows, and
+# a q8 budget whose verify groups would pass the int8 field's freeze point.
 source "$(dirname "$0")/lib.bash"
 T="$E2E_TMP"
 m="$T/m.gguf"
@@ -51,8 +52,28 @@ for pol in "--evict recent:16" "--evict importance:16:2" "--evict importance:24:
 done
 differ "$T/__evict_recent_16.ref" "$T/__evict_importance_16_2.ref" "negative control: recent:16 differs from importance:16:2"
 
-expect_fail "--draft-async with --evict refused" "--draft-async with --evict is refused" \
-  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/never.jsonl" --draft ngram --draft-async --evict importance:16:2
+# asynchronous speculation: a second verify micro-batch in flight, rolled
+# back across both when refuted; rows turn final (and their eviction real)
+# 2 x (K + 1) positions behind
+for pol in "--evict recent:16" "--evict importance:16:2"; do
+  tag=$(printf "%s" "$pol" | tr -c 'a-zA-Z0-9' '_')
+  for n in 1 3; do
+    pre=(); [ "$n" -gt 1 ] && pre=("${MPIRUN[@]}" -np "$n")
+    # shellcheck disable=SC2086
+    "${pre[@]}" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/$tag.async$n" --batch 3 --digest --draft ngram:1:6 \
+      --draft-async --prefill-chunk 5 $pol --stats "$T/$tag.async$n.stats" >/dev/null 2>&1 </dev/null
+    same "$T/$tag.ref" "$T/$tag.async$n" "$pol: $n rank(s), --draft-async == no speculation"
+  done
+  python3 -c "
+import json, sys
+sp = json.load(open(sys.argv[1]))['spec']
+assert sp['accepted'] > 0 and sp.get('stale', 0) > 0, sp
+print(f\"    drafted {sp['drafted']}, accepted {sp['accepted']}, stale {sp['stale']}\")" "$T/$tag.async3.stats" \
+    && pass "$pol: --draft-async on 3 ranks refuted batches in flight (stale rows rolled back)" \
+    || fail "$pol: no stale batch happened (the rollback across batches went untested)"
+done
+expect_fail "--draft-async with --evict and --kv q8 refused" "--draft-async with --evict and --kv q8 is refused" \
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/never.jsonl" --draft ngram --draft-async --evict importance:16:2 --kv q8
 expect_fail "--kv q8, a budget next to the field's freeze and drafts refused" "the int8 field freezes" \
   "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/never.jsonl" --draft ngram:1:6 --kv q8 --evict recent:60
 [ ! -e "$T/never.jsonl" ] && pass "refused runs wrote no output" || fail "a refused run wrote output"

@@ -355,7 +355,7 @@ START_TEST(policy_refuses_an_eviction_budget_below_a_verify_step)
 }
 END_TEST
 
-START_TEST(policy_eviction_takes_drafts_but_not_async_nor_a_q8_budget_at_the_freeze)
+START_TEST(policy_eviction_takes_drafts_but_not_q8_async_nor_a_q8_budget_at_the_freeze)
 {
     static const struct { kv_mode kv; uint32_t budget, drafts; int async; const char *needle; } cases[] = {
         {KV_MODE_F32, 60, 6, 0, NULL},      /* f32: no field to freeze */
@@ -365,7 +365,8 @@ START_TEST(policy_eviction_takes_drafts_but_not_async_nor_a_q8_budget_at_the_fre
         {KV_MODE_Q8V, 65, 8, 0, NULL},      /* both freeze at position 64 */
         {KV_MODE_Q8, 200, 8, 0, NULL},
         {KV_MODE_Q8, 59, 0, 0, NULL},       /* no drafts */
-        {KV_MODE_F32, 16, 4, 1, "--draft-async with --evict"},
+        {KV_MODE_F32, 16, 4, 1, NULL},     /* asynchronous: exact too (f32) */
+        {KV_MODE_Q8, 200, 4, 1, "--draft-async with --evict and --kv q8"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cache_policy p;
@@ -399,7 +400,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, policy_evict_refuses_junk_after_a_long_valid_prefix);
     tcase_add_test(tc, policy_validate_refuses_contradictory_combinations);
     tcase_add_test(tc, policy_parsed_flags_validate_together);
-    tcase_add_test(tc, policy_eviction_takes_drafts_but_not_async_nor_a_q8_budget_at_the_freeze);
+    tcase_add_test(tc, policy_eviction_takes_drafts_but_not_q8_async_nor_a_q8_budget_at_the_freeze);
     tcase_add_test(tc, policy_describe_gives_the_canonical_strings);
     tcase_add_test(tc, policy_maps_to_the_container_it_asks_for);
     tcase_add_test(tc, policy_refuses_an_eviction_budget_below_a_verify_step);

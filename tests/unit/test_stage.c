@@ -1350,6 +1350,17 @@ START_TEST(stage_async_rollback_across_two_micro_batches_at_every_accepted_count
                 for (uint32_t a2 = 0; a2 <= (a1 == AS_K ? AS_M : 0); a2++)
                     async_case(&p, prefills[f], a1, a2);
     }
+    /* issue 40: eviction (budget 8 < prefill: both micro-batches cross
+     * evictions that are decided, not made, until their rows are final) */
+    const char *evicts[] = {"recent:8", "importance:8:2"};
+    for (size_t k = 0; k < 2; k++) {
+        cache_policy p = policy_of("full", "f32", evicts[k], AS_K);
+        p.spec_async = true;
+        for (uint32_t pre = 9; pre <= 12; pre += 3)
+            for (uint32_t a1 = 0; a1 <= AS_K; a1++)
+                for (uint32_t a2 = 0; a2 <= (a1 == AS_K ? AS_M : 0); a2++)
+                    async_case(&p, pre, a1, a2);
+    }
     /* without --draft-async a rollback past the last micro-batch is refused */
     cache_policy sync = policy_of("full", "f32", "none", AS_K);
     stage *s = stage_make(mdl, &sync, NULL, 32, 1);

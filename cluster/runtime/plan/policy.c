@@ -111,10 +111,12 @@ pd_status policy_validate(const cache_policy *p, pd_err *err)
         return pd_err_set(err, PD_ERR_ARG,
                           "--draft-async with --attn rswa is refused: a ring commits a micro-batch's verify rows when "
                           "the next one starts, so it cannot undo two micro-batches");
-    if (p->spec_async && p->evict != POLICY_EVICT_NONE)
+    if (p->spec_async && p->evict != POLICY_EVICT_NONE && p->kv != KV_MODE_F32)
         return pd_err_set(err, PD_ERR_ARG,
-                          "--draft-async with --evict is refused: eviction confirms rows a later rejection would "
-                          "have to undo");
+                          "--draft-async with --evict and --kv %s is refused: an eviction made while rows after it "
+                          "are still pending cannot move the int8 field's freeze undo; use --kv f32 or --draft "
+                          "without --draft-async",
+                          p->kv == KV_MODE_Q8 ? "q8" : p->kv == KV_MODE_Q8K ? "q8k" : "q8v");
     /* Under speculation a verify row's eviction is decided, not made, so a
      * group holds up to budget - 1 + drafts + 1 rows where the sequential
      * steps hold budget: with int8 storage the field would freeze at 64

@@ -28,7 +28,8 @@ typedef struct cache_policy {
     bool spec_async;      /* asynchronous speculation: a stream may have a second
                              micro-batch in flight built on its first one's drafts,
                              so caches undo up to 2 x (max_drafts + 1) positions
-                             across micro-batches (kv layers without eviction) */
+                             across micro-batches (kv layers; eviction on f32
+                             rows only) */
 } cache_policy;
 
 /* Defaults: full attention, f32 KV, no eviction, 0 drafts. */
