@@ -386,6 +386,8 @@ static pd_status u_finalize(lcache *c, uint64_t nf, pd_err *err)
     pd_status rc = kv_layer_keep_rows_below(c->kv, c->spec.keep, n, c->r_fin + t + 1, err);
     if (rc != PD_OK)
         return rc;
+    /* the final rows' importance is final too (a settle exports it) */
+    kv_layer_confirm(c->kv, kv_layer_base(c->kv) + n);
     c->r_fin = n;
     c->fin = nf;
     c->vt = -1;

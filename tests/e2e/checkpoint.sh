@@ -97,6 +97,7 @@ cases=(
   "3|4|0,1,2,3|--attn rswa:8"
   "2|3|0,1-2,3|--attn rswa:8 --kv q8"
   "1|2||--draft ngram:1:6 --evict importance:16:2"
+  "2|1||--draft ngram:1:6 --draft-async --evict recent:16"
   "4|2|0-2,3|--evict importance:16:2 --micro-batches pipeline"
   "0|2|0,1-3|--sample temp:0.8,top_p:0.9,top_k:40 --seed 3"
   "1|2|0-1,2-3|--draft ngram:1:6 --micro-batches pipeline"
