@@ -40,9 +40,11 @@ typedef struct lcache_open {
  * truncated (their importance mass goes with them) and the kept set of the
  * last accepted row is made real (kv_layer_evict_recent / keep_rows): the
  * layer is then what the sequential steps left.
- * Scratch (importance eviction with drafts only, cap = budget + drafts + 1
- * entries each): keep (the kept set, stored row indices), next, sel, idx,
- * flag, imp, imp_rows, segs. */
+ * Scratch, cap entries each (spec_cap: importance eviction with drafts,
+ * budget + drafts + 1; any eviction with --draft-async, the kv capacity + 1,
+ * since a kept set replayed from the final rows may hold a whole prefill):
+ * keep (the kept set, stored row indices), next, sel, idx, flag, imp,
+ * imp_rows, segs; counted in lcache_memory and lcache_bytes_estimate. */
 typedef struct lcache_spec {
     uint32_t cap;
     uint32_t *keep, *next, *idx;
