@@ -15,6 +15,11 @@
 #   spec      n-gram speculation (--draft ngram) on the same pages: drafted,
 #             accepted, passes, acceptance = accepted / drafted, and the
 #             output byte-compared with the run without drafting
+#   spec_modes  the same for bounded caches (eviction, rings, int8; issue
+#             40): per mode acceptance, tokens per pass (tokens / (decode
+#             passes + pages), a page's first token coming from its prefill
+#             pass) against 1 without drafting, and whether out.jsonl
+#             (tokens and text) is identical to the mode's run without drafts
 # and writes WORK/ocr_quality.txt (a table) and WORK/ocr_frontier.png (gnuplot;
 # Debian's gnuplot-nox is installed when missing).
 # usage: bench/ocr_quality.sh BUILD_DIR [WORK_DIR]
@@ -43,6 +48,8 @@ modes=(
   "importance:192:4|--evict importance:192:4" "importance:224:4|--evict importance:224:4"
   "importance:256:4|--evict importance:256:4"
   "window:256 q8|--attn window:256 --kv q8" "recent:224 q8|--evict recent:224 --kv q8"
+  "rswa:16 q8|--attn rswa:16 --kv q8" "rswa:64 q8|--attn rswa:64 --kv q8" "rswa:128 q8|--attn rswa:128 --kv q8"
+  "rswa:16 q8k|--attn rswa:16 --kv q8k" "rswa:16 q8v|--attn rswa:16 --kv q8v"
 )
 : >"$work/modes.jsonl"
 for m in "${modes[@]}"; do
@@ -68,6 +75,34 @@ done
 rm -f "$work/spec.jsonl"
 "$P" run --model "$model" --pages "$work/pages/pages.jsonl" --out "$work/spec.jsonl" --batch 1 --draft ngram \
   --stats "$work/spec.stats" >/dev/null 2>"$work/spec.err"
+# and with the bounded caches (the mode's own run above is the reference)
+spec_modes=(
+  "full f32|--kv f32" "recent:224|--evict recent:224" "recent:128|--evict recent:128"
+  "importance:192:4|--evict importance:192:4" "importance:256:4|--evict importance:256:4"
+  "recent:224 q8|--evict recent:224 --kv q8" "rswa:16|--attn rswa:16" "rswa:16 q8|--attn rswa:16 --kv q8"
+  "window:224|--attn window:224"
+)
+: >"$work/spec_modes.jsonl"
+for m in "${spec_modes[@]}"; do
+  name="${m%%|*}"; flags="${m#*|}"; tag="$(echo "$name" | tr ' :' '__')"
+  rm -f "$work/$tag.spec.jsonl"
+  # shellcheck disable=SC2086
+  "$P" run --model "$model" --pages "$work/pages/pages.jsonl" --out "$work/$tag.spec.jsonl" --batch 1 --draft ngram \
+    --stats "$work/$tag.spec.stats" $flags >/dev/null 2>"$work/$tag.spec.err" || { echo "ocr_quality: $name with drafts failed: $(tail -1 "$work/$tag.spec.err")" >&2; continue; }
+  python3 - "$name" "$flags" "$work/$tag.spec.stats" "$work/$tag.spec.jsonl" "$work/$tag.jsonl" >>"$work/spec_modes.jsonl" <<'PY'
+import json, sys
+name, flags, stats, got, ref = sys.argv[1:6]
+st = json.load(open(stats))
+sp = st["spec"]
+pages = st["pages_done"]
+passes = st["stages"][0]["decode_rows"] - sp["drafted"] + pages   # one verify row per draft
+key = lambda p: [(j["id"], j["tokens"], j["text"]) for j in map(json.loads, open(p))]
+print(json.dumps({"mode": name, "flags": flags + " --draft ngram", "drafted": sp["drafted"], "accepted": sp["accepted"],
+                  "acceptance": round(sp["accepted"] / sp["drafted"], 4) if sp["drafted"] else None,
+                  "tokens": st["tokens"], "passes": passes, "tokens_per_pass": round(st["tokens"] / passes, 3),
+                  "identical_to_without": key(got) == key(ref)}))
+PY
+done
 
 python3 - "$work" <<'PY'
 import json, os, sys
@@ -105,8 +140,16 @@ with open(os.path.join(work, "frontier.dat"), "w") as f:
     for m in modes:
         f.write("%d %.6f \"%s\" %d %d %d\n" % (m["peak_cache_bytes"], m["cer"], m["mode"].replace(" ", "_"), m["mode"] in front,
                                                m["peak_live_bytes"], m["mode"] in front_live))
+spec_modes = [json.loads(l) for l in open(os.path.join(work, "spec_modes.jsonl"))]
+with open(os.path.join(work, "ocr_quality.txt"), "a") as f:
+    f.write("\n%-18s %7s %8s %10s %9s %6s %15s\n" % ("mode --draft ngram", "drafted", "accepted", "acceptance",
+                                                     "passes", "tok/p", "same as without"))
+    for m in spec_modes:
+        f.write("%-18s %7d %8d %10.3f %9d %6.3f %15s\n" % (m["mode"], m["drafted"], m["accepted"], m["acceptance"] or 0,
+                                                          m["passes"], m["tokens_per_pass"], m["identical_to_without"]))
 print(json.dumps({"model": "models/ocr-tiny.gguf", "pages": len([1 for _ in open(os.path.join(work, "pages", "pages.jsonl"))]),
-                  "ref_chars": modes[0]["ref_chars"], "modes": modes, "frontier": front, "frontier_live": front_live, "spec": spec}, indent=1))
+                  "ref_chars": modes[0]["ref_chars"], "modes": modes, "frontier": front, "frontier_live": front_live, "spec": spec,
+                  "spec_modes": spec_modes}, indent=1))
 PY
 if ! command -v gnuplot >/dev/null; then   # the plot's one dependency, from Debian
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo

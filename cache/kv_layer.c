@@ -661,6 +661,83 @@ size_t kv_layer_scratch_floats(const kv_layer *l, uint32_t n_q)
     return attn_scratch_floats(n_q ? n_q : 1, l->c.hd, l->c.rows);
 }
 
+/* kv_layer_attend over a list of stored rows (kv_attend.rows): one segment
+ * per run of consecutive rows, the importance of the listed rows gathered
+ * into imp_rows around the reduction so each p_r lands on its row with the
+ * arithmetic of a layer holding only those rows. */
+static pd_status kv_attend_rows(kv_layer *l, const kv_attend *a, uint32_t held, uint32_t *span_out,
+                                pd_err *err)
+{
+    kv_core *c = &l->c;
+    const uint32_t n = a->n_rows;
+    if (n == 0 || !a->segs || (a->track_imp && !a->imp_rows) || a->probs)
+        return pd_err_set(err, PD_ERR_ARG, "kv_layer_attend: a row list needs rows, segs (and imp_rows "
+                                           "to track importance), and no probs");
+    for (uint32_t i = 0; i < n; i++)
+        if (a->rows[i] >= held || (i && a->rows[i] <= a->rows[i - 1]))
+            return pd_err_set(err, PD_ERR_RANGE, "kv_layer_attend: row list entry %u (row %u) is not "
+                                                 "increasing within %u rows", i, a->rows[i], held);
+    float *scr = a->scratch ? a->scratch : c->scratch;
+    size_t have = a->scratch ? a->scratch_floats : c->scratch_n;
+    size_t need = attn_scratch_floats(a->n_q, c->hd, n);
+    if (have < need)
+        return pd_err_set(err, PD_ERR_RANGE, "kv_layer_attend: scratch of %zu floats, %u heads over %u rows need %zu",
+                          have, a->n_q, n, need);
+    const kv_head *hh = &c->heads[a->kv_head];
+    const uint32_t upto = a->rows[n - 1] + 1;
+    const int pre = c->snap_valid && upto <= c->freeze_rows; /* as the contiguous attend */
+    const uint8_t *st[KV_ST_COUNT];
+    for (int i = 0; i < KV_ST_COUNT; i++)
+        st[i] = (const uint8_t *)(pre && kv_st_quant(c, i) ? hh->snap[i] : hh->st[i]);
+    uint32_t ns = 0;
+    for (uint32_t i = 0; i < n;) {
+        uint32_t e = i + 1;
+        while (e < n && a->rows[e] == a->rows[e - 1] + 1)
+            e++;
+        const size_t r = a->rows[i];
+        attn_seg sg = {.rows = e - i};
+        if (kv_qk(c)) {
+            sg.kq = (const int8_t *)(st[KV_ST_K] + r * kv_st_row_bytes(c, KV_ST_K));
+            sg.ks = (const float *)(const void *)(st[KV_ST_KS] + r * kv_st_row_bytes(c, KV_ST_KS));
+        } else {
+            sg.k = (const float *)(const void *)(st[KV_ST_K] + r * kv_st_row_bytes(c, KV_ST_K));
+        }
+        if (kv_qv(c)) {
+            sg.vq = (const int8_t *)(st[KV_ST_V] + r * kv_st_row_bytes(c, KV_ST_V));
+            sg.vs = (const float *)(const void *)(st[KV_ST_VS] + r * kv_st_row_bytes(c, KV_ST_VS));
+        } else {
+            sg.v = (const float *)(const void *)(st[KV_ST_V] + r * kv_st_row_bytes(c, KV_ST_V));
+        }
+        a->segs[ns++] = sg;
+        i = e;
+    }
+    attn_kv kv = {.head_dim = c->hd,
+                  .k_group = KV_K_GROUP,
+                  .v_group = c->hd,
+                  .kcol = c->frozen && !pre ? hh->col[0] : NULL,
+                  .vcol = c->frozen && !pre ? hh->col[1] : NULL,
+                  .segs = a->segs,
+                  .n_segs = ns};
+    attn_query q = {.n_heads = a->n_q,
+                    .q = a->q,
+                    .scale = a->scale != 0.0f ? a->scale : 1.0f / sqrtf((float)c->hd),
+                    .softcap = a->softcap,
+                    .sinks = l->sinks ? l->sinks + a->q_head0 : NULL,
+                    .first = 0,
+                    .upto = n};
+    float *target = a->track_imp ? kv_imp_target(c, c->base + upto - 1) : NULL;
+    if (target)
+        for (uint32_t i = 0; i < n; i++)
+            a->imp_rows[i] = target[a->rows[i]];
+    uint32_t span = attn_run(&kv, &q, a->out, NULL, target ? a->imp_rows : NULL, scr);
+    if (target)
+        for (uint32_t i = 0; i < n; i++)
+            target[a->rows[i]] = a->imp_rows[i];
+    if (span_out)
+        *span_out = span;
+    return PD_OK;
+}
+
 pd_status kv_layer_attend(kv_layer *l, const kv_attend *a, uint32_t *span_out, pd_err *err)
 {
     if (!l || !a || !a->q || !a->out)
@@ -677,6 +754,8 @@ pd_status kv_layer_attend(kv_layer *l, const kv_attend *a, uint32_t *span_out, p
                           a->q_head0, a->q_head0 + a->n_q - 1, l->n_sinks);
     const kv_head *hh = &c->heads[a->kv_head];
     uint32_t held = c->alive[a->kv_head] ? c->rows : 0;
+    if (a->rows && held)
+        return kv_attend_rows(l, a, held, span_out, err);
     uint32_t upto = (a->upto == 0 || a->upto > held) ? held : a->upto;
     uint32_t first = upto == 0 ? 0 : (a->first < upto ? a->first : upto - 1);
     float *scr = a->scratch ? a->scratch : c->scratch;
@@ -956,6 +1035,36 @@ static void kv_sort(uint32_t *x, uint32_t n, const float *imp)
     }
 }
 
+uint32_t kv_select_importance(const float *imp, uint32_t rows, uint64_t budget, uint64_t sinks,
+                              uint64_t recent, uint32_t *idx, uint8_t *flag)
+{
+    if (rows <= budget) {
+        for (uint32_t r = 0; r < rows; r++)
+            idx[r] = r;
+        return rows;
+    }
+    uint32_t sink_n = (uint32_t)(sinks < budget ? sinks : budget);
+    uint32_t recent_n = (uint32_t)(recent < budget - sink_n ? recent : budget - sink_n);
+    uint32_t fill = (uint32_t)budget - sink_n - recent_n;
+    memset(flag, 0, rows);
+    for (uint32_t r = 0; r < sink_n; r++)
+        flag[r] = 1;
+    for (uint32_t r = rows - recent_n; r < rows; r++)
+        flag[r] = 1;
+    uint32_t m = 0;
+    for (uint32_t r = sink_n; r < rows - recent_n; r++)
+        idx[m++] = r;
+    kv_sort(idx, m, imp);
+    for (uint32_t j = 0; j < fill && j < m; j++)
+        flag[idx[j]] = 1;
+    uint32_t n = 0;
+    for (uint32_t r = 0; r < rows; r++)
+        if (flag[r])
+            idx[n++] = r;
+    CHECK(n <= budget);
+    return n;
+}
+
 uint64_t kv_layer_evict_importance(kv_layer *l, uint64_t budget, uint64_t sinks, uint64_t recent)
 {
     kv_core *c = &l->c;
@@ -963,28 +1072,105 @@ uint64_t kv_layer_evict_importance(kv_layer *l, uint64_t budget, uint64_t sinks,
         return 0;
     kv_consume(c);
     const uint32_t rows = c->rows;
-    uint32_t sink_n = (uint32_t)(sinks < budget ? sinks : budget);
-    uint32_t recent_n = (uint32_t)(recent < budget - sink_n ? recent : budget - sink_n);
-    uint32_t fill = (uint32_t)budget - sink_n - recent_n;
-    memset(c->keep, 0, rows);
-    for (uint32_t r = 0; r < sink_n; r++)
-        c->keep[r] = 1;
-    for (uint32_t r = rows - recent_n; r < rows; r++)
-        c->keep[r] = 1;
-    uint32_t m = 0;
-    for (uint32_t r = sink_n; r < rows - recent_n; r++)
-        c->idx[m++] = r;
-    kv_sort(c->idx, m, c->imp);
-    for (uint32_t j = 0; j < fill && j < m; j++)
-        c->keep[c->idx[j]] = 1;
-    uint32_t n = 0;
-    for (uint32_t r = 0; r < rows; r++)
-        if (c->keep[r])
-            c->idx[n++] = r;
-    CHECK(n <= budget);
+    uint32_t n = kv_select_importance(c->imp, rows, budget, sinks, recent, c->idx, c->keep);
     kv_gather(c, c->idx, n);
     kv_after_evict(c);
     return rows - n;
+}
+
+pd_status kv_layer_keep_rows(kv_layer *l, const uint32_t *rows, uint32_t n, pd_err *err)
+{
+    kv_core *c = &l->c;
+    if (kv_evict_blocked(c))
+        return pd_err_set(err, PD_ERR_ARG, "kv_layer_keep_rows: a tail or bounded layer does not evict");
+    if (n && !rows)
+        return pd_err_set(err, PD_ERR_ARG, "kv_layer_keep_rows: NULL list");
+    for (uint32_t i = 0; i < n; i++)
+        if (rows[i] >= c->rows || (i && rows[i] <= rows[i - 1]))
+            return pd_err_set(err, PD_ERR_RANGE,
+                              "kv_layer_keep_rows: entry %u (row %u) is not increasing within %u rows", i,
+                              rows[i], c->rows);
+    if (n == c->rows)
+        return PD_OK; /* every row, in order: nothing to drop */
+    kv_consume(c);
+    memcpy(c->idx, rows, sizeof(uint32_t) * n);
+    kv_gather(c, c->idx, n);
+    kv_after_evict(c);
+    return PD_OK;
+}
+
+pd_status kv_layer_keep_rows_below(kv_layer *l, const uint32_t *rows, uint32_t n, uint64_t below, pd_err *err)
+{
+    kv_core *c = &l->c;
+    if (kv_evict_blocked(c))
+        return pd_err_set(err, PD_ERR_ARG, "kv_layer_keep_rows_below: a tail or bounded layer does not evict");
+    if (below > c->rows || n > below || (n && !rows))
+        return pd_err_set(err, PD_ERR_RANGE, "kv_layer_keep_rows_below: %u rows below %llu of %u", n,
+                          (unsigned long long)below, c->rows);
+    for (uint32_t i = 0; i < n; i++)
+        if (rows[i] >= below || (i && rows[i] <= rows[i - 1]))
+            return pd_err_set(err, PD_ERR_RANGE,
+                              "kv_layer_keep_rows_below: entry %u (row %u) is not increasing below %llu", i,
+                              rows[i], (unsigned long long)below);
+    if (n == below)
+        return PD_OK;
+    if (c->snap_valid)
+        return pd_err_set(err, PD_ERR_REFUSED, "kv_layer_keep_rows_below: a q8 freeze can still be undone");
+    const uint64_t cut = c->base + below;
+    kv_pend_fold_below(c, cut);
+    if (c->folded_to < cut)
+        c->folded_to = cut;
+    const uint32_t removed = (uint32_t)below - n, m = c->rows - removed;
+    memcpy(c->idx, rows, sizeof(uint32_t) * n);
+    for (uint32_t r = (uint32_t)below; r < c->rows; r++)
+        c->idx[n + r - (uint32_t)below] = r;
+    /* the entries still pending move with their rows (idx[i] >= i: forward) */
+    for (uint32_t s = 0; s < c->spec_depth; s++) {
+        kv_pend *p = &c->pend[s];
+        if (!p->used)
+            continue;
+        CHECK(p->qpos >= cut && p->len > below);
+        float *ms = c->pend_mass + (size_t)s * c->cap;
+        uint32_t len = p->len - removed;
+        for (uint32_t i = 0; i < len; i++)
+            ms[i] = ms[c->idx[i]];
+        p->len = len;
+        p->qpos -= removed;
+    }
+    kv_gather(c, c->idx, m);
+    c->folded_to -= removed;
+    kv_changed(c, 0);
+    return PD_OK;
+}
+
+void kv_layer_importance_below(const kv_layer *l, uint64_t row, float *out)
+{
+    const kv_core *c = &l->c;
+    CHECK(row <= c->rows);
+    const uint64_t end = c->base + row;
+    if (row)
+        memcpy(out, c->imp, sizeof(float) * row);
+    /* the pending entries below end in position order, as folding adds them
+     * (an entry of position q covers rows [0, q - base], all below row) */
+    uint64_t after = 0;
+    int have_after = 0;
+    for (;;) {
+        int best = -1;
+        for (uint32_t s = 0; s < c->spec_depth; s++) {
+            const kv_pend *p = &c->pend[s];
+            if (!p->used || p->qpos >= end || (have_after && p->qpos <= after))
+                continue;
+            if (best < 0 || p->qpos < c->pend[best].qpos)
+                best = (int)s;
+        }
+        if (best < 0)
+            return;
+        const float *m = c->pend_mass + (size_t)best * c->cap;
+        for (uint32_t r = 0; r < c->pend[best].len; r++)
+            out[r] += m[r];
+        after = c->pend[best].qpos;
+        have_after = 1;
+    }
 }
 
 uint64_t kv_layer_trim_window(kv_layer *l, uint64_t w, uint64_t slack, uint64_t align)

@@ -46,6 +46,7 @@
 
 #include "base/alloc.h"
 #include "base/status.h"
+#include "cache/attn.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -137,6 +138,18 @@ typedef struct kv_attend {
     float *probs;         /* optional [n_q x span] (attn_run's probs) */
     float *scratch;       /* optional caller scratch; NULL = the layer's own */
     size_t scratch_floats;/* floats at scratch */
+    /* Optional: the visible rows as a list instead of [first, upto): n_rows
+     * stored row indices, strictly increasing, the last one the query's own
+     * row (its query position: base + rows[n_rows - 1]). They are attended
+     * in that order as if they were the only rows stored, so the bits are
+     * those of a layer holding exactly these rows (an eviction not yet made:
+     * speculation). Importance mass lands on the listed rows. segs: caller
+     * scratch of n_rows segments; imp_rows: n_rows floats (track_imp).
+     * probs is not supported with a list. */
+    const uint32_t *rows;
+    uint32_t n_rows;
+    attn_seg *segs;
+    float *imp_rows;
 } kv_attend;
 
 /* Floats of scratch an attend of n_q heads over the current rows needs. */
@@ -201,6 +214,37 @@ uint64_t kv_layer_evict_recent(kv_layer *l, uint64_t keep_last);
  * Returns the rows dropped. */
 uint64_t kv_layer_evict_importance(kv_layer *l, uint64_t budget, uint64_t sinks,
                                    uint64_t recent);
+
+/* The rows kv_layer_evict_importance(budget, sinks, recent) keeps of `rows`
+ * rows of importance imp[0..rows) (ascending indices into idx; returns how
+ * many; all rows when rows <= budget). idx: [rows] out and workspace, flag:
+ * [rows] workspace. Pure: speculation decides the same eviction over a
+ * subset of rows without making it. */
+uint32_t kv_select_importance(const float *imp, uint32_t rows, uint64_t budget, uint64_t sinks,
+                              uint64_t recent, uint32_t *idx, uint8_t *flag);
+
+/* The importance of stored rows [0, row) as it will be once every query
+ * position below base + row is folded (the stored importance plus those
+ * pending positions, in position order): what an eviction decided right
+ * before row `row` was appended sees. out[0..row). row <= rows. */
+void kv_layer_importance_below(const kv_layer *l, uint64_t row, float *out);
+
+/* Keeps exactly the stored rows rows[0..n) (strictly increasing, < rows)
+ * of every storage and the importance, in order: an eviction decided
+ * elsewhere (kv_select_importance over the rows a speculative group saw).
+ * Same confirm effect as the evictions (folds the pending log first).
+ * PD_ERR_ARG / PD_ERR_RANGE (layer unchanged) for a list that is not
+ * increasing or out of range, or on a tail / bounded layer. */
+pd_status kv_layer_keep_rows(kv_layer *l, const uint32_t *rows, uint32_t n, pd_err *err);
+
+/* The same for the rows below `below` only: keeps rows[0..n) (increasing,
+ * < below) and every row from `below` on, which stay undoable: the pending
+ * importance of query positions below base + below is folded first, that of
+ * the later ones keeps its entries, moved with their rows (asynchronous
+ * speculation: rows become final, and their eviction real, while newer
+ * verify rows are still pending). PD_ERR_RANGE / PD_ERR_ARG (unchanged) as
+ * keep_rows, below > rows; PD_ERR_REFUSED while a q8 freeze can be undone. */
+pd_status kv_layer_keep_rows_below(kv_layer *l, const uint32_t *rows, uint32_t n, uint64_t below, pd_err *err);
 
 /* Sliding-window tail (seed trim_window): sets the tail window to w, then,
  * once more than 2w rows are stored, drops front rows down to w + slack,

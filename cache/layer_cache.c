@@ -5,6 +5,7 @@
 #include "cache/layer_cache.h"
 
 #include "base/check.h"
+#include "cache/attn.h"
 
 #include <string.h>
 
@@ -21,15 +22,66 @@ typedef struct lcache_open {
     uint64_t r0;          /* kv: stored rows before the group's rows */
     uint32_t ref0;        /* ring: reference rows before the group's prefill rows */
     uint32_t written;     /* ring: rows of the group in the cache so far */
+    uint32_t vkept;       /* kv, importance eviction: rows of the kept set
+                             (lcache.spec.keep) of group row vrow */
+    uint32_t vrow;
 } lcache_open;
+
+/* Eviction under speculation (kv layer with --evict and drafts). A group
+ * [decode p, verify p+1 .. p+K] must see, row by row, what K + 1 sequential
+ * steps would: each step evicts down to budget - 1 rows before its row is
+ * appended, deciding from the importance of the steps before it. The
+ * decode row's eviction is made (its position is final); the verify rows'
+ * evictions are only decided: their rows are appended without evicting, and
+ * each attends the KEPT SET its sequential step would hold (recent: the
+ * newest rows, a window; importance: kv_select_importance over the previous
+ * kept set, with kv_layer_importance_below). Once the next group (or a
+ * settle) says how many verify rows were accepted, the rejected rows are
+ * truncated (their importance mass goes with them) and the kept set of the
+ * last accepted row is made real (kv_layer_evict_recent / keep_rows): the
+ * layer is then what the sequential steps left.
+ * Scratch, cap entries each (spec_cap: importance eviction with drafts,
+ * budget + drafts + 1; any eviction with --draft-async, the kv capacity + 1,
+ * since a kept set replayed from the final rows may hold a whole prefill):
+ * keep (the kept set, stored row indices), next, sel, idx, flag, imp,
+ * imp_rows, segs; counted in lcache_memory and lcache_bytes_estimate. */
+typedef struct lcache_spec {
+    uint32_t cap;
+    uint32_t *keep, *next, *idx;
+    float *sel, *imp, *imp_rows;
+    uint8_t *flag;
+    attn_seg *segs;
+    struct lcache_ugroup *ugrp; /* asynchronous: [ugrp_cap] */
+    uint32_t ugrp_cap;
+    void *block;
+    size_t bytes;
+} lcache_spec;
+
+/* Asynchronous speculation with eviction (undo_rows > 0): the same, across
+ * groups. Rows [0, r_fin) hold the final positions [0, fin) as the
+ * sequential steps left them; rows from r_fin are the pending positions fin,
+ * fin + 1, ... in order, none of their evictions made; each attends the
+ * kept set of its step, replayed from the final rows (cached in spec.keep
+ * for pending row vt). Rows become final once undo_rows newer positions
+ * follow them (at lcache_end, after the group attended) or at a settle,
+ * and their eviction is then made with kv_layer_keep_rows_below, which
+ * leaves the pending rows and their importance undoable. */
+typedef struct lcache_ugroup {
+    uint64_t pos;
+    uint32_t n;
+    uint8_t gen; /* its rows evict (a group that does not start with prefill) */
+} lcache_ugroup;
 
 /* INV: exactly one of kv / ring is set, of cfg.kind.
  * INV: pending <= pos; kv: base + rows (the depth) <= pos, == pos without
  *      eviction; ring: position + drafts == pos, drafts <= pending.
  * INV: no open group => drafts of a ring are the verify rows of the last
  *      group (all of them pending).
- * INV: cfg.undo_rows > 0 => a kv layer, no eviction, pending == pos - fin
- *      <= undo_rows and the kv layer confirmed up to fin. */
+ * INV: cfg.undo_rows > 0 => a kv layer, pending == pos - fin <= undo_rows
+ *      (plus the open group's rows, which turn final at lcache_end); without
+ *      eviction the kv layer is confirmed up to fin; with eviction (f32)
+ *      rows [0, r_fin) are the final positions, evicted as the sequential
+ *      steps did, and r_fin + pos - fin == rows (lcache_ugroup). */
 struct lcache {
     lcache_config cfg;
     kv_layer *kv;
@@ -39,7 +91,23 @@ struct lcache {
     uint32_t pending;
     uint64_t fin; /* undo_rows > 0: rows before it are final */
     lcache_open g;
+    lcache_spec spec;
+    /* the last group, for its settle: kv eviction with verify rows decided
+     * but not made (lg_deferred), its rows before (lg_r0) and its size */
+    int lg_deferred;
+    uint64_t lg_r0;
+    uint32_t lg_n;
+    /* asynchronous speculation with eviction (lcache_ugroup) */
+    uint64_t r_fin;
+    uint32_t n_ugrp;
+    int64_t vt;
+    uint32_t vn;
 };
+
+static int u_on(const lcache *c)
+{
+    return c->kv && c->cfg.undo_rows && c->cfg.evict != LCACHE_EVICT_NONE;
+}
 
 /* ---- creation -------------------------------------------------------------- */
 
@@ -50,8 +118,9 @@ static uint32_t kv_capacity(const lcache_config *c)
     uint64_t rows = (uint64_t)c->prefill_rows + c->max_new + c->max_drafts + 1 + c->undo_rows;
     if (c->window && rows > 2ull * c->window + c->max_drafts + 2 + c->undo_rows)
         rows = 2ull * c->window + c->max_drafts + 2 + c->undo_rows;
-    if (c->evict != LCACHE_EVICT_NONE && rows > (uint64_t)c->evict_budget + c->prefill_rows + c->max_drafts + 1)
-        rows = (uint64_t)c->evict_budget + c->prefill_rows + c->max_drafts + 1;
+    if (c->evict != LCACHE_EVICT_NONE &&
+        rows > (uint64_t)c->evict_budget + c->prefill_rows + c->max_drafts + 1 + c->undo_rows)
+        rows = (uint64_t)c->evict_budget + c->prefill_rows + c->max_drafts + 1 + c->undo_rows;
     return rows > UINT32_MAX - 2 ? UINT32_MAX - 2 : (uint32_t)rows;
 }
 
@@ -71,13 +140,14 @@ static pd_status config_check(const lcache_config *c, pd_err *err)
     if (c->kind == LCACHE_KIND_RING) {
         if (c->window == 0)
             return pd_err_set(err, PD_ERR_ARG, "layer cache: a ring needs window >= 1");
-        if (c->mode != KV_MODE_F32 || c->evict != LCACHE_EVICT_NONE)
-            return pd_err_set(err, PD_ERR_ARG, "layer cache: a ring stores f32 rows and bounds itself "
-                                               "(mode f32, no eviction)");
+        if (c->evict != LCACHE_EVICT_NONE)
+            return pd_err_set(err, PD_ERR_ARG, "layer cache: a ring bounds itself (no eviction)");
+        if ((unsigned)c->mode >= KV_MODE_COUNT)
+            return pd_err_set(err, PD_ERR_ARG, "layer cache: mode %u is unknown", (unsigned)c->mode);
     } else if (c->window && c->evict != LCACHE_EVICT_NONE) {
         return pd_err_set(err, PD_ERR_ARG, "layer cache: a kv window trims itself (no eviction)");
     }
-    if (c->undo_rows && (c->kind != LCACHE_KIND_KV || c->evict != LCACHE_EVICT_NONE))
+    if (c->undo_rows && (c->kind != LCACHE_KIND_KV || (c->evict != LCACHE_EVICT_NONE && c->mode != KV_MODE_F32)))
         return pd_err_set(err, PD_ERR_ARG, "layer cache: undo across groups (undo_rows) needs a kv layer "
                                            "without eviction");
     return PD_OK;
@@ -92,8 +162,73 @@ static ring_layer_config ring_config_of(const lcache_config *cfg)
                                .window = cfg->window,
                                .ref_capacity = cfg->prefill_rows,
                                .max_drafts = cfg->max_drafts,
+                               .mode = cfg->mode,
                                .alloc = cfg->alloc,
                                .max_group = cfg->q_per_kv};
+}
+
+/* Entries of each eviction scratch array (0: none needed). */
+static uint32_t spec_cap(const lcache_config *cfg)
+{
+    if (cfg->kind != LCACHE_KIND_KV || cfg->evict == LCACHE_EVICT_NONE)
+        return 0;
+    if (cfg->undo_rows) /* a kept set may hold every row (the prefill's) */
+        return kv_capacity(cfg) + 1;
+    if (cfg->evict != LCACHE_EVICT_IMPORTANCE || cfg->max_drafts == 0)
+        return 0;
+    return cfg->evict_budget + cfg->max_drafts + 1;
+}
+
+/* Pending groups an asynchronous layer tracks (each holds a pending row). */
+static uint32_t ugrp_cap(const lcache_config *cfg)
+{
+    return cfg->kind == LCACHE_KIND_KV && cfg->evict != LCACHE_EVICT_NONE && cfg->undo_rows
+               ? cfg->undo_rows + cfg->max_drafts + 3
+               : 0;
+}
+
+static size_t spec_round(size_t b) { return (b + 63) & ~(size_t)63; }
+
+/* Bytes of the eviction scratch block (in the estimate and the memory). */
+static size_t spec_bytes_of(uint32_t cap, uint32_t ucap)
+{
+    if (!cap)
+        return 0;
+    return 3 * spec_round((size_t)4 * cap) + 3 * spec_round((size_t)4 * cap) + spec_round(cap) +
+           spec_round(sizeof(attn_seg) * cap) + spec_round(sizeof(lcache_ugroup) * ucap);
+}
+
+static size_t spec_bytes(const lcache_config *cfg)
+{
+    return spec_bytes_of(spec_cap(cfg), ugrp_cap(cfg));
+}
+
+static pd_status spec_alloc(lcache *c, pd_err *err)
+{
+    uint32_t cap = spec_cap(&c->cfg), ucap = ugrp_cap(&c->cfg);
+    c->vt = -1;
+    if (!cap)
+        return PD_OK;
+    size_t bytes = spec_bytes(&c->cfg);
+    char *b = pd_alloc_bytes(c->cfg.alloc, bytes);
+    if (!b)
+        return pd_err_set(err, PD_ERR_NOMEM, "layer cache: %zu bytes of eviction scratch", bytes);
+    memset(b, 0, bytes);
+    lcache_spec *s = &c->spec;
+    size_t at = 0, u = spec_round((size_t)4 * cap);
+    *s = (lcache_spec){.cap = cap, .block = b, .bytes = bytes};
+    s->keep = (uint32_t *)(void *)(b + at), at += u;
+    s->next = (uint32_t *)(void *)(b + at), at += u;
+    s->idx = (uint32_t *)(void *)(b + at), at += u;
+    s->sel = (float *)(void *)(b + at), at += u;
+    s->imp = (float *)(void *)(b + at), at += u;
+    s->imp_rows = (float *)(void *)(b + at), at += u;
+    s->segs = (attn_seg *)(void *)(b + at), at += spec_round(sizeof(attn_seg) * cap);
+    s->flag = (uint8_t *)(b + at), at += spec_round(cap);
+    s->ugrp = (lcache_ugroup *)(void *)(b + at), at += spec_round(sizeof(lcache_ugroup) * ucap);
+    s->ugrp_cap = ucap;
+    CHECK(at == bytes);
+    return PD_OK;
 }
 
 static kv_layer_config kv_config_of(const lcache_config *cfg)
@@ -103,7 +238,11 @@ static kv_layer_config kv_config_of(const lcache_config *cfg)
                              .mode = cfg->mode,
                              .capacity_rows = kv_capacity(cfg),
                              .alloc = cfg->alloc,
-                             .spec_depth = cfg->max_drafts + 1,
+                             /* asynchronous eviction keeps every pending
+                                position's importance undoable */
+                             .spec_depth = cfg->max_drafts + 1 +
+                                           (cfg->evict != LCACHE_EVICT_NONE && cfg->undo_rows
+                                                ? cfg->undo_rows + 1 : 0),
                              .max_q_per_kv = cfg->q_per_kv};
 }
 
@@ -123,6 +262,8 @@ pd_status lcache_new(const lcache_config *cfg, lcache **out, pd_err *err)
     } else {
         c->kv_cfg = kv_config_of(cfg);
         st = kv_layer_new(&c->kv_cfg, &c->kv, err);
+        if (st == PD_OK && (st = spec_alloc(c, err)) != PD_OK)
+            kv_layer_free(c->kv);
     }
     if (st != PD_OK) {
         pd_free_bytes(cfg->alloc, c, sizeof *c);
@@ -138,6 +279,8 @@ void lcache_free(lcache *c)
         return;
     kv_layer_free(c->kv);
     ring_layer_free(c->ring);
+    if (c->spec.block)
+        pd_free_bytes(c->cfg.alloc, c->spec.block, c->spec.bytes);
     pd_free_bytes(c->cfg.alloc, c, sizeof *c);
 }
 
@@ -161,6 +304,141 @@ uint64_t lcache_position(const lcache *c)
 uint32_t lcache_pending(const lcache *c)
 {
     return c->pending;
+}
+
+/* Eviction under speculation (lcache_spec above). The kept set of group row
+ * t, from that of row t - 1 (spec.keep[0..n)): the sequential step's
+ * eviction down to budget - 1 rows when n + 1 rows would pass the budget,
+ * then the row itself (stored row r0 + t). Returns the new size. */
+static uint32_t spec_decide(lcache *c, uint64_t row, uint32_t n)
+{
+    lcache_spec *s = &c->spec;
+    const lcache_config *p = &c->cfg;
+    if ((uint64_t)n + 1 > p->evict_budget) {
+        uint64_t keep = p->evict_budget > 1 ? p->evict_budget - 1 : 0;
+        if (p->evict == LCACHE_EVICT_RECENT) {
+            memmove(s->keep, s->keep + (n - keep), sizeof(uint32_t) * keep);
+            return (uint32_t)keep;
+        }
+        uint64_t sinks = p->evict_sinks < keep ? p->evict_sinks : keep;
+        kv_layer_importance_below(c->kv, row, s->imp);
+        for (uint32_t i = 0; i < n; i++)
+            s->sel[i] = s->imp[s->keep[i]];
+        uint32_t m = kv_select_importance(s->sel, n, keep, sinks, keep / 2 ? keep / 2 : 1, s->idx, s->flag);
+        for (uint32_t i = 0; i < m; i++)
+            s->next[i] = s->keep[s->idx[i]];
+        uint32_t *t_ = s->keep;
+        s->keep = s->next;
+        s->next = t_;
+        n = m;
+    }
+    return n;
+}
+
+static uint32_t spec_step(lcache *c, uint64_t r0, uint32_t t, uint32_t n)
+{
+    n = spec_decide(c, r0 + t, n);
+    CHECK(n < c->spec.cap);
+    c->spec.keep[n++] = (uint32_t)(r0 + t);
+    return n;
+}
+
+/* ---- asynchronous speculation with eviction (lcache_ugroup) ---- */
+
+static int u_gen(const lcache *c, uint64_t q)
+{
+    for (uint32_t i = 0; i < c->n_ugrp; i++) {
+        const lcache_ugroup *g = &c->spec.ugrp[i];
+        if (q >= g->pos && q < g->pos + g->n)
+            return g->gen;
+    }
+    CHECKF(0, "layer cache: position %llu is in no pending group", (unsigned long long)q);
+    return 0;
+}
+
+/* The kept set of pending row t (stored row r_fin + t) in spec.keep. */
+static uint32_t u_kept(lcache *c, uint64_t t)
+{
+    lcache_spec *s = &c->spec;
+    if (c->vt < 0 || (uint64_t)c->vt > t) {
+        CHECK(c->r_fin < s->cap);
+        for (uint32_t i = 0; i < c->r_fin; i++)
+            s->keep[i] = i;
+        c->vn = (uint32_t)c->r_fin;
+        c->vt = -1;
+    }
+    for (uint64_t u = (uint64_t)(c->vt + 1); u <= t; u++) {
+        uint64_t row = c->r_fin + u;
+        if (u_gen(c, c->fin + u))
+            c->vn = spec_decide(c, row, c->vn);
+        CHECK(c->vn < s->cap);
+        s->keep[c->vn++] = (uint32_t)row;
+    }
+    c->vt = (int64_t)t;
+    return c->vn;
+}
+
+/* Positions before nf become final: their evictions are made. */
+static pd_status u_finalize(lcache *c, uint64_t nf, pd_err *err)
+{
+    if (nf <= c->fin)
+        return PD_OK;
+    uint64_t t = nf - c->fin - 1;
+    uint32_t n = u_kept(c, t);
+    pd_status rc = kv_layer_keep_rows_below(c->kv, c->spec.keep, n, c->r_fin + t + 1, err);
+    if (rc != PD_OK)
+        return rc;
+    /* the final rows' importance is final too (a settle exports it) */
+    kv_layer_confirm(c->kv, kv_layer_base(c->kv) + n);
+    c->r_fin = n;
+    c->fin = nf;
+    c->vt = -1;
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < c->n_ugrp; i++)
+        if (c->spec.ugrp[i].pos + c->spec.ugrp[i].n > nf)
+            c->spec.ugrp[k++] = c->spec.ugrp[i];
+    c->n_ugrp = k;
+    return PD_OK;
+}
+
+/* A rollback to pos dropped the pending rows from it. */
+static void u_truncate(lcache *c, uint64_t pos)
+{
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < c->n_ugrp; i++) {
+        lcache_ugroup *g = &c->spec.ugrp[i];
+        if (g->pos >= pos)
+            continue;
+        if (g->pos + g->n > pos)
+            g->n = (uint32_t)(pos - g->pos);
+        c->spec.ugrp[k++] = *g;
+    }
+    c->n_ugrp = k;
+    c->vt = -1;
+}
+
+/* The kept set of group row `to`, from row 0's (every stored row up to it). */
+static uint32_t spec_replay(lcache *c, uint64_t r0, uint32_t to)
+{
+    CHECK(r0 + 1 <= c->spec.cap);
+    for (uint32_t i = 0; i <= r0; i++)
+        c->spec.keep[i] = i;
+    uint32_t n = (uint32_t)r0 + 1;
+    for (uint32_t t = 1; t <= to; t++)
+        n = spec_step(c, r0, t, n);
+    return n;
+}
+
+/* Settle of a deferred group whose rows [0, a] survived (the rest was
+ * truncated): makes row a's kept set real, as the sequential steps made it. */
+static pd_status spec_make_real(lcache *c, uint32_t a, pd_err *err)
+{
+    if (c->cfg.evict == LCACHE_EVICT_RECENT) {
+        kv_layer_evict_recent(c->kv, c->cfg.evict_budget);
+        return PD_OK;
+    }
+    uint32_t n = spec_replay(c, c->lg_r0, a);
+    return kv_layer_keep_rows(c->kv, c->spec.keep, n, err);
 }
 
 uint64_t lcache_rollback_limit(const lcache *c)
@@ -189,7 +467,13 @@ pd_status lcache_settle(lcache *c, uint64_t pos, pd_err *err)
                           (unsigned long long)back, (unsigned long long)c->pos, (unsigned long long)pos,
                           (unsigned long long)lcache_rollback_limit(c));
     pd_status rc = PD_OK;
-    if (c->cfg.undo_rows) {
+    if (u_on(c)) {
+        if (back)
+            rc = kv_layer_truncate_last(c->kv, back, err);
+        u_truncate(c, pos);
+        if (rc == PD_OK)
+            rc = u_finalize(c, pos, err);
+    } else if (c->cfg.undo_rows) {
         if (back)
             rc = kv_layer_truncate_last(c->kv, back, err);
         if (rc == PD_OK)
@@ -202,9 +486,12 @@ pd_status lcache_settle(lcache *c, uint64_t pos, pd_err *err)
     } else {
         if (back)
             rc = kv_layer_truncate_last(c->kv, back, err);
+        if (rc == PD_OK && c->lg_deferred && c->pending - back >= 2)
+            rc = spec_make_real(c, (uint32_t)(c->pending - back) - 1, err);
         if (rc == PD_OK)
             kv_layer_confirm(c->kv, kv_layer_pos_len(c->kv));
     }
+    c->lg_deferred = 0;
     /* the checks above are what both implementations refuse on */
     CHECKF(rc == PD_OK, "layer cache: settle refused after validation: %s", err ? err->msg : "");
     c->pos = pos;
@@ -281,8 +568,10 @@ static void kv_evict_for(lcache *c, const lcache_group *g)
      * stored rows are cut to N - n first (0 with recent:1 and one decode
      * row: the row attends only itself); policy_validate refuses budgets
      * below a verify group's rows */
-    if (kv_layer_rows(c->kv) + g->n > p->evict_budget) {
-        uint64_t keep = p->evict_budget > g->n ? p->evict_budget - g->n : 0;
+    if (kv_layer_rows(c->kv) + 1 > p->evict_budget) {
+        /* the first row's own step; the group's later rows decide theirs
+         * without making them (lcache_spec) */
+        uint64_t keep = p->evict_budget > 1 ? p->evict_budget - 1 : 0;
         /* sinks up to the budget, the library's own clamp: with S = N - 1 a
          * decode step keeps N - 1 rows, all of them sinks */
         uint64_t sinks = p->evict_sinks < keep ? p->evict_sinks : keep;
@@ -308,6 +597,8 @@ pd_status lcache_append(lcache *c, const lcache_group *g, const float *k, const 
         uint64_t back = c->pos - g->pos;
         if (back && (rc = kv_layer_truncate_last(c->kv, back, err)) != PD_OK)
             return rc;
+        if (u_on(c))
+            u_truncate(c, g->pos);
         c->pos = g->pos;
     } else if ((rc = lcache_settle(c, g->pos, err)) != PD_OK) {
         return rc;
@@ -321,10 +612,26 @@ pd_status lcache_append(lcache *c, const lcache_group *g, const float *k, const 
         if (np)
             rc = ring_layer_prefill(c->ring, k, v, np, err);
         c->g.written = np;
+    } else if (u_on(c)) {
+        /* every eviction waits until its row is final (lcache_ugroup) */
+        c->g.r0 = kv_layer_rows(c->kv);
+        rc = kv_layer_append_rows(c->kv, g->n, k, v, err);
+        if (rc == PD_OK) {
+            CHECK(c->n_ugrp < c->spec.ugrp_cap);
+            c->spec.ugrp[c->n_ugrp++] =
+                (lcache_ugroup){.pos = g->pos, .n = g->n, .gen = g->roles[0] != LCACHE_ROLE_PREFILL};
+        }
     } else {
         kv_evict_for(c, g);
         c->g.r0 = kv_layer_rows(c->kv);
         rc = kv_layer_append_rows(c->kv, g->n, k, v, err);
+        if (rc == PD_OK && c->cfg.evict != LCACHE_EVICT_NONE && g->roles[0] != LCACHE_ROLE_PREFILL) {
+            c->lg_deferred = g->n > 1;
+            c->lg_r0 = c->g.r0;
+            c->lg_n = g->n;
+            if (c->spec.cap)
+                c->g.vkept = spec_replay(c, c->g.r0, 0);
+        }
     }
     if (rc != PD_OK) {
         /* a kv layer that could not grow keeps the rows it took: the
@@ -334,7 +641,9 @@ pd_status lcache_append(lcache *c, const lcache_group *g, const float *k, const 
     }
     c->pos = g->pos + g->n;
     c->pending = g->n;
-    if (c->cfg.undo_rows) {
+    if (u_on(c)) {
+        c->pending = (uint32_t)(c->pos - c->fin); /* rows turn final at lcache_end */
+    } else if (c->cfg.undo_rows) {
         if (c->pos - c->fin > c->cfg.undo_rows) {
             c->fin = c->pos - c->cfg.undo_rows;
             kv_layer_confirm(c->kv, c->fin);
@@ -370,6 +679,41 @@ static pd_status kv_attend_heads(lcache *c, uint32_t j, uint32_t h0, uint32_t h1
     const uint32_t hd = c->cfg.head_dim, G = c->cfg.q_per_kv;
     uint64_t upto = c->g.r0 + j + 1;
     uint64_t first = c->cfg.window && upto > c->cfg.window ? upto - c->cfg.window : 0;
+    if (u_on(c)) {
+        CHECK(!scratch); /* whole rows (lcache_attend_splits) */
+        uint32_t n = u_kept(c, upto - 1 - c->r_fin);
+        CHECK(c->spec.keep[n - 1] == upto - 1);
+        pd_status rc = PD_OK;
+        for (uint32_t h = h0; rc == PD_OK && h < h1; h++) {
+            kv_attend a = {.kv_head = h,
+                           .q_head0 = h * G,
+                           .n_q = G,
+                           .q = q + (uint64_t)h * G * hd,
+                           .track_imp = c->cfg.evict == LCACHE_EVICT_IMPORTANCE,
+                           .out = out + (uint64_t)h * G * hd,
+                           .rows = c->spec.keep,
+                           .n_rows = n,
+                           .segs = c->spec.segs,
+                           .imp_rows = c->spec.imp_rows};
+            rc = kv_layer_attend(c->kv, &a, NULL, err);
+        }
+        return rc;
+    }
+    const int gen = c->cfg.evict != LCACHE_EVICT_NONE && c->g.roles[0] != LCACHE_ROLE_PREFILL;
+    /* recent eviction under speculation: row j's sequential step keeps the
+     * newest budget rows (its own included): a window */
+    if (gen && c->cfg.evict == LCACHE_EVICT_RECENT && upto > c->cfg.evict_budget)
+        first = upto - c->cfg.evict_budget;
+    /* importance: the kept set its sequential step would hold */
+    const int listed = gen && c->spec.cap && c->g.n > 1;
+    if (listed) {
+        CHECK(!scratch); /* whole rows (lcache_attend_splits) */
+        for (uint32_t t = c->g.vrow + 1; t <= j; t++)
+            c->g.vkept = spec_step(c, c->g.r0, t, c->g.vkept);
+        if (j > c->g.vrow)
+            c->g.vrow = j;
+        CHECK(c->spec.keep[c->g.vkept - 1] == c->g.r0 + j);
+    }
     pd_status rc = PD_OK;
     for (uint32_t h = h0; rc == PD_OK && h < h1; h++) {
         kv_attend a = {.kv_head = h,
@@ -381,7 +725,11 @@ static pd_status kv_attend_heads(lcache *c, uint32_t j, uint32_t h0, uint32_t h1
                        .track_imp = c->cfg.evict == LCACHE_EVICT_IMPORTANCE,
                        .out = out + (uint64_t)h * G * hd,
                        .scratch = scratch,
-                       .scratch_floats = scratch_floats};
+                       .scratch_floats = scratch_floats,
+                       .rows = listed ? c->spec.keep : NULL,
+                       .n_rows = listed ? c->g.vkept : 0,
+                       .segs = listed ? c->spec.segs : NULL,
+                       .imp_rows = listed ? c->spec.imp_rows : NULL};
         rc = kv_layer_attend(c->kv, &a, NULL, err);
     }
     return rc;
@@ -412,7 +760,7 @@ pd_status lcache_attend(lcache *c, uint32_t j, const float *q, float *out, pd_er
 
 int lcache_attend_splits(const lcache *c)
 {
-    return !c->ring && c->cfg.evict != LCACHE_EVICT_IMPORTANCE;
+    return !c->ring && c->cfg.evict != LCACHE_EVICT_IMPORTANCE && !u_on(c);
 }
 
 size_t lcache_attend_heads_scratch(const lcache *c)
@@ -446,7 +794,10 @@ pd_status lcache_end(lcache *c, pd_err *err)
     pd_status rc = PD_OK;
     if (c->ring)
         rc = ring_write_upto(c, c->g.n, err);
-    else if (c->cfg.window)
+    else if (u_on(c) && c->pos - c->fin > c->cfg.undo_rows) {
+        rc = u_finalize(c, c->pos - c->cfg.undo_rows, err);
+        c->pending = (uint32_t)(c->pos - c->fin);
+    } else if (c->cfg.window)
         kv_layer_trim_window(c->kv, c->cfg.window, c->cfg.undo_rows ? c->cfg.undo_rows : c->cfg.max_drafts + 1, 1);
     c->g = (lcache_open){0};
     return rc;
@@ -469,7 +820,7 @@ void lcache_memory(const lcache *c, lcache_mem *out)
     } else {
         kv_memory m;
         kv_layer_memory(c->kv, &m);
-        out->allocated = m.allocated + sizeof *c;
+        out->allocated = m.allocated + sizeof *c + c->spec.bytes;
         out->live = m.attention + m.recurrent;
     }
 }
@@ -484,7 +835,7 @@ uint64_t lcache_bytes_estimate(const lcache_config *c)
         return sizeof(lcache) + ring_layer_bytes_for(&rc);
     }
     kv_layer_config kc = kv_config_of(c);
-    return sizeof(lcache) + kv_layer_bytes_for(&kc);
+    return sizeof(lcache) + kv_layer_bytes_for(&kc) + spec_bytes(c);
 }
 
 void lcache_check(const lcache *c)
@@ -505,8 +856,9 @@ void lcache_check(const lcache *c)
         CHECK(depth <= c->pos);
         CHECK(c->cfg.evict != LCACHE_EVICT_NONE || depth == c->pos);
         CHECK(!c->g.open || c->g.r0 + c->g.n == kv_layer_rows(c->kv));
-        CHECK(!c->cfg.undo_rows || (c->fin <= c->pos && c->pos - c->fin <= c->cfg.undo_rows &&
-                                    c->pending == c->pos - c->fin));
+        CHECK(!c->cfg.undo_rows || (c->fin <= c->pos && c->pending == c->pos - c->fin &&
+                                    c->pos - c->fin <= c->cfg.undo_rows + (c->g.open ? c->g.n : 0)));
+        CHECK(!u_on(c) || c->r_fin + (c->pos - c->fin) == kv_layer_rows(c->kv));
     }
     CHECK(!c->g.open || (c->g.n >= 1 && c->g.next_attend <= c->g.n && c->g.written <= c->g.n));
 }
@@ -547,4 +899,8 @@ void lcache_adopt(lcache *c, uint64_t pos)
     c->pos = pos;
     c->fin = pos;
     c->pending = 0;
+    c->lg_deferred = 0;
+    c->n_ugrp = 0;
+    c->vt = -1;
+    c->r_fin = c->kv ? kv_layer_rows(c->kv) : 0;
 }

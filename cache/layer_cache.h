@@ -80,14 +80,16 @@ typedef struct lcache_config {
     uint32_t q_per_kv;     /* Q heads per KV head (GQA fan-out), >= 1 */
     uint32_t window;       /* kv: rows a query sees, 0 = all (full attention);
                               ring: W ring slots, >= 1 */
-    kv_mode mode;          /* kv storage; a ring stores f32 (must be KV_MODE_F32) */
+    kv_mode mode;          /* storage: kv layer (q8_2f), or a ring's int8 storage
+                              (ring_layer.h: reference, ring and drafts alike) */
     lcache_evict evict;    /* kv without a window only */
     uint32_t evict_budget; /* rows kept (evict != NONE), >= 1 */
     uint32_t evict_sinks;  /* importance: oldest rows always kept */
     uint32_t max_drafts;   /* verify rows a group may carry */
     uint32_t undo_rows;    /* 0: a group may roll back only rows of the last
                               group (at most max_drafts + 1). > 0 (asynchronous
-                              speculation; a kv layer without eviction only):
+                              speculation; a kv layer, with eviction only on
+                              f32 rows):
                               any of the last undo_rows positions, across
                               groups — a row becomes final once undo_rows newer
                               positions follow it, or at lcache_settle */
@@ -129,19 +131,21 @@ pd_status lcache_group_check(const lcache *c, const lcache_group *g, uint32_t *r
 
 /* Starts group g: lcache_settle(c, g->pos), then, on a kv layer with
  * eviction and a group that does not start with a prefill row, keeps
- * budget - n rows when rows + n would exceed the budget (and budget > n):
- * the newest (recent) or sinks + recents + most attended (importance, sinks
- * clamped to what is kept), then appends the n rows. k, v are
+ * budget - 1 rows when rows + 1 would exceed the budget: the newest
+ * (recent) or sinks + recents + most attended (importance, sinks clamped to
+ * what is kept), then appends the n rows. k, v are
  * [n x n_kv_heads x head_dim]; borrowed until lcache_end. Validates g as
  * lcache_group_check first (nothing changed on refusal). Afterwards the
  * position is g->pos + n and the n rows are pending. PD_ERR_NOMEM when a kv
  * layer cannot grow (the rows appended before stay: the stream must stop).
- * Known difference: eviction runs once per group, so a group of several
- * decode / verify rows ([decode p, verify p+1 .. p+4]) sees fewer rows than
- * the same rows as sequential groups of one. Evicting before each row would
- * equal the sequential steps, but a kv eviction is a confirm point (it drops
- * the undo data), so rejected verify rows could then no longer be rolled
- * back without a trace; that needs an eviction the kv layer can undo. */
+ * Eviction under speculation is exact: the group's later rows
+ * ([decode p, verify p+1 .. p+K]) each attend the rows their own sequential
+ * step would keep (evicting down to budget - 1 before it, from the
+ * importance of the steps before it), decided without being made; the
+ * settle that says how many verify rows were accepted drops the rejected
+ * ones (and their importance) and makes the last accepted row's eviction,
+ * so the layer is what the accepted rows decoded one by one leave
+ * (layer_cache.c, lcache_spec). */
 pd_status lcache_append(lcache *c, const lcache_group *g, const float *k, const float *v,
                         pd_err *err);
 

@@ -34,12 +34,14 @@ typedef enum ring_region {
     RING_REGION_COUNT
 } ring_region;
 
-/* Row storage of one region: head-major, head h's rows start at row h * cap. */
+/* Row storage of one region: head-major, head h's rows start at row h * cap.
+ * A component stored int8 (cfg.mode) has no f32 rows; with the mirror on
+ * both are kept. */
 typedef struct ring_rows {
     uint32_t cap;   /* rows per head */
-    float *k, *v;   /* f32 [H x cap x D] */
-    int8_t *kq, *vq; /* int8 mirror [H x cap x D] or NULL */
-    float *ks, *vs; /* mirror scales [H x cap] or NULL */
+    float *k, *v;   /* f32 [H x cap x D] or NULL (component stored int8) */
+    int8_t *kq, *vq; /* int8 mirror or storage [H x cap x D] or NULL */
+    float *ks, *vs; /* scales [H x cap x kgs] / [H x cap] or NULL */
 } ring_rows;
 
 /* Everything ring_layer_swap exchanges.
@@ -56,6 +58,9 @@ typedef struct ring_rows {
  * INV: id != 0, epoch >= 1; epoch only grows.
  * INV: with the mirror on, every live row's int8 copy and scale equal
  *      quant_sym_row of its f32 row (f32 is the source of truth).
+ * INV: with int8 storage, every live row of a quantized component has codes
+ *      in [-127, 127] and scales >= RING_SCALE_FLOOR (what quant_q8_row
+ *      writes); the f32 pointers of that component are NULL.
  * INV: p_ref_k[h] == rows[REF].k + h * cap * D (likewise v and ring): the
  *      pointer tables the state view hands out. */
 typedef struct ring_core {
@@ -72,6 +77,9 @@ typedef struct ring_core {
     float *scratch; /* attn scratch for max_group heads over C + W + K rows */
     size_t scratch_floats;
     const float **p_ref_k, **p_ref_v, **p_ring_k, **p_ring_v;
+    /* int8 storage only (else NULL): per-head codes and scales of ref / ring */
+    const int8_t **p_ref_kq, **p_ref_vq, **p_ring_kq, **p_ring_vq;
+    const float **p_ref_ks, **p_ref_vs, **p_ring_ks, **p_ring_vs;
     void *block;
     size_t storage;
 } ring_core;
@@ -109,6 +117,21 @@ static int ring_round64(size_t a, size_t *out)
     return 1;
 }
 
+/* quant_q8_row's smallest scale (a row of zeros). */
+#define RING_SCALE_FLOOR 1e-12f
+
+static int ring_qk(const ring_layer_config *cfg) { return (cfg->mode & KV_MODE_Q8K) != 0; }
+static int ring_qv(const ring_layer_config *cfg) { return (cfg->mode & KV_MODE_Q8V) != 0; }
+
+/* K scales per row: ceil(D / RING_K_GROUP) with int8 K storage, 1 with the
+ * mirror, 0 otherwise. */
+static uint32_t ring_kgs(const ring_layer_config *cfg)
+{
+    if (ring_qk(cfg))
+        return quant_groups(cfg->head_dim, RING_K_GROUP);
+    return cfg->int8_mirror ? 1 : 0;
+}
+
 enum {
     RING_SLOT_K = 0,
     RING_SLOT_V,
@@ -140,6 +163,12 @@ static pd_status ring_cfg_validate(const ring_layer_config *cfg, pd_err *err)
         return pd_err_set(err, PD_ERR_ARG, "ring_layer: window is 0");
     if (cfg->ref_capacity == 0)
         return pd_err_set(err, PD_ERR_ARG, "ring_layer: ref_capacity is 0");
+    if ((unsigned)cfg->mode >= KV_MODE_COUNT)
+        return pd_err_set(err, PD_ERR_ARG, "ring_layer: mode %u is unknown", (unsigned)cfg->mode);
+    if (cfg->mode != KV_MODE_F32 && cfg->int8_mirror)
+        return pd_err_set(err, PD_ERR_ARG,
+                          "ring_layer: int8 storage (mode %u) and the int8 mirror exclude each other",
+                          (unsigned)cfg->mode);
     uint64_t span = (uint64_t)cfg->ref_capacity + cfg->window + cfg->max_drafts;
     if (span > UINT32_MAX)
         return pd_err_set(err, PD_ERR_NOMEM,
@@ -157,13 +186,17 @@ static pd_status ring_plan_make(const ring_layer_config *cfg, ring_plan *p, pd_e
     for (int g = 0; g < RING_REGION_COUNT; g++) {
         size_t hr = 0, elems = 0;
         ok = ok && ring_mul(H, caps[g], &hr) && ring_mul(hr, D, &elems);
-        size_t *b = &p->bytes[g * RING_SLOT_COUNT];
-        ok = ok && ring_mul(elems, sizeof(float), &b[RING_SLOT_K]);
-        b[RING_SLOT_V] = b[RING_SLOT_K];
-        if (cfg->int8_mirror) {
-            b[RING_SLOT_KQ] = b[RING_SLOT_VQ] = elems;
-            ok = ok && ring_mul(hr, sizeof(float), &b[RING_SLOT_KS]);
-            b[RING_SLOT_VS] = b[RING_SLOT_KS];
+        size_t *b = &p->bytes[g * RING_SLOT_COUNT], f32 = 0, hrs = 0;
+        ok = ok && ring_mul(elems, sizeof(float), &f32) && ring_mul(hr, sizeof(float), &hrs);
+        b[RING_SLOT_K] = ring_qk(cfg) ? 0 : f32;
+        b[RING_SLOT_V] = ring_qv(cfg) ? 0 : f32;
+        if (cfg->int8_mirror || ring_qk(cfg)) {
+            b[RING_SLOT_KQ] = elems;
+            ok = ok && ring_mul(hrs, ring_kgs(cfg), &b[RING_SLOT_KS]);
+        }
+        if (cfg->int8_mirror || ring_qv(cfg)) {
+            b[RING_SLOT_VQ] = elems;
+            b[RING_SLOT_VS] = hrs;
         }
     }
     uint32_t group = cfg->max_group ? cfg->max_group : 1;
@@ -173,7 +206,8 @@ static pd_status ring_plan_make(const ring_layer_config *cfg, ring_plan *p, pd_e
     if (ok)
         p->scratch_floats = attn_scratch_floats(group, cfg->head_dim, span);
     ok = ok && ring_mul(p->scratch_floats, sizeof(float), &p->bytes[RING_N_REGIONS - 2]);
-    ok = ok && ring_mul(4 * H, sizeof(float *), &p->bytes[RING_N_REGIONS - 1]);
+    size_t tabs = sizeof(float *) + (cfg->mode != KV_MODE_F32 ? sizeof(int8_t *) + sizeof(float *) : 0);
+    ok = ok && ring_mul(4 * H, tabs, &p->bytes[RING_N_REGIONS - 1]);
     size_t total = 0;
     for (int i = 0; ok && i < RING_N_REGIONS; i++) {
         size_t r;
@@ -192,13 +226,50 @@ static pd_status ring_plan_make(const ring_layer_config *cfg, ring_plan *p, pd_e
 
 static size_t ring_row_bytes(const ring_core *c)
 {
-    size_t b = 2 * (size_t)c->cfg.head_dim * sizeof(float);
+    const size_t D = c->cfg.head_dim;
     if (c->cfg.int8_mirror)
-        b += 2 * (size_t)c->cfg.head_dim + 2 * sizeof(float);
-    return b;
+        return 2 * D * sizeof(float) + 2 * D + 2 * sizeof(float);
+    size_t kb = ring_qk(&c->cfg) ? D + ring_kgs(&c->cfg) * sizeof(float) : D * sizeof(float);
+    size_t vb = ring_qv(&c->cfg) ? D + sizeof(float) : D * sizeof(float);
+    return kb + vb;
 }
 
 /* ---- creation ----------------------------------------------------------- */
+
+/* The pointer of head h's first row in an array of region rw with `per`
+ * elements per row, or NULL when the array is absent. */
+static const float *ring_fp(const float *a, const ring_rows *rw, uint32_t h, size_t per)
+{
+    return a ? a + (size_t)h * rw->cap * per : NULL;
+}
+
+static const int8_t *ring_qp(const int8_t *a, const ring_rows *rw, uint32_t h, size_t per)
+{
+    return a ? a + (size_t)h * rw->cap * per : NULL;
+}
+
+/* Fills the per-head pointer tables the state view hands out (INV above). */
+static void ring_tables_set(ring_core *c)
+{
+    const size_t D = c->cfg.head_dim, G = ring_kgs(&c->cfg);
+    const ring_rows *rf = &c->rows[RING_REGION_REF], *rg = &c->rows[RING_REGION_RING];
+    for (uint32_t h = 0; h < c->cfg.n_kv_heads; h++) {
+        c->p_ref_k[h] = ring_fp(rf->k, rf, h, D);
+        c->p_ref_v[h] = ring_fp(rf->v, rf, h, D);
+        c->p_ring_k[h] = ring_fp(rg->k, rg, h, D);
+        c->p_ring_v[h] = ring_fp(rg->v, rg, h, D);
+        if (c->cfg.mode == KV_MODE_F32)
+            continue;
+        c->p_ref_kq[h] = ring_qp(rf->kq, rf, h, D);
+        c->p_ref_vq[h] = ring_qp(rf->vq, rf, h, D);
+        c->p_ring_kq[h] = ring_qp(rg->kq, rg, h, D);
+        c->p_ring_vq[h] = ring_qp(rg->vq, rg, h, D);
+        c->p_ref_ks[h] = ring_fp(rf->ks, rf, h, G);
+        c->p_ref_vs[h] = ring_fp(rf->vs, rf, h, 1);
+        c->p_ring_ks[h] = ring_fp(rg->ks, rg, h, G);
+        c->p_ring_vs[h] = ring_fp(rg->vs, rg, h, 1);
+    }
+}
 
 pd_status ring_layer_new(const ring_layer_config *cfg, ring_layer **out, pd_err *err)
 {
@@ -247,18 +318,26 @@ pd_status ring_layer_new(const ring_layer_config *cfg, ring_layer **out, pd_err 
     }
     c->scratch = (float *)(block + p.off[RING_N_REGIONS - 2]);
     c->scratch_floats = p.scratch_floats;
-    const float **ptrs = (const float **)(void *)(block + p.off[RING_N_REGIONS - 1]);
-    const size_t H = cfg->n_kv_heads, D = cfg->head_dim;
+    char *tab = block + p.off[RING_N_REGIONS - 1];
+    const float **ptrs = (const float **)(void *)tab;
+    const size_t H = cfg->n_kv_heads;
     c->p_ref_k = ptrs;
     c->p_ref_v = ptrs + H;
     c->p_ring_k = ptrs + 2 * H;
     c->p_ring_v = ptrs + 3 * H;
-    for (size_t h = 0; h < H; h++) {
-        c->p_ref_k[h] = c->rows[RING_REGION_REF].k + h * cfg->ref_capacity * D;
-        c->p_ref_v[h] = c->rows[RING_REGION_REF].v + h * cfg->ref_capacity * D;
-        c->p_ring_k[h] = c->rows[RING_REGION_RING].k + h * cfg->window * D;
-        c->p_ring_v[h] = c->rows[RING_REGION_RING].v + h * cfg->window * D;
+    if (cfg->mode != KV_MODE_F32) {
+        const int8_t **qp = (const int8_t **)(void *)(tab + 4 * H * sizeof(float *));
+        const float **sp = (const float **)(void *)(tab + 4 * H * (sizeof(float *) + sizeof(int8_t *)));
+        c->p_ref_kq = qp;
+        c->p_ref_vq = qp + H;
+        c->p_ring_kq = qp + 2 * H;
+        c->p_ring_vq = qp + 3 * H;
+        c->p_ref_ks = sp;
+        c->p_ref_vs = sp + H;
+        c->p_ring_ks = sp + 2 * H;
+        c->p_ring_vs = sp + 3 * H;
     }
+    ring_tables_set(c);
     *out = r;
     return PD_OK;
 }
@@ -289,12 +368,19 @@ static void ring_store(ring_core *c, ring_region g, uint32_t row, const float *k
     const uint32_t H = c->cfg.n_kv_heads, D = c->cfg.head_dim;
     ring_rows *rw = &c->rows[g];
     CHECK(row < rw->cap);
+    const int qk = ring_qk(&c->cfg), qv = ring_qv(&c->cfg);
+    const size_t G = ring_kgs(&c->cfg);
     for (uint32_t h = 0; h < H; h++) {
-        size_t o = ring_row_off(rw, h, row, D);
-        memcpy(rw->k + o, k + (size_t)h * D, sizeof(float) * D);
-        memcpy(rw->v + o, v + (size_t)h * D, sizeof(float) * D);
+        size_t o = ring_row_off(rw, h, row, D), so = (size_t)h * rw->cap + row;
+        if (qk)
+            quant_q8_row(k + (size_t)h * D, NULL, D, RING_K_GROUP, rw->kq + o, rw->ks + so * G);
+        else
+            memcpy(rw->k + o, k + (size_t)h * D, sizeof(float) * D);
+        if (qv)
+            quant_q8_row(v + (size_t)h * D, NULL, D, D, rw->vq + o, rw->vs + so);
+        else
+            memcpy(rw->v + o, v + (size_t)h * D, sizeof(float) * D);
         if (c->cfg.int8_mirror) {
-            size_t so = (size_t)h * rw->cap + row;
             rw->ks[so] = quant_sym_row(rw->k + o, D, rw->kq + o);
             rw->vs[so] = quant_sym_row(rw->v + o, D, rw->vq + o);
         }
@@ -308,15 +394,21 @@ static void ring_draft_to_slot(ring_core *c, uint32_t j, uint32_t s)
     const uint32_t H = c->cfg.n_kv_heads, D = c->cfg.head_dim;
     const ring_rows *dr = &c->rows[RING_REGION_DRAFT];
     ring_rows *rg = &c->rows[RING_REGION_RING];
+    const size_t G = ring_kgs(&c->cfg);
     for (uint32_t h = 0; h < H; h++) {
         size_t od = ring_row_off(dr, h, j, D), os = ring_row_off(rg, h, s, D);
-        memcpy(rg->k + os, dr->k + od, sizeof(float) * D);
-        memcpy(rg->v + os, dr->v + od, sizeof(float) * D);
-        if (c->cfg.int8_mirror) {
+        size_t sd = (size_t)h * dr->cap + j, ss = (size_t)h * rg->cap + s;
+        if (rg->k)
+            memcpy(rg->k + os, dr->k + od, sizeof(float) * D);
+        if (rg->v)
+            memcpy(rg->v + os, dr->v + od, sizeof(float) * D);
+        if (rg->kq) {
             memcpy(rg->kq + os, dr->kq + od, D);
+            memcpy(rg->ks + ss * G, dr->ks + sd * G, sizeof(float) * G);
+        }
+        if (rg->vq) {
             memcpy(rg->vq + os, dr->vq + od, D);
-            rg->ks[(size_t)h * rg->cap + s] = dr->ks[(size_t)h * dr->cap + j];
-            rg->vs[(size_t)h * rg->cap + s] = dr->vs[(size_t)h * dr->cap + j];
+            rg->vs[ss] = dr->vs[sd];
         }
     }
 }
@@ -425,7 +517,12 @@ static pd_status ring_attend_spans(const ring_core *c, const ring_span *sp, uint
         total += sp[i].rows;
     if (total == 0 || upto == 0)
         return pd_err_set(err, PD_ERR_RANGE, "ring_layer: no rows to attend");
-    const int i8 = c->cfg.int8_mirror;
+    /* int8 K rows: the mirror's (one scale per row) or the storage's (one
+     * per RING_K_GROUP channels); int8 V rows: one scale per row either way. */
+    const int mir = c->cfg.int8_mirror;
+    const int ik = mir || ring_qk(&c->cfg), iv = mir || ring_qv(&c->cfg);
+    const size_t G = ring_kgs(&c->cfg);
+    const uint32_t kgroup = ring_qk(&c->cfg) ? RING_K_GROUP : D;
     for (uint32_t h = 0; h < H; h++) {
         attn_seg segs[RING_MAX_SPANS];
         uint32_t ns = 0;
@@ -436,14 +533,15 @@ static pd_status ring_attend_spans(const ring_core *c, const ring_span *sp, uint
             CHECK(sp[i].start + sp[i].rows <= rw->cap);
             size_t o = ring_row_off(rw, h, sp[i].start, D);
             size_t so = (size_t)h * rw->cap + sp[i].start;
-            segs[ns++] = i8 ? (attn_seg){.rows = sp[i].rows,
-                                         .kq = rw->kq + o,
-                                         .ks = rw->ks + so,
-                                         .vq = rw->vq + o,
-                                         .vs = rw->vs + so}
-                            : (attn_seg){.rows = sp[i].rows, .k = rw->k + o, .v = rw->v + o};
+            segs[ns++] = (attn_seg){.rows = sp[i].rows,
+                                    .k = ik ? NULL : rw->k + o,
+                                    .kq = ik ? rw->kq + o : NULL,
+                                    .ks = ik ? rw->ks + so * G : NULL,
+                                    .v = iv ? NULL : rw->v + o,
+                                    .vq = iv ? rw->vq + o : NULL,
+                                    .vs = iv ? rw->vs + so : NULL};
         }
-        attn_kv kv = {.head_dim = D, .k_group = D, .v_group = D, .segs = segs, .n_segs = ns};
+        attn_kv kv = {.head_dim = D, .k_group = kgroup, .v_group = D, .segs = segs, .n_segs = ns};
         attn_query aq = {.n_heads = group,
                          .q = q + (size_t)h * group * D,
                          .scale = scale,
@@ -641,10 +739,36 @@ void ring_layer_state(const ring_layer *r, ring_state *out)
                         .writes = c->writes,
                         .decoding = c->decoding,
                         .int8_mirror = c->cfg.int8_mirror,
-                        .ref_k = c->p_ref_k,
-                        .ref_v = c->p_ref_v,
-                        .ring_k = c->p_ring_k,
-                        .ring_v = c->p_ring_v};
+                        .mode = c->cfg.mode,
+                        .ref_k = ring_qk(&c->cfg) ? NULL : c->p_ref_k,
+                        .ref_v = ring_qv(&c->cfg) ? NULL : c->p_ref_v,
+                        .ring_k = ring_qk(&c->cfg) ? NULL : c->p_ring_k,
+                        .ring_v = ring_qv(&c->cfg) ? NULL : c->p_ring_v,
+                        .ref_kq = ring_qk(&c->cfg) ? c->p_ref_kq : NULL,
+                        .ref_ks = ring_qk(&c->cfg) ? c->p_ref_ks : NULL,
+                        .ring_kq = ring_qk(&c->cfg) ? c->p_ring_kq : NULL,
+                        .ring_ks = ring_qk(&c->cfg) ? c->p_ring_ks : NULL,
+                        .ref_vq = ring_qv(&c->cfg) ? c->p_ref_vq : NULL,
+                        .ref_vs = ring_qv(&c->cfg) ? c->p_ref_vs : NULL,
+                        .ring_vq = ring_qv(&c->cfg) ? c->p_ring_vq : NULL,
+                        .ring_vs = ring_qv(&c->cfg) ? c->p_ring_vs : NULL};
+}
+
+/* Codes in [-127, 127] and scales >= RING_SCALE_FLOOR (NaN fails) for `rows`
+ * rows of one head: what quant_q8_row writes. */
+static pd_status ring_q8_valid(const int8_t *q, const float *sc, uint32_t rows, uint32_t D,
+                               uint32_t G, const char *what, uint32_t h, pd_err *err)
+{
+    for (size_t j = 0; j < (size_t)rows * D; j++)
+        if (q[j] == -128)
+            return pd_err_set(err, PD_ERR_FORMAT,
+                              "ring_state: %s[%u] code %zu is -128, outside the q8 range", what, h, j);
+    for (size_t j = 0; j < (size_t)rows * G; j++)
+        if (!(sc[j] >= RING_SCALE_FLOOR) || isinf(sc[j]))
+            return pd_err_set(err, PD_ERR_FORMAT,
+                              "ring_state: %s[%u] scale %zu = %g is not a finite scale >= 1e-12", what,
+                              h, j, (double)sc[j]);
+    return PD_OK;
 }
 
 static pd_status ring_state_validate(const ring_layer_config *cfg, const ring_state *s,
@@ -664,6 +788,9 @@ static pd_status ring_state_validate(const ring_layer_config *cfg, const ring_st
     if (!s->int8_mirror != !cfg->int8_mirror)
         return pd_err_set(err, PD_ERR_MISMATCH, "ring_state: int8_mirror %d, config %d",
                           s->int8_mirror, cfg->int8_mirror);
+    if (s->mode != cfg->mode)
+        return pd_err_set(err, PD_ERR_MISMATCH, "ring_state: mode %u, config %u", (unsigned)s->mode,
+                          (unsigned)cfg->mode);
     if (s->ref_rows > cfg->ref_capacity)
         return pd_err_set(err, PD_ERR_RANGE, "ring_state: ref_rows %u exceeds ref_capacity %u",
                           s->ref_rows, cfg->ref_capacity);
@@ -692,17 +819,38 @@ static pd_status ring_state_validate(const ring_layer_config *cfg, const ring_st
     if (s->writes && s->ref_rows == 0)
         return pd_err_set(err, PD_ERR_FORMAT, "ring_state: ref_rows is 0 but writes is %llu",
                           (unsigned long long)s->writes);
+    /* f32 tables of the components kept in f32; codes and scales of the
+     * quantized ones. */
+    const int qk = ring_qk(cfg), qv = ring_qv(cfg);
     const char *names[4] = {"ref_k", "ref_v", "ring_k", "ring_v"};
     const float *const *tabs[4] = {s->ref_k, s->ref_v, s->ring_k, s->ring_v};
+    const int8_t *const *qtabs[4] = {s->ref_kq, s->ref_vq, s->ring_kq, s->ring_vq};
+    const float *const *stabs[4] = {s->ref_ks, s->ref_vs, s->ring_ks, s->ring_vs};
     const uint32_t need[4] = {s->ref_rows, s->ref_rows, s->ring_len, s->ring_len};
     for (int t = 0; t < 4; t++) {
+        const int q = t % 2 == 0 ? qk : qv;
         if (need[t] == 0)
             continue;
-        if (!tabs[t])
-            return pd_err_set(err, PD_ERR_ARG, "ring_state: %s is NULL", names[t]);
-        for (uint32_t h = 0; h < s->n_kv_heads; h++)
-            if (!tabs[t][h])
-                return pd_err_set(err, PD_ERR_ARG, "ring_state: %s[%u] is NULL", names[t], h);
+        if (!q) {
+            if (!tabs[t])
+                return pd_err_set(err, PD_ERR_ARG, "ring_state: %s is NULL", names[t]);
+            for (uint32_t h = 0; h < s->n_kv_heads; h++)
+                if (!tabs[t][h])
+                    return pd_err_set(err, PD_ERR_ARG, "ring_state: %s[%u] is NULL", names[t], h);
+            continue;
+        }
+        if (!qtabs[t] || !stabs[t])
+            return pd_err_set(err, PD_ERR_ARG, "ring_state: %s codes or scales are NULL", names[t]);
+        const uint32_t G = t % 2 == 0 ? ring_kgs(cfg) : 1;
+        for (uint32_t h = 0; h < s->n_kv_heads; h++) {
+            if (!qtabs[t][h] || !stabs[t][h])
+                return pd_err_set(err, PD_ERR_ARG, "ring_state: %s[%u] codes or scales are NULL",
+                                  names[t], h);
+            pd_status st = ring_q8_valid(qtabs[t][h], stabs[t][h], need[t], cfg->head_dim, G,
+                                         names[t], h, err);
+            if (st != PD_OK)
+                return st;
+        }
     }
     return PD_OK;
 }
@@ -722,22 +870,39 @@ pd_status ring_layer_new_from_state(const ring_layer_config *cfg, const ring_sta
         return st;
     ring_core *c = &r->c;
     const uint32_t H = cfg->n_kv_heads, D = cfg->head_dim;
-    /* The state is head-major like the storage: copy per head, then rebuild
-     * the int8 mirror from the f32 rows (it is not carried). */
+    /* The state is head-major like the storage: copy per head (int8 storage:
+     * codes and scales exactly), then rebuild the int8 mirror from the f32
+     * rows (it is not carried). */
+    const size_t G = ring_kgs(cfg);
     for (int g = 0; g < 2; g++) {
         ring_rows *rw = &c->rows[g == 0 ? RING_REGION_REF : RING_REGION_RING];
         const float *const *sk = g == 0 ? s->ref_k : s->ring_k;
         const float *const *sv = g == 0 ? s->ref_v : s->ring_v;
+        const int8_t *const *skq = g == 0 ? s->ref_kq : s->ring_kq;
+        const int8_t *const *svq = g == 0 ? s->ref_vq : s->ring_vq;
+        const float *const *sks = g == 0 ? s->ref_ks : s->ring_ks;
+        const float *const *svs = g == 0 ? s->ref_vs : s->ring_vs;
         uint32_t rows = g == 0 ? s->ref_rows : s->ring_len;
         for (uint32_t h = 0; h < H && rows; h++) {
-            memcpy(rw->k + ring_row_off(rw, h, 0, D), sk[h], sizeof(float) * rows * D);
-            memcpy(rw->v + ring_row_off(rw, h, 0, D), sv[h], sizeof(float) * rows * D);
+            const size_t o = ring_row_off(rw, h, 0, D), so = (size_t)h * rw->cap;
+            if (ring_qk(cfg)) {
+                memcpy(rw->kq + o, skq[h], (size_t)rows * D);
+                memcpy(rw->ks + so * G, sks[h], sizeof(float) * rows * G);
+            } else {
+                memcpy(rw->k + o, sk[h], sizeof(float) * rows * D);
+            }
+            if (ring_qv(cfg)) {
+                memcpy(rw->vq + o, svq[h], (size_t)rows * D);
+                memcpy(rw->vs + so, svs[h], sizeof(float) * rows);
+            } else {
+                memcpy(rw->v + o, sv[h], sizeof(float) * rows * D);
+            }
             if (!cfg->int8_mirror)
                 continue;
             for (uint32_t i = 0; i < rows; i++) {
-                size_t o = ring_row_off(rw, h, i, D), so = (size_t)h * rw->cap + i;
-                rw->ks[so] = quant_sym_row(rw->k + o, D, rw->kq + o);
-                rw->vs[so] = quant_sym_row(rw->v + o, D, rw->vq + o);
+                size_t oi = ring_row_off(rw, h, i, D), si = (size_t)h * rw->cap + i;
+                rw->ks[si] = quant_sym_row(rw->k + oi, D, rw->kq + oi);
+                rw->vs[si] = quant_sym_row(rw->v + oi, D, rw->vq + oi);
             }
         }
     }
@@ -837,16 +1002,44 @@ pd_status ring_layer_check(const ring_layer *r, pd_err *err)
     RING_INV(c->rows[RING_REGION_RING].cap == cfg->window);
     RING_INV(c->rows[RING_REGION_DRAFT].cap == cfg->max_drafts);
     RING_INV(c->scratch_floats == ring_layer_scratch_floats(r, cfg->max_group));
+    RING_INV(cfg->mode == KV_MODE_F32 || !cfg->int8_mirror);
+    const ring_rows *rf = &c->rows[RING_REGION_REF], *rg = &c->rows[RING_REGION_RING];
     for (uint32_t h = 0; h < cfg->n_kv_heads; h++) {
-        const size_t D = cfg->head_dim;
-        RING_INV(c->p_ref_k[h] == c->rows[RING_REGION_REF].k + h * cfg->ref_capacity * D);
-        RING_INV(c->p_ref_v[h] == c->rows[RING_REGION_REF].v + h * cfg->ref_capacity * D);
-        RING_INV(c->p_ring_k[h] == c->rows[RING_REGION_RING].k + h * cfg->window * D);
-        RING_INV(c->p_ring_v[h] == c->rows[RING_REGION_RING].v + h * cfg->window * D);
+        const size_t D = cfg->head_dim, G = ring_kgs(cfg);
+        RING_INV(c->p_ref_k[h] == ring_fp(rf->k, rf, h, D));
+        RING_INV(c->p_ref_v[h] == ring_fp(rf->v, rf, h, D));
+        RING_INV(c->p_ring_k[h] == ring_fp(rg->k, rg, h, D));
+        RING_INV(c->p_ring_v[h] == ring_fp(rg->v, rg, h, D));
+        RING_INV((rf->k == NULL) == ring_qk(cfg) && (rf->v == NULL) == ring_qv(cfg));
+        if (cfg->mode == KV_MODE_F32)
+            continue;
+        RING_INV(c->p_ref_kq[h] == ring_qp(rf->kq, rf, h, D) && c->p_ring_kq[h] == ring_qp(rg->kq, rg, h, D));
+        RING_INV(c->p_ref_vq[h] == ring_qp(rf->vq, rf, h, D) && c->p_ring_vq[h] == ring_qp(rg->vq, rg, h, D));
+        RING_INV(c->p_ref_ks[h] == ring_fp(rf->ks, rf, h, G) && c->p_ring_ks[h] == ring_fp(rg->ks, rg, h, G));
+        RING_INV(c->p_ref_vs[h] == ring_fp(rf->vs, rf, h, 1) && c->p_ring_vs[h] == ring_fp(rg->vs, rg, h, 1));
     }
     ring_plan p;
     RING_INV(ring_plan_make(cfg, &p, NULL) == PD_OK && p.total == c->storage);
 #undef RING_INV
+    if (cfg->mode != KV_MODE_F32) {
+        /* every live row of a quantized component holds what quant_q8_row writes */
+        const uint32_t live[RING_REGION_COUNT] = {c->ref_rows, c->ring_len, c->n_drafts};
+        for (int g = 0; g < RING_REGION_COUNT; g++)
+            for (uint32_t h = 0; h < cfg->n_kv_heads; h++) {
+                const ring_rows *rw = &c->rows[g];
+                const size_t o = ring_row_off(rw, h, 0, cfg->head_dim), so = (size_t)h * rw->cap;
+                pd_status st = PD_OK;
+                if (ring_qk(cfg))
+                    st = ring_q8_valid(rw->kq + o, rw->ks + so * ring_kgs(cfg), live[g], cfg->head_dim,
+                                       ring_kgs(cfg), "K region", (uint32_t)g, err);
+                if (st == PD_OK && ring_qv(cfg))
+                    st = ring_q8_valid(rw->vq + o, rw->vs + so, live[g], cfg->head_dim, 1, "V region",
+                                       (uint32_t)g, err);
+                if (st != PD_OK)
+                    return st;
+            }
+        return PD_OK;
+    }
     if (!cfg->int8_mirror)
         return PD_OK;
     int8_t *tmp = malloc(cfg->head_dim); /* test-time check, not a per-token path */

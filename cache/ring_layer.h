@@ -28,6 +28,7 @@
 
 #include "base/alloc.h"
 #include "base/status.h"
+#include "cache/kv_layer.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -42,15 +43,34 @@ typedef struct ring_layer_config {
     uint32_t ref_capacity; /* max reference (prefill) rows, >= 1 */
     uint32_t max_drafts;   /* K_max spill slots for verify rows, may be 0 */
     int int8_mirror;       /* keep a symmetric per-row int8 copy; attention reads it */
+    kv_mode mode;          /* int8 STORAGE (--kv): bit 0 K, bit 1 V; see below.
+                              Exclusive with int8_mirror. */
     const pd_alloc *alloc; /* borrowed, must outlive the layer; NULL = pd_alloc_default() */
     uint32_t max_group;    /* Q heads per KV head the OWNED scratch serves (0 = 1);
                               larger groups need caller scratch */
 } ring_layer_config;
 
+/* int8 storage (mode != KV_MODE_F32). The rows of a quantized component (K
+ * when mode bit 0, V when bit 1) are stored ONLY as int8, in every region
+ * (reference, ring, draft spill slots), quantized as the kv layer's q8_2f
+ * quantizes a row before its per-channel field freezes (quant_q8_row with
+ * no field): K with one scale per RING_K_GROUP channels, V with one scale
+ * per row. Quantization is row-local, so a reference appended in chunks
+ * holds the bytes of one whole append, a committed draft the bytes of the
+ * sequential write, and an installed record the bytes it carries. There is
+ * no per-channel field: it is fit to the first rows and requantizes them
+ * when it freezes, which a read-only reference written chunk by chunk (and
+ * attended row by row while it is written) cannot do without the kv
+ * layer's undo machinery. The f32 rows of such a component are not kept:
+ * that is the memory saving (D + 4 * D / 32 bytes per K row, D + 4 per V
+ * row, against 4 * D). */
+#define RING_K_GROUP KV_K_GROUP
+
 /* Creates an empty layer (no rows, not decoding, fresh identity).
  * On success *out is owned by the caller, free with ring_layer_free.
- * PD_ERR_ARG for a zero dimension, PD_ERR_NOMEM for overflow or allocation
- * failure; nothing is created on failure. */
+ * PD_ERR_ARG for a zero dimension, an unknown mode or a mode with the int8
+ * mirror, PD_ERR_NOMEM for overflow or allocation failure; nothing is
+ * created on failure. */
 pd_status ring_layer_new(const ring_layer_config *cfg, ring_layer **out, pd_err *err);
 
 /* Releases everything the layer owns. ring_layer_free(NULL) is a no-op. */
@@ -96,7 +116,8 @@ pd_status ring_layer_attend_prefill(const ring_layer *r, uint32_t row, const flo
 
 /* Decode attend: reference ++ ring in age order (oldest ring row first), no
  * causal mask, via attn_run with segments [reference, ring older part, ring
- * newer part] (int8 rows when the mirror is on). Pending drafts are not seen.
+ * newer part] (int8 rows when the mirror or int8 storage is on). Pending
+ * drafts are not seen.
  * Same arguments and errors as ring_layer_attend_prefill; PD_ERR_RANGE when no
  * row is held. */
 pd_status ring_layer_attend(const ring_layer *r, const float *q, const ring_attend_opts *opts,
@@ -176,7 +197,10 @@ pd_status ring_layer_rollback(ring_layer *r, const ring_checkpoint *cp, pd_err *
 
 /* The readable state. Pending drafts are not part of it (speculation never
  * migrates). The int8 mirror is not carried: it is a deterministic function
- * of the f32 rows (quant_sym_row) and is recomputed on install.
+ * of the f32 rows (quant_sym_row) and is recomputed on install. A component
+ * stored int8 (mode) is carried as its int8 rows and scales: its f32 tables
+ * (ref_k / ring_k for K, ref_v / ring_v for V) are NULL and the q8 tables
+ * below are set; otherwise the q8 tables are NULL.
  * INV of a valid state: ring_len == min(writes, window), ring_pos == writes %
  * window; decoding == 0 implies writes == 0; live ring rows are slots
  * [0, ring_len) (all slots once full); the bytes of dead slots are stale and
@@ -188,8 +212,13 @@ typedef struct ring_state {
     uint64_t writes;
     int decoding; /* reference sealed */
     int int8_mirror;
+    kv_mode mode;
     const float *const *ref_k, *const *ref_v;   /* per head [ref_rows x head_dim] */
     const float *const *ring_k, *const *ring_v; /* per head [window x head_dim], slot order */
+    /* int8 storage, per head; scales: K [rows x ceil(head_dim / RING_K_GROUP)],
+     * V [rows] (one per row), row-major like the rows. */
+    const int8_t *const *ref_kq, *const *ref_vq, *const *ring_kq, *const *ring_vq;
+    const float *const *ref_ks, *const *ref_vs, *const *ring_ks, *const *ring_vs;
 } ring_state;
 
 /* Fills *out with a view of r. Borrowed: valid until the next mutation of r
@@ -197,8 +226,9 @@ typedef struct ring_state {
 void ring_layer_state(const ring_layer *r, ring_state *out);
 
 /* Builds a fresh layer (NEW identity, no drafts) holding state s, after
- * validating everything: geometry and int8_mirror against cfg
- * (PD_ERR_MISMATCH), ref_rows <= ref_capacity, cursors within the window and
+ * validating everything: geometry, int8_mirror and mode against cfg
+ * (PD_ERR_MISMATCH), int8 codes in [-127, 127] and scales >= 1e-12
+ * (PD_ERR_FORMAT, what quantization produces), ref_rows <= ref_capacity, cursors within the window and
  * consistent with writes, decoding flag vs writes, ref_rows >= 1 when writes
  * > 0 (PD_ERR_RANGE / PD_ERR_FORMAT), null row pointers (PD_ERR_ARG). err names
  * the field. s is only read; on failure nothing is created. On success *out is
@@ -222,16 +252,22 @@ uint64_t ring_layer_position(const ring_layer *r);
 /* Exact memory figures.
  * storage = Σ over the regions below of round_up(bytes, 64), with
  *   C = ref_capacity, W = window, K = max_drafts, H = n_kv_heads, D = head_dim:
- *   f32 K and V of reference, ring, drafts: 2 * H * (C, W, K) * D * 4 each;
+ *   f32 K and V of reference, ring, drafts: H * (C, W, K) * D * 4 each, for
+ *     each component not stored int8;
  *   int8 mirror (when on), for reference, ring, drafts: K and V rows
  *     H * rows * D bytes each, K and V scales H * rows * 4 bytes each;
+ *   int8 storage (mode), per quantized component and region: rows
+ *     H * rows * D bytes, scales H * rows * G * 4 bytes (K: G =
+ *     ceil(D / RING_K_GROUP); V: G = 1);
  *   scratch: attn_scratch_floats(max_group, D, C + W + K) * 4;
- *   per-head row pointers: 4 * H * sizeof(float *).
+ *   per-head row pointers: 4 * H * sizeof(float *), with int8 storage
+ *     4 * H * (sizeof(float *) + sizeof(int8_t *) + sizeof(float *)) more.
  *   (zero-byte regions take nothing)
  * handle = bytes of the handle (allocated separately).
  * allocated = storage + handle: every byte asked of the allocator.
  * live = H * (ref_rows + ring_len + drafts) * per-row bytes, per-row bytes =
- *   2 * D * 4 (+ 2 * D + 2 * 4 with the int8 mirror). */
+ *   2 * D * 4 (+ 2 * D + 2 * 4 with the int8 mirror); with int8 storage a
+ *   quantized K row counts D + 4 * G bytes, a quantized V row D + 4. */
 typedef struct ring_layer_mem {
     size_t allocated;
     size_t storage;

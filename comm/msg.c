@@ -133,15 +133,16 @@ pd_status msg_encode_drain(uint64_t seq, uint32_t action, uint32_t number, void 
 }
 
 static const uint8_t stats_magic[4] = {'P', 'D', 'S', 'T'};
-#define STATS_VERSION 3u /* 3: prefill / decode rows and seconds */
-#define STATS_FIELDS 15u
+#define STATS_VERSION 4u /* 3: prefill / decode rows and seconds; 4: per-stream cache bytes */
+#define STATS_FIELDS 17u
 
 void msg_encode_stats(const msg_stats *s, uint8_t out[MSG_STATS_BYTES])
 {
     const double v[STATS_FIELDS] = {s->busy_s,         s->wait_input_s,  s->wait_send_s, s->wall_s,
                                     s->messages_sent,  s->bytes_sent,    s->micro_batches, s->rows,
                                     s->cache_bytes_peak, s->attention_bytes_peak, s->rows_rolled_back,
-                                    s->prefill_rows,   s->decode_rows,   s->prefill_s,   s->decode_s};
+                                    s->prefill_rows,   s->decode_rows,   s->prefill_s,   s->decode_s,
+                                    s->stream_cache_bytes_peak, s->stream_cache_estimate};
     memcpy(out, stats_magic, 4);
     out[4] = STATS_VERSION & 0xff;
     out[5] = STATS_VERSION >> 8;
@@ -196,7 +197,9 @@ pd_status msg_decode_stats(const void *buf, size_t len, msg_stats *out, pd_err *
                        .prefill_rows = v[11],
                        .decode_rows = v[12],
                        .prefill_s = v[13],
-                       .decode_s = v[14]};
+                       .decode_s = v[14],
+                       .stream_cache_bytes_peak = v[15],
+                       .stream_cache_estimate = v[16]};
     return PD_OK;
 }
 

@@ -33,12 +33,14 @@
  *
  * Rank statistics (gathered to rank 0 at the end of a run; not a pipeline
  * message, its own fixed layout, MSG_STATS_BYTES bytes):
- *   0   magic "PDST", u16 version = 3, u16 field count = 15
- *   8   15 x f64 (IEEE-754 binary64 bits as u64): busy_s, wait_input_s,
+ *   0   magic "PDST", u16 version = 4, u16 field count = 17
+ *   8   17 x f64 (IEEE-754 binary64 bits as u64): busy_s, wait_input_s,
  *       wait_send_s, wall_s, messages_sent, bytes_sent, micro_batches, rows,
  *       cache_bytes_peak, attention_bytes_peak, rows_rolled_back,
- *       prefill_rows, decode_rows, prefill_s, decode_s
- *   (version 3 added the last four: the prefill / decode split)
+ *       prefill_rows, decode_rows, prefill_s, decode_s,
+ *       stream_cache_bytes_peak, stream_cache_estimate
+ *   (version 3 added the prefill / decode split, version 4 the per-stream
+ *   cache figures)
  * The decoder checks magic, version, kind, dtype, every count against the
  * bytes that remain and against the receiver's limits, roles, flags,
  * reserved bytes, hidden size, and trailing bytes. */
@@ -134,8 +136,13 @@ typedef struct msg_stats {
      * up to rounding; prefill_rows + decode_rows == rows. */
     double prefill_rows, decode_rows;
     double prefill_s, decode_s;
+    /* The most cache bytes one stream held on this rank (its layers' caches,
+     * allocated), and the admission estimate of that same stream
+     * (stage_stream_bytes_estimate): equal for caches that allocate their
+     * whole capacity up front (rings, windows, kv layers within capacity). */
+    double stream_cache_bytes_peak, stream_cache_estimate;
 } msg_stats;
-#define MSG_STATS_BYTES (8u + 15u * 8u)
+#define MSG_STATS_BYTES (8u + 17u * 8u)
 void msg_encode_stats(const msg_stats *s, uint8_t out[MSG_STATS_BYTES]);
 /* Checks magic, version, field count and length. */
 pd_status msg_decode_stats(const void *buf, size_t len, msg_stats *out, pd_err *err);

@@ -25,6 +25,7 @@
 static const char *const wire_kind_names[] = {
     [WIRE_KIND_FULL] = "full",       [WIRE_KIND_LINEAR] = "linear", [WIRE_KIND_BOUNDED] = "bounded",
     [WIRE_KIND_FULL_TAIL] = "full_tail", [WIRE_KIND_RING] = "ring",  [WIRE_KIND_Q8] = "q8",
+    [WIRE_KIND_RING_Q8] = "ring_q8",
 };
 _Static_assert(sizeof wire_kind_names / sizeof wire_kind_names[0] == WIRE_KIND_COUNT,
                "wire_kind_names must name every wire_kind");
@@ -71,9 +72,12 @@ typedef struct wspan {
 } wspan;
 
 /* Per-head span slots. kv kinds: K, K scales, V, V scales, K field, V field.
- * RING: reference K, reference V, ring K, ring V in the first four. */
-enum { HS_K, HS_KS, HS_V, HS_VS, HS_KCOL, HS_VCOL, HS_COUNT };
+ * RING: reference K, reference V, ring K, ring V in the first four.
+ * RING_Q8: the same four arrays at 2 * slot, each followed by its scales
+ * (empty for a component kept in the payload dtype). */
+enum { HS_K, HS_KS, HS_V, HS_VS, HS_KCOL, HS_VCOL, HS_COUNT_KV };
 enum { HS_REF_K = 0, HS_REF_V = 1, HS_RING_K = 2, HS_RING_V = 3 };
+#define HS_COUNT 8
 
 /* Where the second walk puts the spans (heads: [kv_heads x HS_COUNT]). */
 typedef struct wspans {
@@ -313,25 +317,12 @@ static pd_status parse_bounded(rd *r, wire_info *in, wspans *sp, waux *aux)
     return PD_OK;
 }
 
-static pd_status parse_ring(rd *r, wire_info *in, wspans *sp, waux *aux)
+/* The cursor rules shared by kinds 4 and 6 (offsets name the fields). */
+static pd_status parse_ring_cursors(rd *r, const wire_info *in, const waux *aux, uint32_t window,
+                                    uint32_t ref_rows, uint32_t ring_len, uint32_t ring_pos,
+                                    uint64_t writes, uint8_t decoding, size_t len_at, size_t pos_at,
+                                    size_t writes_at)
 {
-    uint32_t heads = 0, hd = 0, window = 0, ref_rows = 0, ring_len = 0, ring_pos = 0;
-    uint64_t writes = 0;
-    uint8_t decoding = 0, mirror = 0;
-    aux->geom_off = rd_offset(r);
-    if (read_dim(r, "kv_heads", &heads) != PD_OK || read_dim(r, "head_dim", &hd) != PD_OK ||
-        read_dim(r, "window", &window) != PD_OK || rd_u32(r, "ref_rows", &ref_rows) != PD_OK)
-        return r->status;
-    size_t len_at = rd_offset(r);
-    if (rd_u32(r, "ring_len", &ring_len) != PD_OK)
-        return r->status;
-    size_t pos_at = rd_offset(r);
-    if (rd_u32(r, "ring_pos", &ring_pos) != PD_OK)
-        return r->status;
-    size_t writes_at = rd_offset(r);
-    if (rd_u64(r, "writes", &writes) != PD_OK || read_flag(r, "decoding", &decoding) != PD_OK ||
-        read_flag(r, "int8_mirror", &mirror) != PD_OK || read_reserved16(r) != PD_OK)
-        return r->status;
     if (ring_len > window)
         return rd_fail_at(r, len_at, PD_ERR_RANGE, "ring_len %u exceeds window %u", ring_len,
                           window);
@@ -352,6 +343,31 @@ static pd_status parse_ring(rd *r, wire_info *in, wspans *sp, waux *aux)
         return rd_fail_at(r, aux->body_off - 8, PD_ERR_FORMAT,
                           "header position %llu != ref_rows %u + writes %llu",
                           (unsigned long long)in->position, ref_rows, (unsigned long long)writes);
+    return PD_OK;
+}
+
+static pd_status parse_ring(rd *r, wire_info *in, wspans *sp, waux *aux)
+{
+    uint32_t heads = 0, hd = 0, window = 0, ref_rows = 0, ring_len = 0, ring_pos = 0;
+    uint64_t writes = 0;
+    uint8_t decoding = 0, mirror = 0;
+    aux->geom_off = rd_offset(r);
+    if (read_dim(r, "kv_heads", &heads) != PD_OK || read_dim(r, "head_dim", &hd) != PD_OK ||
+        read_dim(r, "window", &window) != PD_OK || rd_u32(r, "ref_rows", &ref_rows) != PD_OK)
+        return r->status;
+    size_t len_at = rd_offset(r);
+    if (rd_u32(r, "ring_len", &ring_len) != PD_OK)
+        return r->status;
+    size_t pos_at = rd_offset(r);
+    if (rd_u32(r, "ring_pos", &ring_pos) != PD_OK)
+        return r->status;
+    size_t writes_at = rd_offset(r);
+    if (rd_u64(r, "writes", &writes) != PD_OK || read_flag(r, "decoding", &decoding) != PD_OK ||
+        read_flag(r, "int8_mirror", &mirror) != PD_OK || read_reserved16(r) != PD_OK)
+        return r->status;
+    if (parse_ring_cursors(r, in, aux, window, ref_rows, ring_len, ring_pos, writes, decoding, len_at,
+                           pos_at, writes_at) != PD_OK)
+        return r->status;
     if (check_heads(r, heads, 16) != PD_OK)
         return r->status;
     uint64_t nref = (uint64_t)ref_rows * hd, nring = (uint64_t)ring_len * hd;
@@ -376,6 +392,74 @@ static pd_status parse_ring(rd *r, wire_info *in, wspans *sp, waux *aux)
     in->writes = writes;
     in->decoding = decoding;
     in->int8_mirror = mirror;
+    in->alive_heads = heads;
+    return PD_OK;
+}
+
+/* Kind 6: the ring body of kind 4 with int8 storage. The cursor rules are
+ * kind 4's (parse_ring_cursors). */
+static pd_status parse_ring_q8(rd *r, wire_info *in, wspans *sp, waux *aux)
+{
+    uint32_t heads = 0, hd = 0, window = 0, kg = 0, ref_rows = 0, ring_len = 0, ring_pos = 0;
+    uint64_t writes = 0;
+    uint8_t decoding = 0, mode = 0;
+    aux->geom_off = rd_offset(r);
+    if (read_dim(r, "kv_heads", &heads) != PD_OK || read_dim(r, "head_dim", &hd) != PD_OK ||
+        read_dim(r, "window", &window) != PD_OK || read_dim(r, "k_group", &kg) != PD_OK ||
+        rd_u32(r, "ref_rows", &ref_rows) != PD_OK)
+        return r->status;
+    size_t len_at = rd_offset(r);
+    if (rd_u32(r, "ring_len", &ring_len) != PD_OK)
+        return r->status;
+    size_t pos_at = rd_offset(r);
+    if (rd_u32(r, "ring_pos", &ring_pos) != PD_OK)
+        return r->status;
+    size_t writes_at = rd_offset(r);
+    if (rd_u64(r, "writes", &writes) != PD_OK || read_flag(r, "decoding", &decoding) != PD_OK)
+        return r->status;
+    size_t mode_at = rd_offset(r);
+    if (rd_u8(r, "mode", &mode) != PD_OK)
+        return r->status;
+    if (mode == KV_MODE_F32 || mode >= KV_MODE_COUNT)
+        return rd_fail_at(r, mode_at, PD_ERR_FORMAT, "ring_q8 mode %u is not 1, 2 or 3", mode);
+    if (read_reserved16(r) != PD_OK)
+        return r->status;
+    if (parse_ring_cursors(r, in, aux, window, ref_rows, ring_len, ring_pos, writes, decoding, len_at,
+                           pos_at, writes_at) != PD_OK)
+        return r->status;
+    if (check_heads(r, heads, 32) != PD_OK)
+        return r->status;
+    const int qk = (mode & KV_MODE_Q8K) != 0, qv = (mode & KV_MODE_Q8V) != 0;
+    const uint64_t G = (hd + kg - 1) / kg;
+    const uint64_t rows_of[2] = {ref_rows, ring_len};
+    const uint8_t pay = in->f16 ? DT_F16 : DT_F32;
+    static const char *const names[4] = {"ref k", "ref v", "ring k", "ring v"};
+    char f[64];
+    for (uint32_t h = 0; h < heads; h++)
+        for (int a = 0; a < 4; a++) {
+            const int isk = a % 2 == 0, q = isk ? qk : qv;
+            const uint64_t rows = rows_of[a / 2], want = rows * hd;
+            const uint64_t nsc = q ? rows * (isk ? G : 1) : 0;
+            uint32_t n = 0;
+            snprintf(f, sizeof f, "head %u %s count", h, names[a]);
+            if (read_count_in(r, f, want, want, &n) != PD_OK ||
+                take_array(r, f, n, q ? DT_I8 : pay, head_span(sp, h, 2 * a)) != PD_OK)
+                return r->status;
+            snprintf(f, sizeof f, "head %u %s scale count", h, names[a]);
+            if (read_count_in(r, f, nsc, nsc, &n) != PD_OK ||
+                take_array(r, f, n, DT_F32, head_span(sp, h, 2 * a + 1)) != PD_OK)
+                return r->status;
+        }
+    in->kv_heads = heads;
+    in->head_dim = hd;
+    in->window = window;
+    in->k_group = kg;
+    in->mode = mode;
+    in->rows = ref_rows;
+    in->ring_len = ring_len;
+    in->ring_pos = ring_pos;
+    in->writes = writes;
+    in->decoding = decoding;
     in->alive_heads = heads;
     return PD_OK;
 }
@@ -495,8 +579,10 @@ static pd_status parse_header(rd *r, wire_info *in)
 static int kind_fits(const wire_layer_ref *t, const kv_state *tst, unsigned kind, unsigned *expect)
 {
     if (t->ring) {
-        *expect = WIRE_KIND_RING;
-        return kind == WIRE_KIND_RING;
+        ring_layer_config rc;
+        ring_layer_config_get(t->ring, &rc);
+        *expect = rc.mode == KV_MODE_F32 ? WIRE_KIND_RING : WIRE_KIND_RING_Q8;
+        return kind == *expect;
     }
     if (t->linear) {
         *expect = WIRE_KIND_LINEAR;
@@ -605,6 +691,10 @@ static pd_status parse_record(rd *r, unsigned flags, wire_info *in, wspans *sp, 
         break;
     case WIRE_KIND_Q8:
         if (parse_q8(r, in, sp, aux) != PD_OK)
+            return r->status;
+        break;
+    case WIRE_KIND_RING_Q8:
+        if (parse_ring_q8(r, in, sp, aux) != PD_OK)
             return r->status;
         break;
     default:
@@ -876,6 +966,42 @@ static pd_status encode_kv(const wire_layer_ref *ref, int f16, wr *w, pd_err *er
     return PD_OK;
 }
 
+/* Kind 6: int8 components as codes + scales, the others in the payload dtype. */
+static void encode_ring_q8(const wire_layer_ref *ref, const ring_state *rs, int f16, wr *w)
+{
+    const uint32_t G = (rs->head_dim + RING_K_GROUP - 1) / RING_K_GROUP;
+    const int qk = (rs->mode & KV_MODE_Q8K) != 0, qv = (rs->mode & KV_MODE_Q8V) != 0;
+    put_header(w, ref, WIRE_KIND_RING_Q8, f16, (uint64_t)rs->ref_rows + rs->writes);
+    wr_u32(w, rs->n_kv_heads);
+    wr_u32(w, rs->head_dim);
+    wr_u32(w, rs->window);
+    wr_u32(w, RING_K_GROUP);
+    wr_u32(w, rs->ref_rows);
+    wr_u32(w, rs->ring_len);
+    wr_u32(w, rs->ring_pos);
+    wr_u64(w, rs->writes);
+    wr_u8(w, (uint8_t)(rs->decoding != 0));
+    wr_u8(w, (uint8_t)rs->mode);
+    wr_u16(w, 0);
+    const float *const *f32[4] = {rs->ref_k, rs->ref_v, rs->ring_k, rs->ring_v};
+    const int8_t *const *i8[4] = {rs->ref_kq, rs->ref_vq, rs->ring_kq, rs->ring_vq};
+    const float *const *sc[4] = {rs->ref_ks, rs->ref_vs, rs->ring_ks, rs->ring_vs};
+    for (uint32_t h = 0; h < rs->n_kv_heads; h++)
+        for (int a = 0; a < 4; a++) {
+            const int isk = a % 2 == 0, q = isk ? qk : qv;
+            const size_t rows = a < 2 ? rs->ref_rows : rs->ring_len, n = rows * rs->head_dim;
+            const size_t ns = q ? rows * (isk ? G : 1) : 0;
+            wr_u32(w, (uint32_t)n);
+            if (q && n)
+                wr_i8_n(w, i8[a][h], n);
+            else if (n)
+                put_payload(w, f16, f32[a][h], n);
+            wr_u32(w, (uint32_t)ns);
+            if (ns)
+                wr_f32_n(w, sc[a][h], ns);
+        }
+}
+
 static pd_status encode_ring(const wire_layer_ref *ref, int f16, wr *w, pd_err *err)
 {
     ring_state rs;
@@ -883,6 +1009,12 @@ static pd_status encode_ring(const wire_layer_ref *ref, int f16, wr *w, pd_err *
     const size_t nref = (size_t)rs.ref_rows * rs.head_dim, nring = (size_t)rs.ring_len * rs.head_dim;
     if (!fits_u32(rs.ref_rows, rs.head_dim) || !fits_u32(rs.ring_len, rs.head_dim))
         return pd_err_set(err, PD_ERR_REFUSED, "wire: export: ring rows exceed u32 counts");
+    if (rs.mode != KV_MODE_F32) {
+        encode_ring_q8(ref, &rs, f16, w);
+        if (w->status != PD_OK)
+            return pd_err_set(err, w->status, "wire: export: write failed");
+        return PD_OK;
+    }
     put_header(w, ref, WIRE_KIND_RING, f16, (uint64_t)rs.ref_rows + rs.writes);
     wr_u32(w, rs.n_kv_heads);
     wr_u32(w, rs.head_dim);
@@ -1162,6 +1294,12 @@ static pd_status prepare_ring(const wire_layer_ref *ref, rd *r, const wire_info 
         return rd_fail_at(r, aux->geom_off, PD_ERR_MISMATCH,
                           "record int8 mirror %u, this layer's is %d", in->int8_mirror,
                           cfg.int8_mirror != 0);
+    const int q8 = in->kind == WIRE_KIND_RING_Q8;
+    if (q8 && (in->mode != cfg.mode || in->k_group != RING_K_GROUP))
+        return rd_fail_at(r, aux->geom_off, PD_ERR_MISMATCH,
+                          "record int8 storage %u with k_group %u; this layer stores mode %u with "
+                          "k_group %u",
+                          in->mode, in->k_group, (unsigned)cfg.mode, RING_K_GROUP);
     if (in->rows > cfg.ref_capacity)
         return rd_fail_at(r, aux->geom_off, PD_ERR_RANGE,
                           "record reference of %llu rows exceeds this layer's capacity %u",
@@ -1172,18 +1310,33 @@ static pd_status prepare_ring(const wire_layer_ref *ref, rd *r, const wire_info 
         need += span_scratch_floats(&sp->heads[i]);
     wmat m = {.cap = need};
     const float **ptrs = calloc((size_t)H * 4, sizeof *ptrs);
-    if ((need && !(m.scratch = malloc(need * sizeof(float)))) || !ptrs) {
+    const float **sptrs = calloc((size_t)H * 4, sizeof *sptrs);
+    const int8_t **qptrs = calloc((size_t)H * 4, sizeof *qptrs);
+    if ((need && !(m.scratch = malloc(need * sizeof(float)))) || !ptrs || !sptrs || !qptrs) {
         free(m.scratch);
         free(ptrs);
+        free(sptrs);
+        free(qptrs);
         return pd_err_set(err, PD_ERR_NOMEM, "wire: no memory to decode %u heads", H);
     }
     /* Empty regions still need a valid pointer per head. */
     static const float none[1] = {0.0f};
+    static const int8_t none8[1] = {0};
     for (uint32_t h = 0; h < H; h++)
         for (int s = 0; s < 4; s++) {
-            const float *p = span_f32(&sp->heads[(size_t)h * HS_COUNT + s], &m);
-            ptrs[(size_t)s * H + h] = p ? p : none;
+            const wspan *hs = &sp->heads[(size_t)h * HS_COUNT + (q8 ? 2 * s : s)];
+            if (hs->dt == DT_I8) {
+                const int8_t *p = span_i8(hs);
+                qptrs[(size_t)s * H + h] = p ? p : none8;
+                const float *sc = span_f32(hs + 1, &m);
+                sptrs[(size_t)s * H + h] = sc ? sc : none;
+            } else {
+                const float *p = span_f32(hs, &m);
+                ptrs[(size_t)s * H + h] = p ? p : none;
+            }
         }
+    /* Tables of a component stored int8 (f32 ones of the others) only. */
+    const int qk = q8 && (cfg.mode & KV_MODE_Q8K), qv = q8 && (cfg.mode & KV_MODE_Q8V);
     ring_state s = {
         .n_kv_heads = H,
         .head_dim = in->head_dim,
@@ -1194,10 +1347,19 @@ static pd_status prepare_ring(const wire_layer_ref *ref, rd *r, const wire_info 
         .writes = in->writes,
         .decoding = in->decoding,
         .int8_mirror = in->int8_mirror,
-        .ref_k = ptrs + (size_t)HS_REF_K * H,
-        .ref_v = ptrs + (size_t)HS_REF_V * H,
-        .ring_k = ptrs + (size_t)HS_RING_K * H,
-        .ring_v = ptrs + (size_t)HS_RING_V * H,
+        .mode = q8 ? cfg.mode : KV_MODE_F32,
+        .ref_k = qk ? NULL : ptrs + (size_t)HS_REF_K * H,
+        .ref_v = qv ? NULL : ptrs + (size_t)HS_REF_V * H,
+        .ring_k = qk ? NULL : ptrs + (size_t)HS_RING_K * H,
+        .ring_v = qv ? NULL : ptrs + (size_t)HS_RING_V * H,
+        .ref_kq = qk ? qptrs + (size_t)HS_REF_K * H : NULL,
+        .ref_ks = qk ? sptrs + (size_t)HS_REF_K * H : NULL,
+        .ring_kq = qk ? qptrs + (size_t)HS_RING_K * H : NULL,
+        .ring_ks = qk ? sptrs + (size_t)HS_RING_K * H : NULL,
+        .ref_vq = qv ? qptrs + (size_t)HS_REF_V * H : NULL,
+        .ref_vs = qv ? sptrs + (size_t)HS_REF_V * H : NULL,
+        .ring_vq = qv ? qptrs + (size_t)HS_RING_V * H : NULL,
+        .ring_vs = qv ? sptrs + (size_t)HS_RING_V * H : NULL,
     };
     ring_layer *fresh = NULL;
     pd_status st = ring_layer_new_from_state(&cfg, &s, &fresh, err);
@@ -1205,6 +1367,8 @@ static pd_status prepare_ring(const wire_layer_ref *ref, rd *r, const wire_info 
         pd_err_prefix(err, "wire: offset %zu: install", r->base);
     free(m.scratch);
     free(ptrs);
+    free(sptrs);
+    free(qptrs);
     if (st == PD_OK)
         *out = fresh;
     return st;
@@ -1233,7 +1397,8 @@ pd_status wire_import_prepare(const wire_layer_ref *ref, const void *buf, size_t
     }
     /* Walk 2: collect the spans (the head count was bounded by the bytes). */
     const int per_head = in.kind == WIRE_KIND_FULL || in.kind == WIRE_KIND_FULL_TAIL ||
-                         in.kind == WIRE_KIND_Q8 || in.kind == WIRE_KIND_RING;
+                         in.kind == WIRE_KIND_Q8 || in.kind == WIRE_KIND_RING ||
+                         in.kind == WIRE_KIND_RING_Q8;
     wspans sp = {0};
     if (per_head && !(sp.heads = calloc((size_t)in.kv_heads * HS_COUNT, sizeof *sp.heads))) {
         kv_view_release(&tv);

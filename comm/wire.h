@@ -28,6 +28,13 @@
  *                  u8 int8_mirror, u16 reserved = 0,
  *                  per head: u32 n, ref K; u32 n, ref V; u32 n, ring K; u32 n, ring V
  *                  (ring rows are the live slots [0, ring_len) in slot order)
+ *     6 RING_Q8    u32 kv_heads, u32 head_dim, u32 window, u32 k_group,
+ *                  u32 ref_rows, u32 ring_len, u32 ring_pos, u64 writes,
+ *                  u8 decoding, u8 mode (1 q8k, 2 q8v, 3 q8), u16 reserved = 0,
+ *                  per head, for ref K, ref V, ring K, ring V in turn:
+ *                    u32 n, rows (int8 when the mode quantizes that
+ *                    component, else payload); u32 m, f32 scales (K: rows x
+ *                    ceil(head_dim / k_group), V: rows; 0 when not int8)
  *     5 Q8         u32 kv_heads, u32 head_dim, u32 k_group, u32 freeze_rows,
  *                  u8 mode, u8 frozen, u16 reserved = 0, u64 base, u32 rows,
  *                  u32 n_linear, u32 n_importance, n_linear x f32,
@@ -64,10 +71,12 @@ typedef enum wire_kind {
     WIRE_KIND_FULL_TAIL = 3, /* a trimmed full layer: base + full body */
     WIRE_KIND_RING = 4,      /* R-SWA ring layer (new in pipedec) */
     WIRE_KIND_Q8 = 5,        /* q8_2f / mixed kv storage (new in pipedec) */
+    WIRE_KIND_RING_Q8 = 6,   /* R-SWA ring layer with int8 storage (issue 40) */
     WIRE_KIND_COUNT
 } wire_kind;
 
-/* "full", "linear", "bounded", "full_tail", "ring", "q8"; "unknown" otherwise. */
+/* "full", "linear", "bounded", "full_tail", "ring", "q8", "ring_q8";
+ * "unknown" otherwise. */
 const char *wire_kind_name(unsigned kind);
 
 /* Import flags. */
@@ -121,8 +130,8 @@ typedef struct wire_info {
     uint32_t ring_len, ring_pos; /* ring; bounded: len, head */
     uint64_t writes;    /* ring */
     uint8_t decoding, int8_mirror; /* ring */
-    uint8_t mode, frozen; /* q8 (kv_mode bits) */
-    uint32_t k_group, freeze_rows; /* q8 */
+    uint8_t mode, frozen; /* q8, ring_q8 (mode: kv_mode bits) */
+    uint32_t k_group, freeze_rows; /* q8 (k_group also ring_q8) */
     uint64_t n_linear, n_importance;
     uint32_t alive_heads; /* heads holding rows (full / q8 with rows > 0) */
     size_t bytes;       /* record size */

@@ -188,6 +188,12 @@ static void text_record(FILE *o, const wire_info *i, int full)
                 i->window, i->ring_len, i->ring_pos, (unsigned long long)i->writes, i->decoding,
                 i->int8_mirror);
         break;
+    case WIRE_KIND_RING_Q8:
+        fprintf(o, "reference rows: %llu\n", (unsigned long long)i->rows);
+        fprintf(o, "ring: window %u, len %u, pos %u, writes %llu, decoding %u\n", i->window,
+                i->ring_len, i->ring_pos, (unsigned long long)i->writes, i->decoding);
+        fprintf(o, "storage: %s, k_group %u\n", mode_name(i->mode), i->k_group);
+        break;
     case WIRE_KIND_Q8:
         fprintf(o, "rows: %llu (base %llu)\n", (unsigned long long)i->rows,
                 (unsigned long long)i->base);
@@ -272,15 +278,19 @@ static void json_record(cJSON *o, const wire_info *i, int full)
     json_u64(o, "base", i->base);
     json_u64(o, "n_linear", i->n_linear);
     json_u64(o, "n_importance", i->n_importance);
-    if (i->kind == WIRE_KIND_RING || i->kind == WIRE_KIND_BOUNDED) {
-        cJSON *r = cJSON_AddObjectToObject(o, i->kind == WIRE_KIND_RING ? "ring" : "bounded");
+    const int ring = i->kind == WIRE_KIND_RING || i->kind == WIRE_KIND_RING_Q8;
+    if (ring || i->kind == WIRE_KIND_BOUNDED) {
+        cJSON *r = cJSON_AddObjectToObject(o, ring ? "ring" : "bounded");
         cJSON_AddNumberToObject(r, "window", i->window);
         cJSON_AddNumberToObject(r, "len", i->ring_len);
-        cJSON_AddNumberToObject(r, i->kind == WIRE_KIND_RING ? "pos" : "head", i->ring_pos);
-        if (i->kind == WIRE_KIND_RING) {
+        cJSON_AddNumberToObject(r, ring ? "pos" : "head", i->ring_pos);
+        if (ring) {
             json_u64(r, "writes", i->writes);
             cJSON_AddBoolToObject(r, "decoding", i->decoding);
             cJSON_AddBoolToObject(r, "int8_mirror", i->int8_mirror);
+            cJSON_AddStringToObject(r, "storage", i->kind == WIRE_KIND_RING_Q8 ? mode_name(i->mode) : "f32");
+            if (i->kind == WIRE_KIND_RING_Q8)
+                cJSON_AddNumberToObject(r, "k_group", i->k_group);
         }
     }
     if (i->kind == WIRE_KIND_Q8) {

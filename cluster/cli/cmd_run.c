@@ -177,10 +177,6 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         st = pd_err_set(e, PD_ERR_ARG, "--model, --pages and --out are required");
     /* the caches keep room for the drafts a verify step carries */
     o->policy.max_drafts = o->draft.mode == DRAFT_NONE ? 0 : o->draft.k;
-    if (st == PD_OK && o->draft.mode != DRAFT_NONE && o->policy.evict != POLICY_EVICT_NONE)
-        st = pd_err_set(e, PD_ERR_ARG,
-                        "--draft with --evict is refused: eviction runs once per micro-batch, so a verify step "
-                        "would keep other rows than the same tokens decoded one by one (a different answer)");
     if (st == PD_OK && o->encoder_ranks && !o->mmproj_path)
         st = pd_err_set(e, PD_ERR_ARG, "--encoder-ranks needs --mmproj (the vision encoder they run)");
     if (st == PD_OK && o->checkpoint_every > 0 && !o->checkpoint_dir)

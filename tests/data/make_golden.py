@@ -45,6 +45,17 @@ def ring_record():
     return header(4, 0, 4) + body
 
 
+def ring_q8_record():
+    # kind 6: 1 head x 2 channels, window 2, k_group 32, 1 reference row,
+    # 3 writes (len 2, pos 1), mode 1 (q8k: K int8 + scales, V in the f16 payload)
+    body = struct.pack("<4I", 1, 2, 2, 32) + struct.pack("<3IQBBH", 1, 2, 1, 3, 1, 1, 0)
+    body += struct.pack("<I2b", 2, 127, -64) + struct.pack("<If", 1, 0.5)
+    body += struct.pack("<I2e", 2, 1.0, -2.0) + struct.pack("<I", 0)
+    body += struct.pack("<I4b", 4, 1, 127, -127, 0) + struct.pack("<I2f", 2, 1.0, 2.0)
+    body += struct.pack("<I4e", 4, 0.5, 0.25, -4.0, 8.0) + struct.pack("<I", 0)
+    return header(6, 1, 4) + body
+
+
 def bundle(entries, identity=IDENTITY, layer=LAYER):
     head = b"CMFB" + struct.pack("<IQIIQ", 1, identity, layer, 0, len(entries))
     out = head + struct.pack("<I", crc32c(head))
@@ -95,6 +106,7 @@ def main():
         "full_f16.cmfs": full16,
         "full_tail.cmfs": tail,
         "ring.cmfs": ring_record(),
+        "ring_q8.cmfs": ring_q8_record(),
         "legacy_full.bin": full_body(0),
         "bad_version.cmfs": header(0, 0, 2, version=3) + full_body(0),
         "bad_count.cmfs": full32[:32 + 36] + struct.pack("<I", 3) + full32[32 + 40:],

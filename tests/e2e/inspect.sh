@@ -40,6 +40,12 @@ grep -q '^geometry: 2 kv heads x 2 channels, 1 holding rows$' "$tmp/full_f32.txt
 expect full_f16 "$data/full_f16.cmfs" 0
 expect full_tail "$data/full_tail.cmfs" 0
 expect ring "$data/ring.cmfs" 0
+grep -q '^storage: f32' "$tmp/ring.txt" && fail "ring: an f32 ring has no storage line" || true
+expect ring_q8 "$data/ring_q8.cmfs" 0
+grep -q '^kind: ring_q8 (6)$' "$tmp/ring_q8.txt" || fail "ring_q8: text lacks the kind"
+grep -q '^storage: q8k, k_group 32$' "$tmp/ring_q8.txt" || fail "ring_q8: text lacks the storage"
+python3 -c "import json,sys; j=json.load(open(sys.argv[1])); r=j['ring']; assert j['valid'] and j['kind']=='ring_q8' and r['storage']=='q8k' and r['k_group']==32 and r['writes']==3 and j['dtype']=='f16', j" \
+  "$tmp/ring_q8.json" || fail "ring_q8: json lacks the storage"
 expect bundle "$data/two_streams.cmfb" 0
 [ "$(grep -c '^stream ' "$tmp/bundle.txt")" -eq 2 ] || fail "bundle: one text line per stream"
 expect bad_version "$data/bad_version.cmfs" 1

@@ -62,7 +62,7 @@ PY
 done
 
 # every cache kind: the reservation bounds the real allocation
-for pol in "--kv q8" "--kv q8k" "--attn rswa:8" "--attn window:8" "--evict importance:16:2"; do
+for pol in "--kv q8" "--kv q8k" "--attn rswa:8" "--attn rswa:8 --kv q8" "--attn window:8" "--evict importance:16:2"; do
   tag=$(echo "$pol" | tr -c 'a-z0-9' '_')
   "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/u$tag.jsonl" --batch 8 --digest --mem-limit none $pol >/dev/null 2>&1
   "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/t$tag.jsonl" --batch 8 --digest --mem-limit 64K $pol \

@@ -45,7 +45,9 @@ run_mig() {
 i=0
 for pol in "" "--attn rswa:8" "--attn window:8" "--kv q8" "--kv q8k" "--kv q8v" "--evict recent:16" \
            "--evict importance:16:2" "--draft ngram" "--draft ngram:1:6 --attn rswa:8" "--draft ngram --draft-async" \
-           "--draft model:$T/d.gguf"; do
+           "--draft model:$T/d.gguf" "--attn rswa:8 --kv q8" "--draft ngram:1:6 --attn rswa:8 --kv q8k" \
+           "--draft ngram:1:6 --evict importance:16:2" "--draft ngram:1:6 --evict recent:16" \
+           "--draft ngram:1:6 --draft-async --evict importance:16:2"; do
   tag=$(printf "%s" "p$i${pol//$T\//}" | tr -c "a-zA-Z0-9-" "_")
   # shellcheck disable=SC2086
   "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/$tag.ref" --batch 3 --digest $pol >/dev/null 2>&1

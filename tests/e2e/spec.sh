@@ -5,7 +5,7 @@
 # of the same vocabulary, reading the page embeddings or only its tokens)
 # for 1-4 ranks, every --attn and --kv mode, greedy and seeded sampling and
 # the n-gram ban, while drafts are really sent and accepted (stats);
-# drafting with eviction, a draft model of another vocabulary and bad
+# asynchronous drafting with eviction on int8 rows, a draft model of another vocabulary and bad
 # --draft values are refused.
 source "$(dirname "$0")/lib.bash"
 T="$E2E_TMP"
@@ -125,8 +125,8 @@ cp "$T/d32.gguf" "$T/d32.orig"
 expect_fail "--out naming the draft model refused" "is the draft model" \
   "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/d32.gguf" --draft "model:$T/d32.gguf"
 same_bytes "$T/d32.orig" "$T/d32.gguf" "the draft model is untouched"
-expect_fail "--draft with --evict refused" "--draft with --evict is refused" \
-  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/x.jsonl" --draft ngram --evict recent:16
+expect_fail "--draft-async with --evict and --kv q8 refused" "--draft-async with --evict and --kv q8 is refused" \
+  "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/x.jsonl" --draft ngram --draft-async --evict recent:16 --kv q8
 for bad in ngram:0 ngram:3:17 ngram:x model model: model:m.gguf:0 foo; do
   expect_fail "--draft $bad refused" "--draft '$bad'" "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/x.jsonl" --draft "$bad"
 done

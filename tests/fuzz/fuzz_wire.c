@@ -110,6 +110,7 @@ static void try_ring(const uint8_t *data, size_t size, const wire_info *in)
         .window = in->window,
         .ref_capacity = in->rows ? (uint32_t)in->rows : 1,
         .int8_mirror = in->int8_mirror,
+        .mode = in->kind == WIRE_KIND_RING_Q8 ? (kv_mode)in->mode : KV_MODE_F32,
     };
     ring_layer *r = NULL;
     if (ring_layer_new(&cfg, &r, NULL) != PD_OK)
@@ -141,7 +142,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FZ_ASSERT(in.bytes == size);
         if (!small(&in))
             continue;
-        if (in.kind == WIRE_KIND_RING)
+        if (in.kind == WIRE_KIND_RING || in.kind == WIRE_KIND_RING_Q8)
             try_ring(data, size, &in);
         else
             try_kv(data, size, flags, &in);

@@ -1982,6 +1982,108 @@ START_TEST(kv_randomized_sequences_keep_invariants)
 }
 END_TEST
 
+
+/* ---- eviction decided elsewhere (speculation, issue 40) -------------------- */
+
+START_TEST(kv_row_list_attend_equals_the_layer_that_keeps_those_rows)
+{
+    /* Attending a list of stored rows gives the bits (output and importance
+     * of those rows) of a layer that kept exactly them: kv_layer_keep_rows
+     * of a twin, then a plain attend. Every mode, contiguous and scattered
+     * lists. */
+    const uint32_t H = 2, D = 40, G = 2, R = 12;
+    static const uint32_t lists[3][6] = {{0, 1, 2, 3, 4, 11}, {0, 3, 4, 7, 10, 11}, {2, 5, 6, 8, 9, 11}};
+    for (int m = 0; m < KV_MODE_COUNT; m++)
+        for (int li = 0; li < 3; li++) {
+            kv_layer_config cfg = {.n_kv_heads = H, .head_dim = D, .mode = (kv_mode)m, .capacity_rows = 16,
+                                   .spec_depth = 4, .max_q_per_kv = G};
+            kv_layer *a = mk(cfg), *b = mk(cfg);
+            float k[80], v[80], q[160], oa[160], ob[160];
+            for (uint32_t r = 0; r < R; r++) {
+                swa_fill(k, r, H * D, 1);
+                swa_fill(v, r, H * D, 2);
+                app(a, k, v);
+                app(b, k, v);
+            }
+            const uint32_t *rows = lists[li], n = 6;
+            attn_seg segs[6];
+            float imp_rows[6];
+            pd_err e = {0};
+            ck_assert_msg(kv_layer_keep_rows(b, rows, n, &e) == PD_OK, "%s", e.msg);
+            kv_layer_check(b);
+            ck_assert_uint_eq(kv_layer_rows(b), n);
+            swa_fill(q, 99, H * G * D, 3);
+            for (uint32_t h = 0; h < H; h++) {
+                kv_attend x = {.kv_head = h, .q_head0 = h * G, .n_q = G, .q = q + h * G * D, .track_imp = 1,
+                               .out = oa + h * G * D, .rows = rows, .n_rows = n, .segs = segs, .imp_rows = imp_rows};
+                ck_assert_msg(kv_layer_attend(a, &x, NULL, &e) == PD_OK, "%s", e.msg);
+                kv_attend y = {.kv_head = h, .q_head0 = h * G, .n_q = G, .q = q + h * G * D, .track_imp = 1,
+                               .out = ob + h * G * D};
+                ck_assert_msg(kv_layer_attend(b, &y, NULL, &e) == PD_OK, "%s", e.msg);
+            }
+            ck_assert_msg(memcmp(oa, ob, sizeof(float) * H * G * D) == 0, "mode %d list %d: output", m, li);
+            float ia[16], ib[16];
+            kv_layer_importance(a, ia);
+            kv_layer_importance(b, ib);
+            for (uint32_t i = 0; i < n; i++)
+                ck_assert_msg(memcmp(&ia[rows[i]], &ib[i], 4) == 0 && ib[i] > 0, "mode %d list %d: importance", m,
+                              li);
+            for (uint32_t r = 0, i = 0; r < R; r++) /* rows off the list got nothing */
+                if (i < n && rows[i] == r)
+                    i++;
+                else
+                    ck_assert(ia[r] == 0.0f);
+            /* the view below a row folds only the positions before it */
+            float below[16];
+            kv_layer_importance_below(a, R - 1, below);
+            for (uint32_t r = 0; r < R - 1; r++)
+                ck_assert(below[r] == 0.0f);
+            kv_layer_free(a);
+            kv_layer_free(b);
+        }
+}
+END_TEST
+
+START_TEST(kv_keep_rows_and_row_lists_refuse_bad_lists_without_change)
+{
+    kv_layer_config cfg = {.n_kv_heads = 1, .head_dim = 8, .capacity_rows = 8};
+    kv_layer *l = mk(cfg);
+    float k[8], v[8], q[8], o[8];
+    for (uint32_t r = 0; r < 5; r++) {
+        swa_fill(k, r, 8, 4);
+        swa_fill(v, r, 8, 5);
+        app(l, k, v);
+    }
+    uint64_t gen = kv_layer_generation(l);
+    pd_err e = {0};
+    const uint32_t dup[3] = {0, 2, 2}, out_of[2] = {1, 5}, down[2] = {3, 1};
+    ck_assert_int_eq(kv_layer_keep_rows(l, dup, 3, &e), PD_ERR_RANGE);
+    ck_assert_int_eq(kv_layer_keep_rows(l, out_of, 2, &e), PD_ERR_RANGE);
+    ck_assert_int_eq(kv_layer_keep_rows(l, down, 2, &e), PD_ERR_RANGE);
+    ck_assert_int_eq(kv_layer_keep_rows(l, NULL, 2, &e), PD_ERR_ARG);
+    ck_assert_uint_eq(kv_layer_rows(l), 5);
+    ck_assert_uint_eq(kv_layer_generation(l), gen);
+    attn_seg segs[3];
+    swa_fill(q, 1, 8, 6);
+    kv_attend a = {.kv_head = 0, .n_q = 1, .q = q, .out = o, .rows = down, .n_rows = 2, .segs = segs};
+    ck_assert_int_eq(kv_layer_attend(l, &a, NULL, &e), PD_ERR_RANGE);
+    a.rows = out_of;
+    ck_assert_int_eq(kv_layer_attend(l, &a, NULL, &e), PD_ERR_RANGE);
+    a.rows = dup;
+    a.n_rows = 2;
+    a.segs = NULL;
+    ck_assert_int_eq(kv_layer_attend(l, &a, NULL, &e), PD_ERR_ARG);
+    a.segs = segs;
+    a.track_imp = 1; /* needs imp_rows */
+    ck_assert_int_eq(kv_layer_attend(l, &a, NULL, &e), PD_ERR_ARG);
+    /* keeping every row is no change at all */
+    const uint32_t all[5] = {0, 1, 2, 3, 4};
+    ck_assert_int_eq(kv_layer_keep_rows(l, all, 5, &e), PD_OK);
+    ck_assert_uint_eq(kv_layer_generation(l), gen);
+    kv_layer_free(l);
+}
+END_TEST
+
 Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("kv_layer");
@@ -2026,6 +2128,8 @@ Suite *pd_test_suite(void)
     tcase_add_test(ts, kv_bounded_ring_insert_overwrites_len_mod_window);
     tcase_add_test(ts, kv_refuses_bad_arguments);
     tcase_add_test(ts, kv_randomized_sequences_keep_invariants);
+    tcase_add_test(ts, kv_row_list_attend_equals_the_layer_that_keeps_those_rows);
+    tcase_add_test(ts, kv_keep_rows_and_row_lists_refuse_bad_lists_without_change);
     suite_add_tcase(s, ts);
     return s;
 }

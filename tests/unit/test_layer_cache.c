@@ -29,7 +29,20 @@ typedef struct direct {
     ring_layer *ring;
     uint64_t pos;
     uint32_t drafts; /* ring: verify rows of the last group */
+    /* kv with eviction: the SEQUENTIAL-STEPS oracle. The accepted rows (K, V,
+     * Q and whether their group evicts: not one that starts with prefill),
+     * replayed one row per step into a fresh layer: before each generated
+     * row the step evicts down to budget - 1, then appends and attends. A
+     * group's rows are run as steps on a replay of the rows before it, so
+     * its verify rows get what decoding them one by one would give. */
+    float *hk, *hv, *hq;
+    uint8_t *hgen;
+    uint32_t hn;
 } direct;
+
+enum { MAXH = 256 };
+
+static int direct_oracle(const direct *d) { return !d->ring && d->cfg.evict != LCACHE_EVICT_NONE; }
 
 static direct direct_new(const lcache_config *cfg)
 {
@@ -41,6 +54,7 @@ static direct direct_new(const lcache_config *cfg)
                                 .window = cfg->window,
                                 .ref_capacity = cfg->prefill_rows,
                                 .max_drafts = cfg->max_drafts,
+                                .mode = cfg->mode,
                                 .max_group = QPK};
         ck_assert_msg(ring_layer_new(&rc, &d.ring, &e) == PD_OK, "%s", e.msg);
     } else {
@@ -59,11 +73,80 @@ static void direct_free(direct *d)
 {
     kv_layer_free(d->kv);
     ring_layer_free(d->ring);
+    free(d->hk);
+    free(d->hv);
+    free(d->hq);
+    free(d->hgen);
+}
+
+/* One sequential step of the oracle (see direct). */
+static void oracle_step(kv_layer *kv, const lcache_config *p, int gen, const float *k, const float *v,
+                        const float *q, float *out)
+{
+    pd_err e = {0};
+    if (gen && kv_layer_rows(kv) + 1 > p->evict_budget) {
+        uint64_t keep = p->evict_budget > 1 ? p->evict_budget - 1 : 0;
+        uint64_t sinks = p->evict_sinks < keep ? p->evict_sinks : keep;
+        if (p->evict == LCACHE_EVICT_RECENT)
+            kv_layer_evict_recent(kv, keep);
+        else
+            kv_layer_evict_importance(kv, keep, sinks, keep / 2 ? keep / 2 : 1);
+    }
+    ck_assert_msg(kv_layer_append(kv, k, v, &e) == PD_OK, "%s", e.msg);
+    for (uint32_t h = 0; h < NKV; h++) {
+        kv_attend a = {.kv_head = h, .q_head0 = h * QPK, .n_q = QPK, .q = q + h * QPK * HD,
+                       .track_imp = p->evict == LCACHE_EVICT_IMPORTANCE, .out = out + h * QPK * HD};
+        ck_assert_msg(kv_layer_attend(kv, &a, NULL, &e) == PD_OK, "%s", e.msg);
+    }
+    kv_layer_confirm(kv, kv_layer_pos_len(kv)); /* the next group's settle */
+}
+
+/* A fresh oracle layer holding the first n accepted rows, replayed. */
+static void oracle_replay(direct *d, uint32_t n)
+{
+    kv_layer_free(d->kv);
+    d->kv = NULL;
+    lcache_config cfg = d->cfg;
+    kv_layer_config kc = {.n_kv_heads = NKV, .head_dim = HD, .mode = cfg.mode, .capacity_rows = 8,
+                          .spec_depth = cfg.max_drafts + 1, .max_q_per_kv = QPK};
+    pd_err e = {0};
+    ck_assert_msg(kv_layer_new(&kc, &d->kv, &e) == PD_OK, "%s", e.msg);
+    float out[QD];
+    for (uint32_t i = 0; i < n; i++)
+        oracle_step(d->kv, &cfg, d->hgen[i], d->hk + (size_t)i * KVD, d->hv + (size_t)i * KVD,
+                    d->hq + (size_t)i * QD, out);
+}
+
+/* The group at pos (rows as given to direct_group) had its first `kept`
+ * rows accepted: they join the history, and the oracle replays it. */
+static void direct_accept(direct *d, uint64_t pos, const uint8_t *roles, uint32_t kept, const float *k,
+                          const float *v, const float *q)
+{
+    if (!direct_oracle(d))
+        return;
+    if (!d->hk) {
+        d->hk = calloc((size_t)MAXH * KVD, 4);
+        d->hv = calloc((size_t)MAXH * KVD, 4);
+        d->hq = calloc((size_t)MAXH * QD, 4);
+        d->hgen = calloc(MAXH, 1);
+    }
+    ck_assert_uint_eq(d->hn, pos);
+    ck_assert_uint_le(pos + kept, MAXH);
+    for (uint32_t j = 0; j < kept; j++, d->hn++) {
+        memcpy(d->hk + (size_t)d->hn * KVD, k + (size_t)j * KVD, 4 * KVD);
+        memcpy(d->hv + (size_t)d->hn * KVD, v + (size_t)j * KVD, 4 * KVD);
+        memcpy(d->hq + (size_t)d->hn * QD, q + (size_t)j * QD, 4 * QD);
+        d->hgen[d->hn] = roles[0] != LCACHE_ROLE_PREFILL;
+    }
+    oracle_replay(d, d->hn);
+    d->pos = d->hn;
 }
 
 static void direct_settle(direct *d, uint64_t p)
 {
     pd_err e = {0};
+    if (!d->ring && d->cfg.evict != LCACHE_EVICT_NONE)
+        return; /* the oracle: direct_accept replays the accepted rows */
     uint64_t back = d->pos - p;
     if (d->ring) {
         if (d->drafts)
@@ -82,6 +165,15 @@ static void direct_group(direct *d, uint64_t pos, const uint8_t *roles, uint32_t
 {
     pd_err e = {0};
     const lcache_config *p = &d->cfg;
+    if (direct_oracle(d)) {
+        ck_assert_uint_eq(d->hn, pos);
+        oracle_replay(d, (uint32_t)pos);
+        for (uint32_t j = 0; j < n; j++)
+            oracle_step(d->kv, p, roles[0] != LCACHE_ROLE_PREFILL, k + (size_t)j * KVD, v + (size_t)j * KVD,
+                        q + (size_t)j * QD, out + (size_t)j * QD);
+        d->pos = pos + n;
+        return;
+    }
     direct_settle(d, pos);
     uint32_t verify = 0;
     for (uint32_t j = 0; j < n; j++)
@@ -188,11 +280,28 @@ static void assert_ring_equal(const ring_layer *a, const ring_layer *b, const ch
                       sa.writes == sb.writes && sa.decoding == sb.decoding,
                   "%s: ring cursors differ", what);
     ck_assert_uint_eq(ring_layer_drafts(a), ring_layer_drafts(b));
+    ck_assert_int_eq(sa.mode, sb.mode);
+    const size_t ngk = (HD + RING_K_GROUP - 1) / RING_K_GROUP, nr = sa.ref_rows, ng = sa.ring_len;
     for (uint32_t h = 0; h < NKV; h++) {
-        assert_same_bytes(sa.ref_k[h], sb.ref_k[h], (size_t)sa.ref_rows * HD * 4, "ref k");
-        assert_same_bytes(sa.ref_v[h], sb.ref_v[h], (size_t)sa.ref_rows * HD * 4, "ref v");
-        assert_same_bytes(sa.ring_k[h], sb.ring_k[h], (size_t)sa.ring_len * HD * 4, "ring k");
-        assert_same_bytes(sa.ring_v[h], sb.ring_v[h], (size_t)sa.ring_len * HD * 4, "ring v");
+        /* a component stored int8 has only its codes and scales (ring_state) */
+        if (sa.ref_k) {
+            assert_same_bytes(sa.ref_k[h], sb.ref_k[h], nr * HD * 4, "ref k");
+            assert_same_bytes(sa.ring_k[h], sb.ring_k[h], ng * HD * 4, "ring k");
+        } else {
+            assert_same_bytes(sa.ref_kq[h], sb.ref_kq[h], nr * HD, "ref kq");
+            assert_same_bytes(sa.ref_ks[h], sb.ref_ks[h], nr * ngk * 4, "ref ks");
+            assert_same_bytes(sa.ring_kq[h], sb.ring_kq[h], ng * HD, "ring kq");
+            assert_same_bytes(sa.ring_ks[h], sb.ring_ks[h], ng * ngk * 4, "ring ks");
+        }
+        if (sa.ref_v) {
+            assert_same_bytes(sa.ref_v[h], sb.ref_v[h], nr * HD * 4, "ref v");
+            assert_same_bytes(sa.ring_v[h], sb.ring_v[h], ng * HD * 4, "ring v");
+        } else {
+            assert_same_bytes(sa.ref_vq[h], sb.ref_vq[h], nr * HD, "ref vq");
+            assert_same_bytes(sa.ref_vs[h], sb.ref_vs[h], nr * 4, "ref vs");
+            assert_same_bytes(sa.ring_vq[h], sb.ring_vq[h], ng * HD, "ring vq");
+            assert_same_bytes(sa.ring_vs[h], sb.ring_vs[h], ng * 4, "ring vs");
+        }
     }
 }
 
@@ -236,6 +345,13 @@ static lcache_config cfg_ring(uint32_t window)
                            .max_new = 60};
 }
 
+static lcache_config cfg_ring_q8(uint32_t window, kv_mode mode)
+{
+    lcache_config c = cfg_ring(window);
+    c.mode = mode;
+    return c;
+}
+
 static lcache *make(const lcache_config *cfg)
 {
     lcache *c = NULL;
@@ -257,7 +373,10 @@ static void lc_group(lcache *c, uint64_t pos, const uint8_t *roles, uint32_t n, 
         ck_assert_msg(lcache_attend(c, j, q + j * QD, out + j * QD, &e) == PD_OK, "%s", e.msg);
     ck_assert_msg(lcache_end(c, &e) == PD_OK, "%s", e.msg);
     ck_assert_int_eq(lcache_group_open(c), 0);
-    ck_assert_uint_eq(lcache_pending(c), n);
+    lcache_config cfg;
+    lcache_config_get(c, &cfg);
+    if (!cfg.undo_rows) /* across groups: rows turn final undo_rows behind */
+        ck_assert_uint_eq(lcache_pending(c), n);
 }
 
 /* A random schedule: prefill in random chunks (sometimes running on into
@@ -312,11 +431,16 @@ static void run_schedule(const lcache_config *cfg, uint64_t seed)
         if (verify) {
             uint32_t acc = pd_rng_below(&r, verify + 1);
             next = pos + n - verify + acc;
-            if (!d.ring && pd_rng_below(&r, 5) == 0)
-                next = pos; /* the decode row itself replaced */
+            /* the decode row itself replaced (asynchronous speculation,
+             * which eviction refuses: its decode rows are final) */
+            if (!d.ring && !direct_oracle(&d) && pd_rng_below(&r, 5) == 0)
+                next = pos;
         }
         ck_assert_uint_eq(lcache_rollback_limit(c), d.ring ? verify : (n < 4 ? n : 4));
-        if (pd_rng_below(&r, 3) == 0) { /* settle ahead of the next group, sometimes */
+        direct_accept(&d, pos, roles, (uint32_t)(next - pos), k, v, q);
+        /* settle ahead of the next group, sometimes; always against the
+         * oracle, which holds the accepted rows only */
+        if (direct_oracle(&d) || pd_rng_below(&r, 3) == 0) {
             pd_err e = {0};
             ck_assert_msg(lcache_settle(c, next, &e) == PD_OK, "%s", e.msg);
             direct_settle(&d, next);
@@ -345,6 +469,156 @@ START_TEST(lcache_kv_answers_like_the_kv_layer)
 }
 END_TEST
 
+/* Eviction under speculation, exhaustively (issue 40 item 2): a group
+ * [decode, verify x K] at every fill level around the budget (the prefill
+ * alone below, at and above it; evictions before the group or inside it),
+ * every accepted count a = 0..K, and a decode step after the settle: each
+ * row's attention and the settled layer (rows of every storage, importance)
+ * equal the accepted rows decoded one by one. */
+static void evict_group_case(const lcache_config *cfg, uint32_t P, uint32_t fill, uint32_t K, uint32_t a,
+                             uint64_t seed)
+{
+    char what[128];
+    snprintf(what, sizeof what, "evict %u budget %u mode %u: prefill %u, %u steps, K %u, accept %u", cfg->evict,
+             cfg->evict_budget, cfg->mode, P, fill, K, a);
+    lcache *c = make(cfg);
+    direct d = direct_new(cfg);
+    pd_rng r = {.s = seed};
+    static float k[MAXN * KVD], v[MAXN * KVD], q[MAXN * QD], o1[MAXN * QD], o2[MAXN * QD];
+    uint8_t roles[MAXN];
+    uint64_t pos = 0;
+    /* prefill, `fill` single decode steps, the verify group, one step after */
+    for (uint32_t step = 0; step < 3 + fill; step++) {
+        uint32_t n = 0, acc;
+        if (step == 0) {
+            for (; n < P; n++)
+                roles[n] = LCACHE_ROLE_PREFILL;
+        } else if (step == fill + 1) {
+            roles[n++] = LCACHE_ROLE_DECODE;
+            for (uint32_t i = 0; i < K; i++)
+                roles[n++] = LCACHE_ROLE_VERIFY;
+        } else {
+            roles[n++] = LCACHE_ROLE_DECODE;
+        }
+        acc = step == fill + 1 ? 1 + a : n;
+        pd_rng_fill(&r, k, (size_t)n * KVD, -1, 1);
+        pd_rng_fill(&r, v, (size_t)n * KVD, -1, 1);
+        pd_rng_fill(&r, q, (size_t)n * QD, -2, 2);
+        lc_group(c, pos, roles, n, k, v, q, o1);
+        direct_group(&d, pos, roles, n, k, v, q, o2);
+        for (uint32_t j = 0; j < n; j++)
+            ck_assert_msg(memcmp(o1 + j * QD, o2 + j * QD, QD * 4) == 0, "%s: step %u row %u differs", what, step,
+                          j);
+        direct_accept(&d, pos, roles, acc, k, v, q);
+        pd_err e = {0};
+        ck_assert_msg(lcache_settle(c, pos + acc, &e) == PD_OK, "%s", e.msg);
+        assert_same_state(c, &d, what);
+        pos += acc;
+    }
+    lcache_free(c);
+    direct_free(&d);
+}
+
+START_TEST(lcache_eviction_verify_groups_equal_sequential_steps)
+{
+    const lcache_config cfgs[] = {
+        cfg_kv(KV_MODE_F32, 0, LCACHE_EVICT_RECENT, 5, 0),
+        cfg_kv(KV_MODE_F32, 0, LCACHE_EVICT_IMPORTANCE, 6, 2),
+        cfg_kv(KV_MODE_F32, 0, LCACHE_EVICT_IMPORTANCE, 7, 0),
+        cfg_kv(KV_MODE_Q8, 0, LCACHE_EVICT_IMPORTANCE, 5, 1),
+        cfg_kv(KV_MODE_Q8V, 0, LCACHE_EVICT_RECENT, 4, 0),
+    };
+    uint64_t seed = 1;
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++)
+        for (uint32_t P = 1; P <= cfgs[i].evict_budget + 2; P++)
+            for (uint32_t fill = 0; fill <= 3; fill++)
+                for (uint32_t K = 1; K <= cfgs[i].max_drafts; K++)
+                    for (uint32_t a = 0; a <= K; a++)
+                        evict_group_case(&cfgs[i], P, fill, K, a, seed++);
+}
+END_TEST
+
+
+/* Asynchronous speculation with eviction: groups [decode, verify x k] and
+ * verify-only groups continuing them, rollbacks anywhere within the undo
+ * range, settles now and then. Against the sequential-steps oracle run on
+ * the TENTATIVE history (every row given, cut at each rollback): each row
+ * attends what decoding the rows before it one by one would give, and a
+ * settled layer is what the sequential steps leave. */
+static void async_evict_run(const lcache_config *cfg, uint64_t seed)
+{
+    char what[96];
+    snprintf(what, sizeof what, "async evict %u budget %u, seed %llu", cfg->evict, cfg->evict_budget,
+             (unsigned long long)seed);
+    lcache *c = make(cfg);
+    direct d = direct_new(cfg);
+    pd_rng r = {.s = seed * 977 + 3};
+    static float k[MAXN * KVD], v[MAXN * KVD], q[MAXN * QD], o1[MAXN * QD], o2[MAXN * QD];
+    uint8_t roles[MAXN];
+    uint64_t pos = 0;
+    for (int step = 0; step < 60 && pos + 8 < MAXH; step++) {
+        uint32_t n = 0;
+        uint64_t gpos = pos;
+        if (step == 0) {
+            n = 1 + pd_rng_below(&r, 12);
+            for (uint32_t j = 0; j < n; j++)
+                roles[j] = LCACHE_ROLE_PREFILL;
+        } else {
+            uint64_t lim = lcache_rollback_limit(c);
+            gpos = pos - pd_rng_below(&r, (uint32_t)(lim < 5 ? lim : 5) + 1);
+            if (pd_rng_below(&r, 3))
+                roles[n++] = LCACHE_ROLE_DECODE;
+            uint32_t nv = (n ? 0 : 1) + pd_rng_below(&r, cfg->max_drafts + (n ? 1 : 0));
+            for (uint32_t i = 0; i < nv; i++)
+                roles[n++] = LCACHE_ROLE_VERIFY;
+        }
+        pd_rng_fill(&r, k, (size_t)n * KVD, -1, 1);
+        pd_rng_fill(&r, v, (size_t)n * KVD, -1, 1);
+        pd_rng_fill(&r, q, (size_t)n * QD, -2, 2);
+        lc_group(c, gpos, roles, n, k, v, q, o1);
+        d.hn = (uint32_t)gpos; /* the tentative history, cut at the rollback */
+        direct_group(&d, gpos, roles, n, k, v, q, o2);
+        for (uint32_t j = 0; j < n; j++)
+            ck_assert_msg(memcmp(o1 + j * QD, o2 + j * QD, QD * 4) == 0, "%s: step %u position %llu differs", what,
+                          step, (unsigned long long)(gpos + j));
+        direct_accept(&d, gpos, roles, n, k, v, q);
+        pos = gpos + n;
+        if (pd_rng_below(&r, 5) == 0) { /* a settle (checkpoint, migration) somewhere in the undo range */
+            uint64_t sp = pos - pd_rng_below(&r, (uint32_t)lcache_rollback_limit(c) + 1);
+            pd_err e = {0};
+            ck_assert_msg(lcache_settle(c, sp, &e) == PD_OK, "%s", e.msg);
+            d.hn = (uint32_t)sp;
+            oracle_replay(&d, d.hn);
+            d.pos = sp;
+            assert_same_state(c, &d, what);
+            /* settled: nothing pending, so a checkpoint or migration may export it */
+            kv_state ks;
+            kv_head_state hs[NKV];
+            kv_layer_state(lcache_kv(c), &ks, hs);
+            ck_assert_msg(ks.imp_pending == 0, "%s: %u positions of importance pending after a settle", what,
+                          ks.imp_pending);
+            pos = sp;
+        }
+    }
+    lcache_free(c);
+    direct_free(&d);
+}
+
+START_TEST(lcache_async_eviction_equals_sequential_steps)
+{
+    lcache_config cfgs[] = {
+        cfg_kv(KV_MODE_F32, 0, LCACHE_EVICT_RECENT, 6, 0),
+        cfg_kv(KV_MODE_F32, 0, LCACHE_EVICT_IMPORTANCE, 7, 2),
+        cfg_kv(KV_MODE_F32, 0, LCACHE_EVICT_IMPORTANCE, 5, 0),
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        cfgs[i].undo_rows = 2 * (cfgs[i].max_drafts + 1);
+        for (uint64_t seed = 0; seed < 12; seed++)
+            async_evict_run(&cfgs[i], seed);
+    }
+}
+END_TEST
+
 START_TEST(lcache_ring_answers_like_the_ring_layer)
 {
     for (uint32_t w = 3; w <= 9; w += 3)
@@ -352,6 +626,19 @@ START_TEST(lcache_ring_answers_like_the_ring_layer)
             lcache_config cfg = cfg_ring(w);
             run_schedule(&cfg, seed);
         }
+}
+END_TEST
+
+START_TEST(lcache_ring_q8_answers_like_the_ring_layer)
+{
+    /* int8 storage (issue 40): groups, verify spill slots and settles give
+     * the ring layer's own bits in every mode */
+    for (int m = KV_MODE_Q8K; m <= KV_MODE_Q8; m++)
+        for (uint32_t w = 3; w <= 9; w += 6)
+            for (uint64_t seed = 0; seed < 3; seed++) {
+                lcache_config cfg = cfg_ring_q8(w, (kv_mode)m);
+                run_schedule(&cfg, seed);
+            }
 }
 END_TEST
 
@@ -587,14 +874,14 @@ START_TEST(lcache_refuses_contradictory_configurations)
         const char *name;
         lcache_config c;
     } bad[] = {
-        {"kind", ok}, {"heads", ok}, {"prefill", ok}, {"budget", ok}, {"ring q8", cfg_ring(4)},
+        {"kind", ok}, {"heads", ok}, {"prefill", ok}, {"budget", ok}, {"ring mode", cfg_ring(4)},
         {"ring evict", cfg_ring(4)}, {"ring window 0", cfg_ring(4)}, {"window + evict", ok}, {"q per kv", ok},
     };
     bad[0].c.kind = LCACHE_KIND_COUNT;
     bad[1].c.n_kv_heads = 0;
     bad[2].c.prefill_rows = 0;
     bad[3].c.evict = LCACHE_EVICT_RECENT;
-    bad[4].c.mode = KV_MODE_Q8;
+    bad[4].c.mode = KV_MODE_COUNT;
     bad[5].c.evict = LCACHE_EVICT_RECENT;
     bad[5].c.evict_budget = 4;
     bad[6].c.window = 0;
@@ -622,9 +909,14 @@ START_TEST(lcache_bytes_estimate_is_what_a_new_container_holds)
         cfg_kv(KV_MODE_Q8K, 0, LCACHE_EVICT_NONE, 0, 0),     cfg_kv(KV_MODE_Q8V, 8, LCACHE_EVICT_NONE, 0, 0),
         cfg_kv(KV_MODE_F32, 0, LCACHE_EVICT_IMPORTANCE, 16, 2), cfg_kv(KV_MODE_Q8, 0, LCACHE_EVICT_RECENT, 9, 0),
         cfg_ring(4),                                          cfg_ring(32),
+        cfg_ring_q8(4, KV_MODE_Q8),                           cfg_ring_q8(32, KV_MODE_Q8V),
     };
-    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
-        lcache_config cfg = cfgs[i];
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0] + 2; i++) {
+        /* and asynchronous eviction, whose replay scratch is counted too */
+        lcache_config cfg = i < sizeof cfgs / sizeof cfgs[0] ? cfgs[i]
+                            : cfg_kv(KV_MODE_F32, 0, i % 2 ? LCACHE_EVICT_RECENT : LCACHE_EVICT_IMPORTANCE, 9, 2);
+        if (i >= sizeof cfgs / sizeof cfgs[0])
+            cfg.undo_rows = 8;
         cfg.prefill_rows = 6;
         lcache *c = make(&cfg);
         lcache_mem m;
@@ -687,6 +979,9 @@ Suite *pd_test_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, lcache_kv_answers_like_the_kv_layer);
     tcase_add_test(tc, lcache_ring_answers_like_the_ring_layer);
+    tcase_add_test(tc, lcache_eviction_verify_groups_equal_sequential_steps);
+    tcase_add_test(tc, lcache_async_eviction_equals_sequential_steps);
+    tcase_add_test(tc, lcache_ring_q8_answers_like_the_ring_layer);
     tcase_add_test(tc, lcache_positions_pending_and_rollback_limits);
     tcase_add_test(tc, lcache_refuses_bad_groups_and_calls_and_changes_nothing);
     tcase_add_test(tc, lcache_attend_heads_equal_whole_rows);

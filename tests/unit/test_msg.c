@@ -299,7 +299,8 @@ START_TEST(msg_stats_round_trip_exactly_and_refuse_damage)
     msg_stats s = {.busy_s = 1.5, .wait_input_s = 1e-9, .wait_send_s = 0.0, .wall_s = 12345.678,
                    .messages_sent = 3e9, .bytes_sent = 7.0e12, .micro_batches = 42, .rows = 4242,
                    .cache_bytes_peak = 1.0 / 3.0, .attention_bytes_peak = -0.0, .rows_rolled_back = 17,
-                   .prefill_rows = 4000, .decode_rows = 242, .prefill_s = 1.25, .decode_s = 0.25};
+                   .prefill_rows = 4000, .decode_rows = 242, .prefill_s = 1.25, .decode_s = 0.25,
+                   .stream_cache_bytes_peak = 123456, .stream_cache_estimate = 123456.5};
     uint8_t b[MSG_STATS_BYTES];
     msg_encode_stats(&s, b);
     ck_assert_int_eq(memcmp(b, "PDST", 4), 0);
@@ -311,17 +312,17 @@ START_TEST(msg_stats_round_trip_exactly_and_refuse_damage)
         pd_err_clear(&e);
         ck_assert_int_ne(msg_decode_stats(b, cut, &o, &e), PD_OK);
     }
+    b[4] = 5;
+    pd_err_clear(&e);
+    ck_assert_int_eq(msg_decode_stats(b, sizeof b, &o, &e), PD_ERR_VERSION);
+    b[4] = 3; /* the version before the per-stream cache figures */
+    pd_err_clear(&e);
+    ck_assert_int_eq(msg_decode_stats(b, sizeof b, &o, &e), PD_ERR_VERSION);
     b[4] = 4;
-    pd_err_clear(&e);
-    ck_assert_int_eq(msg_decode_stats(b, sizeof b, &o, &e), PD_ERR_VERSION);
-    b[4] = 2; /* the version before the prefill / decode split */
-    pd_err_clear(&e);
-    ck_assert_int_eq(msg_decode_stats(b, sizeof b, &o, &e), PD_ERR_VERSION);
-    b[4] = 3;
     b[6] = 16;
     pd_err_clear(&e);
     ck_assert_int_eq(msg_decode_stats(b, sizeof b, &o, &e), PD_ERR_FORMAT);
-    b[6] = 15;
+    b[6] = 17;
     b[0] = 'X';
     pd_err_clear(&e);
     ck_assert_int_eq(msg_decode_stats(b, sizeof b, &o, &e), PD_ERR_FORMAT);

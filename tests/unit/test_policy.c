@@ -200,9 +200,10 @@ START_TEST(policy_validate_refuses_contradictory_combinations)
         {POLICY_ATTN_WINDOW, KV_MODE_F32, POLICY_EVICT_RECENT, "--evict must be none"},
         {POLICY_ATTN_WINDOW, KV_MODE_F32, POLICY_EVICT_IMPORTANCE, "--evict must be none"},
         {POLICY_ATTN_RSWA, KV_MODE_F32, POLICY_EVICT_NONE, NULL},
-        {POLICY_ATTN_RSWA, KV_MODE_Q8, POLICY_EVICT_NONE, "--kv must be f32"},
-        {POLICY_ATTN_RSWA, KV_MODE_Q8K, POLICY_EVICT_NONE, "--kv must be f32"},
-        {POLICY_ATTN_RSWA, KV_MODE_Q8V, POLICY_EVICT_NONE, "--kv must be f32"},
+        {POLICY_ATTN_RSWA, KV_MODE_Q8, POLICY_EVICT_NONE, NULL}, /* issue 40 */
+        {POLICY_ATTN_RSWA, KV_MODE_Q8K, POLICY_EVICT_NONE, NULL},
+        {POLICY_ATTN_RSWA, KV_MODE_Q8V, POLICY_EVICT_NONE, NULL},
+        {POLICY_ATTN_RSWA, KV_MODE_Q8, POLICY_EVICT_RECENT, "--evict must be none"},
         {POLICY_ATTN_RSWA, KV_MODE_F32, POLICY_EVICT_RECENT, "--evict must be none"},
         {POLICY_ATTN_RSWA, KV_MODE_F32, POLICY_EVICT_IMPORTANCE, "--evict must be none"},
     };
@@ -236,7 +237,8 @@ START_TEST(policy_parsed_flags_validate_together)
     static const struct { const char *attn, *kv, *evict; int ok; } runs[] = {
         {"full", "q8", "importance:32:32", 1},
         {"rswa:64", "f32", "none", 1},
-        {"rswa:64", "q8v", "none", 0},
+        {"rswa:64", "q8v", "none", 1}, /* issue 40: the ring stores int8 rows */
+        {"rswa:64", "q8", "recent:16", 0},
         {"window:64", "q8k", "none", 1},
         {"window:64", "f32", "recent:16", 0},
     };
@@ -257,6 +259,7 @@ START_TEST(policy_describe_gives_the_canonical_strings)
     static const struct { const char *attn, *kv, *evict; uint32_t drafts; const char *want; } cases[] = {
         {"full", "f32", "none", 0, "attn=full kv=f32 evict=none drafts=0"},
         {"rswa:128", "f32", "none", 0, "attn=rswa:128 kv=f32 evict=none drafts=0"},
+        {"rswa:128", "q8", "none", 2, "attn=rswa:128 kv=q8 evict=none drafts=2"},
         {"window:64", "q8", "none", 3, "attn=window:64 kv=q8 evict=none drafts=3"},
         {"full", "q8k", "recent:100", 0, "attn=full kv=q8k evict=recent:100 drafts=0"},
         {"full", "q8v", "importance:64:4", 1, "attn=full kv=q8v evict=importance:64:4 drafts=1"},
@@ -309,6 +312,8 @@ START_TEST(policy_maps_to_the_container_it_asks_for)
         {"full", "q8", "recent:9", LCACHE_KIND_KV, 0, KV_MODE_Q8, LCACHE_EVICT_RECENT, 9, 0},
         {"window:8", "q8v", "none", LCACHE_KIND_KV, 8, KV_MODE_Q8V, LCACHE_EVICT_NONE, 0, 0},
         {"rswa:4", "f32", "none", LCACHE_KIND_RING, 4, KV_MODE_F32, LCACHE_EVICT_NONE, 0, 0},
+        {"rswa:4", "q8", "none", LCACHE_KIND_RING, 4, KV_MODE_Q8, LCACHE_EVICT_NONE, 0, 0},
+        {"rswa:16", "q8k", "none", LCACHE_KIND_RING, 16, KV_MODE_Q8K, LCACHE_EVICT_NONE, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cache_policy p;
@@ -350,6 +355,38 @@ START_TEST(policy_refuses_an_eviction_budget_below_a_verify_step)
 }
 END_TEST
 
+START_TEST(policy_eviction_takes_drafts_but_not_q8_async_nor_a_q8_budget_at_the_freeze)
+{
+    static const struct { kv_mode kv; uint32_t budget, drafts; int async; const char *needle; } cases[] = {
+        {KV_MODE_F32, 60, 6, 0, NULL},      /* f32: no field to freeze */
+        {KV_MODE_Q8, 58, 6, 0, NULL},       /* 58 + 6 rows: the 64th never held */
+        {KV_MODE_Q8, 59, 6, 0, "freezes"},  /* a verify group reaches 64 rows, one-by-one never */
+        {KV_MODE_Q8K, 64, 1, 0, "freezes"},
+        {KV_MODE_Q8V, 65, 8, 0, NULL},      /* both freeze at position 64 */
+        {KV_MODE_Q8, 200, 8, 0, NULL},
+        {KV_MODE_Q8, 59, 0, 0, NULL},       /* no drafts */
+        {KV_MODE_F32, 16, 4, 1, NULL},     /* asynchronous: exact too (f32) */
+        {KV_MODE_Q8, 200, 4, 1, "--draft-async with --evict and --kv q8"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cache_policy p;
+        policy_default(&p);
+        p.kv = cases[i].kv;
+        p.evict = POLICY_EVICT_IMPORTANCE;
+        p.evict_budget = cases[i].budget;
+        p.evict_sinks = 2;
+        p.max_drafts = cases[i].drafts;
+        p.spec_async = cases[i].async;
+        pd_err e = {0};
+        pd_status st = policy_validate(&p, &e);
+        if (!cases[i].needle)
+            ck_assert_msg(st == PD_OK, "case %zu refused: %s", i, e.msg);
+        else
+            ck_assert_msg(st == PD_ERR_ARG && strstr(e.msg, cases[i].needle), "case %zu: %s", i, e.msg);
+    }
+}
+END_TEST
+
 Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("policy");
@@ -363,6 +400,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, policy_evict_refuses_junk_after_a_long_valid_prefix);
     tcase_add_test(tc, policy_validate_refuses_contradictory_combinations);
     tcase_add_test(tc, policy_parsed_flags_validate_together);
+    tcase_add_test(tc, policy_eviction_takes_drafts_but_not_q8_async_nor_a_q8_budget_at_the_freeze);
     tcase_add_test(tc, policy_describe_gives_the_canonical_strings);
     tcase_add_test(tc, policy_maps_to_the_container_it_asks_for);
     tcase_add_test(tc, policy_refuses_an_eviction_budget_below_a_verify_step);

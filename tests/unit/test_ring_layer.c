@@ -7,6 +7,7 @@
 
 #include "cache/attn.h"
 #include "cache/kv_layer.h"
+#include "cache/quant.h"
 #include "cache/ring_layer.h"
 
 #include <math.h>
@@ -39,6 +40,13 @@ static void count_free_fn(void *ctx, void *p, size_t bytes)
     pd_alloc_default()->free(NULL, p, bytes);
 }
 
+/* The storage a test's `i8` argument asks for: 0 f32, 1 the int8 mirror,
+ * ST_Q8(mode) int8 storage of that kv_mode (q8k, q8v, q8). */
+#define ST_Q8(mode) (1 + (int)(mode))
+#define ST_COUNT 5
+static int st_mirror(int i8) { return i8 == 1; }
+static kv_mode st_mode(int i8) { return i8 >= 2 ? (kv_mode)(i8 - 1) : KV_MODE_F32; }
+
 static ring_layer *mk(uint32_t H, uint32_t D, uint32_t W, uint32_t cap, uint32_t K, int i8,
                       uint32_t max_group)
 {
@@ -47,7 +55,8 @@ static ring_layer *mk(uint32_t H, uint32_t D, uint32_t W, uint32_t cap, uint32_t
                              .window = W,
                              .ref_capacity = cap,
                              .max_drafts = K,
-                             .int8_mirror = i8,
+                             .int8_mirror = st_mirror(i8),
+                             .mode = st_mode(i8),
                              .max_group = max_group};
     ring_layer *r = NULL;
     pd_err e = {0};
@@ -101,6 +110,26 @@ typedef struct snap {
     ring_checkpoint cp;
 } snap;
 
+/* The rows of head h of the reference (ring == 0) or the ring, K (v == 0) or
+ * V, as the attention reads them: f32, or int8 codes times their scales. */
+static void rows_read(const ring_state *st, int ring, int v, size_t h, float *out)
+{
+    const uint32_t D = st->head_dim, n = ring ? st->ring_len : st->ref_rows;
+    const float *const *f = ring ? (v ? st->ring_v : st->ring_k) : (v ? st->ref_v : st->ref_k);
+    if (n == 0)
+        return;
+    if (f) {
+        memcpy(out, f[h], sizeof(float) * n * D);
+        return;
+    }
+    const int8_t *q = (ring ? (v ? st->ring_vq : st->ring_kq) : (v ? st->ref_vq : st->ref_kq))[h];
+    const float *sc = (ring ? (v ? st->ring_vs : st->ring_ks) : (v ? st->ref_vs : st->ref_ks))[h];
+    const uint32_t grp = v ? D : RING_K_GROUP, G = (D + grp - 1) / grp;
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t d = 0; d < D; d++)
+            out[(size_t)i * D + d] = (float)q[(size_t)i * D + d] * sc[(size_t)i * G + d / grp];
+}
+
 static snap snap_take(const ring_layer *r)
 {
     snap s = {0};
@@ -111,13 +140,10 @@ static snap snap_take(const ring_layer *r)
     s.ref = calloc(2 * s.n_ref + 1, sizeof(float));
     s.ring = calloc(2 * s.n_ring + 1, sizeof(float));
     for (size_t h = 0; h < H; h++) {
-        memcpy(s.ref + h * s.st.ref_rows * D, s.st.ref_k[h], sizeof(float) * s.st.ref_rows * D);
-        memcpy(s.ref + s.n_ref + h * s.st.ref_rows * D, s.st.ref_v[h],
-               sizeof(float) * s.st.ref_rows * D);
-        memcpy(s.ring + h * s.st.ring_len * D, s.st.ring_k[h],
-               sizeof(float) * s.st.ring_len * D);
-        memcpy(s.ring + s.n_ring + h * s.st.ring_len * D, s.st.ring_v[h],
-               sizeof(float) * s.st.ring_len * D);
+        rows_read(&s.st, 0, 0, h, s.ref + h * s.st.ref_rows * D);
+        rows_read(&s.st, 0, 1, h, s.ref + s.n_ref + h * s.st.ref_rows * D);
+        rows_read(&s.st, 1, 0, h, s.ring + h * s.st.ring_len * D);
+        rows_read(&s.st, 1, 1, h, s.ring + s.n_ring + h * s.st.ring_len * D);
     }
     s.drafts = ring_layer_drafts(r);
     ring_layer_mem_get(r, &s.mem);
@@ -324,7 +350,7 @@ START_TEST(ring_chunked_prefill_equals_whole_prefill)
     float q[2 * 3 * 12], a[2 * 3 * 12], b[2 * 3 * 12], c[2 * 3 * 12];
     pd_rng_fill(&rng, k, (size_t)n * H * D, -1, 1);
     pd_rng_fill(&rng, v, (size_t)n * H * D, -1, 1);
-    for (int i8 = 0; i8 < 2; i8++) {
+    for (int i8 = 0; i8 < ST_COUNT; i8++) {
         ring_layer *whole = mk(H, D, 4, 16, 0, i8, g);
         ring_layer *chunked = mk(H, D, 4, 16, 0, i8, g);
         prefill_ok(whole, k, v, n);
@@ -775,6 +801,16 @@ START_TEST(ring_verify_without_clone_equals_sequential_int8)
 }
 END_TEST
 
+START_TEST(ring_verify_without_clone_equals_sequential_q8)
+{
+    /* int8 storage: drafts are quantized in their spill slots as a write
+     * quantizes, and a commit copies the codes */
+    verify_vs_sequential(2, 40, 3, 2, ST_Q8(KV_MODE_Q8), 5, 18);
+    verify_vs_sequential(1, 8, 1, 1, ST_Q8(KV_MODE_Q8K), 4, 19);
+    verify_vs_sequential(2, 33, 4, 3, ST_Q8(KV_MODE_Q8V), 6, 20);
+}
+END_TEST
+
 START_TEST(ring_commit_a_of_k_commits_exactly_a)
 {
     const uint32_t H = 2, D = 4, W = 4;
@@ -1215,24 +1251,33 @@ static size_t expect_storage(uint32_t H, uint32_t D, uint32_t W, uint32_t C, uin
 {
     size_t s = 0;
     const uint32_t rows[3] = {C, W, K};
+    const int qk = (st_mode(i8) & KV_MODE_Q8K) != 0, qv = (st_mode(i8) & KV_MODE_Q8V) != 0;
+    const size_t G = (D + RING_K_GROUP - 1) / RING_K_GROUP;
     for (int i = 0; i < 3; i++) {
-        s += 2 * r64((size_t)H * rows[i] * D * 4);
-        if (i8)
-            s += 2 * r64((size_t)H * rows[i] * D) + 2 * r64((size_t)H * rows[i] * 4);
+        const size_t hr = (size_t)H * rows[i];
+        s += (qk ? 0 : r64(hr * D * 4)) + (qv ? 0 : r64(hr * D * 4));
+        if (st_mirror(i8))
+            s += 2 * r64(hr * D) + 2 * r64(hr * 4);
+        if (qk)
+            s += r64(hr * D) + r64(hr * G * 4);
+        if (qv)
+            s += r64(hr * D) + r64(hr * 4);
     }
     /* the attention scratch is attn.h's contract for the largest span */
     s += r64(attn_scratch_floats(group, D, C + W + K) * 4);
-    s += r64(4 * (size_t)H * sizeof(float *));
+    s += r64(4 * (size_t)H * sizeof(float *) * (st_mode(i8) != KV_MODE_F32 ? 3 : 1));
     return s;
 }
 
 START_TEST(ring_memory_matches_formula)
 {
-    const uint32_t cases[6][7] = {
-        /* H, D, W, C, K, i8, group */
+    const uint32_t cases[11][7] = {
+        /* H, D, W, C, K, i8 (storage), group */
         {1, 1, 1, 1, 0, 0, 1},   {2, 16, 8, 32, 4, 0, 1}, {2, 16, 8, 32, 4, 1, 1},
-        {3, 12, 5, 7, 8, 1, 4},  {10, 128, 128, 300, 8, 0, 2}, {4, 7, 3, 9, 0, 1, 3}};
-    for (int c = 0; c < 6; c++) {
+        {3, 12, 5, 7, 8, 1, 4},  {10, 128, 128, 300, 8, 0, 2}, {4, 7, 3, 9, 0, 1, 3},
+        {1, 1, 1, 1, 0, 4, 1},   {2, 40, 8, 32, 4, 2, 1}, {2, 40, 8, 32, 4, 3, 2},
+        {10, 128, 128, 300, 8, 4, 2}, {3, 33, 5, 7, 0, 4, 3}};
+    for (int c = 0; c < 11; c++) {
         const uint32_t *p = cases[c];
         count_alloc ca = {0};
         pd_alloc al = {.alloc = count_alloc_fn, .free = count_free_fn, .ctx = &ca};
@@ -1241,7 +1286,8 @@ START_TEST(ring_memory_matches_formula)
                                  .window = p[2],
                                  .ref_capacity = p[3],
                                  .max_drafts = p[4],
-                                 .int8_mirror = (int)p[5],
+                                 .int8_mirror = st_mirror((int)p[5]),
+                                 .mode = st_mode((int)p[5]),
                                  .max_group = p[6],
                                  .alloc = &al};
         ring_layer *r = NULL;
@@ -1258,7 +1304,12 @@ START_TEST(ring_memory_matches_formula)
         /* live bytes follow the rows held */
         const size_t tok = (size_t)p[0] * p[1];
         float *k = calloc(tok * p[3], sizeof(float));
-        const size_t row_bytes = 2 * (size_t)p[1] * 4 + (p[5] ? 2 * (size_t)p[1] + 8 : 0);
+        const kv_mode md = st_mode((int)p[5]);
+        const size_t Dp = p[1], Gp = (Dp + RING_K_GROUP - 1) / RING_K_GROUP;
+        const size_t row_bytes = ((md & KV_MODE_Q8K) ? Dp + 4 * Gp : 4 * Dp) +
+                                 ((md & KV_MODE_Q8V) ? Dp + 4 : 4 * Dp) +
+                                 (st_mirror((int)p[5]) ? 2 * Dp + 8 : 0);
+        ck_assert_uint_eq(ring_layer_bytes_for(&cfg), m.allocated); /* the estimate */
         prefill_ok(r, k, k, p[3]);
         uint32_t n_w = p[2] + 2, n_d = p[4] > 0 ? p[4] - (p[4] > 1) : 0;
         for (uint32_t i = 0; i < n_w; i++)
@@ -1324,7 +1375,7 @@ START_TEST(ring_state_roundtrip_into_new_layer_and_swap)
     const uint32_t H = 2, D = 8, W = 4, g = 2;
     float tk[16], tv[16], q[32], a[32], b[32];
     for (uint32_t w = 0; w <= 2 * W + 1; w++)
-        for (int i8 = 0; i8 < 2; i8++) {
+        for (int i8 = 0; i8 < ST_COUNT; i8++) {
             ring_layer *src = build_history(H, D, W, 3, 2, i8, g, 50 + w, w, tk, tv);
             ring_state st;
             ring_layer_state(src, &st);
@@ -1510,6 +1561,257 @@ START_TEST(ring_equals_kv_layer_before_wrap)
 }
 END_TEST
 
+
+/* ---- int8 storage (--attn rswa:W --kv q8|q8k|q8v) ------------------------- */
+
+START_TEST(ring_q8_new_refuses_unknown_mode_and_mode_with_mirror)
+{
+    ring_layer_config cfg = {.n_kv_heads = 1, .head_dim = 8, .window = 2, .ref_capacity = 2,
+                             .mode = KV_MODE_Q8, .int8_mirror = 1};
+    ring_layer *r = NULL;
+    pd_err e = {0};
+    ck_assert_int_eq(ring_layer_new(&cfg, &r, &e), PD_ERR_ARG);
+    ck_assert_ptr_null(r);
+    ck_assert_ptr_nonnull(strstr(e.msg, "mirror"));
+    ck_assert_uint_eq(ring_layer_bytes_for(&cfg), 0);
+    cfg.int8_mirror = 0;
+    cfg.mode = KV_MODE_COUNT;
+    ck_assert_int_eq(ring_layer_new(&cfg, &r, &e), PD_ERR_ARG);
+    ck_assert_ptr_nonnull(strstr(e.msg, "mode"));
+    ck_assert_ptr_null(r);
+}
+END_TEST
+
+START_TEST(ring_q8_stores_q8_2f_rows_without_f32)
+{
+    /* Every region holds exactly quant_q8_row of the input row (K: a scale
+     * per 32 channels, V: one per row, no field); the quantized component
+     * has no f32 rows in the state view. */
+    const uint32_t H = 2, D = 40, W = 3, R = 4;
+    const size_t tok = (size_t)H * D, G = 2;
+    float tk[80], tv[80];
+    for (int m = KV_MODE_Q8K; m <= KV_MODE_Q8; m++) {
+        ring_layer *r = mk(H, D, W, R, 2, ST_Q8(m), 1);
+        float *rows = malloc(sizeof(float) * 2 * tok * (R + W + 2));
+        for (uint32_t t = 0; t < R + W + 2; t++) {
+            gen_token(7, t, tok, tk, tv);
+            memcpy(rows + 2 * t * tok, tk, sizeof tk);
+            memcpy(rows + (2 * t + 1) * tok, tv, sizeof tv);
+            if (t < R)
+                prefill_ok(r, tk, tv, 1);
+            else
+                write_ok(r, tk, tv); /* W + 2 writes: wrapped */
+        }
+        ring_state st;
+        ring_layer_state(r, &st);
+        ck_assert_int_eq(st.mode, m);
+        const int qk = (m & KV_MODE_Q8K) != 0, qv = (m & KV_MODE_Q8V) != 0;
+        ck_assert((st.ref_k == NULL) == qk && (st.ring_k == NULL) == qk && (st.ref_kq != NULL) == qk);
+        ck_assert((st.ref_v == NULL) == qv && (st.ring_v == NULL) == qv && (st.ref_vq != NULL) == qv);
+        int8_t q[40];
+        float sc[2];
+        for (uint32_t h = 0; h < H; h++)
+            for (uint32_t i = 0; i < R + W; i++) {
+                /* reference row i, or ring slot s holding generated token t */
+                const int ring = i >= R;
+                const uint32_t slot = ring ? i - R : i;
+                uint32_t t = i;
+                if (ring) /* W + 2 writes: slot s holds write s + W when s < 2 */
+                    t = R + (slot < 2 ? slot + W : slot);
+                const float *kr = rows + 2 * t * tok + h * D, *vr = rows + (2 * t + 1) * tok + h * D;
+                if (qk) {
+                    quant_q8_row(kr, NULL, D, 32, q, sc);
+                    const int8_t *have = (ring ? st.ring_kq : st.ref_kq)[h] + (size_t)slot * D;
+                    const float *hs = (ring ? st.ring_ks : st.ref_ks)[h] + (size_t)slot * G;
+                    ck_assert(memcmp(have, q, D) == 0 && memcmp(hs, sc, sizeof(float) * G) == 0);
+                } else {
+                    ck_assert(memcmp((ring ? st.ring_k : st.ref_k)[h] + (size_t)slot * D, kr,
+                                     sizeof(float) * D) == 0);
+                }
+                if (qv) {
+                    quant_q8_row(vr, NULL, D, D, q, sc);
+                    const int8_t *have = (ring ? st.ring_vq : st.ref_vq)[h] + (size_t)slot * D;
+                    const float *hs = (ring ? st.ring_vs : st.ref_vs)[h] + slot;
+                    ck_assert(memcmp(have, q, D) == 0 && memcmp(hs, sc, sizeof(float)) == 0);
+                } else {
+                    ck_assert(memcmp((ring ? st.ring_v : st.ref_v)[h] + (size_t)slot * D, vr,
+                                     sizeof(float) * D) == 0);
+                }
+            }
+        free(rows);
+        ring_layer_free(r);
+    }
+}
+END_TEST
+
+START_TEST(ring_q8_close_to_f32)
+{
+    /* Quantization error only: the attention output of an int8 ring stays
+     * within a few percent of the f32 ring's on random rows. */
+    const uint32_t H = 2, D = 64, W = 4, R = 30, g = 2;
+    const size_t tok = (size_t)H * D;
+    float tk[128], tv[128], q[256], a[256], b[256];
+    pd_rng rng = {.s = 5};
+    pd_rng_fill(&rng, q, 256, -1, 1);
+    ring_attend_opts o = {.group = g};
+    for (int m = KV_MODE_Q8K; m <= KV_MODE_Q8; m++) {
+        ring_layer *f = build_history(H, D, W, R, 0, 0, g, 21, 7, tk, tv);
+        ring_layer *i8 = build_history(H, D, W, R, 0, ST_Q8(m), g, 21, 7, tk, tv);
+        attend_ok(f, q, &o, a);
+        attend_ok(i8, q, &o, b);
+        double num = 0, den = 0;
+        for (size_t i = 0; i < tok * g; i++) {
+            num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+            den += (double)a[i] * a[i];
+        }
+        ck_assert_msg(sqrt(num / den) < 0.03, "mode %d: relative error %g", m, sqrt(num / den));
+        ck_assert_msg(num > 0, "mode %d: int8 rows gave the f32 bits", m);
+        ring_layer_free(f);
+        ring_layer_free(i8);
+    }
+}
+END_TEST
+
+START_TEST(ring_q8_equals_kv_q8_before_freeze_and_wrap)
+{
+    /* A q8 kv layer before its field freezes quantizes rows the same way, so
+     * while the ring has not wrapped it answers with the same bits. */
+    const uint32_t H = 2, D = 40, W = 6, R = 5, g = 3;
+    const size_t tok = (size_t)H * D;
+    for (int m = KV_MODE_Q8K; m <= KV_MODE_Q8; m++) {
+        kv_layer_config kc = {.n_kv_heads = H, .head_dim = D, .mode = (kv_mode)m,
+                              .capacity_rows = R + W, .max_q_per_kv = g};
+        kv_layer *kv = NULL;
+        pd_err e = {0};
+        ck_assert_msg(kv_layer_new(&kc, &kv, &e) == PD_OK, "%s", e.msg);
+        ring_layer *r = mk(H, D, W, R, 0, ST_Q8(m), g);
+        float tk[80], tv[80], q[240], a[240], b[240];
+        ring_attend_opts o = {.group = g};
+        pd_rng rng = {.s = 71};
+        for (uint32_t t = 0; t < R + W; t++) {
+            gen_token(71, t, tok, tk, tv);
+            ck_assert_msg(kv_layer_append(kv, tk, tv, &e) == PD_OK, "%s", e.msg);
+            pd_rng_fill(&rng, q, tok * g, -1, 1);
+            if (t < R) {
+                prefill_ok(r, tk, tv, 1);
+                ck_assert_int_eq(ring_layer_attend_prefill(r, t, q, &o, a, NULL, &e), PD_OK);
+            } else {
+                write_ok(r, tk, tv);
+                attend_ok(r, q, &o, a);
+            }
+            for (uint32_t h = 0; h < H; h++) {
+                kv_attend ka = {.kv_head = h, .q_head0 = h * g, .n_q = g, .q = q + h * g * D,
+                                .out = b + h * g * D};
+                ck_assert_msg(kv_layer_attend(kv, &ka, NULL, &e) == PD_OK, "%s", e.msg);
+            }
+            ck_assert_msg(memcmp(a, b, sizeof(float) * tok * g) == 0, "mode %d row %u differs", m, t);
+        }
+        kv_layer_free(kv);
+        ring_layer_free(r);
+    }
+}
+END_TEST
+
+START_TEST(ring_q8_hot_paths_never_allocate)
+{
+    count_alloc ca = {0};
+    pd_alloc al = {.alloc = count_alloc_fn, .free = count_free_fn, .ctx = &ca};
+    ring_layer_config cfg = {.n_kv_heads = 2, .head_dim = 8, .window = 3, .ref_capacity = 4,
+                             .max_drafts = 3, .mode = KV_MODE_Q8, .max_group = 2, .alloc = &al};
+    ring_layer *r = NULL;
+    pd_err e = {0};
+    ck_assert_int_eq(ring_layer_new(&cfg, &r, &e), PD_OK);
+    const size_t calls = ca.calls;
+    float k[32], q[32], out[32];
+    pd_rng g = {.s = 2};
+    pd_rng_fill(&g, k, 32, -1, 1);
+    pd_rng_fill(&g, q, 32, -1, 1);
+    ring_attend_opts o = {.group = 2};
+    ck_assert_int_eq(ring_layer_prefill(r, k, k, 2, &e), PD_OK);
+    ck_assert_int_eq(ring_layer_attend_prefill(r, 1, q, &o, out, NULL, &e), PD_OK);
+    for (int i = 0; i < 5; i++) {
+        ck_assert_int_eq(ring_layer_write(r, k, k, NULL, &e), PD_OK);
+        ck_assert_int_eq(ring_layer_attend(r, q, &o, out, NULL, &e), PD_OK);
+    }
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(ring_layer_draft_put(r, k, k, &e), PD_OK);
+        ck_assert_int_eq(ring_layer_draft_attend(r, (uint32_t)i, q, &o, out, NULL, &e), PD_OK);
+    }
+    ck_assert_int_eq(ring_layer_draft_commit(r, 2, &e), PD_OK);
+    ring_layer_state(r, &(ring_state){0});
+    ck_assert_uint_eq(ca.calls, calls);
+    ring_layer_free(r);
+    ck_assert_uint_eq(ca.live_bytes, 0);
+}
+END_TEST
+
+START_TEST(ring_q8_new_from_state_refuses_bad_codes_scales_and_mode)
+{
+    const uint32_t H = 2, D = 40, W = 3;
+    float tk[80], tv[80];
+    ring_layer *src = build_history(H, D, W, 2, 0, ST_Q8(KV_MODE_Q8), 1, 61, 4, tk, tv);
+    ring_state good;
+    ring_layer_state(src, &good);
+    ring_layer_config cfg;
+    ring_layer_config_get(src, &cfg);
+    /* private copies of head 1's ring codes / scales to corrupt */
+    int8_t codes[3 * 40];
+    float ks[3 * 2], vs[3];
+    memcpy(codes, good.ring_kq[1], sizeof codes);
+    memcpy(ks, good.ring_ks[1], sizeof ks);
+    memcpy(vs, good.ring_vs[1], sizeof vs);
+    const int8_t *kq_tab[2] = {good.ring_kq[0], codes};
+    const float *ks_tab[2] = {good.ring_ks[0], ks};
+    const float *vs_tab[2] = {good.ring_vs[0], vs};
+    struct {
+        int what;
+        pd_status want;
+        const char *field;
+    } cases[] = {{0, PD_ERR_FORMAT, "-128"},        {1, PD_ERR_FORMAT, "scale"},
+                 {2, PD_ERR_FORMAT, "scale"},       {3, PD_ERR_FORMAT, "scale"},
+                 {4, PD_ERR_MISMATCH, "mode"},      {5, PD_ERR_ARG, "ref_v"},
+                 {6, PD_ERR_ARG, "ring_k codes"}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        ring_state s = good;
+        memcpy(codes, good.ring_kq[1], sizeof codes);
+        memcpy(ks, good.ring_ks[1], sizeof ks);
+        memcpy(vs, good.ring_vs[1], sizeof vs);
+        s.ring_kq = kq_tab;
+        s.ring_ks = ks_tab;
+        s.ring_vs = vs_tab;
+        switch (cases[c].what) {
+        case 0: codes[77] = -128; break;
+        case 1: ks[5] = 0.0f; break;
+        case 2: vs[2] = NAN; break;
+        case 3: ks[0] = INFINITY; break;
+        case 4: s.mode = KV_MODE_Q8K; break;
+        case 5: s.ref_vq = NULL; break;
+        case 6: s.ring_kq = NULL; break;
+        }
+        ring_layer *dst = (ring_layer *)&s; /* must stay untouched */
+        pd_err e = {0};
+        ck_assert_int_eq(ring_layer_new_from_state(&cfg, &s, &dst, &e), cases[c].want);
+        ck_assert_ptr_eq(dst, (ring_layer *)&s);
+        ck_assert_msg(strstr(e.msg, cases[c].field), "case %zu: '%s' lacks '%s'", c, e.msg,
+                      cases[c].field);
+    }
+    /* the untouched copy installs */
+    ring_state s = good;
+    s.ring_kq = kq_tab;
+    s.ring_ks = ks_tab;
+    s.ring_vs = vs_tab;
+    memcpy(codes, good.ring_kq[1], sizeof codes);
+    memcpy(ks, good.ring_ks[1], sizeof ks);
+    memcpy(vs, good.ring_vs[1], sizeof vs);
+    ring_layer *dst = NULL;
+    pd_err e = {0};
+    ck_assert_msg(ring_layer_new_from_state(&cfg, &s, &dst, &e) == PD_OK, "%s", e.msg);
+    check_ok(dst);
+    ring_layer_free(dst);
+    ring_layer_free(src);
+}
+END_TEST
+
 /* ---- randomized sequences -------------------------------------------------- */
 
 /* A shadow of the committed history, replayed into a fresh layer to get the
@@ -1518,9 +1820,9 @@ START_TEST(ring_randomized_sequences_keep_invariants)
 {
     const uint32_t H = 2, D = 6, W = 4, C = 6, KM = 5, g = 2;
     const size_t tok = (size_t)H * D;
-    for (uint64_t seed = 1; seed <= 6; seed++) {
+    for (uint64_t seed = 1; seed <= 10; seed++) {
         pd_rng rng = {.s = seed};
-        int i8 = (int)(seed & 1);
+        int i8 = (int)(seed % ST_COUNT);
         ring_layer *r = mk(H, D, W, C, KM, i8, g);
         /* shadow: reference rows and committed generated rows */
         float *ref = malloc(sizeof(float) * 2 * C * tok);
@@ -1683,6 +1985,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, ring_verify_without_clone_equals_sequential_w3);
     tcase_add_test(tc, ring_verify_without_clone_equals_sequential_w8);
     tcase_add_test(tc, ring_verify_without_clone_equals_sequential_int8);
+    tcase_add_test(tc, ring_verify_without_clone_equals_sequential_q8);
     tcase_add_test(tc, ring_commit_a_of_k_commits_exactly_a);
     tcase_add_test(tc, ring_rejected_drafts_leave_layer_byte_identical);
     tcase_add_test(tc, ring_draft_refusals);
@@ -1702,6 +2005,12 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, ring_new_from_state_rejects_each_bad_field);
     tcase_add_test(tc, ring_equals_kv_layer_before_wrap);
     tcase_add_test(tc, ring_randomized_sequences_keep_invariants);
+    tcase_add_test(tc, ring_q8_new_refuses_unknown_mode_and_mode_with_mirror);
+    tcase_add_test(tc, ring_q8_stores_q8_2f_rows_without_f32);
+    tcase_add_test(tc, ring_q8_close_to_f32);
+    tcase_add_test(tc, ring_q8_equals_kv_q8_before_freeze_and_wrap);
+    tcase_add_test(tc, ring_q8_hot_paths_never_allocate);
+    tcase_add_test(tc, ring_q8_new_from_state_refuses_bad_codes_scales_and_mode);
     suite_add_tcase(s, tc);
     return s;
 }

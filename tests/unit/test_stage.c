@@ -587,11 +587,22 @@ START_TEST(stage_rolled_back_verify_rows_leave_caches_as_never_seen)
         {.pol = policy_of("rswa:3", "f32", "none", RB_DRAFTS), .prefill = 10, .p = 15},
         /* importance tracked (budget not reached): the drafts' mass must go */
         {.pol = policy_of("full", "f32", "importance:200:4", RB_DRAFTS), .prefill = 9, .p = 12},
+        /* issue 40: an int8 ring, wrapped before the drafts */
+        {.pol = policy_of("rswa:3", "q8", "none", RB_DRAFTS), .prefill = 10, .p = 15},
+        {.pol = policy_of("rswa:2", "q8k", "none", RB_DRAFTS), .prefill = 5, .p = 6},
+        /* issue 40: eviction under speculation, every draft crossing an
+         * eviction (budget 8 < prefill 9), recent and importance */
+        {.pol = policy_of("full", "f32", "recent:8", RB_DRAFTS), .prefill = 9, .p = 12},
+        {.pol = policy_of("full", "f32", "importance:8:2", RB_DRAFTS), .prefill = 9, .p = 12},
+        {.pol = policy_of("full", "q8v", "importance:6:0", RB_DRAFTS), .prefill = 4, .p = 7},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const int ring = cases[i].pol.attn == POLICY_ATTN_RSWA;
-        /* a ring rolls back only its verify rows (-1 would roll back the decode row) */
-        for (int a = ring ? 0 : -1; a <= RB_DRAFTS; a++)
+        /* a ring rolls back only its verify rows (-1 would roll back the
+         * decode row); so does eviction, whose decode row's step is made
+         * (only asynchronous speculation, which it refuses, replaces one) */
+        const int final_decode = ring || cases[i].pol.evict != POLICY_EVICT_NONE;
+        for (int a = final_decode ? 0 : -1; a <= RB_DRAFTS; a++)
             rollback_case(&cases[i], a);
     }
 }
@@ -1338,6 +1349,17 @@ START_TEST(stage_async_rollback_across_two_micro_batches_at_every_accepted_count
             for (uint32_t a1 = 0; a1 <= AS_K; a1++)
                 for (uint32_t a2 = 0; a2 <= (a1 == AS_K ? AS_M : 0); a2++)
                     async_case(&p, prefills[f], a1, a2);
+    }
+    /* issue 40: eviction (budget 8 < prefill: both micro-batches cross
+     * evictions that are decided, not made, until their rows are final) */
+    const char *evicts[] = {"recent:8", "importance:8:2"};
+    for (size_t k = 0; k < 2; k++) {
+        cache_policy p = policy_of("full", "f32", evicts[k], AS_K);
+        p.spec_async = true;
+        for (uint32_t pre = 9; pre <= 12; pre += 3)
+            for (uint32_t a1 = 0; a1 <= AS_K; a1++)
+                for (uint32_t a2 = 0; a2 <= (a1 == AS_K ? AS_M : 0); a2++)
+                    async_case(&p, pre, a1, a2);
     }
     /* without --draft-async a rollback past the last micro-batch is refused */
     cache_policy sync = policy_of("full", "f32", "none", AS_K);

@@ -213,11 +213,12 @@ typedef struct ringfix {
     ring_layer *r;
 } ringfix;
 
+/* i8: 0 f32 rows, 1 the int8 mirror, 2 / 3 / 4 int8 storage q8k / q8v / q8. */
 static void ring_mk(ringfix *f, uint32_t H, uint32_t D, uint32_t W, uint32_t cap, int i8)
 {
     f->cfg = (ring_layer_config){
         .n_kv_heads = H, .head_dim = D, .window = W, .ref_capacity = cap, .max_drafts = 2,
-        .int8_mirror = i8};
+        .int8_mirror = i8 == 1, .mode = i8 >= 2 ? (kv_mode)(i8 - 1) : KV_MODE_F32};
     pd_err e = {0};
     ck_assert_msg(ring_layer_new(&f->cfg, &f->r, &e) == PD_OK, "%s", e.msg);
 }
@@ -279,7 +280,7 @@ static void ring_round_trip(ringfix *a, int f16, pd_rng *g)
     uint8_t *bytes = export_ok(&ra, f16, &len);
     ringfix b;
     ring_mk(&b, a->cfg.n_kv_heads, a->cfg.head_dim, a->cfg.window, a->cfg.ref_capacity,
-            a->cfg.int8_mirror);
+            a->cfg.int8_mirror ? 1 : a->cfg.mode != KV_MODE_F32 ? 1 + (int)a->cfg.mode : 0);
     wire_layer_ref rb = ring_ref(&b);
     pd_err e = {0};
     ck_assert_msg(wire_import(&rb, bytes, len, 0, 0, &e) == PD_OK, "%s", e.msg);
@@ -609,7 +610,7 @@ END_TEST
 
 START_TEST(wire_ring_round_trips_at_every_fill_level)
 {
-    for (int i8 = 0; i8 < 2; i8++)
+    for (int i8 = 0; i8 < 5; i8++)
         for (int f16 = 0; f16 < 2; f16++)
             for (uint32_t writes = 0; writes <= 9; writes += 3) {
                 pd_rng g = {.s = 200 + writes + 20 * (uint64_t)f16 + 40 * (uint64_t)i8};
@@ -652,6 +653,168 @@ START_TEST(wire_ring_export_ignores_pending_drafts)
 END_TEST
 
 /* ---- golden records (assembled by hand from the documented layout) ------ */
+
+/* The ring_q8 record of wire.md §3 kind 6, by hand: 1 head x 2 channels,
+ * window 2, k_group 32, 1 reference row, 3 writes (len 2, pos 1), mode q8. */
+static void golden_ring_q8(bb *b)
+{
+    *b = (bb){.n = 0};
+    bhdr(b, WIRE_KIND_RING_Q8, 0, 4);
+    b32(b, 1);  /* 32 kv_heads */
+    b32(b, 2);  /* 36 head_dim */
+    b32(b, 2);  /* 40 window */
+    b32(b, 32); /* 44 k_group */
+    b32(b, 1);  /* 48 ref_rows */
+    b32(b, 2);  /* 52 ring_len */
+    b32(b, 1);  /* 56 ring_pos */
+    b64(b, 3);  /* 60 writes */
+    b8(b, 1);   /* 68 decoding */
+    b8(b, 3);   /* 69 mode */
+    b16(b, 0);  /* 70 reserved */
+    b32(b, 2);  /* 72 ref K codes */
+    b8(b, 127);
+    b8(b, (uint8_t)-64);
+    b32(b, 1); /* 78 ref K scales */
+    bf(b, 0.5f);
+    b32(b, 2); /* 86 ref V codes */
+    b8(b, 3);
+    b8(b, 127);
+    b32(b, 1); /* 92 ref V scales */
+    bf(b, 0.25f);
+    b32(b, 4); /* 100 ring K codes */
+    b8(b, 1);
+    b8(b, 127);
+    b8(b, (uint8_t)-127);
+    b8(b, 0);
+    b32(b, 2); /* 108 ring K scales */
+    bf(b, 1.0f);
+    bf(b, 2.0f);
+    b32(b, 4); /* 120 ring V codes */
+    b8(b, 127);
+    b8(b, 5);
+    b8(b, 6);
+    b8(b, (uint8_t)-127);
+    b32(b, 2); /* 128 ring V scales */
+    bf(b, 0.125f);
+    bf(b, 4.0f);
+    ck_assert_uint_eq(b->n, 140);
+}
+
+START_TEST(wire_golden_ring_q8_record_decodes_and_reencodes)
+{
+    bb good;
+    golden_ring_q8(&good);
+    wire_info info;
+    pd_err e = {0};
+    ck_assert_msg(wire_inspect(good.b, good.n, 0, 0, &info, &e) == PD_OK, "%s", e.msg);
+    ck_assert_uint_eq(info.kind, WIRE_KIND_RING_Q8);
+    ck_assert_str_eq(wire_kind_name(WIRE_KIND_RING_Q8), "ring_q8");
+    ck_assert_uint_eq(info.mode, KV_MODE_Q8);
+    ck_assert_uint_eq(info.k_group, 32);
+    ck_assert_uint_eq(info.rows, 1);
+    ck_assert_uint_eq(info.writes, 3);
+    ringfix r;
+    ring_mk(&r, 1, 2, 2, 4, 4);
+    wire_layer_ref rr = ring_ref(&r);
+    ck_assert_msg(wire_import(&rr, good.b, good.n, 0, 0, &e) == PD_OK, "%s", e.msg);
+    ck_assert_msg(ring_layer_check(r.r, &e) == PD_OK, "%s", e.msg);
+    ck_assert_uint_eq(ring_layer_position(r.r), 4);
+    ring_state st;
+    ring_layer_state(r.r, &st);
+    ck_assert_int_eq(st.ring_kq[0][1], 127);
+    ck_assert_float_eq(st.ring_vs[0][1], 4.0f);
+    for (int f16 = 0; f16 < 2; f16++) { /* int8 and scales never change dtype */
+        size_t len = 0;
+        uint8_t *again = export_ok(&rr, f16, &len);
+        ck_assert_uint_eq(len, good.n);
+        ck_assert_int_eq(memcmp(again + 22, good.b + 22, len - 22), 0);
+        ck_assert_int_eq(again[21], f16);
+        free(again);
+    }
+    ring_layer_free(r.r);
+}
+END_TEST
+
+START_TEST(wire_ring_q8_faults_are_refused_without_change)
+{
+    bb good;
+    golden_ring_q8(&good);
+    ringfix r;
+    ring_mk(&r, 1, 2, 2, 4, 4);
+    wire_layer_ref rr = ring_ref(&r);
+    pd_err e = {0};
+    struct {
+        size_t off;
+        uint8_t val;
+        pd_status want;
+        const char *needle;
+    } cases[] = {
+        {69, 0, PD_ERR_FORMAT, "offset 69: ring_q8 mode 0 is not 1, 2 or 3"},
+        {69, 4, PD_ERR_FORMAT, "ring_q8 mode 4"},
+        {69, 1, PD_ERR_FORMAT, "offset 98: head 0 ref v scale count"}, /* q8k: V read as f32 */
+        {44, 0, PD_ERR_FORMAT, "offset 44: k_group 0"},
+        {44, 16, PD_ERR_MISMATCH, "k_group 16"},
+        {70, 1, PD_ERR_FORMAT, "offset 70: reserved"},
+        {68, 2, PD_ERR_FORMAT, "decoding 2"},
+        {52, 3, PD_ERR_RANGE, "ring_len 3 exceeds window 2"},
+        {78, 2, PD_ERR_FORMAT, "offset 78: head 0 ref k scale count 2, expected 1"},
+        {108, 1, PD_ERR_FORMAT, "offset 108: head 0 ring k scale count 1, expected 2"},
+        {77, 0x80, PD_ERR_FORMAT, "-128"},
+        {85, 0xbf, PD_ERR_FORMAT, "scale"}, /* 0.5f -> -0.5f */
+        {135, 0x7f, PD_ERR_FORMAT, "offset 132: head 0 ring v scale value 0 is not finite"},
+        {20, WIRE_KIND_RING, PD_ERR_MISMATCH, "kind ring does not fit this layer (takes ring_q8)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        bb c = good;
+        c.b[cases[i].off] = cases[i].val;
+        if (cases[i].off == 135) { /* +inf */
+            c.b[134] = 0x80;
+            c.b[133] = 0;
+            c.b[132] = 0;
+        }
+        pd_err_clear(&e);
+        uint64_t id = ring_layer_id(r.r);
+        pd_status got = wire_import(&rr, c.b, c.n, 0, 0, &e);
+        ck_assert_msg(got == cases[i].want, "case %zu: %s: %s", i, pd_status_str(got), e.msg);
+        ck_assert_msg(strstr(e.msg, cases[i].needle) != NULL, "case %zu: '%s'", i, e.msg);
+        ck_assert_uint_eq(ring_layer_id(r.r), id);
+        ck_assert_uint_eq(ring_layer_position(r.r), 0);
+    }
+    /* truncated at every offset, and one trailing byte */
+    for (size_t n = 0; n < good.n; n++) {
+        pd_err_clear(&e);
+        ck_assert_int_ne(wire_import(&rr, good.b, n, 0, 0, &e), PD_OK);
+        ck_assert_int_ne(wire_inspect(good.b, n, 0, 0, NULL, &e), PD_OK);
+        ck_assert_uint_eq(ring_layer_position(r.r), 0);
+    }
+    bb longer = good;
+    longer.b[longer.n++] = 0;
+    ck_assert_int_eq(wire_import(&rr, longer.b, longer.n, 0, 0, &e), PD_ERR_FORMAT);
+    /* the other storages refuse it */
+    for (int i8 = 0; i8 < 4; i8++) {
+        ringfix o;
+        ring_mk(&o, 1, 2, 2, 4, i8);
+        wire_layer_ref ro = ring_ref(&o);
+        pd_err_clear(&e);
+        ck_assert_int_eq(wire_import(&ro, good.b, good.n, 0, 0, &e), PD_ERR_MISMATCH);
+        ck_assert_uint_eq(ring_layer_position(o.r), 0);
+        ring_layer_free(o.r);
+    }
+    /* and a q8 ring refuses the f32 ring kind */
+    ringfix f;
+    ring_mk(&f, 1, 2, 2, 4, 0);
+    ring_fill(&f, 1, 3, &(pd_rng){.s = 3}, 0);
+    wire_layer_ref rf = ring_ref(&f);
+    size_t len = 0;
+    uint8_t *f32rec = export_ok(&rf, 0, &len);
+    pd_err_clear(&e);
+    ck_assert_int_eq(wire_import(&rr, f32rec, len, 0, 0, &e), PD_ERR_MISMATCH);
+    ck_assert_msg(strstr(e.msg, "takes ring_q8") != NULL, "%s", e.msg);
+    free(f32rec);
+    ring_layer_free(f.r);
+    ring_layer_free(r.r);
+}
+END_TEST
 
 static void golden_accept_and_reproduce(const bb *gold, kvfix *t, int linear, int f16)
 {
@@ -929,7 +1092,7 @@ START_TEST(wire_header_faults_are_refused_with_their_offset)
     MUT(c[4] = 3, PD_ERR_VERSION, "offset 4: wire version 3");
     MUT(c[8] ^= 1, PD_ERR_MISMATCH, "offset 8: identity");
     MUT(c[16] = 4, PD_ERR_MISMATCH, "offset 16: record is for layer 4");
-    MUT(c[20] = WIRE_KIND_COUNT, PD_ERR_UNSUPPORTED, "offset 20: unknown state kind 6");
+    MUT(c[20] = WIRE_KIND_COUNT, PD_ERR_UNSUPPORTED, "offset 20: unknown state kind 7");
     MUT(c[20] = 200, PD_ERR_UNSUPPORTED, "unknown state kind 200");
     MUT(c[20] = WIRE_KIND_RING, PD_ERR_MISMATCH, "kind ring does not fit");
     MUT(c[21] = 2, PD_ERR_FORMAT, "offset 21: f16 2 is not 0 or 1");
@@ -1404,6 +1567,8 @@ Suite *pd_test_suite(void)
     tcase_add_test(ring, wire_identity_is_stable_and_separates_inputs);
     tcase_add_test(ring, wire_ring_round_trips_at_every_fill_level);
     tcase_add_test(ring, wire_ring_export_ignores_pending_drafts);
+    tcase_add_test(ring, wire_golden_ring_q8_record_decodes_and_reencodes);
+    tcase_add_test(ring, wire_ring_q8_faults_are_refused_without_change);
     tcase_add_test(ring, wire_ring_cursor_faults_are_refused);
     tcase_add_test(ring, wire_messages_name_absolute_offsets_inside_an_enclosing_file);
     suite_add_tcase(s, ring);

@@ -165,6 +165,8 @@ static void report_stats_json(const report *rep, const rank *r, const sched_prog
             cJSON_AddNumberToObject(st, "rows_rolled_back", s->rows_rolled_back);
         cJSON_AddNumberToObject(st, "cache_bytes_peak", s->cache_bytes_peak);
         cJSON_AddNumberToObject(st, "attention_bytes_peak", s->attention_bytes_peak);
+        cJSON_AddNumberToObject(st, "stream_cache_bytes_peak", s->stream_cache_bytes_peak);
+        cJSON_AddNumberToObject(st, "stream_cache_estimate", s->stream_cache_estimate);
         if (bud) {
             uint64_t lim = budget_limit(bud, k);
             if (lim == UINT64_MAX)

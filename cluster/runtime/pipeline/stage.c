@@ -338,11 +338,18 @@ void stage_memory(const stage *s, stage_mem *out)
         const stage_stream *st = &s->streams[i];
         if (!st->used)
             continue;
+        uint64_t mine = 0;
         for (uint32_t L = s->first; L < s->first + s->n_layers; L++) {
             lcache_mem m;
             lcache_memory(st->caches[L], &m);
             out->cache_bytes += m.allocated;
             out->attention_bytes += m.live;
+            mine += m.allocated;
+        }
+        if (mine > out->stream_bytes_max) {
+            out->stream_bytes_max = mine;
+            out->stream_estimate = stage_stream_bytes_estimate(&s->hp, &s->cfg.policy, s->n_layers,
+                                                               st->prefill_rows, st->max_new);
         }
     }
 }

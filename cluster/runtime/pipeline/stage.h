@@ -88,6 +88,11 @@ pd_status stage_forward(stage *s, const mb_row *rows, uint32_t n, float *x, pd_e
 typedef struct stage_mem {
     uint64_t cache_bytes;     /* bytes the caches hold from the allocator */
     uint64_t attention_bytes; /* bytes of live rows */
+    uint64_t stream_bytes_max;   /* the most cache_bytes of one stream */
+    uint64_t stream_estimate;    /* stage_stream_bytes_estimate of that stream
+                                    (its prefill rows and max_new, this stage's
+                                    layers): what admission reserved for it,
+                                    less the budget's allocator slack */
 } stage_mem;
 void stage_memory(const stage *s, stage_mem *out);
 

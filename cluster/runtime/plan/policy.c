@@ -101,8 +101,6 @@ pd_status policy_parse_evict(const char *s, cache_policy *p, pd_err *err)
 
 pd_status policy_validate(const cache_policy *p, pd_err *err)
 {
-    if (p->attn == POLICY_ATTN_RSWA && p->kv != KV_MODE_F32)
-        return pd_err_set(err, PD_ERR_ARG, "--attn rswa keeps f32 rows; --kv must be f32");
     if (p->attn == POLICY_ATTN_RSWA && p->evict != POLICY_EVICT_NONE)
         return pd_err_set(err, PD_ERR_ARG, "--attn rswa bounds itself; --evict must be none");
     if (p->attn == POLICY_ATTN_WINDOW && p->evict != POLICY_EVICT_NONE)
@@ -113,10 +111,24 @@ pd_status policy_validate(const cache_policy *p, pd_err *err)
         return pd_err_set(err, PD_ERR_ARG,
                           "--draft-async with --attn rswa is refused: a ring commits a micro-batch's verify rows when "
                           "the next one starts, so it cannot undo two micro-batches");
-    if (p->spec_async && p->evict != POLICY_EVICT_NONE)
+    if (p->spec_async && p->evict != POLICY_EVICT_NONE && p->kv != KV_MODE_F32)
         return pd_err_set(err, PD_ERR_ARG,
-                          "--draft-async with --evict is refused: eviction confirms rows a later rejection would "
-                          "have to undo");
+                          "--draft-async with --evict and --kv %s is refused: an eviction made while rows after it "
+                          "are still pending cannot move the int8 field's freeze undo; use --kv f32 or --draft "
+                          "without --draft-async",
+                          p->kv == KV_MODE_Q8 ? "q8" : p->kv == KV_MODE_Q8K ? "q8k" : "q8v");
+    /* Under speculation a verify row's eviction is decided, not made, so a
+     * group holds up to budget - 1 + drafts + 1 rows where the sequential
+     * steps hold budget: with int8 storage the field would freeze at 64
+     * rows in the group but never in the steps. */
+    if (p->evict != POLICY_EVICT_NONE && p->max_drafts && p->kv != KV_MODE_F32 &&
+        p->evict_budget <= KV_FREEZE_ROWS_DEFAULT && (uint64_t)p->evict_budget + p->max_drafts > KV_FREEZE_ROWS_DEFAULT)
+        return pd_err_set(err, PD_ERR_ARG,
+                          "--evict budget %u with %u drafts and --kv q8*: a verify group would hold more than "
+                          "the %u rows at which the int8 field freezes while decoding one by one never does; "
+                          "use a budget of at most %u or above %u, or fewer drafts",
+                          p->evict_budget, p->max_drafts, KV_FREEZE_ROWS_DEFAULT,
+                          KV_FREEZE_ROWS_DEFAULT - p->max_drafts, KV_FREEZE_ROWS_DEFAULT);
     if (p->evict != POLICY_EVICT_NONE && p->evict_budget < p->max_drafts + 1u)
         return pd_err_set(err, PD_ERR_ARG,
                           "--evict budget %u is below the %u rows of a verify step (drafts + 1): it could not hold",

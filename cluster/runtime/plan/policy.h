@@ -28,7 +28,8 @@ typedef struct cache_policy {
     bool spec_async;      /* asynchronous speculation: a stream may have a second
                              micro-batch in flight built on its first one's drafts,
                              so caches undo up to 2 x (max_drafts + 1) positions
-                             across micro-batches (kv layers without eviction) */
+                             across micro-batches (kv layers; eviction on f32
+                             rows only) */
 } cache_policy;
 
 /* Defaults: full attention, f32 KV, no eviction, 0 drafts. */
@@ -39,12 +40,16 @@ void policy_default(cache_policy *p);
 pd_status policy_parse_attn(const char *s, cache_policy *p, pd_err *err);
 pd_status policy_parse_kv(const char *s, cache_policy *p, pd_err *err);
 pd_status policy_parse_evict(const char *s, cache_policy *p, pd_err *err);
-/* Cross-flag checks (e.g. eviction needs KV layers, ring needs f32). */
+/* Cross-flag checks (e.g. eviction needs KV layers; a ring bounds itself,
+ * so no --evict; eviction takes drafts, not --draft-async, and with --kv
+ * q8* not a budget whose verify groups pass the int8 freeze point). --kv applies to a ring too: q8 / q8k / q8v store its
+ * reference block, ring and draft rows int8 (ring_layer.h). */
 pd_status policy_validate(const cache_policy *p, pd_err *err);
 
 /* The layer cache container (cache/layer_cache.h) this policy asks for:
  * kind (rswa: a ring, else a kv layer), window (rswa: ring slots; window:W:
- * visible rows; full: 0), storage mode, eviction and draft limit. The
+ * visible rows; full: 0), storage mode (a ring's too), eviction and draft
+ * limit. The
  * geometry, the stream's sizes and the allocator are left 0 for the caller. */
 void policy_lcache_config(const cache_policy *p, lcache_config *out);
 

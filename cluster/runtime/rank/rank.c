@@ -536,6 +536,10 @@ pd_status rank_forward(rank *r, const mb_row *rows, uint32_t n, float *x, pd_err
         r->stats.cache_bytes_peak = (double)sm.cache_bytes;
     if ((double)sm.attention_bytes > r->stats.attention_bytes_peak)
         r->stats.attention_bytes_peak = (double)sm.attention_bytes;
+    if ((double)sm.stream_bytes_max > r->stats.stream_cache_bytes_peak) {
+        r->stats.stream_cache_bytes_peak = (double)sm.stream_bytes_max;
+        r->stats.stream_cache_estimate = (double)sm.stream_estimate;
+    }
     return PD_OK;
 }
 
