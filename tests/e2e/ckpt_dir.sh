@@ -146,12 +146,23 @@ expect_fail "--pid-file in a directory that does not exist" "pid-file: .*nodir/p
 if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null && id nobody >/dev/null 2>&1; then
   U="$T/nobody"; mkdir -p "$U/ro"; chmod 755 "$T" "$U"; chmod 755 "$U/ro"
   cp "$m" "$U/m.gguf"; cp -r "$T/pages" "$U/pages"; chmod -R a+rX "$U"; mkdir -p "$U/out"; chmod 777 "$U/out"
+  # a pipedec built with llama.cpp (image pages) loads its libraries from
+  # where scripts/llama_cpp.sh installed them, under root's home: nobody
+  # cannot read there, so those libraries get a world-readable copy
+  # (LD_LIBRARY_PATH comes before the binary's RUNPATH)
+  libs=$(ldd "$PD_BUILD/pipedec" | awk '$3 ~ /^\// { print $3 }' | grep "^$HOME/" || true)
+  if [ -n "$libs" ]; then
+    mkdir -p "$U/lib"
+    # shellcheck disable=SC2086
+    cp -L $libs "$U/lib/"
+    chmod -R a+rX "$U/lib"
+  fi
   expect_fail "--checkpoint-dir not writable (as nobody)" "checkpoint-dir .*ro: cannot write there: Permission denied" \
-    setpriv --reuid=nobody --regid=nogroup --clear-groups env TMPDIR="$U/out" "$PD_BUILD/pipedec" run \
+    setpriv --reuid=nobody --regid=nogroup --clear-groups env TMPDIR="$U/out" LD_LIBRARY_PATH="$U/lib" "$PD_BUILD/pipedec" run \
       --model "$U/m.gguf" --pages "$U/pages/pages.jsonl" --out "$U/out/o.jsonl" --checkpoint-dir "$U/ro"
   [ ! -e "$U/out/o.jsonl" ] && pass "an unwritable D: nothing decoded" || fail "an unwritable D: output written"
   expect_fail "--checkpoint-dir that cannot be created (as nobody)" "ro/sub: cannot create it: Permission denied" \
-    setpriv --reuid=nobody --regid=nogroup --clear-groups env TMPDIR="$U/out" "$PD_BUILD/pipedec" run \
+    setpriv --reuid=nobody --regid=nogroup --clear-groups env TMPDIR="$U/out" LD_LIBRARY_PATH="$U/lib" "$PD_BUILD/pipedec" run \
       --model "$U/m.gguf" --pages "$U/pages/pages.jsonl" --out "$U/out/o.jsonl" --checkpoint-dir "$U/ro/sub"
 else
   fail "the permission cases need root, setpriv and the user nobody"
