@@ -23,6 +23,9 @@ static void mkmodel_usage(FILE *f)
                "  1 dense layer of ffn 6848, 64 experts (top 6) of ffn 896, 2 shared, vocab 129280, ctx 8192\n"
                "       or:              pipedec mkmodel --from-weights DIR --out FILE [--dtype f32|f16]\n"
                "  --from-weights DIR: a trained llama or deepseek model (DIR/config.json + one .npy per tensor, see docs/ocr.md)\n"
+               "       or:              pipedec mkmodel --revocab IN.gguf --out FILE\n"
+               "  --revocab IN: IN's byte vocabulary rewritten as --from-weights writes it (merges, pre), every\n"
+               "                other key and every tensor byte copied (OUT may be IN)\n"
                "  --repeat P: greedy text cycles through the vocabulary's last P tokens (speculation benchmarks)\n");
 }
 
@@ -38,13 +41,14 @@ int cmd_mkmodel(int argc, char **argv)
         {"dense-layers", required_argument, 0, 'D'}, {"experts", required_argument, 0, 'E'},
         {"experts-used", required_argument, 0, 'K'}, {"expert-ffn", required_argument, 0, 'F'},
         {"shared", required_argument, 0, 'S'},  {"expert-scale", required_argument, 0, 'X'},
-        {"repeat", required_argument, 0, 'R'}, {"from-weights", required_argument, 0, 'W'}, {"help", no_argument, 0, 'Z'},         {0, 0, 0, 0}};
+        {"repeat", required_argument, 0, 'R'}, {"from-weights", required_argument, 0, 'W'},
+        {"revocab", required_argument, 0, 'V'}, {"help", no_argument, 0, 'Z'},         {0, 0, 0, 0}};
     /* options are parsed into mo and remembered in `given`; an architecture's
      * defaults then fill what was not given, whatever the flag order */
     mkmodel_opts mo;
     mkmodel_defaults(&mo);
     uint64_t given = 0;
-    const char *out = NULL, *from = NULL;
+    const char *out = NULL, *from = NULL, *revocab = NULL;
     pd_err e = {0};
     pd_status st = PD_OK;
     int ch;
@@ -113,6 +117,7 @@ int cmd_mkmodel(int argc, char **argv)
         case 'R': st = cli_u32("--repeat", optarg, 1, 1u << 20, &mo.repeat, &e); break;
         case 'o': out = optarg; break;
         case 'W': from = optarg; break;
+        case 'V': revocab = optarg; break;
         case 'Z':
             mkmodel_usage(stdout);
             return 0;
@@ -142,6 +147,15 @@ int cmd_mkmodel(int argc, char **argv)
         st = pd_err_set(&e, PD_ERR_ARG, "--out FILE is required");
     if (st == PD_OK && from && (given & ~((1ull << ('W' - 'A')) | (1ull << ('o' - 'A')) | (1ull << ('d' - 'A')))))
         st = pd_err_set(&e, PD_ERR_ARG, "--from-weights takes only --out and --dtype");
+    if (st == PD_OK && revocab && (given & ~((1ull << ('V' - 'A')) | (1ull << ('o' - 'A')))))
+        st = pd_err_set(&e, PD_ERR_ARG, "--revocab takes only --out");
+    if (st == PD_OK && revocab) {
+        st = fromweights_revocab(revocab, out, &e);
+        if (st == PD_OK) {
+            printf("pipedec mkmodel: wrote %s from %s (byte vocabulary rewritten, tensors copied)\n", out, revocab);
+            return 0;
+        }
+    }
     if (st == PD_OK && from && mo.dtype != MK_F32 && mo.dtype != MK_F16)
         st = pd_err_set(&e, PD_ERR_ARG, "--from-weights writes --dtype f32 or f16");
     if (st == PD_OK && from) {

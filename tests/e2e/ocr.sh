@@ -14,6 +14,14 @@ t="$E2E_TMP"
 "$PIPEDEC" render --text "$text" --model "$model" --out "$t/pages2" >/dev/null
 if diff -r "$t/pages" "$t/pages2" >/dev/null; then pass "render: same text, same bytes"; else fail "render is not deterministic"; fi
 
+# the shipped model's tokenizer: the prompt text is the prompt's ids, and the
+# file is exactly what `mkmodel --revocab` makes of it (models/README.md)
+ids=$("$PIPEDEC" tokenize --model "$model" --text "OCR:" --ids --no-bos 2>&1)
+[ "$ids" = "[79, 67, 82, 58]" ] && pass "tokenize: \"OCR:\" is the model's prompt ids" || fail "tokenize OCR: gave $ids"
+"$PIPEDEC" mkmodel --revocab "$model" --out "$t/revocab.gguf" >/dev/null
+cmp -s "$model" "$t/revocab.gguf" && pass "mkmodel --revocab of the shipped model is the shipped model" \
+  || fail "mkmodel --revocab changed the shipped model"
+
 # cer_at MODE_NAME MAX_CER RUN_FLAGS...: decode, score, compare with MAX_CER
 cer_at() {
   local name="$1" max="$2"; shift 2
