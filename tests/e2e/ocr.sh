@@ -41,6 +41,25 @@ cer_at() {
 cer_at f32 0.01
 cer_at q8 0.02 --kv q8
 
+# render writes the prompt as text; the same pages with the prompt as ids
+# decode to the same bytes (digests included)
+grep -q '{"text":"OCR:"}\],"max_new_tokens"' "$t/pages/pages.jsonl" && pass "render: the prompt is a text segment" \
+  || fail "render: no text prompt in $(head -c 300 "$t/pages/pages.jsonl")"
+sed 's/{"text":"OCR:"}/{"tokens":[79,67,82,58]}/' "$t/pages/pages.jsonl" >"$t/pages/ids.jsonl"
+for m in text ids; do
+  pg="$t/pages/pages.jsonl"; [ "$m" = ids ] && pg="$t/pages/ids.jsonl"
+  "$PIPEDEC" run --model "$model" --pages "$pg" --out "$t/prompt_$m.jsonl" --batch 8 --digest >/dev/null 2>&1 \
+    || fail "prompt as $m: run failed"
+done
+cmp -s "$t/prompt_text.jsonl" "$t/prompt_ids.jsonl" && grep -q '"digest"' "$t/prompt_ids.jsonl" \
+  && pass "a text prompt decodes exactly as its ids (digests)" || fail "text and id prompts decode differently"
+# negative control: another prompt changes the digests
+sed 's/{"text":"OCR:"}/{"text":"OCR;"}/' "$t/pages/pages.jsonl" >"$t/pages/other.jsonl"
+"$PIPEDEC" run --model "$model" --pages "$t/pages/other.jsonl" --out "$t/prompt_other.jsonl" --batch 8 --digest \
+  >/dev/null 2>&1 || fail "other prompt: run failed"
+cmp -s "$t/prompt_text.jsonl" "$t/prompt_other.jsonl" && fail "negative control: another prompt gave the same bytes" \
+  || pass "negative control: another prompt gives other digests"
+
 # the scorer sees errors: a transcription with one page dropped scores worse
 python3 - "$t/f32.jsonl" "$t/broken.jsonl" <<'PY'
 import json, sys
