@@ -18,6 +18,8 @@ static void mkmodel_usage(FILE *f)
                "                        [--eos-boost X] [--repeat P]\n"
                "       deepseek only:   [--dense-layers N] [--experts N] [--experts-used K]\n"
                "                        [--expert-ffn N] [--shared N] [--expert-scale X]\n"
+               "       deepseek2-ocr:   [--rope-scaling none|linear|yarn] [--rope-factor X] [--rope-orig-ctx N]\n"
+               "                        [--yarn-log-mul X]   (rope.scaling.* keys, as llama.cpp's converter writes)\n"
                "  --arch deepseek2-ocr (DeepSeek-OCR as llama.cpp's converter writes it: NEOX rope) and deepseek (V1)\n"
                "  default to DeepSeek-OCR's decoder: 12 layers, hidden 1280, 10 heads (MHA),\n"
                "  1 dense layer of ffn 6848, 64 experts (top 6) of ffn 896, 2 shared, vocab 129280, ctx 8192\n"
@@ -42,7 +44,9 @@ int cmd_mkmodel(int argc, char **argv)
         {"experts-used", required_argument, 0, 'K'}, {"expert-ffn", required_argument, 0, 'F'},
         {"shared", required_argument, 0, 'S'},  {"expert-scale", required_argument, 0, 'X'},
         {"repeat", required_argument, 0, 'R'}, {"from-weights", required_argument, 0, 'W'},
-        {"revocab", required_argument, 0, 'V'}, {"help", no_argument, 0, 'Z'},         {0, 0, 0, 0}};
+        {"revocab", required_argument, 0, 'V'}, {"rope-scaling", required_argument, 0, 'Y'},
+        {"rope-factor", required_argument, 0, 'G'}, {"rope-orig-ctx", required_argument, 0, 'O'},
+        {"yarn-log-mul", required_argument, 0, 'M'}, {"help", no_argument, 0, 'Z'},         {0, 0, 0, 0}};
     /* options are parsed into mo and remembered in `given`; an architecture's
      * defaults then fill what was not given, whatever the flag order */
     mkmodel_opts mo;
@@ -118,6 +122,21 @@ int cmd_mkmodel(int argc, char **argv)
         case 'o': out = optarg; break;
         case 'W': from = optarg; break;
         case 'V': revocab = optarg; break;
+        case 'Y': mo.rope_scaling = optarg; break;
+        case 'G':
+        case 'M': {
+            char *end;
+            float v = strtof(optarg, &end);
+            if (*end || !(v >= 0.0f) || v > 1e6f)
+                st = pd_err_set(&e, PD_ERR_ARG, "%s '%s': expected a number in [0, 1e6]",
+                                ch == 'G' ? "--rope-factor" : "--yarn-log-mul", optarg);
+            else if (ch == 'G')
+                mo.rope_factor = v;
+            else
+                mo.yarn_log_mul = v;
+            break;
+        }
+        case 'O': st = cli_u32("--rope-orig-ctx", optarg, 1, 1u << 24, &mo.rope_orig_ctx, &e); break;
         case 'Z':
             mkmodel_usage(stdout);
             return 0;
@@ -135,7 +154,8 @@ int cmd_mkmodel(int argc, char **argv)
         KEEP('l', layers) KEEP('H', hidden) KEEP('h', heads) KEEP('k', kv_heads) KEEP('f', ffn)
         KEEP('v', vocab) KEEP('c', ctx) KEEP('d', dtype) KEEP('s', seed) KEEP('e', eos_boost) KEEP('R', repeat)
         KEEP('D', dense_lead) KEEP('E', experts) KEEP('K', experts_used) KEEP('F', expert_ffn)
-        KEEP('S', shared) KEEP('X', expert_scale)
+        KEEP('S', shared) KEEP('X', expert_scale) KEEP('Y', rope_scaling) KEEP('G', rope_factor)
+        KEEP('O', rope_orig_ctx) KEEP('M', yarn_log_mul)
 #undef KEEP
         mo = d;
     } else if (st == PD_OK && (given & ((1ull << ('D' - 'A')) | (1ull << ('E' - 'A')) | (1ull << ('K' - 'A')) |

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Anchor (issue 36): pipedec's greedy tokens equal llama.cpp's, on random
 # small models of every supported architecture (deepseek2-ocr, deepseek,
-# llama, qwen2) written by pipedec, in f32, f16 and Q8_0, and, for
+# llama, qwen2) written by pipedec, in f32, f16 and Q8_0 (deepseek2-ocr also
+# f32 with YaRN rope-scaling keys), and, for
 # deepseek2-ocr, Q4_K_M / Q5_K_M / Q6_K produced from the f32 file by
 # llama.cpp's own llama-quantize; token prompts, pipedec on 1 to 3 ranks.
 #
@@ -89,6 +90,20 @@ for dt in f32 f16 q8_0; do
 done
 declare -A BOUND=([f32]=0.001 [f16]=0.05 [q8_0]=0.5)
 for dt in f32 f16 q8_0; do check "deepseek2-ocr.$dt" "$T/ocr.$dt.gguf" "${BOUND[$dt]}"; done
+# YaRN keys (issue 36 §1), as the converter writes them for a long-context
+# variant: llama.cpp's OCR branch keeps its rope and scores q.k with
+# kq_scale = mscale^2 / sqrt(head_dim); the yarn_log_multiplier is one its
+# deepseek2-ocr loader does not read (a factor of 40: mscale^2 = 1.87)
+"$PIPEDEC" mkmodel --arch deepseek2-ocr "${ocr_shape[@]}" --rope-scaling yarn --rope-factor 40 --rope-orig-ctx 64 \
+  --yarn-log-mul 0.0707 --out "$T/ocr.yarn.gguf" >/dev/null
+check deepseek2-ocr.yarn.f32 "$T/ocr.yarn.gguf" 0.001
+# negative control: the keys change llama.cpp's tokens (same weights as ocr.f32)
+if ! diff -q <(cat "$T"/deepseek2-ocr.f32.llama.? | awk '{print $1}') \
+             <(cat "$T"/deepseek2-ocr.yarn.f32.llama.? | awk '{print $1}') >/dev/null; then
+  pass "negative control: the YaRN keys change llama.cpp's tokens, so the identity above is not vacuous"
+else
+  fail "negative control: llama.cpp gives the same tokens with and without the YaRN keys"
+fi
 for q in Q4_K_M Q5_K_M Q6_K; do
   "$QUANT" "$T/ocr.f32.gguf" "$T/ocr.$q.gguf" "$q" >"$T/quant.$q.log" 2>&1 \
     || { fail "llama-quantize $q: $(tail -3 "$T/quant.$q.log")"; continue; }

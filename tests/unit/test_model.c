@@ -248,7 +248,35 @@ static void deepseek_small_opts(mkmodel_opts *o, uint32_t k)
     o->expert_scale = 1.0f;
 }
 
+/* llama.cpp's mscale^2 for deepseek2-ocr's rope-scaling keys, in double
+ * (model_ocr_kq_mul's float version is checked against it) */
+static double ref_kq_mul(model_rope_scaling t, double factor, double attn_factor)
+{
+    double fs = factor == 0.0 ? 1.0 : 1.0 / factor;
+    if (t == MODEL_ROPE_SCALING_NONE)
+        fs = 1.0;
+    double a = 1.0;
+    if (t == MODEL_ROPE_SCALING_YARN) {
+        double f = 1.0 / fs;
+        a = (f <= 1.0 ? 1.0 : 0.1 * log(f) + 1.0) / (1.0 + 0.1 * log(f));
+    }
+    a *= attn_factor;
+    double m = a * (1.0 + 0.1 * log(1.0 / fs));
+    return m * m;
+}
+
+static void check_stack_ex(model_arch arch, uint32_t heads, uint32_t kv_heads, mk_dtype dtype,
+                           const char *rope_scaling, float rope_factor);
+
 static void check_stack_dt(model_arch arch, uint32_t heads, uint32_t kv_heads, mk_dtype dtype)
+{
+    check_stack_ex(arch, heads, kv_heads, dtype, NULL, 0.0f);
+}
+
+/* As check_stack_dt, for a deepseek2-ocr with rope-scaling keys: the
+ * reference scores q.k * mscale^2 / sqrt(head_dim), mscale^2 from ref_kq_mul */
+static void check_stack_ex(model_arch arch, uint32_t heads, uint32_t kv_heads, mk_dtype dtype,
+                           const char *rope_scaling, float rope_factor)
 {
     char path[] = "/tmp/pd_test_model_XXXXXX";
     int fd = mkstemp(path);
@@ -269,8 +297,12 @@ static void check_stack_dt(model_arch arch, uint32_t heads, uint32_t kv_heads, m
     o.ffn = dtype == MK_F32 ? 40 : 64;
     o.vocab = 300;
     o.seed = 9;
+    o.rope_scaling = rope_scaling;
+    o.rope_factor = rope_factor;
+    o.rope_orig_ctx = rope_scaling ? 64 : 0;
+    o.yarn_log_mul = rope_scaling ? 0.0707f : 0.0f; /* read by llama.cpp's deepseek2 only, not -ocr */
     pd_err e = {0};
-    ck_assert_int_eq(mkmodel_write(&o, path, &e), PD_OK);
+    ck_assert_msg(mkmodel_write(&o, path, &e) == PD_OK, "%s", e.msg);
 
     model *m;
     model_load_opts lo = {.all_layers = 1, .want_embed = 1, .want_output = 1};
@@ -285,6 +317,12 @@ static void check_stack_dt(model_arch arch, uint32_t heads, uint32_t kv_heads, m
     enum { R = 5 };
     const uint32_t H = hp->hidden, hd = hp->head_dim, nh = hp->n_heads, nkv = hp->n_kv_heads;
     const uint32_t group = nh / nkv;
+    model_rope_scaling rs = !rope_scaling               ? MODEL_ROPE_SCALING_NONE
+                            : !strcmp(rope_scaling, "yarn") ? MODEL_ROPE_SCALING_YARN
+                            : !strcmp(rope_scaling, "none") ? MODEL_ROPE_SCALING_NONE
+                                                            : MODEL_ROPE_SCALING_LINEAR;
+    const double kq = rope_scaling ? ref_kq_mul(rs, rope_factor, 1.0) : 1.0;
+    ck_assert_double_eq_tol(hp->kq_mul, kq, 1e-6 * kq);
     float x[R * 32];
     pd_rng rng = {.s = 77};
     pd_rng_fill(&rng, x, R * H, -1.5f, 1.5f);
@@ -317,7 +355,7 @@ static void check_stack_dt(model_arch arch, uint32_t heads, uint32_t kv_heads, m
                     double d = 0;
                     for (uint32_t c = 0; c < hd; c++)
                         d += q[r][j * hd + c] * k[p][kvh * hd + c];
-                    sc[p] = d / sqrt((double)hd);
+                    sc[p] = d * kq / sqrt((double)hd);
                     mx = sc[p] > mx ? sc[p] : mx;
                 }
                 for (int p = 0; p <= r; p++)
@@ -465,6 +503,44 @@ START_TEST(model_stack_matches_reference_deepseek2_ocr)
     check_stack_dt(MODEL_ARCH_DEEPSEEK2_OCR, 4, 4, MK_Q4_0);
     check_stack_dt(MODEL_ARCH_DEEPSEEK2_OCR, 4, 4, MK_Q5_0);
     check_stack_dt(MODEL_ARCH_LLAMA, 4, 2, MK_Q4_0);
+}
+END_TEST
+
+/* deepseek2-ocr with YaRN keys (DeepSeek-OCR's converter writes them for a
+ * long-context variant): scores scaled by mscale^2 as llama.cpp's kq_scale,
+ * the rope unchanged; also linear scaling, which the OCR graph turns into
+ * the same kind of score factor, and f16 / Q8_0 weights */
+START_TEST(model_stack_matches_reference_deepseek2_ocr_yarn)
+{
+    check_stack_ex(MODEL_ARCH_DEEPSEEK2_OCR, 4, 4, MK_F32, "yarn", 40.0f);
+    check_stack_ex(MODEL_ARCH_DEEPSEEK2_OCR, 4, 4, MK_F32, "yarn", 0.25f);
+    check_stack_ex(MODEL_ARCH_DEEPSEEK2_OCR, 4, 4, MK_F32, "linear", 4.0f);
+    check_stack_ex(MODEL_ARCH_DEEPSEEK2_OCR, 4, 4, MK_Q8_0, "yarn", 16.0f);
+}
+END_TEST
+
+/* model_ocr_kq_mul (float, as llama.cpp computes it) against the float64
+ * formula over types, factors and attn factors; exactly 1 without keys */
+START_TEST(model_ocr_kq_mul_matches_the_float64_formula)
+{
+    const float factors[] = {0.0f, 1e-3f, 0.25f, 0.5f, 1.0f, 1.5f, 2.0f, 4.0f, 40.0f, 1000.0f, 1e6f};
+    const float attn[] = {1.0f, 0.707f, 1.25f};
+    for (int t = 0; t < MODEL_ROPE_SCALING_COUNT; t++)
+        for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++)
+            for (size_t j = 0; j < sizeof attn / sizeof attn[0]; j++) {
+                double want = ref_kq_mul((model_rope_scaling)t, factors[i], attn[j]);
+                float got = model_ocr_kq_mul((model_rope_scaling)t, factors[i], attn[j]);
+                ck_assert_msg(fabs(got - want) <= 2e-6 * want, "type %d factor %g attn %g: %.9g vs %.9g", t,
+                              (double)factors[i], (double)attn[j], (double)got, want);
+            }
+    for (int t = 0; t < MODEL_ROPE_SCALING_COUNT; t++) {
+        ck_assert(model_ocr_kq_mul((model_rope_scaling)t, 0.0f, 1.0f) == 1.0f);
+        ck_assert(model_ocr_kq_mul((model_rope_scaling)t, 1.0f, 1.0f) == 1.0f);
+    }
+    ck_assert(model_ocr_kq_mul(MODEL_ROPE_SCALING_NONE, 40.0f, 1.0f) == 1.0f);
+    /* YaRN 40: mscale = 1 + 0.1 ln 40 */
+    ck_assert_double_eq_tol(model_ocr_kq_mul(MODEL_ROPE_SCALING_YARN, 40.0f, 1.0f),
+                            (1 + 0.1 * log(40.0)) * (1 + 0.1 * log(40.0)), 1e-6);
 }
 END_TEST
 
@@ -1047,6 +1123,8 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, model_stack_matches_reference_qwen2_mha_with_bias);
     tcase_add_test(tc, model_stack_matches_reference_deepseek_moe);
     tcase_add_test(tc, model_stack_matches_reference_deepseek2_ocr);
+    tcase_add_test(tc, model_stack_matches_reference_deepseek2_ocr_yarn);
+    tcase_add_test(tc, model_ocr_kq_mul_matches_the_float64_formula);
     tcase_add_test(tc, model_moe_route_is_softmax_top_k_with_ties_to_the_lower_index);
     tcase_add_test(tc, model_moe_route_ex_bias_selects_norm_and_scale_weigh);
     tcase_add_test(tc, model_moe_rows_do_not_depend_on_their_batch);
