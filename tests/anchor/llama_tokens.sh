@@ -16,7 +16,12 @@
 # the position and llama.cpp's own margin between its best and second logit,
 # and passes only if that margin is below the type's bound (f32 1e-3, f16
 # 0.05, quantized 0.5 logits; logits here have a std of about 2.5). Every
-# other position before it must be equal.
+# other position before it must be equal. The judge there is a float64
+# reference on the exactly dequantized weights (tests/anchor/ref_logits.c,
+# the reference unit.model uses, tests/unit/model_ref.h), run teacher-forced
+# along pipedec's tokens of every page and model: each of pipedec's tokens
+# must be its best, or within REF_BOUND (1e-3) of it; at a divergence from
+# llama.cpp the line also gives the reference's token and margin there.
 source "$(dirname "$0")/../e2e/lib.bash"
 T="$E2E_TMP"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -27,6 +32,11 @@ cc -O2 -std=c11 -I"$prefix/include" "$PD_SRC/tests/anchor/llama_greedy.c" -L"$pr
   -lggml-base -Wl,-rpath,"$prefix/lib" -o "$G" 2>"$T/cc.log" || { fail "llama_greedy: $(head -5 "$T/cc.log")"; finish; exit 1; }
 QUANT="$prefix/bin/llama-quantize"
 MPIRUN=(mpirun --oversubscribe --bind-to none)
+REF="$PD_BUILD/tests/ref_logits"
+[ -x "$REF" ] || { fail "build the ref_logits target first ($REF)"; finish; exit 1; }
+# pipedec computes in f32 on exactly the weights the float64 reference reads:
+# its logits differ from the reference's by rounding only (about 1e-5 here)
+REF_BOUND=0.001
 N_NEW=24
 # token prompts: BOS-like first token, then a few ids
 PROMPTS=("0 300 301 302" "0 17 250 3 99 120" "1 5" "0 310 311 312 313 314 315 316 317")
@@ -46,17 +56,48 @@ check() {
     out="$T/$name.np$n.jsonl"
     if [ "$n" -eq 1 ]; then
       "$PIPEDEC" run --model "$model" --pages "$pages" --out "$out" --batch 4 >>"$T/run.log" 2>&1 || { fail "$name: pipedec run"; return; }
+      # the float64 judge, teacher-forced along pipedec's tokens of each page
+      i=0
+      for p in "${PROMPTS[@]}"; do
+        # shellcheck disable=SC2046
+        "$REF" "$model" $(echo $p | wc -w) $p $(python3 -c 'import json,sys
+for l in open(sys.argv[1]):
+    j = json.loads(l)
+    if j["id"] == "a" + sys.argv[2]: print(" ".join(map(str, j["tokens"])))' "$out" "$i") \
+          >"$T/$name.ref.$i" 2>"$T/$name.ref.$i.err" || { fail "$name: ref_logits: $(head -3 "$T/$name.ref.$i.err")"; return; }
+        i=$((i + 1))
+      done
     else
       timeout 300 "${MPIRUN[@]}" -np "$n" "$PIPEDEC" run --model "$model" --pages "$pages" --out "$out" --batch 2 \
         >>"$T/run.log" 2>&1 </dev/null || { fail "$name: pipedec on $n ranks"; return; }
     fi
-    python3 - "$out" "$T/$name.llama" "$bound" "$name np $n" >>"$T/table.txt" <<'PY' || bad=1
+    python3 - "$out" "$T/$name.llama" "$bound" "$name np $n" "$T/$name.ref" "$T/$name.np1.jsonl" "$REF_BOUND" \
+      >>"$T/table.txt" <<'PY' || bad=1
 import json, sys
 out, ref, bound, label = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+f64, np1, ref_bound = sys.argv[5], sys.argv[6], float(sys.argv[7])
 pages = {json.loads(l)["id"]: json.loads(l) for l in open(out)}
+one = {json.loads(l)["id"]: json.loads(l) for l in open(np1)}
 ok, worst = True, []
 for pid in sorted(pages):
     got = pages[pid]["tokens"]
+    # pipedec equals the float64 reference on the exactly dequantized weights
+    # (teacher-forced along its own tokens): every token is the reference's
+    # best, or within ref_bound of it (an exact-arithmetic tie)
+    if got != one[pid]["tokens"]:
+        worst.append("%s: differs from the 1-rank run" % pid)
+        ok = False
+        continue
+    judge = [l.split() for l in open(f64 + "." + pid[1:])]
+    if len(judge) != len(got):
+        worst.append("%s: the float64 reference has %d lines for %d tokens" % (pid, len(judge), len(got)))
+        ok = False
+        continue
+    off = next((j for j in range(len(got)) if float(judge[j][3]) > ref_bound), None)
+    if off is not None:
+        worst.append("%s: pipedec differs from the float64 reference at token %d: %d, reference %s by %s -- beyond %g" % (
+            pid, off, got[off], judge[off][0], judge[off][3], ref_bound))
+        ok = False
     rows = [l.split() for l in open(ref + "." + pid[1:])]
     want = [int(r[0]) for r in rows]
     n = min(len(got), len(want))
@@ -70,11 +111,16 @@ for pid in sorted(pages):
     margin = float(rows[d][1]) if d < len(rows) else float("nan")
     second = int(rows[d][2]) if d < len(rows) else -1
     tie = margin <= bound and (d >= len(got) or got[d] == second)
-    worst.append("%s: first divergence at token %d: pipedec %s, llama.cpp %s (its margin %.4g, second %d)%s" % (
-        pid, d, got[d] if d < len(got) else "end", want[d] if d < len(want) else "end", margin, second,
+    there = ""
+    if d < len(got):
+        there = "; float64 reference there: %s (its margin %.4g)" % (
+            "pipedec's token" if judge[d][0] == str(got[d]) else "token %s, pipedec's %d behind by %s" % (
+                judge[d][0], got[d], judge[d][3]), float(judge[d][1]))
+    worst.append("%s: first divergence at token %d: pipedec %s, llama.cpp %s (its margin %.4g, second %d)%s%s" % (
+        pid, d, got[d] if d < len(got) else "end", want[d] if d < len(want) else "end", margin, second, there,
         "" if tie else " -- beyond the bound %g" % bound))
     ok = ok and tie
-print("%-28s %s" % (label, "equal" if not worst else "; ".join(worst)))
+print("%-28s %s" % (label, "equal (and = the float64 reference)" if not worst else "; ".join(worst)))
 sys.exit(0 if ok else 1)
 PY
     tail -1 "$T/table.txt"

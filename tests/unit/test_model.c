@@ -1,6 +1,6 @@
 /* model: the row-local math against hand-computed values, and a whole layer
- * stack against a naive double-precision reference written here from the
- * GGUF tensors (GQA head mapping, QKV bias, both RoPE styles, SwiGLU and the
+ * stack against the tests' naive double-precision reference (model_ref.h)
+ * read from the GGUF tensors (GQA head mapping, QKV bias, both RoPE styles, SwiGLU and the
  * residual stream) — through the stage (stage_forward) and through the
  * model's own layer math (model_layer_forward) with kv and ring layer cache
  * containers, which must give the stage's bits; and the per-layer
@@ -19,7 +19,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ggml_ref.h"
+#define MREF_CHECK(cond, ...) ck_assert_msg(cond, __VA_ARGS__)
+#include "model_ref.h"
 
 START_TEST(model_rmsnorm_matches_hand_values)
 {
@@ -93,139 +94,11 @@ END_TEST
 
 /* ---- a naive reference forward from the file's tensors ----------------- */
 
-/* Tensors of other types, dequantized exactly (tests/unit/ggml_ref.h for
- * the ggml block types, written from ggml's definitions): kept until
- * tensors_free. */
-static float *deq_bufs[256];
-static int n_deq_bufs;
-
-static void tensors_free(void)
-{
-    while (n_deq_bufs > 0)
-        free(deq_bufs[--n_deq_bufs]);
-}
-
-static const float *tensor(gguf_file *f, const char *name)
-{
-    const gguf_tensor *t = gguf_tensor_find(f, name);
-    ck_assert_ptr_nonnull(t);
-    if (t->type == GGUF_TENSOR_F32)
-        return t->data;
-    uint64_t n = 1;
-    for (uint32_t d = 0; d < t->n_dims; d++)
-        n *= t->ne[d];
-    float *y = malloc(n * sizeof *y);
-    ck_assert_ptr_nonnull(y);
-    ck_assert_int_lt(n_deq_bufs, 256);
-    deq_bufs[n_deq_bufs++] = y;
-    const uint8_t *b = t->data;
-    if (t->type == GGUF_TENSOR_Q8_0) {
-        for (uint64_t i = 0; i < n; i++)
-            y[i] = (float)(int8_t)b[(i / 32) * 34 + 2 + i % 32] * ggml_ref_f16(b + (i / 32) * 34);
-    } else if (t->type == GGUF_TENSOR_F16) {
-        for (uint64_t i = 0; i < n; i++)
-            y[i] = ggml_ref_f16(b + 2 * i);
-    } else {
-        int qk = 0, bb = 0;
-        ggml_ref_block((int)t->type, &qk, &bb);
-        ck_assert_msg(qk > 0, "tensor %s: type %u", name, t->type);
-        ggml_ref_dequant((int)t->type, b, y, (int)n);
-    }
-    return y;
-}
-
-/* y[o] = sum_i W[o][i] x[i] (+ b[o]) with W stored [out x in] */
-static void ref_matvec(const float *W, const float *b, const double *x, uint32_t in, uint32_t out, double *y)
-{
-    for (uint32_t o = 0; o < out; o++) {
-        double s = b ? b[o] : 0.0;
-        for (uint32_t i = 0; i < in; i++)
-            s += (double)W[(size_t)o * in + i] * x[i];
-        y[o] = s;
-    }
-}
-
-static void ref_norm(const double *x, const float *w, uint32_t n, double eps, double *y)
-{
-    double ss = 0;
-    for (uint32_t i = 0; i < n; i++)
-        ss += x[i] * x[i];
-    double r = 1.0 / sqrt(ss / n + eps);
-    for (uint32_t i = 0; i < n; i++)
-        y[i] = x[i] * r * w[i];
-}
-
-static void ref_rope(double *v, uint32_t hd, uint64_t pos, double base, int neox)
-{
-    for (uint32_t i = 0; i < hd / 2; i++) {
-        double th = (double)pos * pow(base, -2.0 * i / hd);
-        uint32_t a = neox ? i : 2 * i, b = neox ? i + hd / 2 : 2 * i + 1;
-        double x0 = v[a], x1 = v[b];
-        v[a] = x0 * cos(th) - x1 * sin(th);
-        v[b] = x0 * sin(th) + x1 * cos(th);
-    }
-}
-
+/* The float64 reference (tests/unit/model_ref.h), its checks as Check
+ * assertions. */
 static void count_call(void *ctx)
 {
     ++*(int *)ctx;
-}
-
-/* The reference feed-forward of layer L on the normed row h: dense SwiGLU,
- * or (deepseek past its dense layers) the MoE of llama.cpp's graph in double:
- * softmax router, top-k by probability (ties to the lower index), the
- * probabilities as weights without renormalisation, plus the shared experts. */
-static void ref_ffn(gguf_file *f, const model_hparams *hp, uint32_t L, const double *h, double *out)
-{
-    const uint32_t H = hp->hidden;
-    char n[64];
-    double g[256], u[256], a[256], y[64];
-#define T(s) (snprintf(n, sizeof n, "blk.%u." s, L), tensor(f, n))
-    if (!model_arch_is_moe(hp->arch) || L < hp->n_dense_lead) {
-        const uint32_t F = hp->ffn;
-        ck_assert_uint_le(F, 256);
-        ref_matvec(T("ffn_gate.weight"), NULL, h, H, F, g);
-        ref_matvec(T("ffn_up.weight"), NULL, h, H, F, u);
-        for (uint32_t i = 0; i < F; i++)
-            a[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
-        ref_matvec(T("ffn_down.weight"), NULL, a, F, H, out);
-        return;
-    }
-    const uint32_t E = hp->n_expert, K = hp->n_expert_used, FE = hp->ffn_exp, FS = FE * hp->n_expert_shared;
-    ck_assert_uint_le(FS, 256);
-    ck_assert_uint_le(E, 64);
-    double lg[64], mx = -1e300, sum = 0;
-    ref_matvec(T("ffn_gate_inp.weight"), NULL, h, H, E, lg);
-    for (uint32_t e = 0; e < E; e++)
-        mx = lg[e] > mx ? lg[e] : mx;
-    for (uint32_t e = 0; e < E; e++)
-        sum += (lg[e] = exp(lg[e] - mx));
-    int taken[64] = {0};
-    for (uint32_t i = 0; i < H; i++)
-        out[i] = 0;
-    const float *wg = T("ffn_gate_exps.weight"), *wu = T("ffn_up_exps.weight"), *wd = T("ffn_down_exps.weight");
-    for (uint32_t r = 0; r < K; r++) {
-        uint32_t best = E;
-        for (uint32_t e = 0; e < E; e++)
-            if (!taken[e] && (best == E || lg[e] > lg[best]))
-                best = e;
-        taken[best] = 1;
-        ref_matvec(wg + (size_t)best * FE * H, NULL, h, H, FE, g);
-        ref_matvec(wu + (size_t)best * FE * H, NULL, h, H, FE, u);
-        for (uint32_t i = 0; i < FE; i++)
-            a[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
-        ref_matvec(wd + (size_t)best * H * FE, NULL, a, FE, H, y);
-        for (uint32_t i = 0; i < H; i++)
-            out[i] += lg[best] / sum * y[i];
-    }
-    ref_matvec(T("ffn_gate_shexp.weight"), NULL, h, H, FS, g);
-    ref_matvec(T("ffn_up_shexp.weight"), NULL, h, H, FS, u);
-    for (uint32_t i = 0; i < FS; i++)
-        a[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
-    ref_matvec(T("ffn_down_shexp.weight"), NULL, a, FS, H, y);
-    for (uint32_t i = 0; i < H; i++)
-        out[i] += y[i];
-#undef T
 }
 
 /* A small deepseek: 3 layers (1 dense), 8 experts of width 16, top 2 (or
@@ -248,23 +121,6 @@ static void deepseek_small_opts(mkmodel_opts *o, uint32_t k)
     o->expert_scale = 1.0f;
 }
 
-/* llama.cpp's mscale^2 for deepseek2-ocr's rope-scaling keys, in double
- * (model_ocr_kq_mul's float version is checked against it) */
-static double ref_kq_mul(model_rope_scaling t, double factor, double attn_factor)
-{
-    double fs = factor == 0.0 ? 1.0 : 1.0 / factor;
-    if (t == MODEL_ROPE_SCALING_NONE)
-        fs = 1.0;
-    double a = 1.0;
-    if (t == MODEL_ROPE_SCALING_YARN) {
-        double f = 1.0 / fs;
-        a = (f <= 1.0 ? 1.0 : 0.1 * log(f) + 1.0) / (1.0 + 0.1 * log(f));
-    }
-    a *= attn_factor;
-    double m = a * (1.0 + 0.1 * log(1.0 / fs));
-    return m * m;
-}
-
 static void check_stack_ex(model_arch arch, uint32_t heads, uint32_t kv_heads, mk_dtype dtype,
                            const char *rope_scaling, float rope_factor);
 
@@ -274,7 +130,7 @@ static void check_stack_dt(model_arch arch, uint32_t heads, uint32_t kv_heads, m
 }
 
 /* As check_stack_dt, for a deepseek2-ocr with rope-scaling keys: the
- * reference scores q.k * mscale^2 / sqrt(head_dim), mscale^2 from ref_kq_mul */
+ * reference scores q.k * mscale^2 / sqrt(head_dim), mscale^2 from mref_kq_mul */
 static void check_stack_ex(model_arch arch, uint32_t heads, uint32_t kv_heads, mk_dtype dtype,
                            const char *rope_scaling, float rope_factor)
 {
@@ -321,7 +177,7 @@ static void check_stack_ex(model_arch arch, uint32_t heads, uint32_t kv_heads, m
                             : !strcmp(rope_scaling, "yarn") ? MODEL_ROPE_SCALING_YARN
                             : !strcmp(rope_scaling, "none") ? MODEL_ROPE_SCALING_NONE
                                                             : MODEL_ROPE_SCALING_LINEAR;
-    const double kq = rope_scaling ? ref_kq_mul(rs, rope_factor, 1.0) : 1.0;
+    const double kq = rope_scaling ? mref_kq_mul(rs, rope_factor, 1.0) : 1.0;
     ck_assert_double_eq_tol(hp->kq_mul, kq, 1e-6 * kq);
     float x[R * 32];
     pd_rng rng = {.s = 77};
@@ -334,18 +190,18 @@ static void check_stack_ex(model_arch arch, uint32_t heads, uint32_t kv_heads, m
     /* reference: every layer, rows attend causally over the rows so far */
     for (uint32_t L = 0; L < hp->n_layers; L++) {
         char n[64];
-#define T(s) (snprintf(n, sizeof n, "blk.%u." s, L), tensor(f, n))
+#define T(s) (snprintf(n, sizeof n, "blk.%u." s, L), mref_tensor(f, n))
 #define TB(s) (hp->qkv_bias ? T(s) : NULL)
         double q[R][32], k[R][32], v[R][32], h[32], att[R][32];
         for (int r = 0; r < R; r++) {
-            ref_norm(ref[r], T("attn_norm.weight"), H, hp->rms_eps, h);
-            ref_matvec(T("attn_q.weight"), TB("attn_q.bias"), h, H, nh * hd, q[r]);
-            ref_matvec(T("attn_k.weight"), TB("attn_k.bias"), h, H, nkv * hd, k[r]);
-            ref_matvec(T("attn_v.weight"), TB("attn_v.bias"), h, H, nkv * hd, v[r]);
+            mref_norm(ref[r], T("attn_norm.weight"), H, hp->rms_eps, h);
+            mref_matvec(T("attn_q.weight"), TB("attn_q.bias"), h, H, nh * hd, q[r]);
+            mref_matvec(T("attn_k.weight"), TB("attn_k.bias"), h, H, nkv * hd, k[r]);
+            mref_matvec(T("attn_v.weight"), TB("attn_v.bias"), h, H, nkv * hd, v[r]);
             for (uint32_t j = 0; j < nh; j++)
-                ref_rope(q[r] + j * hd, hd, (uint64_t)r, hp->rope_base, hp->rope == MODEL_ROPE_NEOX);
+                mref_rope(q[r] + j * hd, hd, (uint64_t)r, hp->rope_base, hp->rope == MODEL_ROPE_NEOX);
             for (uint32_t j = 0; j < nkv; j++)
-                ref_rope(k[r] + j * hd, hd, (uint64_t)r, hp->rope_base, hp->rope == MODEL_ROPE_NEOX);
+                mref_rope(k[r] + j * hd, hd, (uint64_t)r, hp->rope_base, hp->rope == MODEL_ROPE_NEOX);
         }
         for (int r = 0; r < R; r++)
             for (uint32_t j = 0; j < nh; j++) {
@@ -369,11 +225,11 @@ static void check_stack_ex(model_arch arch, uint32_t heads, uint32_t kv_heads, m
             }
         for (int r = 0; r < R; r++) {
             double o2[32];
-            ref_matvec(T("attn_output.weight"), NULL, att[r], nh * hd, H, o2);
+            mref_matvec(T("attn_output.weight"), NULL, att[r], nh * hd, H, o2);
             for (uint32_t i = 0; i < H; i++)
                 ref[r][i] += o2[i];
-            ref_norm(ref[r], T("ffn_norm.weight"), H, hp->rms_eps, h);
-            ref_ffn(f, hp, L, h, o2);
+            mref_norm(ref[r], T("ffn_norm.weight"), H, hp->rms_eps, h);
+            mref_ffn(f, hp, L, h, o2);
             for (uint32_t i = 0; i < H; i++)
                 ref[r][i] += o2[i];
         }
@@ -455,8 +311,8 @@ static void check_stack_ex(model_arch arch, uint32_t heads, uint32_t kv_heads, m
     }
     pool_free(pools[1]);
     pool_free(pools[2]);
+    mref_tensors_free();
     gguf_close(f);
-    tensors_free();
     model_free(m);
     unlink(path);
 }
@@ -528,7 +384,7 @@ START_TEST(model_ocr_kq_mul_matches_the_float64_formula)
     for (int t = 0; t < MODEL_ROPE_SCALING_COUNT; t++)
         for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++)
             for (size_t j = 0; j < sizeof attn / sizeof attn[0]; j++) {
-                double want = ref_kq_mul((model_rope_scaling)t, factors[i], attn[j]);
+                double want = mref_kq_mul((model_rope_scaling)t, factors[i], attn[j]);
                 float got = model_ocr_kq_mul((model_rope_scaling)t, factors[i], attn[j]);
                 ck_assert_msg(fabs(got - want) <= 2e-6 * want, "type %d factor %g attn %g: %.9g vs %.9g", t,
                               (double)factors[i], (double)attn[j], (double)got, want);
