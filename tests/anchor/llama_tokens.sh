@@ -150,6 +150,16 @@ if ! diff -q <(cat "$T"/deepseek2-ocr.f32.llama.? | awk '{print $1}') \
 else
   fail "negative control: llama.cpp gives the same tokens with and without the YaRN keys"
 fi
+# negative control of the float64 judge: pipedec's tokens of the YaRN file,
+# judged on the same weights without the keys, are refused
+# shellcheck disable=SC2046
+"$REF" "$T/ocr.f32.gguf" 4 ${PROMPTS[0]} $(python3 -c 'import json,sys; print(" ".join(map(str, json.loads(open(sys.argv[1]).readline())["tokens"])))' \
+  "$T/deepseek2-ocr.yarn.f32.np1.jsonl") >"$T/judge_neg.txt" 2>&1
+if awk -v b="$REF_BOUND" '$4 > b {bad = 1} END {exit !bad}' "$T/judge_neg.txt"; then
+  pass "negative control: the float64 judge refuses tokens decoded from another model"
+else
+  fail "negative control: the float64 judge accepted tokens of another model: $(head -3 "$T/judge_neg.txt")"
+fi
 for q in Q4_K_M Q5_K_M Q6_K; do
   "$QUANT" "$T/ocr.f32.gguf" "$T/ocr.$q.gguf" "$q" >"$T/quant.$q.log" 2>&1 \
     || { fail "llama-quantize $q: $(tail -3 "$T/quant.$q.log")"; continue; }
