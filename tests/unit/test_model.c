@@ -912,6 +912,58 @@ START_TEST(model_hparams_list_the_keys_that_defaulted)
 }
 END_TEST
 
+/* deepseek2-ocr's rope-scaling keys: a type llama.cpp does not know, or a
+ * negative / non-finite factor, is refused naming the key (the file is a
+ * YaRN model from mkmodel with one value patched in place) */
+static void patch_after(const char *path, const char *key, size_t skip, const void *bytes, size_t n)
+{
+    FILE *fp = fopen(path, "r+b");
+    ck_assert_ptr_nonnull(fp);
+    static uint8_t buf[1 << 16];
+    size_t got = fread(buf, 1, sizeof buf, fp);
+    size_t kl = strlen(key), at = 0;
+    for (size_t i = 0; i + kl <= got && !at; i++)
+        if (!memcmp(buf + i, key, kl))
+            at = i + kl;
+    ck_assert_msg(at != 0, "key %s not in the first %zu bytes", key, got);
+    ck_assert_int_eq(fseek(fp, (long)(at + skip), SEEK_SET), 0);
+    ck_assert_uint_eq(fwrite(bytes, 1, n, fp), n);
+    fclose(fp);
+}
+
+START_TEST(model_deepseek2_ocr_refuses_bad_rope_scaling_keys)
+{
+    char path[] = "/tmp/pd_test_model_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    mkmodel_opts o;
+    deepseek_small_opts(&o, 2);
+    o.arch = MODEL_ARCH_DEEPSEEK2_OCR;
+    o.rope_scaling = "yarn";
+    o.rope_factor = 4.0f;
+    pd_err e = {0};
+    model_hparams hp;
+    ck_assert_int_eq(mkmodel_write(&o, path, &e), PD_OK);
+    ck_assert_msg(model_read_hparams(path, &hp, &e) == PD_OK, "%s", e.msg);
+    ck_assert_int_eq(hp.rope_scaling, MODEL_ROPE_SCALING_YARN);
+    ck_assert(hp.kq_mul > 1.2f && hp.kq_mul < 1.3f); /* (1 + 0.1 ln 4)^2 = 1.296 */
+    /* value of a string: u32 type, u64 length, then the bytes */
+    patch_after(path, "rope.scaling.type", 12, "nope", 4);
+    ck_assert_int_eq(model_read_hparams(path, &hp, &e), PD_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(e.msg, "deepseek2-ocr.rope.scaling.type \"nope\"") != NULL, "%s", e.msg);
+    patch_after(path, "rope.scaling.type", 12, "yarn", 4);
+    float bad[2] = {-2.0f, NAN};
+    for (int i = 0; i < 2; i++) {
+        patch_after(path, "rope.scaling.factor", 4, &bad[i], 4); /* value of an f32: u32 type, 4 bytes */
+        pd_err_clear(&e);
+        ck_assert_int_eq(model_read_hparams(path, &hp, &e), PD_ERR_FORMAT);
+        ck_assert_msg(strstr(e.msg, "deepseek2-ocr.rope.scaling.factor") != NULL, "%s", e.msg);
+    }
+    unlink(path);
+}
+END_TEST
+
 START_TEST(model_refuses_unsupported_architecture_and_types)
 {
     char path[] = "/tmp/pd_test_model_XXXXXX";
@@ -981,6 +1033,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, model_stack_matches_reference_deepseek2_ocr);
     tcase_add_test(tc, model_stack_matches_reference_deepseek2_ocr_yarn);
     tcase_add_test(tc, model_ocr_kq_mul_matches_the_float64_formula);
+    tcase_add_test(tc, model_deepseek2_ocr_refuses_bad_rope_scaling_keys);
     tcase_add_test(tc, model_moe_route_is_softmax_top_k_with_ties_to_the_lower_index);
     tcase_add_test(tc, model_moe_route_ex_bias_selects_norm_and_scale_weigh);
     tcase_add_test(tc, model_moe_rows_do_not_depend_on_their_batch);
