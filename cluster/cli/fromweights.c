@@ -498,8 +498,11 @@ pd_status fromweights_revocab(const char *in_path, const char *out_path, pd_err 
      * order fromweights_write sets them in */
     for (uint64_t i = 0; st == PD_OK && i < gguf_kv_count(f); i++) {
         const gguf_kv_info *kv = gguf_kv_at(f, i);
-        if (strncmp(kv->key, "tokenizer.", 10) != 0 && (st = fw_copy_kv(f, kv, w, err)) != PD_OK)
+        if (strncmp(kv->key, "tokenizer.", 10) != 0 && (st = fw_copy_kv(f, kv, w, err)) != PD_OK) {
+            if (err && !err->msg[0]) /* a writer setter's failure (out of memory) says nothing itself */
+                pd_err_set(err, st, "cannot copy key %s", kv->key);
             pd_err_prefix(err, "%s", in_path);
+        }
     }
     if (st == PD_OK)
         fw_byte_vocab(w);
