@@ -46,7 +46,7 @@ int cmd_mkmodel(int argc, char **argv)
         {"repeat", required_argument, 0, 'R'}, {"from-weights", required_argument, 0, 'W'},
         {"revocab", required_argument, 0, 'V'}, {"rope-scaling", required_argument, 0, 'Y'},
         {"rope-factor", required_argument, 0, 'G'}, {"rope-orig-ctx", required_argument, 0, 'O'},
-        {"yarn-log-mul", required_argument, 0, 'M'}, {"help", no_argument, 0, 'Z'},         {0, 0, 0, 0}};
+        {"yarn-log-mul", required_argument, 0, 'L'}, {"help", no_argument, 0, 'Z'},         {0, 0, 0, 0}};
     /* options are parsed into mo and remembered in `given`; an architecture's
      * defaults then fill what was not given, whatever the flag order */
     mkmodel_opts mo;
@@ -124,7 +124,7 @@ int cmd_mkmodel(int argc, char **argv)
         case 'V': revocab = optarg; break;
         case 'Y': mo.rope_scaling = optarg; break;
         case 'G':
-        case 'M': {
+        case 'L': {
             char *end;
             float v = strtof(optarg, &end);
             if (*end || !(v >= 0.0f) || v > 1e6f)
@@ -155,7 +155,7 @@ int cmd_mkmodel(int argc, char **argv)
         KEEP('v', vocab) KEEP('c', ctx) KEEP('d', dtype) KEEP('s', seed) KEEP('e', eos_boost) KEEP('R', repeat)
         KEEP('D', dense_lead) KEEP('E', experts) KEEP('K', experts_used) KEEP('F', expert_ffn)
         KEEP('S', shared) KEEP('X', expert_scale) KEEP('Y', rope_scaling) KEEP('G', rope_factor)
-        KEEP('O', rope_orig_ctx) KEEP('M', yarn_log_mul)
+        KEEP('O', rope_orig_ctx) KEEP('L', yarn_log_mul)
 #undef KEEP
         mo = d;
     } else if (st == PD_OK && (given & ((1ull << ('D' - 'A')) | (1ull << ('E' - 'A')) | (1ull << ('K' - 'A')) |
