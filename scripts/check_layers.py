@@ -17,6 +17,7 @@ LAYERS = [
     "comm",
     "cluster/format",
     "cluster/model",
+    "cluster/vision",
     "cluster/runtime/plan",
     "cluster/runtime/pipeline",
     "cluster/runtime/spec",

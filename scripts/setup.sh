@@ -3,7 +3,8 @@
 # nothing when everything is present. Needs root (or sudo) only to install.
 # usage: scripts/setup.sh [--tests]
 #   --tests  also what only the test suite needs: git and npm (llama.cpp's
-#            source comes from an npm package, scripts/llama_cpp.sh)
+#            source comes from an npm package, scripts/llama_cpp.sh), cjpeg
+#            (test page images) and pdftoppm (scripts/pdf_pages.sh)
 set -euo pipefail
 
 PKGS=(build-essential cmake pkg-config
@@ -17,7 +18,7 @@ PKGS=(build-essential cmake pkg-config
       slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge  # tests/slurm: a private Slurm
       iproute2)                                                   # tests/netns: network namespaces
 if [ "${1:-}" = "--tests" ]; then
-  PKGS+=(git)
+  PKGS+=(git libjpeg-turbo-progs poppler-utils)
   command -v npm >/dev/null || PKGS+=(npm)                     # node's own npm counts
 fi
 

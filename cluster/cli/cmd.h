@@ -67,6 +67,10 @@ int cmd_render(int argc, char **argv);
  * (cluster/format/tokenizer.h), like llama.cpp's llama-tokenize. */
 int cmd_tokenize(int argc, char **argv);
 
+/* `pipedec encode`: the image pages of a manifest to embeddings pages with
+ * llama.cpp's mtmd (cluster/vision/venc.h); a pre-pass before `run`. */
+int cmd_encode(int argc, char **argv);
+
 /* `pipedec score`: character error rate of an output file against the text. */
 int cmd_score(int argc, char **argv);
 

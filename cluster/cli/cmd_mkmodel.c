@@ -2,6 +2,7 @@
 #include "cluster/cli/cli.h"
 #include "cluster/cli/cmd.h"
 #include "cluster/cli/fromweights.h"
+#include "cluster/cli/mkmmproj.h"
 #include "cluster/cli/mkmodel.h"
 
 #include <getopt.h>
@@ -28,7 +29,23 @@ static void mkmodel_usage(FILE *f)
                "       or:              pipedec mkmodel --revocab IN.gguf --out FILE\n"
                "  --revocab IN: IN's byte vocabulary rewritten as --from-weights writes it (merges, pre), every\n"
                "                other key and every tensor byte copied (OUT may be IN)\n"
-               "  --repeat P: greedy text cycles through the vocabulary's last P tokens (speculation benchmarks)\n");
+               "  --repeat P: greedy text cycles through the vocabulary's last P tokens (speculation benchmarks)\n"
+               "       or:              pipedec mkmodel --mmproj FILE --hidden H [--seed S] [--dtype f32|f16]\n"
+               "                        [--sam-layers N] [--sam-width N] [--sam-heads N] [--window N]\n"
+               "                        [--clip-layers N] [--clip-width N] [--clip-heads N]\n"
+               "  --mmproj FILE: a random DeepSeek-OCR vision projector (clip's \"deepseekocr\") whose rows have\n"
+               "  width H, for a --arch deepseek2-ocr decoder of --hidden H; defaults: SAM 3 layers x 32 (2 heads),\n"
+               "  window 14, CLIP 2 layers x 64 (4 heads), f32, seed 1\n");
+}
+
+/* The long name of the first option in opts whose letter is in mask (the
+ * `given` bits below), for messages that name the flag. */
+static const char *mkmodel_flag(const struct option *opts, uint64_t mask)
+{
+    for (const struct option *o = opts; o->name; o++)
+        if (o->val >= 'A' && o->val <= 'z' && (mask & (1ull << (o->val - 'A'))))
+            return o->name;
+    return "?";
 }
 
 int cmd_mkmodel(int argc, char **argv)
@@ -43,16 +60,23 @@ int cmd_mkmodel(int argc, char **argv)
         {"dense-layers", required_argument, 0, 'D'}, {"experts", required_argument, 0, 'E'},
         {"experts-used", required_argument, 0, 'K'}, {"expert-ffn", required_argument, 0, 'F'},
         {"shared", required_argument, 0, 'S'},  {"expert-scale", required_argument, 0, 'X'},
-        {"repeat", required_argument, 0, 'R'}, {"from-weights", required_argument, 0, 'W'},
+        {"repeat", required_argument, 0, 'R'}, {"from-weights", required_argument, 0, 'W'}, {"help", no_argument, 0, 'Z'},
+        {"mmproj", required_argument, 0, 'M'}, {"sam-layers", required_argument, 0, 'm'},
+        {"sam-width", required_argument, 0, 'n'}, {"sam-heads", required_argument, 0, 'p'},
+        {"clip-layers", required_argument, 0, 'q'}, {"clip-width", required_argument, 0, 'r'},
+        {"clip-heads", required_argument, 0, 't'}, {"window", required_argument, 0, 'w'},
         {"revocab", required_argument, 0, 'V'}, {"rope-scaling", required_argument, 0, 'Y'},
         {"rope-factor", required_argument, 0, 'G'}, {"rope-orig-ctx", required_argument, 0, 'O'},
-        {"yarn-log-mul", required_argument, 0, 'L'}, {"help", no_argument, 0, 'Z'},         {0, 0, 0, 0}};
+        {"yarn-log-mul", required_argument, 0, 'L'},
+        {0, 0, 0, 0}};
     /* options are parsed into mo and remembered in `given`; an architecture's
      * defaults then fill what was not given, whatever the flag order */
     mkmodel_opts mo;
     mkmodel_defaults(&mo);
+    mkmmproj_opts mm;
+    mkmmproj_defaults(&mm);
     uint64_t given = 0;
-    const char *out = NULL, *from = NULL, *revocab = NULL;
+    const char *out = NULL, *from = NULL, *mmproj = NULL, *revocab = NULL;
     pd_err e = {0};
     pd_status st = PD_OK;
     int ch;
@@ -120,6 +144,14 @@ int cmd_mkmodel(int argc, char **argv)
         }
         case 'R': st = cli_u32("--repeat", optarg, 1, 1u << 20, &mo.repeat, &e); break;
         case 'o': out = optarg; break;
+        case 'M': mmproj = optarg; break;
+        case 'm': st = cli_u32("--sam-layers", optarg, 1, 64, &mm.sam_layers, &e); break;
+        case 'n': st = cli_u32("--sam-width", optarg, 1, 4096, &mm.sam_width, &e); break;
+        case 'p': st = cli_u32("--sam-heads", optarg, 1, 4096, &mm.sam_heads, &e); break;
+        case 'q': st = cli_u32("--clip-layers", optarg, 1, 64, &mm.clip_layers, &e); break;
+        case 'r': st = cli_u32("--clip-width", optarg, 4, 4096, &mm.clip_width, &e); break;
+        case 't': st = cli_u32("--clip-heads", optarg, 1, 4096, &mm.clip_heads, &e); break;
+        case 'w': st = cli_u32("--window", optarg, 1, 64, &mm.window, &e); break;
         case 'W': from = optarg; break;
         case 'V': revocab = optarg; break;
         case 'Y': mo.rope_scaling = optarg; break;
@@ -144,7 +176,36 @@ int cmd_mkmodel(int argc, char **argv)
             st = pd_err_set(&e, PD_ERR_ARG, "unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
-    if (st == PD_OK && model_arch_is_moe(mo.arch)) {
+#define BIT(letter) (1ull << ((letter) - 'A'))
+    /* the vision projector's flags, and the model flags it shares */
+    const uint64_t mm_only = BIT('m') | BIT('n') | BIT('p') | BIT('q') | BIT('r') | BIT('t') | BIT('w');
+    const uint64_t mm_flags = BIT('M') | BIT('H') | BIT('s') | BIT('d') | mm_only;
+    if (st == PD_OK && !mmproj && (given & mm_only))
+        st = pd_err_set(&e, PD_ERR_ARG, "--%s describes a vision projector: it needs --mmproj FILE",
+                        mkmodel_flag(opts, given & mm_only));
+    if (st == PD_OK && mmproj && (given & ~mm_flags))
+        st = pd_err_set(&e, PD_ERR_ARG, "--mmproj does not take --%s (only --hidden, --seed, --dtype, --sam-layers, "
+                                        "--sam-width, --sam-heads, --window, --clip-layers, --clip-width, --clip-heads)",
+                        mkmodel_flag(opts, given & ~mm_flags));
+    if (st == PD_OK && mmproj && !(given & BIT('H')))
+        st = pd_err_set(&e, PD_ERR_ARG, "--mmproj needs --hidden H, the hidden size of the decoder it feeds");
+    if (st == PD_OK && mmproj && optind < argc)
+        st = pd_err_set(&e, PD_ERR_ARG, "unexpected argument '%s'", argv[optind]);
+    if (st == PD_OK && mmproj) {
+        mm.hidden = mo.hidden;
+        mm.seed = mo.seed;
+        mm.dtype = mo.dtype;
+        st = mkmmproj_write(&mm, mmproj, &e);
+        if (st == PD_OK) {
+            printf("pipedec mkmodel: wrote %s (deepseekocr mmproj, output width %u; SAM %u layers x %u, %u heads, "
+                   "window %u; CLIP %u layers x %u, %u heads; %s, seed %llu)\n",
+                   mmproj, mm.hidden, mm.sam_layers, mm.sam_width, mm.sam_heads, mm.window, mm.clip_layers,
+                   mm.clip_width, mm.clip_heads, mk_dtype_name(mm.dtype), (unsigned long long)mm.seed);
+            return 0;
+        }
+    }
+#undef BIT
+    if (st == PD_OK && !mmproj && model_arch_is_moe(mo.arch)) {
         mkmodel_opts d;
         mkmodel_defaults_deepseek(&d);
         d.arch = mo.arch;

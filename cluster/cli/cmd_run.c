@@ -6,6 +6,7 @@
 #include "cluster/runtime/ops/jobctl.h"
 #include "cluster/runtime/ops/migrate.h"
 #include "cluster/runtime/job/run.h"
+#include "cluster/runtime/loop/pageimg.h"
 
 #include <getopt.h>
 #include <mpi.h>
@@ -28,6 +29,8 @@ static void run_usage(FILE *f)
             "         [--draft-async]\n"
             "         [--control SOCKET] [--rebalance off|auto] [--rebalance-window STEPS]\n"
             "         [--rebalance-threshold PERCENT] [--weights-over-mpi] [--pid-file FILE]\n"
+            "         [--mmproj MM [--encoder-threads T] [--encoder-ranks E]]   (image pages: llama.cpp's mtmd;\n"
+            "                                            E: the last E ranks encode while the others decode)\n"
             "testing aids: [--migrate-at STEP:MAP]... [--migrate-fault none|corrupt|weights]\n");
 }
 
@@ -53,7 +56,8 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         {"rebalance-window", required_argument, 0, 'V'}, {"migrate-at", required_argument, 0, 'G'},
         {"migrate-fault", required_argument, 0, 'F'}, {"rebalance-threshold", required_argument, 0, 'J'},
         {"weights-over-mpi", no_argument, 0, 'O'},    {"pid-file", required_argument, 0, 'I'},
-        {"special", no_argument, 0, 'Z'},
+        {"special", no_argument, 0, 'Z'},             {"mmproj", required_argument, 0, 'i'},
+        {"encoder-threads", required_argument, 0, 'e'}, {"encoder-ranks", required_argument, 0, 'r'},
            {"micro-batches", required_argument, 0, 'k'},    {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     pd_status st = PD_OK;
@@ -117,6 +121,9 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         case 'Q': o->control_path = optarg; break;
         case 'I': o->pid_path = optarg; break;
         case 'Z': o->special = true; break;
+        case 'i': o->mmproj_path = optarg; break;
+        case 'e': st = cli_u32("--encoder-threads", optarg, 1, 1024, &o->encoder_threads, e); break;
+        case 'r': st = cli_u32("--encoder-ranks", optarg, 0, 4096, &o->encoder_ranks, e); break;
         case 'U':
             if (strcmp(optarg, "auto") == 0)
                 o->rebalance = true;
@@ -174,6 +181,8 @@ static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err
         st = pd_err_set(e, PD_ERR_ARG,
                         "--draft with --evict is refused: eviction runs once per micro-batch, so a verify step "
                         "would keep other rows than the same tokens decoded one by one (a different answer)");
+    if (st == PD_OK && o->encoder_ranks && !o->mmproj_path)
+        st = pd_err_set(e, PD_ERR_ARG, "--encoder-ranks needs --mmproj (the vision encoder they run)");
     if (st == PD_OK && o->checkpoint_every > 0 && !o->checkpoint_dir)
         st = pd_err_set(e, PD_ERR_ARG, "--checkpoint-every needs --checkpoint-dir");
     if (st == PD_OK)
@@ -197,6 +206,45 @@ static void singleton_defaults(void)
             return;
     setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
     setenv("OMPI_MCA_pml", "ob1", 0);
+}
+
+/* --encoder-ranks E: the last E ranks of the launch encode page images
+ * (loop/pageimg.h) for the decoding pipeline on the others, whose rank 0 is
+ * the head. Returns this rank's exit code. */
+static int run_with_encoders(run_opts *o, int me)
+{
+    int size = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if ((int64_t)o->encoder_ranks >= size) {
+        if (me == 0)
+            fprintf(stderr, "pipedec run: --encoder-ranks %u leaves no rank to decode (the launch has %d)\n",
+                    o->encoder_ranks, size);
+        return 2;
+    }
+    int first = size - (int)o->encoder_ranks;
+    bool encoder = me >= first;
+    MPI_Comm part;
+    if (MPI_Comm_split(MPI_COMM_WORLD, encoder ? 1 : 0, me, &part) != MPI_SUCCESS) {
+        fprintf(stderr, "pipedec run: rank %d: MPI_Comm_split failed\n", me);
+        return 1;
+    }
+    o->enc_world = MPI_COMM_WORLD;
+    o->enc_first = first;
+    int code;
+    if (encoder) {
+        pd_err e = {0};
+        code = RUN_EXIT_OK;
+        if (pageimg_serve(o->mmproj_path, o->model_path, o->encoder_threads ? o->encoder_threads : o->threads,
+                          MPI_COMM_WORLD, 0, &e) != PD_OK) {
+            fprintf(stderr, "pipedec: encoder rank %d: %s\n", me, e.msg);
+            code = RUN_EXIT_ABORT;
+        }
+    } else {
+        code = run_main(o, part, NULL);
+    }
+    if (code != RUN_EXIT_ABORT)
+        MPI_Comm_free(&part);
+    return code;
 }
 
 int cmd_run(int argc, char **argv)
@@ -225,6 +273,8 @@ int cmd_run(int argc, char **argv)
         if (me == 0)
             run_usage(stdout);
         code = 0;
+    } else if (o.encoder_ranks) {
+        code = run_with_encoders(&o, me);
     } else {
         code = run_main(&o, MPI_COMM_WORLD, NULL);
         if (code == RUN_EXIT_ABORT) {

@@ -11,6 +11,7 @@ static const cmd_entry commands[] = {
     {.name = "mkmodel", .fn = cmd_mkmodel, .help = "write a deterministic synthetic GGUF model"},
     {.name = "mkpages", .fn = cmd_mkpages, .help = "write a deterministic synthetic page manifest"},
     {.name = "render", .fn = cmd_render, .help = "render text pages into an OCR page manifest (glyph cells)"},
+    {.name = "encode", .fn = cmd_encode, .help = "page images -> embeddings pages with the vision encoder (mtmd)"},
     {.name = "tokenize", .fn = cmd_tokenize, .help = "text -> token ids with the model's own tokenizer"},
     {.name = "score", .fn = cmd_score, .help = "character error rate of decoded pages against their text"},
     {.name = "shard", .fn = cmd_shard, .help = "split a page manifest into shards for an array job"},

@@ -451,42 +451,43 @@ static pd_status pages_parse_line(pages *p, pages_where *w, const char *text, si
             st = pages_fail(w, PD_ERR_FORMAT, "prefill[%d]: a segment must be an object", s);
             goto done;
         }
-        const cJSON *tok = NULL, *emb = NULL, *txt = NULL;
+        /* a segment is an object with exactly one of these keys */
+        static const char *const seg_keys[] = {"tokens", "text", "embeddings", "image"};
+        enum { SK_TOKENS, SK_TEXT, SK_EMBEDDINGS, SK_IMAGE, SK_COUNT };
+        const cJSON *sk[SK_COUNT] = {NULL};
+        int n_keys = 0;
         for (const cJSON *c = sg->child; c; c = c->next) {
-            const cJSON **slot = c->string && !strcmp(c->string, "tokens")       ? &tok
-                                 : c->string && !strcmp(c->string, "embeddings") ? &emb
-                                 : c->string && !strcmp(c->string, "text")       ? &txt
-                                                                                 : NULL;
+            int k = SK_COUNT;
+            for (int j = 0; j < SK_COUNT; j++)
+                if (c->string && !strcmp(c->string, seg_keys[j]))
+                    k = j;
             char shown[96];
             pages_show_id(shown, sizeof shown, c->string ? c->string : "");
-            if (!slot) {
+            if (k == SK_COUNT) {
                 st = pages_fail(w, PD_ERR_FORMAT,
-                                "prefill[%d]: unknown key \"%s\" (a segment has tokens, text or "
-                                "embeddings)", s, shown);
+                                "prefill[%d]: unknown key \"%s\" (a segment has tokens, text, "
+                                "embeddings or image)", s, shown);
                 goto done;
             }
-            if (*slot) {
+            if (sk[k]) {
                 st = pages_fail(w, PD_ERR_FORMAT, "prefill[%d]: key \"%s\" given twice", s, shown);
                 goto done;
             }
-            *slot = c;
+            sk[k] = c;
+            n_keys++;
         }
-        if (tok && emb && !txt) {
+        const cJSON *tok = sk[SK_TOKENS], *txt = sk[SK_TEXT], *emb = sk[SK_EMBEDDINGS],
+                    *img = sk[SK_IMAGE];
+        if (n_keys > 1) {
             st = pages_fail(w, PD_ERR_FORMAT,
-                            "prefill[%d]: has both \"tokens\" and \"embeddings\"; a segment is one "
-                            "or the other", s);
+                            "prefill[%d]: has more than one of \"tokens\", \"text\", "
+                            "\"embeddings\" and \"image\"; a segment is one of them", s);
             goto done;
         }
-        if (!!tok + !!emb + !!txt > 1) {
+        if (n_keys == 0) {
             st = pages_fail(w, PD_ERR_FORMAT,
-                            "prefill[%d]: has more than one of \"tokens\", \"text\" and "
-                            "\"embeddings\"; a segment is one of them", s);
-            goto done;
-        }
-        if (!tok && !emb && !txt) {
-            st = pages_fail(w, PD_ERR_FORMAT,
-                            "prefill[%d]: empty segment (expected \"tokens\", \"text\" or "
-                            "\"embeddings\")", s);
+                            "prefill[%d]: empty segment (expected \"tokens\", \"text\", "
+                            "\"embeddings\" or \"image\")", s);
             goto done;
         }
         if (txt) {
@@ -582,14 +583,16 @@ static pd_status pages_parse_line(pages *p, pages_where *w, const char *text, si
             if (segs)
                 segs[s] = (pages_seg){.kind = PAGES_SEG_TOKENS, .rows = (uint32_t)nt, .tokens = ids};
         } else {
-            if (!cJSON_IsString(emb) || !emb->valuestring || !emb->valuestring[0]) {
+            const cJSON *f = emb ? emb : img;
+            if (!cJSON_IsString(f) || !f->valuestring || !f->valuestring[0]) {
                 st = pages_fail(w, PD_ERR_FORMAT,
-                                "prefill[%d].embeddings: must be a non-empty file path (string)", s);
+                                "prefill[%d].%s: must be a non-empty file path (string)", s,
+                                emb ? "embeddings" : "image");
                 goto done;
             }
             if (segs) {
-                segs[s] = (pages_seg){.kind = PAGES_SEG_EMBEDDINGS,
-                                      .file = pages_strdup(p, emb->valuestring)};
+                segs[s] = (pages_seg){.kind = emb ? PAGES_SEG_EMBEDDINGS : PAGES_SEG_IMAGE,
+                                      .file = pages_strdup(p, f->valuestring)};
                 if (!segs[s].file) {
                     st = pages_fail(w, PD_ERR_NOMEM, "no memory");
                     goto done;
@@ -647,12 +650,10 @@ static pd_status pages_finite(const pages_where *w, size_t s, const pages_seg *s
     return PD_OK;
 }
 
-/* Resolves, probes and (unless header_only) scans embeddings segment s.
+/* Sets sg->path: sg->file resolved against the manifest's directory.
  * dir_len: length of the manifest's directory prefix in manifest (the text
  * before its last '/'), or SIZE_MAX when the manifest path has no '/'. */
-static pd_status pages_check_embeddings(pages *p, const pages_where *w, size_t dir_len,
-                                        pages_seg *sg, size_t s, bool header_only, float **scan,
-                                        size_t *scan_cap)
+static pd_status pages_resolve(pages *p, const pages_where *w, size_t dir_len, pages_seg *sg)
 {
     char *path;
     if (sg->file[0] == '/' || dir_len == SIZE_MAX) {
@@ -669,7 +670,49 @@ static pd_status pages_check_embeddings(pages *p, const pages_where *w, size_t d
     if (!path)
         return pages_fail(w, PD_ERR_NOMEM, "no memory");
     sg->path = path;
-    pd_status st = npy_probe(path, &sg->npy, w->err);
+    return PD_OK;
+}
+
+/* Counts image segment s's rows with opts->image_rows; a refusal stays with
+ * the segment (rows 1, error) for the page to fail with when decoded. */
+static pd_status pages_count_image(pages *p, const pages_where *w, pages_seg *sg, size_t s,
+                                   const pages_opts *opts)
+{
+    uint32_t rows = 0;
+    pd_err e = {0};
+    pd_status st = opts->image_rows(opts->image_ctx, sg->path, &rows, &e);
+    if (st == PD_ERR_NOMEM)
+        return pages_fail(w, st, "prefill[%zu].image: %s", s, e.msg);
+    if (st == PD_OK && (rows == 0 || rows > PAGES_MAX_PREFILL_ROWS)) {
+        st = PD_ERR_RANGE;
+        pd_err_set(&e, st, "%s: the vision encoder makes %" PRIu32 " rows of it (need 1..%u)",
+                   sg->file, rows, PAGES_MAX_PREFILL_ROWS);
+    }
+    if (st == PD_OK) {
+        sg->rows = rows;
+        return PD_OK;
+    }
+    char msg[sizeof e.msg + 64];
+    snprintf(msg, sizeof msg, "prefill[%zu].image: %s", s, e.msg);
+    sg->error = pages_strdup(p, msg);
+    if (!sg->error)
+        return pages_fail(w, PD_ERR_NOMEM, "no memory");
+    sg->rows = 1;
+    return PD_OK;
+}
+
+/* Resolves, probes and (unless header_only) scans embeddings segment s.
+ * dir_len: length of the manifest's directory prefix in manifest (the text
+ * before its last '/'), or SIZE_MAX when the manifest path has no '/'. */
+static pd_status pages_check_embeddings(pages *p, const pages_where *w, size_t dir_len,
+                                        pages_seg *sg, size_t s, bool header_only, float **scan,
+                                        size_t *scan_cap)
+{
+    pd_status st = pages_resolve(p, w, dir_len, sg);
+    if (st != PD_OK)
+        return st;
+    const char *path = sg->path;
+    st = npy_probe(path, &sg->npy, w->err);
     if (st != PD_OK) {
         pages_context(w, "prefill[%zu].embeddings", s);
         return st;
@@ -784,6 +827,18 @@ pd_status pages_load(const char *path, uint32_t vocab_size, uint32_t hidden,
         }
         pages_seg *segs = (pages_seg *)pg->segs;
         for (uint32_t s = 0; s < pg->n_segs && st == PD_OK; s++) {
+            if (segs[s].kind == PAGES_SEG_IMAGE) {
+                /* read by the vision encoder */
+                if ((st = pages_resolve(p, &w, dir_len, &segs[s])) == PD_OK && opts && opts->image_rows)
+                    st = pages_count_image(p, &w, &segs[s], s, opts);
+                if (st == PD_OK) {
+                    pg->prefill_rows += segs[s].rows;
+                    if (pg->prefill_rows > PAGES_MAX_PREFILL_ROWS)
+                        st = pages_fail(&w, PD_ERR_RANGE, "prefill[%" PRIu32 "]: the prefill exceeds "
+                                        "%u rows", s, PAGES_MAX_PREFILL_ROWS);
+                }
+                continue;
+            }
             if (segs[s].kind != PAGES_SEG_EMBEDDINGS)
                 continue;
             st = pages_check_embeddings(p, &w, dir_len, &segs[s], s, header_only, &scan,
@@ -887,6 +942,12 @@ void pages_check(const pages *p)
             const pages_seg *sg = &pg->segs[s];
             if (sg->kind == PAGES_SEG_TEXT) {
                 CHECK(sg->rows == 0 && sg->text && !sg->tokens && !sg->file);
+                continue;
+            }
+            if (sg->kind == PAGES_SEG_IMAGE) {
+                CHECK(sg->file && sg->path && !sg->tokens && !sg->text);
+                CHECK(!sg->error || sg->rows == 1);
+                rows += sg->rows;
                 continue;
             }
             CHECK(sg->rows >= 1);

@@ -18,6 +18,14 @@
  *                               [rows >= 1, hidden] with finite values; a
  *                               relative path is relative to the manifest's
  *                               directory, an absolute path is used as is
+ *                     "image": path of a page image (PNG, JPEG, PPM),
+ *                               resolved as embeddings paths are; its rows
+ *                               come from the vision encoder
+ *                               (cluster/vision/venc.h): pages_load resolves
+ *                               the path and counts the rows through
+ *                               pages_opts.image_rows when given (run
+ *                               --mmproj), else leaves rows 0 (`pipedec
+ *                               encode` turns such pages into embeddings pages)
  *   max_new_tokens  integer in [0, PAGES_MAX_NEW_TOKENS]
  * Every key is required. Unknown keys, in a page or a segment, are refused
  * (a typo such as "max_new_token" must not silently mean a default), and so
@@ -52,14 +60,17 @@
 typedef enum pages_seg_kind {
     PAGES_SEG_TOKENS,
     PAGES_SEG_EMBEDDINGS,
-    PAGES_SEG_TEXT, /* only when loaded without pages_opts.tokenize: rows 0, text set */
+    PAGES_SEG_TEXT,  /* only when loaded without pages_opts.tokenize: rows 0, text set */
+    PAGES_SEG_IMAGE, /* rows 0, file and path set: for the vision encoder */
     PAGES_SEG_KIND_COUNT
 } pages_seg_kind;
 
 /* One prefill segment (borrowed from its pages object).
  * INV: rows >= 1 except for PAGES_SEG_TEXT (rows 0, text set: loaded without a
- *      tokenizer); tokens set iff kind == PAGES_SEG_TOKENS; file, path and npy
- *      set iff kind == PAGES_SEG_EMBEDDINGS, with npy.rows == rows and
+ *      tokenizer) and PAGES_SEG_IMAGE (file and path set; rows 0 unless counted
+ *      by pages_opts.image_rows); tokens set
+ *      iff kind == PAGES_SEG_TOKENS; npy set iff kind == PAGES_SEG_EMBEDDINGS,
+ *      with npy.rows == rows and
  *      npy.cols == the hidden size given to pages_load. */
 typedef struct pages_seg {
     pages_seg_kind kind;
@@ -69,6 +80,8 @@ typedef struct pages_seg {
     const char *path;      /* the path that is opened (resolved against the manifest dir) */
     npy_info npy;          /* the header validated at load */
     const char *text;      /* PAGES_SEG_TEXT: the text as written */
+    const char *error;     /* PAGES_SEG_IMAGE counted by pages_opts.image_rows and refused
+                            * by it: why (the page fails with it when decoded; rows 1) */
 } pages_seg;
 
 /* One page (borrowed from its pages object).
@@ -92,6 +105,12 @@ typedef struct pages_opts {
     pd_status (*tokenize)(void *ctx, const char *text, size_t len, int32_t **ids, size_t *n,
                           pd_err *err);
     void *tokenize_ctx;
+    /* Counts the prefill rows an "image" segment's file becomes (the vision
+     * encoder, venc.h, from the image's header); NULL: image segments keep
+     * rows 0. A refusal does not fail the load: the segment gets rows 1 and
+     * error set, so that page alone fails when it is decoded. */
+    pd_status (*image_rows)(void *ctx, const char *path, uint32_t *rows, pd_err *err);
+    void *image_ctx;
 } pages_opts;
 
 typedef struct pages pages;

@@ -104,7 +104,7 @@ static pd_status shard_lines(const char *text, size_t len, shard_line **out, siz
     return PD_OK;
 }
 
-/* Writes page line `ln` to the shard, rewriting relative embeddings paths as
+/* Writes page line `ln` to the shard, rewriting relative embeddings and image paths as
  * prefix + "/" + path (prefix "" = unchanged, the line copied byte for
  * byte). */
 static pd_status shard_put_line(pd_publish *pub, const pages_page *pg, const shard_line *ln,
@@ -112,7 +112,8 @@ static pd_status shard_put_line(pd_publish *pub, const pages_page *pg, const sha
 {
     bool rewrite = false;
     for (uint32_t s = 0; s < pg->n_segs && prefix[0]; s++)
-        rewrite |= pg->segs[s].kind == PAGES_SEG_EMBEDDINGS && pg->segs[s].file[0] != '/';
+        rewrite |= (pg->segs[s].kind == PAGES_SEG_EMBEDDINGS || pg->segs[s].kind == PAGES_SEG_IMAGE) &&
+                   pg->segs[s].file[0] != '/';
     if (!rewrite) {
         pd_status st = pd_file_publish_write(pub, ln->text, ln->len, err);
         return st == PD_OK ? pd_file_publish_write(pub, "\n", 1, err) : st;
@@ -124,14 +125,17 @@ static pd_status shard_put_line(pd_publish *pub, const pages_page *pg, const sha
         st = pd_err_set(err, PD_ERR_FORMAT, "shard: %s:%" PRIu32 ": cannot re-read the line", manifest,
                         pg->line);
     for (cJSON *seg = prefill ? prefill->child : NULL; seg && st == PD_OK; seg = seg->next) {
-        cJSON *e = cJSON_GetObjectItemCaseSensitive(seg, "embeddings");
+        const char *key = "embeddings";
+        cJSON *e = cJSON_GetObjectItemCaseSensitive(seg, key);
+        if (!e)
+            e = cJSON_GetObjectItemCaseSensitive(seg, key = "image");
         if (!cJSON_IsString(e) || e->valuestring[0] == '/')
             continue;
         size_t n = strlen(prefix) + 1 + strlen(e->valuestring) + 1;
         char *path = malloc(n);
         cJSON *ns = path ? (snprintf(path, n, "%s/%s", prefix, e->valuestring), cJSON_CreateString(path)) : NULL;
         free(path);
-        if (!ns || !cJSON_ReplaceItemInObjectCaseSensitive(seg, "embeddings", ns)) {
+        if (!ns || !cJSON_ReplaceItemInObjectCaseSensitive(seg, key, ns)) {
             cJSON_Delete(ns);
             st = pd_err_set(err, PD_ERR_NOMEM, "shard: no memory");
         }

@@ -17,7 +17,7 @@
  * the model (token ids only checked to be >= 0, embedding widths not
  * compared): duplicate ids and malformed lines are refused naming
  * "manifest:line", and nothing is written. A shard manifest holds the
- * original lines byte for byte, except that a relative embeddings path is
+ * original lines byte for byte, except that a relative embeddings or image path is
  * rewritten relative to the output directory (so it names the same file);
  * such a line is re-serialized as compact JSON with the same fields and
  * values. Each shard file is published atomically (base/file.h). */

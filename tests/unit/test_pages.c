@@ -127,8 +127,8 @@ START_TEST(pages_text_segments_are_tokenized_or_refused_naming_the_page)
         {"{\"text\": \"a\xff\"}", PD_ERR_FORMAT,
          "pages.jsonl:1: page \"t\": prefill[0].text: byte offset 1: not valid UTF-8"},
         {"{\"text\": \"a\", \"tokens\": [1]}", PD_ERR_FORMAT,
-         "pages.jsonl:1: page \"t\": prefill[0]: has more than one of \"tokens\", \"text\" and "
-         "\"embeddings\"; a segment is one of them"},
+         "pages.jsonl:1: page \"t\": prefill[0]: has more than one of \"tokens\", \"text\", "
+         "\"embeddings\" and \"image\"; a segment is one of them"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char text[512];
@@ -350,16 +350,25 @@ static const bad_case BAD[] = {
      "pages.jsonl:3: page \"p3\": prefill[0].tokens: must be a non-empty array of token ids"},
     {"{\"id\": \"p3\", \"prefill\": [{\"tokens\": [1], \"embeddings\": \"e.npy\"}], "
      "\"max_new_tokens\": 5}", PD_ERR_FORMAT,
-     "pages.jsonl:3: page \"p3\": prefill[0]: has both \"tokens\" and \"embeddings\"; a segment is "
-     "one or the other"},
+     "pages.jsonl:3: page \"p3\": prefill[0]: has more than one of \"tokens\", \"text\", "
+     "\"embeddings\" and \"image\"; a segment is one of them"},
+    {"{\"id\": \"p3\", \"prefill\": [{\"image\": \"a.png\", \"text\": \"x\"}], "
+     "\"max_new_tokens\": 5}", PD_ERR_FORMAT,
+     "pages.jsonl:3: page \"p3\": prefill[0]: has more than one of \"tokens\", \"text\", "
+     "\"embeddings\" and \"image\"; a segment is one of them"},
+    {"{\"id\": \"p3\", \"prefill\": [{\"image\": \"\"}], \"max_new_tokens\": 5}", PD_ERR_FORMAT,
+     "pages.jsonl:3: page \"p3\": prefill[0].image: must be a non-empty file path (string)"},
+    {"{\"id\": \"p3\", \"prefill\": [{\"image\": [\"a.png\"]}], \"max_new_tokens\": 5}",
+     PD_ERR_FORMAT,
+     "pages.jsonl:3: page \"p3\": prefill[0].image: must be a non-empty file path (string)"},
     {"{\"id\": \"p3\", \"prefill\": [{}], \"max_new_tokens\": 5}", PD_ERR_FORMAT,
-     "pages.jsonl:3: page \"p3\": prefill[0]: empty segment (expected \"tokens\", \"text\" or "
-     "\"embeddings\")"},
+     "pages.jsonl:3: page \"p3\": prefill[0]: empty segment (expected \"tokens\", \"text\", "
+     "\"embeddings\" or \"image\")"},
     {"{\"id\": \"p3\", \"prefill\": [[1]], \"max_new_tokens\": 5}", PD_ERR_FORMAT,
      "pages.jsonl:3: page \"p3\": prefill[0]: a segment must be an object"},
     {"{\"id\": \"p3\", \"prefill\": [{\"token\": [1]}], \"max_new_tokens\": 5}", PD_ERR_FORMAT,
-     "pages.jsonl:3: page \"p3\": prefill[0]: unknown key \"token\" (a segment has tokens, text or "
-     "embeddings)"},
+     "pages.jsonl:3: page \"p3\": prefill[0]: unknown key \"token\" (a segment has tokens, text, "
+     "embeddings or image)"},
     {"{\"id\": \"p3\", \"prefill\": [{\"tokens\": [1], \"tokens\": [2]}], \"max_new_tokens\": 5}",
      PD_ERR_FORMAT, "pages.jsonl:3: page \"p3\": prefill[0]: key \"tokens\" given twice"},
     {"{\"id\": \"p3\", \"prefill\": [{\"embeddings\": 5}], \"max_new_tokens\": 5}", PD_ERR_FORMAT,
@@ -556,6 +565,30 @@ START_TEST(pages_load_without_a_model_checks_headers_not_widths)
 }
 END_TEST
 
+START_TEST(pages_image_segments_resolve_their_path_and_carry_no_rows)
+{
+    ck_assert_int_eq(mkdir("sub", 0755), 0);
+    put("sub/m.jsonl", "{\"id\": \"i\", \"prefill\": [{\"tokens\": [1]}, {\"image\": \"scan.png\"}, "
+                       "{\"image\": \"/abs/p.jpg\"}, {\"tokens\": [2, 3]}], \"max_new_tokens\": 3}\n");
+    pages *p = NULL;
+    pd_err err = {0};
+    /* the image files are not read at load: the vision encoder reads them */
+    ck_assert_msg(load("sub/m.jsonl", &p, &err) == PD_OK, "%s", err.msg);
+    pages_check(p);
+    const pages_page *g = pages_get(p, 0);
+    ck_assert_uint_eq(g->n_segs, 4);
+    ck_assert_int_eq(g->segs[1].kind, PAGES_SEG_IMAGE);
+    ck_assert_uint_eq(g->segs[1].rows, 0);
+    ck_assert_str_eq(g->segs[1].file, "scan.png");
+    ck_assert_str_eq(g->segs[1].path, "sub/scan.png");
+    ck_assert_str_eq(g->segs[2].path, "/abs/p.jpg");
+    ck_assert_uint_eq(g->prefill_rows, 3);
+    pd_err_clear(&err);
+    ck_assert_int_eq(pages_embed_read(p, 0, 1, 0, 1, NULL, &err), PD_ERR_ARG);
+    pages_free(p);
+}
+END_TEST
+
 Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("pages");
@@ -564,6 +597,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, pages_load_reads_tokens_and_embedding_segments);
     tcase_add_test(tc, pages_text_segments_are_tokenized_or_refused_naming_the_page);
     tcase_add_test(tc, pages_relative_paths_resolve_against_the_manifest_dir);
+    tcase_add_test(tc, pages_image_segments_resolve_their_path_and_carry_no_rows);
     tcase_add_test(tc, pages_lazy_embed_read_equals_the_file);
     tcase_add_test(tc, pages_header_only_defers_the_finite_check_to_reads);
     tcase_add_test(tc, pages_every_validation_error_names_line_page_and_field);

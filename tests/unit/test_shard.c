@@ -161,12 +161,15 @@ START_TEST(shard_rewrites_relative_embedding_paths_to_name_the_same_file)
     snprintf(text, sizeof text,
              "{\"id\":\"rel\",\"prefill\":[{\"tokens\":[1]},{\"embeddings\":\"emb/a.npy\"}],\"max_new_tokens\":2}\n"
              "{\"id\":\"abs\", \"prefill\": [{\"embeddings\": \"%s\"}], \"max_new_tokens\": 2}\n"
-             "{\"id\":\"tok\", \"prefill\": [{\"tokens\": [5.0]}], \"max_new_tokens\": 2}\n", abs);
+             "{\"id\":\"tok\", \"prefill\": [{\"tokens\": [5.0]}], \"max_new_tokens\": 2}\n"
+             "{\"id\":\"img\",\"prefill\":[{\"image\":\"scans/p1.png\"},{\"text\":\"Free OCR.\"}],"
+             "\"max_new_tokens\":2}\n", abs);
     put("in/pages.jsonl", text);
     pd_err err = {0};
     ck_assert_msg(shard_split("in/pages.jsonl", 1, "deep/sh", NULL, &err) == PD_OK, "%s", err.msg);
     char *s = slurp("deep/sh/shard-0.jsonl");
     ck_assert_ptr_nonnull(strstr(s, "\"embeddings\":\"../../in/emb/a.npy\""));
+    ck_assert_ptr_nonnull(strstr(s, "{\"image\":\"../../in/scans/p1.png\"},{\"text\":\"Free OCR.\"}"));
     /* lines without a relative path are copied byte for byte */
     ck_assert_ptr_nonnull(strstr(s, "{\"id\":\"abs\", \"prefill\": [{\"embeddings\": \""));
     ck_assert_ptr_nonnull(strstr(s, "{\"id\":\"tok\", \"prefill\": [{\"tokens\": [5.0]}], \"max_new_tokens\": 2}\n"));
@@ -174,8 +177,9 @@ START_TEST(shard_rewrites_relative_embedding_paths_to_name_the_same_file)
     /* and the shard loads, its embeddings resolving to the same file */
     pages *p = NULL;
     ck_assert_msg(pages_load("deep/sh/shard-0.jsonl", 1000, 8, NULL, &p, &err) == PD_OK, "%s", err.msg);
-    ck_assert_uint_eq(pages_count(p), 3);
+    ck_assert_uint_eq(pages_count(p), 4);
     ck_assert_uint_eq(pages_get(p, 0)->prefill_rows, 5);
+    ck_assert_str_eq(pages_get(p, 3)->segs[0].path, "deep/sh/../../in/scans/p1.png");
     pages_free(p);
     /* the shard directory beside the manifest: the path is kept as written */
     ck_assert_msg(shard_split("in/pages.jsonl", 1, "in", NULL, &err) == PD_OK, "%s", err.msg);

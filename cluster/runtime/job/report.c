@@ -88,6 +88,8 @@ static void report_stats_json(const report *rep, const rank *r, const sched_prog
     cJSON_AddNumberToObject(j, "pages_skipped", (double)pr->pages_skipped);
     cJSON_AddNumberToObject(j, "pages_failed", (double)pr->pages_failed);
     cJSON_AddNumberToObject(j, "pages_past_context", (double)pr->pages_past_context);
+    if (o->mmproj_path)
+        cJSON_AddNumberToObject(j, "images_encoded", (double)pr->images_encoded);
     if (o->draft.mode != DRAFT_NONE) {
         cJSON *sp = cJSON_AddObjectToObject(j, "spec");
         cJSON_AddNumberToObject(sp, "drafted", (double)pr->drafted);

@@ -214,6 +214,13 @@ int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
         fflush(stderr);
         code = RUN_EXIT_ABORT;
     }
+    bool clean = code == RUN_EXIT_OK;
+    if (clean && h) {
+        sched_progress pr;
+        head_progress(h, &pr);
+        if (pr.pages_failed)
+            code = RUN_EXIT_PAGES;
+    }
     if (o->pid_path && r.rank == 0)
         unlink(o->pid_path);
     report_free(rep);
@@ -221,7 +228,7 @@ int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
     ctl_close(c);
     head_free(h);
     rank_stop(&r);
-    if (code == RUN_EXIT_OK)
+    if (clean)
         pipe_close(p);
     return code;
 }

@@ -1,6 +1,7 @@
 /* head: the manifest, the scheduler's loop, results and the output file on
  * rank 0 (contract in head.h). */
 #include "cluster/runtime/loop/head.h"
+#include "cluster/runtime/loop/pageimg.h"
 
 #include "base/check.h"
 #include "base/file.h"
@@ -13,6 +14,7 @@
 #include "cluster/format/vocab.h"
 
 #include <stdio.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -35,6 +37,7 @@ struct head {
     outfile *of;
     sched *sc;
     drafter *dr;              /* --draft model: the draft model, else NULL */
+    pageimg *img;             /* --mmproj: image pages' encoder, else NULL */
     budget *bud;              /* NULL: no admission budget */
     bool *skip;               /* [pages] already in the output file */
     head_pending *pending;
@@ -144,6 +147,25 @@ static pd_status head_check_paths(const head *h, pd_err *err)
     return PD_OK;
 }
 
+/* Image segments need the vision encoder; a run decodes rows, so a manifest
+ * with images is refused before anything decodes, saying what to do. */
+static pd_status head_no_images(const head *h, pd_err *err)
+{
+    for (size_t p = 0; p < pages_count(h->pg); p++) {
+        const pages_page *pg = pages_get(h->pg, p);
+        for (uint32_t k = 0; k < pg->n_segs; k++)
+            if (pg->segs[k].kind == PAGES_SEG_IMAGE)
+                return pd_err_set(err, PD_ERR_UNSUPPORTED,
+                                  "%s:%" PRIu32 ": page \"%s\": prefill[%" PRIu32 "].image: %s: "
+                                  "image pages need the vision encoder: run --mmproj MM, or "
+                                  "pipedec encode --mmproj MM --model M --pages %s --out DIR first "
+                                  "and run DIR/pages.jsonl",
+                                  h->r->o->pages_path, pg->line, pg->id, k, pg->segs[k].file,
+                                  h->r->o->pages_path);
+    }
+    return PD_OK;
+}
+
 pd_status head_open(rank *r, head_resume_fn resume, head **out, pd_err *err)
 {
     head *h = calloc(1, sizeof *h);
@@ -156,9 +178,22 @@ pd_status head_open(rank *r, head_resume_fn resume, head **out, pd_err *err)
     pd_status st;
     head_tok_ctx tc = {.m = r->m};
     pages_opts po = {.tokenize = head_tokenize, .tokenize_ctx = &tc};
+    if (o->mmproj_path) {
+        pageimg_encoders enc = {.world = o->enc_world, .first = o->enc_first, .n = (int)o->encoder_ranks};
+        st = pageimg_open(o->mmproj_path, o->model_path, o->encoder_threads ? o->encoder_threads : o->threads,
+                          r->sz.max_streams, &enc, &h->img, err);
+        if (st) {
+            pd_err_prefix(err, "--mmproj");
+            return st;
+        }
+        po.image_rows = pageimg_count;
+        po.image_ctx = h->img;
+    }
     st = pages_load(o->pages_path, r->hp.vocab, r->hp.hidden, &po, &h->pg, err);
     tok_free(tc.t);
     if (st)
+        return st;
+    if (!h->img && (st = head_no_images(h, err)))
         return st;
     if ((st = head_vocab(h, err)))
         return st;
@@ -187,6 +222,8 @@ pd_status head_open(rank *r, head_resume_fn resume, head **out, pd_err *err)
         return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < n; i++)
         h->skip[i] = outfile_has(h->of, pages_get(h->pg, i)->id);
+    if (h->img && (st = pageimg_plan(h->img, h->pg, h->skip, err)))
+        return st;
     sched_config cfg = {.pg = h->pg,
                         .m = r->m,
                         .max_streams = r->sz.max_streams,
@@ -199,7 +236,9 @@ pd_status head_open(rank *r, head_resume_fn resume, head **out, pd_err *err)
                         .drafter = h->dr,
                         .spec_async = o->policy.spec_async,
                         .on_done = head_on_done,
-                        .on_done_ctx = h};
+                        .on_done_ctx = h,
+                        .image = h->img ? pageimg_read : NULL,
+                        .image_ctx = h->img};
     return sched_new(&cfg, h->n_inflight, &h->sc, err);
 }
 
@@ -216,6 +255,7 @@ void head_free(head *h)
     free(h->skip);
     sched_free(h->sc);
     drafter_free(h->dr);
+    pageimg_free(h->img);
     budget_free(h->bud);
     outfile_free(h->of);
     vocab_free(h->vb);
@@ -344,6 +384,7 @@ static pd_status head_on_done(void *ctx, const sched_result *r, pd_err *err)
 void head_progress(const head *h, sched_progress *out)
 {
     sched_get_progress(h->sc, out);
+    out->images_encoded = pageimg_encoded(h->img);
 }
 
 void head_progress_line(head *h, bool final)
@@ -465,6 +506,8 @@ pd_status head_loop(head *h, const run_hooks *hooks, pd_err *err)
     h->t_start = MPI_Wtime();
     h->asked = UINT64_MAX;
     for (;;) {
+        if (h->img && (st = pageimg_pump(h->img, err)))
+            return st;
         if (!drain_action && hk->want_drain && inflight < h->n_inflight && h->asked != h->formed &&
             !sched_finished(h->sc)) {
             h->asked = h->formed;
@@ -520,6 +563,8 @@ pd_status head_loop(head *h, const run_hooks *hooks, pd_err *err)
             return st;
         head_progress_line(h, false);
     }
+    if (h->img && (st = pageimg_finish(h->img, err)))
+        return st;
     if (!alone) {
         uint8_t *buf;
         uint32_t slot;

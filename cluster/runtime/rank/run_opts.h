@@ -61,6 +61,11 @@ typedef struct run_opts {
                                  done when the file is not readable on that rank any more) */
     const char *trace_path;   /* --trace-hidden: per-rank residual-row hashes, NULL = off
                                  (rank 0 writes the path itself, rank r > 0 path.r) */
+    const char *mmproj_path;  /* --mmproj: image pages encoded at the head (loop/pageimg.h), NULL = none */
+    uint32_t encoder_threads; /* --encoder-threads: the encoder's threads (0 = --threads) */
+    uint32_t encoder_ranks;   /* --encoder-ranks E: the last E ranks of the launch encode images */
+    MPI_Comm enc_world;       /* set by cmd_run with encoder ranks: the launch's communicator */
+    int enc_first;            /* ... and the first encoder's rank in it */
     const char *pid_path;     /* --pid-file: rank 0 writes "rank pid host" per rank once every
                                  rank started, removes it at exit; NULL = none */
 } run_opts;
@@ -108,6 +113,9 @@ typedef struct run_hooks {
     void *ctx;
 } run_hooks;
 
-enum { RUN_EXIT_OK = 0, RUN_EXIT_FAIL = 1, RUN_EXIT_ABORT = 3, RUN_EXIT_RESUMABLE = 75 };
+/* RUN_EXIT_PAGES: the job ran to its end, but some pages have error lines
+ * instead of tokens (a bad image, an embeddings file that changed): rank 0
+ * exits with it, a rerun retries those pages. */
+enum { RUN_EXIT_OK = 0, RUN_EXIT_FAIL = 1, RUN_EXIT_ABORT = 3, RUN_EXIT_PAGES = 4, RUN_EXIT_RESUMABLE = 75 };
 
 #endif

@@ -10,6 +10,7 @@
 #define SCHED_SPEC_PROBE_MAX 256u /* doubled after every probe that fails, up to this */
 #define SCHED_CHAIN_CAP (2u * SCHED_MAX_DRAFTS + 2u) /* assumed tokens of two batches in flight */
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -265,6 +266,16 @@ static pd_status prefill_rows(sched *s, const stream_state *st, const model *em,
                 for (uint32_t i = 0; i < cnt; i++) {
                     uint32_t t = (uint32_t)sg->tokens[off + i];
                     model_embed(em, &t, 1, dst + (size_t)i * s->hidden);
+                }
+            } else if (sg->kind == PAGES_SEG_IMAGE) {
+                if (sg->error)
+                    return pd_err_set(err, PD_ERR_FORMAT, "%s", sg->error);
+                CHECKF(s->cfg.image, "page %zu has an image segment and no encoder", (size_t)st->page);
+                pd_status rc = s->cfg.image(s->cfg.image_ctx, (size_t)st->page, k, sg->path, sg->rows,
+                                            em, off, cnt, dst, err);
+                if (rc) {
+                    pd_err_prefix(err, "prefill[%" PRIu32 "].image", k);
+                    return rc;
                 }
             } else {
                 pd_status rc = pages_embed_read(s->cfg.pg, st->page, k, off, cnt, dst, err);

@@ -87,6 +87,15 @@ typedef sched_admit (*sched_admit_fn)(void *ctx, size_t page, uint64_t prefill_r
 /* A stream that admit let in has ended (any reason). */
 typedef void (*sched_release_fn)(void *ctx, size_t page, uint64_t prefill_rows, uint32_t max_new);
 
+/* Rows [off, off + n) of image segment `seg` of page `page` (its file at
+ * path, seg_rows rows in all) into dst [n x hidden]: image rows as the vision
+ * encoder makes them, the text pieces it places around them through em's
+ * embedding table (the target's, or the draft model's). Failure ends that
+ * page alone (its error line says why). */
+typedef pd_status (*sched_image_fn)(void *ctx, size_t page, uint32_t seg, const char *path,
+                                    uint32_t seg_rows, const model *em, uint32_t off, uint32_t n,
+                                    float *dst, pd_err *err);
+
 typedef struct sched_config {
     const pages *pg;          /* borrowed */
     const model *m;           /* borrowed: embeddings (head), hparams */
@@ -107,6 +116,8 @@ typedef struct sched_config {
                                * drafts may get a second one in flight, verify rows only,
                                * built as if every draft were accepted (the tail rejects it
                                * when not; the stages roll it back) */
+    sched_image_fn image;     /* rows of "image" segments (run --mmproj), NULL: none in the pages */
+    void *image_ctx;
     sched_admit_fn admit;     /* NULL: admit whenever a stream slot is free */
     sched_release_fn release;
     void *admit_ctx;
@@ -173,6 +184,7 @@ typedef struct sched_progress {
     uint64_t stale_rows;      /* asynchronous speculation: verify rows sent on an assumption a
                                * result then refuted (the stages rolled them back) */
     uint32_t streams_alive;
+    uint64_t images_encoded;  /* run --mmproj: page images encoded (filled by the head, loop/pageimg.h) */
 } sched_progress;
 void sched_get_progress(const sched *s, sched_progress *out);
 

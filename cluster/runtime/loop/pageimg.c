@@ -1,0 +1,472 @@
+/* pageimg: image pages encoded at the head or on encoder ranks (see pageimg.h). */
+#include "cluster/runtime/loop/pageimg.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/check.h"
+#include "cluster/vision/venc.h"
+
+/* Requests an encoder rank holds at once: one it works on, one waiting, so
+ * it never idles between two. */
+#define PAGEIMG_DEPTH 2u
+
+typedef enum pe_state { PE_FREE, PE_WAIT, PE_READY } pe_state;
+
+typedef struct pageimg_entry {
+    pe_state state;
+    bool started;   /* the scheduler read rows of it */
+    bool failed;    /* READY with an error instead of rows */
+    size_t page;
+    uint32_t seg;
+    uint64_t stamp; /* last use, for eviction */
+    uint64_t id;    /* encoder ranks: the request */
+    int enc;        /* encoder ranks: index of the encoder that has it */
+    pd_err why;     /* failed: the encoder's message */
+    venc_out out;
+} pageimg_entry;
+
+typedef struct pageimg_job {
+    size_t page;
+    uint32_t seg;
+    const char *path; /* borrowed from the pages */
+} pageimg_job;
+
+struct pageimg {
+    venc *v;
+    uint32_t width, streams;
+    pageimg_entry *e;
+    uint32_t n_e;
+    uint64_t clock, encoded, next_id;
+    pageimg_encoders enc;
+    uint32_t *busy; /* [enc.n] requests outstanding */
+    uint32_t rr;    /* round robin over encoders */
+    pageimg_job *plan;
+    size_t n_plan, next_plan;
+    size_t read_page; /* the highest page read so far */
+};
+
+pd_status pageimg_open(const char *mmproj, const char *model_path, uint32_t threads,
+                       uint32_t streams, const pageimg_encoders *enc, pageimg **out, pd_err *err)
+{
+    pageimg *pi = calloc(1, sizeof *pi);
+    if (!pi)
+        return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+    if (enc)
+        pi->enc = *enc;
+    pi->streams = streams;
+    pi->n_e = streams + 1 + (uint32_t)pi->enc.n * PAGEIMG_DEPTH;
+    pi->e = calloc(pi->n_e, sizeof *pi->e);
+    pi->busy = calloc(pi->enc.n > 0 ? (size_t)pi->enc.n : 1, sizeof *pi->busy);
+    if (!pi->e || !pi->busy) {
+        pageimg_free(pi);
+        return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+    }
+    pd_status st = venc_open(&(venc_opts){.mmproj = mmproj, .model = model_path,
+                                           .threads = (int)(threads ? threads : 1)},
+                             &pi->v, err);
+    if (st != PD_OK) {
+        pageimg_free(pi);
+        return st;
+    }
+    pi->width = venc_width(pi->v);
+    *out = pi;
+    return PD_OK;
+}
+
+void pageimg_free(pageimg *pi)
+{
+    if (!pi)
+        return;
+    for (uint32_t i = 0; pi->e && i < pi->n_e; i++)
+        venc_out_free(&pi->e[i].out);
+    free(pi->e);
+    free(pi->busy);
+    free(pi->plan);
+    venc_close(pi->v);
+    free(pi);
+}
+
+uint64_t pageimg_encoded(const pageimg *pi)
+{
+    return pi ? pi->encoded : 0;
+}
+
+pd_status pageimg_count(void *ctx, const char *path, uint32_t *rows, pd_err *err)
+{
+    pageimg *pi = ctx;
+    venc_out o;
+    pd_status st = venc_image(pi->v, path, true, &o, err);
+    if (st != PD_OK)
+        return st;
+    *rows = o.rows > UINT32_MAX ? UINT32_MAX : (uint32_t)o.rows;
+    venc_out_free(&o);
+    return PD_OK;
+}
+
+pd_status pageimg_plan(pageimg *pi, const pages *pg, const bool *skip, pd_err *err)
+{
+    size_t n = 0;
+    for (size_t p = 0; p < pages_count(pg); p++)
+        for (uint32_t k = 0; k < pages_get(pg, p)->n_segs; k++)
+            n += !(skip && skip[p]) && pages_get(pg, p)->segs[k].kind == PAGES_SEG_IMAGE &&
+                 !pages_get(pg, p)->segs[k].error;
+    free(pi->plan);
+    pi->plan = calloc(n ? n : 1, sizeof *pi->plan);
+    if (!pi->plan)
+        return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+    for (size_t p = 0; p < pages_count(pg); p++) {
+        const pages_page *pp = pages_get(pg, p);
+        for (uint32_t k = 0; k < pp->n_segs; k++)
+            if (!(skip && skip[p]) && pp->segs[k].kind == PAGES_SEG_IMAGE && !pp->segs[k].error)
+                pi->plan[pi->n_plan++] = (pageimg_job){.page = p, .seg = k, .path = pp->segs[k].path};
+    }
+    pi->next_plan = 0;
+    return PD_OK;
+}
+
+static pageimg_entry *pageimg_find(pageimg *pi, size_t page, uint32_t seg)
+{
+    for (uint32_t i = 0; i < pi->n_e; i++)
+        if (pi->e[i].state != PE_FREE && pi->e[i].page == page && pi->e[i].seg == seg)
+            return &pi->e[i];
+    return NULL;
+}
+
+static void pageimg_release(pageimg_entry *e)
+{
+    venc_out_free(&e->out);
+    *e = (pageimg_entry){.state = PE_FREE};
+}
+
+/* A free entry; without encoder ranks the least recently used ready one is
+ * evicted when none is free (an image read again is encoded again: the same
+ * rows). NULL only when every entry waits on an encoder (cannot happen: the
+ * queue ahead is bounded below the cache size). */
+static pageimg_entry *pageimg_slot(pageimg *pi)
+{
+    pageimg_entry *victim = NULL;
+    for (uint32_t i = 0; i < pi->n_e; i++) {
+        pageimg_entry *e = &pi->e[i];
+        if (e->state == PE_FREE)
+            return e;
+        if (e->state == PE_READY && (!victim || e->stamp < victim->stamp))
+            victim = e;
+    }
+    if (victim)
+        pageimg_release(victim);
+    return victim;
+}
+
+/* ---- encoder ranks ------------------------------------------------------- */
+
+static pd_status pageimg_mpi(int rc, const char *what, pd_err *err)
+{
+    if (rc == MPI_SUCCESS)
+        return PD_OK;
+    char s[MPI_MAX_ERROR_STRING];
+    int n = 0;
+    MPI_Error_string(rc, s, &n);
+    return pd_err_set(err, PD_ERR_MPI, "encoder ranks: %s: %.*s", what, n, s);
+}
+
+static pd_status pageimg_request(pageimg *pi, pageimg_entry *e, size_t page, uint32_t seg, const char *path,
+                                 pd_err *err)
+{
+    uint32_t best = pi->rr % (uint32_t)pi->enc.n;
+    for (uint32_t j = 0; j < (uint32_t)pi->enc.n; j++) {
+        uint32_t c = (pi->rr + j) % (uint32_t)pi->enc.n;
+        if (pi->busy[c] < pi->busy[best])
+            best = c;
+    }
+    pi->rr = best + 1;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    uint64_t id = pi->next_id++;
+    pd_status st = venc_msg_request(VENC_MSG_ENCODE, id, path, &buf, &len, err);
+    if (st != PD_OK)
+        return st;
+    st = pageimg_mpi(MPI_Send(buf, (int)len, MPI_BYTE, pi->enc.first + (int)best, PAGEIMG_TAG_REQUEST,
+                              pi->enc.world), "send a request", err);
+    free(buf);
+    if (st != PD_OK)
+        return st;
+    pi->busy[best]++;
+    *e = (pageimg_entry){.state = PE_WAIT, .page = page, .seg = seg, .id = id, .enc = (int)best,
+                         .stamp = ++pi->clock};
+    return PD_OK;
+}
+
+/* Receives one reply (waiting for it when `wait`); *got says whether one came. */
+static pd_status pageimg_take(pageimg *pi, bool wait, bool *got, pd_err *err)
+{
+    *got = false;
+    MPI_Status ms;
+    int flag = 1;
+    pd_status st;
+    if (wait)
+        st = pageimg_mpi(MPI_Probe(MPI_ANY_SOURCE, PAGEIMG_TAG_REPLY, pi->enc.world, &ms), "probe", err);
+    else
+        st = pageimg_mpi(MPI_Iprobe(MPI_ANY_SOURCE, PAGEIMG_TAG_REPLY, pi->enc.world, &flag, &ms), "probe", err);
+    if (st != PD_OK || !flag)
+        return st;
+    int n = 0;
+    MPI_Get_count(&ms, MPI_BYTE, &n);
+    uint8_t *buf = malloc(n > 0 ? (size_t)n : 1);
+    if (!buf)
+        return pd_err_set(err, PD_ERR_NOMEM, "encoder ranks: no memory for a reply of %d bytes", n);
+    st = pageimg_mpi(MPI_Recv(buf, n, MPI_BYTE, ms.MPI_SOURCE, PAGEIMG_TAG_REPLY, pi->enc.world,
+                              MPI_STATUS_IGNORE), "receive a reply", err);
+    int c = ms.MPI_SOURCE - pi->enc.first;
+    if (st == PD_OK && (c < 0 || c >= pi->enc.n))
+        st = pd_err_set(err, PD_ERR_MPI, "encoder ranks: a reply from rank %d, not an encoder", ms.MPI_SOURCE);
+    uint64_t id = 0;
+    venc_out o = {0};
+    pd_err why = {0};
+    if (st == PD_OK)
+        st = venc_msg_parse_reply(buf, (size_t)n, pi->width, &id, &o, &why, err);
+    free(buf);
+    if (st != PD_OK) {
+        pd_err_prefix(err, "encoder rank %d", ms.MPI_SOURCE);
+        return st;
+    }
+    pageimg_entry *e = NULL;
+    for (uint32_t i = 0; i < pi->n_e && !e; i++)
+        if (pi->e[i].state == PE_WAIT && pi->e[i].id == id && pi->e[i].enc == c)
+            e = &pi->e[i];
+    if (!e) {
+        venc_out_free(&o);
+        return pd_err_set(err, PD_ERR_MPI, "encoder rank %d: a reply to request %" PRIu64 " nobody waits for",
+                          ms.MPI_SOURCE, id);
+    }
+    pi->busy[c]--;
+    e->state = PE_READY;
+    e->failed = why.status != PD_OK;
+    e->why = why;
+    e->out = o;
+    pi->encoded += !e->failed;
+    *got = true;
+    return PD_OK;
+}
+
+pd_status pageimg_pump(pageimg *pi, pd_err *err)
+{
+    if (!pi || pi->enc.n == 0)
+        return PD_OK;
+    bool got = true;
+    pd_status st = PD_OK;
+    while (st == PD_OK && got)
+        st = pageimg_take(pi, false, &got, err);
+    /* the queue ahead: requested or ready but not started, at most DEPTH per encoder */
+    uint32_t ahead = 0;
+    for (uint32_t i = 0; i < pi->n_e; i++)
+        ahead += pi->e[i].state != PE_FREE && !pi->e[i].started;
+    while (st == PD_OK && pi->next_plan < pi->n_plan && ahead < (uint32_t)pi->enc.n * PAGEIMG_DEPTH) {
+        const pageimg_job *j = &pi->plan[pi->next_plan++];
+        if (pageimg_find(pi, j->page, j->seg))
+            continue;
+        pageimg_entry *e = pageimg_slot(pi);
+        CHECK(e);
+        st = pageimg_request(pi, e, j->page, j->seg, j->path, err);
+        ahead++;
+    }
+    return st;
+}
+
+pd_status pageimg_finish(pageimg *pi, pd_err *err)
+{
+    if (!pi || pi->enc.n == 0)
+        return PD_OK;
+    pd_status st = PD_OK;
+    for (;;) {
+        bool waiting = false;
+        for (uint32_t i = 0; i < pi->n_e; i++)
+            waiting |= pi->e[i].state == PE_WAIT;
+        if (!waiting)
+            break;
+        bool got;
+        if ((st = pageimg_take(pi, true, &got, err)) != PD_OK)
+            return st;
+    }
+    for (int c = 0; c < pi->enc.n && st == PD_OK; c++) {
+        uint8_t *buf = NULL;
+        size_t len = 0;
+        if ((st = venc_msg_request(VENC_MSG_STOP, pi->next_id++, NULL, &buf, &len, err)) == PD_OK)
+            st = pageimg_mpi(MPI_Send(buf, (int)len, MPI_BYTE, pi->enc.first + c, PAGEIMG_TAG_REQUEST,
+                                      pi->enc.world), "send stop", err);
+        free(buf);
+    }
+    pi->enc.n = 0; /* once */
+    return st;
+}
+
+/* ---- reading rows -------------------------------------------------------- */
+
+/* The encoding of (page, seg), ready: from the cache, from an encoder rank
+ * (waiting for it), or encoded here. */
+static pd_status pageimg_get(pageimg *pi, size_t page, uint32_t seg, const char *path,
+                             pageimg_entry **out, pd_err *err)
+{
+    pageimg_entry *e = pageimg_find(pi, page, seg);
+    pd_status st;
+    if (!e) {
+        e = pageimg_slot(pi);
+        CHECK(e);
+        if (pi->enc.n > 0) {
+            if ((st = pageimg_request(pi, e, page, seg, path, err)) != PD_OK)
+                return st;
+        } else {
+            venc_out o;
+            pd_err why = {0};
+            st = venc_image(pi->v, path, false, &o, &why);
+            if (st == PD_ERR_NOMEM) {
+                *err = why;
+                return st;
+            }
+            *e = (pageimg_entry){.state = PE_READY, .page = page, .seg = seg, .failed = st != PD_OK,
+                                 .why = why, .out = st == PD_OK ? o : (venc_out){0}};
+            pi->encoded += st == PD_OK;
+        }
+    }
+    while (e->state == PE_WAIT) {
+        bool got;
+        if ((st = pageimg_take(pi, true, &got, err)) != PD_OK)
+            return st;
+    }
+    e->stamp = ++pi->clock;
+    e->started = true;
+    *out = e;
+    return PD_OK;
+}
+
+pd_status pageimg_read(void *ctx, size_t page, uint32_t seg, const char *path, uint32_t seg_rows,
+                       const model *em, uint32_t off, uint32_t n, float *dst, pd_err *err)
+{
+    pageimg *pi = ctx;
+    pageimg_entry *e = NULL;
+    pd_status st = pageimg_get(pi, page, seg, path, &e, err);
+    if (st != PD_OK)
+        return st;
+    /* images planned for pages far behind this one were never read (their
+     * page failed before its prefill): their entries go */
+    if (page > pi->read_page)
+        pi->read_page = page;
+    for (uint32_t i = 0; i < pi->n_e; i++) {
+        pageimg_entry *x = &pi->e[i];
+        if (x->state == PE_READY && !x->started && x->page + 4 * (size_t)pi->streams + 16 < pi->read_page)
+            pageimg_release(x);
+    }
+    if (e->failed) {
+        *err = e->why;
+        pageimg_release(e);
+        return err->status ? err->status : PD_ERR_FORMAT;
+    }
+    if (e->out.rows != seg_rows) {
+        uint64_t got = e->out.rows;
+        pageimg_release(e);
+        return pd_err_set(err, PD_ERR_MISMATCH, "%s: encoded to %" PRIu64 " rows, its header "
+                          "promised %" PRIu32 " (the file changed since the manifest was loaded?)",
+                          path, got, seg_rows);
+    }
+    uint32_t hidden = model_hp(em)->hidden;
+    if (hidden != pi->width)
+        return pd_err_set(err, PD_ERR_MISMATCH, "%s: image rows are %" PRIu32 " wide, this model's "
+                          "hidden size is %" PRIu32, path, pi->width, hidden);
+    uint64_t p0 = 0;
+    uint32_t done = 0;
+    for (size_t k = 0; k < e->out.n_pieces && done < n; k++) {
+        const venc_piece *pc = &e->out.pieces[k];
+        uint64_t at = (uint64_t)off + done;
+        if (at < p0 + pc->n) {
+            uint32_t o = (uint32_t)(at - p0), cnt = pc->n - o;
+            if (cnt > n - done)
+                cnt = n - done;
+            float *d = dst + (size_t)done * hidden;
+            if (pc->image) {
+                memcpy(d, pc->rows + (size_t)o * hidden, (size_t)cnt * hidden * sizeof *d);
+            } else {
+                for (uint32_t i = 0; i < cnt; i++) {
+                    uint32_t t = (uint32_t)pc->tokens[o + i];
+                    if (t >= model_hp(em)->vocab)
+                        return pd_err_set(err, PD_ERR_RANGE, "%s: the encoder's text piece holds id %"
+                                          PRIu32 ", outside the vocabulary", path, t);
+                    model_embed(em, &t, 1, d + (size_t)i * hidden);
+                }
+            }
+            done += cnt;
+        }
+        p0 += pc->n;
+    }
+    if (done != n)
+        return pd_err_set(err, PD_ERR_RANGE, "%s: rows [%" PRIu32 ", %" PRIu64 ") past its %" PRIu64
+                          " rows", path, off, (uint64_t)off + n, e->out.rows);
+    /* the last row read: this image's prefill is done, its rows can go */
+    if ((uint64_t)off + n == e->out.rows)
+        pageimg_release(e);
+    return PD_OK;
+}
+
+/* ---- an encoder rank ------------------------------------------------------ */
+
+pd_status pageimg_serve(const char *mmproj, const char *model_path, uint32_t threads, MPI_Comm world,
+                        int head, pd_err *err)
+{
+    venc *v = NULL;
+    pd_status st = venc_open(&(venc_opts){.mmproj = mmproj, .model = model_path,
+                                          .threads = (int)(threads ? threads : 1)},
+                             &v, err);
+    if (st != PD_OK)
+        return st;
+    for (;;) {
+        MPI_Status ms;
+        if ((st = pageimg_mpi(MPI_Probe(head, PAGEIMG_TAG_REQUEST, world, &ms), "probe", err)) != PD_OK)
+            break;
+        int n = 0;
+        MPI_Get_count(&ms, MPI_BYTE, &n);
+        uint8_t *req = malloc(n > 0 ? (size_t)n : 1);
+        if (!req) {
+            st = pd_err_set(err, PD_ERR_NOMEM, "encoder: no memory");
+            break;
+        }
+        st = pageimg_mpi(MPI_Recv(req, n, MPI_BYTE, head, PAGEIMG_TAG_REQUEST, world, MPI_STATUS_IGNORE),
+                         "receive a request", err);
+        uint32_t kind = 0;
+        uint64_t id = 0;
+        const char *p = NULL;
+        size_t pl = 0;
+        if (st == PD_OK)
+            st = venc_msg_parse_request(req, (size_t)n, &kind, &id, &p, &pl, err);
+        char path[VENC_MAX_PATH + 1];
+        if (st == PD_OK) {
+            memcpy(path, p, pl);
+            path[pl] = '\0';
+        }
+        free(req);
+        if (st != PD_OK || kind == VENC_MSG_STOP)
+            break;
+        venc_out o;
+        pd_err why = {0};
+        pd_status es = venc_image(v, path, false, &o, &why);
+        if (es == PD_ERR_NOMEM) {
+            *err = why;
+            st = es;
+            break;
+        }
+        uint8_t *rep = NULL;
+        size_t len = 0;
+        st = venc_msg_reply(id, es, why.msg, es == PD_OK ? &o : NULL, venc_width(v), &rep, &len, err);
+        if (es == PD_OK)
+            venc_out_free(&o);
+        if (st == PD_OK && len > (size_t)INT32_MAX)
+            st = pd_err_set(err, PD_ERR_RANGE, "encoder: %s: a reply of %zu bytes", path, len);
+        if (st == PD_OK)
+            st = pageimg_mpi(MPI_Send(rep, (int)len, MPI_BYTE, head, PAGEIMG_TAG_REPLY, world), "send a reply",
+                             err);
+        free(rep);
+        if (st != PD_OK)
+            break;
+    }
+    venc_close(v);
+    return st;
+}

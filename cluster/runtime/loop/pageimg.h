@@ -1,0 +1,84 @@
+/* pageimg: image pages inside a run (run --mmproj MM): the rows of each
+ * page image, from the vision encoder (cluster/vision/venc.h), fed by the
+ * head as it feeds embedding rows. The output is byte-identical to `pipedec
+ * encode` then `run` on its manifest: the same library makes the same rows
+ * and text pieces at the same positions (tests/anchor/mtmd_pages.sh).
+ *
+ * Where images are encoded:
+ *   - on the head itself (no encoder ranks), when the scheduler first needs
+ *     an image's rows;
+ *   - on E encoder ranks of their own (run --encoder-ranks E): the head
+ *     sends them the images of the pages to come, in manifest order, a few
+ *     per encoder ahead (a bounded queue: memory stays flat), takes the rows
+ *     back as they come, and waits only when the scheduler needs rows not yet
+ *     encoded. Encoders work while the pipeline decodes.
+ *
+ * At load (pages_opts.image_rows) each image's rows are counted from its
+ * header alone (mtmd's preprocessing of a placeholder of the same size; the
+ * head opens the encoder for that), so the scheduler plans the page without
+ * decoding it. Encodings wait in a small cache (one entry per stream that
+ * may be prefilling, plus the queue ahead) until their prefill is done. A
+ * checkpoint holds no image rows: a resumed job encodes only the pages it
+ * had not finished. */
+#ifndef PD_RUNTIME_PAGEIMG_H
+#define PD_RUNTIME_PAGEIMG_H
+
+#include <mpi.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+#include "cluster/format/pages.h"
+#include "cluster/model/model.h"
+
+typedef struct pageimg pageimg;
+
+/* Where the encoders are: n ranks of world from rank first on (n = 0: the
+ * head encodes). */
+typedef struct pageimg_encoders {
+    MPI_Comm world;
+    int first, n;
+} pageimg_encoders;
+
+/* MPI tags of the encoder messages on world. */
+#define PAGEIMG_TAG_REQUEST 0x5049
+#define PAGEIMG_TAG_REPLY 0x504A
+
+/* Opens the encoder (mmproj against the decoder at model_path, threads
+ * encoder threads) with room for `streams` images being read. */
+pd_status pageimg_open(const char *mmproj, const char *model_path, uint32_t threads,
+                       uint32_t streams, const pageimg_encoders *enc, pageimg **out, pd_err *err);
+
+void pageimg_free(pageimg *pi);
+
+/* pages_opts.image_rows: the rows the image at path becomes. ctx: pageimg. */
+pd_status pageimg_count(void *ctx, const char *path, uint32_t *rows, pd_err *err);
+
+/* The images to come, in the order the scheduler admits pages (manifest
+ * order, pages with skip[i] set left out): what encoder ranks work ahead on. */
+pd_status pageimg_plan(pageimg *pi, const pages *pg, const bool *skip, pd_err *err);
+
+/* Encoder ranks: sends requests while there is room, takes finished replies
+ * (never blocks). The head calls it once per loop turn. No-op without them. */
+pd_status pageimg_pump(pageimg *pi, pd_err *err);
+
+/* Encoder ranks: waits for every outstanding reply and tells each encoder to
+ * stop. Call once, after the last micro-batch. No-op without them. */
+pd_status pageimg_finish(pageimg *pi, pd_err *err);
+
+/* sched_config.image (sched.h). ctx: pageimg. */
+pd_status pageimg_read(void *ctx, size_t page, uint32_t seg, const char *path, uint32_t seg_rows,
+                       const model *em, uint32_t off, uint32_t n, float *dst, pd_err *err);
+
+/* Images encoded for this run so far (here or on encoder ranks). */
+uint64_t pageimg_encoded(const pageimg *pi);
+
+/* An encoder rank's whole life (run --encoder-ranks): opens the encoder,
+ * encodes what the head at rank `head` of world asks, in order, and returns
+ * when it says stop. A page whose image fails is answered with the error (the
+ * page fails alone); only a malformed request or an MPI failure ends it. */
+pd_status pageimg_serve(const char *mmproj, const char *model_path, uint32_t threads, MPI_Comm world,
+                        int head, pd_err *err);
+
+#endif
