@@ -438,7 +438,12 @@ def render_chunk(pipedec, model_gguf, texts, d):
         for line, text in zip(f, texts):
             pg = json.loads(line)
             emb = np.load(os.path.join(d, pg["prefill"][1]["embeddings"]))
-            pages.append((torch.tensor(emb), pg["prefill"][2]["tokens"], list(text.encode("ascii"))))
+            # render writes the prompt as {"text": ...} when the model's own
+            # tokenizer gives back its ids: with the byte vocabulary the ids
+            # are the text's bytes
+            seg = pg["prefill"][2]
+            prompt = seg["tokens"] if "tokens" in seg else list(seg["text"].encode("utf-8"))
+            pages.append((torch.tensor(emb), prompt, list(text.encode("ascii"))))
     shutil.rmtree(d)
     return pages
 

@@ -417,7 +417,7 @@ static int gguf_key_used(const char *key, const char *arch)
         "attention.head_count_kv", "context_length", "rope.freq_base", "attention.layer_norm_rms_epsilon",
         "leading_dense_block_count", "expert_count", "expert_used_count", "expert_shared_count",
         "expert_feed_forward_length", "expert_weights_scale", "expert_weights_norm", "expert_gating_func",
-        "rope.scaling.factor",
+        "rope.scaling.factor", "rope.scaling.type", "rope.scaling.attn_factor",
     };
     for (size_t i = 0; i < sizeof general / sizeof general[0]; i++)
         if (!strcmp(key, general[i]))
@@ -507,6 +507,14 @@ static int inspect_gguf(const char *path, int json, FILE *out, FILE *err)
         cJSON_AddNumberToObject(h, "rope_freq_base", hp.rope_base);
         cJSON_AddStringToObject(h, "rope", hp.rope == MODEL_ROPE_NEOX ? "neox" : "norm");
         cJSON_AddNumberToObject(h, "rms_eps", hp.rms_eps);
+        if (hp.arch == MODEL_ARCH_DEEPSEEK2_OCR) {
+            static const char *const sn[MODEL_ROPE_SCALING_COUNT] = {"none", "linear", "yarn"};
+            cJSON_AddStringToObject(h, "rope_scaling_type", sn[hp.rope_scaling]);
+            cJSON_AddNumberToObject(h, "rope_scaling_factor", hp.rope_scaling_factor);
+            cJSON_AddNumberToObject(h, "rope_scaling_attn_factor", hp.rope_scaling_attn_factor);
+            json_u64(h, "rope_scaling_original_context_length", hp.rope_scaling_orig_ctx);
+            cJSON_AddNumberToObject(h, "kq_mscale2", hp.kq_mul); /* kq_scale = this / sqrt(head_dim) */
+        }
         cJSON_AddBoolToObject(h, "tied_output", hp.tied_output);
         cJSON_AddBoolToObject(h, "qkv_bias", hp.qkv_bias);
         if (model_arch_is_moe(hp.arch)) {
@@ -569,6 +577,12 @@ static int inspect_gguf(const char *path, int json, FILE *out, FILE *err)
                     hp.n_layers, hp.hidden, hp.n_heads, hp.head_dim, hp.n_kv_heads, hp.ffn, hp.ctx,
                     hp.rope == MODEL_ROPE_NEOX ? "neox" : "norm", (double)hp.rope_base, (double)hp.rms_eps,
                     hp.tied_output ? "tied to token_embd" : "output.weight");
+            if (hp.arch == MODEL_ARCH_DEEPSEEK2_OCR && hp.kq_mul != 1.0f)
+                fprintf(out, "rope scaling: %s, factor %g (rope unchanged; scores x mscale^2 = %.6g)\n",
+                        hp.rope_scaling == MODEL_ROPE_SCALING_YARN     ? "yarn"
+                        : hp.rope_scaling == MODEL_ROPE_SCALING_LINEAR ? "linear"
+                                                                       : "none",
+                        (double)hp.rope_scaling_factor, (double)hp.kq_mul);
             if (model_arch_is_moe(hp.arch))
                 fprintf(out, "moe: %u dense layers, %u experts (top %u) of ffn %u, %u shared, gating %s, norm %s, "
                              "scale %g%s\n",

@@ -19,11 +19,16 @@ static void mkmodel_usage(FILE *f)
                "                        [--eos-boost X] [--repeat P]\n"
                "       deepseek only:   [--dense-layers N] [--experts N] [--experts-used K]\n"
                "                        [--expert-ffn N] [--shared N] [--expert-scale X]\n"
+               "       deepseek2-ocr:   [--rope-scaling none|linear|yarn] [--rope-factor X] [--rope-orig-ctx N]\n"
+               "                        [--yarn-log-mul X]   (rope.scaling.* keys, as llama.cpp's converter writes)\n"
                "  --arch deepseek2-ocr (DeepSeek-OCR as llama.cpp's converter writes it: NEOX rope) and deepseek (V1)\n"
                "  default to DeepSeek-OCR's decoder: 12 layers, hidden 1280, 10 heads (MHA),\n"
                "  1 dense layer of ffn 6848, 64 experts (top 6) of ffn 896, 2 shared, vocab 129280, ctx 8192\n"
                "       or:              pipedec mkmodel --from-weights DIR --out FILE [--dtype f32|f16]\n"
                "  --from-weights DIR: a trained llama or deepseek model (DIR/config.json + one .npy per tensor, see docs/ocr.md)\n"
+               "       or:              pipedec mkmodel --revocab IN.gguf --out FILE\n"
+               "  --revocab IN: IN's byte vocabulary rewritten as --from-weights writes it (merges, pre), every\n"
+               "                other key and every tensor byte copied (OUT may be IN)\n"
                "  --repeat P: greedy text cycles through the vocabulary's last P tokens (speculation benchmarks)\n"
                "       or:              pipedec mkmodel --mmproj FILE --hidden H [--seed S] [--dtype f32|f16]\n"
                "                        [--sam-layers N] [--sam-width N] [--sam-heads N] [--window N]\n"
@@ -60,6 +65,9 @@ int cmd_mkmodel(int argc, char **argv)
         {"sam-width", required_argument, 0, 'n'}, {"sam-heads", required_argument, 0, 'p'},
         {"clip-layers", required_argument, 0, 'q'}, {"clip-width", required_argument, 0, 'r'},
         {"clip-heads", required_argument, 0, 't'}, {"window", required_argument, 0, 'w'},
+        {"revocab", required_argument, 0, 'V'}, {"rope-scaling", required_argument, 0, 'Y'},
+        {"rope-factor", required_argument, 0, 'G'}, {"rope-orig-ctx", required_argument, 0, 'O'},
+        {"yarn-log-mul", required_argument, 0, 'L'},
         {0, 0, 0, 0}};
     /* options are parsed into mo and remembered in `given`; an architecture's
      * defaults then fill what was not given, whatever the flag order */
@@ -68,7 +76,7 @@ int cmd_mkmodel(int argc, char **argv)
     mkmmproj_opts mm;
     mkmmproj_defaults(&mm);
     uint64_t given = 0;
-    const char *out = NULL, *from = NULL, *mmproj = NULL;
+    const char *out = NULL, *from = NULL, *mmproj = NULL, *revocab = NULL;
     pd_err e = {0};
     pd_status st = PD_OK;
     int ch;
@@ -145,6 +153,22 @@ int cmd_mkmodel(int argc, char **argv)
         case 't': st = cli_u32("--clip-heads", optarg, 1, 4096, &mm.clip_heads, &e); break;
         case 'w': st = cli_u32("--window", optarg, 1, 64, &mm.window, &e); break;
         case 'W': from = optarg; break;
+        case 'V': revocab = optarg; break;
+        case 'Y': mo.rope_scaling = optarg; break;
+        case 'G':
+        case 'L': {
+            char *end;
+            float v = strtof(optarg, &end);
+            if (*end || !(v >= 0.0f) || v > 1e6f)
+                st = pd_err_set(&e, PD_ERR_ARG, "%s '%s': expected a number in [0, 1e6]",
+                                ch == 'G' ? "--rope-factor" : "--yarn-log-mul", optarg);
+            else if (ch == 'G')
+                mo.rope_factor = v;
+            else
+                mo.yarn_log_mul = v;
+            break;
+        }
+        case 'O': st = cli_u32("--rope-orig-ctx", optarg, 1, 1u << 24, &mo.rope_orig_ctx, &e); break;
         case 'Z':
             mkmodel_usage(stdout);
             return 0;
@@ -191,7 +215,8 @@ int cmd_mkmodel(int argc, char **argv)
         KEEP('l', layers) KEEP('H', hidden) KEEP('h', heads) KEEP('k', kv_heads) KEEP('f', ffn)
         KEEP('v', vocab) KEEP('c', ctx) KEEP('d', dtype) KEEP('s', seed) KEEP('e', eos_boost) KEEP('R', repeat)
         KEEP('D', dense_lead) KEEP('E', experts) KEEP('K', experts_used) KEEP('F', expert_ffn)
-        KEEP('S', shared) KEEP('X', expert_scale)
+        KEEP('S', shared) KEEP('X', expert_scale) KEEP('Y', rope_scaling) KEEP('G', rope_factor)
+        KEEP('O', rope_orig_ctx) KEEP('L', yarn_log_mul)
 #undef KEEP
         mo = d;
     } else if (st == PD_OK && (given & ((1ull << ('D' - 'A')) | (1ull << ('E' - 'A')) | (1ull << ('K' - 'A')) |
@@ -203,6 +228,15 @@ int cmd_mkmodel(int argc, char **argv)
         st = pd_err_set(&e, PD_ERR_ARG, "--out FILE is required");
     if (st == PD_OK && from && (given & ~((1ull << ('W' - 'A')) | (1ull << ('o' - 'A')) | (1ull << ('d' - 'A')))))
         st = pd_err_set(&e, PD_ERR_ARG, "--from-weights takes only --out and --dtype");
+    if (st == PD_OK && revocab && (given & ~((1ull << ('V' - 'A')) | (1ull << ('o' - 'A')))))
+        st = pd_err_set(&e, PD_ERR_ARG, "--revocab takes only --out");
+    if (st == PD_OK && revocab) {
+        st = fromweights_revocab(revocab, out, &e);
+        if (st == PD_OK) {
+            printf("pipedec mkmodel: wrote %s from %s (byte vocabulary rewritten, tensors copied)\n", out, revocab);
+            return 0;
+        }
+    }
     if (st == PD_OK && from && mo.dtype != MK_F32 && mo.dtype != MK_F16)
         st = pd_err_set(&e, PD_ERR_ARG, "--from-weights writes --dtype f32 or f16");
     if (st == PD_OK && from) {

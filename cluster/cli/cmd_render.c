@@ -57,6 +57,7 @@ int cmd_render(int argc, char **argv)
     uint8_t *text = NULL;
     size_t len = 0;
     render_doc *doc = NULL;
+    char *prompt_text = NULL;
     if (st == PD_OK)
         st = ocrmeta_read(model_path, &meta, &e);
     if (st == PD_OK)
@@ -74,11 +75,18 @@ int cmd_render(int argc, char **argv)
                           .max_new_extra = 8,
                           .id_prefix = prefix};
         memcpy(ro.prompt, meta.prompt, sizeof ro.prompt);
+        /* the prompt as text when the model's tokenizer gives back exactly
+         * its ids (a manifest a user can read and edit); token ids otherwise */
+        pd_err pe = {0};
+        if (meta.n_prompt && ocrmeta_prompt_text(model_path, &meta, &prompt_text, &pe) != PD_OK)
+            printf("pipedec render: the prompt stays token ids: %s\n", pe.msg);
+        ro.prompt_text = prompt_text;
         st = render_write(doc, &ro, out, &e);
         if (st == PD_OK)
             printf("pipedec render: wrote %s/pages.jsonl (%zu pages of %u cells, hidden %u)\n", out,
                    render_doc_pages(doc), ro.cells, ro.hidden);
     }
+    free(prompt_text);
     render_doc_free(doc);
     free(text);
     if (st != PD_OK) {

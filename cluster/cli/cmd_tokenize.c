@@ -77,34 +77,6 @@ static void put_json_str(FILE *f, const char *s, size_t n)
     fputc('"', f);
 }
 
-/* A detokenizing vocabulary over the tokenizer's own texts and types. */
-static pd_status make_vocab(const tok *t, vocab **out, pd_err *err)
-{
-    uint32_t n = tok_n_tokens(t);
-    const char **texts = malloc(n * sizeof *texts);
-    uint32_t *lens = malloc(n * sizeof *lens);
-    int32_t *types = malloc(n * sizeof *types);
-    pd_status st;
-    if (!texts || !lens || !types) {
-        st = pd_err_set(err, PD_ERR_NOMEM, "tokenize: no memory");
-    } else {
-        for (uint32_t i = 0; i < n; i++) {
-            size_t l = 0;
-            texts[i] = tok_text(t, (int32_t)i, &l);
-            lens[i] = (uint32_t)l;
-            types[i] = tok_token_type(t, (int32_t)i);
-        }
-        vocab_desc d = {.model = tok_model_of(t) == TOK_MODEL_GPT2 ? "gpt2" : "llama",
-                        .n_tokens = n, .tokens = texts, .token_lens = lens, .types = types,
-                        .bos = tok_bos(t), .eos = tok_eos(t), .no_space_prefix = true};
-        st = vocab_new(&d, out, err);
-    }
-    free(texts);
-    free(lens);
-    free(types);
-    return st;
-}
-
 int cmd_tokenize(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -154,7 +126,7 @@ int cmd_tokenize(int argc, char **argv)
         rc = err.status == PD_ERR_IO ? CMD_EXIT_USAGE : CMD_EXIT_INVALID;
         goto out;
     }
-    if (tok_new_gguf(g, &t, &err) || (!ids_only && make_vocab(t, &v, &err))) {
+    if (tok_new_gguf(g, &t, &err) || (!ids_only && tok_vocab_new(t, false, &v, &err))) {
         fprintf(stderr, "pipedec tokenize: %s: %s\n", model, err.msg);
         goto out;
     }

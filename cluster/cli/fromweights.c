@@ -254,6 +254,34 @@ static void fw_byte_piece(uint32_t b, char out[4])
     }
 }
 
+/* The byte vocabulary's tokenizer.ggml.* keys (fromweights.h). merges is
+ * present and empty, so llama.cpp loads the file ("cannot find tokenizer
+ * merges in model file" otherwise) and no two bytes ever merge: any text
+ * tokenizes to its bytes, the ids the model was trained on. pre "default"
+ * names a pre-tokenizer both llama.cpp and pipedec know; with no merges its
+ * split cannot change the ids. */
+static void fw_byte_vocab(gguf_writer *w)
+{
+    char pieces[256][4];
+    const char *toks[FROMWEIGHTS_VOCAB];
+    int32_t types[FROMWEIGHTS_VOCAB];
+    for (uint32_t b = 0; b < 256; b++) {
+        fw_byte_piece(b, pieces[b]);
+        toks[b] = pieces[b];
+        types[b] = 1;
+    }
+    toks[FROMWEIGHTS_BOS] = "<|bos|>";
+    toks[FROMWEIGHTS_EOS] = "<|endoftext|>";
+    types[FROMWEIGHTS_BOS] = types[FROMWEIGHTS_EOS] = 3;
+    gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
+    gguf_writer_set_str(w, "tokenizer.ggml.pre", "default");
+    gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, FROMWEIGHTS_VOCAB);
+    gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", types, FROMWEIGHTS_VOCAB);
+    gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", NULL, 0);
+    gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", FROMWEIGHTS_BOS);
+    gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", FROMWEIGHTS_EOS);
+}
+
 pd_status fromweights_write(const char *dir, int f16, const char *out_path, pd_err *err)
 {
     fw_cfg cfg;
@@ -289,22 +317,7 @@ pd_status fromweights_write(const char *dir, int f16, const char *out_path, pd_e
 #undef KEY
     gguf_writer_set_u32(w, OCRMETA_KEY_CELLS, cfg.cells);
     gguf_writer_set_arr_i32(w, OCRMETA_KEY_PROMPT, cfg.prompt, cfg.n_prompt);
-    char pieces[256][4];
-    const char *toks[FROMWEIGHTS_VOCAB];
-    int32_t types[FROMWEIGHTS_VOCAB];
-    for (uint32_t b = 0; b < 256; b++) {
-        fw_byte_piece(b, pieces[b]);
-        toks[b] = pieces[b];
-        types[b] = 1;
-    }
-    toks[FROMWEIGHTS_BOS] = "<|bos|>";
-    toks[FROMWEIGHTS_EOS] = "<|endoftext|>";
-    types[FROMWEIGHTS_BOS] = types[FROMWEIGHTS_EOS] = 3;
-    gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
-    gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, FROMWEIGHTS_VOCAB);
-    gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", types, FROMWEIGHTS_VOCAB);
-    gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", FROMWEIGHTS_BOS);
-    gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", FROMWEIGHTS_EOS);
+    fw_byte_vocab(w);
 
     const uint64_t H = cfg.hidden, V = FROMWEIGHTS_VOCAB, F = cfg.ffn, hd = cfg.hidden / cfg.heads;
     const uint64_t qd = cfg.heads * hd, kvd = cfg.kv_heads * hd;
@@ -346,5 +359,161 @@ pd_status fromweights_write(const char *dir, int f16, const char *out_path, pd_e
     for (size_t i = 0; i < c.n_bufs; i++)
         free(c.bufs[i]);
     free(c.bufs);
+    return st;
+}
+
+/* Is f's vocabulary the byte vocabulary fw_byte_vocab writes (whatever its
+ * merges and pre say)? Refuses by name what differs. */
+static pd_status fw_is_byte_vocab(const gguf_file *f, const char *path, pd_err *err)
+{
+    const char *model = NULL;
+    uint64_t n = 0;
+    gguf_vtype et;
+    uint32_t bos = 0, eos = 0;
+    pd_err ignore = {0};
+    if (gguf_get_str(f, "tokenizer.ggml.model", &model, NULL, &ignore) || strcmp(model, "gpt2") != 0 ||
+        gguf_get_arr(f, "tokenizer.ggml.tokens", &et, &n, NULL, &ignore) || et != GGUF_VTYPE_STRING ||
+        n != FROMWEIGHTS_VOCAB || gguf_get_u32(f, "tokenizer.ggml.bos_token_id", &bos, &ignore) ||
+        gguf_get_u32(f, "tokenizer.ggml.eos_token_id", &eos, &ignore) || bos != FROMWEIGHTS_BOS ||
+        eos != FROMWEIGHTS_EOS)
+        return pd_err_set(err, PD_ERR_UNSUPPORTED,
+                          "%s: not a byte-vocabulary model (tokenizer.ggml.model gpt2, %u tokens, bos %u, eos %u: "
+                          "what mkmodel --from-weights writes)",
+                          path, FROMWEIGHTS_VOCAB, FROMWEIGHTS_BOS, FROMWEIGHTS_EOS);
+    for (uint32_t i = 0; i < FROMWEIGHTS_VOCAB; i++) {
+        char piece[4];
+        const char *want = i == FROMWEIGHTS_BOS ? "<|bos|>" : i == FROMWEIGHTS_EOS ? "<|endoftext|>" : piece;
+        const char *s = NULL;
+        size_t len = 0;
+        if (i < 256)
+            fw_byte_piece(i, piece);
+        if (gguf_get_str_arr(f, "tokenizer.ggml.tokens", i, &s, &len, &ignore) || len != strlen(want) ||
+            memcmp(s, want, len) != 0)
+            return pd_err_set(err, PD_ERR_UNSUPPORTED,
+                              "%s: token %u is not the byte vocabulary's (mkmodel --from-weights)", path, i);
+    }
+    return PD_OK;
+}
+
+/* Copies metadata entry kv of f into w (any type but arrays of arrays). */
+static pd_status fw_copy_kv(const gguf_file *f, const gguf_kv_info *kv, gguf_writer *w, pd_err *err)
+{
+    static const uint8_t elem_size[GGUF_VTYPE_COUNT] = {
+        [GGUF_VTYPE_UINT8] = 1,   [GGUF_VTYPE_INT8] = 1,   [GGUF_VTYPE_UINT16] = 2, [GGUF_VTYPE_INT16] = 2,
+        [GGUF_VTYPE_UINT32] = 4,  [GGUF_VTYPE_INT32] = 4,  [GGUF_VTYPE_FLOAT32] = 4, [GGUF_VTYPE_BOOL] = 1,
+        [GGUF_VTYPE_UINT64] = 8,  [GGUF_VTYPE_INT64] = 8,  [GGUF_VTYPE_FLOAT64] = 8};
+    const char *k = kv->key;
+    pd_status st = PD_OK;
+    uint64_t u = 0;
+    int64_t i = 0;
+    switch (kv->type) {
+    case GGUF_VTYPE_UINT8:
+    case GGUF_VTYPE_UINT16:
+    case GGUF_VTYPE_UINT32:
+    case GGUF_VTYPE_UINT64:
+        if ((st = gguf_get_u64(f, k, &u, err)))
+            return st;
+        return kv->type == GGUF_VTYPE_UINT8    ? gguf_writer_set_u8(w, k, (uint8_t)u)
+               : kv->type == GGUF_VTYPE_UINT16 ? gguf_writer_set_u16(w, k, (uint16_t)u)
+               : kv->type == GGUF_VTYPE_UINT32 ? gguf_writer_set_u32(w, k, (uint32_t)u)
+                                               : gguf_writer_set_u64(w, k, u);
+    case GGUF_VTYPE_INT8:
+    case GGUF_VTYPE_INT16:
+    case GGUF_VTYPE_INT32:
+    case GGUF_VTYPE_INT64:
+        if ((st = gguf_get_i64(f, k, &i, err)))
+            return st;
+        return kv->type == GGUF_VTYPE_INT8    ? gguf_writer_set_i8(w, k, (int8_t)i)
+               : kv->type == GGUF_VTYPE_INT16 ? gguf_writer_set_i16(w, k, (int16_t)i)
+               : kv->type == GGUF_VTYPE_INT32 ? gguf_writer_set_i32(w, k, (int32_t)i)
+                                              : gguf_writer_set_i64(w, k, i);
+    case GGUF_VTYPE_FLOAT32: {
+        float v;
+        return (st = gguf_get_f32(f, k, &v, err)) ? st : gguf_writer_set_f32(w, k, v);
+    }
+    case GGUF_VTYPE_FLOAT64: {
+        double v;
+        return (st = gguf_get_f64(f, k, &v, err)) ? st : gguf_writer_set_f64(w, k, v);
+    }
+    case GGUF_VTYPE_BOOL: {
+        bool v;
+        return (st = gguf_get_bool(f, k, &v, err)) ? st : gguf_writer_set_bool(w, k, v);
+    }
+    case GGUF_VTYPE_STRING: {
+        const char *s;
+        size_t len;
+        if ((st = gguf_get_str(f, k, &s, &len, err)))
+            return st;
+        if (strlen(s) != len)
+            return pd_err_set(err, PD_ERR_UNSUPPORTED, "key %s: a string with a NUL byte", k);
+        return gguf_writer_set_str(w, k, s);
+    }
+    case GGUF_VTYPE_ARRAY: break;
+    default: return pd_err_set(err, PD_ERR_UNSUPPORTED, "key %s: value type %u", k, (unsigned)kv->type);
+    }
+    gguf_vtype et;
+    uint64_t n;
+    const void *data;
+    if ((st = gguf_get_arr(f, k, &et, &n, &data, err)))
+        return st;
+    if (et == GGUF_VTYPE_STRING) {
+        const char **s = malloc((n ? n : 1) * sizeof *s);
+        if (!s)
+            return pd_err_set(err, PD_ERR_NOMEM, "key %s: out of memory", k);
+        for (uint64_t j = 0; st == PD_OK && j < n; j++) {
+            size_t len;
+            if ((st = gguf_get_str_arr(f, k, j, &s[j], &len, err)) == PD_OK && strlen(s[j]) != len)
+                st = pd_err_set(err, PD_ERR_UNSUPPORTED, "key %s[%llu]: a string with a NUL byte", k,
+                                (unsigned long long)j);
+        }
+        if (st == PD_OK)
+            st = gguf_writer_set_arr_str(w, k, s, n);
+        free(s);
+        return st;
+    }
+    if (et >= GGUF_VTYPE_COUNT || !elem_size[et])
+        return pd_err_set(err, PD_ERR_UNSUPPORTED, "key %s: an array of %s", k, gguf_vtype_name(et));
+    /* packed little-endian elements, unaligned: copied into an aligned buffer
+     * of the host's types (the writer writes them back little-endian; the
+     * project builds for little-endian hosts only) */
+    void *v = malloc(n ? n * elem_size[et] : 1);
+    if (!v)
+        return pd_err_set(err, PD_ERR_NOMEM, "key %s: out of memory", k);
+    memcpy(v, data, n * elem_size[et]);
+    st = gguf_writer_set_arr(w, k, et, v, n);
+    free(v);
+    return st;
+}
+
+pd_status fromweights_revocab(const char *in_path, const char *out_path, pd_err *err)
+{
+    gguf_file *f = NULL;
+    pd_status st = gguf_open(in_path, &f, err);
+    if (st != PD_OK)
+        return st;
+    gguf_writer *w = NULL;
+    if ((st = fw_is_byte_vocab(f, in_path, err)) == PD_OK && !(w = gguf_writer_new()))
+        st = pd_err_set(err, PD_ERR_NOMEM, "mkmodel --revocab: out of memory");
+    /* every key but the tokenizer's, in file order, then the vocabulary: the
+     * order fromweights_write sets them in */
+    for (uint64_t i = 0; st == PD_OK && i < gguf_kv_count(f); i++) {
+        const gguf_kv_info *kv = gguf_kv_at(f, i);
+        if (strncmp(kv->key, "tokenizer.", 10) != 0 && (st = fw_copy_kv(f, kv, w, err)) != PD_OK) {
+            if (err && !err->msg[0]) /* a writer setter's failure (out of memory) says nothing itself */
+                pd_err_set(err, st, "cannot copy key %s", kv->key);
+            pd_err_prefix(err, "%s", in_path);
+        }
+    }
+    if (st == PD_OK)
+        fw_byte_vocab(w);
+    for (uint64_t i = 0; st == PD_OK && i < gguf_tensor_count(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        if ((st = gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data)))
+            st = pd_err_set(err, st, "mkmodel --revocab: cannot add tensor %s", t->name);
+    }
+    if (st == PD_OK)
+        st = gguf_writer_write(w, out_path, err);
+    gguf_writer_free(w);
+    gguf_close(f);
     return st;
 }

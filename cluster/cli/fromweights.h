@@ -33,7 +33,10 @@
  *
  * "vocab": "bytes" is the only vocabulary: 258 tokens, token b < 256 is the
  * byte b (GPT-2 byte-level pieces, tokenizer.ggml.model "gpt2"), 256 is BOS
- * "<|bos|>", 257 is EOS "<|endoftext|>" (both control). Matrices are stored
+ * "<|bos|>", 257 is EOS "<|endoftext|>" (both control); tokenizer.ggml.merges
+ * is empty and tokenizer.ggml.pre "default", so text tokenizes to its bytes
+ * in pipedec and in llama.cpp alike (a {"text": ...} segment, pipedec
+ * tokenize, llama-tokenize). Matrices are stored
  * as `dtype` (f32 or f16), norms as f32. ocr_cells / ocr_prompt become the
  * pipedec.ocr.* keys (cluster/cli/ocrmeta.h). Every file and field is
  * checked (shape against the config, finite values) before anything is
@@ -48,5 +51,14 @@
 #define FROMWEIGHTS_EOS 257
 
 pd_status fromweights_write(const char *dir, int f16, const char *out_path, pd_err *err);
+
+/* `mkmodel --revocab IN --out OUT`: rewrites the tokenizer.ggml.* keys of a
+ * byte-vocabulary model (258 tokens as above; an older file lacks merges and
+ * pre) as fromweights_write writes them today, copying every other key in
+ * file order and every tensor byte for byte (no retraining, no weight
+ * changes). Anything but the byte vocabulary is refused by name. OUT may be
+ * IN: it is published atomically. Running it on its own output gives the
+ * same bytes. */
+pd_status fromweights_revocab(const char *in_path, const char *out_path, pd_err *err);
 
 #endif

@@ -542,6 +542,15 @@ pd_status mkmodel_write(const mkmodel_opts *o, const char *path, pd_err *err)
     }
     if (o->ctx < 16)
         return pd_err_set(err, PD_ERR_ARG, "mkmodel: --ctx %u: expected >= 16", o->ctx);
+    if (!ocr && (o->rope_scaling || o->rope_factor != 0.0f || o->rope_orig_ctx || o->yarn_log_mul != 0.0f))
+        return pd_err_set(err, PD_ERR_ARG, "mkmodel: the rope-scaling options need --arch deepseek2-ocr");
+    if (o->rope_scaling && strcmp(o->rope_scaling, "none") && strcmp(o->rope_scaling, "linear") &&
+        strcmp(o->rope_scaling, "yarn"))
+        return pd_err_set(err, PD_ERR_ARG, "mkmodel: --rope-scaling '%s': expected none, linear or yarn",
+                          o->rope_scaling);
+    if (o->rope_factor != 0.0f && !(o->rope_factor >= 1e-6f && o->rope_factor <= 1e6f))
+        return pd_err_set(err, PD_ERR_ARG, "mkmodel: --rope-factor %g: expected a factor in [1e-6, 1e6]",
+                          (double)o->rope_factor);
     if (o->repeat && o->repeat + 259 > o->vocab)
         return pd_err_set(err, PD_ERR_ARG,
                           "mkmodel: --repeat %u: the cycle must leave the special and byte tokens out (at most --vocab - 259 = %d)",
@@ -580,6 +589,15 @@ pd_status mkmodel_write(const mkmodel_opts *o, const char *path, pd_err *err)
         gguf_writer_set_u32(w, KEY("vocab_size"), o->vocab);
         gguf_writer_set_u32(w, KEY("rope.dimension_count"), 0);
         gguf_writer_set_u32(w, KEY("expert_gating_func"), 1);
+        /* a YaRN model's keys, in the converter's order */
+        if (o->rope_scaling)
+            gguf_writer_set_str(w, KEY("rope.scaling.type"), o->rope_scaling);
+        if (o->rope_factor != 0.0f)
+            gguf_writer_set_f32(w, KEY("rope.scaling.factor"), o->rope_factor);
+        if (o->rope_orig_ctx)
+            gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"), o->rope_orig_ctx);
+        if (o->yarn_log_mul != 0.0f)
+            gguf_writer_set_f32(w, KEY("rope.scaling.yarn_log_multiplier"), o->yarn_log_mul);
     }
 #undef KEY
     pd_status st = mk_vocab(&c, err);

@@ -48,6 +48,14 @@ typedef struct mkmodel_opts {
     /* deepseek only */
     uint32_t dense_lead, experts, experts_used, expert_ffn, shared;
     float expert_scale; /* deepseek.expert_weights_scale */
+    /* deepseek2-ocr only: rope-scaling keys as llama.cpp's converter writes
+     * them for a YaRN model (model_ocr_kq_mul); NULL / 0: not written */
+    const char *rope_scaling; /* rope.scaling.type: "none", "linear" or "yarn" */
+    float rope_factor;        /* rope.scaling.factor */
+    uint32_t rope_orig_ctx;   /* rope.scaling.original_context_length */
+    float yarn_log_mul;       /* rope.scaling.yarn_log_multiplier (the converter's
+                                 0.1 * mscale_all_dim; llama.cpp's deepseek2-ocr
+                                 does not read it) */
 } mkmodel_opts;
 
 /* Defaults: llama, 4 layers, hidden 64, 4 heads, 2 kv heads, ffn 128,

@@ -29,4 +29,12 @@ typedef struct ocrmeta {
  * inside the vocabulary) is refused by name. */
 pd_status ocrmeta_read(const char *model_path, ocrmeta *out, pd_err *err);
 
+/* The prompt as text, for a {"text": ...} segment: the pieces of m's prompt
+ * ids (control tokens as their own text), kept only when the model's own
+ * tokenizer (special tokens parsed, no BOS) turns that text back into
+ * exactly those ids. On PD_OK *text is owned (free()); otherwise *text is
+ * NULL and err says why the prompt must stay token ids (no prompt, a
+ * tokenizer pipedec cannot load, or text that tokenizes differently). */
+pd_status ocrmeta_prompt_text(const char *model_path, const ocrmeta *m, char **text, pd_err *err);
+
 #endif

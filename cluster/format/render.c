@@ -289,6 +289,25 @@ pd_status render_page_embed(const render_doc *d, size_t i, uint32_t cells, uint3
     return PD_OK;
 }
 
+/* s as a JSON string: quotes, backslashes and control bytes escaped, other
+ * bytes (UTF-8) as they are. */
+static void render_json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c == '\n')
+            fputs("\\n", f);
+        else if (c < 0x20 || c == 0x7f)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
 pd_status render_write(const render_doc *d, const render_opts *o, const char *dir, pd_err *err)
 {
     if (o->hidden < 1 || o->hidden > 65536 || o->cells < 1 || o->cells > (1u << 16) ||
@@ -332,7 +351,11 @@ pd_status render_write(const render_doc *d, const render_opts *o, const char *di
         if (st != PD_OK)
             break;
         fprintf(f, "{\"id\":\"%s\",\"prefill\":[{\"tokens\":[%u]},{\"embeddings\":\"%s.npy\"}", id, o->bos, id);
-        if (o->n_prompt) {
+        if (o->n_prompt && o->prompt_text) {
+            fprintf(f, ",{\"text\":");
+            render_json_str(f, o->prompt_text);
+            fprintf(f, "}");
+        } else if (o->n_prompt) {
             fprintf(f, ",{\"tokens\":[");
             for (uint32_t t = 0; t < o->n_prompt; t++)
                 fprintf(f, "%s%u", t ? "," : "", o->prompt[t]);

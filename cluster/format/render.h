@@ -85,6 +85,9 @@ typedef struct render_opts {
     uint32_t bos;                 /* BOS token id */
     uint32_t prompt[RENDER_MAX_PROMPT];
     uint32_t n_prompt;            /* 0..RENDER_MAX_PROMPT */
+    const char *prompt_text;      /* non-NULL: the prompt is written as {"text": prompt_text}
+                                     (the caller checked it tokenizes to prompt[]); NULL: as
+                                     {"tokens": prompt[]} */
     uint32_t max_new_extra;       /* max_new_tokens = cells used + this (room for EOS) */
     const char *id_prefix;        /* page ids are <prefix><5 digits from 0> */
 } render_opts;

@@ -1816,6 +1816,33 @@ done:
     return st;
 }
 
+pd_status tok_vocab_new(const tok *t, bool special, vocab **out, pd_err *err)
+{
+    uint32_t n = t->n;
+    const char **texts = malloc(n * sizeof *texts);
+    uint32_t *lens = malloc(n * sizeof *lens);
+    int32_t *types = malloc(n * sizeof *types);
+    pd_status st;
+    if (!texts || !lens || !types) {
+        st = pd_err_set(err, PD_ERR_NOMEM, "tokenizer: no memory for a vocabulary");
+    } else {
+        for (uint32_t i = 0; i < n; i++) {
+            size_t l = 0;
+            texts[i] = tok_text(t, (int32_t)i, &l);
+            lens[i] = (uint32_t)l;
+            types[i] = tok_token_type(t, (int32_t)i);
+        }
+        vocab_desc d = {.model = t->model == TOK_MODEL_GPT2 ? "gpt2" : "llama",
+                        .n_tokens = n, .tokens = texts, .token_lens = lens, .types = types,
+                        .bos = t->bos, .eos = t->eos, .no_space_prefix = true, .special = special};
+        st = vocab_new(&d, out, err);
+    }
+    free(texts);
+    free(lens);
+    free(types);
+    return st;
+}
+
 void tok_check(const tok *t)
 {
     CHECK(t && t->n >= 1 && t->model < TOK_MODEL_COUNT && t->pre < TOK_PRE_COUNT);

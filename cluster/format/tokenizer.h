@@ -125,6 +125,12 @@ pd_status tok_encode(const tok *t, const char *text, size_t len, tok_opts o, int
 pd_status tok_split(const tok *t, const char *text, size_t len, size_t **lens, size_t *n,
                     pd_err *err);
 
+/* A detokenizing vocabulary (vocab.h) over t's own token texts, types, BOS
+ * and EOS (no space prefix removed; control tokens as their text when
+ * `special`). On PD_OK *out is owned by the caller (vocab_free). */
+struct vocab;
+pd_status tok_vocab_new(const tok *t, bool special, struct vocab **out, pd_err *err);
+
 /* Aborts (CHECK) if an invariant of t is broken. */
 void tok_check(const tok *t);
 

@@ -298,6 +298,73 @@ static pd_status moe_hparams_read(const gguf_file *f, model_hparams *hp, const c
     return PD_OK;
 }
 
+float model_ocr_kq_mul(model_rope_scaling t, float factor, float attn_factor)
+{
+    /* the float operations of llama.cpp's llama_context constructor and
+     * deepseek2 graph, in their order; logf as rope_ln rounded to float */
+#define LOGF(x) ((float)rope_ln((double)(x)))
+    float freq_scale = factor == 0.0f ? 1.0f : 1.0f / factor;
+    if (t == MODEL_ROPE_SCALING_NONE)
+        freq_scale = 1.0f;
+    float a = 1.0f;
+    if (t == MODEL_ROPE_SCALING_YARN) {
+        const float f = 1.0f / freq_scale;
+        a = f <= 1.0f ? 1.0f : 0.1f * 1.0f * LOGF(f) + 1.0f;
+        a *= 1.0f / (1.0f + 0.1f * LOGF(f));
+    }
+    a *= attn_factor;
+    const float attn_factor_org = a * (1.0f + 0.1f * LOGF(1.0f / freq_scale));
+    const float mscale = attn_factor_org * (1.0f + 0.1f * 0.0f * LOGF(1.0f / freq_scale));
+#undef LOGF
+    return mscale * mscale;
+}
+
+/* deepseek2-ocr's rope.scaling.* keys, as llama.cpp's loader reads them:
+ * type "none" | "linear" | "yarn" (absent: linear; anything else refused, as
+ * llama.cpp asserts), factor (absent or 0: none), attn_factor (default 1),
+ * original_context_length (reported only). A factor that is negative, not
+ * finite, or so small that ln(1 / freq_scale) leaves float is refused. */
+static pd_status ocr_rope_scaling_read(const gguf_file *f, model_hparams *hp, const char *archz, pd_err *err)
+{
+    char key[160];
+    pd_status st;
+    hp->rope_scaling = MODEL_ROPE_SCALING_LINEAR;
+    hp->rope_scaling_factor = 0.0f;
+    hp->rope_scaling_attn_factor = 1.0f;
+    hp->rope_scaling_orig_ctx = 0;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", archz);
+    if (gguf_find_key(f, key) >= 0) {
+        const char *t;
+        if ((st = gguf_get_str(f, key, &t, NULL, err)))
+            return st;
+        if (!strcmp(t, "none"))
+            hp->rope_scaling = MODEL_ROPE_SCALING_NONE;
+        else if (!strcmp(t, "linear"))
+            hp->rope_scaling = MODEL_ROPE_SCALING_LINEAR;
+        else if (!strcmp(t, "yarn"))
+            hp->rope_scaling = MODEL_ROPE_SCALING_YARN;
+        else
+            return pd_err_set(err, PD_ERR_UNSUPPORTED, "%s \"%s\" is not supported (none, linear, yarn)", key, t);
+    }
+    snprintf(key, sizeof key, "%s.rope.scaling.factor", archz);
+    if (gguf_find_key(f, key) >= 0 && (st = gguf_get_f32(f, key, &hp->rope_scaling_factor, err)))
+        return st;
+    if (!(hp->rope_scaling_factor == 0.0f || (hp->rope_scaling_factor >= 1e-6f && hp->rope_scaling_factor <= 1e6f)))
+        return pd_err_set(err, PD_ERR_FORMAT, "%s %g: expected 0 (none) or a factor in [1e-6, 1e6]", key,
+                          (double)hp->rope_scaling_factor);
+    snprintf(key, sizeof key, "%s.rope.scaling.attn_factor", archz);
+    if (gguf_find_key(f, key) >= 0 && (st = gguf_get_f32(f, key, &hp->rope_scaling_attn_factor, err)))
+        return st;
+    if (!(hp->rope_scaling_attn_factor > 0.0f && hp->rope_scaling_attn_factor <= 1e3f))
+        return pd_err_set(err, PD_ERR_FORMAT, "%s %g: expected a factor in (0, 1000]", key,
+                          (double)hp->rope_scaling_attn_factor);
+    snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", archz);
+    if (gguf_find_key(f, key) >= 0 && (st = gguf_get_u32(f, key, &hp->rope_scaling_orig_ctx, err)))
+        return st;
+    hp->kq_mul = model_ocr_kq_mul(hp->rope_scaling, hp->rope_scaling_factor, hp->rope_scaling_attn_factor);
+    return PD_OK;
+}
+
 static pd_status hparams_read(const gguf_file *f, model_hparams *hp, pd_err *err)
 {
     memset(hp, 0, sizeof *hp);
@@ -326,6 +393,9 @@ static pd_status hparams_read(const gguf_file *f, model_hparams *hp, pd_err *err
      * NORM for llama and deepseek */
     hp->rope = hp->arch == MODEL_ARCH_QWEN2 || hp->arch == MODEL_ARCH_DEEPSEEK2_OCR ? MODEL_ROPE_NEOX
                                                                                    : MODEL_ROPE_NORM;
+    hp->rope_scaling = MODEL_ROPE_SCALING_NONE;
+    hp->rope_scaling_attn_factor = 1.0f;
+    hp->kq_mul = 1.0f;
     uint32_t *dfl = &hp->defaulted;
     const model_hp_key req = MODEL_HP_KEY_COUNT; /* required: never defaulted */
     if ((st = hp_u32(f, archz, "block_count", &hp->n_layers, 1, 0, dfl, req, err)) ||
@@ -344,15 +414,11 @@ static pd_status hparams_read(const gguf_file *f, model_hparams *hp, pd_err *err
         return st;
     if (hp->arch == MODEL_ARCH_DEEPSEEK2_OCR) {
         /* llama.cpp builds full MHA (n_head K/V heads) and a kq scale of
-         * mscale^2 / sqrt(head_dim), mscale 1 without YaRN: a file asking
-         * for rope scaling or grouped K/V is not the model this computes */
-        char key[160];
-        snprintf(key, sizeof key, "%s.rope.scaling.factor", archz);
-        float fs = 1.0f;
-        if (gguf_find_key(f, key) >= 0 && (st = gguf_get_f32(f, key, &fs, err)))
+         * mscale^2 / sqrt(head_dim), mscale from the rope-scaling keys
+         * (model_ocr_kq_mul); a file asking for grouped K/V is not the model
+         * this computes */
+        if ((st = ocr_rope_scaling_read(f, hp, archz, err)))
             return st;
-        if (fs != 1.0f && fs != 0.0f)
-            return pd_err_set(err, PD_ERR_UNSUPPORTED, "%s %g: rope scaling (YaRN) is not supported", key, (double)fs);
         if (hp->n_kv_heads != hp->n_heads)
             return pd_err_set(err, PD_ERR_FORMAT,
                               "%s.attention.head_count_kv %u differs from head_count %u (deepseek2-ocr is MHA)", archz,
@@ -1425,6 +1491,12 @@ pd_status model_layer_forward(const model *m, uint32_t layer, const model_batch 
         rope_table_apply(m->rope, s->q + (uint64_t)i * qd, hp->n_heads, b->pos[i], pairs);
         rope_table_apply(m->rope, s->k + (uint64_t)i * kvd, hp->n_kv_heads, b->pos[i], pairs);
     }
+    /* deepseek2-ocr with rope-scaling keys: kq_scale = mscale^2 / sqrt(head_dim)
+     * (model_ocr_kq_mul); the attention applies 1 / sqrt(head_dim), the query
+     * carries mscale^2 (row-local, so batch invariance holds) */
+    if (hp->kq_mul != 1.0f)
+        for (uint64_t i = 0; i < (uint64_t)n * qd; i++)
+            s->q[i] *= hp->kq_mul;
     attend_ctx a = {.b = b, .s = s, .qd = qd, .kvd = kvd, .status = PD_OK};
     if (!attend_by_heads(b, hp->n_kv_heads, &a, p))
         pool_run(p, b->n_groups, attend_task, &a);

@@ -63,6 +63,33 @@ typedef struct model_moe_opts {
     float scale_w;           /* w_r *= scale_w unless it is 0 or 1 */
 } model_moe_opts;
 typedef enum model_rope { MODEL_ROPE_NORM, MODEL_ROPE_NEOX } model_rope;
+
+/* rope.scaling.type as llama.cpp reads it ("linear" when the key is absent). */
+typedef enum model_rope_scaling {
+    MODEL_ROPE_SCALING_NONE,
+    MODEL_ROPE_SCALING_LINEAR,
+    MODEL_ROPE_SCALING_YARN,
+    MODEL_ROPE_SCALING_COUNT
+} model_rope_scaling;
+
+/* deepseek2-ocr's attention scale factor: llama.cpp's deepseek2 graph (OCR
+ * branch) scores q.k * kq_scale with kq_scale = mscale^2 / sqrt(head_dim);
+ * this returns mscale^2, computed in float as llama.cpp does from the file's
+ * rope.scaling.type `t`, rope.scaling.factor `factor` (0 = absent) and
+ * rope.scaling.attn_factor `attn_factor` (1 when absent):
+ *   freq_scale  = factor == 0 ? 1 : 1 / factor;   1 when t is NONE
+ *   a           = 1                  (hparams.yarn_attn_factor)
+ *   if t is YARN (ext_factor 1): f = 1 / freq_scale;
+ *                 a = (f <= 1 ? 1 : 0.1 ln f + 1) / (1 + 0.1 ln f)
+ *   a          *= attn_factor
+ *   mscale      = a * (1 + 0.1 ln(1 / freq_scale))   (attn_factor_org; the
+ *                 yarn_log_multiplier term is 0: llama.cpp's deepseek2-ocr
+ *                 loader does not read that key)
+ * The OCR branch ropes with freq_scale 1 and ext_factor 0 whatever the keys
+ * say, so the rope itself never changes; rope.scaling.original_context_length
+ * plays no part. ln is rope_ln rounded to float (logf, without libm). 1
+ * exactly without scaling keys. */
+float model_ocr_kq_mul(model_rope_scaling t, float factor, float attn_factor);
 typedef enum model_vocab_kind { MODEL_VOCAB_LLAMA, MODEL_VOCAB_GPT2 } model_vocab_kind;
 
 /* Optional metadata keys a file may leave out; the hyperparameters then hold
@@ -111,6 +138,15 @@ typedef struct model_hparams {
     model_moe_gating moe_gating; /* expert_gating_func: 1 softmax (also when absent), 2 sigmoid */
     int expert_weights_norm;     /* expert_weights_norm (bool, default false) */
     int has_exp_probs_b;         /* MoE layers carry blk.N.exp_probs_b.bias */
+    /* deepseek2-ocr's rope-scaling keys (others: NONE / 0 / 1 / 0, kq_mul 1) */
+    model_rope_scaling rope_scaling; /* rope.scaling.type, LINEAR when absent */
+    float rope_scaling_factor;       /* rope.scaling.factor, 0 when absent */
+    float rope_scaling_attn_factor;  /* rope.scaling.attn_factor, 1 when absent */
+    uint32_t rope_scaling_orig_ctx;  /* rope.scaling.original_context_length, 0 when
+                                        absent (reported only: it changes nothing) */
+    float kq_mul; /* model_ocr_kq_mul of the keys: every query row is multiplied by
+                     it after RoPE (when not 1), so a score is q.k * mscale^2 /
+                     sqrt(head_dim) as llama.cpp's kq_scale makes it */
     uint32_t defaulted;  /* bit 1u << k for each model_hp_key the file lacks */
     /* The same for people, so a run can say what it assumed, in model_hp_key
      * order: "rope base 10000 (llama.rope.freq_base absent), rms epsilon

@@ -130,6 +130,12 @@ static dd dd_log(double b)
     return dd_add(dd_mul_d(LN2, (double)e), lnm);
 }
 
+double rope_ln(double x)
+{
+    dd l = dd_log(x);
+    return l.hi + l.lo;
+}
+
 /* exp(y) rounded to double, |y| < 700: y = k ln2 + r, |r| <= ln2 / 2; exp(r)
  * = (1 + em1(r / 1024))^1024 with em1 a 9-term Taylor series in double-double
  * and ten squarings of 1 + em1 kept as em1 (2 em1 + em1^2), so the small

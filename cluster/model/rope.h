@@ -50,6 +50,12 @@ typedef enum rope_pairs {
 /* f_i as defined above (base > 1, head_dim even >= 2, i < head_dim / 2). */
 double rope_freq(double base, uint32_t head_dim, uint32_t i);
 
+/* ln x for a finite normal x > 0, rounded to double from double-double (the
+ * same routine rope_freq uses; no libm, the same bits on every host). A
+ * float rounding of it is logf's correctly rounded value (but for double
+ * rounding in the last bit, vanishingly rare). */
+double rope_ln(double x);
+
 /* cos(theta) and sin(theta) in double, |theta| < ROPE_MAX_ANGLE, within
  * ~1 ulp. */
 void rope_sincos(double theta, double *c, double *s);

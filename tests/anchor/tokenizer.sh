@@ -101,4 +101,21 @@ for ((i = 0; i < n; i += step)); do
 done
 echo "CLI sample: pipedec tokenize = llama-tokenize on $((checked - fails))/$checked strings (with BOS)"
 [ "$fails" -eq 0 ] || rc=1
+
+# The shipped OCR model's byte vocabulary (empty merges, pre "default"):
+# llama.cpp loads it and both tools give the text's bytes, from its prompt
+# to whole pages of held-out text.
+ocr="$PD_SRC/models/ocr-tiny.gguf"
+printf 'OCR:' >"$work/ocr1.txt"
+for f in "$work/ocr1.txt" "$PD_SRC/tests/data/ocr/heldout.txt" "$PD_SRC/models/ocr-demo.txt"; do
+  a=$("$PD_BUILD/pipedec" tokenize --model "$ocr" --file "$f" --ids)
+  b=$("$prefix/bin/llama-tokenize" -m "$ocr" -f "$f" --ids --no-escape --log-disable 2>/dev/null | tail -1)
+  c=$(python3 -c 'import sys; print("[" + ", ".join(str(x) for x in open(sys.argv[1], "rb").read()) + "]")' "$f")
+  if [ "$a" = "$b" ] && [ "$a" = "$c" ]; then
+    echo "shipped model: pipedec tokenize = llama-tokenize = the bytes of $(basename "$f")"
+  else
+    echo "shipped model differs on $(basename "$f"): pipedec ${a:0:80} llama-tokenize ${b:0:80} bytes ${c:0:80}"
+    rc=1
+  fi
+done
 exit "$rc"

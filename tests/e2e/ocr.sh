@@ -14,6 +14,14 @@ t="$E2E_TMP"
 "$PIPEDEC" render --text "$text" --model "$model" --out "$t/pages2" >/dev/null
 if diff -r "$t/pages" "$t/pages2" >/dev/null; then pass "render: same text, same bytes"; else fail "render is not deterministic"; fi
 
+# the shipped model's tokenizer: the prompt text is the prompt's ids, and the
+# file is exactly what `mkmodel --revocab` makes of it (models/README.md)
+ids=$("$PIPEDEC" tokenize --model "$model" --text "OCR:" --ids --no-bos 2>&1)
+[ "$ids" = "[79, 67, 82, 58]" ] && pass "tokenize: \"OCR:\" is the model's prompt ids" || fail "tokenize OCR: gave $ids"
+"$PIPEDEC" mkmodel --revocab "$model" --out "$t/revocab.gguf" >/dev/null
+cmp -s "$model" "$t/revocab.gguf" && pass "mkmodel --revocab of the shipped model is the shipped model" \
+  || fail "mkmodel --revocab changed the shipped model"
+
 # cer_at MODE_NAME MAX_CER RUN_FLAGS...: decode, score, compare with MAX_CER
 cer_at() {
   local name="$1" max="$2"; shift 2
@@ -32,6 +40,25 @@ cer_at() {
 }
 cer_at f32 0.01
 cer_at q8 0.02 --kv q8
+
+# render writes the prompt as text; the same pages with the prompt as ids
+# decode to the same bytes (digests included)
+grep -q '{"text":"OCR:"}\],"max_new_tokens"' "$t/pages/pages.jsonl" && pass "render: the prompt is a text segment" \
+  || fail "render: no text prompt in $(head -c 300 "$t/pages/pages.jsonl")"
+sed 's/{"text":"OCR:"}/{"tokens":[79,67,82,58]}/' "$t/pages/pages.jsonl" >"$t/pages/ids.jsonl"
+for m in text ids; do
+  pg="$t/pages/pages.jsonl"; [ "$m" = ids ] && pg="$t/pages/ids.jsonl"
+  "$PIPEDEC" run --model "$model" --pages "$pg" --out "$t/prompt_$m.jsonl" --batch 8 --digest >/dev/null 2>&1 \
+    || fail "prompt as $m: run failed"
+done
+cmp -s "$t/prompt_text.jsonl" "$t/prompt_ids.jsonl" && grep -q '"digest"' "$t/prompt_ids.jsonl" \
+  && pass "a text prompt decodes exactly as its ids (digests)" || fail "text and id prompts decode differently"
+# negative control: another prompt changes the digests
+sed 's/{"text":"OCR:"}/{"text":"OCR;"}/' "$t/pages/pages.jsonl" >"$t/pages/other.jsonl"
+"$PIPEDEC" run --model "$model" --pages "$t/pages/other.jsonl" --out "$t/prompt_other.jsonl" --batch 8 --digest \
+  >/dev/null 2>&1 || fail "other prompt: run failed"
+cmp -s "$t/prompt_text.jsonl" "$t/prompt_other.jsonl" && fail "negative control: another prompt gave the same bytes" \
+  || pass "negative control: another prompt gives other digests"
 
 # the scorer sees errors: a transcription with one page dropped scores worse
 python3 - "$t/f32.jsonl" "$t/broken.jsonl" <<'PY'

@@ -13,7 +13,9 @@
 
 #include "cluster/cli/fromweights.h"
 #include "cluster/cli/ocrmeta.h"
+#include "cluster/format/gguf.h"
 #include "cluster/format/npy.h"
+#include "cluster/format/tokenizer.h"
 #include "cluster/model/model.h"
 #include "pd_test.h"
 
@@ -284,6 +286,86 @@ START_TEST(fromweights_refuses_bad_deepseek_fields_by_name)
 }
 END_TEST
 
+/* The byte vocabulary carries (empty) merges and a pre-tokenizer, so text
+ * tokenizes to its bytes: a {"text": ...} prompt is the ids it was trained
+ * on, and llama.cpp loads the file. */
+START_TEST(fromweights_vocab_tokenizes_text_to_its_bytes)
+{
+    pd_err e = {0};
+    ck_assert_msg(fromweights_write(dir, 1, out, &e) == PD_OK, "%s", e.msg);
+    gguf_file *f = NULL;
+    ck_assert_msg(gguf_open(out, &f, &e) == PD_OK, "%s", e.msg);
+    gguf_vtype et;
+    uint64_t n = 99;
+    ck_assert_int_eq(gguf_get_arr(f, "tokenizer.ggml.merges", &et, &n, NULL, &e), PD_OK);
+    ck_assert_int_eq(et, GGUF_VTYPE_STRING);
+    ck_assert_uint_eq(n, 0);
+    const char *pre;
+    ck_assert_int_eq(gguf_get_str(f, "tokenizer.ggml.pre", &pre, NULL, &e), PD_OK);
+    ck_assert_str_eq(pre, "default");
+    tok *t = NULL;
+    ck_assert_msg(tok_new_gguf(f, &t, &e) == PD_OK, "%s", e.msg);
+    const char text[] = "OCR: it's 42 \"x\"\n\xc3\xa9!<|bos|>";
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    tok_opts o = {.add_special = true, .parse_special = true};
+    ck_assert_msg(tok_encode(t, text, strlen(text), o, &ids, &n_ids, &e) == PD_OK, "%s", e.msg);
+    size_t nb = strlen(text) - strlen("<|bos|>");
+    ck_assert_uint_eq(n_ids, nb + 1); /* no BOS added (gpt2 "default"), the special parsed */
+    for (size_t i = 0; i < nb; i++)
+        ck_assert_int_eq(ids[i], (unsigned char)text[i]);
+    ck_assert_int_eq(ids[nb], FROMWEIGHTS_BOS);
+    free(ids);
+    tok_free(t);
+    gguf_close(f);
+}
+END_TEST
+
+/* --revocab on a file that already has today's vocabulary gives the same
+ * bytes: the key order and every tensor are kept. */
+START_TEST(fromweights_revocab_keeps_every_other_key_and_tensor)
+{
+    pd_err e = {0};
+    put_moe();
+    ck_assert_msg(fromweights_write(dir, 1, out, &e) == PD_OK, "%s", e.msg);
+    char again[160];
+    snprintf(again, sizeof again, "%s.again.gguf", dir);
+    ck_assert_msg(fromweights_revocab(out, again, &e) == PD_OK, "%s", e.msg);
+    FILE *a = fopen(out, "rb"), *b = fopen(again, "rb");
+    ck_assert_ptr_nonnull(a);
+    ck_assert_ptr_nonnull(b);
+    int ca, cb;
+    size_t off = 0;
+    do {
+        ca = fgetc(a);
+        cb = fgetc(b);
+        ck_assert_msg(ca == cb, "byte %zu differs", off);
+        off++;
+    } while (ca != EOF);
+    fclose(a);
+    fclose(b);
+    unlink(again);
+}
+END_TEST
+
+START_TEST(fromweights_revocab_refuses_another_vocabulary)
+{
+    pd_err e = {0};
+    gguf_writer *w = gguf_writer_new();
+    const char *toks[3] = {"a", "b", "c"};
+    gguf_writer_set_str(w, "general.architecture", "llama");
+    gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
+    gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 3);
+    ck_assert_msg(gguf_writer_write(w, out, &e) == PD_OK, "%s", e.msg);
+    gguf_writer_free(w);
+    char o2[160];
+    snprintf(o2, sizeof o2, "%s.o2.gguf", dir);
+    ck_assert_int_eq(fromweights_revocab(out, o2, &e), PD_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(e.msg, "not a byte-vocabulary model"));
+    ck_assert_int_eq(access(o2, F_OK), -1);
+}
+END_TEST
+
 Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("fromweights");
@@ -296,6 +378,9 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, fromweights_writes_a_deepseek_moe_the_loader_runs);
     tcase_add_test(tc, fromweights_refuses_a_missing_or_misshapen_expert_tensor_by_name);
     tcase_add_test(tc, fromweights_refuses_bad_deepseek_fields_by_name);
+    tcase_add_test(tc, fromweights_vocab_tokenizes_text_to_its_bytes);
+    tcase_add_test(tc, fromweights_revocab_keeps_every_other_key_and_tensor);
+    tcase_add_test(tc, fromweights_revocab_refuses_another_vocabulary);
     suite_add_tcase(s, tc);
     return s;
 }

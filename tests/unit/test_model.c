@@ -1,6 +1,6 @@
 /* model: the row-local math against hand-computed values, and a whole layer
- * stack against a naive double-precision reference written here from the
- * GGUF tensors (GQA head mapping, QKV bias, both RoPE styles, SwiGLU and the
+ * stack against the tests' naive double-precision reference (model_ref.h)
+ * read from the GGUF tensors (GQA head mapping, QKV bias, both RoPE styles, SwiGLU and the
  * residual stream) — through the stage (stage_forward) and through the
  * model's own layer math (model_layer_forward) with kv and ring layer cache
  * containers, which must give the stage's bits; and the per-layer
@@ -19,7 +19,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ggml_ref.h"
+#define MREF_CHECK(cond, ...) ck_assert_msg(cond, __VA_ARGS__)
+#include "model_ref.h"
 
 START_TEST(model_rmsnorm_matches_hand_values)
 {
@@ -93,139 +94,11 @@ END_TEST
 
 /* ---- a naive reference forward from the file's tensors ----------------- */
 
-/* Tensors of other types, dequantized exactly (tests/unit/ggml_ref.h for
- * the ggml block types, written from ggml's definitions): kept until
- * tensors_free. */
-static float *deq_bufs[256];
-static int n_deq_bufs;
-
-static void tensors_free(void)
-{
-    while (n_deq_bufs > 0)
-        free(deq_bufs[--n_deq_bufs]);
-}
-
-static const float *tensor(gguf_file *f, const char *name)
-{
-    const gguf_tensor *t = gguf_tensor_find(f, name);
-    ck_assert_ptr_nonnull(t);
-    if (t->type == GGUF_TENSOR_F32)
-        return t->data;
-    uint64_t n = 1;
-    for (uint32_t d = 0; d < t->n_dims; d++)
-        n *= t->ne[d];
-    float *y = malloc(n * sizeof *y);
-    ck_assert_ptr_nonnull(y);
-    ck_assert_int_lt(n_deq_bufs, 256);
-    deq_bufs[n_deq_bufs++] = y;
-    const uint8_t *b = t->data;
-    if (t->type == GGUF_TENSOR_Q8_0) {
-        for (uint64_t i = 0; i < n; i++)
-            y[i] = (float)(int8_t)b[(i / 32) * 34 + 2 + i % 32] * ggml_ref_f16(b + (i / 32) * 34);
-    } else if (t->type == GGUF_TENSOR_F16) {
-        for (uint64_t i = 0; i < n; i++)
-            y[i] = ggml_ref_f16(b + 2 * i);
-    } else {
-        int qk = 0, bb = 0;
-        ggml_ref_block((int)t->type, &qk, &bb);
-        ck_assert_msg(qk > 0, "tensor %s: type %u", name, t->type);
-        ggml_ref_dequant((int)t->type, b, y, (int)n);
-    }
-    return y;
-}
-
-/* y[o] = sum_i W[o][i] x[i] (+ b[o]) with W stored [out x in] */
-static void ref_matvec(const float *W, const float *b, const double *x, uint32_t in, uint32_t out, double *y)
-{
-    for (uint32_t o = 0; o < out; o++) {
-        double s = b ? b[o] : 0.0;
-        for (uint32_t i = 0; i < in; i++)
-            s += (double)W[(size_t)o * in + i] * x[i];
-        y[o] = s;
-    }
-}
-
-static void ref_norm(const double *x, const float *w, uint32_t n, double eps, double *y)
-{
-    double ss = 0;
-    for (uint32_t i = 0; i < n; i++)
-        ss += x[i] * x[i];
-    double r = 1.0 / sqrt(ss / n + eps);
-    for (uint32_t i = 0; i < n; i++)
-        y[i] = x[i] * r * w[i];
-}
-
-static void ref_rope(double *v, uint32_t hd, uint64_t pos, double base, int neox)
-{
-    for (uint32_t i = 0; i < hd / 2; i++) {
-        double th = (double)pos * pow(base, -2.0 * i / hd);
-        uint32_t a = neox ? i : 2 * i, b = neox ? i + hd / 2 : 2 * i + 1;
-        double x0 = v[a], x1 = v[b];
-        v[a] = x0 * cos(th) - x1 * sin(th);
-        v[b] = x0 * sin(th) + x1 * cos(th);
-    }
-}
-
+/* The float64 reference (tests/unit/model_ref.h), its checks as Check
+ * assertions. */
 static void count_call(void *ctx)
 {
     ++*(int *)ctx;
-}
-
-/* The reference feed-forward of layer L on the normed row h: dense SwiGLU,
- * or (deepseek past its dense layers) the MoE of llama.cpp's graph in double:
- * softmax router, top-k by probability (ties to the lower index), the
- * probabilities as weights without renormalisation, plus the shared experts. */
-static void ref_ffn(gguf_file *f, const model_hparams *hp, uint32_t L, const double *h, double *out)
-{
-    const uint32_t H = hp->hidden;
-    char n[64];
-    double g[256], u[256], a[256], y[64];
-#define T(s) (snprintf(n, sizeof n, "blk.%u." s, L), tensor(f, n))
-    if (!model_arch_is_moe(hp->arch) || L < hp->n_dense_lead) {
-        const uint32_t F = hp->ffn;
-        ck_assert_uint_le(F, 256);
-        ref_matvec(T("ffn_gate.weight"), NULL, h, H, F, g);
-        ref_matvec(T("ffn_up.weight"), NULL, h, H, F, u);
-        for (uint32_t i = 0; i < F; i++)
-            a[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
-        ref_matvec(T("ffn_down.weight"), NULL, a, F, H, out);
-        return;
-    }
-    const uint32_t E = hp->n_expert, K = hp->n_expert_used, FE = hp->ffn_exp, FS = FE * hp->n_expert_shared;
-    ck_assert_uint_le(FS, 256);
-    ck_assert_uint_le(E, 64);
-    double lg[64], mx = -1e300, sum = 0;
-    ref_matvec(T("ffn_gate_inp.weight"), NULL, h, H, E, lg);
-    for (uint32_t e = 0; e < E; e++)
-        mx = lg[e] > mx ? lg[e] : mx;
-    for (uint32_t e = 0; e < E; e++)
-        sum += (lg[e] = exp(lg[e] - mx));
-    int taken[64] = {0};
-    for (uint32_t i = 0; i < H; i++)
-        out[i] = 0;
-    const float *wg = T("ffn_gate_exps.weight"), *wu = T("ffn_up_exps.weight"), *wd = T("ffn_down_exps.weight");
-    for (uint32_t r = 0; r < K; r++) {
-        uint32_t best = E;
-        for (uint32_t e = 0; e < E; e++)
-            if (!taken[e] && (best == E || lg[e] > lg[best]))
-                best = e;
-        taken[best] = 1;
-        ref_matvec(wg + (size_t)best * FE * H, NULL, h, H, FE, g);
-        ref_matvec(wu + (size_t)best * FE * H, NULL, h, H, FE, u);
-        for (uint32_t i = 0; i < FE; i++)
-            a[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
-        ref_matvec(wd + (size_t)best * H * FE, NULL, a, FE, H, y);
-        for (uint32_t i = 0; i < H; i++)
-            out[i] += lg[best] / sum * y[i];
-    }
-    ref_matvec(T("ffn_gate_shexp.weight"), NULL, h, H, FS, g);
-    ref_matvec(T("ffn_up_shexp.weight"), NULL, h, H, FS, u);
-    for (uint32_t i = 0; i < FS; i++)
-        a[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
-    ref_matvec(T("ffn_down_shexp.weight"), NULL, a, FS, H, y);
-    for (uint32_t i = 0; i < H; i++)
-        out[i] += y[i];
-#undef T
 }
 
 /* A small deepseek: 3 layers (1 dense), 8 experts of width 16, top 2 (or
@@ -248,7 +121,18 @@ static void deepseek_small_opts(mkmodel_opts *o, uint32_t k)
     o->expert_scale = 1.0f;
 }
 
+static void check_stack_ex(model_arch arch, uint32_t heads, uint32_t kv_heads, mk_dtype dtype,
+                           const char *rope_scaling, float rope_factor);
+
 static void check_stack_dt(model_arch arch, uint32_t heads, uint32_t kv_heads, mk_dtype dtype)
+{
+    check_stack_ex(arch, heads, kv_heads, dtype, NULL, 0.0f);
+}
+
+/* As check_stack_dt, for a deepseek2-ocr with rope-scaling keys: the
+ * reference scores q.k * mscale^2 / sqrt(head_dim), mscale^2 from mref_kq_mul */
+static void check_stack_ex(model_arch arch, uint32_t heads, uint32_t kv_heads, mk_dtype dtype,
+                           const char *rope_scaling, float rope_factor)
 {
     char path[] = "/tmp/pd_test_model_XXXXXX";
     int fd = mkstemp(path);
@@ -269,8 +153,12 @@ static void check_stack_dt(model_arch arch, uint32_t heads, uint32_t kv_heads, m
     o.ffn = dtype == MK_F32 ? 40 : 64;
     o.vocab = 300;
     o.seed = 9;
+    o.rope_scaling = rope_scaling;
+    o.rope_factor = rope_factor;
+    o.rope_orig_ctx = rope_scaling ? 64 : 0;
+    o.yarn_log_mul = rope_scaling ? 0.0707f : 0.0f; /* read by llama.cpp's deepseek2 only, not -ocr */
     pd_err e = {0};
-    ck_assert_int_eq(mkmodel_write(&o, path, &e), PD_OK);
+    ck_assert_msg(mkmodel_write(&o, path, &e) == PD_OK, "%s", e.msg);
 
     model *m;
     model_load_opts lo = {.all_layers = 1, .want_embed = 1, .want_output = 1};
@@ -285,6 +173,12 @@ static void check_stack_dt(model_arch arch, uint32_t heads, uint32_t kv_heads, m
     enum { R = 5 };
     const uint32_t H = hp->hidden, hd = hp->head_dim, nh = hp->n_heads, nkv = hp->n_kv_heads;
     const uint32_t group = nh / nkv;
+    model_rope_scaling rs = !rope_scaling               ? MODEL_ROPE_SCALING_NONE
+                            : !strcmp(rope_scaling, "yarn") ? MODEL_ROPE_SCALING_YARN
+                            : !strcmp(rope_scaling, "none") ? MODEL_ROPE_SCALING_NONE
+                                                            : MODEL_ROPE_SCALING_LINEAR;
+    const double kq = rope_scaling ? mref_kq_mul(rs, rope_factor, 1.0) : 1.0;
+    ck_assert_double_eq_tol(hp->kq_mul, kq, 1e-6 * kq);
     float x[R * 32];
     pd_rng rng = {.s = 77};
     pd_rng_fill(&rng, x, R * H, -1.5f, 1.5f);
@@ -296,18 +190,18 @@ static void check_stack_dt(model_arch arch, uint32_t heads, uint32_t kv_heads, m
     /* reference: every layer, rows attend causally over the rows so far */
     for (uint32_t L = 0; L < hp->n_layers; L++) {
         char n[64];
-#define T(s) (snprintf(n, sizeof n, "blk.%u." s, L), tensor(f, n))
+#define T(s) (snprintf(n, sizeof n, "blk.%u." s, L), mref_tensor(f, n))
 #define TB(s) (hp->qkv_bias ? T(s) : NULL)
         double q[R][32], k[R][32], v[R][32], h[32], att[R][32];
         for (int r = 0; r < R; r++) {
-            ref_norm(ref[r], T("attn_norm.weight"), H, hp->rms_eps, h);
-            ref_matvec(T("attn_q.weight"), TB("attn_q.bias"), h, H, nh * hd, q[r]);
-            ref_matvec(T("attn_k.weight"), TB("attn_k.bias"), h, H, nkv * hd, k[r]);
-            ref_matvec(T("attn_v.weight"), TB("attn_v.bias"), h, H, nkv * hd, v[r]);
+            mref_norm(ref[r], T("attn_norm.weight"), H, hp->rms_eps, h);
+            mref_matvec(T("attn_q.weight"), TB("attn_q.bias"), h, H, nh * hd, q[r]);
+            mref_matvec(T("attn_k.weight"), TB("attn_k.bias"), h, H, nkv * hd, k[r]);
+            mref_matvec(T("attn_v.weight"), TB("attn_v.bias"), h, H, nkv * hd, v[r]);
             for (uint32_t j = 0; j < nh; j++)
-                ref_rope(q[r] + j * hd, hd, (uint64_t)r, hp->rope_base, hp->rope == MODEL_ROPE_NEOX);
+                mref_rope(q[r] + j * hd, hd, (uint64_t)r, hp->rope_base, hp->rope == MODEL_ROPE_NEOX);
             for (uint32_t j = 0; j < nkv; j++)
-                ref_rope(k[r] + j * hd, hd, (uint64_t)r, hp->rope_base, hp->rope == MODEL_ROPE_NEOX);
+                mref_rope(k[r] + j * hd, hd, (uint64_t)r, hp->rope_base, hp->rope == MODEL_ROPE_NEOX);
         }
         for (int r = 0; r < R; r++)
             for (uint32_t j = 0; j < nh; j++) {
@@ -317,7 +211,7 @@ static void check_stack_dt(model_arch arch, uint32_t heads, uint32_t kv_heads, m
                     double d = 0;
                     for (uint32_t c = 0; c < hd; c++)
                         d += q[r][j * hd + c] * k[p][kvh * hd + c];
-                    sc[p] = d / sqrt((double)hd);
+                    sc[p] = d * kq / sqrt((double)hd);
                     mx = sc[p] > mx ? sc[p] : mx;
                 }
                 for (int p = 0; p <= r; p++)
@@ -331,11 +225,11 @@ static void check_stack_dt(model_arch arch, uint32_t heads, uint32_t kv_heads, m
             }
         for (int r = 0; r < R; r++) {
             double o2[32];
-            ref_matvec(T("attn_output.weight"), NULL, att[r], nh * hd, H, o2);
+            mref_matvec(T("attn_output.weight"), NULL, att[r], nh * hd, H, o2);
             for (uint32_t i = 0; i < H; i++)
                 ref[r][i] += o2[i];
-            ref_norm(ref[r], T("ffn_norm.weight"), H, hp->rms_eps, h);
-            ref_ffn(f, hp, L, h, o2);
+            mref_norm(ref[r], T("ffn_norm.weight"), H, hp->rms_eps, h);
+            mref_ffn(f, hp, L, h, o2);
             for (uint32_t i = 0; i < H; i++)
                 ref[r][i] += o2[i];
         }
@@ -417,8 +311,8 @@ static void check_stack_dt(model_arch arch, uint32_t heads, uint32_t kv_heads, m
     }
     pool_free(pools[1]);
     pool_free(pools[2]);
+    mref_tensors_free();
     gguf_close(f);
-    tensors_free();
     model_free(m);
     unlink(path);
 }
@@ -465,6 +359,44 @@ START_TEST(model_stack_matches_reference_deepseek2_ocr)
     check_stack_dt(MODEL_ARCH_DEEPSEEK2_OCR, 4, 4, MK_Q4_0);
     check_stack_dt(MODEL_ARCH_DEEPSEEK2_OCR, 4, 4, MK_Q5_0);
     check_stack_dt(MODEL_ARCH_LLAMA, 4, 2, MK_Q4_0);
+}
+END_TEST
+
+/* deepseek2-ocr with YaRN keys (DeepSeek-OCR's converter writes them for a
+ * long-context variant): scores scaled by mscale^2 as llama.cpp's kq_scale,
+ * the rope unchanged; also linear scaling, which the OCR graph turns into
+ * the same kind of score factor, and f16 / Q8_0 weights */
+START_TEST(model_stack_matches_reference_deepseek2_ocr_yarn)
+{
+    check_stack_ex(MODEL_ARCH_DEEPSEEK2_OCR, 4, 4, MK_F32, "yarn", 40.0f);
+    check_stack_ex(MODEL_ARCH_DEEPSEEK2_OCR, 4, 4, MK_F32, "yarn", 0.25f);
+    check_stack_ex(MODEL_ARCH_DEEPSEEK2_OCR, 4, 4, MK_F32, "linear", 4.0f);
+    check_stack_ex(MODEL_ARCH_DEEPSEEK2_OCR, 4, 4, MK_Q8_0, "yarn", 16.0f);
+}
+END_TEST
+
+/* model_ocr_kq_mul (float, as llama.cpp computes it) against the float64
+ * formula over types, factors and attn factors; exactly 1 without keys */
+START_TEST(model_ocr_kq_mul_matches_the_float64_formula)
+{
+    const float factors[] = {0.0f, 1e-3f, 0.25f, 0.5f, 1.0f, 1.5f, 2.0f, 4.0f, 40.0f, 1000.0f, 1e6f};
+    const float attn[] = {1.0f, 0.707f, 1.25f};
+    for (int t = 0; t < MODEL_ROPE_SCALING_COUNT; t++)
+        for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++)
+            for (size_t j = 0; j < sizeof attn / sizeof attn[0]; j++) {
+                double want = mref_kq_mul((model_rope_scaling)t, factors[i], attn[j]);
+                float got = model_ocr_kq_mul((model_rope_scaling)t, factors[i], attn[j]);
+                ck_assert_msg(fabs(got - want) <= 2e-6 * want, "type %d factor %g attn %g: %.9g vs %.9g", t,
+                              (double)factors[i], (double)attn[j], (double)got, want);
+            }
+    for (int t = 0; t < MODEL_ROPE_SCALING_COUNT; t++) {
+        ck_assert(model_ocr_kq_mul((model_rope_scaling)t, 0.0f, 1.0f) == 1.0f);
+        ck_assert(model_ocr_kq_mul((model_rope_scaling)t, 1.0f, 1.0f) == 1.0f);
+    }
+    ck_assert(model_ocr_kq_mul(MODEL_ROPE_SCALING_NONE, 40.0f, 1.0f) == 1.0f);
+    /* YaRN 40: mscale = 1 + 0.1 ln 40 */
+    ck_assert_double_eq_tol(model_ocr_kq_mul(MODEL_ROPE_SCALING_YARN, 40.0f, 1.0f),
+                            (1 + 0.1 * log(40.0)) * (1 + 0.1 * log(40.0)), 1e-6);
 }
 END_TEST
 
@@ -980,6 +912,58 @@ START_TEST(model_hparams_list_the_keys_that_defaulted)
 }
 END_TEST
 
+/* deepseek2-ocr's rope-scaling keys: a type llama.cpp does not know, or a
+ * negative / non-finite factor, is refused naming the key (the file is a
+ * YaRN model from mkmodel with one value patched in place) */
+static void patch_after(const char *path, const char *key, size_t skip, const void *bytes, size_t n)
+{
+    FILE *fp = fopen(path, "r+b");
+    ck_assert_ptr_nonnull(fp);
+    static uint8_t buf[1 << 16];
+    size_t got = fread(buf, 1, sizeof buf, fp);
+    size_t kl = strlen(key), at = 0;
+    for (size_t i = 0; i + kl <= got && !at; i++)
+        if (!memcmp(buf + i, key, kl))
+            at = i + kl;
+    ck_assert_msg(at != 0, "key %s not in the first %zu bytes", key, got);
+    ck_assert_int_eq(fseek(fp, (long)(at + skip), SEEK_SET), 0);
+    ck_assert_uint_eq(fwrite(bytes, 1, n, fp), n);
+    fclose(fp);
+}
+
+START_TEST(model_deepseek2_ocr_refuses_bad_rope_scaling_keys)
+{
+    char path[] = "/tmp/pd_test_model_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    mkmodel_opts o;
+    deepseek_small_opts(&o, 2);
+    o.arch = MODEL_ARCH_DEEPSEEK2_OCR;
+    o.rope_scaling = "yarn";
+    o.rope_factor = 4.0f;
+    pd_err e = {0};
+    model_hparams hp;
+    ck_assert_int_eq(mkmodel_write(&o, path, &e), PD_OK);
+    ck_assert_msg(model_read_hparams(path, &hp, &e) == PD_OK, "%s", e.msg);
+    ck_assert_int_eq(hp.rope_scaling, MODEL_ROPE_SCALING_YARN);
+    ck_assert(hp.kq_mul > 1.2f && hp.kq_mul < 1.3f); /* (1 + 0.1 ln 4)^2 = 1.296 */
+    /* value of a string: u32 type, u64 length, then the bytes */
+    patch_after(path, "rope.scaling.type", 12, "nope", 4);
+    ck_assert_int_eq(model_read_hparams(path, &hp, &e), PD_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(e.msg, "deepseek2-ocr.rope.scaling.type \"nope\"") != NULL, "%s", e.msg);
+    patch_after(path, "rope.scaling.type", 12, "yarn", 4);
+    float bad[2] = {-2.0f, NAN};
+    for (int i = 0; i < 2; i++) {
+        patch_after(path, "rope.scaling.factor", 4, &bad[i], 4); /* value of an f32: u32 type, 4 bytes */
+        pd_err_clear(&e);
+        ck_assert_int_eq(model_read_hparams(path, &hp, &e), PD_ERR_FORMAT);
+        ck_assert_msg(strstr(e.msg, "deepseek2-ocr.rope.scaling.factor") != NULL, "%s", e.msg);
+    }
+    unlink(path);
+}
+END_TEST
+
 START_TEST(model_refuses_unsupported_architecture_and_types)
 {
     char path[] = "/tmp/pd_test_model_XXXXXX";
@@ -1047,6 +1031,9 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, model_stack_matches_reference_qwen2_mha_with_bias);
     tcase_add_test(tc, model_stack_matches_reference_deepseek_moe);
     tcase_add_test(tc, model_stack_matches_reference_deepseek2_ocr);
+    tcase_add_test(tc, model_stack_matches_reference_deepseek2_ocr_yarn);
+    tcase_add_test(tc, model_ocr_kq_mul_matches_the_float64_formula);
+    tcase_add_test(tc, model_deepseek2_ocr_refuses_bad_rope_scaling_keys);
     tcase_add_test(tc, model_moe_route_is_softmax_top_k_with_ties_to_the_lower_index);
     tcase_add_test(tc, model_moe_route_ex_bias_selects_norm_and_scale_weigh);
     tcase_add_test(tc, model_moe_rows_do_not_depend_on_their_batch);

@@ -188,6 +188,26 @@ START_TEST(render_write_emits_manifest_and_rows)
 }
 END_TEST
 
+START_TEST(render_write_emits_a_text_prompt_escaped)
+{
+    render_doc *d = parse_ok("ab\n");
+    render_opts o = {.hidden = 16, .cells = 8, .bos = 256, .prompt = {1, 2}, .n_prompt = 2, .max_new_extra = 8,
+                     .prompt_text = "<image>\n\"Free\\OCR\".\t\xc3\xa9", .id_prefix = "t"};
+    char dir[300], path[400];
+    snprintf(dir, sizeof dir, "%s/text", tmpdir);
+    pd_err e = {0};
+    ck_assert_msg(render_write(d, &o, dir, &e) == PD_OK, "%s", e.msg);
+    snprintf(path, sizeof path, "%s/pages.jsonl", dir);
+    FILE *f = fopen(path, "r");
+    char line[256];
+    ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
+    ck_assert_str_eq(line, "{\"id\":\"t00000\",\"prefill\":[{\"tokens\":[256]},{\"embeddings\":\"t00000.npy\"},"
+                           "{\"text\":\"<image>\\n\\\"Free\\\\OCR\\\".\\u0009\xc3\xa9\"}],\"max_new_tokens\":11}\n");
+    fclose(f);
+    render_doc_free(d);
+}
+END_TEST
+
 Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("render");
@@ -199,6 +219,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, render_features_follow_the_documented_layout);
     tcase_add_test(tc, render_embedding_is_exact_deterministic_and_bounded);
     tcase_add_test(tc, render_write_emits_manifest_and_rows);
+    tcase_add_test(tc, render_write_emits_a_text_prompt_escaped);
     suite_add_tcase(s, tc);
     return s;
 }
