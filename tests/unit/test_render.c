@@ -194,7 +194,7 @@ START_TEST(render_write_emits_a_text_prompt_escaped)
     render_opts o = {.hidden = 16, .cells = 8, .bos = 256, .prompt = {1, 2}, .n_prompt = 2, .max_new_extra = 8,
                      .prompt_text = "<image>\n\"Free\\OCR\".\t\xc3\xa9", .id_prefix = "t"};
     char dir[300], path[400];
-    snprintf(dir, sizeof dir, "%s/text", tmpdir);
+    snprintf(dir, sizeof dir, "%s/text", pd_tmpdir);
     pd_err e = {0};
     ck_assert_msg(render_write(d, &o, dir, &e) == PD_OK, "%s", e.msg);
     snprintf(path, sizeof path, "%s/pages.jsonl", dir);
