@@ -58,7 +58,10 @@ for t in 1 2; do
   for img in page-a.ppm page-b.png page-c.jpg; do
     "$prefix/bin/llama-mtmd-cli" -m "$work/dec.gguf" --mmproj "$work/mm.gguf" --image "$work/img/$img" \
       -p "<__media__>Free OCR." --chat-template deepseek-ocr -n 1 --temp 0 -t "$t" >/dev/null 2>"$work/cli.err" || true
-    ms=$(sed -n 's/.*batch encoding done in \([0-9.]*\) ms.*/\1/p' "$work/cli.err" | tail -1)
+    # one line per batch of chunks it encodes together (tiles and the
+    # overview differ in size, so a tiled page takes several): their sum
+    ms=$(sed -n 's/.*batch encoding done in \([0-9.]*\) ms.*/\1/p' "$work/cli.err" \
+         | python3 -c 'import sys; v = [float(x) for x in sys.stdin]; print(sum(v) if v else "")')
     [ -n "$ms" ] || { echo "encode.sh: no encode time in llama-mtmd-cli's log ($img)" >&2; tail -3 "$work/cli.err" >&2; exit 1; }
     sum=$(python3 -c "print($sum + $ms)")
   done

@@ -242,7 +242,7 @@ int cmd_encode(int argc, char **argv)
         return err.status == PD_ERR_IO ? CMD_EXIT_USAGE : CMD_EXIT_INVALID;
     }
     venc *v = NULL;
-    if (venc_open(&(venc_opts){.mmproj = mmproj, .model = model_path, .threads = (int)threads}, &v,
+    if (venc_open(&(venc_opts){.mmproj = mmproj, .model = model_path, .threads = (int)threads, .warmup = true}, &v,
                   &err) != PD_OK) {
         fprintf(stderr, "pipedec encode: %s\n", err.msg);
         pages_free(pg);

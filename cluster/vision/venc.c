@@ -190,7 +190,7 @@ pd_status venc_open(const venc_opts *o, venc **out, pd_err *err)
     cp.use_gpu = false;
     cp.print_timings = false;
     cp.n_threads = o->threads;
-    cp.warmup = false;
+    cp.warmup = o->warmup;
     v->log_len = 0;
     v->ctx = mtmd_init_from_file(o->mmproj, v->model, cp);
     if (!v->ctx) {

@@ -36,6 +36,9 @@ typedef struct venc_opts {
     const char *mmproj; /* the vision projector GGUF (clip.* keys) */
     const char *model;  /* the decoder GGUF, read vocabulary-only */
     int threads;        /* encoder threads (>= 1) */
+    bool warmup;        /* run one encode of a blank image at open, as llama-mtmd-cli does, so
+                         * the first page does not pay for building the graph (an encoder that
+                         * only counts rows skips it) */
 } venc_opts;
 
 /* One piece of an image's prefill.

@@ -64,8 +64,9 @@ pd_status pageimg_open(const char *mmproj, const char *model_path, uint32_t thre
         pageimg_free(pi);
         return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
     }
+    /* with encoder ranks the head's encoder only counts rows: no warm-up */
     pd_status st = venc_open(&(venc_opts){.mmproj = mmproj, .model = model_path,
-                                           .threads = (int)(threads ? threads : 1)},
+                                           .threads = (int)(threads ? threads : 1), .warmup = pi->enc.n == 0},
                              &pi->v, err);
     if (st != PD_OK) {
         pageimg_free(pi);
@@ -451,7 +452,7 @@ pd_status pageimg_serve(const char *mmproj, const char *model_path, uint32_t thr
 {
     venc *v = NULL;
     pd_status st = venc_open(&(venc_opts){.mmproj = mmproj, .model = model_path,
-                                          .threads = (int)(threads ? threads : 1)},
+                                          .threads = (int)(threads ? threads : 1), .warmup = true},
                              &v, err);
     if (st != PD_OK)
         return st;
