@@ -1025,7 +1025,7 @@ pd_status ring_layer_check(const ring_layer *r, pd_err *err)
         /* every live row of a quantized component holds what quant_q8_row writes */
         const uint32_t live[RING_REGION_COUNT] = {c->ref_rows, c->ring_len, c->n_drafts};
         for (int g = 0; g < RING_REGION_COUNT; g++)
-            for (uint32_t h = 0; h < cfg->n_kv_heads; h++) {
+            for (uint32_t h = 0; h < cfg->n_kv_heads && live[g] > 0; h++) { /* an empty region may have no storage */
                 const ring_rows *rw = &c->rows[g];
                 const size_t o = ring_row_off(rw, h, 0, cfg->head_dim), so = (size_t)h * rw->cap;
                 pd_status st = PD_OK;
