@@ -32,7 +32,7 @@ MPIRUN=(mpirun --oversubscribe --bind-to none)
 launch() {
   local n="$1" out="$2" dir="$3" sig="$4"; shift 4
   local cmd=("$PIPEDEC" run --model "$m" --pages "$PA" --out "$out" --batch 3 --digest --checkpoint-dir "$dir"
-             --pid-file "$out.pids" "$@")
+             --pid-file "$out.pids" --stats "$out.stats" "$@")
   [ "$n" -gt 0 ] && cmd=("${MPIRUN[@]}" -np "$n" "${cmd[@]}")
   ( rc=0; timeout 300 "${cmd[@]}" >"$out.log" 2>&1 </dev/null || rc=$?; echo "$rc" > "$out.rc" ) &
   local job=$!
@@ -109,8 +109,9 @@ for c in "${cases[@]}"; do
   # shellcheck disable=SC2086
   launch "$n1" "$T/$tag.out" "$T/$tag.d" USR2 $pol
   rc=$(cat "$T/$tag.out.rc")
-  if [ "$rc" -eq 75 ] && [ -d "$T/$tag.d/ckpt-1" ] && [ "$(wc -l < "$T/$tag.out")" -lt 3000 ]; then
-    pass "$tag: SIGUSR2 checkpointed and exited 75 with $(wc -l < "$T/$tag.out") of 3000 pages out"
+  if [ "$rc" -eq 75 ] && [ -d "$T/$tag.d/ckpt-1" ] && [ "$(wc -l < "$T/$tag.out")" -lt 3000 ] \
+     && grep -qE '"exit_status":[[:space:]]*75' "$T/$tag.out.stats"; then
+    pass "$tag: SIGUSR2 checkpointed and exited 75 (so its --stats says) with $(wc -l < "$T/$tag.out") of 3000 pages out"
   else
     fail "$tag: exit $rc after SIGUSR2"; tail -3 "$T/$tag.out.log"
   fi

@@ -25,7 +25,7 @@ MPIRUN=(mpirun --oversubscribe --bind-to none)
 for np in 1 2; do
   out="$T/np$np.jsonl"
   cp "$T/good.npy" "$bad"
-  cmd=("$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 1 --digest)
+  cmd=("$PIPEDEC" run --model "$m" --pages "$P" --out "$out" --batch 1 --digest --stats "$T/np$np.stats")
   [ "$np" -gt 1 ] && cmd=("${MPIRUN[@]}" -np "$np" "${cmd[@]}")
   ( c=0; "${cmd[@]}" >"$T/np$np.log" 2>&1 </dev/null || c=$?; echo "$c" > "$T/np$np.rc" ) &
   for _ in $(seq 1 3000); do [ -s "$out" ] && break; sleep 0.01; done
@@ -34,6 +34,8 @@ for np in 1 2; do
   wait
   rc=$(cat "$T/np$np.rc")
   [ "$rc" -eq 4 ] && pass "np $np: job went on and exited 4 (some pages failed)" || { fail "np $np: exit $rc"; tail -3 "$T/np$np.log"; }
+  recorded=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["exit_status"])' "$T/np$np.stats" 2>&1)
+  [ "$recorded" = 4 ] && pass "np $np: --stats records exit_status 4" || fail "np $np: --stats exit_status: $recorded"
   if python3 - "$out" "$T/clean.jsonl" <<'PY'
 import json, sys
 got = [json.loads(l) for l in open(sys.argv[1])]

@@ -28,6 +28,7 @@ def rows(seg):  # a segment's prefill rows: its tokens, or the .npy block's firs
     return int(hdr.split("'shape': (")[1].split(",")[0])
 want_pre = sum(rows(seg) for p in pages for seg in p["prefill"])
 pre, dec = s["prefill"], s["decode"]
+assert s["exit_status"] == 0, s["exit_status"]
 for k in ("rows", "s", "rows_per_s"):
     assert pre[k] >= 0, (k, pre)
 for k in ("rows", "tokens", "s", "tokens_per_s"):

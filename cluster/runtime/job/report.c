@@ -75,13 +75,14 @@ void report_free(report *rep)
 }
 
 static void report_stats_json(const report *rep, const rank *r, const sched_progress *pr, double wall,
-                              const msg_stats *all, const budget *bud)
+                              const msg_stats *all, const budget *bud, int exit_status)
 {
     const run_opts *o = r->o;
     double tps = wall > 0 ? (double)pr->tokens_generated / wall : 0.0;
     char pol[160];
     policy_describe(&o->policy, pol, sizeof pol);
     cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "exit_status", exit_status);
     cJSON_AddNumberToObject(j, "ranks", r->size);
     cJSON_AddNumberToObject(j, "pages_total", (double)pr->pages_total);
     cJSON_AddNumberToObject(j, "pages_done", (double)pr->pages_done);
@@ -196,7 +197,7 @@ static void report_stats_json(const report *rep, const rank *r, const sched_prog
     cJSON_Delete(j);
 }
 
-pd_status report_end(report *rep, rank *r, head *h, pd_err *err)
+pd_status report_end(report *rep, rank *r, head *h, int exit_status, pd_err *err)
 {
     uint8_t mine[MSG_STATS_BYTES];
     msg_stats me = rank_stats(r);
@@ -224,7 +225,7 @@ pd_status report_end(report *rep, rank *r, head *h, pd_err *err)
             snprintf(failed, sizeof failed, "; %llu FAILED, see their \"error\" lines, a rerun retries them",
                      (unsigned long long)pr.pages_failed);
         if (r->o->stats_path)
-            report_stats_json(rep, r, &pr, wall, each, head_budget(h));
+            report_stats_json(rep, r, &pr, wall, each, head_budget(h), exit_status);
         printf("pipedec: %llu pages decoded (%llu skipped as already done%s), %llu tokens in %.2f s = %.1f tokens/s "
                "over %d rank%s; output %s\n",
                (unsigned long long)(pr.pages_done - pr.pages_failed), (unsigned long long)pr.pages_skipped, failed,
@@ -233,5 +234,15 @@ pd_status report_end(report *rep, rank *r, head *h, pd_err *err)
     }
     free(all);
     free(each);
+    /* the closing handshake: every rank waits here until rank 0's record is
+     * written (rank 0 sends its status, so a failure there is heard) */
+    int32_t failed = st == PD_OK ? 0 : 1;
+    pd_err be = {0};
+    if (pipe_bcast(r->p, &failed, sizeof failed, &be) != PD_OK) {
+        if (st == PD_OK)
+            st = pd_err_set(err, PD_ERR_MPI, "%s", be.msg);
+    } else if (failed && st == PD_OK) {
+        st = pd_err_set(err, PD_ERR_MPI, "rank 0 could not finish the run's report");
+    }
     return st;
 }

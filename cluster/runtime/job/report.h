@@ -18,9 +18,13 @@
 typedef struct report report;
 pd_status report_start(rank *r, report **out, pd_err *err);
 
-/* Gathers every rank's counters; rank 0 (h != NULL) writes --stats and
- * prints the summary line. Collective. */
-pd_status report_end(report *rep, rank *r, head *h, pd_err *err);
+/* Gathers every rank's counters; rank 0 (h != NULL) writes --stats (with
+ * "exit_status": the status the run is about to exit with, exit_status) and
+ * prints the summary line. Collective, and no rank returns before rank 0 has
+ * written both: a launcher that ends the job when the first rank exits with
+ * a non-zero status (srun --kill-on-bad-exit) can cut only rank 0's teardown
+ * short, never its record of how the run ended. */
+pd_status report_end(report *rep, rank *r, head *h, int exit_status, pd_err *err);
 void report_free(report *rep);
 
 #endif

@@ -206,20 +206,21 @@ int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
     r.stats.wall_s = MPI_Wtime() - t_start;
     if (st == PD_OK && h)
         head_progress_line(h, true);
-    if (st == PD_OK)
-        st = report_end(rep, &r, h, &e);
     int code = jc && jobctl_exit_code(jc) ? jobctl_exit_code(jc) : RUN_EXIT_OK;
-    if (st) {
-        fprintf(stderr, "pipedec: rank %d: %s: %s\n", r.rank, pd_status_str(st), e.msg);
-        fflush(stderr);
-        code = RUN_EXIT_ABORT;
-    }
     bool clean = code == RUN_EXIT_OK;
     if (clean && h) {
         sched_progress pr;
         head_progress(h, &pr);
         if (pr.pages_failed)
             code = RUN_EXIT_PAGES;
+    }
+    if (st == PD_OK)
+        st = report_end(rep, &r, h, code, &e);
+    if (st) {
+        fprintf(stderr, "pipedec: rank %d: %s: %s\n", r.rank, pd_status_str(st), e.msg);
+        fflush(stderr);
+        code = RUN_EXIT_ABORT;
+        clean = false;
     }
     if (o->pid_path && r.rank == 0)
         unlink(o->pid_path);
