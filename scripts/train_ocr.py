@@ -3,13 +3,15 @@
 
 A decoder with a byte-level vocabulary learns to transcribe pages made by
 `pipedec render` (so training and inference share one encoder). By default
-(--arch deepseek) it is a small DeepSeek mixture of experts: --dense-layers
+(--arch deepseek2-ocr) it is a small DeepSeek mixture of experts laid out as
+DeepSeek-OCR's decoder (--arch deepseek: the same in DeepSeek V1 form, whose
+RoPE rotates adjacent pairs): --dense-layers
 leading dense layers, then layers whose feed-forward is --experts routed
 experts (the top --experts-used of them per token) plus --shared shared
 experts, each of width --expert-ffn; --arch llama makes every layer dense.
 The math below is pipedec's exactly (cluster/model/model.c): RMSNorm
-x / sqrt(mean(x^2) + eps) * w, RoPE on adjacent pairs (2i, 2i+1) with angle
-pos * base^(-2i/d), attention scores q.k / sqrt(d) with a causal softmax,
+x / sqrt(mean(x^2) + eps) * w, RoPE with angle pos * base^(-2i/d) on the
+pairs (i, i + d/2) (NEOX, deepseek2-ocr) or (2i, 2i+1) (deepseek, llama), attention scores q.k / sqrt(d) with a causal softmax,
 SwiGLU down(silu(gate h) * up h), a final RMSNorm and an untied output
 projection; no embedding scaling. A mixture-of-experts layer is
 MODEL_FFN_MOE (cluster/model/model.h): p = softmax(h Wrouter^T) over all
@@ -26,7 +28,7 @@ Every seed is fixed: the same command gives the same model on the same host
 and torch build (CPU only).
 
 usage: scripts/train_ocr.py --build BUILD --work DIR --out MODEL.gguf
-                            [--arch deepseek|llama] [--steps N] [--seed S]
+                            [--arch deepseek2-ocr|deepseek|llama] [--steps N] [--seed S]
                             [--layers L] [--hidden H] [--experts E] ...
 Installs Debian's python3-torch (apt-get) when torch is missing. Run it with
 the system interpreter (/usr/bin/python3): Debian's torch lives there.
@@ -295,10 +297,13 @@ def rope_tables(n_pos, hd, base):
     return torch.tensor(np.cos(ang), dtype=torch.float32), torch.tensor(np.sin(ang), dtype=torch.float32)
 
 
-def rope(x, cos, sin):
-    # x [B, T, nh, hd]; pairs (2i, 2i+1)
-    x0, x1 = x[..., 0::2], x[..., 1::2]
+def rope(x, cos, sin, neox):
+    # x [B, T, nh, hd]; pairs (i, i + d/2) if neox, else (2i, 2i+1)
     c, s = cos[None, :, None, :], sin[None, :, None, :]
+    if neox:
+        x0, x1 = x.chunk(2, dim=-1)
+        return torch.cat((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1)
+    x0, x1 = x[..., 0::2], x[..., 1::2]
     return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
 
 
@@ -317,7 +322,8 @@ class Decoder(torch.nn.Module):
         self.cfg = cfg
         self.nh, self.hd = cfg["heads"], H // cfg["heads"]
         self.eps = cfg["rms_eps"]
-        self.moe = cfg["arch"] == "deepseek"
+        self.moe = cfg["arch"] in ("deepseek", "deepseek2-ocr")
+        self.neox = cfg["arch"] == "deepseek2-ocr"
         self.embd = torch.nn.Parameter(torch.randn(VOCAB, H))
         self.layers = torch.nn.ModuleList()
         for li in range(L):
@@ -377,8 +383,8 @@ class Decoder(torch.nn.Module):
         aux, usage = torch.zeros(()), []
         for m in self.layers:
             h = self.rms(x, m.attn_norm)
-            q = rope((h @ m.q.t()).view(B, T, self.nh, self.hd), cos[:T], sin[:T]).transpose(1, 2)
-            k = rope((h @ m.k.t()).view(B, T, self.nh, self.hd), cos[:T], sin[:T]).transpose(1, 2)
+            q = rope((h @ m.q.t()).view(B, T, self.nh, self.hd), cos[:T], sin[:T], self.neox).transpose(1, 2)
+            k = rope((h @ m.k.t()).view(B, T, self.nh, self.hd), cos[:T], sin[:T], self.neox).transpose(1, 2)
             v = (h @ m.v.t()).view(B, T, self.nh, self.hd).transpose(1, 2)
             s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(self.hd)) + mask
             a = torch.softmax(s, dim=-1) @ v
@@ -488,7 +494,7 @@ def main():
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--ffn", type=int, default=384)
     ap.add_argument("--cells", type=int, default=192)
-    ap.add_argument("--arch", choices=["deepseek", "llama"], default="deepseek")
+    ap.add_argument("--arch", choices=["deepseek2-ocr", "deepseek", "llama"], default="deepseek2-ocr")
     ap.add_argument("--dense-layers", type=int, default=1, help="deepseek: leading dense layers")
     ap.add_argument("--experts", type=int, default=8, help="deepseek: routed experts per MoE layer")
     ap.add_argument("--experts-used", type=int, default=2, help="deepseek: top-k experts per token")
@@ -512,7 +518,7 @@ def main():
            "ffn": a.ffn, "ctx": 2 * a.cells + 64, "rope_base": 10000.0, "rms_eps": 1e-5, "vocab": "bytes",
            "ocr_cells": a.cells, "ocr_prompt": PROMPT,
            "name": "pipedec ocr-tiny (scripts/train_ocr.py %s seed %d, %d steps)" % (a.arch, a.seed, a.steps)}
-    if a.arch == "deepseek":
+    if a.arch != "llama":
         if not (0 <= a.dense_layers < a.layers and 1 <= a.experts_used <= a.experts):
             sys.exit("train_ocr: need 0 <= --dense-layers < --layers and 1 <= --experts-used <= --experts")
         cfg.update({"dense_layers": a.dense_layers, "experts": a.experts, "experts_used": a.experts_used,

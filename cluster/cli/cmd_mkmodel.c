@@ -29,6 +29,9 @@ static void mkmodel_usage(FILE *f)
                "       or:              pipedec mkmodel --revocab IN.gguf --out FILE\n"
                "  --revocab IN: IN's byte vocabulary rewritten as --from-weights writes it (merges, pre), every\n"
                "                other key and every tensor byte copied (OUT may be IN)\n"
+               "       or:              pipedec mkmodel --to-ocr IN.gguf --out FILE\n"
+               "  --to-ocr IN: a deepseek (V1) file as the same network in deepseek2-ocr form: each head's q/k rows\n"
+               "               reordered from adjacent-pair to NEOX rope, keys renamed, no retraining (OUT may be IN)\n"
                "  --repeat P: greedy text cycles through the vocabulary's last P tokens (speculation benchmarks)\n"
                "       or:              pipedec mkmodel --mmproj FILE --hidden H [--seed S] [--dtype f32|f16]\n"
                "                        [--sam-layers N] [--sam-width N] [--sam-heads N] [--window N]\n"
@@ -67,7 +70,7 @@ int cmd_mkmodel(int argc, char **argv)
         {"clip-heads", required_argument, 0, 't'}, {"window", required_argument, 0, 'w'},
         {"revocab", required_argument, 0, 'V'}, {"rope-scaling", required_argument, 0, 'Y'},
         {"rope-factor", required_argument, 0, 'G'}, {"rope-orig-ctx", required_argument, 0, 'O'},
-        {"yarn-log-mul", required_argument, 0, 'L'},
+        {"yarn-log-mul", required_argument, 0, 'L'}, {"to-ocr", required_argument, 0, 'T'},
         {0, 0, 0, 0}};
     /* options are parsed into mo and remembered in `given`; an architecture's
      * defaults then fill what was not given, whatever the flag order */
@@ -76,7 +79,7 @@ int cmd_mkmodel(int argc, char **argv)
     mkmmproj_opts mm;
     mkmmproj_defaults(&mm);
     uint64_t given = 0;
-    const char *out = NULL, *from = NULL, *mmproj = NULL, *revocab = NULL;
+    const char *out = NULL, *from = NULL, *mmproj = NULL, *revocab = NULL, *to_ocr = NULL;
     pd_err e = {0};
     pd_status st = PD_OK;
     int ch;
@@ -154,6 +157,7 @@ int cmd_mkmodel(int argc, char **argv)
         case 'w': st = cli_u32("--window", optarg, 1, 64, &mm.window, &e); break;
         case 'W': from = optarg; break;
         case 'V': revocab = optarg; break;
+        case 'T': to_ocr = optarg; break;
         case 'Y': mo.rope_scaling = optarg; break;
         case 'G':
         case 'L': {
@@ -234,6 +238,16 @@ int cmd_mkmodel(int argc, char **argv)
         st = fromweights_revocab(revocab, out, &e);
         if (st == PD_OK) {
             printf("pipedec mkmodel: wrote %s from %s (byte vocabulary rewritten, tensors copied)\n", out, revocab);
+            return 0;
+        }
+    }
+    if (st == PD_OK && to_ocr && (given & ~((1ull << ('T' - 'A')) | (1ull << ('o' - 'A')))))
+        st = pd_err_set(&e, PD_ERR_ARG, "--to-ocr takes only --out");
+    if (st == PD_OK && to_ocr) {
+        st = fromweights_to_ocr(to_ocr, out, &e);
+        if (st == PD_OK) {
+            printf("pipedec mkmodel: wrote %s from %s (deepseek2-ocr: keys renamed, q/k rows reordered for NEOX "
+                   "rope, other tensors copied)\n", out, to_ocr);
             return 0;
         }
     }

@@ -17,7 +17,8 @@
 #define FW_MAX_EXPERTS 512u
 
 typedef struct fw_cfg {
-    int deepseek; /* "arch": "deepseek" (else llama) */
+    int deepseek; /* "arch": "deepseek" or "deepseek2-ocr" (else llama) */
+    int ocr;      /* "arch": "deepseek2-ocr": NEOX rope, MHA */
     uint32_t layers, hidden, heads, kv_heads, ffn, ctx, cells;
     /* deepseek only: leading dense layers, routed experts (top experts_used),
      * one expert's width, shared experts */
@@ -127,8 +128,10 @@ static pd_status fw_config(const char *dir, fw_cfg *c, pd_err *err)
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(root, "vocab");
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(root, "name");
     const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(root, "ocr_prompt");
-    if (!cJSON_IsString(arch) || (strcmp(arch->valuestring, "llama") != 0 && strcmp(arch->valuestring, "deepseek") != 0))
-        st = pd_err_set(err, PD_ERR_UNSUPPORTED, "config.json: \"arch\" must be \"llama\" or \"deepseek\"");
+    if (!cJSON_IsString(arch) || (strcmp(arch->valuestring, "llama") != 0 && strcmp(arch->valuestring, "deepseek") != 0 &&
+                                  strcmp(arch->valuestring, "deepseek2-ocr") != 0))
+        st = pd_err_set(err, PD_ERR_UNSUPPORTED,
+                        "config.json: \"arch\" must be \"llama\", \"deepseek\" or \"deepseek2-ocr\"");
     else if (!cJSON_IsString(vocab) || strcmp(vocab->valuestring, "bytes") != 0)
         st = pd_err_set(err, PD_ERR_UNSUPPORTED, "config.json: \"vocab\" must be \"bytes\"");
     if (st == PD_OK)
@@ -140,8 +143,14 @@ static pd_status fw_config(const char *dir, fw_cfg *c, pd_err *err)
          (st = fw_u32(root, "ocr_cells", 1, 1u << 16, &c->cells, err)) ||
          (st = fw_f32(root, "rope_base", 1.0001, 1e9, &c->rope_base, err)) ||
          (st = fw_f32(root, "rms_eps", 1e-12, 1.0, &c->rms_eps, err)));
-    if (st == PD_OK && !strcmp(arch->valuestring, "deepseek"))
+    if (st == PD_OK && strcmp(arch->valuestring, "llama") != 0)
         st = fw_moe_config(root, c, err);
+    if (st == PD_OK && !strcmp(arch->valuestring, "deepseek2-ocr")) {
+        c->ocr = 1;
+        if (c->kv_heads != c->heads)
+            st = pd_err_set(err, PD_ERR_FORMAT, "config.json: deepseek2-ocr is MHA: kv_heads %u must equal heads %u",
+                            c->kv_heads, c->heads);
+    }
     if (st == PD_OK && (c->heads % c->kv_heads || c->hidden % c->heads || (c->hidden / c->heads) % 2))
         st = pd_err_set(err, PD_ERR_FORMAT,
                         "config.json: hidden %u must split into heads %u of an even size, heads a multiple of kv_heads %u",
@@ -292,7 +301,7 @@ pd_status fromweights_write(const char *dir, int f16, const char *out_path, pd_e
     if (!c.w)
         return pd_err_set(err, PD_ERR_NOMEM, "mkmodel --from-weights: out of memory");
     gguf_writer *w = c.w;
-    const char *arch = cfg.deepseek ? "deepseek" : "llama";
+    const char *arch = cfg.ocr ? "deepseek2-ocr" : cfg.deepseek ? "deepseek" : "llama";
     char key[96];
 #define KEY(s) (snprintf(key, sizeof key, "%s." s, arch), key)
     gguf_writer_set_str(w, "general.architecture", arch);
@@ -313,6 +322,11 @@ pd_status fromweights_write(const char *dir, int f16, const char *out_path, pd_e
         gguf_writer_set_u32(w, KEY("expert_shared_count"), cfg.shared_experts);
         gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), cfg.expert_ffn);
         gguf_writer_set_f32(w, KEY("expert_weights_scale"), 1.0f); /* the config's, checked to be 1 */
+    }
+    if (cfg.ocr) { /* what llama.cpp's converter adds for DeepSeek-OCR (mkmodel.c) */
+        gguf_writer_set_u32(w, KEY("vocab_size"), FROMWEIGHTS_VOCAB);
+        gguf_writer_set_u32(w, KEY("rope.dimension_count"), 0);
+        gguf_writer_set_u32(w, KEY("expert_gating_func"), 1);
     }
 #undef KEY
     gguf_writer_set_u32(w, OCRMETA_KEY_CELLS, cfg.cells);
@@ -395,8 +409,10 @@ static pd_status fw_is_byte_vocab(const gguf_file *f, const char *path, pd_err *
     return PD_OK;
 }
 
-/* Copies metadata entry kv of f into w (any type but arrays of arrays). */
-static pd_status fw_copy_kv(const gguf_file *f, const gguf_kv_info *kv, gguf_writer *w, pd_err *err)
+/* Copies metadata entry kv of f into w as key o (any type but arrays of
+ * arrays). */
+static pd_status fw_copy_kv_as(const gguf_file *f, const gguf_kv_info *kv, const char *o, gguf_writer *w,
+                               pd_err *err)
 {
     static const uint8_t elem_size[GGUF_VTYPE_COUNT] = {
         [GGUF_VTYPE_UINT8] = 1,   [GGUF_VTYPE_INT8] = 1,   [GGUF_VTYPE_UINT16] = 2, [GGUF_VTYPE_INT16] = 2,
@@ -413,31 +429,31 @@ static pd_status fw_copy_kv(const gguf_file *f, const gguf_kv_info *kv, gguf_wri
     case GGUF_VTYPE_UINT64:
         if ((st = gguf_get_u64(f, k, &u, err)))
             return st;
-        return kv->type == GGUF_VTYPE_UINT8    ? gguf_writer_set_u8(w, k, (uint8_t)u)
-               : kv->type == GGUF_VTYPE_UINT16 ? gguf_writer_set_u16(w, k, (uint16_t)u)
-               : kv->type == GGUF_VTYPE_UINT32 ? gguf_writer_set_u32(w, k, (uint32_t)u)
-                                               : gguf_writer_set_u64(w, k, u);
+        return kv->type == GGUF_VTYPE_UINT8    ? gguf_writer_set_u8(w, o, (uint8_t)u)
+               : kv->type == GGUF_VTYPE_UINT16 ? gguf_writer_set_u16(w, o, (uint16_t)u)
+               : kv->type == GGUF_VTYPE_UINT32 ? gguf_writer_set_u32(w, o, (uint32_t)u)
+                                               : gguf_writer_set_u64(w, o, u);
     case GGUF_VTYPE_INT8:
     case GGUF_VTYPE_INT16:
     case GGUF_VTYPE_INT32:
     case GGUF_VTYPE_INT64:
         if ((st = gguf_get_i64(f, k, &i, err)))
             return st;
-        return kv->type == GGUF_VTYPE_INT8    ? gguf_writer_set_i8(w, k, (int8_t)i)
-               : kv->type == GGUF_VTYPE_INT16 ? gguf_writer_set_i16(w, k, (int16_t)i)
-               : kv->type == GGUF_VTYPE_INT32 ? gguf_writer_set_i32(w, k, (int32_t)i)
-                                              : gguf_writer_set_i64(w, k, i);
+        return kv->type == GGUF_VTYPE_INT8    ? gguf_writer_set_i8(w, o, (int8_t)i)
+               : kv->type == GGUF_VTYPE_INT16 ? gguf_writer_set_i16(w, o, (int16_t)i)
+               : kv->type == GGUF_VTYPE_INT32 ? gguf_writer_set_i32(w, o, (int32_t)i)
+                                              : gguf_writer_set_i64(w, o, i);
     case GGUF_VTYPE_FLOAT32: {
         float v;
-        return (st = gguf_get_f32(f, k, &v, err)) ? st : gguf_writer_set_f32(w, k, v);
+        return (st = gguf_get_f32(f, k, &v, err)) ? st : gguf_writer_set_f32(w, o, v);
     }
     case GGUF_VTYPE_FLOAT64: {
         double v;
-        return (st = gguf_get_f64(f, k, &v, err)) ? st : gguf_writer_set_f64(w, k, v);
+        return (st = gguf_get_f64(f, k, &v, err)) ? st : gguf_writer_set_f64(w, o, v);
     }
     case GGUF_VTYPE_BOOL: {
         bool v;
-        return (st = gguf_get_bool(f, k, &v, err)) ? st : gguf_writer_set_bool(w, k, v);
+        return (st = gguf_get_bool(f, k, &v, err)) ? st : gguf_writer_set_bool(w, o, v);
     }
     case GGUF_VTYPE_STRING: {
         const char *s;
@@ -446,7 +462,7 @@ static pd_status fw_copy_kv(const gguf_file *f, const gguf_kv_info *kv, gguf_wri
             return st;
         if (strlen(s) != len)
             return pd_err_set(err, PD_ERR_UNSUPPORTED, "key %s: a string with a NUL byte", k);
-        return gguf_writer_set_str(w, k, s);
+        return gguf_writer_set_str(w, o, s);
     }
     case GGUF_VTYPE_ARRAY: break;
     default: return pd_err_set(err, PD_ERR_UNSUPPORTED, "key %s: value type %u", k, (unsigned)kv->type);
@@ -467,7 +483,7 @@ static pd_status fw_copy_kv(const gguf_file *f, const gguf_kv_info *kv, gguf_wri
                                 (unsigned long long)j);
         }
         if (st == PD_OK)
-            st = gguf_writer_set_arr_str(w, k, s, n);
+            st = gguf_writer_set_arr_str(w, o, s, n);
         free(s);
         return st;
     }
@@ -480,9 +496,14 @@ static pd_status fw_copy_kv(const gguf_file *f, const gguf_kv_info *kv, gguf_wri
     if (!v)
         return pd_err_set(err, PD_ERR_NOMEM, "key %s: out of memory", k);
     memcpy(v, data, n * elem_size[et]);
-    st = gguf_writer_set_arr(w, k, et, v, n);
+    st = gguf_writer_set_arr(w, o, et, v, n);
     free(v);
     return st;
+}
+
+static pd_status fw_copy_kv(const gguf_file *f, const gguf_kv_info *kv, gguf_writer *w, pd_err *err)
+{
+    return fw_copy_kv_as(f, kv, kv->key, w, err);
 }
 
 pd_status fromweights_revocab(const char *in_path, const char *out_path, pd_err *err)
@@ -510,6 +531,132 @@ pd_status fromweights_revocab(const char *in_path, const char *out_path, pd_err 
         const gguf_tensor *t = gguf_tensor_at(f, i);
         if ((st = gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data)))
             st = pd_err_set(err, st, "mkmodel --revocab: cannot add tensor %s", t->name);
+    }
+    if (st == PD_OK)
+        st = gguf_writer_write(w, out_path, err);
+    gguf_writer_free(w);
+    gguf_close(f);
+    return st;
+}
+
+/* New row order of a [heads * hd]-row q or k: adjacent pairs -> halves. */
+static uint64_t to_ocr_src_row(uint64_t r, uint64_t hd)
+{
+    uint64_t h = r / hd, j = r % hd, half = hd / 2;
+    return h * hd + (j < half ? 2 * j : 2 * (j - half) + 1);
+}
+
+/* A q or k weight (ne [H, heads * hd]) or bias (ne [heads * hd]): rows
+ * reordered into a copy the writer owns. */
+static pd_status to_ocr_permuted(gguf_writer *w, const gguf_tensor *t, uint64_t hd, pd_err *err)
+{
+    uint64_t rows = t->n_dims == 1 ? t->ne[0] : t->ne[1];
+    uint64_t row_ne = t->n_dims == 1 ? 1 : t->ne[0];
+    if (t->n_dims > 2 || rows % hd)
+        return pd_err_set(err, PD_ERR_FORMAT, "tensor %s: %llu rows are not whole heads of %llu", t->name,
+                          (unsigned long long)rows, (unsigned long long)hd);
+    size_t rb = gguf_type_row_bytes(t->type, row_ne, err);
+    if (!rb) {
+        pd_err_prefix(err, "tensor %s", t->name);
+        return err ? err->status : PD_ERR_FORMAT;
+    }
+    uint8_t *buf = malloc(rb * rows);
+    if (!buf)
+        return pd_err_set(err, PD_ERR_NOMEM, "tensor %s: out of memory", t->name);
+    for (uint64_t r = 0; r < rows; r++)
+        memcpy(buf + r * rb, (const uint8_t *)t->data + to_ocr_src_row(r, hd) * rb, rb);
+    pd_status st = gguf_writer_add_tensor_copy(w, t->name, t->type, t->n_dims, t->ne, buf);
+    free(buf);
+    return st ? pd_err_set(err, st, "mkmodel --to-ocr: cannot add tensor %s", t->name) : PD_OK;
+}
+
+static int to_ocr_is_qk(const char *name)
+{
+    const char *d = strncmp(name, "blk.", 4) == 0 ? strchr(name + 4, '.') : NULL;
+    return d && (!strcmp(d, ".attn_q.weight") || !strcmp(d, ".attn_k.weight") || !strcmp(d, ".attn_q.bias") ||
+                 !strcmp(d, ".attn_k.bias"));
+}
+
+/* One key of a deepseek file as deepseek2-ocr has it (rope.dimension_count
+ * is written by the caller, as llama.cpp's converter writes it). */
+static pd_status to_ocr_copy_key(const gguf_file *f, const gguf_kv_info *kv, gguf_writer *w, const char *in_path,
+                                 pd_err *err)
+{
+    char key[512];
+    pd_status st = PD_OK;
+    if (!strcmp(kv->key, "general.architecture")) {
+        st = gguf_writer_set_str(w, kv->key, "deepseek2-ocr");
+    } else if (!strcmp(kv->key, "deepseek.rope.dimension_count")) {
+        return PD_OK;
+    } else if (!strncmp(kv->key, "deepseek.", 9)) {
+        snprintf(key, sizeof key, "deepseek2-ocr.%s", kv->key + 9);
+        st = fw_copy_kv_as(f, kv, key, w, err);
+    } else {
+        st = fw_copy_kv(f, kv, w, err);
+    }
+    if (st != PD_OK) {
+        if (err && !err->msg[0]) /* a writer setter's failure (out of memory) says nothing itself */
+            pd_err_set(err, st, "cannot copy key %s", kv->key);
+        pd_err_prefix(err, "%s", in_path);
+    }
+    return st;
+}
+
+pd_status fromweights_to_ocr(const char *in_path, const char *out_path, pd_err *err)
+{
+    gguf_file *f = NULL;
+    pd_status st = gguf_open(in_path, &f, err);
+    if (st != PD_OK)
+        return st;
+    const char *arch = NULL;
+    size_t alen = 0;
+    uint32_t H = 0, heads = 0, kv_heads = 0, n_vocab = 0;
+    float scale = 1.0f;
+    gguf_writer *w = NULL;
+    if ((st = gguf_get_str(f, "general.architecture", &arch, &alen, err)) == PD_OK && strcmp(arch, "deepseek") != 0)
+        st = pd_err_set(err, PD_ERR_UNSUPPORTED, "general.architecture is \"%s\"; --to-ocr converts deepseek files",
+                        arch);
+    if (st == PD_OK)
+        (void)((st = gguf_get_u32(f, "deepseek.embedding_length", &H, err)) ||
+               (st = gguf_get_u32(f, "deepseek.attention.head_count", &heads, err)) ||
+               (st = gguf_get_u32(f, "deepseek.attention.head_count_kv", &kv_heads, err)));
+    if (st == PD_OK && gguf_find_key(f, "deepseek.expert_weights_scale") >= 0 &&
+        (st = gguf_get_f32(f, "deepseek.expert_weights_scale", &scale, err)) == PD_OK && scale != 0.0f &&
+        scale != 1.0f)
+        st = pd_err_set(err, PD_ERR_UNSUPPORTED,
+                        "deepseek.expert_weights_scale is %g: deepseek ignores it, deepseek2-ocr would apply it", scale);
+    if (st == PD_OK && (heads == 0 || H % heads || (H / heads) % 2))
+        st = pd_err_set(err, PD_ERR_FORMAT, "deepseek.embedding_length %u does not split into %u heads of an even size",
+                        H, heads);
+    if (st == PD_OK && kv_heads != heads)
+        st = pd_err_set(err, PD_ERR_UNSUPPORTED,
+                        "deepseek.attention.head_count_kv %u differs from head_count %u (deepseek2-ocr is MHA)", kv_heads,
+                        heads);
+    gguf_vtype et;
+    const void *tokens;
+    uint64_t nt = 0;
+    if (st == PD_OK && (st = gguf_get_arr(f, "tokenizer.ggml.tokens", &et, &nt, &tokens, err)) == PD_OK)
+        n_vocab = (uint32_t)nt;
+    if (st == PD_OK && !(w = gguf_writer_new()))
+        st = pd_err_set(err, PD_ERR_NOMEM, "mkmodel --to-ocr: out of memory");
+    /* the model's keys, the added ones, then the tokenizer's (the order
+     * fromweights_write and --revocab keep) */
+    for (uint64_t i = 0; st == PD_OK && i < gguf_kv_count(f); i++)
+        if (strncmp(gguf_kv_at(f, i)->key, "tokenizer.", 10) != 0)
+            st = to_ocr_copy_key(f, gguf_kv_at(f, i), w, in_path, err);
+    if (st == PD_OK)
+        (void)((st = gguf_writer_set_u32(w, "deepseek2-ocr.vocab_size", n_vocab)) ||
+               (st = gguf_writer_set_u32(w, "deepseek2-ocr.rope.dimension_count", 0)) ||
+               (st = gguf_writer_set_u32(w, "deepseek2-ocr.expert_gating_func", 1)));
+    for (uint64_t i = 0; st == PD_OK && i < gguf_kv_count(f); i++)
+        if (strncmp(gguf_kv_at(f, i)->key, "tokenizer.", 10) == 0)
+            st = to_ocr_copy_key(f, gguf_kv_at(f, i), w, in_path, err);
+    for (uint64_t i = 0; st == PD_OK && i < gguf_tensor_count(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        if (to_ocr_is_qk(t->name))
+            st = to_ocr_permuted(w, t, H / heads, err);
+        else if ((st = gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data)))
+            st = pd_err_set(err, st, "mkmodel --to-ocr: cannot add tensor %s", t->name);
     }
     if (st == PD_OK)
         st = gguf_writer_write(w, out_path, err);

@@ -14,8 +14,11 @@
  *   blk.N.ffn_{gate,up}.weight [F, H], blk.N.ffn_down.weight [H, F],
  *   output_norm.weight [1, H], output.weight [V, H] (untied).
  *
- * "arch": "deepseek" (DeepSeek mixture of experts, MODEL_FFN_MOE in
- * cluster/model/model.h) adds to the config
+ * "arch": "deepseek" (DeepSeek V1 mixture of experts, MODEL_FFN_MOE in
+ * cluster/model/model.h; RoPE on adjacent pairs) or "deepseek2-ocr" (the
+ * same layers as DeepSeek-OCR's decoder is written by llama.cpp's converter:
+ * NEOX RoPE on (i, i + d/2), MHA, plus its vocab_size, rope.dimension_count
+ * 0 and expert_gating_func keys) adds to the config
  *   "dense_layers": D, "experts": E, "experts_used": K, "expert_ffn": FE,
  *   "shared_experts": S, "expert_gating": "softmax",
  *   "expert_weights_norm": false, "expert_weights_scale": 1
@@ -60,5 +63,22 @@ pd_status fromweights_write(const char *dir, int f16, const char *out_path, pd_e
  * IN: it is published atomically. Running it on its own output gives the
  * same bytes. */
 pd_status fromweights_revocab(const char *in_path, const char *out_path, pd_err *err);
+
+/* `mkmodel --to-ocr IN --out OUT`: a `deepseek` (V1) file rewritten as the
+ * same network in `deepseek2-ocr` form, without retraining. The two differ
+ * only in RoPE: deepseek rotates adjacent pairs (2i, 2i+1), deepseek2-ocr
+ * (NEOX) rotates (i, i + d/2), both at angle pos * base^(-2i/d). So each
+ * head's q and k rows (and biases, if any) are reordered, new row i = old
+ * row 2i and new row i + d/2 = old row 2i + 1: NEOX then rotates the same
+ * pairs by the same angles, and every q.k score has the same terms (summed
+ * in another order, so a float may differ in its last bits: tokens can
+ * differ where two logits all but tie). Keys: every deepseek.* key as
+ * deepseek2-ocr.* (rope.dimension_count 0), plus what llama.cpp's converter
+ * writes for DeepSeek-OCR (vocab_size, expert_gating_func softmax); other
+ * keys and tensors copied byte for byte. Refused, by name: another
+ * architecture, GQA (deepseek2-ocr is MHA), an expert_weights_scale that V1
+ * ignores but deepseek2-ocr would apply (not 0 or 1), an odd head size. OUT
+ * may be IN: it is published atomically. */
+pd_status fromweights_to_ocr(const char *in_path, const char *out_path, pd_err *err);
 
 #endif

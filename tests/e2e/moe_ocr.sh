@@ -45,6 +45,38 @@ done
 "$PIPEDEC" run --model "$T/v1.gguf" --pages "$P" --digest --out "$T/v1.jsonl" --batch 1 >>"$T/run.log" 2>&1
 differ "$T/alone.jsonl" "$T/v1.jsonl" "deepseek (V1 rope) vs deepseek2-ocr (NEOX) on the same weights"
 
+# mkmodel --to-ocr: the V1 network as deepseek2-ocr (q/k rows reordered for
+# NEOX rope): the same tokens as V1 on every page (the q.k sums run in
+# another order, so digests may differ in last bits), llama.cpp loads it
+# (the anchor checks the shipped model so), and what it cannot convert
+# exactly is refused by name
+"$PIPEDEC" mkmodel --to-ocr "$T/v1.gguf" --out "$T/v1ocr.gguf" >/dev/null
+"$PIPEDEC" run --model "$T/v1ocr.gguf" --pages "$P" --digest --out "$T/v1ocr.jsonl" --batch 1 >>"$T/run.log" 2>&1
+if python3 - "$T/v1.jsonl" "$T/v1ocr.jsonl" <<'PY'
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+assert len(a) == len(b) == 8 and all(x["id"] == y["id"] and x["tokens"] == y["tokens"] for x, y in zip(a, b))
+PY
+then pass "mkmodel --to-ocr: the converted V1 model gives V1's tokens on all 8 pages"
+else fail "mkmodel --to-ocr changed the tokens"; fi
+"$PIPEDEC" inspect "$T/v1ocr.gguf" | grep -q '^rope: neox' && pass "mkmodel --to-ocr: the file is deepseek2-ocr (NEOX rope)" \
+  || fail "mkmodel --to-ocr: not NEOX"
+to_ocr_refused() { # to_ocr_refused WHAT EXPECTED mkmodel-args...
+  local what="$1" want="$2"; shift 2
+  "$PIPEDEC" mkmodel "$@" --out "$T/in.gguf" >/dev/null
+  rm -f "$T/conv.gguf"
+  if ! "$PIPEDEC" mkmodel --to-ocr "$T/in.gguf" --out "$T/conv.gguf" >/dev/null 2>"$T/conv.err" \
+     && grep -q -- "$want" "$T/conv.err" && [ ! -e "$T/conv.gguf" ]; then
+    pass "mkmodel --to-ocr refuses $what: $(head -1 "$T/conv.err")"
+  else fail "mkmodel --to-ocr on $what: $(cat "$T/conv.err")"; fi
+}
+to_ocr_refused "a llama file" 'is "llama"' --arch llama --layers 1 --hidden 32 --heads 2 --kv-heads 2 --ffn 32 --vocab 320
+to_ocr_refused "GQA" "head_count_kv 2 differs from head_count 4" --arch deepseek --layers 2 --hidden 64 --heads 4 \
+  --kv-heads 2 --ffn 96 --vocab 320 --dense-layers 1 --experts 4 --experts-used 2 --expert-ffn 32 --shared 1
+to_ocr_refused "an expert_weights_scale V1 ignores" "expert_weights_scale is 2.5" --arch deepseek --layers 2 --hidden 64 \
+  --heads 4 --kv-heads 4 --ffn 96 --vocab 320 --dense-layers 1 --experts 4 --experts-used 2 --expert-ffn 32 --shared 1 \
+  --expert-scale 2.5
+
 MPIRUN=(mpirun --oversubscribe --bind-to none)
 prun() { # prun MODEL N OUT extra-args...
   local mm="$1" n="$2" out="$3"; shift 3

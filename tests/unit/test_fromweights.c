@@ -175,7 +175,7 @@ START_TEST(fromweights_refuses_bad_config_fields_by_name)
     put_text("config.json", "[1]");
     refused("not a JSON object");
     put_text("config.json", "{\"arch\":\"qwen2\"}");
-    refused("\"arch\" must be \"llama\" or \"deepseek\"");
+    refused("\"arch\" must be \"llama\", \"deepseek\" or \"deepseek2-ocr\"");
     put_text("config.json", "{\"arch\":\"llama\",\"vocab\":\"bytes\",\"layers\":1}");
     refused("\"hidden\" must be an integer");
     put_text("config.json", "{\"arch\":\"llama\",\"vocab\":\"bytes\",\"layers\":1,\"hidden\":8,\"heads\":3,"
@@ -232,6 +232,91 @@ START_TEST(fromweights_writes_a_deepseek_moe_the_loader_runs)
     ck_assert_int_eq(l0->ffn, MODEL_FFN_SWIGLU);
     ck_assert_int_eq(l1->ffn, MODEL_FFN_MOE);
     model_free(m);
+}
+END_TEST
+
+START_TEST(fromweights_writes_deepseek2_ocr_as_llama_cpp_converter_does)
+{
+    put_moe();
+    char cfg[1024];
+    const char *rest = strchr(MOE_CONFIG, ',');
+    snprintf(cfg, sizeof cfg, "{\"arch\":\"deepseek2-ocr\"%s", rest);
+    put_text("config.json", cfg);
+    pd_err e = {0};
+    ck_assert_msg(fromweights_write(dir, 0, out, &e) == PD_OK, "%s", e.msg);
+    model_hparams hp;
+    ck_assert_msg(model_read_hparams(out, &hp, &e) == PD_OK, "%s", e.msg);
+    ck_assert_int_eq(hp.arch, MODEL_ARCH_DEEPSEEK2_OCR);
+    ck_assert_int_eq(hp.rope, MODEL_ROPE_NEOX);
+    ck_assert_uint_eq(hp.n_expert, E);
+    gguf_file *f = NULL;
+    ck_assert_msg(gguf_open(out, &f, &e) == PD_OK, "%s", e.msg);
+    uint32_t v = 0, rd = 9, gate = 0;
+    ck_assert_int_eq(gguf_get_u32(f, "deepseek2-ocr.vocab_size", &v, &e), PD_OK);
+    ck_assert_int_eq(gguf_get_u32(f, "deepseek2-ocr.rope.dimension_count", &rd, &e), PD_OK);
+    ck_assert_int_eq(gguf_get_u32(f, "deepseek2-ocr.expert_gating_func", &gate, &e), PD_OK);
+    ck_assert_uint_eq(v, FROMWEIGHTS_VOCAB);
+    ck_assert_uint_eq(rd, 0);
+    ck_assert_uint_eq(gate, 1);
+    gguf_close(f);
+    /* deepseek2-ocr is MHA */
+    snprintf(cfg, sizeof cfg, "{\"arch\":\"deepseek2-ocr\"%s", rest);
+    char *kv = strstr(cfg, "\"kv_heads\":2");
+    ck_assert_ptr_nonnull(kv);
+    kv[11] = '1';
+    put_text("config.json", cfg);
+    ck_assert_int_ne(fromweights_write(dir, 0, out, &e), PD_OK);
+    ck_assert_msg(strstr(e.msg, "deepseek2-ocr is MHA: kv_heads 1 must equal heads 2"), "%s", e.msg);
+}
+END_TEST
+
+/* --to-ocr: a deepseek file's q and k rows reordered per head from
+ * adjacent pairs to halves (new i <- old 2i, new i + d/2 <- old 2i + 1),
+ * every other tensor byte copied, the keys renamed */
+START_TEST(fromweights_to_ocr_reorders_q_and_k_rows_per_head)
+{
+    put_moe();
+    pd_err e = {0};
+    ck_assert_msg(fromweights_write(dir, 0, out, &e) == PD_OK, "%s", e.msg);
+    char conv[300];
+    snprintf(conv, sizeof conv, "%s.ocr.gguf", dir);
+    ck_assert_msg(fromweights_to_ocr(out, conv, &e) == PD_OK, "%s", e.msg);
+    gguf_file *a = NULL, *b = NULL;
+    ck_assert_msg(gguf_open(out, &a, &e) == PD_OK, "%s", e.msg);
+    ck_assert_msg(gguf_open(conv, &b, &e) == PD_OK, "%s", e.msg);
+    const char *arch;
+    size_t len;
+    ck_assert_int_eq(gguf_get_str(b, "general.architecture", &arch, &len, &e), PD_OK);
+    ck_assert_str_eq(arch, "deepseek2-ocr");
+    uint32_t n = 0;
+    ck_assert_int_eq(gguf_get_u32(b, "deepseek2-ocr.expert_count", &n, &e), PD_OK);
+    ck_assert_uint_eq(n, E);
+    ck_assert_int_lt(gguf_find_key(b, "deepseek.expert_count"), 0);
+    ck_assert_uint_eq(gguf_tensor_count(a), gguf_tensor_count(b));
+    const uint64_t hd = H / 2; /* 2 heads */
+    for (uint64_t i = 0; i < gguf_tensor_count(a); i++) {
+        const gguf_tensor *ta = gguf_tensor_at(a, i), *tb = gguf_tensor_find(b, ta->name);
+        ck_assert_ptr_nonnull(tb);
+        ck_assert_uint_eq(ta->bytes, tb->bytes);
+        int qk = strstr(ta->name, ".attn_q.") || strstr(ta->name, ".attn_k.");
+        if (!qk) {
+            ck_assert_msg(memcmp(ta->data, tb->data, ta->bytes) == 0, "%s changed", ta->name);
+            continue;
+        }
+        const float *x = ta->data, *y = tb->data;
+        for (uint64_t r = 0; r < ta->ne[1]; r++) {
+            uint64_t h = r / hd, j = r % hd;
+            uint64_t src = h * hd + (j < hd / 2 ? 2 * j : 2 * (j - hd / 2) + 1);
+            ck_assert_msg(memcmp(y + r * ta->ne[0], x + src * ta->ne[0], ta->ne[0] * sizeof(float)) == 0,
+                          "%s row %llu is not old row %llu", ta->name, (unsigned long long)r, (unsigned long long)src);
+        }
+    }
+    gguf_close(a);
+    gguf_close(b);
+    /* its own output is not a deepseek file */
+    ck_assert_int_ne(fromweights_to_ocr(conv, out, &e), PD_OK);
+    ck_assert_msg(strstr(e.msg, "\"deepseek2-ocr\"; --to-ocr converts deepseek files"), "%s", e.msg);
+    unlink(conv);
 }
 END_TEST
 
@@ -376,6 +461,8 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, fromweights_refuses_a_missing_tensor_and_non_finite_values);
     tcase_add_test(tc, fromweights_refuses_bad_config_fields_by_name);
     tcase_add_test(tc, fromweights_writes_a_deepseek_moe_the_loader_runs);
+    tcase_add_test(tc, fromweights_writes_deepseek2_ocr_as_llama_cpp_converter_does);
+    tcase_add_test(tc, fromweights_to_ocr_reorders_q_and_k_rows_per_head);
     tcase_add_test(tc, fromweights_refuses_a_missing_or_misshapen_expert_tensor_by_name);
     tcase_add_test(tc, fromweights_refuses_bad_deepseek_fields_by_name);
     tcase_add_test(tc, fromweights_vocab_tokenizes_text_to_its_bytes);
