@@ -3,7 +3,9 @@
 # 1 rank x T threads and by T ranks x 1 thread (a pipeline of T stages), in
 # one interleaved run, on the OCR-shaped dense model that bench/anchor.sh
 # builds (llama, 12 layers, hidden 1280, 10 x 128 heads, ffn 6848, vocab
-# 32000; f32 and Q8_0) with pages of 277 prefill rows and 64 new tokens.
+# 32000; f32 and Q8_0), or with --arch deepseek2-ocr on DeepSeek-OCR's MoE
+# decoder as anchor.sh --arch deepseek2-ocr builds it (any of mkmodel's
+# types), with pages of 277 prefill rows and 64 new tokens.
 #
 # Configurations per workload (WEIGHT TYPE:STREAMS):
 #   threads    mpirun -np 1 pipedec run --threads T
@@ -19,12 +21,12 @@
 # ratio ranks / threads (goal >= 0.95, for the default) for each workload.
 #
 # usage: bench/ranks_threads.sh BUILD_DIR [--reps N] [--threads T] [--work DIR]
-#          [--workloads f32:8,f32:32,f32:64,q8_0:8] [--quick]
+#          [--workloads f32:8,f32:32,f32:64,q8_0:8] [--arch llama|deepseek2-ocr] [--quick]
 #   --work DIR: keep models (m.f32.gguf, m.q8_0.gguf: anchor.sh's names, so
 #               one --work serves both scripts), pages and outputs in DIR
 #   --quick:    a small model and short pages, to check the script end to end
 set -euo pipefail
-usage="usage: bench/ranks_threads.sh BUILD_DIR [--reps N] [--threads T] [--work DIR] [--workloads LIST] [--quick]"
+usage="usage: bench/ranks_threads.sh BUILD_DIR [--reps N] [--threads T] [--work DIR] [--workloads LIST] [--arch A] [--quick]"
 build="${1:?$usage}"
 shift
 reps=3
@@ -32,6 +34,7 @@ threads=2
 work=""
 workloads="f32:8,f32:32,f32:64,q8_0:8"
 quick=0
+arch=llama
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) reps="${2:?$usage}"; shift ;;
@@ -39,6 +42,7 @@ while [ $# -gt 0 ]; do
     --work) work="${2:?$usage}"; shift ;;
     --workloads) workloads="${2:?$usage}"; shift ;;
     --quick) quick=1 ;;
+    --arch) arch="${2:?$usage}"; shift ;;
     *) echo "ranks_threads.sh: unknown argument '$1'; $usage" >&2; exit 2 ;;
   esac
   shift
@@ -55,16 +59,21 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl="${OMPI_MCA_btl:-self,vader}"
 export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
 
-if [ "$quick" = 1 ]; then
-  shape=(--layers 4 --hidden 128 --heads 2 --kv-heads 2 --ffn 256 --vocab 1024)
-  prefill=33; new=8
-else
-  shape=(--layers 12 --hidden 1280 --heads 10 --kv-heads 10 --ffn 6848 --vocab 32000)
-  prefill=277; new=64
-fi
-for dt in f32 q8_0; do
-  case ",$workloads" in *",$dt:"*) ;; *) continue ;; esac
-  [ -s "$work/m.$dt.gguf" ] || "$bin" mkmodel --arch llama "${shape[@]}" --ctx 4096 --dtype "$dt" --seed 17 \
+# the shapes of bench/anchor.sh, so one --work serves both
+case "$arch:$quick" in
+  llama:1) shape=(--layers 4 --hidden 128 --heads 2 --kv-heads 2 --ffn 256 --vocab 1024) ;;
+  llama:0) shape=(--layers 12 --hidden 1280 --heads 10 --kv-heads 10 --ffn 6848 --vocab 32000) ;;
+  deepseek2-ocr:1) shape=(--layers 4 --hidden 128 --heads 2 --kv-heads 2 --ffn 256 --vocab 1024 --dense-layers 1
+                          --experts 8 --experts-used 2 --expert-ffn 64 --shared 1) ;;
+  deepseek2-ocr:0) shape=(--layers 12 --hidden 1280 --heads 10 --kv-heads 10 --ffn 6848 --vocab 129280
+                          --dense-layers 1 --experts 64 --experts-used 6 --expert-ffn 896 --shared 2) ;;
+  *) echo "ranks_threads.sh: --arch '$arch': expected llama or deepseek2-ocr" >&2; exit 2 ;;
+esac
+if [ "$quick" = 1 ]; then prefill=33; new=8; else prefill=277; new=64; fi
+for dt in $(echo "$workloads" | tr ',' '\n' | cut -d: -f1 | sort -u); do
+  case "$dt" in f32|f16|bf16|q8_0|q4_0|q5_0|q4_k|q5_k|q6_k) ;;
+    *) echo "ranks_threads.sh: --workloads: '$dt' is not a type mkmodel writes" >&2; exit 2 ;; esac
+  [ -s "$work/m.$dt.gguf" ] || "$bin" mkmodel --arch "$arch" "${shape[@]}" --ctx 4096 --dtype "$dt" --seed 17 \
     --out "$work/m.$dt.gguf" >/dev/null
 done
 m0="$(ls "$work"/m.*.gguf | head -1)"
