@@ -49,29 +49,38 @@ typedef struct spec_entry {
     int32_t q;         /* its draft-model request, or -1 */
 } spec_entry;
 
+/* What the scheduler keeps for the stream in one stream-table slot (the
+ * same index as the table's), reset when a stream takes the slot. */
+typedef struct slot_state {
+    /* the outstanding micro-batches holding the stream as a member (at most
+     * 1, or 2 under asynchronous speculation) */
+    uint8_t in_flight;
+    bool reserved; /* admitted through cfg.admit */
+    /* speculation: current K, idle passes while stopped, drafts sent in the
+     * outstanding pass */
+    uint32_t spec_k, spec_idle, spec_wait, spec_sent;
+    /* asynchronous speculation: the state of the newest batch in flight
+     * (FL_*), its seq, the seq of a batch known stale; chain_n tokens (in
+     * the scheduler's chain buffer at this slot) assumed past the stream's
+     * sampled ones if every batch in flight is accepted, chain_y where the
+     * newest batch's own guesses start (0 when one batch is in flight) */
+    uint8_t fl_state;
+    uint64_t fl_seq, stale_seq;
+    uint32_t chain_n, chain_y;
+} slot_state;
+
 struct sched {
     sched_config cfg;
     uint32_t hidden;
     uint32_t eos;
     /* INV: every stream in the table has page < pages_count and is not yet
-     * finished (a finished stream leaves at once); in_flight[i] counts the
-     * outstanding slots that hold table slot i's current stream as a member
-     * (at most 1, or 2 under asynchronous speculation). */
+     * finished (a finished stream leaves at once); ss[i].in_flight counts
+     * the outstanding slots that hold table slot i's current stream as a
+     * member. */
     stream_table *streams;
-    uint8_t *in_flight;       /* [max_streams] by table slot */
-    bool *reserved;           /* [max_streams] by table slot: admitted through cfg.admit */
+    slot_state *ss;           /* [max_streams] by table slot */
+    uint32_t *chain;          /* [max_streams][SCHED_CHAIN_CAP]: ss[i].chain_n tokens each */
     bool *taken;              /* [pages] restored from a checkpoint: never admitted again */
-    /* speculation, by table slot: current K, idle passes while stopped,
-     * drafts sent in the outstanding pass; scratch for lookups */
-    uint32_t *spec_k, *spec_idle, *spec_wait, *spec_sent;
-    /* asynchronous speculation, by table slot: the state of the newest batch
-     * in flight (FL_*), its seq, the seq of a batch known stale; chain[0,
-     * chain_n) the tokens assumed past the stream's sampled ones if every
-     * batch in flight is accepted, chain_y where the newest batch's own
-     * guesses start (0 when one batch is in flight) */
-    uint8_t *fl_state;
-    uint64_t *fl_seq, *stale_seq;
-    uint32_t *chain, *chain_n, *chain_y;
     spec_entry *forms;        /* [max_streams] the batch being formed */
     uint32_t *hist_buf, *draft_buf;
     size_t hist_cap;
@@ -95,19 +104,9 @@ void sched_free(sched *s)
     if (!s)
         return;
     stream_table_free(s->streams);
-    free(s->in_flight);
-    free(s->reserved);
+    free(s->ss);
     free(s->taken);
-    free(s->spec_k);
-    free(s->spec_idle);
-    free(s->spec_wait);
-    free(s->spec_sent);
-    free(s->fl_state);
-    free(s->fl_seq);
-    free(s->stale_seq);
     free(s->chain);
-    free(s->chain_n);
-    free(s->chain_y);
     free(s->forms);
     free(s->hist_buf);
     free(s->draft_buf);
@@ -150,21 +149,11 @@ pd_status sched_new(const sched_config *cfg, uint32_t max_inflight, sched **out,
         sched_free(s);
         return st;
     }
-    s->in_flight = calloc(cfg->max_streams, sizeof *s->in_flight);
-    s->reserved = calloc(cfg->max_streams, sizeof *s->reserved);
+    s->ss = calloc(cfg->max_streams, sizeof *s->ss);
     s->taken = calloc(pages_count(cfg->pg) ? pages_count(cfg->pg) : 1, sizeof *s->taken);
     s->slots = calloc(max_inflight, sizeof *s->slots);
     s->pending_retire = calloc(cfg->max_streams, sizeof *s->pending_retire);
-    s->spec_k = calloc(cfg->max_streams, sizeof *s->spec_k);
-    s->spec_idle = calloc(cfg->max_streams, sizeof *s->spec_idle);
-    s->spec_wait = calloc(cfg->max_streams, sizeof *s->spec_wait);
-    s->spec_sent = calloc(cfg->max_streams, sizeof *s->spec_sent);
-    s->fl_state = calloc(cfg->max_streams, sizeof *s->fl_state);
-    s->fl_seq = calloc(cfg->max_streams, sizeof *s->fl_seq);
-    s->stale_seq = calloc(cfg->max_streams, sizeof *s->stale_seq);
     s->chain = calloc((size_t)cfg->max_streams * SCHED_CHAIN_CAP, sizeof *s->chain);
-    s->chain_n = calloc(cfg->max_streams, sizeof *s->chain_n);
-    s->chain_y = calloc(cfg->max_streams, sizeof *s->chain_y);
     s->forms = calloc(cfg->max_streams, sizeof *s->forms);
     s->draft_buf = calloc(SCHED_MAX_DRAFTS + 1, sizeof *s->draft_buf);
     /* lookups see every prompt token and every generated one */
@@ -177,9 +166,8 @@ pd_status sched_new(const sched_config *cfg, uint32_t max_inflight, sched **out,
     s->hist_buf = calloc(s->hist_cap ? s->hist_cap : 1, sizeof *s->hist_buf);
     s->mreq = calloc(cfg->max_streams, sizeof *s->mreq);
     s->mdrafts = calloc((size_t)cfg->max_streams * SCHED_MAX_DRAFTS, sizeof *s->mdrafts);
-    bool ok = s->in_flight && s->reserved && s->taken && s->slots && s->pending_retire && s->spec_k &&
-              s->spec_idle && s->spec_wait && s->spec_sent && s->draft_buf && s->hist_buf && s->mreq && s->mdrafts &&
-              s->fl_state && s->fl_seq && s->stale_seq && s->chain && s->chain_n && s->chain_y && s->forms;
+    bool ok = s->ss && s->chain && s->taken && s->slots && s->pending_retire && s->forms && s->draft_buf &&
+              s->hist_buf && s->mreq && s->mdrafts;
     for (uint32_t i = 0; ok && i < max_inflight; i++) {
         sched_slot *sl = &s->slots[i];
         sl->rows = calloc(cfg->max_rows, sizeof *sl->rows);
@@ -224,15 +212,15 @@ static pd_status stream_finish(sched *s, stream_state *st, sched_stop stop, bool
     for (uint32_t i = 0; i < s->cfg.max_streams; i++) {
         if (stream_table_at(s->streams, i) != st)
             continue;
-        if (s->reserved[i]) {
-            s->reserved[i] = false;
+        if (s->ss[i].reserved) {
+            s->ss[i].reserved = false;
             s->cfg.release(s->cfg.admit_ctx, (size_t)st->page, st->prefill_rows, st->max_new);
         }
         /* a batch of it still in flight (asynchronous speculation) is
          * recognised by its stream id when it returns */
-        s->in_flight[i] = 0;
-        s->chain_n[i] = 0;
-        s->fl_state[i] = FL_WAIT;
+        s->ss[i].in_flight = 0;
+        s->ss[i].chain_n = 0;
+        s->ss[i].fl_state = FL_WAIT;
     }
     s->prog.pages_done++;
     s->prog.pages_failed += stop == SCHED_STOP_ERROR;
@@ -295,13 +283,8 @@ static pd_status prefill_rows(sched *s, const stream_state *st, const model *em,
  * while every draft is accepted, halved when none is. */
 static void spec_start(sched *s, uint32_t i)
 {
-    s->spec_k[i] = 1;
-    s->spec_wait[i] = SCHED_SPEC_PROBE;
-    s->spec_idle[i] = s->spec_sent[i] = 0;
-    s->in_flight[i] = 0;
-    s->fl_state[i] = FL_WAIT;
-    s->stale_seq[i] = UINT64_MAX;
-    s->chain_n[i] = s->chain_y[i] = 0;
+    s->ss[i] = (slot_state){.reserved = s->ss[i].reserved, .spec_k = 1, .spec_wait = SCHED_SPEC_PROBE,
+                            .fl_state = FL_WAIT, .stale_seq = UINT64_MAX};
 }
 
 /* Takes the next page of the manifest into a free stream slot: its index in
@@ -366,7 +349,7 @@ static pd_status admit_next(sched *s, sched_slot *sl, uint32_t *na, uint32_t *sl
                     return rc;
                 continue;
             }
-            s->reserved[free_slot] = true;
+            s->ss[free_slot].reserved = true;
         }
         sl->admit[(*na)++] = (mb_admit){.stream = st->id,
                                         .prefill_rows = (uint32_t)st->prefill_rows,
@@ -422,7 +405,7 @@ static pd_status add_prefill(sched *s, sched_slot *sl, uint32_t i, uint32_t room
             sl->logit_stream[(*nl)++] = i;
     }
     st->fed += n;
-    s->in_flight[i]++;
+    s->ss[i].in_flight++;
     sl->member_id[sl->n_members] = st->id;
     sl->member_sent[sl->n_members] = 0;
     sl->member_chain[sl->n_members] = 0;
@@ -437,7 +420,7 @@ static pd_status add_prefill(sched *s, sched_slot *sl, uint32_t i, uint32_t room
  * on the batches in flight (asynchronous speculation), else none. */
 static uint32_t chain_len(const sched *s, const spec_entry *e)
 {
-    return e->chained ? s->chain_n[e->slot] : 0;
+    return e->chained ? s->ss[e->slot].chain_n : 0;
 }
 
 static const uint32_t *chain_of(const sched *s, uint32_t i)
@@ -472,14 +455,15 @@ static uint32_t spec_budget(sched *s, uint32_t i, const stream_state *st, uint32
 {
     if (s->cfg.draft.mode == DRAFT_NONE)
         return 0;
-    if (s->spec_k[i] == 0) {
+    slot_state *q = &s->ss[i];
+    if (q->spec_k == 0) {
         /* stopped after rejections: probe again with one draft later */
-        if (++s->spec_idle[i] < s->spec_wait[i])
+        if (++q->spec_idle < q->spec_wait)
             return 0;
-        s->spec_idle[i] = 0;
-        s->spec_k[i] = 1;
+        q->spec_idle = 0;
+        q->spec_k = 1;
     }
-    uint32_t k = s->spec_k[i];
+    uint32_t k = q->spec_k;
     /* tokens still to come: this row's included, or (chained) after the
      * in-flight batch's assumed tokens and its own next one */
     uint64_t done = (uint64_t)st->n_tokens + (chained ? assumed + 1 : 1);
@@ -603,15 +587,16 @@ static void spec_account(sched *s, const sched_slot *sl, const sched_batch *b, c
         uint32_t accepted = sl->member_chain[m] ? ok : ok - 1;
         s->prog.spec_passes++;
         s->prog.accepted += accepted;
+        slot_state *q = &s->ss[i];
         if (accepted == sent) {
-            s->spec_k[i] = s->spec_k[i] * 2 < s->cfg.draft.k ? s->spec_k[i] * 2 : s->cfg.draft.k;
-            s->spec_wait[i] = SCHED_SPEC_PROBE;
+            q->spec_k = q->spec_k * 2 < s->cfg.draft.k ? q->spec_k * 2 : s->cfg.draft.k;
+            q->spec_wait = SCHED_SPEC_PROBE;
         } else if (accepted == 0) {
-            if (s->spec_k[i] == 1 && s->spec_wait[i] < SCHED_SPEC_PROBE_MAX)
-                s->spec_wait[i] *= 2; /* the smallest draft failed: probe less often */
-            s->spec_k[i] /= 2;
+            if (q->spec_k == 1 && q->spec_wait < SCHED_SPEC_PROBE_MAX)
+                q->spec_wait *= 2; /* the smallest draft failed: probe less often */
+            q->spec_k /= 2;
         } else {
-            s->spec_wait[i] = SCHED_SPEC_PROBE;
+            q->spec_wait = SCHED_SPEC_PROBE;
         }
     }
 }
@@ -625,11 +610,12 @@ typedef enum { FORM_SKIP, FORM_DECODE, FORM_CHAIN } form_kind;
 
 static form_kind spec_form(const sched *s, uint32_t i)
 {
-    if (s->in_flight[i] == 0)
+    const slot_state *q = &s->ss[i];
+    if (q->in_flight == 0)
         return FORM_DECODE;
-    if (!s->cfg.spec_async || s->in_flight[i] >= 2)
+    if (!s->cfg.spec_async || q->in_flight >= 2)
         return FORM_SKIP;
-    return s->fl_state[i] == FL_STALE ? FORM_DECODE : s->fl_state[i] == FL_CHAIN ? FORM_CHAIN : FORM_SKIP;
+    return q->fl_state == FL_STALE ? FORM_DECODE : q->fl_state == FL_CHAIN ? FORM_CHAIN : FORM_SKIP;
 }
 
 /* The decode and verify rows of the streams that can have rows in this
@@ -703,21 +689,22 @@ static pd_status form_decode_rows(sched *s, sched_slot *sl, uint32_t R, uint32_t
         sl->member_sent[m] = e->got;
         sl->member_chain[m] = e->chained;
         sl->n_members++;
-        s->spec_sent[i] = e->got;
+        slot_state *q = &s->ss[i];
+        q->spec_sent = e->got;
         s->prog.drafted += e->got;
         /* asynchronous speculation: what a next batch of the stream may
          * assume; a decode row starts afresh from the sampled tokens */
         if (!e->chained)
-            s->chain_n[i] = s->chain_y[i] = 0;
-        s->chain_y[i] = s->chain_n[i];
-        CHECK(s->chain_n[i] + e->got <= SCHED_CHAIN_CAP);
-        memcpy(chain + s->chain_n[i], e->drafts, e->got * sizeof *chain);
-        s->chain_n[i] += e->got;
+            q->chain_n = q->chain_y = 0;
+        q->chain_y = q->chain_n;
+        CHECK(q->chain_n + e->got <= SCHED_CHAIN_CAP);
+        memcpy(chain + q->chain_n, e->drafts, e->got * sizeof *chain);
+        q->chain_n += e->got;
         if (!e->chained)
-            s->chain_y[i] = 0;
-        s->fl_state[i] = e->got ? FL_CHAIN : FL_WAIT;
-        s->fl_seq[i] = s->seq;
-        s->in_flight[i]++;
+            q->chain_y = 0;
+        q->fl_state = e->got ? FL_CHAIN : FL_WAIT;
+        q->fl_seq = s->seq;
+        s->ss[i].in_flight++;
     }
     return PD_OK;
 }
@@ -754,7 +741,7 @@ pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
      * in the micro-batch that first uses it */
     for (uint32_t i = 0; i < s->cfg.max_streams && nr < R && sl->n_members < member_cap; i++) {
         stream_state *st = stream_table_at(s->streams, i);
-        if (!st || s->in_flight[i] || st->fed >= st->prefill_rows)
+        if (!st || s->ss[i].in_flight || st->fed >= st->prefill_rows)
             continue;
         if ((rc = add_prefill(s, sl, i, R - nr, &nr, &nl, &na, err)))
             return rc;
@@ -799,13 +786,14 @@ static void chain_advance(sched *s, const sched_slot *sl, uint32_t m, const uint
                           bool stale)
 {
     uint32_t i = sl->members[m];
+    slot_state *q = &s->ss[i];
     stream_state *st = member_stream(s, sl, m);
-    if (!st || s->in_flight[i] == 0) {
+    if (!st || q->in_flight == 0) {
         if (st)
-            s->chain_n[i] = s->chain_y[i] = 0;
+            q->chain_n = q->chain_y = 0;
         return;
     }
-    if (stale || s->fl_state[i] == FL_STALE)
+    if (stale || q->fl_state == FL_STALE)
         return; /* the batch in flight was formed from the sampled tokens */
     uint32_t ok = 0, rows = 0;
     for (uint32_t l = 0; l < n_logits; l++)
@@ -813,18 +801,18 @@ static void chain_advance(sched *s, const sched_slot *sl, uint32_t m, const uint
             rows++;
             ok += tokens[l] != MSG_TOKEN_REJECTED;
         }
-    uint32_t *chain = s->chain + (size_t)i * SCHED_CHAIN_CAP, y = s->chain_y[i];
-    bool holds = ok == rows && y < s->chain_n[i] && chain[y] == st->tokens[st->n_tokens - 1];
+    uint32_t *chain = s->chain + (size_t)i * SCHED_CHAIN_CAP, y = q->chain_y;
+    bool holds = ok == rows && y < q->chain_n && chain[y] == st->tokens[st->n_tokens - 1];
     if (!holds) {
-        s->fl_state[i] = FL_STALE;
-        s->stale_seq[i] = s->fl_seq[i];
-        s->chain_n[i] = s->chain_y[i] = 0;
+        q->fl_state = FL_STALE;
+        q->stale_seq = q->fl_seq;
+        q->chain_n = q->chain_y = 0;
         return;
     }
     /* the newest batch's first guess is now a sampled token */
-    memmove(chain, chain + y + 1, (s->chain_n[i] - y - 1) * sizeof *chain);
-    s->chain_n[i] -= y + 1;
-    s->chain_y[i] = 0;
+    memmove(chain, chain + y + 1, (q->chain_n - y - 1) * sizeof *chain);
+    q->chain_n -= y + 1;
+    q->chain_y = 0;
 }
 
 pd_status sched_complete(sched *s, const sched_batch *b, const uint32_t *tokens, const uint64_t *row_digests,
@@ -839,10 +827,10 @@ pd_status sched_complete(sched *s, const sched_batch *b, const uint32_t *tokens,
         stale[m] = false;
         if (!member_stream(s, sl, m))
             continue; /* finished since; the slot may be another stream's */
-        s->in_flight[i]--;
-        stale[m] = s->stale_seq[i] == sl->seq;
+        s->ss[i].in_flight--;
+        stale[m] = s->ss[i].stale_seq == sl->seq;
         if (stale[m])
-            s->stale_seq[i] = UINT64_MAX;
+            s->ss[i].stale_seq = UINT64_MAX;
     }
     spec_account(s, sl, b, tokens, stale);
     for (uint32_t l = 0; l < b->n_logits; l++) {
@@ -904,7 +892,7 @@ pd_status sched_restore(sched *s, stream_state *restored, uint32_t n, uint64_t n
             /* the budget counts them too; a restored stream always runs */
             if (s->cfg.admit(s->cfg.admit_ctx, (size_t)rs->page, rs->prefill_rows, rs->max_new, why, sizeof why) ==
                 SCHED_ADMIT_OK)
-                s->reserved[slot] = true;
+                s->ss[slot].reserved = true;
         }
     }
     s->next_id = next_id;
