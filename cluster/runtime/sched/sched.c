@@ -16,6 +16,16 @@
 #include <string.h>
 
 /* One outstanding micro-batch's buffers. */
+/* A stream in a micro-batch in flight. */
+typedef struct slot_member {
+    uint32_t slot; /* its stream-table slot */
+    uint64_t id;   /* the stream it was (a slot may be reused by a new stream
+                      while an old one's batch travels) */
+    uint32_t sent; /* drafts it carries */
+    uint8_t chain; /* 1: verify rows only, continuing its previous
+                      micro-batch (asynchronous speculation) */
+} slot_member;
+
 typedef struct sched_slot {
     bool busy;
     mb_row *rows;
@@ -24,12 +34,7 @@ typedef struct sched_slot {
     uint64_t *retire;
     uint32_t *logit_stream; /* [max_rows] stream slot of each logits row */
     uint32_t *logit_member; /* [max_rows] its member index */
-    uint32_t *members;      /* stream slots in this batch */
-    uint64_t *member_id;    /* the stream each member was (a slot may be reused
-                               by a new stream while an old one's batch travels) */
-    uint32_t *member_sent;  /* drafts the member carries */
-    uint8_t *member_chain;  /* 1: verify rows only, continuing the member's
-                               previous micro-batch (asynchronous speculation) */
+    slot_member *members;   /* [max_streams] the streams in this batch */
     uint32_t n_members;
     uint64_t seq;
 } sched_slot;
@@ -121,9 +126,6 @@ void sched_free(sched *s)
         free(sl->logit_stream);
         free(sl->logit_member);
         free(sl->members);
-        free(sl->member_id);
-        free(sl->member_sent);
-        free(sl->member_chain);
     }
     free(s->slots);
     free(s->pending_retire);
@@ -177,11 +179,7 @@ pd_status sched_new(const sched_config *cfg, uint32_t max_inflight, sched **out,
         sl->logit_stream = calloc(cfg->max_rows, sizeof *sl->logit_stream);
         sl->logit_member = calloc(cfg->max_rows, sizeof *sl->logit_member);
         sl->members = calloc(cfg->max_streams, sizeof *sl->members);
-        sl->member_id = calloc(cfg->max_streams, sizeof *sl->member_id);
-        sl->member_sent = calloc(cfg->max_streams, sizeof *sl->member_sent);
-        sl->member_chain = calloc(cfg->max_streams, sizeof *sl->member_chain);
-        ok = sl->rows && sl->x && sl->admit && sl->retire && sl->logit_stream && sl->logit_member && sl->members &&
-             sl->member_id && sl->member_sent && sl->member_chain;
+        ok = sl->rows && sl->x && sl->admit && sl->retire && sl->logit_stream && sl->logit_member && sl->members;
     }
     if (!ok) {
         sched_free(s);
@@ -406,12 +404,9 @@ static pd_status add_prefill(sched *s, sched_slot *sl, uint32_t i, uint32_t room
     }
     st->fed += n;
     s->ss[i].in_flight++;
-    sl->member_id[sl->n_members] = st->id;
-    sl->member_sent[sl->n_members] = 0;
-    sl->member_chain[sl->n_members] = 0;
     if (last_row)
         sl->logit_member[*nl - 1] = sl->n_members;
-    sl->members[sl->n_members++] = i;
+    sl->members[sl->n_members++] = (slot_member){.slot = i, .id = st->id};
     *nr += n;
     return PD_OK;
 }
@@ -559,8 +554,8 @@ static uint32_t draft_model_queue(sched *s, const stream_state *st, spec_entry *
  * since (its table slot may hold another stream by now). */
 static stream_state *member_stream(sched *s, const sched_slot *sl, uint32_t m)
 {
-    stream_state *st = stream_table_at(s->streams, sl->members[m]);
-    return st && st->id == sl->member_id[m] ? st : NULL;
+    stream_state *st = stream_table_at(s->streams, sl->members[m].slot);
+    return st && st->id == sl->members[m].id ? st : NULL;
 }
 
 /* After a pass: per speculating member, its drafts accepted (a decode row's
@@ -574,7 +569,7 @@ static void spec_account(sched *s, const sched_slot *sl, const sched_batch *b, c
     if (s->cfg.draft.mode == DRAFT_NONE)
         return;
     for (uint32_t m = 0; m < sl->n_members; m++) {
-        uint32_t sent = sl->member_sent[m], i = sl->members[m];
+        uint32_t sent = sl->members[m].sent, i = sl->members[m].slot;
         if (sent == 0 || !member_stream(s, sl, m))
             continue;
         uint32_t ok = 0;
@@ -584,7 +579,7 @@ static void spec_account(sched *s, const sched_slot *sl, const sched_batch *b, c
             s->prog.stale_rows += sent;
             continue;
         }
-        uint32_t accepted = sl->member_chain[m] ? ok : ok - 1;
+        uint32_t accepted = sl->members[m].chain ? ok : ok - 1;
         s->prog.spec_passes++;
         s->prog.accepted += accepted;
         slot_state *q = &s->ss[i];
@@ -684,11 +679,7 @@ static pd_status form_decode_rows(sched *s, sched_slot *sl, uint32_t R, uint32_t
             sl->logit_member[(*nl)++] = m;
             (*nr)++;
         }
-        sl->members[m] = i;
-        sl->member_id[m] = st->id;
-        sl->member_sent[m] = e->got;
-        sl->member_chain[m] = e->chained;
-        sl->n_members++;
+        sl->members[sl->n_members++] = (slot_member){.slot = i, .id = st->id, .sent = e->got, .chain = e->chained};
         slot_state *q = &s->ss[i];
         q->spec_sent = e->got;
         s->prog.drafted += e->got;
@@ -785,7 +776,7 @@ pd_status sched_next(sched *s, sched_batch *b, pd_err *err)
 static void chain_advance(sched *s, const sched_slot *sl, uint32_t m, const uint32_t *tokens, uint32_t n_logits,
                           bool stale)
 {
-    uint32_t i = sl->members[m];
+    uint32_t i = sl->members[m].slot;
     slot_state *q = &s->ss[i];
     stream_state *st = member_stream(s, sl, m);
     if (!st || q->in_flight == 0) {
@@ -823,7 +814,7 @@ pd_status sched_complete(sched *s, const sched_batch *b, const uint32_t *tokens,
     pd_status rc = PD_OK;
     bool stale[sl->n_members ? sl->n_members : 1];
     for (uint32_t m = 0; m < sl->n_members; m++) {
-        uint32_t i = sl->members[m];
+        uint32_t i = sl->members[m].slot;
         stale[m] = false;
         if (!member_stream(s, sl, m))
             continue; /* finished since; the slot may be another stream's */
@@ -853,7 +844,7 @@ pd_status sched_complete(sched *s, const sched_batch *b, const uint32_t *tokens,
     }
     if (s->cfg.spec_async)
         for (uint32_t m = 0; m < sl->n_members; m++)
-            if (sl->member_sent[m] || sl->member_chain[m])
+            if (sl->members[m].sent || sl->members[m].chain)
                 chain_advance(s, sl, m, tokens, b->n_logits, stale[m]);
     sl->busy = false;
     s->inflight--;
