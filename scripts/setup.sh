@@ -9,9 +9,9 @@
 #            image pages (run --mmproj, encode) need: built from the source
 #            bundled in the npm package node-llama-cpp (pinned, checksum
 #            verified) into $HOME/.cache/pipedec, once per machine
-#            (scripts/llama_cpp.sh --libs; the libraries are most of the
-#            15-25 minutes the full build takes on two cores the first time,
-#            nothing after). Prints the install prefix on stdout:
+#            (scripts/llama_cpp.sh --libs: about 12 minutes on two busy
+#            cores the first time, nothing after). Prints the install
+#            prefix on stdout:
 #            configure with -DPD_LLAMA_PREFIX=PREFIX or put it in
 #            CMAKE_PREFIX_PATH. Without it (the default, and scripts/demo.sh)
 #            nothing of llama.cpp is fetched or built.
