@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Obtains and builds llama.cpp, the reference implementation the anchor tests
-# and benchmarks compare pipedec against. Its source comes from the npm
-# package node-llama-cpp (a git bundle of a pinned llama.cpp release); it is
-# built once per machine into a cache outside the repository and never
-# vendored. Prints the install prefix on stdout (bin/, lib/, include/).
-# usage: scripts/llama_cpp.sh [--print-prefix]
+# Obtains and builds llama.cpp: the libraries pipedec's image pages use
+# (ggml, llama, mtmd) and the reference tools the anchor tests and
+# benchmarks compare pipedec against. Its source comes from the npm package
+# node-llama-cpp (a git bundle of a pinned llama.cpp release, the tarball's
+# sha512 checked before use); it is built once per machine into a cache
+# outside the repository and never vendored. Prints the install prefix on
+# stdout (bin/, lib/, include/).
+# usage: scripts/llama_cpp.sh [--print-prefix | --libs]
+#   --print-prefix  only print where the build would be, building nothing
+#   --libs          build and install ggml, llama and mtmd only (what pipedec
+#                   links for image pages; scripts/setup.sh --llama): a
+#                   fraction of the full set; a later full build reuses it
 # env:   PD_CACHE          cache root (default: $HOME/.cache/pipedec)
 #        PD_LLAMA_NPM      npm package spec (default: node-llama-cpp@3.22.1)
 #        PD_LLAMA_JOBS     build jobs (default: nproc)
-# With --print-prefix it only prints where the build would be, building nothing.
 set -euo pipefail
 
 spec="${PD_LLAMA_NPM:-node-llama-cpp@3.22.1}"
@@ -24,13 +29,23 @@ if [ "${1:-}" = "--print-prefix" ]; then
   echo "$prefix"
   exit 0
 fi
-[ $# -eq 0 ] || { echo "usage: scripts/llama_cpp.sh [--print-prefix]" >&2; exit 2; }
+libs_only=0
+case "${1:-}" in
+  --libs) libs_only=1; shift ;;
+esac
+[ $# -eq 0 ] || { echo "usage: scripts/llama_cpp.sh [--print-prefix | --libs]" >&2; exit 2; }
 
 # Everything the checks use; one stamp per set, so adding a target rebuilds.
-targets=(llama ggml mtmd llama-quantize llama-batched-bench llama-tokenize
-         llama-simple llama-mtmd-cli llama-gguf-split)
-stamp="$prefix/.built-$(printf '%s\n' "${targets[@]}" | md5sum | cut -c1-12)"
-if [ -f "$stamp" ]; then
+# The libraries alone have their own stamp; the full set includes them.
+full=(llama ggml mtmd llama-quantize llama-batched-bench llama-tokenize
+      llama-simple llama-mtmd-cli llama-gguf-split)
+libs=(llama ggml mtmd)
+stamp_of() { echo "$prefix/.built-$(printf '%s\n' "$@" | md5sum | cut -c1-12)"; }
+full_stamp=$(stamp_of "${full[@]}")
+if [ "$libs_only" = 1 ]; then targets=("${libs[@]}"); else targets=("${full[@]}"); fi
+stamp=$(stamp_of "${targets[@]}")
+done_already() { [ -f "$stamp" ] || [ -f "$full_stamp" ]; }
+if done_already; then
   echo "$prefix"
   exit 0
 fi
@@ -38,9 +53,9 @@ fi
 mkdir -p "$root"
 exec 9>"$root/.lock"
 flock 9                                   # one build per machine at a time
-if [ -f "$stamp" ]; then echo "$prefix"; exit 0; fi
+if done_already; then echo "$prefix"; exit 0; fi
 
-for tool in npm git cmake; do
+for tool in npm git cmake openssl; do
   command -v "$tool" >/dev/null || { echo "llama_cpp.sh: $tool is required" >&2; exit 1; }
 done
 if [ ! -d "$root/src/.git" ]; then
@@ -60,7 +75,7 @@ if [ ! -d "$root/src/.git" ]; then
   cp "$root/pkg/package/llama/llama.cpp.info.json" "$root/llama.cpp.info.json"
   rm -rf "$root/pkg"
 fi
-echo "llama_cpp.sh: building llama.cpp ($(cat "$root/llama.cpp.info.json" | tr -d '\n ')) into $prefix" >&2
+echo "llama_cpp.sh: building llama.cpp ($(cat "$root/llama.cpp.info.json" | tr -d '\n ')): ${targets[*]} into $prefix" >&2
 cmake -S "$root/src" -B "$root/build" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_INSTALL_PREFIX="$prefix" -DCMAKE_INSTALL_RPATH="$prefix/lib" \
   -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \

@@ -9,6 +9,7 @@
 #include "cluster/model/model.h"
 #include "cluster/runtime/ops/ckpt.h"
 #include "cluster/runtime/plan/layermap.h"
+#include "cluster/vision/mmproj.h"
 #include "comm/bundle.h"
 #include "comm/wire.h"
 
@@ -42,9 +43,11 @@ typedef struct insp {
 static void usage(FILE *f)
 {
     fprintf(f, "usage: pipedec inspect FILE|CHECKPOINT_DIR [--json] [--legacy]\n"
-               "  Describes and validates a CMFS record or state bundle (docs/wire.md), or a GGUF model\n"
+               "  Describes and validates a CMFS record or state bundle (docs/wire.md), a GGUF model\n"
                "  (architecture, hyperparameters, bytes by tensor type, default layer maps for 1..8 ranks,\n"
-               "  tokenizer, metadata keys pipedec does not use).\n"
+               "  tokenizer, metadata keys pipedec does not use), or a vision projector (mmproj: projector\n"
+               "  type, image and patch size, the row width it makes = the decoder hidden size it fits,\n"
+               "  bytes by tensor type; headers only, no llama.cpp needed).\n"
                "  --json    print one JSON object (valid, kind, layer, identity, position, error, ...)\n"
                "  --legacy  read a file without the CMFS magic as the unversioned legacy body\n"
                "  FILE may be - for standard input.\n"
@@ -405,6 +408,117 @@ static int inspect_checkpoint(const char *path, int json, FILE *out, FILE *err)
 
 /* ---- GGUF models ---- */
 
+/* Bytes and tensor counts by ggml type (arrays of GGUF_TENSOR_TYPE_COUNT,
+ * filled); returns the bytes of all tensors. */
+static uint64_t tensors_by_type(const gguf_file *f, uint64_t *by_bytes, uint64_t *by_count)
+{
+    uint64_t total = 0;
+    memset(by_bytes, 0, GGUF_TENSOR_TYPE_COUNT * sizeof *by_bytes);
+    memset(by_count, 0, GGUF_TENSOR_TYPE_COUNT * sizeof *by_count);
+    for (uint64_t i = 0; i < gguf_tensor_count(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        if (t->type < GGUF_TENSOR_TYPE_COUNT) {
+            by_bytes[t->type] += t->bytes;
+            by_count[t->type]++;
+        }
+        total += t->bytes;
+    }
+    return total;
+}
+
+static void json_by_type(cJSON *o, const gguf_file *f, uint64_t total, const uint64_t *by_bytes,
+                         const uint64_t *by_count)
+{
+    json_u64(o, "tensor_count", gguf_tensor_count(f));
+    json_u64(o, "tensor_bytes", total);
+    cJSON *bt = cJSON_AddArrayToObject(o, "by_type");
+    for (uint32_t t = 0; t < GGUF_TENSOR_TYPE_COUNT; t++)
+        if (by_count[t]) {
+            cJSON *x = cJSON_CreateObject();
+            cJSON_AddStringToObject(x, "type", gguf_type_name(t));
+            json_u64(x, "tensors", by_count[t]);
+            json_u64(x, "bytes", by_bytes[t]);
+            cJSON_AddBoolToObject(x, "supported", gguf_type_supported(t));
+            cJSON_AddItemToArray(bt, x);
+        }
+}
+
+static void text_by_type(FILE *out, const gguf_file *f, uint64_t total, const uint64_t *by_bytes,
+                         const uint64_t *by_count)
+{
+    fprintf(out, "tensors: %llu, %llu bytes\n", (unsigned long long)gguf_tensor_count(f), (unsigned long long)total);
+    for (uint32_t t = 0; t < GGUF_TENSOR_TYPE_COUNT; t++)
+        if (by_count[t])
+            fprintf(out, "  %-8s %6llu tensors %14llu bytes%s\n", gguf_type_name(t), (unsigned long long)by_count[t],
+                    (unsigned long long)by_bytes[t], gguf_type_supported(t) ? "" : "  (not supported)");
+}
+
+/* A vision projector (mmproj_is): what the header says, and whether pipedec
+ * can use it (a DeepSeek-OCR projector with its mm.model.fc.weight). The
+ * tensors' bytes are never read: gguf_open checked that they lie inside the
+ * file. */
+static int inspect_mmproj(const char *path, const gguf_file *f, int json, FILE *out, FILE *err)
+{
+    mmproj_info m;
+    pd_err e = {0};
+    const pd_status st = mmproj_describe(f, path, &m, &e);
+    uint64_t by_bytes[GGUF_TENSOR_TYPE_COUNT], by_count[GGUF_TENSOR_TYPE_COUNT];
+    const uint64_t total = tensors_by_type(f, by_bytes, by_count);
+    if (json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddBoolToObject(o, "valid", st == PD_OK);
+        cJSON_AddStringToObject(o, "kind", "mmproj");
+        cJSON_AddStringToObject(o, "projector_type", m.projector);
+        cJSON_AddBoolToObject(o, "has_vision_encoder", m.has_vision);
+        json_u64(o, "image_size", m.image_size);
+        json_u64(o, "patch_size", m.patch_size);
+        json_u64(o, "embedding_width", m.width);   /* mm.model.fc.weight ne[1] */
+        json_u64(o, "fits_decoder_hidden", m.width);
+        json_u64(o, "projector_input", m.fc_in);
+        cJSON *c = cJSON_AddObjectToObject(o, "clip");
+        json_u64(c, "width", m.clip_width);
+        json_u64(c, "layers", m.clip_layers);
+        json_u64(c, "heads", m.clip_heads);
+        cJSON *sm = cJSON_AddObjectToObject(o, "sam");
+        json_u64(sm, "width", m.sam_width);
+        json_u64(sm, "layers", m.sam_layers);
+        json_u64(sm, "heads", m.sam_heads);
+        json_u64(sm, "window", m.window);
+        json_by_type(o, f, total, by_bytes, by_count);
+        json_u64(o, "bytes", gguf_file_size(f));
+        if (st == PD_OK)
+            cJSON_AddNullToObject(o, "error");
+        else
+            cJSON_AddStringToObject(o, "error", e.msg);
+        char *t = cJSON_PrintUnformatted(o);
+        if (t)
+            fprintf(out, "%s\n", t);
+        cJSON_free(t);
+        cJSON_Delete(o);
+    } else {
+        fprintf(out, "kind: mmproj (vision projector)\nprojector: %s%s\n", m.projector[0] ? m.projector : "(none)",
+                m.known ? " (DeepSeek-OCR)" : "");
+        fprintf(out, "vision encoder: %s\n", m.has_vision ? "yes" : "no");
+        fprintf(out, "image size: %u, patch size: %u%s\n", m.image_size, m.patch_size,
+                strcmp(m.projector, "deepseekocr") == 0
+                    ? " (as written; llama.cpp's clip uses 1024 and 16 for deepseekocr, and 640 x 640 tiles)"
+                    : "");
+        if (m.sam_layers || m.sam_width)
+            fprintf(out, "sam: %u layers x %u (%u heads), window %u\n", m.sam_layers, m.sam_width, m.sam_heads,
+                    m.window);
+        fprintf(out, "clip: %u layers x %u (%u heads)\n", m.clip_layers, m.clip_width, m.clip_heads);
+        if (m.width)
+            fprintf(out, "rows: %llu wide (mm.model.fc.weight, from %llu): fits a decoder of hidden size %llu\n",
+                    (unsigned long long)m.width, (unsigned long long)m.fc_in, (unsigned long long)m.width);
+        text_by_type(out, f, total, by_bytes, by_count);
+        fprintf(out, "bytes: %llu\n", (unsigned long long)gguf_file_size(f));
+        fprintf(out, "valid: %s\n", st == PD_OK ? "yes" : "no");
+    }
+    if (st != PD_OK)
+        fprintf(err, "pipedec inspect: %s: invalid: %s\n", path, e.msg);
+    return st == PD_OK ? CMD_EXIT_OK : CMD_EXIT_INVALID;
+}
+
 /* The metadata keys pipedec reads (the architecture's own under "<arch>."). */
 static int gguf_key_used(const char *key, const char *arch)
 {
@@ -452,6 +566,11 @@ static int inspect_gguf(const char *path, int json, FILE *out, FILE *err)
         fprintf(err, "pipedec inspect: %s: invalid: %s\n", path, e.msg);
         return CMD_EXIT_INVALID;
     }
+    if (mmproj_is(f)) {
+        int rc = inspect_mmproj(path, f, json, out, err);
+        gguf_close(f);
+        return rc;
+    }
     model_hparams hp;
     pd_err he = {0};
     pd_status hst = model_read_hparams(path, &hp, &he);
@@ -464,15 +583,8 @@ static int inspect_gguf(const char *path, int json, FILE *out, FILE *err)
         archz[alen] = '\0';
     }
     /* bytes and tensor counts by type */
-    uint64_t by_bytes[GGUF_TENSOR_TYPE_COUNT] = {0}, by_count[GGUF_TENSOR_TYPE_COUNT] = {0}, total = 0;
-    for (uint64_t i = 0; i < gguf_tensor_count(f); i++) {
-        const gguf_tensor *t = gguf_tensor_at(f, i);
-        if (t->type < GGUF_TENSOR_TYPE_COUNT) {
-            by_bytes[t->type] += t->bytes;
-            by_count[t->type]++;
-        }
-        total += t->bytes;
-    }
+    uint64_t by_bytes[GGUF_TENSOR_TYPE_COUNT], by_count[GGUF_TENSOR_TYPE_COUNT];
+    const uint64_t total = tensors_by_type(f, by_bytes, by_count);
     /* default layer maps */
     char maps[INSP_MAX_RANKS][256];
     for (uint32_t n = 1; n <= INSP_MAX_RANKS; n++) {
@@ -535,18 +647,7 @@ static int inspect_gguf(const char *path, int json, FILE *out, FILE *err)
         json_u64(tk, "bos_token_id", hp.bos);
         json_u64(tk, "eos_token_id", hp.eos);
     }
-    json_u64(o, "tensor_count", gguf_tensor_count(f));
-    json_u64(o, "tensor_bytes", total);
-    cJSON *bt = cJSON_AddArrayToObject(o, "by_type");
-    for (uint32_t t = 0; t < GGUF_TENSOR_TYPE_COUNT; t++)
-        if (by_count[t]) {
-            cJSON *x = cJSON_CreateObject();
-            cJSON_AddStringToObject(x, "type", gguf_type_name(t));
-            json_u64(x, "tensors", by_count[t]);
-            json_u64(x, "bytes", by_bytes[t]);
-            cJSON_AddBoolToObject(x, "supported", gguf_type_supported(t));
-            cJSON_AddItemToArray(bt, x);
-        }
+    json_by_type(o, f, total, by_bytes, by_count);
     cJSON *lmj = cJSON_AddObjectToObject(o, "default_layer_maps");
     for (uint32_t n = 1; n <= INSP_MAX_RANKS; n++)
         if (maps[n - 1][0]) {
@@ -594,11 +695,7 @@ static int inspect_gguf(const char *path, int json, FILE *out, FILE *err)
             if (hp.assumed[0])
                 fprintf(out, "assumed: %s\n", hp.assumed);
         }
-        fprintf(out, "tensors: %llu, %llu bytes\n", (unsigned long long)gguf_tensor_count(f), (unsigned long long)total);
-        for (uint32_t t = 0; t < GGUF_TENSOR_TYPE_COUNT; t++)
-            if (by_count[t])
-                fprintf(out, "  %-8s %6llu tensors %14llu bytes%s\n", gguf_type_name(t), (unsigned long long)by_count[t],
-                        (unsigned long long)by_bytes[t], gguf_type_supported(t) ? "" : "  (not supported)");
+        text_by_type(out, f, total, by_bytes, by_count);
         for (uint32_t n = 1; n <= INSP_MAX_RANKS; n++)
             if (maps[n - 1][0])
                 fprintf(out, "layers over %u rank%s: %s\n", n, n == 1 ? "" : "s", maps[n - 1]);

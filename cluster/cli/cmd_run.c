@@ -7,6 +7,7 @@
 #include "cluster/runtime/ops/migrate.h"
 #include "cluster/runtime/job/run.h"
 #include "cluster/runtime/loop/pageimg.h"
+#include "cluster/runtime/rank/signals.h"
 
 #include <getopt.h>
 #include <mpi.h>
@@ -230,6 +231,14 @@ static int run_with_encoders(run_opts *o, int me)
     if (encoder) {
         pd_err e = {0};
         code = RUN_EXIT_OK;
+        /* srun and mpirun forward a checkpoint or stop signal (USR1, USR2,
+         * TERM) to every rank of the step, this one included, and the
+         * default action would end it: the launcher then ends the step
+         * before the head's checkpoint is written. The decoding ranks act on
+         * the signal (the head receives it too); an encoder keeps serving
+         * until the head tells it to stop, and like them exits at a second
+         * SIGTERM or a SIGINT. */
+        sig_install();
         if (pageimg_serve(o->mmproj_path, o->model_path, o->encoder_threads ? o->encoder_threads : o->threads,
                           MPI_COMM_WORLD, 0, &e) != PD_OK) {
             fprintf(stderr, "pipedec: encoder rank %d: %s\n", me, e.msg);

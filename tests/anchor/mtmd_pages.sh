@@ -20,8 +20,9 @@
 #     writes the same bytes, digests included, as encode + run; the encoder's rows do not
 #     depend on its thread count (1 vs 2); a rerun does not encode the pages
 #     already in the output (--stats images_encoded), and a job stopped by
-#     SIGUSR2 (checkpoint) resumes to the same bytes, encoding only the pages
-#     not yet out.
+#     SIGUSR2 to mpirun (forwarded to every rank, the encoder rank included:
+#     checkpoint) resumes to the same bytes, encoding only the pages not yet
+#     out.
 #  4. Bad pages (issue 38 section 3): empty, not an image, a header claiming
 #     60000x60000, a cut PNG, a cut JPEG, a corrupt zlib stream, a missing
 #     file: each gets its {"id","error"} line naming the file and the cause,
@@ -213,11 +214,14 @@ PY
 long=(--model "$T/long.gguf" --mmproj "$MM" --pages "$T/long.jsonl" --batch 1 --digest --encoder-ranks 1)
 "${MPIRUN[@]}" -np 3 "$PIPEDEC" run "${long[@]}" --out "$T/long-ref.jsonl" >/dev/null 2>"$T/long-ref.err" \
   || fail "long reference run: $(tail -2 "$T/long-ref.err")"
-( c=0; "${MPIRUN[@]}" -np 3 "$PIPEDEC" run "${long[@]}" --out "$T/long.jsonl.out" --checkpoint-dir "$T/ck" \
-    --pid-file "$T/long.jsonl.out.pids" >/dev/null 2>"$T/long1.err" || c=$?; echo "$c" >"$T/long1.rc" ) &
+# the signal goes to mpirun, which forwards it to every rank, the encoder
+# rank included (as srun does for slurm/pipedec.sbatch): it must not die of it
+"${MPIRUN[@]}" -np 3 "$PIPEDEC" run "${long[@]}" --out "$T/long.jsonl.out" --checkpoint-dir "$T/ck" \
+  >/dev/null 2>"$T/long1.err" &
+launcher=$!
 for _ in $(seq 1 6000); do [ -s "$T/long.jsonl.out" ] && break; sleep 0.01; done
-kill -USR2 "$(rank_pid "$T/long.jsonl.out" 0)" 2>/dev/null || true
-wait
+kill -USR2 "$launcher" 2>/dev/null || true
+c=0; wait "$launcher" || c=$?; echo "$c" >"$T/long1.rc"
 n1=$(wc -l <"$T/long.jsonl.out")
 rc=0
 "${MPIRUN[@]}" -np 3 "$PIPEDEC" run "${long[@]}" --out "$T/long.jsonl.out" --checkpoint-dir "$T/ck" \

@@ -89,6 +89,51 @@ START_TEST(mmproj_width_must_equal_the_decoders_hidden_size)
 }
 END_TEST
 
+/* mmproj_describe: what inspect shows, from the header; a file pipedec
+ * cannot use is still described, with the reason. */
+START_TEST(mmproj_describe_reads_the_header_and_says_why_not)
+{
+    char dec[320], mm[320];
+    snprintf(dec, sizeof dec, "%s/dec.gguf", pd_tmpdir);
+    snprintf(mm, sizeof mm, "%s/mm.gguf", pd_tmpdir);
+    put_model(dec);
+    gguf_file *f = NULL;
+    pd_err err = {0};
+    mmproj_info m;
+    ck_assert_int_eq(gguf_open(dec, &f, &err), PD_OK);
+    ck_assert(!mmproj_is(f)); /* a decoder */
+    gguf_close(f);
+
+    put_mmproj(mm, "deepseekocr2", 32, 64);
+    ck_assert_int_eq(gguf_open(mm, &f, &err), PD_OK);
+    ck_assert(mmproj_is(f));
+    ck_assert_msg(mmproj_describe(f, mm, &m, &err) == PD_OK, "%s", err.msg);
+    ck_assert_str_eq(m.projector, "deepseekocr2");
+    ck_assert(m.known);
+    ck_assert_uint_eq(m.width, 64);
+    ck_assert_uint_eq(m.fc_in, 32);
+    ck_assert_uint_eq(m.image_size, 0); /* absent keys read as 0 */
+    gguf_close(f);
+
+    put_mmproj(mm, "qwen2vl", 32, 48);
+    ck_assert_int_eq(gguf_open(mm, &f, &err), PD_OK);
+    ck_assert_int_eq(mmproj_describe(f, mm, &m, &err), PD_ERR_UNSUPPORTED);
+    ck_assert_str_eq(m.projector, "qwen2vl");
+    ck_assert(!m.known);
+    ck_assert_uint_eq(m.width, 48);
+    gguf_close(f);
+
+    pd_err_clear(&err);
+    put_mmproj(mm, NULL, 32, 64); /* general.architecture clip, no projector type */
+    ck_assert_int_eq(gguf_open(mm, &f, &err), PD_OK);
+    ck_assert(mmproj_is(f));
+    ck_assert_int_eq(mmproj_describe(f, mm, &m, &err), PD_ERR_FORMAT);
+    ck_assert_str_eq(m.projector, "");
+    ck_assert_ptr_nonnull(strstr(err.msg, "no clip.projector_type"));
+    gguf_close(f);
+}
+END_TEST
+
 START_TEST(venc_says_what_it_needs)
 {
     char dec[320], mm[320];
@@ -132,6 +177,7 @@ Suite *pd_test_suite(void)
     TCase *tc = tcase_create("vision");
     tcase_add_checked_fixture(tc, pd_test_dir_setup, pd_test_dir_teardown);
     tcase_add_test(tc, mmproj_width_must_equal_the_decoders_hidden_size);
+    tcase_add_test(tc, mmproj_describe_reads_the_header_and_says_why_not);
     tcase_add_test(tc, venc_says_what_it_needs);
     suite_add_tcase(s, tc);
     return s;

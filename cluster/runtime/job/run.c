@@ -175,6 +175,8 @@ int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
             double t0 = MPI_Wtime();
             st = ckpt_restore(&r, h ? head_sched(h) : NULL, o->checkpoint_dir, seqs[0], &e);
             if (st == PD_OK && h)
+                st = head_restored(h, &e);
+            if (st == PD_OK && h)
                 fprintf(stderr, "pipedec: restored checkpoint %llu in %.3f s\n", (unsigned long long)seqs[0],
                         MPI_Wtime() - t0);
         }

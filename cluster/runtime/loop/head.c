@@ -285,6 +285,26 @@ uint64_t head_resume_seq(const head *h, uint64_t *newest)
     return h->resume_seq;
 }
 
+pd_status head_restored(head *h, pd_err *err)
+{
+    if (!h->img)
+        return PD_OK;
+    size_t n = pages_count(h->pg);
+    bool *skip = malloc(n ? n * sizeof *skip : 1);
+    if (!skip)
+        return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+    memcpy(skip, h->skip, n * sizeof *skip);
+    stream_table *t = sched_streams(h->sc);
+    for (uint32_t i = 0; i < stream_table_capacity(t); i++) {
+        const stream_state *s = stream_table_at(t, i);
+        if (s && s->page < n && s->fed >= s->prefill_rows)
+            skip[s->page] = true;
+    }
+    pd_status st = pageimg_plan(h->img, h->pg, skip, err);
+    free(skip);
+    return st;
+}
+
 
 void head_use_budget(head *h, budget *b)
 {

@@ -51,6 +51,12 @@ uint64_t head_out_size(const head *h);
  * before it was opened. *newest: the highest checkpoint number in the
  * directory (the next one written is newest + 1). */
 uint64_t head_resume_seq(const head *h, uint64_t *newest);
+/* After the checkpoint's streams were restored into head_sched (before
+ * head_loop): the images of restored streams whose prefill is done are
+ * never read again, so encoder ranks are not asked for them (a checkpoint
+ * holds no image rows; pages still mid-prefill are encoded again). No-op
+ * without image pages. */
+pd_status head_restored(head *h, pd_err *err);
 
 /* Takes ownership of b: pages are admitted only while every rank's
  * predicted cache bytes fit its budget (budget.h). Before head_loop. */

@@ -115,6 +115,7 @@ pd_status pageimg_plan(pageimg *pi, const pages *pg, const bool *skip, pd_err *e
             n += !(skip && skip[p]) && pages_get(pg, p)->segs[k].kind == PAGES_SEG_IMAGE &&
                  !pages_get(pg, p)->segs[k].error;
     free(pi->plan);
+    pi->n_plan = 0; /* planned again after a checkpoint's restore (head_restored) */
     pi->plan = calloc(n ? n : 1, sizeof *pi->plan);
     if (!pi->plan)
         return pd_err_set(err, PD_ERR_NOMEM, "out of memory");

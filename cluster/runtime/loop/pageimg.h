@@ -56,7 +56,8 @@ void pageimg_free(pageimg *pi);
 pd_status pageimg_count(void *ctx, const char *path, uint32_t *rows, pd_err *err);
 
 /* The images to come, in the order the scheduler admits pages (manifest
- * order, pages with skip[i] set left out): what encoder ranks work ahead on. */
+ * order, pages with skip[i] set left out): what encoder ranks work ahead on.
+ * A later call replaces the plan; only before the first pageimg_pump. */
 pd_status pageimg_plan(pageimg *pi, const pages *pg, const bool *skip, pd_err *err);
 
 /* Encoder ranks: sends requests while there is room, takes finished replies
