@@ -338,6 +338,125 @@ static bool wants_mpi_weights(const migrate *mg)
     return mg->r->o->weights_over_mpi || access(mg->r->o->model_path, R_OK) != 0;
 }
 
+/* One weights exchange on this rank: what its steps share. */
+typedef struct wx {
+    migrate *mg;
+    const layermap *from, *to;
+    uint32_t me, NL;
+    const gguf_file *f;      /* the rank's own model file */
+    const uint8_t *base;     /* its bytes */
+    uint64_t size, data;     /* its length, where its tensor data begins */
+    uint32_t hcrc;           /* CRC32C of its header bytes [0, data) */
+    uint8_t *buf;            /* one message: a wpiece and up to WPIECE_MAX bytes */
+    bool corrupt;            /* the CORRUPT test hook has yet to fire */
+    bool sent;               /* a piece went out */
+    double bytes;            /* weight bytes sent and received */
+    uint8_t *img[2];         /* receiver: a file image per new range */
+    pd_status v;             /* receiver: why the weights are not usable here */
+    pd_err ve;               /* its words */
+} wx;
+
+/* A source's layer L for rank b: a header message (how many pieces follow,
+ * the header CRC), then every tensor "blk.L.*" in file order, in pieces. */
+static pd_status wx_give_layer(wx *x, uint32_t L, uint32_t b, pd_err *err)
+{
+    uint64_t n;
+    layer_tensor_bytes(x->f, L, &n);
+    wpiece h = {.off = n, .len = 0, .crc = x->hcrc, .layer = L};
+    MPI_Request q = MPI_REQUEST_NULL;
+    pd_status st = pipe_isend(x->mg->link, (int)b, &h, sizeof h, &q, err);
+    if (st == PD_OK)
+        st = pipe_wait(x->mg->link, &q, NULL, err);
+    char pre[32];
+    int plen = snprintf(pre, sizeof pre, "blk.%u.", L);
+    for (uint64_t i = 0; i < gguf_tensor_count(x->f) && st == PD_OK; i++) {
+        const gguf_tensor *t = gguf_tensor_at(x->f, i);
+        if (strncmp(t->name, pre, (size_t)plen) != 0)
+            continue;
+        uint64_t toff = (uint64_t)((const uint8_t *)t->data - x->base);
+        for (uint64_t o = 0; o < t->bytes && st == PD_OK; o += WPIECE_MAX) {
+            uint64_t len = t->bytes - o < WPIECE_MAX ? t->bytes - o : WPIECE_MAX;
+            wpiece *w = (wpiece *)(void *)x->buf;
+            *w = (wpiece){.off = toff + o, .len = len, .crc = crc32c_update(0, x->base + toff + o, (size_t)len),
+                          .layer = L};
+            memcpy(x->buf + sizeof *w, x->base + toff + o, (size_t)len);
+            if (x->corrupt) { /* test hook: after the CRC */
+                x->buf[sizeof *w + len / 2] ^= 0x40;
+                x->corrupt = false;
+            }
+            if ((st = pipe_isend(x->mg->link, (int)b, x->buf, sizeof *w + (size_t)len, &q, err)) == PD_OK)
+                st = pipe_wait(x->mg->link, &q, NULL, err);
+            x->bytes += (double)len;
+            x->sent = true;
+        }
+    }
+    return st;
+}
+
+/* A receiver's layer L from rank a into img[which]: every piece is received
+ * (the link stays in step) and checked (header, bounds, CRC) while the
+ * weights are still usable here. Errors are MPI failures; the rest is x->v. */
+static pd_status wx_take_layer(wx *x, uint32_t L, uint32_t a, uint32_t which, pd_err *err)
+{
+    size_t got_len;
+    wpiece h;
+    pd_status st = pipe_recv(x->mg->link, (int)a, &h, sizeof h, &got_len, NULL, NULL, err);
+    if (st)
+        return st;
+    if (x->v == PD_OK && (got_len != sizeof h || h.len != 0 || h.layer != L))
+        x->v = pd_err_set(&x->ve, PD_ERR_FORMAT, "rank %u: the weights of layer %u from rank %u begin with a bad header",
+                          x->me, L, a);
+    if (x->v == PD_OK && h.crc != x->hcrc)
+        x->v = pd_err_set(&x->ve, PD_ERR_MISMATCH, "rank %u: rank %u sends layer %u's weights from another model file "
+                          "(header CRC32C %08x, this rank's %08x)", x->me, a, L, h.crc, x->hcrc);
+    uint64_t count = h.off;
+    for (uint64_t k = 0; k < count; k++) {
+        if ((st = pipe_recv(x->mg->link, (int)a, x->buf, sizeof(wpiece) + WPIECE_MAX, &got_len, NULL, NULL, err)))
+            return st;
+        const wpiece *w = (const wpiece *)(const void *)x->buf;
+        if (x->v != PD_OK)
+            continue;
+        if (got_len < sizeof *w || w->len != got_len - sizeof *w || w->layer != L || w->off < x->data ||
+            w->off > x->size || w->len > x->size - w->off)
+            x->v = pd_err_set(&x->ve, PD_ERR_FORMAT, "rank %u: weights piece %llu of layer %u from rank %u: %zu bytes "
+                              "for offset %llu, length %llu in a %llu-byte file", x->me, (unsigned long long)k, L, a,
+                              got_len, (unsigned long long)w->off, (unsigned long long)w->len,
+                              (unsigned long long)x->size);
+        else if (crc32c_update(0, x->buf + sizeof *w, (size_t)w->len) != w->crc)
+            x->v = pd_err_set(&x->ve, PD_ERR_CHECKSUM, "rank %u: weights piece %llu of layer %u from rank %u (file "
+                              "offset %llu): CRC32C %08x, the bytes give %08x", x->me, (unsigned long long)k, L, a,
+                              (unsigned long long)w->off, w->crc,
+                              crc32c_update(0, x->buf + sizeof *w, (size_t)w->len));
+        else {
+            memcpy(x->img[which] + w->off, x->buf + sizeof *w, (size_t)w->len);
+            x->bytes += (double)w->len;
+        }
+    }
+    return PD_OK;
+}
+
+/* The receiver's images become weight slices of its np new ranges (pw / pl),
+ * or none when one is not usable (x->v). */
+static void wx_load(wx *x, uint32_t np, const uint32_t *pf, const uint32_t *pn, const model **pw, model **pl)
+{
+    rank *r = x->mg->r;
+    for (uint32_t i = 0; i < np && x->v == PD_OK; i++) {
+        model_load_opts mo = {.first_layer = pf[i],
+                              .n_layers = pn[i],
+                              .backend = r->o->backend,
+                              .alloc = arena_alloc_iface(r->ar),
+                              .share_rope = r->m};
+        char name[1100];
+        snprintf(name, sizeof name, "%s (layers %u-%u over MPI)", r->o->model_path, pf[i], pf[i] + pn[i] - 1);
+        x->v = model_load_image(x->img[i], (size_t)x->size, name, &mo, &pl[i], &x->ve);
+        x->img[i] = NULL; /* the model owns it now, or freed it */
+        if (x->v == PD_OK && !model_digest_inherit_header(pl[i], r->m))
+            x->v = pd_err_set(&x->ve, PD_ERR_MISMATCH, "%s: not the job's model file", name);
+        if (x->v == PD_OK)
+            pw[i] = pl[i];
+    }
+}
+
 /* Collective at a drain point (every rank, the same maps): every rank that
  * takes layers and wants their weights over MPI gets them from their old
  * owners; *got says whether this rank did (then pw / pl hold the slices of
@@ -347,138 +466,61 @@ static pd_status weights_exchange(migrate *mg, const layermap *from, const layer
                                   bool *sent, double *bytes, pd_status *local, pd_err *why, pd_err *err)
 {
     rank *r = mg->r;
-    uint32_t me = (uint32_t)r->rank, NL = r->hp.n_layers;
     int32_t mine = wants_mpi_weights(mg), *need = calloc((size_t)r->size, sizeof *need);
     if (!need)
         return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
     pd_status st = pipe_allgather(r->p, &mine, sizeof mine, need, err);
+    wx x = {.mg = mg, .from = from, .to = to, .me = (uint32_t)r->rank, .NL = r->hp.n_layers, .f = model_gguf(r->m),
+            .corrupt = mg->fault == MIGRATE_FAULT_CORRUPT};
+    x.base = gguf_bytes(x.f);
+    x.size = gguf_file_size(x.f);
+    x.data = gguf_data_offset(x.f);
+    x.hcrc = crc32c_update(0, x.base, (size_t)x.data);
     *got = false;
-    *sent = false;
-    *bytes = 0;
-    const gguf_file *f = model_gguf(r->m);
-    const uint8_t *base = gguf_bytes(f);
-    uint64_t size = gguf_file_size(f), data = gguf_data_offset(f);
-    uint32_t hcrc = crc32c_update(0, base, (size_t)data);
-    uint8_t *buf = st == PD_OK ? malloc(sizeof(wpiece) + WPIECE_MAX) : NULL;
-    if (st == PD_OK && !buf)
+    x.buf = st == PD_OK ? malloc(sizeof(wpiece) + WPIECE_MAX) : NULL;
+    if (st == PD_OK && !x.buf)
         st = pd_err_set(err, PD_ERR_NOMEM, "out of memory for a weights buffer");
-    bool corrupt = mg->fault == MIGRATE_FAULT_CORRUPT;
     /* sources: every layer they give to a rank that wants it, in layer order */
-    for (uint32_t L = 0; L < NL && st == PD_OK; L++) {
+    for (uint32_t L = 0; L < x.NL && st == PD_OK; L++) {
         uint32_t a = layermap_owner(from, L), b = layermap_owner(to, L);
-        if (a != me || b == me || !need[b])
+        if (a != x.me || b == x.me || !need[b])
             continue;
-        uint64_t n;
-        layer_tensor_bytes(f, L, &n);
-        wpiece h = {.off = n, .len = 0, .crc = hcrc, .layer = L};
-        MPI_Request q = MPI_REQUEST_NULL;
-        if ((st = pipe_isend(mg->link, (int)b, &h, sizeof h, &q, err)) || (st = pipe_wait(mg->link, &q, NULL, err)))
-            break;
-        char pre[32];
-        int plen = snprintf(pre, sizeof pre, "blk.%u.", L);
-        for (uint64_t i = 0; i < gguf_tensor_count(f) && st == PD_OK; i++) {
-            const gguf_tensor *t = gguf_tensor_at(f, i);
-            if (strncmp(t->name, pre, (size_t)plen) != 0)
-                continue;
-            uint64_t toff = (uint64_t)((const uint8_t *)t->data - base);
-            for (uint64_t o = 0; o < t->bytes && st == PD_OK; o += WPIECE_MAX) {
-                uint64_t len = t->bytes - o < WPIECE_MAX ? t->bytes - o : WPIECE_MAX;
-                wpiece *w = (wpiece *)(void *)buf;
-                *w = (wpiece){.off = toff + o, .len = len, .crc = crc32c_update(0, base + toff + o, (size_t)len),
-                              .layer = L};
-                memcpy(buf + sizeof *w, base + toff + o, (size_t)len);
-                if (corrupt) { /* test hook: after the CRC */
-                    buf[sizeof *w + len / 2] ^= 0x40;
-                    corrupt = false;
-                }
-                if ((st = pipe_isend(mg->link, (int)b, buf, sizeof *w + (size_t)len, &q, err)) == PD_OK)
-                    st = pipe_wait(mg->link, &q, NULL, err);
-                *bytes += (double)len;
-                *sent = true;
-            }
-        }
+        st = wx_give_layer(&x, L, b, err);
     }
     /* receivers: one file image per new range, filled layer by layer */
-    pd_status v = PD_OK;
-    pd_err ve = {0};
-    uint8_t *img[2] = {NULL, NULL};
     bool takes = false;
-    for (uint32_t L = 0; L < NL; L++)
-        takes |= layermap_owner(to, L) == me && layermap_owner(from, L) != me;
+    for (uint32_t L = 0; L < x.NL; L++)
+        takes |= layermap_owner(to, L) == x.me && layermap_owner(from, L) != x.me;
     if (mine && takes && st == PD_OK) {
         *got = true;
-        for (uint32_t i = 0; i < np && v == PD_OK; i++)
-            if (!(img[i] = model_image_new((size_t)size)))
-                v = pd_err_set(&ve, PD_ERR_NOMEM, "rank %u: no memory for an image of the %llu-byte model file", me,
-                               (unsigned long long)size);
+        for (uint32_t i = 0; i < np && x.v == PD_OK; i++)
+            if (!(x.img[i] = model_image_new((size_t)x.size)))
+                x.v = pd_err_set(&x.ve, PD_ERR_NOMEM, "rank %u: no memory for an image of the %llu-byte model file",
+                                 x.me, (unsigned long long)x.size);
             else
-                memcpy(img[i], base, (size_t)data);
+                memcpy(x.img[i], x.base, (size_t)x.data);
     }
-    for (uint32_t L = 0; L < NL && st == PD_OK && mine; L++) {
+    for (uint32_t L = 0; L < x.NL && st == PD_OK && mine; L++) {
         uint32_t a = layermap_owner(from, L), b = layermap_owner(to, L);
-        if (b != me || a == me)
-            continue;
-        uint32_t which = np > 1 && L >= pf[1] && L < pf[1] + pn[1];
-        size_t got_len;
-        wpiece h;
-        if ((st = pipe_recv(mg->link, (int)a, &h, sizeof h, &got_len, NULL, NULL, err)))
-            break;
-        if (v == PD_OK && (got_len != sizeof h || h.len != 0 || h.layer != L))
-            v = pd_err_set(&ve, PD_ERR_FORMAT, "rank %u: the weights of layer %u from rank %u begin with a bad header",
-                           me, L, a);
-        if (v == PD_OK && h.crc != hcrc)
-            v = pd_err_set(&ve, PD_ERR_MISMATCH, "rank %u: rank %u sends layer %u's weights from another model file "
-                           "(header CRC32C %08x, this rank's %08x)", me, a, L, h.crc, hcrc);
-        uint64_t count = h.off;
-        for (uint64_t k = 0; k < count && st == PD_OK; k++) {
-            if ((st = pipe_recv(mg->link, (int)a, buf, sizeof(wpiece) + WPIECE_MAX, &got_len, NULL, NULL, err)))
-                break;
-            const wpiece *w = (const wpiece *)(const void *)buf;
-            if (v != PD_OK)
-                continue;
-            if (got_len < sizeof *w || w->len != got_len - sizeof *w || w->layer != L || w->off < data ||
-                w->off > size || w->len > size - w->off)
-                v = pd_err_set(&ve, PD_ERR_FORMAT, "rank %u: weights piece %llu of layer %u from rank %u: %zu bytes "
-                               "for offset %llu, length %llu in a %llu-byte file", me, (unsigned long long)k, L, a,
-                               got_len, (unsigned long long)w->off, (unsigned long long)w->len,
-                               (unsigned long long)size);
-            else if (crc32c_update(0, buf + sizeof *w, (size_t)w->len) != w->crc)
-                v = pd_err_set(&ve, PD_ERR_CHECKSUM, "rank %u: weights piece %llu of layer %u from rank %u (file offset "
-                               "%llu): CRC32C %08x, the bytes give %08x", me, (unsigned long long)k, L, a,
-                               (unsigned long long)w->off, w->crc, crc32c_update(0, buf + sizeof *w, (size_t)w->len));
-            else {
-                memcpy(img[which] + w->off, buf + sizeof *w, (size_t)w->len);
-                *bytes += (double)w->len;
-            }
-        }
+        if (b == x.me && a != x.me)
+            st = wx_take_layer(&x, L, a, np > 1 && L >= pf[1] && L < pf[1] + pn[1], err);
     }
-    free(buf);
+    free(x.buf);
     free(need);
-    for (uint32_t i = 0; i < np && *got && v == PD_OK && st == PD_OK; i++) {
-        model_load_opts mo = {.first_layer = pf[i],
-                              .n_layers = pn[i],
-                              .backend = r->o->backend,
-                              .alloc = arena_alloc_iface(r->ar),
-                              .share_rope = r->m};
-        char name[1100];
-        snprintf(name, sizeof name, "%s (layers %u-%u over MPI)", r->o->model_path, pf[i], pf[i] + pn[i] - 1);
-        v = model_load_image(img[i], (size_t)size, name, &mo, &pl[i], &ve);
-        img[i] = NULL; /* the model owns it now, or freed it */
-        if (v == PD_OK && !model_digest_inherit_header(pl[i], r->m))
-            v = pd_err_set(&ve, PD_ERR_MISMATCH, "%s: not the job's model file", name);
-        if (v == PD_OK)
-            pw[i] = pl[i];
-    }
+    if (*got && st == PD_OK)
+        wx_load(&x, np, pf, pn, pw, pl);
     for (uint32_t i = 0; i < 2; i++)
-        model_image_free(img[i], (size_t)size);
-    if (v != PD_OK)
+        model_image_free(x.img[i], (size_t)x.size);
+    if (x.v != PD_OK)
         for (uint32_t i = 0; i < 2; i++) {
             model_free(pl[i]);
             pl[i] = NULL;
             pw[i] = NULL;
         }
-    *local = v;
-    *why = ve;
+    *sent = x.sent;
+    *bytes = x.bytes;
+    *local = x.v;
+    *why = x.ve;
     return st;
 }
 
