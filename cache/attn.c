@@ -12,6 +12,7 @@
 #include "base/cpu.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #if defined(__x86_64__)
@@ -105,6 +106,75 @@ static uint32_t attn_visible(const attn_kv *kv, const attn_query *q, uint32_t *f
     return upto - *first;
 }
 
+/* The visible rows [first, upto) as blocks of at most ATTN_RB consecutive
+ * rows of one segment, in logical order: the one walk every pass of both
+ * paths makes (the scalar path takes a block's rows one by one).
+ *   for (attn_walk w = attn_walk_start(kv, first, upto); attn_walk_next(&w);)
+ *       ... rows [w.i, w.i + w.n) of w.seg, logical rows from w.r0 + w.i ... */
+typedef struct attn_walk {
+    const attn_kv *kv;
+    uint32_t first, upto;
+    uint32_t s;            /* the next segment to look at */
+    uint32_t r0_next;      /* its first logical row */
+    const attn_seg *seg;   /* the current block's segment (NULL before the first) */
+    uint32_t r0;           /* seg's first logical row */
+    uint32_t i, n;         /* the block: rows [i, i + n) of seg */
+    uint32_t hi;           /* one past seg's last visible row */
+} attn_walk;
+
+static inline attn_walk attn_walk_start(const attn_kv *kv, uint32_t first, uint32_t upto)
+{
+    return (attn_walk){.kv = kv, .first = first, .upto = upto};
+}
+
+static inline uint32_t attn_min_u32(uint32_t a, uint32_t b)
+{
+    return a < b ? a : b;
+}
+
+/* Moves to the next block; false past the last visible row. */
+static inline bool attn_walk_next(attn_walk *w)
+{
+    if (w->seg && w->i + w->n < w->hi) { /* the next block of this segment */
+        w->i += w->n;
+        w->n = attn_min_u32(w->hi - w->i, ATTN_RB);
+        return true;
+    }
+    while (w->s < w->kv->n_segs) { /* the next segment with a visible row */
+        const attn_seg *seg = &w->kv->segs[w->s++];
+        uint32_t r0 = w->r0_next;
+        w->r0_next += seg->rows;
+        if (w->upto <= r0)
+            return false;
+        uint32_t lo = w->first > r0 ? w->first - r0 : 0;
+        uint32_t hi = attn_min_u32(w->upto - r0, seg->rows);
+        if (lo >= hi)
+            continue;
+        *w = (attn_walk){.kv = w->kv, .first = w->first, .upto = w->upto, .s = w->s, .r0_next = w->r0_next,
+                         .seg = seg, .r0 = r0, .i = lo, .n = attn_min_u32(hi - lo, ATTN_RB), .hi = hi};
+        return true;
+    }
+    return false;
+}
+
+/* qc[h][d] = q[h][d] * kcol[d] (or q[h][d]): the query per head. */
+static void attn_query_cols(const attn_kv *kv, const attn_query *q, float *qc)
+{
+    const uint32_t hd = kv->head_dim;
+    for (uint32_t h = 0; h < q->n_heads; h++)
+        for (uint32_t d = 0; d < hd; d++)
+            qc[h * hd + d] = kv->kcol ? q->q[h * hd + d] * kv->kcol[d] : q->q[h * hd + d];
+}
+
+/* out[h][d] *= vcol[d], when the value field is set. */
+static void attn_value_cols(const attn_kv *kv, uint32_t nh, float *out)
+{
+    if (kv->vcol)
+        for (uint32_t h = 0; h < nh; h++)
+            for (uint32_t d = 0; d < kv->head_dim; d++)
+                out[(size_t)h * kv->head_dim + d] *= kv->vcol[d];
+}
+
 /* Pointer to logical row r's key (or value) as f32: either the stored row or
  * the row dequantized into buf. */
 static const float *attn_row(const attn_seg *s, uint32_t i, uint32_t hd, int want_v,
@@ -141,25 +211,16 @@ static uint32_t attn_run_scalar(const attn_kv *kv, const attn_query *q, float *o
     float *scores = scratch;
     float *qc = scores + (size_t)nh * span;
     float *row = qc + (size_t)nh * hd;
-
-    for (uint32_t h = 0; h < nh; h++)
-        for (uint32_t d = 0; d < hd; d++)
-            qc[h * hd + d] = kv->kcol ? q->q[h * hd + d] * kv->kcol[d] : q->q[h * hd + d];
+    attn_query_cols(kv, q, qc);
 
     /* score pass: each visible K row read once for all heads */
-    uint32_t r0 = 0;
-    for (uint32_t s = 0; s < kv->n_segs; s++) {
-        const attn_seg *seg = &kv->segs[s];
-        for (uint32_t i = 0; i < seg->rows; i++) {
-            uint32_t r = r0 + i;
-            if (r < first || r >= upto)
-                continue;
-            const float *k = attn_row(seg, i, hd, 0, kv->k_group, row);
+    for (attn_walk w = attn_walk_start(kv, first, upto); attn_walk_next(&w);)
+        for (uint32_t i = w.i; i < w.i + w.n; i++) {
+            uint32_t j = w.r0 + i - first;
+            const float *k = attn_row(w.seg, i, hd, 0, kv->k_group, row);
             for (uint32_t h = 0; h < nh; h++)
-                scores[(size_t)h * span + (r - first)] = attn_dot8(qc + (size_t)h * hd, k, hd) * q->scale;
+                scores[(size_t)h * span + j] = attn_dot8(qc + (size_t)h * hd, k, hd) * q->scale;
         }
-        r0 += seg->rows;
-    }
 
     if (q->softcap > 0.0f)
         for (size_t j = 0; j < (size_t)nh * span; j++)
@@ -185,27 +246,18 @@ static uint32_t attn_run_scalar(const attn_kv *kv, const attn_query *q, float *o
 
     /* value pass: each visible V row read once for all heads */
     memset(out, 0, sizeof(float) * nh * hd);
-    r0 = 0;
-    for (uint32_t s = 0; s < kv->n_segs; s++) {
-        const attn_seg *seg = &kv->segs[s];
-        for (uint32_t i = 0; i < seg->rows; i++) {
-            uint32_t r = r0 + i;
-            if (r < first || r >= upto)
-                continue;
-            const float *v = attn_row(seg, i, hd, 1, kv->v_group, row);
+    for (attn_walk w = attn_walk_start(kv, first, upto); attn_walk_next(&w);)
+        for (uint32_t i = w.i; i < w.i + w.n; i++) {
+            uint32_t j = w.r0 + i - first;
+            const float *v = attn_row(w.seg, i, hd, 1, kv->v_group, row);
             for (uint32_t h = 0; h < nh; h++) {
-                float p = scores[(size_t)h * span + (r - first)];
+                float p = scores[(size_t)h * span + j];
                 float *o = out + (size_t)h * hd;
                 for (uint32_t d = 0; d < hd; d++)
                     o[d] = fmaf(p, v[d], o[d]);
             }
         }
-        r0 += seg->rows;
-    }
-    if (kv->vcol)
-        for (uint32_t h = 0; h < nh; h++)
-            for (uint32_t d = 0; d < hd; d++)
-                out[(size_t)h * hd + d] *= kv->vcol[d];
+    attn_value_cols(kv, nh, out);
 
     if (imp)
         for (uint32_t h = 0; h < nh; h++)
@@ -623,6 +675,124 @@ ATTN_AVX2 static void attn_softmax_avx2(float *sc, uint32_t span, const float *s
         sc[j] = sc[j] / sum;
 }
 
+/* What the AVX2 passes of one attn_run share. */
+typedef struct attn_pass {
+    const attn_kv *kv;
+    const attn_query *q;
+    uint32_t hd, nh, span;
+    uint32_t ngk, ngv;     /* scale groups per int8 K / V row (0: no int8 rows of that kind) */
+    int k_inline, v_inline; /* int8 rows dequantized in registers (one Q head) */
+    int wide;              /* the AVX-512 kernels for those */
+    const float *qc;       /* [nh x hd] */
+    float *buf;            /* ATTN_RB dequantized rows */
+} attn_pass;
+
+/* Prefetches the int8 block ATTN_PF_BLOCKS blocks ahead of row i (within
+ * the segment's visible rows [.., hi)). */
+ATTN_AVX2 static inline __attribute__((always_inline)) void
+attn_prefetch_ahead(const attn_seg *seg, uint32_t i, uint32_t hi, uint32_t hd, uint32_t ng, int want_v)
+{
+    uint32_t pf = i + ATTN_PF_BLOCKS * ATTN_RB;
+    if (pf < hi)
+        attn_prefetch_rows(seg, pf, attn_min_u32(hi - pf, ATTN_RB), hd, ng, want_v);
+}
+
+/* Scores of rows [i, i + n) of int8 keys for one Q head, dequantized in
+ * registers, eight rows at a time then four; dst[t] for row i + t. */
+ATTN_AVX2 static void attn_scores_q8_inline(const attn_pass *c, const attn_seg *seg, uint32_t i, uint32_t n,
+                                            uint32_t hi, float *dst)
+{
+    const uint32_t hd = c->hd, ngk = c->ngk, group = c->kv->k_group;
+    const float scale = c->q->scale;
+    const int8_t *kq = seg->kq + (size_t)i * hd;
+    const float *ks = seg->ks + (size_t)i * ngk;
+    uint32_t t = 0;
+    for (; t + 8 <= n; t += 8) {
+        float dots[8];
+        int ahead = i + t + 8 + ATTN_PF_ROWS <= hi;
+        const int8_t *kt = kq + (size_t)t * hd, *kpf = ahead ? kt + (size_t)ATTN_PF_ROWS * hd : NULL;
+        const float *st = ks + (size_t)t * ngk, *pfs = ahead ? st + (size_t)ATTN_PF_ROWS * ngk : NULL;
+        if (c->wide)
+            attn_avx512_dot8x8_q8(c->qc, kt, st, hd, ngk, group, dots, kpf, pfs);
+        else
+            attn_dot8x8_q8(c->qc, kt, st, hd, ngk, group, dots, kpf, pfs);
+        for (uint32_t x = 0; x < 8; x++)
+            dst[t + x] = dots[x] * scale;
+    }
+    for (; t < n; t += 4) {
+        size_t u[4]; /* a short last group repeats its last row */
+        for (uint32_t x = 0; x < 4; x++)
+            u[x] = t + x < n ? t + x : n - 1;
+        float dots[4];
+        attn_dot8x4_q8(c->qc, kq + u[0] * hd, kq + u[1] * hd, kq + u[2] * hd, kq + u[3] * hd, ks + u[0] * ngk,
+                       ks + u[1] * ngk, ks + u[2] * ngk, ks + u[3] * ngk, hd, group, dots);
+        for (uint32_t x = 0; x < 4 && t + x < n; x++)
+            dst[t + x] = dots[x] * scale;
+    }
+}
+
+/* The score pass over one block (rows [i, i + n) of seg): read once, it
+ * serves every head; head h's scores at dst + h * span. */
+ATTN_AVX2 static void attn_scores_block(const attn_pass *c, const attn_seg *seg, uint32_t i, uint32_t n,
+                                        uint32_t hi, float *dst)
+{
+    const uint32_t hd = c->hd;
+    const float scale = c->q->scale;
+    if (!seg->k && !c->k_inline)
+        attn_prefetch_ahead(seg, i, hi, hd, c->ngk, 0);
+    if (!seg->k && c->k_inline) {
+        attn_scores_q8_inline(c, seg, i, n, hi, dst);
+        return;
+    }
+    const float *k = seg->k ? seg->k + (size_t)i * hd : c->buf;
+    if (!seg->k)
+        attn_dequant_rows(seg->kq + (size_t)i * hd, seg->ks + (size_t)i * c->ngk, hd, c->kv->k_group, n, c->buf);
+    for (uint32_t h = 0; h < c->nh; h++) {
+        const float *qh = c->qc + (size_t)h * hd;
+        float *dh = dst + (size_t)h * c->span;
+        if (seg->k) { /* streamed from memory: in address order */
+            for (uint32_t t = 0; t < n; t++)
+                dh[t] = attn_dot8x1(qh, k + (size_t)t * hd, hd) * scale;
+            continue;
+        }
+        for (uint32_t t = 0; t < n; t += 4) { /* rows in buf (L1): four chains */
+            /* a short last group repeats its last row; extra dots are dropped */
+            const float *kr[4];
+            for (uint32_t u = 0; u < 4; u++)
+                kr[u] = k + (size_t)(t + u < n ? t + u : n - 1) * hd;
+            float dots[4];
+            attn_dot8x4(qh, kr[0], kr[1], kr[2], kr[3], hd, dots);
+            for (uint32_t u = 0; u < 4 && t + u < n; u++)
+                dh[t + u] = dots[u] * scale;
+        }
+    }
+}
+
+/* The value pass over one block (rows [i, i + n) of seg): read once, it
+ * serves every head; head h's probabilities at p + h * span. */
+ATTN_AVX2 static void attn_values_block(const attn_pass *c, const attn_seg *seg, uint32_t i, uint32_t n,
+                                        uint32_t hi, const float *p, float *out)
+{
+    const uint32_t hd = c->hd;
+    if (!seg->v && !c->v_inline)
+        attn_prefetch_ahead(seg, i, hi, hd, c->ngv, 1);
+    if (!seg->v && c->v_inline) {
+        uint32_t npf = i + ATTN_PF_ROWS < hi ? hi - (i + ATTN_PF_ROWS) : 0;
+        const int8_t *vq = seg->vq + (size_t)i * hd;
+        npf = npf < n ? npf : n;
+        if (c->wide)
+            attn_avx512_vrows_q8(out, vq, seg->vs + i, hd, p, n, npf);
+        else
+            attn_vrows_q8(out, vq, seg->vs + i, hd, p, n, npf);
+        return;
+    }
+    const float *v = seg->v ? seg->v + (size_t)i * hd : c->buf;
+    if (!seg->v)
+        attn_dequant_rows(seg->vq + (size_t)i * hd, seg->vs + (size_t)i * c->ngv, hd, c->kv->v_group, n, c->buf);
+    for (uint32_t h = 0; h < c->nh; h++)
+        attn_vrows(out + (size_t)h * hd, v, hd, p + (size_t)h * c->span, n);
+}
+
 ATTN_AVX2 static uint32_t attn_run_avx2(const attn_kv *kv, const attn_query *q, float *out,
                                         float *probs, float *imp, float *scratch)
 {
@@ -634,92 +804,30 @@ ATTN_AVX2 static uint32_t attn_run_avx2(const attn_kv *kv, const attn_query *q, 
         return 0;
     }
     const uint32_t upto = first + span;
-    /* groups only matter (and must be > 0) for int8 segments */
-    const uint32_t ngk = kv->k_group ? (hd + kv->k_group - 1) / kv->k_group : 0;
-    const uint32_t ngv = kv->v_group ? (hd + kv->v_group - 1) / kv->v_group : 0;
-
-    /* With one Q head an int8 row serves a single dot (value sum), so it is
-     * dequantized in registers; with several it is dequantized once into buf. */
-    const int k_inline = nh == 1 && hd % 8 == 0 && kv->k_group % 8 == 0;
-    const int v_inline = nh == 1 && hd % 8 == 0 && ngv == 1;
-    /* those two cases are compute-bound: AVX-512 kernels where agreed */
-    const int wide = pd_cpu_isa() >= PD_ISA_AVX512;
-
     float *scores = scratch;
     float *qc = scores + (size_t)nh * span;
-    float *buf = qc + (size_t)nh * hd; /* ATTN_RB rows */
+    attn_pass c = {
+        .kv = kv,
+        .q = q,
+        .hd = hd,
+        .nh = nh,
+        .span = span,
+        /* groups only matter (and must be > 0) for int8 segments */
+        .ngk = kv->k_group ? (hd + kv->k_group - 1) / kv->k_group : 0,
+        .ngv = kv->v_group ? (hd + kv->v_group - 1) / kv->v_group : 0,
+        .qc = qc,
+        .buf = qc + (size_t)nh * hd,
+    };
+    /* With one Q head an int8 row serves a single dot (value sum), so it is
+     * dequantized in registers; with several it is dequantized once into buf. */
+    c.k_inline = nh == 1 && hd % 8 == 0 && kv->k_group % 8 == 0;
+    c.v_inline = nh == 1 && hd % 8 == 0 && c.ngv == 1;
+    /* those two cases are compute-bound: AVX-512 kernels where agreed */
+    c.wide = pd_cpu_isa() >= PD_ISA_AVX512;
+    attn_query_cols(kv, q, qc);
 
-    for (uint32_t h = 0; h < nh; h++)
-        for (uint32_t d = 0; d < hd; d++)
-            qc[h * hd + d] = kv->kcol ? q->q[h * hd + d] * kv->kcol[d] : q->q[h * hd + d];
-
-    /* score pass: a block of K rows, read once, serves every head */
-    uint32_t r0 = 0;
-    for (uint32_t s = 0; s < kv->n_segs; r0 += kv->segs[s].rows, s++) {
-        const attn_seg *seg = &kv->segs[s];
-        uint32_t lo = first > r0 ? first - r0 : 0;
-        uint32_t hi = upto - r0 < seg->rows ? upto - r0 : seg->rows;
-        if (upto <= r0 || lo >= hi)
-            continue;
-        for (uint32_t i = lo; i < hi; i += ATTN_RB) {
-            uint32_t n = hi - i < ATTN_RB ? hi - i : ATTN_RB;
-            uint32_t pf = i + ATTN_PF_BLOCKS * ATTN_RB;
-            if (!seg->k && !k_inline && pf < hi)
-                attn_prefetch_rows(seg, pf, hi - pf < ATTN_RB ? hi - pf : ATTN_RB, hd, ngk, 0);
-            float *dst = scores + (r0 + i - first);
-            if (!seg->k && k_inline) {
-                const int8_t *kq = seg->kq + (size_t)i * hd;
-                const float *ks = seg->ks + (size_t)i * ngk;
-                uint32_t t = 0;
-                for (; t + 8 <= n; t += 8) {
-                    float dots[8];
-                    int ahead = i + t + 8 + ATTN_PF_ROWS <= hi;
-                    const int8_t *kt = kq + (size_t)t * hd, *kpf = ahead ? kt + (size_t)ATTN_PF_ROWS * hd : NULL;
-                    const float *st = ks + (size_t)t * ngk, *pfs = ahead ? st + (size_t)ATTN_PF_ROWS * ngk : NULL;
-                    if (wide)
-                        attn_avx512_dot8x8_q8(qc, kt, st, hd, ngk, kv->k_group, dots, kpf, pfs);
-                    else
-                        attn_dot8x8_q8(qc, kt, st, hd, ngk, kv->k_group, dots, kpf, pfs);
-                    for (uint32_t x = 0; x < 8; x++)
-                        dst[t + x] = dots[x] * q->scale;
-                }
-                for (; t < n; t += 4) {
-                    size_t u[4]; /* a short last group repeats its last row */
-                    for (uint32_t x = 0; x < 4; x++)
-                        u[x] = t + x < n ? t + x : n - 1;
-                    float dots[4];
-                    attn_dot8x4_q8(qc, kq + u[0] * hd, kq + u[1] * hd, kq + u[2] * hd,
-                                   kq + u[3] * hd, ks + u[0] * ngk, ks + u[1] * ngk,
-                                   ks + u[2] * ngk, ks + u[3] * ngk, hd, kv->k_group, dots);
-                    for (uint32_t x = 0; x < 4 && t + x < n; x++)
-                        dst[t + x] = dots[x] * q->scale;
-                }
-                continue;
-            }
-            const float *k = seg->k ? seg->k + (size_t)i * hd : buf;
-            if (!seg->k)
-                attn_dequant_rows(seg->kq + (size_t)i * hd, seg->ks + (size_t)i * ngk, hd,
-                                  kv->k_group, n, buf);
-            for (uint32_t h = 0; h < nh; h++) {
-                const float *qh = qc + (size_t)h * hd;
-                if (seg->k) { /* streamed from memory: in address order */
-                    for (uint32_t t = 0; t < n; t++)
-                        dst[(size_t)h * span + t] = attn_dot8x1(qh, k + (size_t)t * hd, hd) * q->scale;
-                    continue;
-                }
-                for (uint32_t t = 0; t < n; t += 4) { /* rows in buf (L1): four chains */
-                    /* a short last group repeats its last row; extra dots are dropped */
-                    const float *kr[4];
-                    for (uint32_t u = 0; u < 4; u++)
-                        kr[u] = k + (size_t)(t + u < n ? t + u : n - 1) * hd;
-                    float dots[4];
-                    attn_dot8x4(qh, kr[0], kr[1], kr[2], kr[3], hd, dots);
-                    for (uint32_t u = 0; u < 4 && t + u < n; u++)
-                        dst[(size_t)h * span + t + u] = dots[u] * q->scale;
-                }
-            }
-        }
-    }
+    for (attn_walk w = attn_walk_start(kv, first, upto); attn_walk_next(&w);)
+        attn_scores_block(&c, w.seg, w.i, w.n, w.hi, scores + (w.r0 + w.i - first));
 
     if (q->softcap > 0.0f)
         for (size_t j = 0; j < (size_t)nh * span; j++)
@@ -728,43 +836,10 @@ ATTN_AVX2 static uint32_t attn_run_avx2(const attn_kv *kv, const attn_query *q, 
     for (uint32_t h = 0; h < nh; h++)
         attn_softmax_avx2(scores + (size_t)h * span, span, q->sinks ? q->sinks + h : NULL);
 
-    /* value pass: a block of V rows, read once, serves every head */
     memset(out, 0, sizeof(float) * nh * hd);
-    r0 = 0;
-    for (uint32_t s = 0; s < kv->n_segs; r0 += kv->segs[s].rows, s++) {
-        const attn_seg *seg = &kv->segs[s];
-        uint32_t lo = first > r0 ? first - r0 : 0;
-        uint32_t hi = upto - r0 < seg->rows ? upto - r0 : seg->rows;
-        if (upto <= r0 || lo >= hi)
-            continue;
-        for (uint32_t i = lo; i < hi; i += ATTN_RB) {
-            uint32_t n = hi - i < ATTN_RB ? hi - i : ATTN_RB;
-            uint32_t pf = i + ATTN_PF_BLOCKS * ATTN_RB;
-            if (!seg->v && !v_inline && pf < hi)
-                attn_prefetch_rows(seg, pf, hi - pf < ATTN_RB ? hi - pf : ATTN_RB, hd, ngv, 1);
-            if (!seg->v && v_inline) {
-                uint32_t npf = i + ATTN_PF_ROWS < hi ? hi - (i + ATTN_PF_ROWS) : 0;
-                const int8_t *vq = seg->vq + (size_t)i * hd;
-                const float *p = scores + (r0 + i - first);
-                npf = npf < n ? npf : n;
-                if (wide)
-                    attn_avx512_vrows_q8(out, vq, seg->vs + i, hd, p, n, npf);
-                else
-                    attn_vrows_q8(out, vq, seg->vs + i, hd, p, n, npf);
-                continue;
-            }
-            const float *v = seg->v ? seg->v + (size_t)i * hd : buf;
-            if (!seg->v)
-                attn_dequant_rows(seg->vq + (size_t)i * hd, seg->vs + (size_t)i * ngv, hd,
-                                  kv->v_group, n, buf);
-            for (uint32_t h = 0; h < nh; h++)
-                attn_vrows(out + (size_t)h * hd, v, hd, scores + (size_t)h * span + (r0 + i - first), n);
-        }
-    }
-    if (kv->vcol)
-        for (uint32_t h = 0; h < nh; h++)
-            for (uint32_t d = 0; d < hd; d++)
-                out[(size_t)h * hd + d] *= kv->vcol[d];
+    for (attn_walk w = attn_walk_start(kv, first, upto); attn_walk_next(&w);)
+        attn_values_block(&c, w.seg, w.i, w.n, w.hi, scores + (w.r0 + w.i - first), out);
+    attn_value_cols(kv, nh, out);
 
     if (imp) {
         uint32_t j = 0;

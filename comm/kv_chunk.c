@@ -253,6 +253,124 @@ static pd_status take(const uint8_t *base, size_t len, size_t *off, uint64_t n, 
     return PD_OK;
 }
 
+/* A chunk's header fields as kv_chunk_decode reads them (offsets in
+ * kv_chunk.h's table). */
+typedef struct kc_hdr {
+    uint32_t n_kv, hd, mode, frozen, fr;
+    uint64_t n, n_imp, n_lin;
+    int fin;
+    const uint8_t *alive; /* [n_kv] */
+} kc_hdr;
+
+/* The header against the layer's configuration, the alive mask, and the
+ * chunk's length against what its counts take; fills *h. */
+static pd_status kc_check(const uint8_t *p, size_t len, const kv_layer_config *cfg, const kv_chunk_info *in,
+                          kc_hdr *h, pd_err *err)
+{
+    *h = (kc_hdr){.n_kv = get32(p + 56), .hd = get32(p + 60), .mode = get32(p + 64), .frozen = get32(p + 68),
+                  .fr = cfg->freeze_rows ? cfg->freeze_rows : 64};
+    uint32_t n_kv = h->n_kv, hd = h->hd, mode = h->mode, frozen = h->frozen;
+    if (n_kv != cfg->n_kv_heads || hd != cfg->head_dim)
+        return pd_err_set(err, PD_ERR_MISMATCH, "kv chunk: %u kv heads x %u (offset 56), the layer has %u x %u", n_kv,
+                          hd, cfg->n_kv_heads, cfg->head_dim);
+    if (mode != (uint32_t)cfg->mode)
+        return pd_err_set(err, PD_ERR_MISMATCH, "kv chunk: mode %u at offset 64, the layer's is %u", mode,
+                          (unsigned)cfg->mode);
+    if (frozen > 1 || (frozen && mode == KV_MODE_F32))
+        return pd_err_set(err, PD_ERR_FORMAT, "kv chunk: frozen %u at offset 68 for mode %u", frozen, mode);
+    if (get32(p + 76) != h->fr)
+        return pd_err_set(err, PD_ERR_MISMATCH, "kv chunk: freeze rows %u at offset 76, the layer's are %u",
+                          get32(p + 76), h->fr);
+    h->n = in->n_rows;
+    h->n_imp = get64(p + 80);
+    h->n_lin = get64(p + 88);
+    h->fin = (in->flags & KV_CHUNK_FINAL) != 0;
+    if (!h->fin && (h->n_imp || h->n_lin))
+        return pd_err_set(err, PD_ERR_FORMAT, "kv chunk: importance or recurrent counts (offset 80) without FINAL");
+    if (h->fin && (in->row0 > UINT64_MAX - h->n || h->n_imp != in->row0 + h->n))
+        return pd_err_set(err, PD_ERR_FORMAT, "kv chunk: importance count %llu at offset 80 for rows 0-%llu",
+                          (unsigned long long)h->n_imp, (unsigned long long)(in->row0 + h->n));
+    if (pad8(n_kv) > len - 4 - KV_CHUNK_HEADER)
+        return pd_err_set(err, PD_ERR_TRUNCATED, "kv chunk: alive mask at offset %u", KV_CHUNK_HEADER);
+    const uint8_t *alive = p + KV_CHUNK_HEADER;
+    for (size_t i = n_kv; i < pad8(n_kv); i++)
+        if (alive[i])
+            return pd_err_set(err, PD_ERR_FORMAT, "kv chunk: padding byte at offset %zu is not 0", KV_CHUNK_HEADER + i);
+    uint32_t n_alive = 0;
+    for (uint32_t k = 0; k < n_kv; k++) {
+        int want = cfg->alive ? cfg->alive[k] != 0 : 1;
+        if (alive[k] > 1 || alive[k] != want)
+            return pd_err_set(err, PD_ERR_MISMATCH, "kv chunk: alive[%u] = %u at offset %u, the layer says %d", k,
+                              alive[k], KV_CHUNK_HEADER + k, want);
+        n_alive += alive[k];
+    }
+    h->alive = alive;
+    uint64_t want = chunk_bytes(n_kv, n_alive, hd, (kv_mode)mode, (int)frozen, h->n, h->n_imp, h->n_lin);
+    if (want == 0 || want != len)
+        return pd_err_set(err, want > len || want == 0 ? PD_ERR_TRUNCATED : PD_ERR_FORMAT,
+                          "kv chunk: %llu rows (offset 40) and counts take %llu bytes, the chunk has %zu",
+                          (unsigned long long)h->n, (unsigned long long)want, len);
+    return PD_OK;
+}
+
+/* Every alive head's per-channel fields (frozen int8 modes), then its K and
+ * V rows and scales, as pointers into the chunk from *off on. */
+static pd_status kc_take_heads(const uint8_t *p, size_t len, size_t *off, const kc_hdr *hh, kv_head_state *heads,
+                               pd_err *err)
+{
+    const uint32_t hd = hh->hd;
+    const uint64_t n = hh->n;
+    const kv_mode mode = (kv_mode)hh->mode;
+    const size_t ngk = quant_groups(hd, KV_K_GROUP);
+    pd_status st;
+    for (uint32_t h = 0; h < hh->n_kv; h++) {
+        heads[h] = (kv_head_state){0};
+        if (!hh->alive[h] || !hh->frozen)
+            continue;
+        const void *q = NULL;
+        if (kc_qk(mode)) {
+            if ((st = take(p, len, off, hd, 4, 0, 1, "K field", h, &q, err)))
+                return st;
+            heads[h].kcol = q;
+        }
+        if (kc_qv(mode)) {
+            if ((st = take(p, len, off, hd, 4, 0, 1, "V field", h, &q, err)))
+                return st;
+            heads[h].vcol = q;
+        }
+    }
+    for (uint32_t h = 0; h < hh->n_kv; h++) {
+        if (!hh->alive[h])
+            continue;
+        const void *q = NULL;
+        if (kc_qk(mode)) {
+            if ((st = take(p, len, off, n * hd, 1, 1, 0, "K rows", h, &q, err)))
+                return st;
+            heads[h].kq = q;
+            if ((st = take(p, len, off, n * ngk, 4, 0, 1, "K scales", h, &q, err)))
+                return st;
+            heads[h].ks = q;
+        } else {
+            if ((st = take(p, len, off, n * hd, 4, 0, 1, "K rows", h, &q, err)))
+                return st;
+            heads[h].k = q;
+        }
+        if (kc_qv(mode)) {
+            if ((st = take(p, len, off, n * hd, 1, 1, 0, "V rows", h, &q, err)))
+                return st;
+            heads[h].vq = q;
+            if ((st = take(p, len, off, n, 4, 0, 1, "V scales", h, &q, err)))
+                return st;
+            heads[h].vs = q;
+        } else {
+            if ((st = take(p, len, off, n * hd, 4, 0, 1, "V rows", h, &q, err)))
+                return st;
+            heads[h].v = q;
+        }
+    }
+    return PD_OK;
+}
+
 pd_status kv_chunk_decode(const void *buf, size_t len, const kv_layer_config *cfg, kv_head_state *heads,
                           kv_chunk_view *v, pd_err *err)
 {
@@ -265,113 +383,33 @@ pd_status kv_chunk_decode(const void *buf, size_t len, const kv_layer_config *cf
     if (st)
         return st;
     const uint8_t *p = buf;
-    uint32_t n_kv = get32(p + 56), hd = get32(p + 60), mode = get32(p + 64), frozen = get32(p + 68);
-    uint32_t fr = cfg->freeze_rows ? cfg->freeze_rows : 64;
-    if (n_kv != cfg->n_kv_heads || hd != cfg->head_dim)
-        return pd_err_set(err, PD_ERR_MISMATCH, "kv chunk: %u kv heads x %u (offset 56), the layer has %u x %u", n_kv,
-                          hd, cfg->n_kv_heads, cfg->head_dim);
-    if (mode != (uint32_t)cfg->mode)
-        return pd_err_set(err, PD_ERR_MISMATCH, "kv chunk: mode %u at offset 64, the layer's is %u", mode,
-                          (unsigned)cfg->mode);
-    if (frozen > 1 || (frozen && mode == KV_MODE_F32))
-        return pd_err_set(err, PD_ERR_FORMAT, "kv chunk: frozen %u at offset 68 for mode %u", frozen, mode);
-    if (get32(p + 76) != fr)
-        return pd_err_set(err, PD_ERR_MISMATCH, "kv chunk: freeze rows %u at offset 76, the layer's are %u",
-                          get32(p + 76), fr);
-    uint64_t n = v->info.n_rows, n_imp = get64(p + 80), n_lin = get64(p + 88);
-    int fin = (v->info.flags & KV_CHUNK_FINAL) != 0;
-    if (!fin && (n_imp || n_lin))
-        return pd_err_set(err, PD_ERR_FORMAT, "kv chunk: importance or recurrent counts (offset 80) without FINAL");
-    if (fin && (v->info.row0 > UINT64_MAX - n || n_imp != v->info.row0 + n))
-        return pd_err_set(err, PD_ERR_FORMAT, "kv chunk: importance count %llu at offset 80 for rows 0-%llu",
-                          (unsigned long long)n_imp, (unsigned long long)(v->info.row0 + n));
-    if (pad8(n_kv) > len - 4 - KV_CHUNK_HEADER)
-        return pd_err_set(err, PD_ERR_TRUNCATED, "kv chunk: alive mask at offset %u", KV_CHUNK_HEADER);
-    const uint8_t *alive = p + KV_CHUNK_HEADER;
-    for (size_t i = n_kv; i < pad8(n_kv); i++)
-        if (alive[i])
-            return pd_err_set(err, PD_ERR_FORMAT, "kv chunk: padding byte at offset %zu is not 0", KV_CHUNK_HEADER + i);
-    uint32_t n_alive = 0;
-    for (uint32_t h = 0; h < n_kv; h++) {
-        int want = cfg->alive ? cfg->alive[h] != 0 : 1;
-        if (alive[h] > 1 || alive[h] != want)
-            return pd_err_set(err, PD_ERR_MISMATCH, "kv chunk: alive[%u] = %u at offset %u, the layer says %d", h,
-                              alive[h], KV_CHUNK_HEADER + h, want);
-        n_alive += alive[h];
-    }
-    uint64_t want = chunk_bytes(n_kv, n_alive, hd, (kv_mode)mode, (int)frozen, n, n_imp, n_lin);
-    if (want == 0 || want != len)
-        return pd_err_set(err, want > len || want == 0 ? PD_ERR_TRUNCATED : PD_ERR_FORMAT,
-                          "kv chunk: %llu rows (offset 40) and counts take %llu bytes, the chunk has %zu",
-                          (unsigned long long)n, (unsigned long long)want, len);
-    size_t off = KV_CHUNK_HEADER + pad8(n_kv);
-    const size_t ngk = quant_groups(hd, KV_K_GROUP);
-    for (uint32_t h = 0; h < n_kv; h++) {
-        heads[h] = (kv_head_state){0};
-        if (!alive[h] || !frozen)
-            continue;
-        const void *q = NULL;
-        if (kc_qk((kv_mode)mode)) {
-            if ((st = take(p, len, &off, hd, 4, 0, 1, "K field", h, &q, err)))
-                return st;
-            heads[h].kcol = q;
-        }
-        if (kc_qv((kv_mode)mode)) {
-            if ((st = take(p, len, &off, hd, 4, 0, 1, "V field", h, &q, err)))
-                return st;
-            heads[h].vcol = q;
-        }
-    }
-    for (uint32_t h = 0; h < n_kv; h++) {
-        if (!alive[h])
-            continue;
-        const void *q = NULL;
-        if (kc_qk((kv_mode)mode)) {
-            if ((st = take(p, len, &off, n * hd, 1, 1, 0, "K rows", h, &q, err)))
-                return st;
-            heads[h].kq = q;
-            if ((st = take(p, len, &off, n * ngk, 4, 0, 1, "K scales", h, &q, err)))
-                return st;
-            heads[h].ks = q;
-        } else {
-            if ((st = take(p, len, &off, n * hd, 4, 0, 1, "K rows", h, &q, err)))
-                return st;
-            heads[h].k = q;
-        }
-        if (kc_qv((kv_mode)mode)) {
-            if ((st = take(p, len, &off, n * hd, 1, 1, 0, "V rows", h, &q, err)))
-                return st;
-            heads[h].vq = q;
-            if ((st = take(p, len, &off, n, 4, 0, 1, "V scales", h, &q, err)))
-                return st;
-            heads[h].vs = q;
-        } else {
-            if ((st = take(p, len, &off, n * hd, 4, 0, 1, "V rows", h, &q, err)))
-                return st;
-            heads[h].v = q;
-        }
-    }
+    kc_hdr h;
+    if ((st = kc_check(p, len, cfg, &v->info, &h, err)))
+        return st;
+    size_t off = KV_CHUNK_HEADER + pad8(h.n_kv);
+    if ((st = kc_take_heads(p, len, &off, &h, heads, err)))
+        return st;
     const void *q = NULL;
-    if (fin && (st = take(p, len, &off, n_imp, 4, 0, 1, "importance", 0, &q, err)))
+    if (h.fin && (st = take(p, len, &off, h.n_imp, 4, 0, 1, "importance", 0, &q, err)))
         return st;
     v->imp = q;
-    v->n_imp = fin ? n_imp : 0;
+    v->n_imp = h.fin ? h.n_imp : 0;
     q = NULL;
-    if (fin && (st = take(p, len, &off, n_lin, 4, 0, 1, "recurrent records", 0, &q, err)))
+    if (h.fin && (st = take(p, len, &off, h.n_lin, 4, 0, 1, "recurrent records", 0, &q, err)))
         return st;
     v->linear = q;
-    v->n_linear = fin ? n_lin : 0;
+    v->n_linear = h.fin ? h.n_lin : 0;
     CHECKF(off + 4 == len, "kv chunk: %zu bytes taken of %zu", off + 4, len);
-    v->rows = (kv_state){.n_kv_heads = n_kv,
-                         .head_dim = hd,
+    v->rows = (kv_state){.n_kv_heads = h.n_kv,
+                         .head_dim = h.hd,
                          .k_group = KV_K_GROUP,
-                         .freeze_rows = fr,
-                         .mode = (kv_mode)mode,
-                         .alive = alive,
-                         .rows = n,
+                         .freeze_rows = h.fr,
+                         .mode = (kv_mode)h.mode,
+                         .alive = h.alive,
+                         .rows = h.n,
                          .base = get64(p + 48),
                          .tail_window = get32(p + 72),
-                         .frozen = (int)frozen,
+                         .frozen = (int)h.frozen,
                          .heads = heads};
     return PD_OK;
 }

@@ -1157,27 +1157,120 @@ static pd_status check_kv_geometry(rd *r, const waux *aux, const wire_info *in,
     return PD_OK;
 }
 
+/* The alive mask is the layer's, fixed at creation: a record must hold rows
+ * exactly for the heads that are alive here. */
+static pd_status kv_alive_check(rd *r, const waux *aux, uint32_t H, const kv_state *tst, const wspans *sp)
+{
+    for (uint32_t h = 0; h < H; h++) {
+        int rec = sp->heads[(size_t)h * HS_COUNT + HS_K].n != 0;
+        if (rec != head_alive(tst, h))
+            return rd_fail_at(r, aux->geom_off, PD_ERR_MISMATCH,
+                              "head %u: record %s rows, this layer's head is %s", h,
+                              rec ? "holds" : "holds no", rec ? "dead" : "alive");
+    }
+    return PD_OK;
+}
+
+/* The record's rows, importance, recurrent vectors or ring as the state of
+ * kind in->kind: s points into the record (int8 spans) and into m's scratch
+ * (f32 spans, converted as needed), heads[H] and alive[H] filled. */
+static void kv_state_of_spans(const wire_info *in, const kv_state *tst, wspans *sp, wmat *m, kv_head_state *heads,
+                              uint8_t *alive, kv_state *s)
+{
+    const uint32_t H = in->kv_heads;
+    for (uint32_t h = 0; h < H; h++)
+        alive[h] = (uint8_t)head_alive(tst, h);
+    *s = (kv_state){
+        .n_kv_heads = H,
+        .head_dim = in->head_dim,
+        .k_group = tst->k_group,
+        .freeze_rows = tst->freeze_rows,
+        .mode = tst->mode,
+        .alive = alive,
+        .tail_window = tst->tail_window,
+        .heads = heads,
+        .linear = span_f32(&sp->linear, m),
+        .n_linear = sp->linear.n,
+    };
+    switch (in->kind) {
+    case WIRE_KIND_FULL:
+    case WIRE_KIND_FULL_TAIL:
+    case WIRE_KIND_Q8:
+        s->rows = in->rows;
+        s->base = in->base;
+        s->frozen = in->frozen;
+        s->imp = span_f32(&sp->imp, m);
+        s->n_imp = sp->imp.n;
+        for (uint32_t h = 0; h < H; h++) {
+            const wspan *hs = &sp->heads[(size_t)h * HS_COUNT];
+            kv_head_state *o = &heads[h];
+            if (hs[HS_K].dt == DT_I8)
+                o->kq = span_i8(&hs[HS_K]);
+            else
+                o->k = span_f32(&hs[HS_K], m);
+            if (hs[HS_V].dt == DT_I8)
+                o->vq = span_i8(&hs[HS_V]);
+            else
+                o->v = span_f32(&hs[HS_V], m);
+            o->ks = span_f32(&hs[HS_KS], m);
+            o->vs = span_f32(&hs[HS_VS], m);
+            o->kcol = span_f32(&hs[HS_KCOL], m);
+            o->vcol = span_f32(&hs[HS_VCOL], m);
+        }
+        break;
+    case WIRE_KIND_LINEAR:
+        s->base = in->position; /* no rows: the depth is carried by base */
+        break;
+    case WIRE_KIND_BOUNDED:
+        s->has_bounded = 1;
+        s->bounded = (kv_bounded_state){
+            .window = in->window,
+            .len = in->position,
+            .head = (uint32_t)(in->position % in->window),
+            .k = span_f32(&sp->bk, m),
+            .v = span_f32(&sp->bv, m),
+        };
+        break;
+    default:
+        CHECKF(0, "kv import of kind %u", in->kind);
+    }
+}
+
+/* State s into the caller's spare layer (its geometry and mode those of the
+ * target) or into a new layer sized for its rows. */
+static pd_status kv_install(const wire_layer_ref *ref, const kv_state *tst, const kv_state *s, kv_layer **out,
+                            pd_err *err)
+{
+    const kv_layer_config *cfg = ref->kv_cfg;
+    if (!ref->kv_spare) {
+        kv_layer_config c = *cfg;
+        if (s->rows > c.capacity_rows)
+            c.capacity_rows = (uint32_t)s->rows;
+        return kv_layer_new_from_state(&c, s, out, err);
+    }
+    kv_layer_config sc;
+    kv_layer_config_get(ref->kv_spare, &sc);
+    if (sc.n_kv_heads != cfg->n_kv_heads || sc.head_dim != cfg->head_dim || sc.mode != cfg->mode ||
+        memcmp(sc.alive, tst->alive, cfg->n_kv_heads) != 0)
+        return pd_err_set(err, PD_ERR_ARG, "wire: the spare layer's geometry or mode differs from the target's");
+    pd_status st = kv_layer_assign_state(ref->kv_spare, s, err);
+    if (st == PD_OK)
+        *out = ref->kv_spare;
+    return st;
+}
+
 static pd_status prepare_kv(const wire_layer_ref *ref, rd *r, const wire_info *in,
                             const waux *aux, const kv_view *tv, wspans *sp, kv_layer **out,
                             pd_err *err)
 {
-    const kv_layer_config *cfg = ref->kv_cfg;
     const kv_state *tst = &tv->st;
-    if (check_kv_geometry(r, aux, in, cfg, tst) != PD_OK)
+    if (check_kv_geometry(r, aux, in, ref->kv_cfg, tst) != PD_OK)
         return r->status;
     const uint32_t H = in->kv_heads;
     const int per_head = in->kind == WIRE_KIND_FULL || in->kind == WIRE_KIND_FULL_TAIL ||
                          in->kind == WIRE_KIND_Q8;
-    /* The alive mask is the layer's, fixed at creation: a record must hold
-     * rows exactly for the heads that are alive here. */
-    if (per_head && in->rows)
-        for (uint32_t h = 0; h < H; h++) {
-            int rec = sp->heads[(size_t)h * HS_COUNT + HS_K].n != 0;
-            if (rec != head_alive(tst, h))
-                return rd_fail_at(r, aux->geom_off, PD_ERR_MISMATCH,
-                                  "head %u: record %s rows, this layer's head is %s", h,
-                                  rec ? "holds" : "holds no", rec ? "dead" : "alive");
-        }
+    if (per_head && in->rows && kv_alive_check(r, aux, H, tst, sp) != PD_OK)
+        return r->status;
 
     size_t need = span_scratch_floats(&sp->linear) + span_scratch_floats(&sp->imp) +
                   span_scratch_floats(&sp->bk) + span_scratch_floats(&sp->bv);
@@ -1187,96 +1280,22 @@ static pd_status prepare_kv(const wire_layer_ref *ref, rd *r, const wire_info *i
     wmat m = {.cap = need};
     kv_head_state *heads = calloc(H, sizeof *heads);
     uint8_t *alive = malloc(H);
-    if (need && !(m.scratch = malloc(need * sizeof(float))))
-        goto nomem;
-    if (!heads || !alive)
-        goto nomem;
-    for (uint32_t h = 0; h < H; h++)
-        alive[h] = (uint8_t)head_alive(tst, h);
-
-    kv_state s = {
-        .n_kv_heads = H,
-        .head_dim = in->head_dim,
-        .k_group = tst->k_group,
-        .freeze_rows = tst->freeze_rows,
-        .mode = tst->mode,
-        .alive = alive,
-        .tail_window = tst->tail_window,
-        .heads = heads,
-        .linear = span_f32(&sp->linear, &m),
-        .n_linear = sp->linear.n,
-    };
-    switch (in->kind) {
-    case WIRE_KIND_FULL:
-    case WIRE_KIND_FULL_TAIL:
-    case WIRE_KIND_Q8:
-        s.rows = in->rows;
-        s.base = in->base;
-        s.frozen = in->frozen;
-        s.imp = span_f32(&sp->imp, &m);
-        s.n_imp = sp->imp.n;
-        for (uint32_t h = 0; h < H; h++) {
-            const wspan *hs = &sp->heads[(size_t)h * HS_COUNT];
-            kv_head_state *o = &heads[h];
-            if (hs[HS_K].dt == DT_I8)
-                o->kq = span_i8(&hs[HS_K]);
-            else
-                o->k = span_f32(&hs[HS_K], &m);
-            if (hs[HS_V].dt == DT_I8)
-                o->vq = span_i8(&hs[HS_V]);
-            else
-                o->v = span_f32(&hs[HS_V], &m);
-            o->ks = span_f32(&hs[HS_KS], &m);
-            o->vs = span_f32(&hs[HS_VS], &m);
-            o->kcol = span_f32(&hs[HS_KCOL], &m);
-            o->vcol = span_f32(&hs[HS_VCOL], &m);
-        }
-        break;
-    case WIRE_KIND_LINEAR:
-        s.base = in->position; /* no rows: the depth is carried by base */
-        break;
-    case WIRE_KIND_BOUNDED:
-        s.has_bounded = 1;
-        s.bounded = (kv_bounded_state){
-            .window = in->window,
-            .len = in->position,
-            .head = (uint32_t)(in->position % in->window),
-            .k = span_f32(&sp->bk, &m),
-            .v = span_f32(&sp->bv, &m),
-        };
-        break;
-    default:
-        CHECKF(0, "kv import of kind %u", in->kind);
+    pd_status st = PD_OK;
+    if ((need && !(m.scratch = malloc(need * sizeof(float)))) || !heads || !alive)
+        st = pd_err_set(err, PD_ERR_NOMEM, "wire: no memory to decode %u heads", H);
+    if (st == PD_OK) {
+        kv_state s;
+        kv_state_of_spans(in, tst, sp, &m, heads, alive, &s);
+        kv_layer *fresh = NULL;
+        if ((st = kv_install(ref, tst, &s, &fresh, err)) != PD_OK)
+            pd_err_prefix(err, "wire: offset %zu: install", r->base);
+        else
+            *out = fresh;
     }
-    kv_layer_config c = *cfg;
-    if (s.rows > c.capacity_rows)
-        c.capacity_rows = (uint32_t)s.rows;
-    kv_layer *fresh = NULL;
-    pd_status st;
-    if (ref->kv_spare) {
-        kv_layer_config sc;
-        kv_layer_config_get(ref->kv_spare, &sc);
-        if (sc.n_kv_heads != cfg->n_kv_heads || sc.head_dim != cfg->head_dim || sc.mode != cfg->mode ||
-            memcmp(sc.alive, tst->alive, cfg->n_kv_heads) != 0)
-            st = pd_err_set(err, PD_ERR_ARG, "wire: the spare layer's geometry or mode differs from the target's");
-        else if ((st = kv_layer_assign_state(ref->kv_spare, &s, err)) == PD_OK)
-            fresh = ref->kv_spare;
-    } else {
-        st = kv_layer_new_from_state(&c, &s, &fresh, err);
-    }
-    if (st != PD_OK)
-        pd_err_prefix(err, "wire: offset %zu: install", r->base);
     free(m.scratch);
     free(heads);
     free(alive);
-    if (st == PD_OK)
-        *out = fresh;
     return st;
-nomem:
-    free(m.scratch);
-    free(heads);
-    free(alive);
-    return pd_err_set(err, PD_ERR_NOMEM, "wire: no memory to decode %u heads", H);
 }
 
 static pd_status prepare_ring(const wire_layer_ref *ref, rd *r, const wire_info *in,

@@ -2,7 +2,9 @@
 #include "cluster/cli/cli.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 pd_status cli_u32(const char *flag, const char *s, uint32_t lo, uint32_t hi, uint32_t *out, pd_err *err)
 {
@@ -24,4 +26,17 @@ pd_status cli_u64(const char *flag, const char *s, uint64_t *out, pd_err *err)
         return pd_err_set(err, PD_ERR_ARG, "%s '%s': expected a non-negative integer", flag, s ? s : "");
     *out = (uint64_t)v;
     return PD_OK;
+}
+
+pd_status cli_choice(const char *flag, const char *s, const char *const *names, int n, int *out, pd_err *err)
+{
+    for (int i = 0; s && i < n; i++)
+        if (strcmp(s, names[i]) == 0) {
+            *out = i;
+            return PD_OK;
+        }
+    char list[256] = "";
+    for (int i = 0, k = 0; i < n && (size_t)k < sizeof list; i++)
+        k += snprintf(list + k, sizeof list - (size_t)k, "%s%s", i == 0 ? "" : i + 1 < n ? ", " : " or ", names[i]);
+    return pd_err_set(err, PD_ERR_ARG, "%s '%s': expected %s", flag, s ? s : "", list);
 }

@@ -23,9 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/file.h"
 #include "cluster/format/npy.h"
 #include "cluster/format/pages.h"
@@ -165,13 +165,6 @@ static pd_status enc_put(pd_publish *pub, cJSON *line, pd_err *err)
     return st;
 }
 
-static double enc_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int enc_mkdir(const char *path)
 {
     if (mkdir(path, 0755) == 0 || errno == EEXIST) {
@@ -276,7 +269,7 @@ int cmd_encode(int argc, char **argv)
     if (st == PD_OK)
         st = pd_file_publish_begin(errs, 0644, "encode", &pe, &err);
     enc_job j = {.out_dir = out_dir, .pg = pg, .v = v, .hidden = hp.hidden};
-    double t_start = enc_now();
+    double t_start = pd_now_s();
     size_t failed = 0;
     for (size_t i = 0; st == PD_OK && i < pages_count(pg); i++) {
         pd_err pe_err = {0};
@@ -316,7 +309,7 @@ int cmd_encode(int argc, char **argv)
         if (n_img)
             fprintf(stderr, "pipedec encode: %.1f ms per image in the encoder graph, %.1f ms per image "
                     "in all (read, decode, preprocess, encode, write), %ld threads\n",
-                    1e3 * enc_s / (double)n_img, 1e3 * (enc_now() - t_start) / (double)n_img, threads);
+                    1e3 * enc_s / (double)n_img, 1e3 * (pd_now_s() - t_start) / (double)n_img, threads);
         if (failed) {
             fprintf(stderr, "pipedec encode: %zu page(s) failed, listed in %s\n", failed, errs);
             rc = CMD_EXIT_INVALID;

@@ -1,5 +1,6 @@
 /* pipedec run: decode a page manifest, on one rank or as an MPI pipeline
  * (`mpirun -np N pipedec run ...`). */
+#include "base/check.h"
 #include "cluster/cli/cli.h"
 #include "cluster/cli/cmd.h"
 #include "cluster/runtime/sched/budget.h"
@@ -35,156 +36,165 @@ static void run_usage(FILE *f)
             "testing aids: [--migrate-at STEP:MAP]... [--migrate-fault none|corrupt|weights]\n");
 }
 
+/* The flags of pipedec run; each short code is a case of run_option. */
+static const struct option run_longopts[] = {
+    {"model", required_argument, 0, 'm'},         {"pages", required_argument, 0, 'p'},
+    {"out", required_argument, 0, 'o'},           {"batch", required_argument, 0, 'b'},
+    {"threads", required_argument, 0, 't'},       {"prefill-chunk", required_argument, 0, 'c'},
+    {"attn", required_argument, 0, 'A'},          {"kv", required_argument, 0, 'K'},
+    {"evict", required_argument, 0, 'E'},         {"sample", required_argument, 0, 'S'},
+    {"seed", required_argument, 0, 's'},          {"no-repeat-ngram", required_argument, 0, 'N'},
+    {"gemm", required_argument, 0, 'g'},          {"stats", required_argument, 0, 'T'},
+    {"progress", no_argument, 0, 'P'},            {"layers", required_argument, 0, 'L'},
+    {"wire-dtype", required_argument, 0, 'w'},    {"no-bind", no_argument, 0, 'B'},
+    {"digest", no_argument, 0, 'D'},              {"trace-hidden", required_argument, 0, 'H'},
+    {"past-context", no_argument, 0, 'X'},        {"stall-timeout", required_argument, 0, 'W'},
+    {"mem-limit", required_argument, 0, 'M'},     {"checkpoint-dir", required_argument, 0, 'C'},
+    {"checkpoint-every", required_argument, 0, 'Y'}, {"draft", required_argument, 0, 'R'},
+    {"draft-async", no_argument, 0, 'y'},         {"control", required_argument, 0, 'Q'},
+    {"rebalance", required_argument, 0, 'U'},
+    {"rebalance-window", required_argument, 0, 'V'}, {"migrate-at", required_argument, 0, 'G'},
+    {"migrate-fault", required_argument, 0, 'F'}, {"rebalance-threshold", required_argument, 0, 'J'},
+    {"weights-over-mpi", no_argument, 0, 'O'},    {"pid-file", required_argument, 0, 'I'},
+    {"special", no_argument, 0, 'Z'},             {"mmproj", required_argument, 0, 'i'},
+    {"encoder-threads", required_argument, 0, 'e'}, {"encoder-ranks", required_argument, 0, 'r'},
+    {"micro-batches", required_argument, 0, 'k'}, {"help", no_argument, 0, 'h'},
+    {0, 0, 0, 0}};
+
+static const char *const run_gemm_names[] = {"invariant", "openblas"};
+static const gemm_backend run_gemm_values[] = {GEMM_BACKEND_INVARIANT, GEMM_BACKEND_OPENBLAS};
+static const char *const run_dtype_names[] = {"f32", "f16"};
+static const msg_dtype run_dtype_values[] = {MSG_DTYPE_F32, MSG_DTYPE_F16};
+static const char *const run_rebalance_names[] = {"off", "auto"};
+
+/* One flag (getopt_long's code ch, its value arg) into o; PD_ERR_ARG with a
+ * message naming the flag. */
+static pd_status run_option(int ch, const char *arg, run_opts *o, pd_err *e)
+{
+    pd_status st = PD_OK;
+    uint32_t v = 0;
+    int k = 0;
+    switch (ch) {
+    case 'm': o->model_path = arg; break;
+    case 'p': o->pages_path = arg; break;
+    case 'o': o->out_path = arg; break;
+    case 'b': return cli_u32("--batch", arg, 1, 4096, &o->batch, e);
+    case 't': return cli_u32("--threads", arg, 1, 256, &o->threads, e);
+    case 'c': return cli_u32("--prefill-chunk", arg, 0, 1u << 16, &o->prefill_chunk, e);
+    case 'A': return policy_parse_attn(arg, &o->policy, e);
+    case 'K': return policy_parse_kv(arg, &o->policy, e);
+    case 'E': return policy_parse_evict(arg, &o->policy, e);
+    case 'S': return sample_parse(arg, &o->sample, e);
+    case 's': return cli_u64("--seed", arg, &o->seed, e);
+    case 'N': return sample_parse_ngram(arg, &o->ngram, e);
+    case 'g':
+        if ((st = cli_choice("--gemm", arg, run_gemm_names, 2, &k, e)) == PD_OK)
+            o->backend = run_gemm_values[k];
+        return st;
+    case 'T': o->stats_path = arg; break;
+    case 'P': o->progress = true; break;
+    case 'L': o->layers = arg; break;
+    case 'w':
+        if ((st = cli_choice("--wire-dtype", arg, run_dtype_names, 2, &k, e)) == PD_OK)
+            o->wire_dtype = run_dtype_values[k];
+        return st;
+    case 'B': o->no_bind = true; break;
+    case 'D': o->digest = true; break;
+    case 'X': o->past_context = true; break;
+    case 'M': return budget_parse(arg, &o->mem_limit, e);
+    case 'C': o->checkpoint_dir = arg; break;
+    case 'R': return draft_parse(arg, &o->draft, e);
+    case 'y': o->policy.spec_async = true; break;
+    case 'Y':
+        st = cli_u32("--checkpoint-every", arg, 1, 30u * 24 * 3600, &v, e);
+        o->checkpoint_every = v;
+        return st;
+    case 'W':
+        st = cli_u32("--stall-timeout", arg, 0, 7u * 24 * 3600, &v, e);
+        o->stall_timeout = v;
+        return st;
+    case 'H': o->trace_path = arg; break;
+    case 'Q': o->control_path = arg; break;
+    case 'I': o->pid_path = arg; break;
+    case 'Z': o->special = true; break;
+    case 'i': o->mmproj_path = arg; break;
+    case 'e': return cli_u32("--encoder-threads", arg, 1, 1024, &o->encoder_threads, e);
+    case 'r': return cli_u32("--encoder-ranks", arg, 0, 4096, &o->encoder_ranks, e);
+    case 'U':
+        if ((st = cli_choice("--rebalance", arg, run_rebalance_names, 2, &k, e)) == PD_OK)
+            o->rebalance = k == 1;
+        return st;
+    case 'V': return cli_u32("--rebalance-window", arg, 1, 1u << 30, &o->rebalance_window, e);
+    case 'O': o->weights_over_mpi = true; break;
+    case 'k':
+        o->turns = strcmp(arg, "turns") == 0;
+        o->pipeline = strcmp(arg, "pipeline") == 0;
+        o->micro_batches = 0;
+        if (o->turns || o->pipeline)
+            break;
+        if (arg[0] >= '0' && arg[0] <= '9')
+            return cli_u32("--micro-batches", arg, 1, 64, &o->micro_batches, e);
+        return pd_err_set(e, PD_ERR_ARG, "--micro-batches '%s': expected a count (1-64), turns or pipeline", arg);
+    case 'J':
+        st = cli_u32("--rebalance-threshold", arg, 0, 100000, &v, e);
+        o->rebalance_threshold = v / 100.0;
+        return st;
+    case 'G': {
+        uint64_t step;
+        const char *map;
+        if (o->n_migrate_at == RUN_MIGRATE_AT_MAX)
+            return pd_err_set(e, PD_ERR_ARG, "--migrate-at: at most %d of them", RUN_MIGRATE_AT_MAX);
+        if ((st = jobctl_parse_migrate_at(arg, &step, &map, e)) == PD_OK)
+            o->migrate_at[o->n_migrate_at++] = arg;
+        return st;
+    }
+    case 'F': {
+        migrate_fault f;
+        if ((st = migrate_fault_parse(arg, &f, e)) == PD_OK)
+            o->migrate_fault = (int)f;
+        return st;
+    }
+    default: CHECK(0 && "a flag of run_longopts without its case");
+    }
+    return PD_OK;
+}
+
+/* What no single flag can check: the required ones, and flags that need
+ * another. */
+static pd_status run_check(run_opts *o, pd_err *e)
+{
+    if (!o->model_path || !o->pages_path || !o->out_path)
+        return pd_err_set(e, PD_ERR_ARG, "--model, --pages and --out are required");
+    if (o->encoder_ranks && !o->mmproj_path)
+        return pd_err_set(e, PD_ERR_ARG, "--encoder-ranks needs --mmproj (the vision encoder they run)");
+    if (o->checkpoint_every > 0 && !o->checkpoint_dir)
+        return pd_err_set(e, PD_ERR_ARG, "--checkpoint-every needs --checkpoint-dir");
+    return policy_validate(&o->policy, e);
+}
+
 /* Parses argv into o; PD_ERR_ARG with a message naming the flag. */
 static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err *e)
 {
-    static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},         {"pages", required_argument, 0, 'p'},
-        {"out", required_argument, 0, 'o'},           {"batch", required_argument, 0, 'b'},
-        {"threads", required_argument, 0, 't'},       {"prefill-chunk", required_argument, 0, 'c'},
-        {"attn", required_argument, 0, 'A'},          {"kv", required_argument, 0, 'K'},
-        {"evict", required_argument, 0, 'E'},         {"sample", required_argument, 0, 'S'},
-        {"seed", required_argument, 0, 's'},          {"no-repeat-ngram", required_argument, 0, 'N'},
-        {"gemm", required_argument, 0, 'g'},          {"stats", required_argument, 0, 'T'},
-        {"progress", no_argument, 0, 'P'},            {"layers", required_argument, 0, 'L'},
-        {"wire-dtype", required_argument, 0, 'w'},    {"no-bind", no_argument, 0, 'B'},
-        {"digest", no_argument, 0, 'D'},              {"trace-hidden", required_argument, 0, 'H'},
-        {"past-context", no_argument, 0, 'X'},       {"stall-timeout", required_argument, 0, 'W'},
-        {"mem-limit", required_argument, 0, 'M'},     {"checkpoint-dir", required_argument, 0, 'C'},
-        {"checkpoint-every", required_argument, 0, 'Y'}, {"draft", required_argument, 0, 'R'},
-        {"draft-async", no_argument, 0, 'y'},
-        {"control", required_argument, 0, 'Q'},      {"rebalance", required_argument, 0, 'U'},
-        {"rebalance-window", required_argument, 0, 'V'}, {"migrate-at", required_argument, 0, 'G'},
-        {"migrate-fault", required_argument, 0, 'F'}, {"rebalance-threshold", required_argument, 0, 'J'},
-        {"weights-over-mpi", no_argument, 0, 'O'},    {"pid-file", required_argument, 0, 'I'},
-        {"special", no_argument, 0, 'Z'},             {"mmproj", required_argument, 0, 'i'},
-        {"encoder-threads", required_argument, 0, 'e'}, {"encoder-ranks", required_argument, 0, 'r'},
-           {"micro-batches", required_argument, 0, 'k'},    {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
     pd_status st = PD_OK;
     int ch;
     optind = 1;
     opterr = 0;
     *help = 0;
-    while (st == PD_OK && (ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (ch) {
-        case 'm': o->model_path = optarg; break;
-        case 'p': o->pages_path = optarg; break;
-        case 'o': o->out_path = optarg; break;
-        case 'b': st = cli_u32("--batch", optarg, 1, 4096, &o->batch, e); break;
-        case 't': st = cli_u32("--threads", optarg, 1, 256, &o->threads, e); break;
-        case 'c': st = cli_u32("--prefill-chunk", optarg, 0, 1u << 16, &o->prefill_chunk, e); break;
-        case 'A': st = policy_parse_attn(optarg, &o->policy, e); break;
-        case 'K': st = policy_parse_kv(optarg, &o->policy, e); break;
-        case 'E': st = policy_parse_evict(optarg, &o->policy, e); break;
-        case 'S': st = sample_parse(optarg, &o->sample, e); break;
-        case 's': st = cli_u64("--seed", optarg, &o->seed, e); break;
-        case 'N': st = sample_parse_ngram(optarg, &o->ngram, e); break;
-        case 'g':
-            if (strcmp(optarg, "invariant") == 0)
-                o->backend = GEMM_BACKEND_INVARIANT;
-            else if (strcmp(optarg, "openblas") == 0)
-                o->backend = GEMM_BACKEND_OPENBLAS;
-            else
-                st = pd_err_set(e, PD_ERR_ARG, "--gemm '%s': expected invariant or openblas", optarg);
-            break;
-        case 'T': o->stats_path = optarg; break;
-        case 'P': o->progress = true; break;
-        case 'L': o->layers = optarg; break;
-        case 'w':
-            if (strcmp(optarg, "f32") == 0)
-                o->wire_dtype = MSG_DTYPE_F32;
-            else if (strcmp(optarg, "f16") == 0)
-                o->wire_dtype = MSG_DTYPE_F16;
-            else
-                st = pd_err_set(e, PD_ERR_ARG, "--wire-dtype '%s': expected f32 or f16", optarg);
-            break;
-        case 'B': o->no_bind = true; break;
-        case 'D': o->digest = true; break;
-        case 'X': o->past_context = true; break;
-        case 'M': st = budget_parse(optarg, &o->mem_limit, e); break;
-        case 'C': o->checkpoint_dir = optarg; break;
-        case 'R': st = draft_parse(optarg, &o->draft, e); break;
-        case 'y': o->policy.spec_async = true; break;
-        case 'Y': {
-            uint32_t v;
-            st = cli_u32("--checkpoint-every", optarg, 1, 30u * 24 * 3600, &v, e);
-            o->checkpoint_every = v;
-            break;
+    while (st == PD_OK && (ch = getopt_long(argc, argv, "", run_longopts, NULL)) != -1) {
+        if (ch == 'h') {
+            *help = 1;
+            return PD_OK;
         }
-        case 'W': {
-            uint32_t v;
-            st = cli_u32("--stall-timeout", optarg, 0, 7u * 24 * 3600, &v, e);
-            o->stall_timeout = v;
-            break;
-        }
-        case 'H': o->trace_path = optarg; break;
-        case 'Q': o->control_path = optarg; break;
-        case 'I': o->pid_path = optarg; break;
-        case 'Z': o->special = true; break;
-        case 'i': o->mmproj_path = optarg; break;
-        case 'e': st = cli_u32("--encoder-threads", optarg, 1, 1024, &o->encoder_threads, e); break;
-        case 'r': st = cli_u32("--encoder-ranks", optarg, 0, 4096, &o->encoder_ranks, e); break;
-        case 'U':
-            if (strcmp(optarg, "auto") == 0)
-                o->rebalance = true;
-            else if (strcmp(optarg, "off") == 0)
-                o->rebalance = false;
-            else
-                st = pd_err_set(e, PD_ERR_ARG, "--rebalance '%s': expected off or auto", optarg);
-            break;
-        case 'V': st = cli_u32("--rebalance-window", optarg, 1, 1u << 30, &o->rebalance_window, e); break;
-        case 'O': o->weights_over_mpi = true; break;
-        case 'k':
-            o->turns = strcmp(optarg, "turns") == 0;
-            o->pipeline = strcmp(optarg, "pipeline") == 0;
-            o->micro_batches = 0;
-            if (o->turns || o->pipeline)
-                break;
-            if (optarg[0] >= '0' && optarg[0] <= '9')
-                st = cli_u32("--micro-batches", optarg, 1, 64, &o->micro_batches, e);
-            else
-                st = pd_err_set(e, PD_ERR_ARG, "--micro-batches '%s': expected a count (1-64), turns or pipeline",
-                                optarg);
-            break;
-        case 'J': {
-            uint32_t pct;
-            st = cli_u32("--rebalance-threshold", optarg, 0, 100000, &pct, e);
-            o->rebalance_threshold = pct / 100.0;
-            break;
-        }
-        case 'G': {
-            uint64_t step;
-            const char *map;
-            if (o->n_migrate_at == RUN_MIGRATE_AT_MAX)
-                st = pd_err_set(e, PD_ERR_ARG, "--migrate-at: at most %d of them", RUN_MIGRATE_AT_MAX);
-            else if ((st = jobctl_parse_migrate_at(optarg, &step, &map, e)) == PD_OK)
-                o->migrate_at[o->n_migrate_at++] = optarg;
-            break;
-        }
-        case 'F': {
-            migrate_fault f;
-            if ((st = migrate_fault_parse(optarg, &f, e)) == PD_OK)
-                o->migrate_fault = (int)f;
-            break;
-        }
-        case 'h': *help = 1; return PD_OK;
-        default: st = pd_err_set(e, PD_ERR_ARG, "unknown or incomplete option '%s'", argv[optind - 1]);
-        }
+        if (ch == '?' || ch == ':')
+            st = pd_err_set(e, PD_ERR_ARG, "unknown or incomplete option '%s'", argv[optind - 1]);
+        else
+            st = run_option(ch, optarg, o, e);
     }
     if (st == PD_OK && optind < argc)
         st = pd_err_set(e, PD_ERR_ARG, "unexpected argument '%s'", argv[optind]);
-    if (st == PD_OK && (!o->model_path || !o->pages_path || !o->out_path))
-        st = pd_err_set(e, PD_ERR_ARG, "--model, --pages and --out are required");
     /* the caches keep room for the drafts a verify step carries */
     o->policy.max_drafts = o->draft.mode == DRAFT_NONE ? 0 : o->draft.k;
-    if (st == PD_OK && o->encoder_ranks && !o->mmproj_path)
-        st = pd_err_set(e, PD_ERR_ARG, "--encoder-ranks needs --mmproj (the vision encoder they run)");
-    if (st == PD_OK && o->checkpoint_every > 0 && !o->checkpoint_dir)
-        st = pd_err_set(e, PD_ERR_ARG, "--checkpoint-every needs --checkpoint-dir");
-    if (st == PD_OK)
-        st = policy_validate(&o->policy, e);
-    return st;
+    return st ? st : run_check(o, e);
 }
 
 /* Started without a launcher (no mpirun, srun or PMI environment), pipedec

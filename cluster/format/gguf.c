@@ -562,51 +562,117 @@ static pd_status gg_tensor_info(gguf_file *f, bool fill, gg_need *need, rd *r, u
     return PD_OK;
 }
 
-/* Walks header, metadata and tensor infos. Counting pass: fill == false and
- * the tables are NULL; fill pass: tables sized from the counting pass. */
-static pd_status gg_walk(gguf_file *f, bool fill, gg_need *need, pd_err *err)
+/* The header: magic, version (2 or 3), the tensor and kv counts, each count
+ * checked against the bytes that remain before anything is sized from it. */
+static pd_status gg_header(gguf_file *f, rd *r, uint64_t *n_tensors, uint64_t *n_kv)
 {
-    rd r;
-    rd_init(&r, f->base, f->len, 0, "gguf", err);
     char w[GG_FIELD_MAX];
-    *need = (gg_need){0};
     uint8_t magic[4];
-    if (rd_bytes(&r, "magic", magic, 4) != PD_OK)
-        return r.status;
+    if (rd_bytes(r, "magic", magic, 4) != PD_OK)
+        return r->status;
     if (memcmp(magic, "GGUF", 4) != 0)
-        return rd_fail_at(&r, 0, PD_ERR_FORMAT,
+        return rd_fail_at(r, 0, PD_ERR_FORMAT,
                           "magic is %02x %02x %02x %02x, not \"GGUF\" (47 47 55 46)", magic[0],
                           magic[1], magic[2], magic[3]);
     uint32_t version = 0;
-    if (rd_u32(&r, gg_field(&r, 4, w, "version"), &version) != PD_OK)
-        return r.status;
+    if (rd_u32(r, gg_field(r, 4, w, "version"), &version) != PD_OK)
+        return r->status;
     if (version != 3 && version != 2) {
         const char *hint = "";
         if (version == 1)
             hint = " (GGUF v1 used 32-bit counts; convert the file with a current llama.cpp)";
         else if ((version & 0xffffu) == 0 && version != 0)
             hint = " (it looks byte-swapped: a big-endian GGUF file)";
-        return rd_fail_at(&r, 4, PD_ERR_VERSION,
+        return rd_fail_at(r, 4, PD_ERR_VERSION,
                           "version %" PRIu32 " is not supported (2 and 3 are)%s", version, hint);
     }
     f->version = version;
-    uint64_t n_tensors = 0, n_kv = 0;
-    if (rd_u64(&r, gg_field(&r, 8, w, "tensor count"), &n_tensors) != PD_OK ||
-        rd_u64(&r, gg_field(&r, 8, w, "kv count"), &n_kv) != PD_OK)
-        return r.status;
-    /* Counts are checked against the bytes that remain before anything is
-     * sized from them. */
-    if (n_kv > rd_remaining(&r) / GG_KV_MIN)
-        return rd_fail_at(&r, 16, PD_ERR_TRUNCATED,
+    if (rd_u64(r, gg_field(r, 8, w, "tensor count"), n_tensors) != PD_OK ||
+        rd_u64(r, gg_field(r, 8, w, "kv count"), n_kv) != PD_OK)
+        return r->status;
+    if (*n_kv > rd_remaining(r) / GG_KV_MIN)
+        return rd_fail_at(r, 16, PD_ERR_TRUNCATED,
                           "kv count %" PRIu64
                           " cannot fit in the %zu remaining bytes (%d bytes per kv at least)",
-                          n_kv, rd_remaining(&r), GG_KV_MIN);
-    if (n_tensors > (rd_remaining(&r) - n_kv * GG_KV_MIN) / GG_TI_MIN)
-        return rd_fail_at(&r, 8, PD_ERR_TRUNCATED,
+                          *n_kv, rd_remaining(r), GG_KV_MIN);
+    if (*n_tensors > (rd_remaining(r) - *n_kv * GG_KV_MIN) / GG_TI_MIN)
+        return rd_fail_at(r, 8, PD_ERR_TRUNCATED,
                           "tensor count %" PRIu64 " with %" PRIu64
                           " kvs cannot fit in the %zu remaining bytes (%d bytes per tensor info at "
                           "least)",
-                          n_tensors, n_kv, rd_remaining(&r), GG_TI_MIN);
+                          *n_tensors, *n_kv, rd_remaining(r), GG_TI_MIN);
+    return PD_OK;
+}
+
+/* Metadata entry i: a non-empty key without NUL, a value type in range, the
+ * value; general.alignment (a uint32 power of two) sets f->alignment. */
+static pd_status gg_kv_entry(gguf_file *f, bool fill, gg_need *need, rd *r, uint64_t i)
+{
+    char w[GG_FIELD_MAX];
+    size_t at = rd_offset(r);
+    const uint8_t *key = NULL;
+    uint64_t klen = 0;
+    if (gg_read_str(r, &key, &klen, "kv %" PRIu64 " key", i) != PD_OK)
+        return r->status;
+    char q[80];
+    gg_quote(q, sizeof q, key, klen);
+    if (klen == 0)
+        return rd_fail_at(r, at, PD_ERR_FORMAT, "kv %" PRIu64 " key is empty", i);
+    if (memchr(key, 0, (size_t)klen))
+        return rd_fail_at(r, at, PD_ERR_FORMAT, "kv %" PRIu64 " key '%s' contains a NUL byte",
+                          i, q);
+    size_t t_at = rd_offset(r);
+    uint32_t vt = 0;
+    if (rd_u32(r, gg_field(r, 4, w, "kv %" PRIu64 " '%s' value type", i, q), &vt) != PD_OK)
+        return r->status;
+    if (vt >= GGUF_VTYPE_COUNT)
+        return rd_fail_at(r, t_at, PD_ERR_FORMAT,
+                          "kv %" PRIu64 " '%s' value type %" PRIu32 " is out of range (0..%d)",
+                          i, q, vt, GGUF_VTYPE_COUNT - 1);
+    gg_kv *kv = NULL;
+    need->pool += (size_t)klen + 1;
+    if (fill) {
+        kv = &f->kvs[i];
+        *kv = (gg_kv){
+            .info = {.key = pool_put(f, key, (size_t)klen),
+                     .type = (gguf_vtype)vt,
+                     .elem_type = (gguf_vtype)vt,
+                     .count = 1},
+            .key_len = (size_t)klen,
+            .off = at,
+        };
+    }
+    size_t v_at = rd_offset(r);
+    if (gg_value(f, fill, need, r, i, q, vt, kv) != PD_OK)
+        return r->status;
+    static const char align_key[] = "general.alignment";
+    if (klen == sizeof align_key - 1 && memcmp(key, align_key, klen) == 0) {
+        if (vt != GGUF_VTYPE_UINT32)
+            return rd_fail_at(r, t_at, PD_ERR_FORMAT,
+                              "kv %" PRIu64 " general.alignment has type %s, expected uint32",
+                              i, gguf_vtype_name(vt));
+        uint32_t a = rd_le32(f->base + v_at); /* the 4 bytes gg_value just read */
+        if (!is_pow2(a))
+            return rd_fail_at(r, v_at, PD_ERR_FORMAT,
+                              "kv %" PRIu64 " general.alignment %" PRIu32
+                              " is not a power of two",
+                              i, a);
+        f->alignment = a;
+    }
+    return PD_OK;
+}
+
+/* Walks header, metadata and tensor infos. Counting pass: fill == false and
+ * the tables are NULL; fill pass: tables sized from the counting pass. */
+static pd_status gg_walk(gguf_file *f, bool fill, gg_need *need, pd_err *err)
+{
+    rd r;
+    rd_init(&r, f->base, f->len, 0, "gguf", err);
+    *need = (gg_need){0};
+    uint64_t n_tensors = 0, n_kv = 0;
+    pd_status st = gg_header(f, &r, &n_tensors, &n_kv);
+    if (st != PD_OK)
+        return st;
     if (fill && (n_kv != f->n_kv || n_tensors != f->n_tensors)) {
         f->changed = true; /* the tables were sized for other counts */
         return PD_OK;
@@ -614,59 +680,9 @@ static pd_status gg_walk(gguf_file *f, bool fill, gg_need *need, pd_err *err)
     f->n_kv = n_kv;
     f->n_tensors = n_tensors;
     f->alignment = GGUF_DEFAULT_ALIGNMENT;
-
-    for (uint64_t i = 0; i < n_kv; i++) {
-        size_t at = rd_offset(&r);
-        const uint8_t *key = NULL;
-        uint64_t klen = 0;
-        if (gg_read_str(&r, &key, &klen, "kv %" PRIu64 " key", i) != PD_OK)
-            return r.status;
-        char q[80];
-        gg_quote(q, sizeof q, key, klen);
-        if (klen == 0)
-            return rd_fail_at(&r, at, PD_ERR_FORMAT, "kv %" PRIu64 " key is empty", i);
-        if (memchr(key, 0, (size_t)klen))
-            return rd_fail_at(&r, at, PD_ERR_FORMAT, "kv %" PRIu64 " key '%s' contains a NUL byte",
-                              i, q);
-        size_t t_at = rd_offset(&r);
-        uint32_t vt = 0;
-        if (rd_u32(&r, gg_field(&r, 4, w, "kv %" PRIu64 " '%s' value type", i, q), &vt) != PD_OK)
-            return r.status;
-        if (vt >= GGUF_VTYPE_COUNT)
-            return rd_fail_at(&r, t_at, PD_ERR_FORMAT,
-                              "kv %" PRIu64 " '%s' value type %" PRIu32 " is out of range (0..%d)",
-                              i, q, vt, GGUF_VTYPE_COUNT - 1);
-        gg_kv *kv = NULL;
-        need->pool += (size_t)klen + 1;
-        if (fill) {
-            kv = &f->kvs[i];
-            *kv = (gg_kv){
-                .info = {.key = pool_put(f, key, (size_t)klen),
-                         .type = (gguf_vtype)vt,
-                         .elem_type = (gguf_vtype)vt,
-                         .count = 1},
-                .key_len = (size_t)klen,
-                .off = at,
-            };
-        }
-        size_t v_at = rd_offset(&r);
-        if (gg_value(f, fill, need, &r, i, q, vt, kv) != PD_OK)
-            return r.status;
-        static const char align_key[] = "general.alignment";
-        if (klen == sizeof align_key - 1 && memcmp(key, align_key, klen) == 0) {
-            if (vt != GGUF_VTYPE_UINT32)
-                return rd_fail_at(&r, t_at, PD_ERR_FORMAT,
-                                  "kv %" PRIu64 " general.alignment has type %s, expected uint32",
-                                  i, gguf_vtype_name(vt));
-            uint32_t a = rd_le32(f->base + v_at); /* the 4 bytes gg_value just read */
-            if (!is_pow2(a))
-                return rd_fail_at(&r, v_at, PD_ERR_FORMAT,
-                                  "kv %" PRIu64 " general.alignment %" PRIu32
-                                  " is not a power of two",
-                                  i, a);
-            f->alignment = a;
-        }
-    }
+    for (uint64_t i = 0; i < n_kv; i++)
+        if ((st = gg_kv_entry(f, fill, need, &r, i)) != PD_OK)
+            return st;
 
     /* The tensor count was checked against the bytes after the header; check it
      * again against what the metadata left. */

@@ -224,6 +224,87 @@ static void npy_hp_word(rd *h, char *out, size_t cap)
 
 enum { NPY_KEY_DESCR, NPY_KEY_FORTRAN, NPY_KEY_SHAPE, NPY_KEY_COUNT };
 
+/* One "key: value" of the header dict, its key known and not seen before
+ * (k); the value into descr / *fortran / dims and *ndim. */
+static pd_status npy_hp_value(rd *h, int k, char *descr, size_t descr_cap, bool *fortran, uint64_t *dims,
+                              size_t *ndim)
+{
+    if (k == NPY_KEY_DESCR) {
+        int c = rd_peek(h);
+        if (c == '[' || c == '{' || c == '(')
+            return npy_hp_fail(h, PD_ERR_UNSUPPORTED, "descr: structured dtypes are not supported (only '<f4')",
+                               NULL);
+        return npy_hp_string(h, descr, descr_cap);
+    }
+    if (k == NPY_KEY_FORTRAN) {
+        char word[16];
+        size_t wpos = rd_offset(h);
+        npy_hp_word(h, word, sizeof word);
+        if (!strcmp(word, "True"))
+            *fortran = true;
+        else if (!strcmp(word, "False"))
+            *fortran = false;
+        else
+            return rd_fail_at(h, wpos, PD_ERR_FORMAT, "header: fortran_order: expected True or False");
+        return PD_OK;
+    }
+    return npy_hp_shape(h, dims, ndim);
+}
+
+/* The header dict {'descr': ..., 'fortran_order': ..., 'shape': (...)}:
+ * each key once, nothing else, nothing after it but white space. */
+static pd_status npy_hp_dict(rd *h, char *descr, size_t descr_cap, bool *fortran, uint64_t *dims, size_t *ndim)
+{
+    static const char *const key_names[NPY_KEY_COUNT] = {"descr", "fortran_order", "shape"};
+    bool seen[NPY_KEY_COUNT] = {false};
+    pd_status st;
+    npy_hp_ws(h);
+    if (rd_peek(h) != '{')
+        return npy_hp_fail(h, PD_ERR_FORMAT, "expected a dict '{'", NULL);
+    npy_hp_next(h);
+    npy_hp_ws(h);
+    while (rd_peek(h) != '}') {
+        char key[64];
+        size_t key_pos = rd_offset(h);
+        if ((st = npy_hp_string(h, key, sizeof key)) != PD_OK)
+            return st;
+        int k = -1;
+        for (int j = 0; j < NPY_KEY_COUNT; j++)
+            if (!strcmp(key, key_names[j]))
+                k = j;
+        if (k < 0)
+            return rd_fail_at(h, key_pos, PD_ERR_FORMAT,
+                              "header: unknown key '%s' (expected descr, fortran_order, shape)", key);
+        if (seen[k])
+            return rd_fail_at(h, key_pos, PD_ERR_FORMAT, "header: key '%s' appears twice", key);
+        seen[k] = true;
+        npy_hp_ws(h);
+        if (rd_peek(h) != ':')
+            return npy_hp_fail(h, PD_ERR_FORMAT, "expected ':' after key ", key);
+        npy_hp_next(h);
+        npy_hp_ws(h);
+        if ((st = npy_hp_value(h, k, descr, descr_cap, fortran, dims, ndim)) != PD_OK)
+            return st;
+        npy_hp_ws(h);
+        int c = rd_peek(h);
+        if (c == ',') {
+            npy_hp_next(h);
+            npy_hp_ws(h);
+        } else if (c != '}') {
+            return npy_hp_fail(h, PD_ERR_FORMAT, "expected ',' or '}' after the value of ", key);
+        }
+    }
+    npy_hp_next(h);
+    size_t end = rd_offset(h);
+    npy_hp_ws(h);
+    if (rd_remaining(h))
+        return npy_hp_fail(h, PD_ERR_FORMAT, "unexpected bytes after the dict", NULL);
+    for (int k = 0; k < NPY_KEY_COUNT; k++)
+        if (!seen[k])
+            return rd_fail_at(h, end, PD_ERR_FORMAT, "header: missing key %s", key_names[k]);
+    return PD_OK;
+}
+
 pd_status npy_parse_header(const void *buf, size_t len, uint64_t file_size, const char *name,
                            npy_info *out, pd_err *err)
 {
@@ -249,78 +330,12 @@ pd_status npy_parse_header(const void *buf, size_t len, uint64_t file_size, cons
 
     rd h;
     rd_init(&h, hb, (size_t)pre.header_len, (size_t)pre.header_start, ctx, err);
-    bool seen[NPY_KEY_COUNT] = {false};
     char descr[64] = "";
     bool fortran = false;
     uint64_t dims[8];
     size_t ndim = 0;
-
-    npy_hp_ws(&h);
-    if (rd_peek(&h) != '{')
-        return npy_hp_fail(&h, PD_ERR_FORMAT, "expected a dict '{'", NULL);
-    npy_hp_next(&h);
-    npy_hp_ws(&h);
-    while (rd_peek(&h) != '}') {
-        char key[64];
-        size_t key_pos = rd_offset(&h);
-        if ((st = npy_hp_string(&h, key, sizeof key)) != PD_OK)
-            return st;
-        int k = !strcmp(key, "descr")           ? NPY_KEY_DESCR
-                : !strcmp(key, "fortran_order") ? NPY_KEY_FORTRAN
-                : !strcmp(key, "shape")         ? NPY_KEY_SHAPE
-                                                : -1;
-        if (k < 0)
-            return rd_fail_at(&h, key_pos, PD_ERR_FORMAT,
-                              "header: unknown key '%s' (expected descr, fortran_order, shape)",
-                              key);
-        if (seen[k])
-            return rd_fail_at(&h, key_pos, PD_ERR_FORMAT, "header: key '%s' appears twice", key);
-        seen[k] = true;
-        npy_hp_ws(&h);
-        if (rd_peek(&h) != ':')
-            return npy_hp_fail(&h, PD_ERR_FORMAT, "expected ':' after key ", key);
-        npy_hp_next(&h);
-        npy_hp_ws(&h);
-        if (k == NPY_KEY_DESCR) {
-            int c = rd_peek(&h);
-            if (c == '[' || c == '{' || c == '(')
-                return npy_hp_fail(&h, PD_ERR_UNSUPPORTED,
-                                   "descr: structured dtypes are not supported (only '<f4')", NULL);
-            if ((st = npy_hp_string(&h, descr, sizeof descr)) != PD_OK)
-                return st;
-        } else if (k == NPY_KEY_FORTRAN) {
-            char word[16];
-            size_t wpos = rd_offset(&h);
-            npy_hp_word(&h, word, sizeof word);
-            if (!strcmp(word, "True"))
-                fortran = true;
-            else if (!strcmp(word, "False"))
-                fortran = false;
-            else
-                return rd_fail_at(&h, wpos, PD_ERR_FORMAT,
-                                  "header: fortran_order: expected True or False");
-        } else {
-            if ((st = npy_hp_shape(&h, dims, &ndim)) != PD_OK)
-                return st;
-        }
-        npy_hp_ws(&h);
-        int c = rd_peek(&h);
-        if (c == ',') {
-            npy_hp_next(&h);
-            npy_hp_ws(&h);
-        } else if (c != '}') {
-            return npy_hp_fail(&h, PD_ERR_FORMAT, "expected ',' or '}' after the value of ", key);
-        }
-    }
-    npy_hp_next(&h);
-    size_t end = rd_offset(&h);
-    npy_hp_ws(&h);
-    if (rd_remaining(&h))
-        return npy_hp_fail(&h, PD_ERR_FORMAT, "unexpected bytes after the dict", NULL);
-    static const char *const key_names[NPY_KEY_COUNT] = {"descr", "fortran_order", "shape"};
-    for (int k = 0; k < NPY_KEY_COUNT; k++)
-        if (!seen[k])
-            return rd_fail_at(&h, end, PD_ERR_FORMAT, "header: missing key %s", key_names[k]);
+    if ((st = npy_hp_dict(&h, descr, sizeof descr, &fortran, dims, &ndim)) != PD_OK)
+        return st;
 
     if (strcmp(descr, "<f4") != 0)
         return pd_err_set(err, PD_ERR_UNSUPPORTED,

@@ -341,7 +341,276 @@ static pd_status pages_refuse_nul(const pages_where *w, const char *text, size_t
     return PD_OK;
 }
 
+/* One line being parsed: where messages point, where its page goes (p NULL:
+ * the line is only checked), and what its values are checked against. */
+typedef struct pages_line {
+    pages *p;
+    pages_where *w;
+    uint32_t vocab_size;
+    const pages_opts *opts; /* may be NULL */
+} pages_line;
+
+/* Sorts the members of object obj into field[] by key (keys[0..n)): the
+ * first unknown key or key given twice fails, named; ctx ("" or
+ * "prefill[N]: ") starts the message and has ("a page has ...") ends it.
+ * field[] starts all NULL; *given counts the keys given. */
+static pd_status pages_keys(const pages_where *w, const cJSON *obj, const char *const *keys, int n, const char *ctx,
+                            const char *has, const cJSON **field, int *given)
+{
+    *given = 0;
+    for (const cJSON *c = obj->child; c; c = c->next) {
+        int k = -1;
+        for (int j = 0; j < n; j++)
+            if (c->string && !strcmp(c->string, keys[j]))
+                k = j;
+        char shown[96];
+        pages_show_id(shown, sizeof shown, c->string ? c->string : "");
+        if (k < 0)
+            return pages_fail(w, PD_ERR_FORMAT, "%sunknown key \"%s\" (%s)", ctx, shown, has);
+        if (field[k])
+            return pages_fail(w, PD_ERR_FORMAT, "%skey \"%s\" given twice", ctx, shown);
+        field[k] = c;
+        ++*given;
+    }
+    return PD_OK;
+}
+
+/* ---- segments: one parser per kind of the table below --------------------- */
+
+/* Parses value v of segment s (its only key) into *sg (NULL: checked only)
+ * and adds its rows to *rows. */
+typedef pd_status (*pages_seg_parse)(const pages_line *ln, const cJSON *v, int s, pages_seg_kind kind,
+                                     pages_seg *sg, uint64_t *rows);
+
+/* "text": tokenized with the model's tokenizer, or kept as text without one. */
+static pd_status pages_seg_text(const pages_line *ln, const cJSON *v, int s, pages_seg_kind kind, pages_seg *sg,
+                                uint64_t *rows)
+{
+    (void)kind;
+    const pages_where *w = ln->w;
+    if (!cJSON_IsString(v) || !v->valuestring || !v->valuestring[0])
+        return pages_fail(w, PD_ERR_FORMAT, "prefill[%d].text: must be a non-empty string", s);
+    size_t tl = strlen(v->valuestring), bad = 0;
+    if (!pd_utf8_valid(v->valuestring, tl, &bad))
+        return pages_fail(w, PD_ERR_FORMAT, "prefill[%d].text: byte offset %zu: not valid UTF-8", s, bad);
+    if (!ln->opts || !ln->opts->tokenize) {
+        /* no tokenizer at hand (a tool without the model): kept as text */
+        if (sg) {
+            *sg = (pages_seg){.kind = PAGES_SEG_TEXT, .text = pages_strdup(ln->p, v->valuestring)};
+            if (!sg->text)
+                return pages_fail(w, PD_ERR_NOMEM, "no memory");
+        }
+        return PD_OK;
+    }
+    int32_t *tids = NULL;
+    size_t nt = 0;
+    pd_err te = {0};
+    if (ln->opts->tokenize(ln->opts->tokenize_ctx, v->valuestring, tl, &tids, &nt, &te) != PD_OK)
+        return pages_fail(w, te.status ? te.status : PD_ERR_FORMAT, "prefill[%d].text: %s", s, te.msg);
+    pd_status st = PD_OK;
+    if (nt == 0 || nt > PAGES_MAX_PREFILL_ROWS)
+        st = pages_fail(w, nt ? PD_ERR_RANGE : PD_ERR_FORMAT, "prefill[%d].text: tokenizes to %zu tokens (need 1..%u)",
+                        s, nt, PAGES_MAX_PREFILL_ROWS);
+    for (size_t t = 0; st == PD_OK && t < nt; t++)
+        if (tids[t] < 0 || (uint32_t)tids[t] >= ln->vocab_size)
+            st = pages_fail(w, PD_ERR_RANGE,
+                            "prefill[%d].text: token %zu is id %d, outside the vocabulary [0, %" PRIu32 ")", s, t,
+                            tids[t], ln->vocab_size);
+    int32_t *ids = st == PD_OK && ln->p ? pages_alloc(ln->p, nt * sizeof *ids) : NULL;
+    if (st == PD_OK && ln->p && !ids)
+        st = pages_fail(w, PD_ERR_NOMEM, "no memory");
+    if (st == PD_OK && ids)
+        memcpy(ids, tids, nt * sizeof *ids);
+    free(tids);
+    if (st)
+        return st;
+    *rows += (uint64_t)nt;
+    if (sg)
+        *sg = (pages_seg){.kind = PAGES_SEG_TOKENS, .rows = (uint32_t)nt, .tokens = ids};
+    return PD_OK;
+}
+
+/* "tokens": an array of ids within the vocabulary. */
+static pd_status pages_seg_tokens(const pages_line *ln, const cJSON *v, int s, pages_seg_kind kind, pages_seg *sg,
+                                  uint64_t *rows)
+{
+    (void)kind;
+    const pages_where *w = ln->w;
+    int nt = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : 0;
+    if (nt <= 0)
+        return pages_fail(w, PD_ERR_FORMAT, "prefill[%d].tokens: must be a non-empty array of token ids", s);
+    int32_t *ids = ln->p ? pages_alloc(ln->p, (size_t)nt * sizeof *ids) : NULL;
+    if (ln->p && !ids)
+        return pages_fail(w, PD_ERR_NOMEM, "no memory");
+    int t = 0;
+    for (const cJSON *c = v->child; c; c = c->next, t++) {
+        char num[40];
+        if (!cJSON_IsNumber(c) || !isfinite(c->valuedouble) || c->valuedouble != floor(c->valuedouble))
+            return pages_fail(w, PD_ERR_FORMAT, "prefill[%d].tokens[%d]: must be an integer", s, t);
+        if (c->valuedouble < 0 || c->valuedouble >= (double)ln->vocab_size)
+            return pages_fail(w, PD_ERR_RANGE,
+                              "prefill[%d].tokens[%d]: token id %s is outside the vocabulary [0, %" PRIu32 ")", s, t,
+                              pages_num_show(c->valuedouble, num, sizeof num), ln->vocab_size);
+        if (ids)
+            ids[t] = (int32_t)c->valuedouble;
+    }
+    *rows += (uint64_t)nt;
+    if (sg)
+        *sg = (pages_seg){.kind = PAGES_SEG_TOKENS, .rows = (uint32_t)nt, .tokens = ids};
+    return PD_OK;
+}
+
+/* "embeddings" / "image": a file path, resolved and checked with the files. */
+static pd_status pages_seg_file(const pages_line *ln, const cJSON *v, int s, pages_seg_kind kind, pages_seg *sg,
+                                uint64_t *rows)
+{
+    (void)rows; /* an embeddings file's rows are added by the file checks */
+    if (!cJSON_IsString(v) || !v->valuestring || !v->valuestring[0])
+        return pages_fail(ln->w, PD_ERR_FORMAT, "prefill[%d].%s: must be a non-empty file path (string)", s,
+                          kind == PAGES_SEG_EMBEDDINGS ? "embeddings" : "image");
+    if (sg) {
+        *sg = (pages_seg){.kind = kind, .file = pages_strdup(ln->p, v->valuestring)};
+        if (!sg->file)
+            return pages_fail(ln->w, PD_ERR_NOMEM, "no memory");
+    }
+    return PD_OK;
+}
+
+/* A segment is an object with exactly one of these keys. */
+enum { PAGES_SK_TOKENS, PAGES_SK_TEXT, PAGES_SK_EMBEDDINGS, PAGES_SK_IMAGE, PAGES_SK_COUNT };
+static const char *const pages_seg_keys[PAGES_SK_COUNT] = {"tokens", "text", "embeddings", "image"};
+static const struct {
+    pages_seg_kind kind;
+    pages_seg_parse parse;
+} pages_seg_table[PAGES_SK_COUNT] = {
+    [PAGES_SK_TOKENS] = {PAGES_SEG_TOKENS, pages_seg_tokens},
+    [PAGES_SK_TEXT] = {PAGES_SEG_TOKENS, pages_seg_text}, /* or PAGES_SEG_TEXT: pages_seg_text decides */
+    [PAGES_SK_EMBEDDINGS] = {PAGES_SEG_EMBEDDINGS, pages_seg_file},
+    [PAGES_SK_IMAGE] = {PAGES_SEG_IMAGE, pages_seg_file},
+};
+
+/* Segment s of the prefill: its one key, then its kind's parser; *rows stays
+ * within PAGES_MAX_PREFILL_ROWS. */
+static pd_status pages_parse_seg(const pages_line *ln, const cJSON *v, int s, pages_seg *sg, uint64_t *rows)
+{
+    const pages_where *w = ln->w;
+    if (!cJSON_IsObject(v))
+        return pages_fail(w, PD_ERR_FORMAT, "prefill[%d]: a segment must be an object", s);
+    const cJSON *field[PAGES_SK_COUNT] = {NULL};
+    char ctx[32];
+    snprintf(ctx, sizeof ctx, "prefill[%d]: ", s);
+    int given = 0;
+    pd_status st = pages_keys(w, v, pages_seg_keys, PAGES_SK_COUNT, ctx,
+                              "a segment has tokens, text, embeddings or image", field, &given);
+    if (st)
+        return st;
+    if (given > 1)
+        return pages_fail(w, PD_ERR_FORMAT,
+                          "prefill[%d]: has more than one of \"tokens\", \"text\", \"embeddings\" and \"image\"; a "
+                          "segment is one of them", s);
+    if (given == 0)
+        return pages_fail(w, PD_ERR_FORMAT,
+                          "prefill[%d]: empty segment (expected \"tokens\", \"text\", \"embeddings\" or \"image\")", s);
+    for (int k = 0; k < PAGES_SK_COUNT; k++)
+        if (field[k] && (st = pages_seg_table[k].parse(ln, field[k], s, pages_seg_table[k].kind, sg, rows)))
+            return st;
+    if (*rows > PAGES_MAX_PREFILL_ROWS)
+        return pages_fail(w, PD_ERR_RANGE, "prefill[%d]: the prefill exceeds %u rows", s, PAGES_MAX_PREFILL_ROWS);
+    return PD_OK;
+}
+
+/* ---- the page ---------------------------------------------------------------- */
+
+/* The line's text around its object: cJSON read the object within the
+ * line's length (ending at end); what follows it on the line may only be
+ * white space; the object holds no NUL in any string. */
+static pd_status pages_check_object(const pages_where *w, const cJSON *root, const char *text, size_t len,
+                                    const char *end)
+{
+    rd lr;
+    rd_init(&lr, text, len, 0, w->manifest, NULL);
+    if (!end || end < text || rd_skip(&lr, "JSON object", (size_t)(end - text)) != PD_OK)
+        return pages_fail(w, PD_ERR_FORMAT, "not valid JSON (column 1)");
+    pages_skip_ws(&lr);
+    if (rd_remaining(&lr))
+        return pages_fail(w, PD_ERR_FORMAT, "unexpected text after the JSON object (column %zu); one page a line",
+                          rd_offset(&lr) + 1);
+    if (!cJSON_IsObject(root))
+        return pages_fail(w, PD_ERR_FORMAT, "a page must be a JSON object");
+    return pages_refuse_nul(w, text, len);
+}
+
+/* The page's id, looked for first so that every later message names the
+ * page; sets w->id. */
+static pd_status pages_parse_id(pages_where *w, const cJSON *root, const cJSON **out)
+{
+    const cJSON *id = NULL;
+    for (const cJSON *c = root->child; c && !id; c = c->next)
+        if (c->string && !strcmp(c->string, "id"))
+            id = c;
+    if (!id)
+        return pages_fail(w, PD_ERR_FORMAT, "missing key \"id\"");
+    if (!cJSON_IsString(id) || !id->valuestring || !id->valuestring[0])
+        return pages_fail(w, PD_ERR_FORMAT, "id: must be a non-empty string");
+    size_t id_len = strlen(id->valuestring);
+    if (id_len > PAGES_MAX_ID_BYTES)
+        return pages_fail(w, PD_ERR_FORMAT, "id: %zu bytes exceeds the limit of %u", id_len, PAGES_MAX_ID_BYTES);
+    if (!pd_utf8_valid(id->valuestring, id_len, NULL))
+        return pages_fail(w, PD_ERR_FORMAT, "id: not valid UTF-8");
+    pages_show_id(w->id, sizeof w->id, id->valuestring);
+    *out = id;
+    return PD_OK;
+}
+
 enum { PAGES_KEY_ID, PAGES_KEY_PREFILL, PAGES_KEY_MAX_NEW, PAGES_KEY_COUNT };
+static const char *const pages_page_keys[PAGES_KEY_COUNT] = {"id", "prefill", "max_new_tokens"};
+
+/* The page object: id, keys, prefill segments, max_new_tokens; into *out
+ * when ln->p is set. */
+static pd_status pages_parse_page(const pages_line *ln, const cJSON *root, pages_page *out)
+{
+    pages_where *w = ln->w;
+    const cJSON *id = NULL, *field[PAGES_KEY_COUNT] = {NULL};
+    int given = 0;
+    pd_status st = pages_parse_id(w, root, &id);
+    if (st == PD_OK)
+        st = pages_keys(w, root, pages_page_keys, PAGES_KEY_COUNT, "", "a page has id, prefill, max_new_tokens",
+                        field, &given);
+    for (int k = 0; st == PD_OK && k < PAGES_KEY_COUNT; k++)
+        if (!field[k])
+            st = pages_fail(w, PD_ERR_FORMAT, "missing key \"%s\"", pages_page_keys[k]);
+    if (st)
+        return st;
+    const cJSON *prefill = field[PAGES_KEY_PREFILL];
+    int n_segs = cJSON_IsArray(prefill) ? cJSON_GetArraySize(prefill) : 0;
+    if (n_segs <= 0)
+        return pages_fail(w, PD_ERR_FORMAT, "prefill: must be a non-empty array of segments");
+    pages_seg *segs = NULL;
+    if (ln->p) {
+        segs = pages_alloc(ln->p, (size_t)n_segs * sizeof *segs);
+        out->id = pages_strdup(ln->p, id->valuestring);
+        if (!segs || !out->id)
+            return pages_fail(w, PD_ERR_NOMEM, "no memory");
+    }
+    uint64_t rows = 0;
+    int s = 0;
+    for (const cJSON *sg = prefill->child; sg; sg = sg->next, s++)
+        if ((st = pages_parse_seg(ln, sg, s, segs ? &segs[s] : NULL, &rows)))
+            return st;
+    const cJSON *mnt = field[PAGES_KEY_MAX_NEW];
+    if (!cJSON_IsNumber(mnt) || !isfinite(mnt->valuedouble) || mnt->valuedouble != floor(mnt->valuedouble) ||
+        mnt->valuedouble < 0 || mnt->valuedouble > (double)PAGES_MAX_NEW_TOKENS)
+        return pages_fail(w, cJSON_IsNumber(mnt) ? PD_ERR_RANGE : PD_ERR_FORMAT,
+                          "max_new_tokens: must be an integer in [0, %u]", PAGES_MAX_NEW_TOKENS);
+    if (out) {
+        out->line = w->line;
+        out->max_new_tokens = (uint32_t)mnt->valuedouble;
+        out->prefill_rows = rows; /* embeddings rows are added by the file checks */
+        out->n_segs = (uint32_t)n_segs;
+        out->segs = segs;
+    }
+    return PD_OK;
+}
 
 /* Validates one line; when p is set, also stores it as page p->n (not yet
  * counted: the caller commits it after the file checks). */
@@ -354,274 +623,10 @@ static pd_status pages_parse_line(pages *p, pages_where *w, const char *text, si
         size_t col = end && end >= text && end <= text + len ? (size_t)(end - text) + 1 : 1;
         return pages_fail(w, PD_ERR_FORMAT, "not valid JSON (column %zu)", col);
     }
-    pd_status st = PD_OK;
-    /* cJSON read the object within the line's length; what follows it on the
-     * line may only be white space. */
-    rd lr;
-    rd_init(&lr, text, len, 0, w->manifest, NULL);
-    if (!end || end < text || rd_skip(&lr, "JSON object", (size_t)(end - text)) != PD_OK) {
-        st = pages_fail(w, PD_ERR_FORMAT, "not valid JSON (column 1)");
-        goto done;
-    }
-    pages_skip_ws(&lr);
-    if (rd_remaining(&lr)) {
-        st = pages_fail(w, PD_ERR_FORMAT,
-                        "unexpected text after the JSON object (column %zu); one page a line",
-                        rd_offset(&lr) + 1);
-        goto done;
-    }
-    if (!cJSON_IsObject(root)) {
-        st = pages_fail(w, PD_ERR_FORMAT, "a page must be a JSON object");
-        goto done;
-    }
-    if ((st = pages_refuse_nul(w, text, len)) != PD_OK)
-        goto done;
-
-    const cJSON *id = NULL;
-    for (const cJSON *c = root->child; c; c = c->next)
-        if (c->string && !strcmp(c->string, "id")) {
-            id = c;
-            break;
-        }
-    if (!id) {
-        st = pages_fail(w, PD_ERR_FORMAT, "missing key \"id\"");
-        goto done;
-    }
-    if (!cJSON_IsString(id) || !id->valuestring || !id->valuestring[0]) {
-        st = pages_fail(w, PD_ERR_FORMAT, "id: must be a non-empty string");
-        goto done;
-    }
-    size_t id_len = strlen(id->valuestring);
-    if (id_len > PAGES_MAX_ID_BYTES) {
-        st = pages_fail(w, PD_ERR_FORMAT, "id: %zu bytes exceeds the limit of %u", id_len,
-                        PAGES_MAX_ID_BYTES);
-        goto done;
-    }
-    if (!pd_utf8_valid(id->valuestring, id_len, NULL)) {
-        st = pages_fail(w, PD_ERR_FORMAT, "id: not valid UTF-8");
-        goto done;
-    }
-    pages_show_id(w->id, sizeof w->id, id->valuestring);
-
-    static const char *const keys[PAGES_KEY_COUNT] = {"id", "prefill", "max_new_tokens"};
-    const cJSON *field[PAGES_KEY_COUNT] = {NULL};
-    for (const cJSON *c = root->child; c; c = c->next) {
-        int k = -1;
-        for (int j = 0; j < PAGES_KEY_COUNT; j++)
-            if (c->string && !strcmp(c->string, keys[j]))
-                k = j;
-        char shown[96];
-        pages_show_id(shown, sizeof shown, c->string ? c->string : "");
-        if (k < 0) {
-            st = pages_fail(w, PD_ERR_FORMAT,
-                            "unknown key \"%s\" (a page has id, prefill, max_new_tokens)", shown);
-            goto done;
-        }
-        if (field[k]) {
-            st = pages_fail(w, PD_ERR_FORMAT, "key \"%s\" given twice", shown);
-            goto done;
-        }
-        field[k] = c;
-    }
-    for (int k = 0; k < PAGES_KEY_COUNT; k++)
-        if (!field[k]) {
-            st = pages_fail(w, PD_ERR_FORMAT, "missing key \"%s\"", keys[k]);
-            goto done;
-        }
-
-    const cJSON *prefill = field[PAGES_KEY_PREFILL];
-    int n_segs = cJSON_IsArray(prefill) ? cJSON_GetArraySize(prefill) : 0;
-    if (n_segs <= 0) {
-        st = pages_fail(w, PD_ERR_FORMAT, "prefill: must be a non-empty array of segments");
-        goto done;
-    }
-    pages_seg *segs = NULL;
-    if (p) {
-        segs = pages_alloc(p, (size_t)n_segs * sizeof *segs);
-        out->id = pages_strdup(p, id->valuestring);
-        if (!segs || !out->id) {
-            st = pages_fail(w, PD_ERR_NOMEM, "no memory");
-            goto done;
-        }
-    }
-    uint64_t rows = 0;
-    int s = 0;
-    for (const cJSON *sg = prefill->child; sg; sg = sg->next, s++) {
-        if (!cJSON_IsObject(sg)) {
-            st = pages_fail(w, PD_ERR_FORMAT, "prefill[%d]: a segment must be an object", s);
-            goto done;
-        }
-        /* a segment is an object with exactly one of these keys */
-        static const char *const seg_keys[] = {"tokens", "text", "embeddings", "image"};
-        enum { SK_TOKENS, SK_TEXT, SK_EMBEDDINGS, SK_IMAGE, SK_COUNT };
-        const cJSON *sk[SK_COUNT] = {NULL};
-        int n_keys = 0;
-        for (const cJSON *c = sg->child; c; c = c->next) {
-            int k = SK_COUNT;
-            for (int j = 0; j < SK_COUNT; j++)
-                if (c->string && !strcmp(c->string, seg_keys[j]))
-                    k = j;
-            char shown[96];
-            pages_show_id(shown, sizeof shown, c->string ? c->string : "");
-            if (k == SK_COUNT) {
-                st = pages_fail(w, PD_ERR_FORMAT,
-                                "prefill[%d]: unknown key \"%s\" (a segment has tokens, text, "
-                                "embeddings or image)", s, shown);
-                goto done;
-            }
-            if (sk[k]) {
-                st = pages_fail(w, PD_ERR_FORMAT, "prefill[%d]: key \"%s\" given twice", s, shown);
-                goto done;
-            }
-            sk[k] = c;
-            n_keys++;
-        }
-        const cJSON *tok = sk[SK_TOKENS], *txt = sk[SK_TEXT], *emb = sk[SK_EMBEDDINGS],
-                    *img = sk[SK_IMAGE];
-        if (n_keys > 1) {
-            st = pages_fail(w, PD_ERR_FORMAT,
-                            "prefill[%d]: has more than one of \"tokens\", \"text\", "
-                            "\"embeddings\" and \"image\"; a segment is one of them", s);
-            goto done;
-        }
-        if (n_keys == 0) {
-            st = pages_fail(w, PD_ERR_FORMAT,
-                            "prefill[%d]: empty segment (expected \"tokens\", \"text\", "
-                            "\"embeddings\" or \"image\")", s);
-            goto done;
-        }
-        if (txt) {
-            if (!cJSON_IsString(txt) || !txt->valuestring || !txt->valuestring[0]) {
-                st = pages_fail(w, PD_ERR_FORMAT, "prefill[%d].text: must be a non-empty string", s);
-                goto done;
-            }
-            size_t tl = strlen(txt->valuestring), bad = 0;
-            if (!pd_utf8_valid(txt->valuestring, tl, &bad)) {
-                st = pages_fail(w, PD_ERR_FORMAT, "prefill[%d].text: byte offset %zu: not valid UTF-8",
-                                s, bad);
-                goto done;
-            }
-            if (!opts || !opts->tokenize) {
-                /* no tokenizer at hand (a tool without the model): kept as text */
-                if (segs) {
-                    segs[s] = (pages_seg){.kind = PAGES_SEG_TEXT, .text = pages_strdup(p, txt->valuestring)};
-                    if (!segs[s].text) {
-                        st = pages_fail(w, PD_ERR_NOMEM, "no memory");
-                        goto done;
-                    }
-                }
-                continue;
-            }
-            int32_t *tids = NULL;
-            size_t nt = 0;
-            pd_err te = {0};
-            if (opts->tokenize(opts->tokenize_ctx, txt->valuestring, tl, &tids, &nt, &te) != PD_OK) {
-                st = pages_fail(w, te.status ? te.status : PD_ERR_FORMAT, "prefill[%d].text: %s", s,
-                                te.msg);
-                goto done;
-            }
-            if (nt == 0 || nt > PAGES_MAX_PREFILL_ROWS) {
-                free(tids);
-                st = pages_fail(w, nt ? PD_ERR_RANGE : PD_ERR_FORMAT,
-                                "prefill[%d].text: tokenizes to %zu tokens (need 1..%u)", s, nt,
-                                PAGES_MAX_PREFILL_ROWS);
-                goto done;
-            }
-            for (size_t t = 0; t < nt; t++)
-                if (tids[t] < 0 || (uint32_t)tids[t] >= vocab_size) {
-                    int32_t bad_id = tids[t];
-                    free(tids);
-                    st = pages_fail(w, PD_ERR_RANGE,
-                                    "prefill[%d].text: token %zu is id %d, outside the vocabulary "
-                                    "[0, %" PRIu32 ")", s, t, bad_id, vocab_size);
-                    goto done;
-                }
-            int32_t *ids = p ? pages_alloc(p, nt * sizeof *ids) : NULL;
-            if (p && !ids) {
-                free(tids);
-                st = pages_fail(w, PD_ERR_NOMEM, "no memory");
-                goto done;
-            }
-            if (ids)
-                memcpy(ids, tids, nt * sizeof *ids);
-            free(tids);
-            rows += (uint64_t)nt;
-            if (segs)
-                segs[s] = (pages_seg){.kind = PAGES_SEG_TOKENS, .rows = (uint32_t)nt, .tokens = ids};
-        } else if (tok) {
-            int nt = cJSON_IsArray(tok) ? cJSON_GetArraySize(tok) : 0;
-            if (nt <= 0) {
-                st = pages_fail(w, PD_ERR_FORMAT,
-                                "prefill[%d].tokens: must be a non-empty array of token ids", s);
-                goto done;
-            }
-            int32_t *ids = p ? pages_alloc(p, (size_t)nt * sizeof *ids) : NULL;
-            if (p && !ids) {
-                st = pages_fail(w, PD_ERR_NOMEM, "no memory");
-                goto done;
-            }
-            int t = 0;
-            for (const cJSON *c = tok->child; c; c = c->next, t++) {
-                char num[40];
-                if (!cJSON_IsNumber(c) || !isfinite(c->valuedouble) ||
-                    c->valuedouble != floor(c->valuedouble)) {
-                    st = pages_fail(w, PD_ERR_FORMAT, "prefill[%d].tokens[%d]: must be an integer",
-                                    s, t);
-                    goto done;
-                }
-                if (c->valuedouble < 0 || c->valuedouble >= (double)vocab_size) {
-                    st = pages_fail(w, PD_ERR_RANGE,
-                                    "prefill[%d].tokens[%d]: token id %s is outside the vocabulary "
-                                    "[0, %" PRIu32 ")", s, t,
-                                    pages_num_show(c->valuedouble, num, sizeof num), vocab_size);
-                    goto done;
-                }
-                if (ids)
-                    ids[t] = (int32_t)c->valuedouble;
-            }
-            rows += (uint64_t)nt;
-            if (segs)
-                segs[s] = (pages_seg){.kind = PAGES_SEG_TOKENS, .rows = (uint32_t)nt, .tokens = ids};
-        } else {
-            const cJSON *f = emb ? emb : img;
-            if (!cJSON_IsString(f) || !f->valuestring || !f->valuestring[0]) {
-                st = pages_fail(w, PD_ERR_FORMAT,
-                                "prefill[%d].%s: must be a non-empty file path (string)", s,
-                                emb ? "embeddings" : "image");
-                goto done;
-            }
-            if (segs) {
-                segs[s] = (pages_seg){.kind = emb ? PAGES_SEG_EMBEDDINGS : PAGES_SEG_IMAGE,
-                                      .file = pages_strdup(p, f->valuestring)};
-                if (!segs[s].file) {
-                    st = pages_fail(w, PD_ERR_NOMEM, "no memory");
-                    goto done;
-                }
-            }
-        }
-        if (rows > PAGES_MAX_PREFILL_ROWS) {
-            st = pages_fail(w, PD_ERR_RANGE,
-                            "prefill[%d]: the prefill exceeds %u rows", s, PAGES_MAX_PREFILL_ROWS);
-            goto done;
-        }
-    }
-
-    const cJSON *mnt = field[PAGES_KEY_MAX_NEW];
-    if (!cJSON_IsNumber(mnt) || !isfinite(mnt->valuedouble) ||
-        mnt->valuedouble != floor(mnt->valuedouble) || mnt->valuedouble < 0 ||
-        mnt->valuedouble > (double)PAGES_MAX_NEW_TOKENS) {
-        st = pages_fail(w, cJSON_IsNumber(mnt) ? PD_ERR_RANGE : PD_ERR_FORMAT,
-                        "max_new_tokens: must be an integer in [0, %u]", PAGES_MAX_NEW_TOKENS);
-        goto done;
-    }
-    if (out) {
-        out->line = w->line;
-        out->max_new_tokens = (uint32_t)mnt->valuedouble;
-        out->prefill_rows = rows; /* embeddings rows are added by the file checks */
-        out->n_segs = (uint32_t)n_segs;
-        out->segs = segs;
-    }
-done:
+    pages_line ln = {.p = p, .w = w, .vocab_size = vocab_size, .opts = opts};
+    pd_status st = pages_check_object(w, root, text, len, end);
+    if (st == PD_OK)
+        st = pages_parse_page(&ln, root, out);
     cJSON_Delete(root);
     return st;
 }

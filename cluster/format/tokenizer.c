@@ -239,21 +239,23 @@ static void tok_sort_specials(const tok *t, int32_t *v, int32_t *tmp, uint32_t n
     memcpy(v, tmp, n * sizeof *v);
 }
 
-pd_status tok_new(const tok_desc *d, tok **out, pd_err *err)
+/* The description's checks, before anything is allocated: model and
+ * pre-tokenizer known, counts in range, every text present, types known,
+ * special ids in range. Fills *model, *pre, the token text bytes and the
+ * string table's capacity. */
+static pd_status tok_desc_check(const tok_desc *d, tok_model *model, tok_pre *pre, size_t *text_bytes,
+                                uint32_t *str_cap, pd_err *err)
 {
-    if (!d || !out)
-        return pd_err_set(err, PD_ERR_ARG, "tokenizer: NULL description or output");
-    tok_model model;
     if (d->model && !strcmp(d->model, "gpt2"))
-        model = TOK_MODEL_GPT2;
+        *model = TOK_MODEL_GPT2;
     else if (d->model && !strcmp(d->model, "llama"))
-        model = TOK_MODEL_LLAMA;
+        *model = TOK_MODEL_LLAMA;
     else
         return pd_err_set(err, PD_ERR_UNSUPPORTED,
                           "tokenizer: tokenizer.ggml.model \"%s\" is not supported (gpt2, llama)",
                           d->model ? d->model : "(none)");
-    tok_pre pre = TOK_PRE_DEFAULT;
-    if (model == TOK_MODEL_GPT2 && d->pre && !tok_pre_parse(d->pre, &pre))
+    *pre = TOK_PRE_DEFAULT;
+    if (*model == TOK_MODEL_GPT2 && d->pre && !tok_pre_parse(d->pre, pre))
         return pd_err_set(err, PD_ERR_UNSUPPORTED,
                           "tokenizer: pre-tokenizer tokenizer.ggml.pre \"%s\" is not supported "
                           "(deepseek-v3, deepseek-llm, llama-bpe, qwen2, gpt-2, default)",
@@ -270,7 +272,7 @@ pd_status tok_new(const tok_desc *d, tok **out, pd_err *err)
     if (d->bos < -1 || d->bos >= n || d->eos < -1 || d->eos >= n || d->unk < -1 || d->unk >= n)
         return pd_err_set(err, PD_ERR_RANGE, "tokenizer: bos %d / eos %d / unk %d outside [-1, %d)",
                           d->bos, d->eos, d->unk, n);
-    size_t text_bytes = 0;
+    *text_bytes = 0;
     for (int32_t i = 0; i < n; i++) {
         if (!d->tokens[i])
             return pd_err_set(err, PD_ERR_ARG, "tokenizer: token %d: NULL text", i);
@@ -278,13 +280,13 @@ pd_status tok_new(const tok_desc *d, tok **out, pd_err *err)
         if (d->types && (d->types[i] < 0 || d->types[i] > TT_BYTE))
             return pd_err_set(err, PD_ERR_FORMAT, "tokenizer: token %d: unknown token type %d", i,
                               d->types[i]);
-        if (model == TOK_MODEL_LLAMA && d->types && d->types[i] == TT_BYTE &&
+        if (*model == TOK_MODEL_LLAMA && d->types && d->types[i] == TT_BYTE &&
             vocab_byte_token(d->tokens[i], len) < 0)
             return pd_err_set(err, PD_ERR_FORMAT,
                               "tokenizer: token %d: byte token text is not of the form <0xNN>", i);
-        if (text_bytes > SIZE_MAX / 4 - len)
+        if (*text_bytes > SIZE_MAX / 4 - len)
             return pd_err_set(err, PD_ERR_NOMEM, "tokenizer: token texts overflow");
-        text_bytes += len;
+        *text_bytes += len;
     }
     for (uint64_t i = 0; i < d->n_merges; i++)
         if (!d->merges[i])
@@ -293,8 +295,161 @@ pd_status tok_new(const tok_desc *d, tok **out, pd_err *err)
     if ((uint64_t)n + 3 * d->n_merges + 256 > UINT32_MAX / 4)
         return pd_err_set(err, PD_ERR_RANGE, "tokenizer: %d tokens and %llu merges are too many",
                           n, (unsigned long long)d->n_merges);
-    uint32_t str_cap = (uint32_t)((uint64_t)n + 3 * d->n_merges + 256);
+    *str_cap = (uint32_t)((uint64_t)n + 3 * d->n_merges + 256);
+    return PD_OK;
+}
 
+/* The token texts, types and scores copied in, each text interned (the last
+ * id of a text wins, as in llama.cpp). */
+static pd_status tok_fill_tokens(tok *t, const tok_desc *d, uint32_t str_cap, pd_err *err)
+{
+    int32_t n = (int32_t)t->n;
+    size_t o = 0;
+    for (int32_t i = 0; i < n; i++) {
+        size_t len = tok_len_of(d->tokens, d->token_lens, (uint64_t)i);
+        t->text_off[i] = o;
+        memcpy(t->texts + o, d->tokens[i], len);
+        o += len;
+        t->types[i] = (uint8_t)(d->types ? d->types[i] : TT_NORMAL);
+        if (t->scores && d->scores)
+            t->scores[i] = d->scores[i];
+    }
+    t->text_off[n] = o;
+    for (uint32_t i = 0; i < str_cap; i++)
+        t->sid_tok[i] = -1;
+    for (int32_t i = 0; i < n; i++) {
+        int64_t sid = strtab_intern(&t->strs, t->texts + t->text_off[i],
+                                    t->text_off[i + 1] - t->text_off[i]);
+        if (sid < 0)
+            return pd_err_set(err, PD_ERR_NOMEM, "tokenizer: no memory for the string table");
+        t->sid_tok[sid] = i; /* the last id of a text wins, as in llama.cpp */
+    }
+    return PD_OK;
+}
+
+/* Each byte's GPT-2 character string, and (llama) its token. */
+static void tok_fill_bytes(tok *t)
+{
+    for (int b = 0; b < 256; b++) {
+        char c[2];
+        size_t k = tok_gpt2_char(b, c);
+        int64_t sid = strtab_find(&t->strs, c, k);
+        t->byte_sid[b] = (int32_t)sid;
+        t->byte_tok[b] = -1;
+    }
+    if (t->model == TOK_MODEL_LLAMA) /* llama.cpp's byte_to_token: "<0xXX>", else the byte itself */
+        for (int c = 0; c < 256; c++) {
+            static const char hex[] = "0123456789ABCDEF";
+            char name[6] = {'<', '0', 'x', hex[c >> 4], hex[c & 15], '>'}, one = (char)c;
+            int64_t sid = strtab_find(&t->strs, name, 6);
+            if (sid < 0 || t->sid_tok[sid] < 0)
+                sid = strtab_find(&t->strs, &one, 1);
+            t->byte_tok[c] = sid >= 0 ? t->sid_tok[sid] : -1;
+        }
+}
+
+/* GPT-2 merges: "left right" split at the first space after the first byte,
+ * into an open-addressing table of (left, right) -> (rank, result). */
+static pd_status tok_fill_merges(tok *t, const tok_desc *d, pd_err *err)
+{
+    uint64_t ns = 16;
+    while (ns < 2 * d->n_merges)
+        ns *= 2;
+    t->merges = malloc(ns * sizeof *t->merges);
+    if (!t->merges)
+        return pd_err_set(err, PD_ERR_NOMEM, "tokenizer: no memory for %llu merges",
+                          (unsigned long long)d->n_merges);
+    t->n_merge_slots = ns;
+    for (uint64_t i = 0; i < ns; i++)
+        t->merges[i].key = UINT64_MAX;
+    char *cat = NULL;
+    size_t cat_cap = 0;
+    pd_status st = PD_OK;
+    for (uint64_t i = 0; st == PD_OK && i < d->n_merges; i++) {
+        const char *m = d->merges[i];
+        size_t len = tok_len_of(d->merges, d->merge_lens, i);
+        const char *sp = len > 1 ? memchr(m + 1, ' ', len - 1) : NULL;
+        if (!sp)
+            continue; /* llama.cpp pairs ("", ""): never matches a symbol */
+        size_t la = (size_t)(sp - m), lb = len - la - 1;
+        if (lb == 0)
+            continue;
+        if (len > cat_cap) {
+            char *c2 = realloc(cat, len * 2);
+            if (!c2) {
+                st = pd_err_set(err, PD_ERR_NOMEM, "tokenizer: no memory");
+                break;
+            }
+            cat = c2;
+            cat_cap = len * 2;
+        }
+        memcpy(cat, m, la);
+        memcpy(cat + la, sp + 1, lb);
+        int64_t a = strtab_intern(&t->strs, m, la);
+        int64_t b = strtab_intern(&t->strs, sp + 1, lb);
+        int64_t r = strtab_intern(&t->strs, cat, la + lb);
+        if (a < 0 || b < 0 || r < 0) {
+            st = pd_err_set(err, PD_ERR_NOMEM, "tokenizer: no memory for the merges");
+            break;
+        }
+        uint64_t key = (uint64_t)a << 32 | (uint64_t)b;
+        uint64_t mask = ns - 1;
+        for (uint64_t h = tok_mix(key) & mask;; h = (h + 1) & mask) {
+            if (t->merges[h].key == key)
+                break; /* the first rank of a pair wins */
+            if (t->merges[h].key == UINT64_MAX) {
+                t->merges[h] = (tok_merge_slot){.key = key, .rank = (int32_t)i, .result = (int32_t)r};
+                break;
+            }
+        }
+    }
+    free(cat);
+    return st;
+}
+
+/* Special tokens (control, user-defined, unknown; not empty), longest
+ * first, chained by their first one or two bytes. */
+static void tok_fill_specials(tok *t)
+{
+    uint32_t ns = 0;
+    for (int32_t i = 0; i < (int32_t)t->n; i++) {
+        uint8_t ty = t->types[i];
+        if ((ty == TT_CONTROL || ty == TT_USER || ty == TT_UNKNOWN) &&
+            t->text_off[i + 1] > t->text_off[i])
+            t->specials[ns++] = i;
+    }
+    t->n_specials = ns;
+    tok_sort_specials(t, t->specials, t->spec_next, ns);
+    for (int i = 0; i < 65536; i++)
+        t->spec_head[i] = -1;
+    for (int i = 0; i < 256; i++)
+        t->spec_head1[i] = -1;
+    for (int32_t k = (int32_t)ns - 1; k >= 0; k--) {
+        int32_t id = t->specials[k];
+        const unsigned char *s = (const unsigned char *)t->texts + t->text_off[id];
+        size_t len = t->text_off[id + 1] - t->text_off[id];
+        if (len == 1) {
+            t->spec_next[k] = t->spec_head1[s[0]];
+            t->spec_head1[s[0]] = k;
+        } else {
+            t->spec_next[k] = t->spec_head[s[0] << 8 | s[1]];
+            t->spec_head[s[0] << 8 | s[1]] = k;
+        }
+    }
+}
+
+pd_status tok_new(const tok_desc *d, tok **out, pd_err *err)
+{
+    if (!d || !out)
+        return pd_err_set(err, PD_ERR_ARG, "tokenizer: NULL description or output");
+    tok_model model = TOK_MODEL_GPT2;
+    tok_pre pre = TOK_PRE_DEFAULT;
+    size_t text_bytes = 0;
+    uint32_t str_cap = 0;
+    pd_status st = tok_desc_check(d, &model, &pre, &text_bytes, &str_cap, err);
+    if (st)
+        return st;
+    int32_t n = (int32_t)d->n_tokens;
     tok *t = calloc(1, sizeof *t);
     if (!t)
         return pd_err_set(err, PD_ERR_NOMEM, "tokenizer: no memory");
@@ -320,134 +475,22 @@ pd_status tok_new(const tok_desc *d, tok **out, pd_err *err)
     bool ok = t->texts && t->text_off && t->types && (model != TOK_MODEL_LLAMA || t->scores) &&
               t->sid_tok && t->cls && t->specials && t->spec_next && t->spec_head &&
               strtab_init(&t->strs, str_cap, text_bytes * 2 + 64);
-    if (!ok) {
+    if (!ok)
+        st = pd_err_set(err, PD_ERR_NOMEM, "tokenizer: no memory for %d tokens", n);
+    if (st == PD_OK) {
+        ucd_fill(t->cls);
+        st = tok_fill_tokens(t, d, str_cap, err);
+    }
+    if (st == PD_OK) {
+        tok_fill_bytes(t);
+        if (model == TOK_MODEL_GPT2 && d->n_merges)
+            st = tok_fill_merges(t, d, err);
+    }
+    if (st) {
         tok_free(t);
-        return pd_err_set(err, PD_ERR_NOMEM, "tokenizer: no memory for %d tokens", n);
+        return st;
     }
-    ucd_fill(t->cls);
-    size_t o = 0;
-    for (int32_t i = 0; i < n; i++) {
-        size_t len = tok_len_of(d->tokens, d->token_lens, (uint64_t)i);
-        t->text_off[i] = o;
-        memcpy(t->texts + o, d->tokens[i], len);
-        o += len;
-        t->types[i] = (uint8_t)(d->types ? d->types[i] : TT_NORMAL);
-        if (t->scores && d->scores)
-            t->scores[i] = d->scores[i];
-    }
-    t->text_off[n] = o;
-    for (uint32_t i = 0; i < str_cap; i++)
-        t->sid_tok[i] = -1;
-    for (int32_t i = 0; i < n; i++) {
-        int64_t sid = strtab_intern(&t->strs, t->texts + t->text_off[i],
-                                    t->text_off[i + 1] - t->text_off[i]);
-        if (sid < 0) {
-            tok_free(t);
-            return pd_err_set(err, PD_ERR_NOMEM, "tokenizer: no memory for the string table");
-        }
-        t->sid_tok[sid] = i; /* the last id of a text wins, as in llama.cpp */
-    }
-    for (int b = 0; b < 256; b++) {
-        char c[2];
-        size_t k = tok_gpt2_char(b, c);
-        int64_t sid = strtab_find(&t->strs, c, k);
-        t->byte_sid[b] = (int32_t)sid;
-        t->byte_tok[b] = -1;
-    }
-    if (model == TOK_MODEL_LLAMA) /* llama.cpp's byte_to_token: "<0xXX>", else the byte itself */
-        for (int c = 0; c < 256; c++) {
-            static const char hex[] = "0123456789ABCDEF";
-            char name[6] = {'<', '0', 'x', hex[c >> 4], hex[c & 15], '>'}, one = (char)c;
-            int64_t sid = strtab_find(&t->strs, name, 6);
-            if (sid < 0 || t->sid_tok[sid] < 0)
-                sid = strtab_find(&t->strs, &one, 1);
-            t->byte_tok[c] = sid >= 0 ? t->sid_tok[sid] : -1;
-        }
-    /* merges: "left right" split at the first space after the first byte */
-    if (model == TOK_MODEL_GPT2 && d->n_merges) {
-        uint64_t ns = 16;
-        while (ns < 2 * d->n_merges)
-            ns *= 2;
-        t->merges = malloc(ns * sizeof *t->merges);
-        if (!t->merges) {
-            tok_free(t);
-            return pd_err_set(err, PD_ERR_NOMEM, "tokenizer: no memory for %llu merges",
-                              (unsigned long long)d->n_merges);
-        }
-        t->n_merge_slots = ns;
-        for (uint64_t i = 0; i < ns; i++)
-            t->merges[i].key = UINT64_MAX;
-        char *cat = NULL;
-        size_t cat_cap = 0;
-        for (uint64_t i = 0; i < d->n_merges; i++) {
-            const char *m = d->merges[i];
-            size_t len = tok_len_of(d->merges, d->merge_lens, i);
-            const char *sp = len > 1 ? memchr(m + 1, ' ', len - 1) : NULL;
-            if (!sp)
-                continue; /* llama.cpp pairs ("", ""): never matches a symbol */
-            size_t la = (size_t)(sp - m), lb = len - la - 1;
-            if (lb == 0)
-                continue;
-            if (len > cat_cap) {
-                char *c2 = realloc(cat, len * 2);
-                if (!c2) {
-                    free(cat);
-                    tok_free(t);
-                    return pd_err_set(err, PD_ERR_NOMEM, "tokenizer: no memory");
-                }
-                cat = c2;
-                cat_cap = len * 2;
-            }
-            memcpy(cat, m, la);
-            memcpy(cat + la, sp + 1, lb);
-            int64_t a = strtab_intern(&t->strs, m, la);
-            int64_t b = strtab_intern(&t->strs, sp + 1, lb);
-            int64_t r = strtab_intern(&t->strs, cat, la + lb);
-            if (a < 0 || b < 0 || r < 0) {
-                free(cat);
-                tok_free(t);
-                return pd_err_set(err, PD_ERR_NOMEM, "tokenizer: no memory for the merges");
-            }
-            uint64_t key = (uint64_t)a << 32 | (uint64_t)b;
-            uint64_t mask = ns - 1;
-            for (uint64_t h = tok_mix(key) & mask;; h = (h + 1) & mask) {
-                if (t->merges[h].key == key)
-                    break; /* the first rank of a pair wins */
-                if (t->merges[h].key == UINT64_MAX) {
-                    t->merges[h] = (tok_merge_slot){.key = key, .rank = (int32_t)i,
-                                                    .result = (int32_t)r};
-                    break;
-                }
-            }
-        }
-        free(cat);
-    }
-    /* special tokens */
-    uint32_t ns = 0;
-    for (int32_t i = 0; i < n; i++) {
-        uint8_t ty = t->types[i];
-        if ((ty == TT_CONTROL || ty == TT_USER || ty == TT_UNKNOWN) &&
-            t->text_off[i + 1] > t->text_off[i])
-            t->specials[ns++] = i;
-    }
-    t->n_specials = ns;
-    tok_sort_specials(t, t->specials, t->spec_next, ns);
-    for (int i = 0; i < 65536; i++)
-        t->spec_head[i] = -1;
-    for (int i = 0; i < 256; i++)
-        t->spec_head1[i] = -1;
-    for (int32_t k = (int32_t)ns - 1; k >= 0; k--) {
-        int32_t id = t->specials[k];
-        const unsigned char *s = (const unsigned char *)t->texts + t->text_off[id];
-        size_t len = t->text_off[id + 1] - t->text_off[id];
-        if (len == 1) {
-            t->spec_next[k] = t->spec_head1[s[0]];
-            t->spec_head1[s[0]] = k;
-        } else {
-            t->spec_next[k] = t->spec_head[s[0] << 8 | s[1]];
-            t->spec_head[s[0] << 8 | s[1]] = k;
-        }
-    }
+    tok_fill_specials(t);
     *out = t;
     return PD_OK;
 }

@@ -365,16 +365,16 @@ static pd_status ocr_rope_scaling_read(const gguf_file *f, model_hparams *hp, co
     return PD_OK;
 }
 
-static pd_status hparams_read(const gguf_file *f, model_hparams *hp, pd_err *err)
+/* general.architecture: one of model_arch_names, into hp->arch and archz
+ * (the key prefix of the other hyperparameters). */
+static pd_status hp_arch_read(const gguf_file *f, model_hparams *hp, char *archz, size_t cap, pd_err *err)
 {
-    memset(hp, 0, sizeof *hp);
     const char *arch;
     size_t alen;
     pd_status st = gguf_get_str(f, "general.architecture", &arch, &alen, err);
     if (st != PD_OK)
         return st;
-    char archz[64];
-    if (alen >= sizeof archz)
+    if (alen >= cap)
         return pd_err_set(err, PD_ERR_UNSUPPORTED, "architecture name of %zu bytes", alen);
     memcpy(archz, arch, alen);
     archz[alen] = '\0';
@@ -388,6 +388,89 @@ static pd_status hparams_read(const gguf_file *f, model_hparams *hp, pd_err *err
         return pd_err_set(err, PD_ERR_UNSUPPORTED,
                           "architecture \"%s\" is not supported (supported: llama, qwen2, deepseek, deepseek2-ocr)",
                           archz);
+    return PD_OK;
+}
+
+/* The geometry the layer math needs: nothing zero, heads dividing the
+ * width and the K/V heads the heads, RoPE pairs, a sane epsilon and base.
+ * Sets hp->head_dim. */
+static pd_status hp_shape_check(model_hparams *hp, const char *archz, pd_err *err)
+{
+    if (hp->n_layers == 0 || hp->hidden == 0 || hp->ffn == 0 || hp->n_heads == 0 ||
+        hp->n_kv_heads == 0)
+        return pd_err_set(err, PD_ERR_FORMAT, "%s: zero layer count, width or head count", archz);
+    if (hp->hidden % hp->n_heads != 0)
+        return pd_err_set(err, PD_ERR_FORMAT, "%s: embedding_length %u is not a multiple of head_count %u",
+                          archz, hp->hidden, hp->n_heads);
+    if (hp->n_heads % hp->n_kv_heads != 0)
+        return pd_err_set(err, PD_ERR_FORMAT, "%s: head_count %u is not a multiple of head_count_kv %u",
+                          archz, hp->n_heads, hp->n_kv_heads);
+    hp->head_dim = hp->hidden / hp->n_heads;
+    if (hp->head_dim % 2 != 0)
+        return pd_err_set(err, PD_ERR_FORMAT, "%s: head dimension %u is odd (RoPE needs pairs)", archz,
+                          hp->head_dim);
+    if (!(hp->rms_eps > 0.0f) || !(hp->rope_base > 1.0f))
+        return pd_err_set(err, PD_ERR_FORMAT, "%s: rms epsilon %g or rope base %g out of range", archz,
+                          (double)hp->rms_eps, (double)hp->rope_base);
+    return PD_OK;
+}
+
+/* The vocabulary's size and kind, BOS and EOS (inside it). */
+static pd_status hp_vocab_read(const gguf_file *f, model_hparams *hp, pd_err *err)
+{
+    pd_status st;
+    gguf_vtype et;
+    const void *data;
+    uint64_t count;
+    if ((st = gguf_get_arr(f, "tokenizer.ggml.tokens", &et, &count, &data, err)))
+        return st;
+    if (et != GGUF_VTYPE_STRING || count == 0 || count > UINT32_MAX)
+        return pd_err_set(err, PD_ERR_FORMAT, "tokenizer.ggml.tokens: expected a non-empty string array");
+    hp->vocab = (uint32_t)count;
+    const char *tm;
+    size_t tml;
+    if ((st = gguf_get_str(f, "tokenizer.ggml.model", &tm, &tml, err)))
+        return st;
+    if (tml == 5 && memcmp(tm, "llama", 5) == 0)
+        hp->vocab_kind = MODEL_VOCAB_LLAMA;
+    else if (tml == 4 && memcmp(tm, "gpt2", 4) == 0)
+        hp->vocab_kind = MODEL_VOCAB_GPT2;
+    else
+        return pd_err_set(err, PD_ERR_UNSUPPORTED, "tokenizer.ggml.model \"%.*s\" is not supported (llama, gpt2)",
+                          (int)tml, tm);
+    if ((st = gguf_get_u32(f, "tokenizer.ggml.bos_token_id", &hp->bos, err)) ||
+        (st = gguf_get_u32(f, "tokenizer.ggml.eos_token_id", &hp->eos, err)))
+        return st;
+    if (hp->bos >= hp->vocab || hp->eos >= hp->vocab)
+        return pd_err_set(err, PD_ERR_FORMAT, "bos %u / eos %u outside the vocabulary of %u", hp->bos,
+                          hp->eos, hp->vocab);
+    return PD_OK;
+}
+
+/* Every tensor's type, before any weight is read or allocated (every rank
+ * reads the hyperparameters first): a file people quantized with a type
+ * this build does not compute with is refused here, naming the first such
+ * tensor in file order. */
+static pd_status hp_types_check(const gguf_file *f, pd_err *err)
+{
+    for (uint64_t i = 0; i < gguf_tensor_count(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        if (!gguf_type_supported(t->type))
+            return pd_err_set(err, PD_ERR_UNSUPPORTED,
+                              "tensor %s has type %s; supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, "
+                              "q5_K, q6_K",
+                              t->name, gguf_type_name(t->type));
+    }
+    return PD_OK;
+}
+
+static pd_status hparams_read(const gguf_file *f, model_hparams *hp, pd_err *err)
+{
+    memset(hp, 0, sizeof *hp);
+    char archz[64];
+    pd_status st = hp_arch_read(f, hp, archz, sizeof archz, err);
+    if (st != PD_OK)
+        return st;
     /* llama.cpp's rope type: NEOX for qwen2 and deepseek2-ocr (its OCR
      * branch ropes the whole head, whatever rope.dimension_count says),
      * NORM for llama and deepseek */
@@ -431,66 +514,16 @@ static pd_status hparams_read(const gguf_file *f, model_hparams *hp, pd_err *err
         hp->defaulted |= 1u << MODEL_HP_KEY_ALIGNMENT;
     if (gguf_find_key(f, "tokenizer.ggml.token_type") < 0)
         hp->defaulted |= 1u << MODEL_HP_KEY_TOKEN_TYPE;
-    if (hp->n_layers == 0 || hp->hidden == 0 || hp->ffn == 0 || hp->n_heads == 0 ||
-        hp->n_kv_heads == 0)
-        return pd_err_set(err, PD_ERR_FORMAT, "%s: zero layer count, width or head count", archz);
-    if (hp->hidden % hp->n_heads != 0)
-        return pd_err_set(err, PD_ERR_FORMAT, "%s: embedding_length %u is not a multiple of head_count %u",
-                          archz, hp->hidden, hp->n_heads);
-    if (hp->n_heads % hp->n_kv_heads != 0)
-        return pd_err_set(err, PD_ERR_FORMAT, "%s: head_count %u is not a multiple of head_count_kv %u",
-                          archz, hp->n_heads, hp->n_kv_heads);
-    hp->head_dim = hp->hidden / hp->n_heads;
-    if (hp->head_dim % 2 != 0)
-        return pd_err_set(err, PD_ERR_FORMAT, "%s: head dimension %u is odd (RoPE needs pairs)", archz,
-                          hp->head_dim);
-    if (!(hp->rms_eps > 0.0f) || !(hp->rope_base > 1.0f))
-        return pd_err_set(err, PD_ERR_FORMAT, "%s: rms epsilon %g or rope base %g out of range", archz,
-                          (double)hp->rms_eps, (double)hp->rope_base);
-
-    gguf_vtype et;
-    const void *data;
-    uint64_t count;
-    if ((st = gguf_get_arr(f, "tokenizer.ggml.tokens", &et, &count, &data, err)))
+    if ((st = hp_shape_check(hp, archz, err)) || (st = hp_vocab_read(f, hp, err)))
         return st;
-    if (et != GGUF_VTYPE_STRING || count == 0 || count > UINT32_MAX)
-        return pd_err_set(err, PD_ERR_FORMAT, "tokenizer.ggml.tokens: expected a non-empty string array");
-    hp->vocab = (uint32_t)count;
-    const char *tm;
-    size_t tml;
-    if ((st = gguf_get_str(f, "tokenizer.ggml.model", &tm, &tml, err)))
-        return st;
-    if (tml == 5 && memcmp(tm, "llama", 5) == 0)
-        hp->vocab_kind = MODEL_VOCAB_LLAMA;
-    else if (tml == 4 && memcmp(tm, "gpt2", 4) == 0)
-        hp->vocab_kind = MODEL_VOCAB_GPT2;
-    else
-        return pd_err_set(err, PD_ERR_UNSUPPORTED, "tokenizer.ggml.model \"%.*s\" is not supported (llama, gpt2)",
-                          (int)tml, tm);
-    if ((st = gguf_get_u32(f, "tokenizer.ggml.bos_token_id", &hp->bos, err)) ||
-        (st = gguf_get_u32(f, "tokenizer.ggml.eos_token_id", &hp->eos, err)))
-        return st;
-    if (hp->bos >= hp->vocab || hp->eos >= hp->vocab)
-        return pd_err_set(err, PD_ERR_FORMAT, "bos %u / eos %u outside the vocabulary of %u", hp->bos,
-                          hp->eos, hp->vocab);
     hp->qkv_bias = gguf_tensor_find(f, "blk.0.attn_q.bias") != NULL;
     hp->tied_output = gguf_tensor_find(f, "output.weight") == NULL;
     if (hp->tied_output && hp->arch == MODEL_ARCH_DEEPSEEK)
         return pd_err_set(err, PD_ERR_FORMAT, "tensor output.weight is missing (deepseek's output is not tied)");
     if ((st = tensors_check_used(f, hp, archz, err)))
         return st;
-    /* every tensor's type, before any weight is read or allocated (every
-     * rank reads the hyperparameters first): a file people quantized with a
-     * type this build does not compute with is refused here, naming the
-     * first such tensor in file order */
-    for (uint64_t i = 0; i < gguf_tensor_count(f); i++) {
-        const gguf_tensor *t = gguf_tensor_at(f, i);
-        if (!gguf_type_supported(t->type))
-            return pd_err_set(err, PD_ERR_UNSUPPORTED,
-                              "tensor %s has type %s; supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, "
-                              "q5_K, q6_K",
-                              t->name, gguf_type_name(t->type));
-    }
+    if ((st = hp_types_check(f, err)))
+        return st;
     hparams_describe_assumed(hp, archz);
     return PD_OK;
 }

@@ -4,12 +4,12 @@
 #include "cluster/model/pool.h"
 
 #include "base/check.h"
+#include "base/clock.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
-#include <time.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -104,13 +104,6 @@ static void pool_drain(pool *p, uint32_t gen, uint32_t thread)
     }
 }
 
-static long pool_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long)ts.tv_sec * 1000000000L + ts.tv_nsec;
-}
-
 static void *pool_worker(void *argp)
 {
     struct pool_worker_arg a = *(struct pool_worker_arg *)argp;
@@ -126,7 +119,7 @@ static void *pool_worker(void *argp)
             POOL_PAUSE();
             s = atomic_load(&p->state);
             if (i % POOL_SPIN_CHECK == 0) {
-                long t = pool_now_ns();
+                long t = (long)pd_now_ns();
                 if (t0 < 0)
                     t0 = t;
                 else if (t - t0 > atomic_load(&p->poll_ns))

@@ -7,9 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/file.h"
 #include "cluster/format/image.h"
 #include "cluster/vision/mmproj.h"
@@ -90,13 +90,6 @@ struct venc {
     double encode_s; /* in mtmd_encode_chunk */
     uint64_t images;
 };
-
-static double venc_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 void venc_stats(const venc *v, double *encode_s, uint64_t *images)
 {
@@ -287,9 +280,9 @@ static pd_status venc_pieces(venc *v, const mtmd_input_chunks *chunks, bool coun
                 if (!pc->rows)
                     return pd_err_set(err, PD_ERR_NOMEM, "%s: no memory for %zu image rows", path, nt);
                 v->log_len = 0;
-                double t0 = venc_now();
+                double t0 = pd_now_s();
                 int rc = mtmd_encode_chunk(v->ctx, c);
-                v->encode_s += venc_now() - t0;
+                v->encode_s += pd_now_s() - t0;
                 if (rc != 0)
                     return pd_err_set(err, PD_ERR_FORMAT, "%s: the vision encoder failed: %s", path,
                                       venc_last(v));

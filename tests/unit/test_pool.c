@@ -3,6 +3,7 @@
  * run inline; workers really run concurrently. */
 #include "pd_test.h"
 
+#include "base/clock.h"
 #include "cluster/model/pool.h"
 
 #include <stdatomic.h>
@@ -117,13 +118,6 @@ START_TEST(pool_repeated_runs_keep_counting)
 }
 END_TEST
 
-static double cpu_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void nap_ms(long ms)
 {
     struct timespec ts = {.tv_sec = 0, .tv_nsec = ms * 1000000L};
@@ -149,15 +143,15 @@ START_TEST(pool_park_sends_the_workers_to_sleep_at_once)
     double polled = 0, parked = 1e9;
     for (int r = 0; r < 5; r++) {
         pool_run(p, 64, sum_task, &s);
-        double t0 = cpu_seconds();
+        double t0 = pd_cpu_s();
         nap_ms(20);
-        double a = cpu_seconds() - t0;
+        double a = pd_cpu_s() - t0;
         polled = a > polled ? a : polled;
         pool_run(p, 64, sum_task, &s);
         pool_park(p);
-        t0 = cpu_seconds();
+        t0 = pd_cpu_s();
         nap_ms(20);
-        double b = cpu_seconds() - t0;
+        double b = pd_cpu_s() - t0;
         parked = b < parked ? b : parked;
         want += 2ull * 64 * 65 / 2;
     }

@@ -74,43 +74,27 @@ void report_free(report *rep)
     free(rep);
 }
 
-static void report_stats_json(const report *rep, const rank *r, const sched_progress *pr, double wall,
-                              const msg_stats *all, const budget *bud, int exit_status)
+/* --stats "spec": what speculation drafted and kept (with --draft). */
+static void stats_spec(cJSON *j, const run_opts *o, const sched_progress *pr)
 {
-    const run_opts *o = r->o;
-    double tps = wall > 0 ? (double)pr->tokens_generated / wall : 0.0;
-    char pol[160];
-    policy_describe(&o->policy, pol, sizeof pol);
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddNumberToObject(j, "exit_status", exit_status);
-    cJSON_AddNumberToObject(j, "ranks", r->size);
-    cJSON_AddNumberToObject(j, "pages_total", (double)pr->pages_total);
-    cJSON_AddNumberToObject(j, "pages_done", (double)pr->pages_done);
-    cJSON_AddNumberToObject(j, "pages_skipped", (double)pr->pages_skipped);
-    cJSON_AddNumberToObject(j, "pages_failed", (double)pr->pages_failed);
-    cJSON_AddNumberToObject(j, "pages_past_context", (double)pr->pages_past_context);
-    if (o->mmproj_path)
-        cJSON_AddNumberToObject(j, "images_encoded", (double)pr->images_encoded);
-    if (o->draft.mode != DRAFT_NONE) {
-        cJSON *sp = cJSON_AddObjectToObject(j, "spec");
-        cJSON_AddNumberToObject(sp, "drafted", (double)pr->drafted);
-        cJSON_AddNumberToObject(sp, "accepted", (double)pr->accepted);
-        cJSON_AddNumberToObject(sp, "passes", (double)pr->spec_passes);
-        if (o->policy.spec_async)
-            cJSON_AddNumberToObject(sp, "stale", (double)pr->stale_rows);
-        if (o->draft.mode == DRAFT_MODEL) {
-            cJSON_AddNumberToObject(sp, "draft_model_rows", (double)pr->draft_rows);
-            cJSON_AddNumberToObject(sp, "draft_model_proposals", (double)pr->draft_proposals);
-        }
+    cJSON *sp = cJSON_AddObjectToObject(j, "spec");
+    cJSON_AddNumberToObject(sp, "drafted", (double)pr->drafted);
+    cJSON_AddNumberToObject(sp, "accepted", (double)pr->accepted);
+    cJSON_AddNumberToObject(sp, "passes", (double)pr->spec_passes);
+    if (o->policy.spec_async)
+        cJSON_AddNumberToObject(sp, "stale", (double)pr->stale_rows);
+    if (o->draft.mode == DRAFT_MODEL) {
+        cJSON_AddNumberToObject(sp, "draft_model_rows", (double)pr->draft_rows);
+        cJSON_AddNumberToObject(sp, "draft_model_proposals", (double)pr->draft_proposals);
     }
-    cJSON_AddNumberToObject(j, "context_length", r->hp.ctx);
-    cJSON_AddNumberToObject(j, "tokens", (double)pr->tokens_generated);
-    cJSON_AddNumberToObject(j, "prefill_rows", (double)pr->prefill_rows);
-    cJSON_AddNumberToObject(j, "wall_s", wall);
-    cJSON_AddNumberToObject(j, "tokens_per_s", tps);
-    /* the prefill / decode split (msg.h): every stage runs every row, so the
-     * pipeline's time in a phase is that of its busiest stage in that phase,
-     * or the sum of the stages' when they take turns */
+}
+
+/* --stats "prefill" / "decode": the prefill / decode split (msg.h): every
+ * stage runs every row, so the pipeline's time in a phase is that of its
+ * busiest stage in that phase, or the sum of the stages' when they take
+ * turns. */
+static void stats_phases(cJSON *j, const rank *r, const sched_progress *pr, const msg_stats *all)
+{
     double pre_s = 0, dec_s = 0, dec_rows = 0;
     for (int k = 0; k < r->size; k++) {
         if (r->turns) { /* stages taking turns: one after another */
@@ -131,6 +115,91 @@ static void report_stats_json(const report *rep, const rank *r, const sched_prog
     cJSON_AddNumberToObject(dec, "tokens", (double)pr->tokens_generated);
     cJSON_AddNumberToObject(dec, "s", dec_s);
     cJSON_AddNumberToObject(dec, "tokens_per_s", dec_s > 0 ? (double)pr->tokens_generated / dec_s : 0.0);
+}
+
+/* --stats "stages"[k]: rank k's counters, limits and placement. */
+static cJSON *stats_stage(const report *rep, const rank *r, int k, const msg_stats *s, const budget *bud)
+{
+    const char *pj = rep->lines + (size_t)k * 2 * REPORT_LINE + REPORT_LINE;
+    cJSON *st = cJSON_CreateObject();
+    cJSON_AddNumberToObject(st, "rank", k);
+    char lr[64];
+    snprintf(lr, sizeof lr, "%u-%u", r->lm.first[k], r->lm.first[k] + r->lm.count[k] - 1);
+    cJSON_AddStringToObject(st, "layers", lr);
+    cJSON_AddNumberToObject(st, "busy_s", s->busy_s);
+    cJSON_AddNumberToObject(st, "wait_input_s", s->wait_input_s);
+    cJSON_AddNumberToObject(st, "wait_send_s", s->wait_send_s);
+    cJSON_AddNumberToObject(st, "messages_sent", s->messages_sent);
+    cJSON_AddNumberToObject(st, "bytes_sent", s->bytes_sent);
+    cJSON_AddNumberToObject(st, "micro_batches", s->micro_batches);
+    cJSON_AddNumberToObject(st, "rows", s->rows);
+    cJSON_AddNumberToObject(st, "prefill_rows", s->prefill_rows);
+    cJSON_AddNumberToObject(st, "decode_rows", s->decode_rows);
+    cJSON_AddNumberToObject(st, "prefill_s", s->prefill_s);
+    cJSON_AddNumberToObject(st, "decode_s", s->decode_s);
+    if (r->o->draft.mode != DRAFT_NONE)
+        cJSON_AddNumberToObject(st, "rows_rolled_back", s->rows_rolled_back);
+    cJSON_AddNumberToObject(st, "cache_bytes_peak", s->cache_bytes_peak);
+    cJSON_AddNumberToObject(st, "attention_bytes_peak", s->attention_bytes_peak);
+    cJSON_AddNumberToObject(st, "stream_cache_bytes_peak", s->stream_cache_bytes_peak);
+    cJSON_AddNumberToObject(st, "stream_cache_estimate", s->stream_cache_estimate);
+    if (bud) {
+        uint64_t lim = budget_limit(bud, k);
+        if (lim == UINT64_MAX)
+            cJSON_AddNullToObject(st, "mem_limit_bytes");
+        else
+            cJSON_AddNumberToObject(st, "mem_limit_bytes", (double)lim);
+        cJSON_AddNumberToObject(st, "cache_reserved_peak", (double)budget_peak(bud, k));
+    }
+    cJSON *pl = cJSON_Parse(pj);
+    if (pl)
+        cJSON_AddItemToObject(st, "placement", pl);
+    return st;
+}
+
+/* Written whole or not at all: a temporary file renamed over the target. A
+ * failure is said on stderr: the decode itself succeeded. */
+static void stats_publish(const cJSON *j, const char *path)
+{
+    char *txt = cJSON_Print(j);
+    pd_err e = {0};
+    pd_publish *pub = NULL;
+    pd_status st = txt ? pd_file_publish_begin(path, 0644, "--stats", &pub, &e)
+                       : pd_err_set(&e, PD_ERR_NOMEM, "--stats: out of memory");
+    if (st == PD_OK && (st = pd_file_publish_write(pub, txt, strlen(txt), &e)) == PD_OK)
+        st = pd_file_publish_write(pub, "\n", 1, &e);
+    if (pub) /* a failed write fails the publish: commit then cleans up and returns it */
+        st = pd_file_publish_commit(pub, &e);
+    if (st)
+        fprintf(stderr, "pipedec: %s (the decode itself succeeded)\n", e.msg);
+    free(txt);
+}
+
+static void report_stats_json(const report *rep, const rank *r, const sched_progress *pr, double wall,
+                              const msg_stats *all, const budget *bud, int exit_status)
+{
+    const run_opts *o = r->o;
+    double tps = wall > 0 ? (double)pr->tokens_generated / wall : 0.0;
+    char pol[160];
+    policy_describe(&o->policy, pol, sizeof pol);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "exit_status", exit_status);
+    cJSON_AddNumberToObject(j, "ranks", r->size);
+    cJSON_AddNumberToObject(j, "pages_total", (double)pr->pages_total);
+    cJSON_AddNumberToObject(j, "pages_done", (double)pr->pages_done);
+    cJSON_AddNumberToObject(j, "pages_skipped", (double)pr->pages_skipped);
+    cJSON_AddNumberToObject(j, "pages_failed", (double)pr->pages_failed);
+    cJSON_AddNumberToObject(j, "pages_past_context", (double)pr->pages_past_context);
+    if (o->mmproj_path)
+        cJSON_AddNumberToObject(j, "images_encoded", (double)pr->images_encoded);
+    if (o->draft.mode != DRAFT_NONE)
+        stats_spec(j, o, pr);
+    cJSON_AddNumberToObject(j, "context_length", r->hp.ctx);
+    cJSON_AddNumberToObject(j, "tokens", (double)pr->tokens_generated);
+    cJSON_AddNumberToObject(j, "prefill_rows", (double)pr->prefill_rows);
+    cJSON_AddNumberToObject(j, "wall_s", wall);
+    cJSON_AddNumberToObject(j, "tokens_per_s", tps);
+    stats_phases(j, r, pr, all);
     cJSON_AddStringToObject(j, "policy", pol);
     cJSON_AddStringToObject(j, "gemm", o->backend == GEMM_BACKEND_OPENBLAS ? "openblas" : "invariant");
     cJSON_AddStringToObject(j, "wire_dtype", o->wire_dtype == MSG_DTYPE_F16 ? "f16" : "f32");
@@ -143,57 +212,9 @@ static void report_stats_json(const report *rep, const rank *r, const sched_prog
     layermap_format(&r->lm, lmap, sizeof lmap);
     cJSON_AddStringToObject(j, "layers", lmap);
     cJSON *stages = cJSON_AddArrayToObject(j, "stages");
-    for (int k = 0; k < r->size; k++) {
-        const msg_stats *s = &all[k];
-        const char *pj = rep->lines + (size_t)k * 2 * REPORT_LINE + REPORT_LINE;
-        cJSON *st = cJSON_CreateObject();
-        cJSON_AddNumberToObject(st, "rank", k);
-        char lr[64];
-        snprintf(lr, sizeof lr, "%u-%u", r->lm.first[k], r->lm.first[k] + r->lm.count[k] - 1);
-        cJSON_AddStringToObject(st, "layers", lr);
-        cJSON_AddNumberToObject(st, "busy_s", s->busy_s);
-        cJSON_AddNumberToObject(st, "wait_input_s", s->wait_input_s);
-        cJSON_AddNumberToObject(st, "wait_send_s", s->wait_send_s);
-        cJSON_AddNumberToObject(st, "messages_sent", s->messages_sent);
-        cJSON_AddNumberToObject(st, "bytes_sent", s->bytes_sent);
-        cJSON_AddNumberToObject(st, "micro_batches", s->micro_batches);
-        cJSON_AddNumberToObject(st, "rows", s->rows);
-        cJSON_AddNumberToObject(st, "prefill_rows", s->prefill_rows);
-        cJSON_AddNumberToObject(st, "decode_rows", s->decode_rows);
-        cJSON_AddNumberToObject(st, "prefill_s", s->prefill_s);
-        cJSON_AddNumberToObject(st, "decode_s", s->decode_s);
-        if (o->draft.mode != DRAFT_NONE)
-            cJSON_AddNumberToObject(st, "rows_rolled_back", s->rows_rolled_back);
-        cJSON_AddNumberToObject(st, "cache_bytes_peak", s->cache_bytes_peak);
-        cJSON_AddNumberToObject(st, "attention_bytes_peak", s->attention_bytes_peak);
-        cJSON_AddNumberToObject(st, "stream_cache_bytes_peak", s->stream_cache_bytes_peak);
-        cJSON_AddNumberToObject(st, "stream_cache_estimate", s->stream_cache_estimate);
-        if (bud) {
-            uint64_t lim = budget_limit(bud, k);
-            if (lim == UINT64_MAX)
-                cJSON_AddNullToObject(st, "mem_limit_bytes");
-            else
-                cJSON_AddNumberToObject(st, "mem_limit_bytes", (double)lim);
-            cJSON_AddNumberToObject(st, "cache_reserved_peak", (double)budget_peak(bud, k));
-        }
-        cJSON *pl = cJSON_Parse(pj);
-        if (pl)
-            cJSON_AddItemToObject(st, "placement", pl);
-        cJSON_AddItemToArray(stages, st);
-    }
-    /* written whole or not at all: a temporary file renamed over the target */
-    char *txt = cJSON_Print(j);
-    pd_err e = {0};
-    pd_publish *pub = NULL;
-    pd_status st = txt ? pd_file_publish_begin(o->stats_path, 0644, "--stats", &pub, &e)
-                       : pd_err_set(&e, PD_ERR_NOMEM, "--stats: out of memory");
-    if (st == PD_OK && (st = pd_file_publish_write(pub, txt, strlen(txt), &e)) == PD_OK)
-        st = pd_file_publish_write(pub, "\n", 1, &e);
-    if (pub) /* a failed write fails the publish: commit then cleans up and returns it */
-        st = pd_file_publish_commit(pub, &e);
-    if (st)
-        fprintf(stderr, "pipedec: %s (the decode itself succeeded)\n", e.msg);
-    free(txt);
+    for (int k = 0; k < r->size; k++)
+        cJSON_AddItemToArray(stages, stats_stage(rep, r, k, &all[k], bud));
+    stats_publish(j, o->stats_path);
     cJSON_Delete(j);
 }
 

@@ -86,81 +86,72 @@ static pd_status run_write_pids(rank *r, const char *path, pd_err *err)
     return ag;
 }
 
-int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
-{
-    pd_err e = {0};
-    pipe_link *p = NULL;
-    if (pipe_open(world, &p, &e) != PD_OK) {
-        fprintf(stderr, "pipedec: %s\n", e.msg);
-        return RUN_EXIT_FAIL;
-    }
-    /* the head waits twice as long: when a stage stops, the rank right after
-     * it notices first and names it (the head would only see its results
-     * missing) */
-    pipe_set_stall_timeout(p, pipe_rank(p) == 0 && pipe_size(p) > 1 ? 2 * o->stall_timeout : o->stall_timeout);
-    rank r = {.o = o, .p = p};
-    head *h = NULL;
-    ctl *c = NULL;
-    jobctl *jc = NULL;
-    report *rep = NULL;
-    double t_start = MPI_Wtime();
+/* One rank's run: what run_main's phases share, torn down once
+ * (run_teardown). INV: r.p == p; r does not move (the head, the jobctl and
+ * the report keep pointers to it). */
+typedef struct run_job {
+    const run_opts *o;
+    pipe_link *p;            /* owned */
+    rank r;
+    head *h;                 /* rank 0 only */
+    ctl *c;                  /* the control socket until the jobctl takes it */
+    jobctl *jc;
+    report *rep;
+    const run_hooks *hooks;  /* the caller's, or jc_hooks */
+    run_hooks jc_hooks;
+    pd_err e;
+} run_job;
 
-    /* the ISA and work-mix agreements are the only collectives before the
-     * start-up agreement: every rank reaches them whatever fails in between */
-    pd_status st = rank_agree_isa(&r, &e);
+/* Every rank started and runs the same thing, or none goes on: the ISA and
+ * work-mix agreements (the only collectives before the start-up agreement:
+ * every rank reaches them whatever fails in between), start-up, the run
+ * agreement and --pid-file. Says why on stderr when not. */
+static bool run_begin(run_job *j)
+{
+    rank *r = &j->r;
+    pd_status st = rank_agree_isa(r, &j->e);
     pd_err we = {0};
-    pd_status wst = rank_agree_work(&r, &we); /* reached even after a failure: it is collective */
+    pd_status wst = rank_agree_work(r, &we); /* reached even after a failure: it is collective */
     if (st == PD_OK && wst != PD_OK) {
         st = wst;
-        e = we;
+        j->e = we;
     }
     if (st == PD_OK)
-        st = run_start(&r, &h, &c, &e);
+        st = run_start(r, &j->h, &j->c, &j->e);
     if (st)
-        fprintf(stderr, "pipedec: rank %d: %s\n", r.rank, e.msg);
+        fprintf(stderr, "pipedec: rank %d: %s\n", r->rank, j->e.msg);
     pd_err ae = {0};
-    if (pipe_agree(p, st, &ae) != PD_OK) {
-        if (r.rank == 0 && st == PD_OK)
+    if (pipe_agree(j->p, st, &ae) != PD_OK) {
+        if (r->rank == 0 && st == PD_OK)
             fprintf(stderr, "pipedec: start-up failed on another rank (see its message); nothing was decoded\n");
-        ctl_close(c);
-        head_free(h);
-        rank_stop(&r);
-        pipe_close(p);
-        return RUN_EXIT_FAIL;
+        return false;
     }
-
     /* every rank started: do they run the same thing? (collective, the
-     * same verdict everywhere, so a mismatch still ends the run cleanly) */
-    if (rank_agree_run(&r, &e) != PD_OK) {
-        if (r.rank == 0)
-            fprintf(stderr, "pipedec: %s; nothing was decoded\n", e.msg);
-        ctl_close(c);
-        head_free(h);
-        rank_stop(&r);
-        pipe_close(p);
-        return RUN_EXIT_FAIL;
+     * same verdict everywhere, so a mismatch still ends the run cleanly);
+     * then --pid-file: where every rank runs, once all of them started */
+    if (rank_agree_run(r, &j->e) != PD_OK || (j->o->pid_path && run_write_pids(r, j->o->pid_path, &j->e) != PD_OK)) {
+        if (r->rank == 0)
+            fprintf(stderr, "pipedec: %s; nothing was decoded\n", j->e.msg);
+        return false;
     }
+    return true;
+}
 
-    /* --pid-file: where every rank runs, once all of them started */
-    if (o->pid_path && run_write_pids(&r, o->pid_path, &e) != PD_OK) {
-        if (r.rank == 0)
-            fprintf(stderr, "pipedec: %s; nothing was decoded\n", e.msg);
-        ctl_close(c);
-        head_free(h);
-        rank_stop(&r);
-        pipe_close(p);
-        return RUN_EXIT_FAIL;
-    }
-
-    /* From here on a failure cannot be agreed on: report it, end the job. */
+/* What the decode needs once every rank started: the budget, a resumed
+ * checkpoint, the drain-point actions, the report, the transport's caps.
+ * A failure from here on cannot be agreed on. */
+static pd_status run_prepare(run_job *j)
+{
+    rank *r = &j->r;
+    const run_opts *o = j->o;
     uint64_t *lim = NULL;
     uint32_t *first = NULL, *layers = NULL;
-    st = rank_gather_budgets(&r, &lim, &first, &layers, &e);
-    if (st == PD_OK && h) {
+    pd_status st = rank_gather_budgets(r, &lim, &first, &layers, &j->e);
+    if (st == PD_OK && j->h) {
         budget *b = NULL;
-        st = budget_new(&r.hp, &o->policy, r.size, lim, first, layers, &b, &e);
+        st = budget_new(&r->hp, &o->policy, r->size, lim, first, layers, &b, &j->e);
         if (st == PD_OK)
-            head_use_budget(h, b);
+            head_use_budget(j->h, b);
     }
     free(lim);
     free(first);
@@ -168,70 +159,107 @@ int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
     /* --checkpoint-dir: resume what the head found, on every rank */
     uint64_t seqs[2] = {0, 0};
     if (st == PD_OK && o->checkpoint_dir) {
-        if (h)
-            seqs[0] = head_resume_seq(h, &seqs[1]);
-        st = pipe_bcast(p, seqs, sizeof seqs, &e);
+        if (j->h)
+            seqs[0] = head_resume_seq(j->h, &seqs[1]);
+        st = pipe_bcast(j->p, seqs, sizeof seqs, &j->e);
         if (st == PD_OK && seqs[0]) {
             double t0 = MPI_Wtime();
-            st = ckpt_restore(&r, h ? head_sched(h) : NULL, o->checkpoint_dir, seqs[0], &e);
-            if (st == PD_OK && h)
-                st = head_restored(h, &e);
-            if (st == PD_OK && h)
+            st = ckpt_restore(r, j->h ? head_sched(j->h) : NULL, o->checkpoint_dir, seqs[0], &j->e);
+            if (st == PD_OK && j->h)
+                st = head_restored(j->h, &j->e);
+            if (st == PD_OK && j->h)
                 fprintf(stderr, "pipedec: restored checkpoint %llu in %.3f s\n", (unsigned long long)seqs[0],
                         MPI_Wtime() - t0);
         }
         sig_install();
     }
     /* drain-point actions: checkpoints, migrations, status (collective) */
-    run_hooks jc_hooks;
     if (st == PD_OK) {
-        st = jobctl_new(&r, h, c, seqs[1], &jc, &e);
-        c = NULL; /* jobctl owns it now */
+        st = jobctl_new(r, j->h, j->c, seqs[1], &j->jc, &j->e);
+        j->c = NULL; /* jobctl owns it now */
         if (st == PD_OK) {
-            jobctl_hooks(jc, &jc_hooks);
-            if (!hooks)
-                hooks = &jc_hooks;
+            jobctl_hooks(j->jc, &j->jc_hooks);
+            if (!j->hooks)
+                j->hooks = &j->jc_hooks;
         }
     }
     if (st == PD_OK)
-        st = report_start(&r, &rep, &e);
+        st = report_start(r, &j->rep, &j->e);
     if (st == PD_OK)
-        st = xport_agree_caps(r.x, &e);
-    if (st == PD_OK) {
-        t_start = MPI_Wtime();
-        st = r.is_head ? head_loop(h, hooks, &e) : follow_loop(&r, hooks, &e);
-    }
-    if (st == PD_OK && jc)
-        st = jobctl_finish(jc, &e);
-    if (st == PD_OK)
-        st = xport_flush(r.x, &e);
-    r.stats.wall_s = MPI_Wtime() - t_start;
-    if (st == PD_OK && h)
-        head_progress_line(h, true);
-    int code = jc && jobctl_exit_code(jc) ? jobctl_exit_code(jc) : RUN_EXIT_OK;
-    bool clean = code == RUN_EXIT_OK;
-    if (clean && h) {
+        st = xport_agree_caps(r->x, &j->e);
+    return st;
+}
+
+/* The exit code of a run that decoded to its end: a stop asked for by the
+ * jobctl, or pages that failed. *clean: the job ends in step (no stop). */
+static int run_code(const run_job *j, bool *clean)
+{
+    int code = j->jc && jobctl_exit_code(j->jc) ? jobctl_exit_code(j->jc) : RUN_EXIT_OK;
+    *clean = code == RUN_EXIT_OK;
+    if (*clean && j->h) {
         sched_progress pr;
-        head_progress(h, &pr);
+        head_progress(j->h, &pr);
         if (pr.pages_failed)
             code = RUN_EXIT_PAGES;
     }
+    return code;
+}
+
+static void run_teardown(run_job *j, bool close_pipe)
+{
+    report_free(j->rep);
+    jobctl_free(j->jc);
+    ctl_close(j->c);
+    head_free(j->h);
+    rank_stop(&j->r);
+    if (close_pipe)
+        pipe_close(j->p);
+}
+
+int run_main(const run_opts *o, MPI_Comm world, const run_hooks *hooks)
+{
+    pd_err pe = {0};
+    pipe_link *p = NULL;
+    if (pipe_open(world, &p, &pe) != PD_OK) {
+        fprintf(stderr, "pipedec: %s\n", pe.msg);
+        return RUN_EXIT_FAIL;
+    }
+    /* the head waits twice as long: when a stage stops, the rank right after
+     * it notices first and names it (the head would only see its results
+     * missing) */
+    pipe_set_stall_timeout(p, pipe_rank(p) == 0 && pipe_size(p) > 1 ? 2 * o->stall_timeout : o->stall_timeout);
+    run_job j = {.o = o, .p = p, .r = {.o = o, .p = p}, .hooks = hooks};
+    rank *r = &j.r;
+    double t_start = MPI_Wtime();
+    if (!run_begin(&j)) {
+        run_teardown(&j, true);
+        return RUN_EXIT_FAIL;
+    }
+
+    pd_status st = run_prepare(&j);
+    if (st == PD_OK) {
+        t_start = MPI_Wtime();
+        st = r->is_head ? head_loop(j.h, j.hooks, &j.e) : follow_loop(r, j.hooks, &j.e);
+    }
+    if (st == PD_OK && j.jc)
+        st = jobctl_finish(j.jc, &j.e);
     if (st == PD_OK)
-        st = report_end(rep, &r, h, code, &e);
+        st = xport_flush(r->x, &j.e);
+    r->stats.wall_s = MPI_Wtime() - t_start;
+    if (st == PD_OK && j.h)
+        head_progress_line(j.h, true);
+    bool clean;
+    int code = run_code(&j, &clean);
+    if (st == PD_OK)
+        st = report_end(j.rep, r, j.h, code, &j.e);
     if (st) {
-        fprintf(stderr, "pipedec: rank %d: %s: %s\n", r.rank, pd_status_str(st), e.msg);
+        fprintf(stderr, "pipedec: rank %d: %s: %s\n", r->rank, pd_status_str(st), j.e.msg);
         fflush(stderr);
         code = RUN_EXIT_ABORT;
         clean = false;
     }
-    if (o->pid_path && r.rank == 0)
+    if (o->pid_path && r->rank == 0)
         unlink(o->pid_path);
-    report_free(rep);
-    jobctl_free(jc);
-    ctl_close(c);
-    head_free(h);
-    rank_stop(&r);
-    if (clean)
-        pipe_close(p);
+    run_teardown(&j, clean);
     return code;
 }

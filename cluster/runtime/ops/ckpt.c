@@ -376,149 +376,203 @@ static pd_status write_bundles(rank *r, const char *dir, const uint64_t *ids, ui
     return PD_OK;
 }
 
-pd_status ckpt_write(rank *r, sched *sc, const char *dir, uint64_t seq, uint64_t out_size, pd_err *err)
-{
+/* One checkpoint being written on this rank: what ckpt_write's steps share,
+ * freed once (ckw_free). The steps keep this rank's first local failure in
+ * e; every step ends in a vote (ckw_agree), so all ranks go on or stop
+ * together. */
+typedef struct ckw {
+    rank *r;                 /* borrowed */
+    sched *sc;               /* the head's (NULL elsewhere) */
+    const char *dir;         /* --checkpoint-dir */
+    uint64_t seq;
     /* tmp: made by the head (mkdtemp: a directory nobody else holds), its
      * name sent to every rank */
-    char tmp[4096] = {0}, fin[64];
-    snprintf(fin, sizeof fin, "ckpt-%llu", (unsigned long long)seq);
-    uint32_t L_all = r->hp.n_layers;
-    pd_err e = {0};
-    pd_status st = PD_OK, all;
+    char tmp[4096];
+    uint64_t cnt;            /* the streams the head holds */
+    uint64_t *ids, *pos;     /* [max_streams + 1]: their ids and next positions */
+    ckpt_bundle_info *info;  /* [n_layers]: this rank's bundles */
+    ckpt_bundle_info *every; /* head: [size x n_layers], every rank's info */
+    pd_err e;
+} ckw;
 
-    /* 1. the head makes the temporary directory and names the streams */
-    uint64_t cnt = 0;
-    uint64_t *ids = calloc(r->sz.max_streams + 1, sizeof *ids);
-    uint64_t *pos = calloc(r->sz.max_streams + 1, sizeof *pos);
-    if (!ids || !pos)
-        st = pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
-    if (r->is_head && st == PD_OK) {
-        if (seq == 0)
-            st = pd_err_set(&e, PD_ERR_RANGE, "checkpoint: %s: checkpoint numbers ran out (the next would wrap to 0)",
-                            dir);
-        else if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-            st = pd_err_set(&e, PD_ERR_IO, "checkpoint: %s: mkdir: %s", dir, strerror(errno));
-        else
-            st = ckpt_dir_make_tmp(dir, seq, tmp, sizeof tmp, &e);
-        stream_table *t = sched_streams(sc);
-        for (uint32_t i = 0; i < stream_table_capacity(t); i++)
-            if (stream_table_at(t, i)) {
-                pos[cnt] = stream_next_pos(stream_table_at(t, i));
-                ids[cnt++] = stream_table_at(t, i)->id;
-            }
-    }
-    if ((all = pipe_agree(r->p, st, err)) != PD_OK) {
-        if (!st)
-            pd_err_set(err, all, "checkpoint %llu: another rank could not start it", (unsigned long long)seq);
-        else
-            *err = e;
-        free(ids);
-        free(pos);
-        return all;
-    }
-    /* every rank learns the streams the head holds (retirements not yet
-     * sent are not among them) */
-    pd_status bs = pipe_bcast(r->p, &cnt, sizeof cnt, err);
-    if (bs == PD_OK)
-        bs = pipe_bcast(r->p, tmp, sizeof tmp, err);
-    tmp[sizeof tmp - 1] = 0;
-    if (bs == PD_OK && cnt)
-        bs = pipe_bcast(r->p, ids, (size_t)cnt * sizeof *ids, err);
-    if (bs == PD_OK && cnt)
-        bs = pipe_bcast(r->p, pos, (size_t)cnt * sizeof *pos, err);
-    if (bs) {
-        free(ids);
-        free(pos);
-        return bs;
-    }
+static void ckw_free(ckw *w)
+{
+    free(w->info);
+    free(w->every);
+    free(w->ids);
+    free(w->pos);
+    w->info = w->every = NULL;
+    w->ids = w->pos = NULL;
+}
 
-    /* 2. every rank settles and writes its layers' bundles */
-    ckpt_bundle_info *info = calloc(L_all, sizeof *info);
-    st = info ? PD_OK : pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
+/* Every rank's vote on a step: a failure of this rank's (local) speaks in its
+ * own words, another rank's as "checkpoint N: <others>". */
+static pd_status ckw_agree(ckw *w, pd_status vote, pd_status local, const char *others, pd_err *err)
+{
+    pd_status all = pipe_agree(w->r->p, vote, err);
+    if (all != PD_OK) {
+        if (local)
+            *err = w->e;
+        else
+            pd_err_set(err, all, "checkpoint %llu: %s", (unsigned long long)w->seq, others);
+    }
+    return all;
+}
+
+/* Step 1, local: the head makes the temporary directory and names the
+ * streams. */
+static pd_status ckw_begin(ckw *w)
+{
+    rank *r = w->r;
+    w->ids = calloc(r->sz.max_streams + 1, sizeof *w->ids);
+    w->pos = calloc(r->sz.max_streams + 1, sizeof *w->pos);
+    if (!w->ids || !w->pos)
+        return pd_err_set(&w->e, PD_ERR_NOMEM, "out of memory");
+    if (!r->is_head)
+        return PD_OK;
+    pd_status st;
+    if (w->seq == 0)
+        st = pd_err_set(&w->e, PD_ERR_RANGE, "checkpoint: %s: checkpoint numbers ran out (the next would wrap to 0)",
+                        w->dir);
+    else if (mkdir(w->dir, 0755) != 0 && errno != EEXIST)
+        st = pd_err_set(&w->e, PD_ERR_IO, "checkpoint: %s: mkdir: %s", w->dir, strerror(errno));
+    else
+        st = ckpt_dir_make_tmp(w->dir, w->seq, w->tmp, sizeof w->tmp, &w->e);
+    stream_table *t = sched_streams(w->sc);
+    for (uint32_t i = 0; i < stream_table_capacity(t); i++)
+        if (stream_table_at(t, i)) {
+            w->pos[w->cnt] = stream_next_pos(stream_table_at(t, i));
+            w->ids[w->cnt++] = stream_table_at(t, i)->id;
+        }
+    return st;
+}
+
+/* Every rank learns the temporary directory and the streams the head holds
+ * (retirements not yet sent are not among them). Errors are MPI failures. */
+static pd_status ckw_share(ckw *w, pd_err *err)
+{
+    pipe_link *p = w->r->p;
+    pd_status st = pipe_bcast(p, &w->cnt, sizeof w->cnt, err);
+    if (st == PD_OK)
+        st = pipe_bcast(p, w->tmp, sizeof w->tmp, err);
+    w->tmp[sizeof w->tmp - 1] = 0;
+    if (st == PD_OK && w->cnt)
+        st = pipe_bcast(p, w->ids, (size_t)w->cnt * sizeof *w->ids, err);
+    if (st == PD_OK && w->cnt)
+        st = pipe_bcast(p, w->pos, (size_t)w->cnt * sizeof *w->pos, err);
+    return st;
+}
+
+/* Step 2, local: this rank settles the streams and writes its layers'
+ * bundles. */
+static pd_status ckw_bundles(ckw *w)
+{
+    rank *r = w->r;
+    w->info = calloc(r->hp.n_layers, sizeof *w->info);
+    if (!w->info)
+        return pd_err_set(&w->e, PD_ERR_NOMEM, "out of memory");
     /* the rows up to the head's position are final; rejected drafts past
      * it are dropped (the position-driven rollback the next pass would do) */
-    for (uint64_t i = 0; st == PD_OK && i < cnt; i++)
-        st = stage_settle(r->st, ids[i], pos[i], &e);
+    pd_status st = PD_OK;
+    for (uint64_t i = 0; st == PD_OK && i < w->cnt; i++)
+        st = stage_settle(r->st, w->ids[i], w->pos[i], &w->e);
     if (st == PD_OK)
-        st = write_bundles(r, tmp, ids, (uint32_t)cnt, info, &e);
-    ckpt_bundle_info *every = r->is_head ? calloc((size_t)r->size * L_all, sizeof *every) : NULL;
-    pd_status gs = pipe_gather(r->p, info ? info : (void *)ids, (size_t)L_all * sizeof *info, every, err);
-    if ((all = pipe_agree(r->p, st ? st : gs, err)) != PD_OK) {
-        if (st)
-            *err = e;
-        else
-            pd_err_set(err, all, "checkpoint %llu: another rank could not write its layers", (unsigned long long)seq);
-        if (r->is_head)
-            remove_tmp(dir, tmp);
-        free(info);
-        free(every);
-        free(ids);
-        free(pos);
-        return all;
-    }
+        st = write_bundles(r, w->tmp, w->ids, (uint32_t)w->cnt, w->info, &w->e);
+    return st;
+}
 
-    /* 3. the head writes the manifest and publishes */
-    st = PD_OK;
-    if (r->is_head) {
-        ckpt_manifest m = {.seq = seq, .out_size = out_size, .next_id = sched_next_id(sc), .n_layers = L_all,
-                           .n_streams = (uint32_t)cnt};
-        m.model_fp = model_fingerprint(r->m);
-        st = ckpt_file_digest(r->o->pages_path, &m.pages_digest, &e);
-        m.settings = ckpt_settings(r->o);
-        char lm[512];
-        layermap_format(&r->lm, lm, sizeof lm);
-        m.layer_map = lm;
-        m.bundles = calloc(L_all, sizeof *m.bundles);
-        m.streams = calloc(cnt ? cnt : 1, sizeof *m.streams);
-        if (st == PD_OK && (!m.settings || !m.bundles || !m.streams))
-            st = pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
-        for (int k = 0; st == PD_OK && k < r->size; k++)
-            for (uint32_t L = r->lm.first[k]; L < r->lm.first[k] + r->lm.count[k]; L++)
-                m.bundles[L] = every[(size_t)k * L_all + L];
-        for (uint64_t i = 0; st == PD_OK && i < cnt; i++)
-            m.streams[i] = *stream_table_find(sched_streams(sc), ids[i]); /* shallow: not freed here */
-        wr w;
-        char path[4200];
-        snprintf(path, sizeof path, "%s/manifest.pdck", tmp);
-        pd_publish *pub = NULL;
-        if (st == PD_OK && (st = wr_init_buffer(&w, 4096, &e)) == PD_OK) {
-            st = ckpt_manifest_encode(&m, &w);
-            size_t len;
-            uint8_t *bytes = wr_take(&w, &len);
-            if (st == PD_OK && !bytes)
-                st = pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
-            if (st == PD_OK && (st = pd_file_publish_begin(path, 0644, "checkpoint", &pub, &e)) == PD_OK &&
-                (st = pd_file_publish_write(pub, bytes, len, &e)) == PD_OK)
-                st = pd_file_publish_commit(pub, &e);
-            else if (pub)
-                pd_file_publish_abort(pub);
-            free(bytes);
-            wr_dispose(&w);
-        }
-        if (st == PD_OK)
-            st = sync_dir(tmp, &e);
-        if (st == PD_OK)
-            st = ckpt_dir_publish(tmp, dir, fin, &e);
-        if (st == PD_OK)
-            st = sync_dir(dir, &e);
-        if (st)
-            remove_tmp(dir, tmp);
-        else
-            keep_last_two(dir);
-        free(m.settings);
-        free(m.bundles);
-        free(m.streams);
+/* The manifest as a file in tmp, written and published atomically. */
+static pd_status ckw_manifest_file(ckw *w, const ckpt_manifest *m)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/manifest.pdck", w->tmp);
+    wr b;
+    pd_status st = wr_init_buffer(&b, 4096, &w->e);
+    if (st)
+        return st;
+    st = ckpt_manifest_encode(m, &b);
+    size_t len;
+    uint8_t *bytes = wr_take(&b, &len);
+    if (st == PD_OK && !bytes)
+        st = pd_err_set(&w->e, PD_ERR_NOMEM, "out of memory");
+    pd_publish *pub = NULL;
+    if (st == PD_OK && (st = pd_file_publish_begin(path, 0644, "checkpoint", &pub, &w->e)) == PD_OK &&
+        (st = pd_file_publish_write(pub, bytes, len, &w->e)) == PD_OK)
+        st = pd_file_publish_commit(pub, &w->e);
+    else if (pub)
+        pd_file_publish_abort(pub);
+    free(bytes);
+    wr_dispose(&b);
+    return st;
+}
+
+/* Step 3, the head: the manifest (layer map, streams, where every bundle is
+ * and its CRC), then tmp renamed to ckpt-<seq> with both directories synced;
+ * the older checkpoints but one go. */
+static pd_status ckw_publish(ckw *w, uint64_t out_size)
+{
+    rank *r = w->r;
+    uint32_t L_all = r->hp.n_layers;
+    ckpt_manifest m = {.seq = w->seq, .out_size = out_size, .next_id = sched_next_id(w->sc), .n_layers = L_all,
+                       .n_streams = (uint32_t)w->cnt};
+    m.model_fp = model_fingerprint(r->m);
+    pd_status st = ckpt_file_digest(r->o->pages_path, &m.pages_digest, &w->e);
+    m.settings = ckpt_settings(r->o);
+    char lm[512];
+    layermap_format(&r->lm, lm, sizeof lm);
+    m.layer_map = lm;
+    m.bundles = calloc(L_all, sizeof *m.bundles);
+    m.streams = calloc(w->cnt ? w->cnt : 1, sizeof *m.streams);
+    if (st == PD_OK && (!m.settings || !m.bundles || !m.streams))
+        st = pd_err_set(&w->e, PD_ERR_NOMEM, "out of memory");
+    for (int k = 0; st == PD_OK && k < r->size; k++)
+        for (uint32_t L = r->lm.first[k]; L < r->lm.first[k] + r->lm.count[k]; L++)
+            m.bundles[L] = w->every[(size_t)k * L_all + L];
+    for (uint64_t i = 0; st == PD_OK && i < w->cnt; i++)
+        m.streams[i] = *stream_table_find(sched_streams(w->sc), w->ids[i]); /* shallow: not freed here */
+    if (st == PD_OK)
+        st = ckw_manifest_file(w, &m);
+    if (st == PD_OK)
+        st = sync_dir(w->tmp, &w->e);
+    char fin[64];
+    snprintf(fin, sizeof fin, "ckpt-%llu", (unsigned long long)w->seq);
+    if (st == PD_OK)
+        st = ckpt_dir_publish(w->tmp, w->dir, fin, &w->e);
+    if (st == PD_OK)
+        st = sync_dir(w->dir, &w->e);
+    if (st)
+        remove_tmp(w->dir, w->tmp);
+    else
+        keep_last_two(w->dir);
+    free(m.settings);
+    free(m.bundles);
+    free(m.streams);
+    return st;
+}
+
+pd_status ckpt_write(rank *r, sched *sc, const char *dir, uint64_t seq, uint64_t out_size, pd_err *err)
+{
+    ckw w = {.r = r, .sc = sc, .dir = dir, .seq = seq};
+    pd_status st = ckw_begin(&w);
+    pd_status all = ckw_agree(&w, st, st, "another rank could not start it", err);
+    if (all == PD_OK)
+        all = ckw_share(&w, err);
+    if (all == PD_OK) {
+        st = ckw_bundles(&w);
+        uint32_t L_all = r->hp.n_layers;
+        w.every = r->is_head ? calloc((size_t)r->size * L_all, sizeof *w.every) : NULL;
+        pd_status gs = pipe_gather(r->p, w.info ? (void *)w.info : (void *)w.ids, (size_t)L_all * sizeof *w.info,
+                                   w.every, err);
+        all = ckw_agree(&w, st ? st : gs, st, "another rank could not write its layers", err);
+        if (all && r->is_head)
+            remove_tmp(dir, w.tmp);
     }
-    free(info);
-    free(every);
-    free(ids);
-    free(pos);
-    if ((all = pipe_agree(r->p, st, err)) != PD_OK) {
-        if (st)
-            *err = e;
-        else
-            pd_err_set(err, all, "checkpoint %llu: the head could not publish it", (unsigned long long)seq);
+    if (all == PD_OK) {
+        st = r->is_head ? ckw_publish(&w, out_size) : PD_OK;
+        ckw_free(&w);
+        all = ckw_agree(&w, st, st, "the head could not publish it", err);
     }
+    ckw_free(&w);
     return all;
 }
 

@@ -12,8 +12,9 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <stdint.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "base/clock.h"
 
 typedef struct ctl_client {
     int fd;                  /* -1: free slot */
@@ -41,13 +42,6 @@ static pd_status ctl_addr(const char *path, struct sockaddr_un *a, pd_err *err)
                           sizeof a->sun_path - 1);
     memcpy(a->sun_path, path, strlen(path) + 1);
     return PD_OK;
-}
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 pd_status ctl_open(const char *path, double line_timeout_s, ctl **out, pd_err *err)
@@ -215,7 +209,7 @@ static int free_slot(ctl *c)
 
 bool ctl_next(ctl *c, int *client, char *line, size_t cap)
 {
-    double now = now_s();
+    double now = pd_now_s();
     /* clients that did not complete a line in time */
     for (int i = 0; i < CTL_MAX_CLIENTS; i++)
         if (c->cl[i].fd >= 0 && !c->cl[i].asked && now - c->cl[i].since > c->line_timeout &&
@@ -276,12 +270,9 @@ pd_status ctl_request(const char *path, const char *line, double timeout_s, char
     send_all(fd, "\n", 1);
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap);
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = pd_now_s();
     while (buf) {
-        struct timespec t;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        double left = timeout_s - ((double)(t.tv_sec - t0.tv_sec) + 1e-9 * (double)(t.tv_nsec - t0.tv_nsec));
+        double left = timeout_s - (pd_now_s() - t0);
         if (left <= 0) {
             st = pd_err_set(err, PD_ERR_STALLED, "%s: no reply within %.0f s", path, timeout_s);
             break;

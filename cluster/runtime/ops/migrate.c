@@ -241,16 +241,10 @@ static uint32_t pieces(uint32_t nf, uint32_t ne, uint32_t of, uint32_t oe, uint3
     return k;
 }
 
-/* The head's half of step 1: is the target acceptable? */
-static pd_status plan_check(migrate *mg, sched *sc, budget *bud, const layermap *target, pd_err *err)
+/* The head's budget for map m over the streams the scheduler holds:
+ * checked only (dry) or put in force. */
+static pd_status budget_for_map(budget *bud, sched *sc, const layermap *m, bool dry, pd_err *err)
 {
-    const layermap *cur = &mg->r->lm;
-    if (target->n_stages != cur->n_stages)
-        return pd_err_set(err, PD_ERR_ARG, "the map has %u ranges, the job %u ranks", target->n_stages, cur->n_stages);
-    if (migrate_layers_moved(cur, target) == 0)
-        return pd_err_set(err, PD_ERR_ARG, "that map is in force already");
-    if (!bud)
-        return PD_OK;
     stream_table *t = sched_streams(sc);
     uint32_t cap = stream_table_capacity(t), n = 0;
     uint64_t *pr = calloc(cap + 1, sizeof *pr);
@@ -262,10 +256,21 @@ static pd_status plan_check(migrate *mg, sched *sc, budget *bud, const layermap 
             mn[n++] = stream_table_at(t, i)->max_new;
         }
     if (st == PD_OK)
-        st = budget_remap(bud, target->first, target->count, pr, mn, n, true, err);
+        st = budget_remap(bud, m->first, m->count, pr, mn, n, dry, err);
     free(pr);
     free(mn);
     return st;
+}
+
+/* The head's half of step 1: is the target acceptable? */
+static pd_status plan_check(migrate *mg, sched *sc, budget *bud, const layermap *target, pd_err *err)
+{
+    const layermap *cur = &mg->r->lm;
+    if (target->n_stages != cur->n_stages)
+        return pd_err_set(err, PD_ERR_ARG, "the map has %u ranges, the job %u ranks", target->n_stages, cur->n_stages);
+    if (migrate_layers_moved(cur, target) == 0)
+        return pd_err_set(err, PD_ERR_ARG, "that map is in force already");
+    return bud ? budget_for_map(bud, sc, target, true, err) : PD_OK;
 }
 
 /* Loads (or finds) the weights of [first, first + n) for the stage. */
@@ -333,6 +338,125 @@ static bool wants_mpi_weights(const migrate *mg)
     return mg->r->o->weights_over_mpi || access(mg->r->o->model_path, R_OK) != 0;
 }
 
+/* One weights exchange on this rank: what its steps share. */
+typedef struct wx {
+    migrate *mg;
+    const layermap *from, *to;
+    uint32_t me, NL;
+    const gguf_file *f;      /* the rank's own model file */
+    const uint8_t *base;     /* its bytes */
+    uint64_t size, data;     /* its length, where its tensor data begins */
+    uint32_t hcrc;           /* CRC32C of its header bytes [0, data) */
+    uint8_t *buf;            /* one message: a wpiece and up to WPIECE_MAX bytes */
+    bool corrupt;            /* the CORRUPT test hook has yet to fire */
+    bool sent;               /* a piece went out */
+    double bytes;            /* weight bytes sent and received */
+    uint8_t *img[2];         /* receiver: a file image per new range */
+    pd_status v;             /* receiver: why the weights are not usable here */
+    pd_err ve;               /* its words */
+} wx;
+
+/* A source's layer L for rank b: a header message (how many pieces follow,
+ * the header CRC), then every tensor "blk.L.*" in file order, in pieces. */
+static pd_status wx_give_layer(wx *x, uint32_t L, uint32_t b, pd_err *err)
+{
+    uint64_t n;
+    layer_tensor_bytes(x->f, L, &n);
+    wpiece h = {.off = n, .len = 0, .crc = x->hcrc, .layer = L};
+    MPI_Request q = MPI_REQUEST_NULL;
+    pd_status st = pipe_isend(x->mg->link, (int)b, &h, sizeof h, &q, err);
+    if (st == PD_OK)
+        st = pipe_wait(x->mg->link, &q, NULL, err);
+    char pre[32];
+    int plen = snprintf(pre, sizeof pre, "blk.%u.", L);
+    for (uint64_t i = 0; i < gguf_tensor_count(x->f) && st == PD_OK; i++) {
+        const gguf_tensor *t = gguf_tensor_at(x->f, i);
+        if (strncmp(t->name, pre, (size_t)plen) != 0)
+            continue;
+        uint64_t toff = (uint64_t)((const uint8_t *)t->data - x->base);
+        for (uint64_t o = 0; o < t->bytes && st == PD_OK; o += WPIECE_MAX) {
+            uint64_t len = t->bytes - o < WPIECE_MAX ? t->bytes - o : WPIECE_MAX;
+            wpiece *w = (wpiece *)(void *)x->buf;
+            *w = (wpiece){.off = toff + o, .len = len, .crc = crc32c_update(0, x->base + toff + o, (size_t)len),
+                          .layer = L};
+            memcpy(x->buf + sizeof *w, x->base + toff + o, (size_t)len);
+            if (x->corrupt) { /* test hook: after the CRC */
+                x->buf[sizeof *w + len / 2] ^= 0x40;
+                x->corrupt = false;
+            }
+            if ((st = pipe_isend(x->mg->link, (int)b, x->buf, sizeof *w + (size_t)len, &q, err)) == PD_OK)
+                st = pipe_wait(x->mg->link, &q, NULL, err);
+            x->bytes += (double)len;
+            x->sent = true;
+        }
+    }
+    return st;
+}
+
+/* A receiver's layer L from rank a into img[which]: every piece is received
+ * (the link stays in step) and checked (header, bounds, CRC) while the
+ * weights are still usable here. Errors are MPI failures; the rest is x->v. */
+static pd_status wx_take_layer(wx *x, uint32_t L, uint32_t a, uint32_t which, pd_err *err)
+{
+    size_t got_len;
+    wpiece h;
+    pd_status st = pipe_recv(x->mg->link, (int)a, &h, sizeof h, &got_len, NULL, NULL, err);
+    if (st)
+        return st;
+    if (x->v == PD_OK && (got_len != sizeof h || h.len != 0 || h.layer != L))
+        x->v = pd_err_set(&x->ve, PD_ERR_FORMAT, "rank %u: the weights of layer %u from rank %u begin with a bad header",
+                          x->me, L, a);
+    if (x->v == PD_OK && h.crc != x->hcrc)
+        x->v = pd_err_set(&x->ve, PD_ERR_MISMATCH, "rank %u: rank %u sends layer %u's weights from another model file "
+                          "(header CRC32C %08x, this rank's %08x)", x->me, a, L, h.crc, x->hcrc);
+    uint64_t count = h.off;
+    for (uint64_t k = 0; k < count; k++) {
+        if ((st = pipe_recv(x->mg->link, (int)a, x->buf, sizeof(wpiece) + WPIECE_MAX, &got_len, NULL, NULL, err)))
+            return st;
+        const wpiece *w = (const wpiece *)(const void *)x->buf;
+        if (x->v != PD_OK)
+            continue;
+        if (got_len < sizeof *w || w->len != got_len - sizeof *w || w->layer != L || w->off < x->data ||
+            w->off > x->size || w->len > x->size - w->off)
+            x->v = pd_err_set(&x->ve, PD_ERR_FORMAT, "rank %u: weights piece %llu of layer %u from rank %u: %zu bytes "
+                              "for offset %llu, length %llu in a %llu-byte file", x->me, (unsigned long long)k, L, a,
+                              got_len, (unsigned long long)w->off, (unsigned long long)w->len,
+                              (unsigned long long)x->size);
+        else if (crc32c_update(0, x->buf + sizeof *w, (size_t)w->len) != w->crc)
+            x->v = pd_err_set(&x->ve, PD_ERR_CHECKSUM, "rank %u: weights piece %llu of layer %u from rank %u (file "
+                              "offset %llu): CRC32C %08x, the bytes give %08x", x->me, (unsigned long long)k, L, a,
+                              (unsigned long long)w->off, w->crc,
+                              crc32c_update(0, x->buf + sizeof *w, (size_t)w->len));
+        else {
+            memcpy(x->img[which] + w->off, x->buf + sizeof *w, (size_t)w->len);
+            x->bytes += (double)w->len;
+        }
+    }
+    return PD_OK;
+}
+
+/* The receiver's images become weight slices of its np new ranges (pw / pl),
+ * or none when one is not usable (x->v). */
+static void wx_load(wx *x, uint32_t np, const uint32_t *pf, const uint32_t *pn, const model **pw, model **pl)
+{
+    rank *r = x->mg->r;
+    for (uint32_t i = 0; i < np && x->v == PD_OK; i++) {
+        model_load_opts mo = {.first_layer = pf[i],
+                              .n_layers = pn[i],
+                              .backend = r->o->backend,
+                              .alloc = arena_alloc_iface(r->ar),
+                              .share_rope = r->m};
+        char name[1100];
+        snprintf(name, sizeof name, "%s (layers %u-%u over MPI)", r->o->model_path, pf[i], pf[i] + pn[i] - 1);
+        x->v = model_load_image(x->img[i], (size_t)x->size, name, &mo, &pl[i], &x->ve);
+        x->img[i] = NULL; /* the model owns it now, or freed it */
+        if (x->v == PD_OK && !model_digest_inherit_header(pl[i], r->m))
+            x->v = pd_err_set(&x->ve, PD_ERR_MISMATCH, "%s: not the job's model file", name);
+        if (x->v == PD_OK)
+            pw[i] = pl[i];
+    }
+}
+
 /* Collective at a drain point (every rank, the same maps): every rank that
  * takes layers and wants their weights over MPI gets them from their old
  * owners; *got says whether this rank did (then pw / pl hold the slices of
@@ -342,138 +466,61 @@ static pd_status weights_exchange(migrate *mg, const layermap *from, const layer
                                   bool *sent, double *bytes, pd_status *local, pd_err *why, pd_err *err)
 {
     rank *r = mg->r;
-    uint32_t me = (uint32_t)r->rank, NL = r->hp.n_layers;
     int32_t mine = wants_mpi_weights(mg), *need = calloc((size_t)r->size, sizeof *need);
     if (!need)
         return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
     pd_status st = pipe_allgather(r->p, &mine, sizeof mine, need, err);
+    wx x = {.mg = mg, .from = from, .to = to, .me = (uint32_t)r->rank, .NL = r->hp.n_layers, .f = model_gguf(r->m),
+            .corrupt = mg->fault == MIGRATE_FAULT_CORRUPT};
+    x.base = gguf_bytes(x.f);
+    x.size = gguf_file_size(x.f);
+    x.data = gguf_data_offset(x.f);
+    x.hcrc = crc32c_update(0, x.base, (size_t)x.data);
     *got = false;
-    *sent = false;
-    *bytes = 0;
-    const gguf_file *f = model_gguf(r->m);
-    const uint8_t *base = gguf_bytes(f);
-    uint64_t size = gguf_file_size(f), data = gguf_data_offset(f);
-    uint32_t hcrc = crc32c_update(0, base, (size_t)data);
-    uint8_t *buf = st == PD_OK ? malloc(sizeof(wpiece) + WPIECE_MAX) : NULL;
-    if (st == PD_OK && !buf)
+    x.buf = st == PD_OK ? malloc(sizeof(wpiece) + WPIECE_MAX) : NULL;
+    if (st == PD_OK && !x.buf)
         st = pd_err_set(err, PD_ERR_NOMEM, "out of memory for a weights buffer");
-    bool corrupt = mg->fault == MIGRATE_FAULT_CORRUPT;
     /* sources: every layer they give to a rank that wants it, in layer order */
-    for (uint32_t L = 0; L < NL && st == PD_OK; L++) {
+    for (uint32_t L = 0; L < x.NL && st == PD_OK; L++) {
         uint32_t a = layermap_owner(from, L), b = layermap_owner(to, L);
-        if (a != me || b == me || !need[b])
+        if (a != x.me || b == x.me || !need[b])
             continue;
-        uint64_t n;
-        layer_tensor_bytes(f, L, &n);
-        wpiece h = {.off = n, .len = 0, .crc = hcrc, .layer = L};
-        MPI_Request q = MPI_REQUEST_NULL;
-        if ((st = pipe_isend(mg->link, (int)b, &h, sizeof h, &q, err)) || (st = pipe_wait(mg->link, &q, NULL, err)))
-            break;
-        char pre[32];
-        int plen = snprintf(pre, sizeof pre, "blk.%u.", L);
-        for (uint64_t i = 0; i < gguf_tensor_count(f) && st == PD_OK; i++) {
-            const gguf_tensor *t = gguf_tensor_at(f, i);
-            if (strncmp(t->name, pre, (size_t)plen) != 0)
-                continue;
-            uint64_t toff = (uint64_t)((const uint8_t *)t->data - base);
-            for (uint64_t o = 0; o < t->bytes && st == PD_OK; o += WPIECE_MAX) {
-                uint64_t len = t->bytes - o < WPIECE_MAX ? t->bytes - o : WPIECE_MAX;
-                wpiece *w = (wpiece *)(void *)buf;
-                *w = (wpiece){.off = toff + o, .len = len, .crc = crc32c_update(0, base + toff + o, (size_t)len),
-                              .layer = L};
-                memcpy(buf + sizeof *w, base + toff + o, (size_t)len);
-                if (corrupt) { /* test hook: after the CRC */
-                    buf[sizeof *w + len / 2] ^= 0x40;
-                    corrupt = false;
-                }
-                if ((st = pipe_isend(mg->link, (int)b, buf, sizeof *w + (size_t)len, &q, err)) == PD_OK)
-                    st = pipe_wait(mg->link, &q, NULL, err);
-                *bytes += (double)len;
-                *sent = true;
-            }
-        }
+        st = wx_give_layer(&x, L, b, err);
     }
     /* receivers: one file image per new range, filled layer by layer */
-    pd_status v = PD_OK;
-    pd_err ve = {0};
-    uint8_t *img[2] = {NULL, NULL};
     bool takes = false;
-    for (uint32_t L = 0; L < NL; L++)
-        takes |= layermap_owner(to, L) == me && layermap_owner(from, L) != me;
+    for (uint32_t L = 0; L < x.NL; L++)
+        takes |= layermap_owner(to, L) == x.me && layermap_owner(from, L) != x.me;
     if (mine && takes && st == PD_OK) {
         *got = true;
-        for (uint32_t i = 0; i < np && v == PD_OK; i++)
-            if (!(img[i] = model_image_new((size_t)size)))
-                v = pd_err_set(&ve, PD_ERR_NOMEM, "rank %u: no memory for an image of the %llu-byte model file", me,
-                               (unsigned long long)size);
+        for (uint32_t i = 0; i < np && x.v == PD_OK; i++)
+            if (!(x.img[i] = model_image_new((size_t)x.size)))
+                x.v = pd_err_set(&x.ve, PD_ERR_NOMEM, "rank %u: no memory for an image of the %llu-byte model file",
+                                 x.me, (unsigned long long)x.size);
             else
-                memcpy(img[i], base, (size_t)data);
+                memcpy(x.img[i], x.base, (size_t)x.data);
     }
-    for (uint32_t L = 0; L < NL && st == PD_OK && mine; L++) {
+    for (uint32_t L = 0; L < x.NL && st == PD_OK && mine; L++) {
         uint32_t a = layermap_owner(from, L), b = layermap_owner(to, L);
-        if (b != me || a == me)
-            continue;
-        uint32_t which = np > 1 && L >= pf[1] && L < pf[1] + pn[1];
-        size_t got_len;
-        wpiece h;
-        if ((st = pipe_recv(mg->link, (int)a, &h, sizeof h, &got_len, NULL, NULL, err)))
-            break;
-        if (v == PD_OK && (got_len != sizeof h || h.len != 0 || h.layer != L))
-            v = pd_err_set(&ve, PD_ERR_FORMAT, "rank %u: the weights of layer %u from rank %u begin with a bad header",
-                           me, L, a);
-        if (v == PD_OK && h.crc != hcrc)
-            v = pd_err_set(&ve, PD_ERR_MISMATCH, "rank %u: rank %u sends layer %u's weights from another model file "
-                           "(header CRC32C %08x, this rank's %08x)", me, a, L, h.crc, hcrc);
-        uint64_t count = h.off;
-        for (uint64_t k = 0; k < count && st == PD_OK; k++) {
-            if ((st = pipe_recv(mg->link, (int)a, buf, sizeof(wpiece) + WPIECE_MAX, &got_len, NULL, NULL, err)))
-                break;
-            const wpiece *w = (const wpiece *)(const void *)buf;
-            if (v != PD_OK)
-                continue;
-            if (got_len < sizeof *w || w->len != got_len - sizeof *w || w->layer != L || w->off < data ||
-                w->off > size || w->len > size - w->off)
-                v = pd_err_set(&ve, PD_ERR_FORMAT, "rank %u: weights piece %llu of layer %u from rank %u: %zu bytes "
-                               "for offset %llu, length %llu in a %llu-byte file", me, (unsigned long long)k, L, a,
-                               got_len, (unsigned long long)w->off, (unsigned long long)w->len,
-                               (unsigned long long)size);
-            else if (crc32c_update(0, buf + sizeof *w, (size_t)w->len) != w->crc)
-                v = pd_err_set(&ve, PD_ERR_CHECKSUM, "rank %u: weights piece %llu of layer %u from rank %u (file offset "
-                               "%llu): CRC32C %08x, the bytes give %08x", me, (unsigned long long)k, L, a,
-                               (unsigned long long)w->off, w->crc, crc32c_update(0, buf + sizeof *w, (size_t)w->len));
-            else {
-                memcpy(img[which] + w->off, buf + sizeof *w, (size_t)w->len);
-                *bytes += (double)w->len;
-            }
-        }
+        if (b == x.me && a != x.me)
+            st = wx_take_layer(&x, L, a, np > 1 && L >= pf[1] && L < pf[1] + pn[1], err);
     }
-    free(buf);
+    free(x.buf);
     free(need);
-    for (uint32_t i = 0; i < np && *got && v == PD_OK && st == PD_OK; i++) {
-        model_load_opts mo = {.first_layer = pf[i],
-                              .n_layers = pn[i],
-                              .backend = r->o->backend,
-                              .alloc = arena_alloc_iface(r->ar),
-                              .share_rope = r->m};
-        char name[1100];
-        snprintf(name, sizeof name, "%s (layers %u-%u over MPI)", r->o->model_path, pf[i], pf[i] + pn[i] - 1);
-        v = model_load_image(img[i], (size_t)size, name, &mo, &pl[i], &ve);
-        img[i] = NULL; /* the model owns it now, or freed it */
-        if (v == PD_OK && !model_digest_inherit_header(pl[i], r->m))
-            v = pd_err_set(&ve, PD_ERR_MISMATCH, "%s: not the job's model file", name);
-        if (v == PD_OK)
-            pw[i] = pl[i];
-    }
+    if (*got && st == PD_OK)
+        wx_load(&x, np, pf, pn, pw, pl);
     for (uint32_t i = 0; i < 2; i++)
-        model_image_free(img[i], (size_t)size);
-    if (v != PD_OK)
+        model_image_free(x.img[i], (size_t)x.size);
+    if (x.v != PD_OK)
         for (uint32_t i = 0; i < 2; i++) {
             model_free(pl[i]);
             pl[i] = NULL;
             pw[i] = NULL;
         }
-    *local = v;
-    *why = ve;
+    *sent = x.sent;
+    *bytes = x.bytes;
+    *local = x.v;
+    *why = x.ve;
     return st;
 }
 
@@ -658,33 +705,6 @@ static void spares_free(spare_set *ss)
     *ss = (spare_set){0};
 }
 
-/* Everything migrate_run allocates for one migration, freed on every path
- * out of it (the early returns of a broken link included). ss may be NULL. */
-static void run_buffers_free(migrate_move *give, uint32_t n_give, migrate_move *take, uint32_t n_take, model *pl[2],
-                             spare_set *ss, uint64_t *dg, uint64_t *all_dg, migrate_verdict *vd, uint64_t *ids,
-                             uint64_t *pos)
-{
-    if (ss)
-        spares_free(ss);
-    for (uint32_t i = 0; i < 2; i++)
-        model_free(pl[i]);
-    for (uint32_t i = 0; give && i < n_give; i++) {
-        free(give[i].buf);
-        free(give[i].req);
-    }
-    for (uint32_t i = 0; take && i < n_take; i++) {
-        bundle_view_free(take[i].v);
-        free(take[i].buf);
-    }
-    free(give);
-    free(take);
-    free(dg);
-    free(all_dg);
-    free(vd);
-    free(ids);
-    free(pos);
-}
-
 /* The stage owns them now. */
 static void spares_taken(spare_set *ss)
 {
@@ -742,134 +762,222 @@ static pd_status spares_import(migrate *mg, const migrate_move *take, uint32_t n
     return st;
 }
 
-pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *target, migrate_report *rep, pd_err *err)
-{
-    rank *r = mg->r;
-    double t0 = MPI_Wtime();
-    memset(rep, 0, sizeof *rep);
-    rep->from = r->lm;
-    pd_err e = {0};
-    pd_status st = PD_OK;
-    bool pre = precopy_active(mg->pc);
+/* ---- migrate_run: the four steps over one transfer ------------------------------ */
 
-    /* 1. plan: the head checks the target and names the streams */
+/* One migration on this rank: everything migrate_run's steps share, freed
+ * once (xfer_free) on every path out of it, the early returns of a broken
+ * link included. The steps keep this rank's first local failure in st / e
+ * (what it votes in step 3: the job refuses the move, the old map stays) and
+ * return only MPI failures (nothing can be agreed on: the job stops).
+ * INV: give / take hold n_give / n_take moves when not NULL. */
+typedef struct xfer {
+    migrate *mg;             /* borrowed */
+    rank *r;                 /* borrowed: mg->r */
+    migrate_report *rep;     /* borrowed: the caller's */
+    bool pre;                /* the switch of a pre-copy (precopy.h): no bundles */
+    double t0;               /* the action's start */
     migrate_plan plan;
-    uint32_t cap = r->sz.max_streams + 1;
-    uint64_t *ids = calloc(cap, sizeof *ids), *pos = calloc(cap, sizeof *pos);
-    pd_status bs = plan_agree(mg, sc, bud, target, &plan, ids, pos, rep, err);
-    if (bs == PD_OK && pre && !plan.refused && migrate_layers_moved(&plan.to, &mg->pre_to) != 0) {
-        plan.refused = 1; /* every rank sees the same maps */
-        snprintf(rep->why, sizeof rep->why, "the map changed since the pre-copy started");
-    }
-    if (bs || plan.refused) {
-        free(ids);
-        free(pos);
-        if (bs == PD_OK && pre)
-            bs = precopy_stop(mg->pc, err);
-        rep->total_s = MPI_Wtime() - t0;
-        return bs;
-    }
+    uint64_t *ids, *pos;     /* [max_streams + 1]: the plan's streams, the head's positions */
+    uint32_t me, NL, cnt;    /* this rank, the model's layers, the plan's streams */
+    uint32_t of, oe, nf, ne; /* this rank's layers [of, oe) before, [nf, ne) after */
+    uint32_t np, pf[2], pn[2]; /* the new ranges it takes (pieces) */
+    uint32_t ng, gf[2], gn[2]; /* the old ranges it gives */
+    const model *pw[2];      /* [np] weights each new range runs on (NULL: the rank's own model) */
+    model *pl[2];            /* [np] slices loaded for them (owned until slice_keep) */
+    bool mpi_w;              /* those weights came over MPI */
+    bool corrupted;          /* the CORRUPT test hook fired already */
+    migrate_move *give, *take; /* [n_give] layers sent, [n_take] layers received */
+    uint32_t n_give, n_take;
+    uint64_t *dg;            /* [2 * NL]: [L] digest sent, [NL + L] received */
+    uint64_t *all_dg;        /* [size * 2 * NL]: every rank's dg */
+    migrate_verdict *vd;     /* [size]: every rank's verdict */
+    spare_set ss;            /* a receiver's copies, installed at the switch */
+    bool early;              /* the new layers were installed before the vote */
+    uint32_t added;          /* of the new ranges, how many were installed early */
+    uint64_t sent_bytes;
+    double t_xfer, export_s, weights_s, install_s, transfer_s;
+    pd_status st;            /* this rank's verdict: the first local failure */
+    pd_err e;                /* its words */
+} xfer;
 
-    /* 2. copy */
-    const layermap *from = &r->lm, *to = &plan.to;
-    uint32_t me = (uint32_t)r->rank, NL = r->hp.n_layers, cnt = plan.n_streams;
-    uint32_t of = from->first[me], oe = of + from->count[me], nf = to->first[me], ne = nf + to->count[me];
-    uint32_t n_give = 0, n_take = 0;
-    for (uint32_t L = 0; L < NL; L++) {
-        n_give += layermap_owner(from, L) == me && layermap_owner(to, L) != me;
-        n_take += layermap_owner(to, L) == me && layermap_owner(from, L) != me;
+/* Records a local failure unless one is recorded already (the first sticks). */
+static void xfer_fail(xfer *x, pd_status st, const pd_err *e)
+{
+    if (x->st == PD_OK && st != PD_OK) {
+        x->st = st;
+        x->e = *e;
     }
-    migrate_move *give = calloc(n_give + 1, sizeof *give), *take = calloc(n_take + 1, sizeof *take);
-    uint64_t *dg = calloc(2 * (size_t)NL, sizeof *dg);                         /* [L] sent, [NL + L] received */
-    uint64_t *all_dg = calloc(2 * (size_t)NL * (size_t)r->size, sizeof *all_dg);
-    migrate_verdict *vd = calloc((size_t)r->size, sizeof *vd);
-    if (!give || !take || !dg || !all_dg || !vd)
-        st = pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
+}
+
+static void xfer_free(xfer *x)
+{
+    spares_free(&x->ss);
+    for (uint32_t i = 0; i < 2; i++) {
+        model_free(x->pl[i]);
+        x->pl[i] = NULL;
+    }
+    for (uint32_t i = 0; x->give && i < x->n_give; i++) {
+        free(x->give[i].buf);
+        free(x->give[i].req);
+    }
+    for (uint32_t i = 0; x->take && i < x->n_take; i++) {
+        bundle_view_free(x->take[i].v);
+        free(x->take[i].buf);
+    }
+    free(x->give);
+    free(x->take);
+    free(x->dg);
+    free(x->all_dg);
+    free(x->vd);
+    free(x->ids);
+    free(x->pos);
+    x->give = x->take = NULL;
+    x->dg = x->all_dg = x->ids = x->pos = NULL;
+    x->vd = NULL;
+}
+
+/* Step 1 on every rank: the head checks the target and names the streams.
+ * A pre-copy's switch also refuses a map other than the one it copied to. */
+static pd_status xfer_plan(xfer *x, sched *sc, budget *bud, const layermap *target, pd_err *err)
+{
+    uint32_t cap = x->r->sz.max_streams + 1;
+    x->ids = calloc(cap, sizeof *x->ids);
+    x->pos = calloc(cap, sizeof *x->pos);
+    pd_status st = plan_agree(x->mg, sc, bud, target, &x->plan, x->ids, x->pos, x->rep, err);
+    if (st == PD_OK && x->pre && !x->plan.refused && migrate_layers_moved(&x->plan.to, &x->mg->pre_to) != 0) {
+        x->plan.refused = 1; /* every rank sees the same maps */
+        snprintf(x->rep->why, sizeof x->rep->why, "the map changed since the pre-copy started");
+    }
+    return st;
+}
+
+/* Which layers this rank gives and takes, the buffers for them, and the
+ * streams settled at the plan's positions. */
+static void xfer_layout(xfer *x)
+{
+    rank *r = x->r;
+    const layermap *from = &r->lm, *to = &x->plan.to;
+    x->me = (uint32_t)r->rank;
+    x->NL = r->hp.n_layers;
+    x->cnt = x->plan.n_streams;
+    x->of = from->first[x->me];
+    x->oe = x->of + from->count[x->me];
+    x->nf = to->first[x->me];
+    x->ne = x->nf + to->count[x->me];
+    x->np = pieces(x->nf, x->ne, x->of, x->oe, x->pf, x->pn);
+    x->ng = pieces(x->of, x->oe, x->nf, x->ne, x->gf, x->gn);
+    for (uint32_t L = 0; L < x->NL; L++) {
+        x->n_give += layermap_owner(from, L) == x->me && layermap_owner(to, L) != x->me;
+        x->n_take += layermap_owner(to, L) == x->me && layermap_owner(from, L) != x->me;
+    }
+    x->give = calloc(x->n_give + 1, sizeof *x->give);
+    x->take = calloc(x->n_take + 1, sizeof *x->take);
+    x->dg = calloc(2 * (size_t)x->NL, sizeof *x->dg);
+    x->all_dg = calloc(2 * (size_t)x->NL * (size_t)r->size, sizeof *x->all_dg);
+    x->vd = calloc((size_t)r->size, sizeof *x->vd);
+    if (!x->give || !x->take || !x->dg || !x->all_dg || !x->vd)
+        x->st = pd_err_set(&x->e, PD_ERR_NOMEM, "out of memory");
     /* the rows up to the head's positions become final on every rank (what
      * the next micro-batch would do), so records hold final rows only */
+    for (uint32_t i = 0; x->st == PD_OK && i < x->cnt; i++)
+        x->st = stage_settle(r->st, x->ids[i], x->pos[i], &x->e);
+}
+
+/* Weights over MPI first (the link carries them before any bundle), when
+ * this is not a pre-copy's switch (that one's came at migrate_begin). */
+static pd_status xfer_weights_mpi(xfer *x, pd_err *err)
+{
+    double t = MPI_Wtime(), bytes = 0;
+    if (!x->pre) {
+        pd_status local = PD_OK;
+        pd_err why = {0};
+        pd_status st = weights_exchange(x->mg, &x->r->lm, &x->plan.to, x->np, x->pf, x->pn, x->pw, x->pl, &x->mpi_w,
+                                        &x->corrupted, &bytes, &local, &why, err);
+        if (st)
+            return st;
+        if (x->mpi_w)
+            xfer_fail(x, local, &why);
+    }
+    x->weights_s = MPI_Wtime() - t; /* the figure when they came over MPI */
+    x->rep->weights_mpi_bytes = x->pre ? x->mg->pre_w_mpi : bytes;
+    return PD_OK;
+}
+
+/* A source's bundle of one layer. Every record first: the bundle's size is
+ * then known and its buffer is allocated once (no growth copies, one set of
+ * page faults). Called while x->st is PD_OK. */
+static void give_bundle(xfer *x, migrate_move *mv)
+{
+    rank *r = x->r;
+    uint32_t L = mv->layer, cnt = x->cnt;
+    pd_err *e = &x->e;
+    pd_status st = PD_OK;
+    uint8_t **recs = calloc(cnt + 1, sizeof *recs);
+    size_t *lens = calloc(cnt + 1, sizeof *lens), total = BUNDLE_HEADER_BYTES;
+    if (!recs || !lens)
+        st = pd_err_set(e, PD_ERR_NOMEM, "out of memory");
     for (uint32_t i = 0; st == PD_OK && i < cnt; i++)
-        st = stage_settle(r->st, ids[i], pos[i], &e);
-    uint64_t sent_bytes = 0;
-    bool corrupted = false;
-    /* weights over MPI first (the link carries them before any bundle) */
-    uint32_t pf[2], pn[2], np = pieces(nf, ne, of, oe, pf, pn);
-    const model *pw[2] = {NULL, NULL};
-    model *pl[2] = {NULL, NULL};
-    bool mpi_w = false;
-    double t_w = MPI_Wtime(), w_mpi = 0;
-    if (!pre) {
-        pd_status wl = PD_OK;
-        pd_err we = {0};
-        pd_status xs = weights_exchange(mg, from, to, np, pf, pn, pw, pl, &mpi_w, &corrupted, &w_mpi, &wl, &we, err);
-        if (xs) { /* the link is broken: nothing can be agreed on */
-            run_buffers_free(give, n_give, take, n_take, pl, NULL, dg, all_dg, vd, ids, pos);
-            rep->total_s = MPI_Wtime() - t0;
-            return xs;
-        }
-        if (mpi_w && wl && st == PD_OK) {
-            st = wl;
-            e = we;
-        }
+        if ((st = stage_export_layer(r->st, x->ids[i], L, &recs[i], &lens[i], e)) == PD_OK)
+            total += BUNDLE_ENTRY_OVERHEAD + lens[i];
+    membuf mb = {0};
+    if (st == PD_OK && !(mb.p = malloc(total)))
+        st = pd_err_set(e, PD_ERR_NOMEM, "out of memory for layer %u's bundle of %zu bytes", L, total);
+    mb.cap = mb.p ? total : 0;
+    bundle_writer *bw = NULL;
+    if (st == PD_OK)
+        st = bundle_writer_new(membuf_sink, &mb, stage_layer_identity(r->st, L), L, cnt, &bw, e);
+    for (uint32_t i = 0; st == PD_OK && i < cnt; i++)
+        st = bundle_writer_add_record(bw, x->ids[i], recs[i], lens[i], e);
+    for (uint32_t i = 0; recs && i < cnt; i++)
+        free(recs[i]);
+    free(recs);
+    free(lens);
+    if (st == PD_OK)
+        st = bundle_writer_finish(bw, e);
+    bundle_writer_free(bw);
+    if (st != PD_OK) {
+        free(mb.p);
+        pd_err_prefix(e, "rank %u exporting layer %u", x->me, L);
+        x->st = st;
+        return;
     }
-    double w_mpi_s = MPI_Wtime() - t_w;
-    double t_exp = MPI_Wtime();
-    /* sources: one bundle per layer they give, sent without waiting (a
-     * layer whose export failed is announced with length 0) */
+    mv->buf = mb.p;
+    mv->len = mb.n;
+    x->dg[L] = bundle_digest(mb.p, mb.n);
+    x->sent_bytes += mb.n;
+    if (x->mg->fault == MIGRATE_FAULT_CORRUPT && !x->corrupted) {
+        mv->buf[mv->len / 2] ^= 0x40; /* test hook: after the CRC */
+        x->corrupted = true;
+    }
+}
+
+/* Sources: one bundle per layer they give (a layer whose export failed is
+ * announced with length 0). */
+static void xfer_export(xfer *x)
+{
+    double t = MPI_Wtime();
     uint32_t k = 0;
-    for (uint32_t L = of; give && !pre && L < oe; L++) {
-        if (layermap_owner(to, L) == me)
+    for (uint32_t L = x->of; x->give && !x->pre && L < x->oe; L++) {
+        if (layermap_owner(&x->plan.to, L) == x->me)
             continue;
-        migrate_move *mv = &give[k++];
+        migrate_move *mv = &x->give[k++];
         mv->layer = L;
-        mv->peer = (int)layermap_owner(to, L);
+        mv->peer = (int)layermap_owner(&x->plan.to, L);
         mv->len_req = MPI_REQUEST_NULL;
-        if (st == PD_OK) {
-            /* every record first: the bundle's size is then known and its
-             * buffer is allocated once (no growth copies, one set of page
-             * faults) */
-            uint8_t **recs = calloc(cnt + 1, sizeof *recs);
-            size_t *lens = calloc(cnt + 1, sizeof *lens), total = BUNDLE_HEADER_BYTES;
-            if (!recs || !lens)
-                st = pd_err_set(&e, PD_ERR_NOMEM, "out of memory");
-            for (uint32_t i = 0; st == PD_OK && i < cnt; i++)
-                if ((st = stage_export_layer(r->st, ids[i], L, &recs[i], &lens[i], &e)) == PD_OK)
-                    total += BUNDLE_ENTRY_OVERHEAD + lens[i];
-            membuf mb = {0};
-            if (st == PD_OK && !(mb.p = malloc(total)))
-                st = pd_err_set(&e, PD_ERR_NOMEM, "out of memory for layer %u's bundle of %zu bytes", L, total);
-            mb.cap = mb.p ? total : 0;
-            bundle_writer *bw = NULL;
-            if (st == PD_OK)
-                st = bundle_writer_new(membuf_sink, &mb, stage_layer_identity(r->st, L), L, cnt, &bw, &e);
-            for (uint32_t i = 0; st == PD_OK && i < cnt; i++)
-                st = bundle_writer_add_record(bw, ids[i], recs[i], lens[i], &e);
-            for (uint32_t i = 0; recs && i < cnt; i++)
-                free(recs[i]);
-            free(recs);
-            free(lens);
-            if (st == PD_OK)
-                st = bundle_writer_finish(bw, &e);
-            bundle_writer_free(bw);
-            if (st == PD_OK) {
-                mv->buf = mb.p;
-                mv->len = mb.n;
-                dg[L] = bundle_digest(mb.p, mb.n);
-                sent_bytes += mb.n;
-                if (mg->fault == MIGRATE_FAULT_CORRUPT && !corrupted) {
-                    mv->buf[mv->len / 2] ^= 0x40; /* test hook: after the CRC */
-                    corrupted = true;
-                }
-            } else {
-                free(mb.p);
-                pd_err_prefix(&e, "rank %u exporting layer %u", me, L);
-            }
-        }
+        if (x->st == PD_OK)
+            give_bundle(x, mv);
     }
-    double export_s = MPI_Wtime() - t_exp, t_xfer = MPI_Wtime();
-    pd_status ms = PD_OK; /* MPI failures: the job cannot go on */
-    for (uint32_t i = 0; i < k && ms == PD_OK; i++) {
-        migrate_move *mv = &give[i];
-        ms = pipe_isend(mg->link, mv->peer, &mv->len, sizeof mv->len, &mv->len_req, err);
+    x->export_s = MPI_Wtime() - t;
+}
+
+/* Sent without waiting: the length, then the bundle in pieces. */
+static pd_status xfer_send(xfer *x, pd_err *err)
+{
+    pd_status ms = PD_OK;
+    x->t_xfer = MPI_Wtime();
+    for (uint32_t i = 0; x->give && !x->pre && i < x->n_give && ms == PD_OK; i++) {
+        migrate_move *mv = &x->give[i];
+        ms = pipe_isend(x->mg->link, mv->peer, &mv->len, sizeof mv->len, &mv->len_req, err);
         if (ms == PD_OK && mv->len) {
             mv->req = calloc(n_pieces(mv->len), sizeof *mv->req);
             if (!mv->req) /* the receiver expects the pieces: nothing can be agreed on */
@@ -877,208 +985,268 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
         }
         for (uint64_t q = 0; ms == PD_OK && q < n_pieces(mv->len); q++) {
             uint64_t off = q * MIGRATE_PIECE, n = mv->len - off < MIGRATE_PIECE ? mv->len - off : MIGRATE_PIECE;
-            ms = pipe_isend(mg->link, mv->peer, mv->buf + off, (size_t)n, &mv->req[q], err);
+            ms = pipe_isend(x->mg->link, mv->peer, mv->buf + off, (size_t)n, &mv->req[q], err);
             mv->n_req = q + 1;
         }
     }
-    /* receivers: weights first (the file, not the wire), then each bundle,
-     * validated whole */
-    if (st != PD_OK)
-        np = 0;
-    t_w = MPI_Wtime();
-    if (pre) {
-        /* the weights came during the pre-copy (or come now), the rows
-         * since its last chunks come now */
-        if (st == PD_OK) {
-            precopy_weights(mg, to);
+    return ms;
+}
+
+/* Receivers' weights when they did not come over MPI: the pre-copy's (loaded
+ * during it, or now), or the file's. */
+static void xfer_weights(xfer *x)
+{
+    migrate *mg = x->mg;
+    if (x->st != PD_OK)
+        x->np = 0;
+    double t = MPI_Wtime();
+    if (x->pre) {
+        if (x->st == PD_OK) {
+            precopy_weights(mg, &x->plan.to);
             for (uint32_t i = 0; i < 2; i++) {
-                pw[i] = mg->pre_pw[i];
-                pl[i] = mg->pre_pl[i];
+                x->pw[i] = mg->pre_pw[i];
+                x->pl[i] = mg->pre_pl[i];
                 mg->pre_pl[i] = NULL;
             }
-            if (mg->pre_w_status) {
-                st = mg->pre_w_status;
-                e = mg->pre_w_err;
-            }
+            xfer_fail(x, mg->pre_w_status, &mg->pre_w_err);
         }
-    } else if (!mpi_w)
-        for (uint32_t i = 0; i < np && st == PD_OK; i++)
-            st = weights_for(mg, pf[i], pn[i], &pw[i], &pl[i], &e);
-    double weights_s = pre ? mg->pre_w_s : mpi_w ? w_mpi_s : MPI_Wtime() - t_w;
-    rep->weights_mpi_bytes = pre ? mg->pre_w_mpi : w_mpi;
-    if (pre && ms == PD_OK) {
-        pd_status local = PD_OK;
-        pd_err why = {0};
-        ms = precopy_finish(mg->pc, ids, cnt, dg, &local, &why, err);
-        if (ms == PD_OK && local != PD_OK && st == PD_OK) {
-            st = local;
-            e = why;
-        }
-        precopy_stats ps;
-        precopy_get_stats(mg->pc, &ps);
-        sent_bytes = ps.bytes_sent + ps.final_bytes;
-        rep->precopy_bytes = ps.bytes_sent;
-        rep->final_bytes = ps.final_bytes;
-        rep->resets = ps.resets;
-        rep->precopy_s = t0 - ps.started;
-        rep->precopy_send_s = ps.send_s;
-        rep->precopy_recv_s = ps.recv_s;
-        rep->precopy_alloc_s = ps.alloc_s;
+        x->weights_s = mg->pre_w_s;
+    } else if (!x->mpi_w) {
+        for (uint32_t i = 0; i < x->np && x->st == PD_OK; i++)
+            x->st = weights_for(mg, x->pf[i], x->pn[i], &x->pw[i], &x->pl[i], &x->e);
+        x->weights_s = MPI_Wtime() - t;
     }
-    k = 0;
-    for (uint32_t L = nf; take && !pre && L < ne && ms == PD_OK; L++) {
-        if (layermap_owner(from, L) == me)
+}
+
+/* A pre-copy's switch: the rows since its last chunks travel now. */
+static pd_status xfer_precopy_finish(xfer *x, pd_err *err)
+{
+    if (!x->pre)
+        return PD_OK;
+    migrate_report *rep = x->rep;
+    pd_status local = PD_OK;
+    pd_err why = {0};
+    pd_status ms = precopy_finish(x->mg->pc, x->ids, x->cnt, x->dg, &local, &why, err);
+    if (ms == PD_OK)
+        xfer_fail(x, local, &why);
+    precopy_stats ps;
+    precopy_get_stats(x->mg->pc, &ps);
+    x->sent_bytes = ps.bytes_sent + ps.final_bytes;
+    rep->precopy_bytes = ps.bytes_sent;
+    rep->final_bytes = ps.final_bytes;
+    rep->resets = ps.resets;
+    rep->precopy_s = x->t0 - ps.started;
+    rep->precopy_send_s = ps.send_s;
+    rep->precopy_recv_s = ps.recv_s;
+    rep->precopy_alloc_s = ps.alloc_s;
+    return ms;
+}
+
+/* A received bundle against the plan: this stage's identity of its layer,
+ * the layer, the plan's streams. */
+static pd_status take_check(const xfer *x, migrate_move *mv, pd_err *e)
+{
+    uint32_t L = mv->layer;
+    uint64_t id = stage_layer_identity(x->r->st, L);
+    pd_status st = bundle_parse(mv->buf, (size_t)mv->len, &mv->v, e);
+    if (st == PD_OK && mv->v->identity != id)
+        st = pd_err_set(e, PD_ERR_MISMATCH, "identity %016llx, expected %016llx (another model or policy)",
+                        (unsigned long long)mv->v->identity, (unsigned long long)id);
+    else if (st == PD_OK && mv->v->layer != L)
+        st = pd_err_set(e, PD_ERR_FORMAT, "holds layer %u", mv->v->layer);
+    else if (st == PD_OK && mv->v->n_streams != x->cnt)
+        st = pd_err_set(e, PD_ERR_FORMAT, "holds %llu streams, the plan %u", (unsigned long long)mv->v->n_streams,
+                        x->cnt);
+    for (uint64_t i = 0; st == PD_OK && i < mv->v->n_streams; i++) {
+        bool known = false;
+        for (uint32_t j = 0; j < x->cnt; j++)
+            known |= x->ids[j] == mv->v->entries[i].stream;
+        if (!known)
+            st = pd_err_set(e, PD_ERR_FORMAT, "stream %llu is not in the plan",
+                            (unsigned long long)mv->v->entries[i].stream);
+    }
+    if (st)
+        pd_err_prefix(e, "rank %u: layer %u from rank %d", x->me, L, mv->peer);
+    return st;
+}
+
+/* A receiver's bundle of one layer, validated whole. A bundle nobody wants
+ * (this rank failed already, or has no memory for it) is still received,
+ * into nothing, so the link stays in step. */
+static pd_status take_bundle(xfer *x, migrate_move *mv, pd_err *err)
+{
+    size_t got;
+    pd_status ms = pipe_recv(x->mg->link, mv->peer, &mv->len, sizeof mv->len, &got, NULL, NULL, err);
+    if (ms)
+        return ms;
+    if (mv->len == 0) {
+        if (x->st == PD_OK)
+            x->st = pd_err_set(&x->e, PD_ERR_REFUSED, "rank %d could not export layer %u", mv->peer, mv->layer);
+        return PD_OK;
+    }
+    mv->buf = (x->st == PD_OK && mv->len <= SIZE_MAX) ? malloc((size_t)mv->len) : NULL;
+    if (!mv->buf && x->st == PD_OK)
+        x->st = pd_err_set(&x->e, PD_ERR_NOMEM, "rank %u: no memory for layer %u's %llu bytes", x->me, mv->layer,
+                           (unsigned long long)mv->len);
+    for (uint64_t q = 0; ms == PD_OK && q < n_pieces(mv->len); q++) {
+        uint64_t off = q * MIGRATE_PIECE, n = mv->len - off < MIGRATE_PIECE ? mv->len - off : MIGRATE_PIECE;
+        pd_status rs = pipe_recv(x->mg->link, mv->peer, mv->buf ? mv->buf + off : NULL, mv->buf ? (size_t)n : 0, &got,
+                                 NULL, NULL, err);
+        if (rs != PD_OK && mv->buf)
+            ms = rs;
+    }
+    if (ms || x->st != PD_OK || !mv->buf)
+        return ms;
+    x->dg[x->NL + mv->layer] = bundle_digest(mv->buf, (size_t)mv->len);
+    x->st = take_check(x, mv, &x->e);
+    return PD_OK;
+}
+
+/* Receivers: each bundle of a layer they take, from its old owner. */
+static pd_status xfer_receive(xfer *x, pd_err *err)
+{
+    const layermap *from = &x->r->lm;
+    pd_status ms = PD_OK;
+    uint32_t k = 0;
+    for (uint32_t L = x->nf; x->take && !x->pre && L < x->ne && ms == PD_OK; L++) {
+        if (layermap_owner(from, L) == x->me)
             continue;
-        migrate_move *mv = &take[k++];
+        migrate_move *mv = &x->take[k++];
         mv->layer = L;
         mv->peer = (int)layermap_owner(from, L);
-        size_t got;
-        ms = pipe_recv(mg->link, mv->peer, &mv->len, sizeof mv->len, &got, NULL, NULL, err);
-        if (ms)
-            break;
-        if (mv->len == 0) {
-            if (st == PD_OK)
-                st = pd_err_set(&e, PD_ERR_REFUSED, "rank %d could not export layer %u", mv->peer, L);
-            continue;
-        }
-        mv->buf = (st == PD_OK && mv->len <= SIZE_MAX) ? malloc((size_t)mv->len) : NULL;
-        if (!mv->buf && st == PD_OK)
-            st = pd_err_set(&e, PD_ERR_NOMEM, "rank %u: no memory for layer %u's %llu bytes", me, L,
-                            (unsigned long long)mv->len);
-        /* a bundle nobody wants is still received (into nothing) so the
-         * link stays in step */
-        for (uint64_t q = 0; ms == PD_OK && q < n_pieces(mv->len); q++) {
-            uint64_t off = q * MIGRATE_PIECE, n = mv->len - off < MIGRATE_PIECE ? mv->len - off : MIGRATE_PIECE;
-            pd_status rs = pipe_recv(mg->link, mv->peer, mv->buf ? mv->buf + off : NULL, mv->buf ? (size_t)n : 0, &got,
-                                     NULL, NULL, err);
-            if (rs != PD_OK && mv->buf)
-                ms = rs;
-        }
-        if (ms)
-            break;
-        if (st != PD_OK || !mv->buf)
-            continue;
-        dg[NL + L] = bundle_digest(mv->buf, (size_t)mv->len);
-        st = bundle_parse(mv->buf, (size_t)mv->len, &mv->v, &e);
-        if (st == PD_OK && mv->v->identity != stage_layer_identity(r->st, L))
-            st = pd_err_set(&e, PD_ERR_MISMATCH, "identity %016llx, expected %016llx (another model or policy)",
-                            (unsigned long long)mv->v->identity, (unsigned long long)stage_layer_identity(r->st, L));
-        else if (st == PD_OK && mv->v->layer != L)
-            st = pd_err_set(&e, PD_ERR_FORMAT, "holds layer %u", mv->v->layer);
-        else if (st == PD_OK && mv->v->n_streams != cnt)
-            st = pd_err_set(&e, PD_ERR_FORMAT, "holds %llu streams, the plan %u", (unsigned long long)mv->v->n_streams,
-                            cnt);
-        for (uint64_t i = 0; st == PD_OK && i < mv->v->n_streams; i++) {
-            bool known = false;
-            for (uint32_t j = 0; j < cnt; j++)
-                known |= ids[j] == mv->v->entries[i].stream;
-            if (!known)
-                st = pd_err_set(&e, PD_ERR_FORMAT, "stream %llu is not in the plan",
-                                (unsigned long long)mv->v->entries[i].stream);
-        }
-        if (st)
-            pd_err_prefix(&e, "rank %u: layer %u from rank %d", me, L, mv->peer);
+        ms = take_bundle(x, mv, err);
     }
-    /* the receiver's own memory check, on the bytes that arrived (the head
-     * checked the predicted reservations already) */
-    uint64_t lim = r->o->mem_limit, incoming = 0;
-    for (uint32_t i = 0; take && !pre && i < n_take; i++)
-        incoming += take[i].len;
-    stage_mem sm;
-    stage_memory(r->st, &sm);
-    if (st == PD_OK && lim != 0 && lim != UINT64_MAX && sm.cache_bytes + incoming > lim)
-        st = pd_err_set(&e, PD_ERR_RANGE,
-                        "rank %u: its caches hold %llu bytes; the %llu bytes of state arriving would pass its "
-                        "--mem-limit of %llu", me, (unsigned long long)sm.cache_bytes, (unsigned long long)incoming,
-                        (unsigned long long)lim);
-    /* Install before the vote when the layers taken sit next to the ones
-     * held (every move between neighbours): the caches' own install
-     * validation (geometry against this stage's configuration) then runs
-     * before this rank votes, and a refusal only removes the added layers
-     * again. A rank whose new range does not meet its old one cannot hold
-     * both: it installs at the switch. */
-    uint32_t lo = nf > of ? nf : of, hi = ne < oe ? ne : oe, added = 0;
-    bool early = st == PD_OK && ms == PD_OK && np > 0 && lo < hi;
-    double t_inst = MPI_Wtime();
-    for (uint32_t i = 0; early && st == PD_OK && i < np; i++)
-        if ((st = pre ? precopy_add_layers(mg->pc, pf[i], pn[i], pw[i], ids, cnt, &e)
-                      : stage_add_layers(r->st, pf[i], pn[i], pw[i], &e)) == PD_OK)
-            added++;
-    for (uint32_t i = 0; early && !pre && st == PD_OK && i < n_take; i++)
-        for (uint64_t j = 0; st == PD_OK && j < take[i].v->n_streams; j++)
-            if ((st = stage_import_layer(r->st, take[i].v->entries[j].stream, take[i].layer,
-                                         take[i].v->entries[j].record, take[i].v->entries[j].len, &e)) != PD_OK)
-                pd_err_prefix(&e, "rank %u: installing layer %u", me, take[i].layer);
-    if (early && st != PD_OK) { /* back to exactly what it held */
-        for (uint32_t i = 0; i < added; i++)
-            CHECK(stage_remove_layers(r->st, pf[i], pn[i], &(pd_err){0}) == PD_OK);
-        early = false;
-    }
-    /* A rank that installs at the switch validates now what it will install:
-     * pre-copied copies against the stage (stage_check_copy), bundle records
-     * imported into copies of its own (lcache_wire_import: geometry, kind,
-     * position), which the switch then hands to the stage. */
-    spare_set ss = {0};
-    if (!early && st == PD_OK && ms == PD_OK && np > 0) {
-        if (pre)
-            st = precopy_check(mg->pc, ids, cnt, &e);
-        else
-            st = spares_import(mg, take, n_take, &ss, &e);
-    }
-    double install_s = MPI_Wtime() - t_inst;
-    for (uint32_t i = 0; give && !pre && i < n_give && ms == PD_OK; i++) {
-        ms = pipe_wait(mg->link, &give[i].len_req, NULL, err);
-        for (uint64_t q = 0; ms == PD_OK && q < give[i].n_req; q++)
-            ms = pipe_wait(mg->link, &give[i].req[q], NULL, err);
-    }
-    double transfer_s = MPI_Wtime() - t_xfer - weights_s - install_s;
-    if (ms) { /* the link is broken: nothing can be agreed on */
-        run_buffers_free(give, n_give, take, n_take, pl, &ss, dg, all_dg, vd, ids, pos);
-        rep->total_s = MPI_Wtime() - t0;
-        return ms;
-    }
+    return ms;
+}
 
-    /* 3. ack: verdicts and digests on every rank */
-    uint64_t release_bytes = 0;
-    {
-        uint32_t gf[2], gn[2], ng = pieces(of, oe, nf, ne, gf, gn);
-        for (uint32_t i = 0; i < ng; i++) {
-            release_bytes += model_layers_bytes(r->m, gf[i], gn[i]);
-            for (uint32_t q = 0; q < mg->n_layers; q++) /* and of slices received earlier */
-                if (mg->slices[q])
-                    release_bytes += model_layers_bytes(mg->slices[q], gf[i], gn[i]);
-        }
+/* The receiver's own memory check, on the bytes that arrived (the head
+ * checked the predicted reservations already). */
+static void xfer_mem_check(xfer *x)
+{
+    uint64_t lim = x->r->o->mem_limit, incoming = 0;
+    for (uint32_t i = 0; x->take && !x->pre && i < x->n_take; i++)
+        incoming += x->take[i].len;
+    stage_mem sm;
+    stage_memory(x->r->st, &sm);
+    if (x->st == PD_OK && lim != 0 && lim != UINT64_MAX && sm.cache_bytes + incoming > lim)
+        x->st = pd_err_set(&x->e, PD_ERR_RANGE,
+                           "rank %u: its caches hold %llu bytes; the %llu bytes of state arriving would pass its "
+                           "--mem-limit of %llu", x->me, (unsigned long long)sm.cache_bytes,
+                           (unsigned long long)incoming, (unsigned long long)lim);
+}
+
+/* Back to exactly the layers the stage held before the early install. */
+static void xfer_remove_added(xfer *x)
+{
+    for (uint32_t i = 0; i < x->added; i++)
+        CHECK(stage_remove_layers(x->r->st, x->pf[i], x->pn[i], &(pd_err){0}) == PD_OK);
+    x->added = 0;
+    x->early = false;
+}
+
+/* Install before the vote when the layers taken sit next to the ones held
+ * (every move between neighbours): the caches' own install validation
+ * (geometry against this stage's configuration) then runs before this rank
+ * votes, and a refusal only removes the added layers again. A rank whose
+ * new range does not meet its old one cannot hold both: it installs at the
+ * switch, and validates now what it will install: pre-copied copies against
+ * the stage (stage_check_copy), bundle records imported into copies of its
+ * own (lcache_wire_import: geometry, kind, position), which the switch then
+ * hands to the stage. */
+static void xfer_install(xfer *x)
+{
+    rank *r = x->r;
+    double t = MPI_Wtime();
+    uint32_t lo = x->nf > x->of ? x->nf : x->of, hi = x->ne < x->oe ? x->ne : x->oe;
+    x->early = x->st == PD_OK && x->np > 0 && lo < hi;
+    for (uint32_t i = 0; x->early && x->st == PD_OK && i < x->np; i++)
+        if ((x->st = x->pre ? precopy_add_layers(x->mg->pc, x->pf[i], x->pn[i], x->pw[i], x->ids, x->cnt, &x->e)
+                            : stage_add_layers(r->st, x->pf[i], x->pn[i], x->pw[i], &x->e)) == PD_OK)
+            x->added++;
+    for (uint32_t i = 0; x->early && !x->pre && x->st == PD_OK && i < x->n_take; i++) {
+        const migrate_move *mv = &x->take[i];
+        for (uint64_t j = 0; x->st == PD_OK && j < mv->v->n_streams; j++)
+            if ((x->st = stage_import_layer(r->st, mv->v->entries[j].stream, mv->layer, mv->v->entries[j].record,
+                                            mv->v->entries[j].len, &x->e)) != PD_OK)
+                pd_err_prefix(&x->e, "rank %u: installing layer %u", x->me, mv->layer);
     }
-    migrate_verdict mine = {.status = st, .copy_s = MPI_Wtime() - t0, .export_s = export_s, .weights_s = weights_s,
-                            .transfer_s = transfer_s, .bytes = sent_bytes, .precopy_bytes = rep->precopy_bytes,
-                            .final_bytes = rep->final_bytes, .resets = rep->resets,
-                            .weights_mpi_bytes = rep->weights_mpi_bytes,
-                            .release_bytes = release_bytes,
-                            .precopy_send_s = rep->precopy_send_s,
-                            .precopy_recv_s = rep->precopy_recv_s,
-                            .precopy_alloc_s = rep->precopy_alloc_s};
-    if (st)
-        snprintf(mine.msg, sizeof mine.msg, "%s", e.msg);
-    pd_status gs = pipe_allgather(r->p, &mine, sizeof mine, vd, err);
-    if (gs == PD_OK)
-        gs = pipe_allgather(r->p, dg, 2 * (size_t)NL * sizeof *dg, all_dg, err);
-    if (gs) {
-        run_buffers_free(give, n_give, take, n_take, pl, &ss, dg, all_dg, vd, ids, pos);
-        rep->total_s = MPI_Wtime() - t0;
-        return gs;
+    if (x->early && x->st != PD_OK)
+        xfer_remove_added(x);
+    if (!x->early && x->st == PD_OK && x->np > 0)
+        x->st = x->pre ? precopy_check(x->mg->pc, x->ids, x->cnt, &x->e) : spares_import(x->mg, x->take, x->n_take,
+                                                                                         &x->ss, &x->e);
+    x->install_s = MPI_Wtime() - t;
+}
+
+static pd_status xfer_wait_sends(xfer *x, pd_err *err)
+{
+    pd_status ms = PD_OK;
+    for (uint32_t i = 0; x->give && !x->pre && i < x->n_give && ms == PD_OK; i++) {
+        ms = pipe_wait(x->mg->link, &x->give[i].len_req, NULL, err);
+        for (uint64_t q = 0; ms == PD_OK && q < x->give[i].n_req; q++)
+            ms = pipe_wait(x->mg->link, &x->give[i].req[q], NULL, err);
     }
+    return ms;
+}
+
+/* Step 2 on every rank: weights, bundles out, bundles in (validated whole),
+ * installed early or checked for the switch. */
+static pd_status xfer_copy(xfer *x, pd_err *err)
+{
+    xfer_layout(x);
+    pd_status ms = xfer_weights_mpi(x, err);
+    if (ms == PD_OK) {
+        xfer_export(x);
+        ms = xfer_send(x, err);
+    }
+    if (ms == PD_OK) {
+        xfer_weights(x);
+        ms = xfer_precopy_finish(x, err);
+    }
+    if (ms == PD_OK)
+        ms = xfer_receive(x, err);
+    if (ms == PD_OK) {
+        xfer_mem_check(x);
+        xfer_install(x);
+        ms = xfer_wait_sends(x, err);
+    }
+    x->transfer_s = MPI_Wtime() - x->t_xfer - x->weights_s - x->install_s;
+    return ms;
+}
+
+/* The weight bytes this rank frees at the switch: the layers it gives, in
+ * its own model and in slices received earlier. */
+static uint64_t xfer_release_bytes(const xfer *x)
+{
+    uint64_t b = 0;
+    for (uint32_t i = 0; i < x->ng; i++) {
+        b += model_layers_bytes(x->r->m, x->gf[i], x->gn[i]);
+        for (uint32_t q = 0; q < x->mg->n_layers; q++)
+            if (x->mg->slices[q])
+                b += model_layers_bytes(x->mg->slices[q], x->gf[i], x->gn[i]);
+    }
+    return b;
+}
+
+/* The job's verdict from every rank's: the first failing rank's words, or
+ * a layer whose two ends hold state of different digests. */
+static pd_status xfer_verdict(xfer *x)
+{
+    migrate_report *rep = x->rep;
+    const layermap *from = &x->r->lm, *to = &x->plan.to;
+    uint32_t NL = x->NL;
     pd_status verdict = PD_OK;
-    for (int q = 0; q < r->size && verdict == PD_OK; q++)
-        if (vd[q].status) {
-            verdict = (pd_status)vd[q].status;
-            snprintf(rep->why, sizeof rep->why, "%s", vd[q].msg);
+    for (int q = 0; q < x->r->size && verdict == PD_OK; q++)
+        if (x->vd[q].status) {
+            verdict = (pd_status)x->vd[q].status;
+            snprintf(rep->why, sizeof rep->why, "%s", x->vd[q].msg);
         }
     for (uint32_t L = 0; L < NL && verdict == PD_OK; L++) {
         uint32_t a = layermap_owner(from, L), b = layermap_owner(to, L);
         if (a == b)
             continue;
         rep->layers_moved++;
-        uint64_t sent = all_dg[(size_t)a * 2 * NL + L], got = all_dg[(size_t)b * 2 * NL + NL + L];
+        uint64_t sent = x->all_dg[(size_t)a * 2 * NL + L], got = x->all_dg[(size_t)b * 2 * NL + NL + L];
         if (sent != got) {
             verdict = PD_ERR_CHECKSUM;
             snprintf(rep->why, sizeof rep->why,
@@ -1086,11 +1254,17 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
                      (unsigned long long)got, a, (unsigned long long)sent);
         }
     }
+    return verdict;
+}
+
+/* The report's figures become the job's: sums, and maxima over ranks. */
+static void report_sum(migrate_report *rep, const migrate_verdict *vd, int size)
+{
     rep->precopy_bytes = rep->final_bytes = rep->resets = 0;
     rep->weights_mpi_bytes = 0;
     rep->weights_released = 0;
     rep->precopy_send_s = rep->precopy_recv_s = rep->precopy_alloc_s = 0; /* the job's: the maximum over ranks */
-    for (int q = 0; q < r->size; q++) {
+    for (int q = 0; q < size; q++) {
         rep->bytes += vd[q].bytes;
         rep->precopy_bytes += vd[q].precopy_bytes;
         rep->final_bytes += vd[q].final_bytes;
@@ -1111,74 +1285,117 @@ pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *targe
         if (vd[q].transfer_s > rep->transfer_s)
             rep->transfer_s = vd[q].transfer_s;
     }
+}
 
-    /* 4. switch, or drop what was prepared */
-    double t1 = MPI_Wtime();
-    pd_status cs = PD_OK;
-    if (verdict != PD_OK && early) /* refused elsewhere: drop what this rank added */
-        for (uint32_t i = 0; i < added; i++)
-            CHECK(stage_remove_layers(r->st, pf[i], pn[i], &(pd_err){0}) == PD_OK);
+/* Step 3 on every rank: verdicts and digests gathered, *verdict the job's. */
+static pd_status xfer_ack(xfer *x, pd_status *verdict, pd_err *err)
+{
+    rank *r = x->r;
+    migrate_report *rep = x->rep;
+    uint64_t release_bytes = xfer_release_bytes(x);
+    migrate_verdict mine = {.status = x->st, .copy_s = MPI_Wtime() - x->t0, .export_s = x->export_s,
+                            .weights_s = x->weights_s, .transfer_s = x->transfer_s, .bytes = x->sent_bytes,
+                            .precopy_bytes = rep->precopy_bytes, .final_bytes = rep->final_bytes,
+                            .resets = rep->resets, .weights_mpi_bytes = rep->weights_mpi_bytes,
+                            .release_bytes = release_bytes, .precopy_send_s = rep->precopy_send_s,
+                            .precopy_recv_s = rep->precopy_recv_s, .precopy_alloc_s = rep->precopy_alloc_s};
+    if (x->st)
+        snprintf(mine.msg, sizeof mine.msg, "%s", x->e.msg);
+    pd_status st = pipe_allgather(r->p, &mine, sizeof mine, x->vd, err);
+    if (st == PD_OK)
+        st = pipe_allgather(r->p, x->dg, 2 * (size_t)x->NL * sizeof *x->dg, x->all_dg, err);
+    if (st)
+        return st;
+    *verdict = xfer_verdict(x);
+    report_sum(rep, x->vd, r->size);
+    return PD_OK;
+}
+
+/* The switch on a rank, every rank having agreed: the layers given go (and
+ * the giver keeps no weights of them), the layers taken come in, the map and
+ * the head's budget follow. */
+static pd_status xfer_commit(xfer *x, sched *sc, budget *bud, pd_err *err)
+{
+    rank *r = x->r;
+    migrate *mg = x->mg;
+    pd_status st = PD_OK;
+    for (uint32_t i = 0; i < x->ng && st == PD_OK; i++)
+        st = stage_remove_layers(r->st, x->gf[i], x->gn[i], err);
+    /* slices go in slices_prune below, the rank's own model's layers here */
+    for (uint32_t i = 0; i < x->ng && st == PD_OK; i++) {
+        model_release_layers(r->m, x->gf[i], x->gn[i]);
+        for (uint32_t q = 0; q < mg->n_layers; q++)
+            if (mg->slices[q])
+                model_release_layers(mg->slices[q], x->gf[i], x->gn[i]);
+        for (uint32_t L = x->gf[i]; L < x->gf[i] + x->gn[i]; L++)
+            mg->src[L] = NULL;
+    }
+    for (uint32_t i = 0; i < x->np && st == PD_OK; i++) {
+        if (!x->early)
+            st = x->pre ? precopy_add_layers(mg->pc, x->pf[i], x->pn[i], x->pw[i], x->ids, x->cnt, err)
+                        : stage_add_layers_from(r->st, x->pf[i], x->pn[i], x->pw[i], spare_offer, &x->ss, err);
+        if (st == PD_OK && x->pl[i]) {
+            slice_keep(mg, x->pl[i]);
+            x->pl[i] = NULL;
+        }
+        for (uint32_t L = x->pf[i]; st == PD_OK && L < x->pf[i] + x->pn[i]; L++)
+            mg->src[L] = x->pw[i];
+    }
+    if (!x->early && !x->pre && st == PD_OK)
+        spares_taken(&x->ss);
+    if (st == PD_OK) {
+        r->lm = x->plan.to;
+        slices_prune(mg);
+        if (bud)
+            st = budget_for_map(bud, sc, &x->plan.to, false, err);
+    }
+    if (st)
+        pd_err_prefix(err, "migration: switching to the new map failed on rank %u after every rank agreed", x->me);
+    return st;
+}
+
+/* Step 4: switch, or drop what was prepared. */
+static pd_status xfer_switch(xfer *x, sched *sc, budget *bud, pd_status verdict, pd_err *err)
+{
+    double t = MPI_Wtime();
+    pd_status st = PD_OK;
+    if (verdict != PD_OK && x->early) /* refused elsewhere: drop what this rank added */
+        xfer_remove_added(x);
     if (verdict == PD_OK) {
-        uint32_t gf[2], gn[2], ng = pieces(of, oe, nf, ne, gf, gn);
-        for (uint32_t i = 0; i < ng && cs == PD_OK; i++)
-            cs = stage_remove_layers(r->st, gf[i], gn[i], err);
-        /* the giver keeps no weights of what it gave (slices go in
-         * slices_prune below, its own model's layers here) */
-        for (uint32_t i = 0; i < ng && cs == PD_OK; i++) {
-            model_release_layers(r->m, gf[i], gn[i]);
-            for (uint32_t q = 0; q < mg->n_layers; q++)
-                if (mg->slices[q])
-                    model_release_layers(mg->slices[q], gf[i], gn[i]);
-            for (uint32_t L = gf[i]; L < gf[i] + gn[i]; L++)
-                mg->src[L] = NULL;
-        }
-        for (uint32_t i = 0; i < np && cs == PD_OK; i++) {
-            if (!early)
-                cs = pre ? precopy_add_layers(mg->pc, pf[i], pn[i], pw[i], ids, cnt, err)
-                         : stage_add_layers_from(r->st, pf[i], pn[i], pw[i], spare_offer, &ss, err);
-            if (cs == PD_OK && pl[i]) {
-                slice_keep(mg, pl[i]);
-                pl[i] = NULL;
-            }
-            for (uint32_t L = pf[i]; cs == PD_OK && L < pf[i] + pn[i]; L++)
-                mg->src[L] = pw[i];
-        }
-        if (!early && !pre && cs == PD_OK)
-            spares_taken(&ss);
-        if (cs == PD_OK) {
-            r->lm = plan.to;
-            slices_prune(mg);
-            if (bud) {
-                stream_table *t = sched_streams(sc);
-                uint32_t n = 0;
-                uint64_t *prv = calloc(stream_table_capacity(t) + 1, sizeof *prv);
-                uint32_t *mnv = calloc(stream_table_capacity(t) + 1, sizeof *mnv);
-                if (!prv || !mnv)
-                    cs = pd_err_set(err, PD_ERR_NOMEM, "out of memory");
-                for (uint32_t i = 0; cs == PD_OK && i < stream_table_capacity(t); i++)
-                    if (stream_table_at(t, i)) {
-                        prv[n] = stream_table_at(t, i)->prefill_rows;
-                        mnv[n++] = stream_table_at(t, i)->max_new;
-                    }
-                if (cs == PD_OK)
-                    cs = budget_remap(bud, plan.to.first, plan.to.count, prv, mnv, n, false, err);
-                free(prv);
-                free(mnv);
-            }
-        }
-        if (cs)
-            pd_err_prefix(err, "migration: switching to the new map failed on rank %u after every rank agreed", me);
-        rep->moved = cs == PD_OK;
+        st = xfer_commit(x, sc, bud, err);
+        x->rep->moved = st == PD_OK;
     }
-    rep->switch_s = MPI_Wtime() - t1 + install_s; /* installing early is part of the switch */
-    run_buffers_free(give, n_give, take, n_take, pl, &ss, dg, all_dg, vd, ids, pos);
-    if (pre) { /* moved or refused: the copies left go */
+    x->rep->switch_s = MPI_Wtime() - t + x->install_s; /* installing early is part of the switch */
+    return st;
+}
+
+pd_status migrate_run(migrate *mg, sched *sc, budget *bud, const layermap *target, migrate_report *rep, pd_err *err)
+{
+    xfer x = {.mg = mg, .r = mg->r, .rep = rep, .pre = precopy_active(mg->pc), .t0 = MPI_Wtime()};
+    memset(rep, 0, sizeof *rep);
+    rep->from = mg->r->lm;
+    pd_status st = xfer_plan(&x, sc, bud, target, err);
+    /* ended with the same outcome on every rank (refused at the plan, or
+     * after the vote): a pre-copy's copies are left to drop */
+    bool agreed = st == PD_OK && x.plan.refused;
+    if (st == PD_OK && !x.plan.refused) {
+        pd_status verdict = PD_OK;
+        st = xfer_copy(&x, err);
+        if (st == PD_OK)
+            st = xfer_ack(&x, &verdict, err);
+        if (st == PD_OK) {
+            st = xfer_switch(&x, sc, bud, verdict, err);
+            agreed = true;
+        }
+    }
+    xfer_free(&x);
+    if (agreed && x.pre) { /* moved or refused: the copies left go */
         pd_status ps = precopy_stop(mg->pc, err);
-        if (cs == PD_OK)
-            cs = ps;
+        if (st == PD_OK)
+            st = ps;
     }
-    if (cs == PD_OK)
-        cs = pipe_max_double(r->p, rep->switch_s, &rep->switch_s, err);
-    rep->total_s = MPI_Wtime() - t0;
-    return cs;
+    if (agreed && !x.plan.refused && st == PD_OK)
+        st = pipe_max_double(mg->r->p, rep->switch_s, &rep->switch_s, err);
+    rep->total_s = MPI_Wtime() - x.t0;
+    return st;
 }

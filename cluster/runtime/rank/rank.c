@@ -3,13 +3,13 @@
 #include "cluster/runtime/rank/rank.h"
 
 #include "base/check.h"
+#include "base/clock.h"
 #include "base/cpu.h"
 #include "cluster/format/pages.h"
 #include "cluster/model/cost.h"
 #include "cluster/runtime/sched/budget.h"
 
 #include <stdio.h>
-#include <time.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -498,24 +498,15 @@ pd_status rank_lifecycle(rank *r, const mb_admit *admit, uint32_t na, const uint
     return PD_OK;
 }
 
-/* CPU seconds this process has used (CLOCK_PROCESS_CPUTIME_ID). */
-static double rank_cpu_seconds(void)
-{
-    struct timespec ts;
-    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0)
-        return 0;
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 pd_status rank_forward(rank *r, const mb_row *rows, uint32_t n, float *x, pd_err *err)
 {
-    double t0 = MPI_Wtime(), c0 = rank_cpu_seconds();
+    double t0 = MPI_Wtime(), c0 = pd_cpu_s();
     pd_status st = stage_forward(r->st, rows, n, x, err);
     if (st)
         return st;
     double dt = MPI_Wtime() - t0;
     r->stats.busy_s += dt;
-    r->busy_cpu_s += rank_cpu_seconds() - c0;
+    r->busy_cpu_s += pd_cpu_s() - c0;
     r->stats.micro_batches += 1;
     r->stats.rows += n;
     /* the prefill / decode split: a mixed micro-batch's time by row share */
@@ -546,12 +537,12 @@ pd_status rank_forward(rank *r, const mb_row *rows, uint32_t n, float *x, pd_err
 pd_status rank_sample(rank *r, const mb_row *rows, uint32_t n, const float *x, uint32_t *n_tokens, pd_err *err)
 {
     CHECK(r->tl);
-    double t0 = MPI_Wtime(), c0 = rank_cpu_seconds();
+    double t0 = MPI_Wtime(), c0 = pd_cpu_s();
     pd_status st = tail_sample(r->tl, rows, n, x, r->tokens, r->digests, n_tokens, err);
     double dt = MPI_Wtime() - t0;
     r->stats.busy_s += dt;
     r->stats.decode_s += dt; /* sampling makes tokens: decode time (msg.h) */
-    r->busy_cpu_s += rank_cpu_seconds() - c0;
+    r->busy_cpu_s += pd_cpu_s() - c0;
     return st;
 }
 
