@@ -160,7 +160,7 @@ static inline __attribute__((always_inline)) __m512 gemm_avx512_qs_q(const uint8
                                                                      const gemm_wtype type)
 {
     const gemm_qs_fmt f = gemm_qs_fmt_of(type);
-    const __m512i xd = gemm_avx512_zx8(qd + 16 * ((kq + r) / 2)); /* both nibbles, bits 0..7 */
+    const __m512i xd = gemm_avx512_zx8(qd + 16 * (kq / 2 + r / 2)); /* both nibbles, bits 0..7 */
     const __m512i lo4 = _mm512_set1_epi32(0x0F);
     /* the odd row's nibble is clean after the shift (the byte was zero-extended) */
     __m512i v = r % 2 ? _mm512_srli_epi32(xd, 4) : _mm512_and_si512(xd, lo4);
@@ -173,7 +173,7 @@ static inline __attribute__((always_inline)) __m512 gemm_avx512_qs_q(const uint8
         v = _mm512_mask_or_epi32(v, _mm512_test_epi32_mask(hd, bit), v, _mm512_set1_epi32(0x10));
     } else if (f.bits == 6) {
         const uint32_t r4 = r % 4;
-        __m512i h = gemm_avx512_zx8(qd + GEMM_QS_NIBBLES + 16 * ((kq + r) / 4));
+        __m512i h = gemm_avx512_zx8(qd + GEMM_QS_NIBBLES + 16 * (kq / 4 + r / 4));
         h = r4 < 2 ? _mm512_slli_epi32(h, 4 - 2 * r4) : r4 > 2 ? _mm512_srli_epi32(h, 2) : h;
         h = _mm512_and_si512(h, _mm512_set1_epi32(0x30));
         /* even rows: 0xE4 takes xd's bits where lo4 is set, h's elsewhere */

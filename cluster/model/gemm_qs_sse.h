@@ -14,7 +14,7 @@ static inline __attribute__((always_inline)) __m128i gemm_qs_row_q(const uint8_t
                                                                    const gemm_wtype type)
 {
     const gemm_qs_fmt f = gemm_qs_fmt_of(type);
-    const __m128i x = _mm_loadu_si128((const __m128i *)(qd + 16 * ((kq + r) / 2)));
+    const __m128i x = _mm_loadu_si128((const __m128i *)(qd + 16 * (kq / 2 + r / 2)));
     __m128i v = _mm_and_si128(r % 2 ? _mm_srli_epi16(x, 4) : x, _mm_set1_epi8(0x0F));
     if (f.bits == 5) {
         __m128i h = _mm_loadu_si128((const __m128i *)(qd + GEMM_QS_NIBBLES + 16 * (kq / 8)));
@@ -22,7 +22,7 @@ static inline __attribute__((always_inline)) __m128i gemm_qs_row_q(const uint8_t
         v = _mm_or_si128(v, _mm_and_si128(h, _mm_set1_epi8(0x10)));
     } else if (f.bits == 6) {
         const uint32_t r4 = r % 4;
-        __m128i h = _mm_loadu_si128((const __m128i *)(qd + GEMM_QS_NIBBLES + 16 * ((kq + r) / 4)));
+        __m128i h = _mm_loadu_si128((const __m128i *)(qd + GEMM_QS_NIBBLES + 16 * (kq / 4 + r / 4)));
         h = r4 < 2 ? _mm_slli_epi16(h, 4 - 2 * r4) : r4 > 2 ? _mm_srli_epi16(h, 2) : h;
         v = _mm_or_si128(v, _mm_and_si128(h, _mm_set1_epi8(0x30)));
     }
