@@ -176,8 +176,10 @@ static inline __attribute__((always_inline)) __m512 gemm_avx512_qs_q(const uint8
         __m512i h = gemm_avx512_zx8(qd + GEMM_QS_NIBBLES + 16 * (kq / 4 + r / 4));
         h = r4 < 2 ? _mm512_slli_epi32(h, 4 - 2 * r4) : r4 > 2 ? _mm512_srli_epi32(h, 2) : h;
         h = _mm512_and_si512(h, _mm512_set1_epi32(0x30));
-        /* even rows: 0xE4 takes xd's bits where lo4 is set, h's elsewhere */
-        v = r % 2 ? _mm512_or_si512(v, h) : _mm512_ternarylogic_epi32(xd, h, lo4, 0xE4);
+        /* even rows: 0xD8 takes xd's bits where lo4 is set, h's elsewhere;
+         * h first, since the instruction overwrites it and xd still
+         * serves the odd row */
+        v = r % 2 ? _mm512_or_si512(v, h) : _mm512_ternarylogic_epi32(h, xd, lo4, 0xD8);
     }
     if (f.off)
         v = _mm512_sub_epi32(v, _mm512_set1_epi32((int)f.off));
