@@ -194,6 +194,85 @@ void gemm_qs_block(gemm_wtype type, const uint8_t *row, uint32_t b, float s[2], 
     }
 }
 
+/* The stored fields of source block b (32 k) of a qs type, for the panel
+ * layout (gemm_kern.h): h[0] its f16 d, h[1] its second f16 (m, dmin; 0
+ * when the type has none), hb[0..1] its block header bytes (K types: the
+ * 6-bit sc and m; Q6_K: the int8 scales of k 0..15 and 16..31; 0 else). */
+static void gemm_qs_src_fields(gemm_wtype type, const uint8_t *row, uint32_t b, uint16_t h[2], uint8_t hb[2])
+{
+    h[1] = 0;
+    hb[0] = hb[1] = 0;
+    switch (type) {
+    case GEMM_W_Q4_0: h[0] = gemm_rd16(row + (size_t)b * 18); return;
+    case GEMM_W_Q5_0: h[0] = gemm_rd16(row + (size_t)b * 22); return;
+    case GEMM_W_Q4_1:
+    case GEMM_W_Q5_1: {
+        const uint8_t *x = row + (size_t)b * (type == GEMM_W_Q4_1 ? 20 : 24);
+        h[0] = gemm_rd16(x);
+        h[1] = gemm_rd16(x + 2);
+        return;
+    }
+    case GEMM_W_Q4_K:
+    case GEMM_W_Q5_K: {
+        const uint8_t *x = row + (size_t)(b / 8) * (type == GEMM_W_Q4_K ? 144 : 176);
+        h[0] = gemm_rd16(x);
+        h[1] = gemm_rd16(x + 2);
+        gemm_scale_min_k4(b % 8, x + 4, &hb[0], &hb[1]);
+        return;
+    }
+    case GEMM_W_Q6_K: {
+        const uint32_t sub = b % 8, half = sub / 4, r = sub % 4;
+        const uint8_t *x = row + (size_t)(b / 8) * 210;
+        h[0] = gemm_rd16(x + 208);
+        hb[0] = x[192 + 8 * half + 2 * r];
+        hb[1] = x[192 + 8 * half + 2 * r + 1];
+        return;
+    }
+    default: CHECK(0);
+    }
+}
+
+/* The scales s[0] (k 0..15), s[1] (k 16..31) and nm of block b of a qs
+ * panel for column l, from the stored fields with the f32 operations every
+ * kernel uses (gemm_kern.h): the values of gemm_qs_block. */
+static void gemm_qs_panel_scales(gemm_wtype type, const uint8_t *panel, uint32_t b, uint32_t l, float s[2],
+                                 float *nm)
+{
+    const gemm_qs_fmt f = gemm_qs_fmt_of(type);
+    const uint8_t *grp = panel + gemm_qs_group_off(f, b), *blk = panel + gemm_qs_block_off(f, b);
+    const float d = pd_f16_to_f32(gemm_rd16(grp + 2 * l));
+    const float h1 = f.gh == 64 ? pd_f16_to_f32(gemm_rd16(grp + 32 + 2 * l)) : 0.0f;
+    switch (type) {
+    case GEMM_W_Q4_K:
+    case GEMM_W_Q5_K:
+        s[0] = s[1] = d * (float)blk[l];
+        *nm = -(h1 * (float)blk[16 + l]);
+        return;
+    case GEMM_W_Q6_K:
+        s[0] = d * (float)(int8_t)blk[l];
+        s[1] = d * (float)(int8_t)blk[16 + l];
+        *nm = -0.0f;
+        return;
+    default:
+        s[0] = s[1] = d;
+        *nm = f.gh == 64 ? h1 : -0.0f;
+        return;
+    }
+}
+
+/* q of k row kk (0..31) of block b of a qs panel, column l. */
+static int gemm_qs_panel_q(gemm_wtype type, const uint8_t *panel, uint32_t b, uint32_t kk, uint32_t l)
+{
+    const gemm_qs_fmt f = gemm_qs_fmt_of(type);
+    const uint8_t *qd = panel + gemm_qs_block_off(f, b) + f.bh;
+    uint32_t u = (qd[16 * (kk / 2) + l] >> (4 * (kk % 2))) & 0xF;
+    if (f.bits == 5)
+        u |= ((qd[GEMM_QS_NIBBLES + 16 * (kk / 8) + l] >> (kk % 8)) & 1) << 4;
+    else if (f.bits == 6)
+        u |= ((qd[GEMM_QS_NIBBLES + 16 * (kk / 4) + l] >> (2 * (kk % 4))) & 3) << 4;
+    return (int)u - (int)f.off;
+}
+
 size_t gemm_row_bytes(gemm_wtype type, uint32_t k)
 {
     if (gemm_wtype_is_qs(type)) {
@@ -220,7 +299,10 @@ static size_t gemm_panel_bytes(gemm_wtype type, uint32_t k)
     case GEMM_W_BF16: return (size_t)k * GEMM_NR * 2;
     case GEMM_W_Q8_0: return (size_t)(k / GEMM_Q8_0_BLOCK) * GEMM_Q8_PANEL_BLOCK;
     default:
-        return gemm_wtype_is_qs(type) ? (size_t)(k / GEMM_QS_BLOCK) * GEMM_QS_PANEL_BLOCK : 0;
+        if (!gemm_wtype_is_qs(type))
+            return 0;
+        const gemm_qs_fmt f = gemm_qs_fmt_of(type);
+        return (size_t)(k / (GEMM_QS_BLOCK * f.g)) * gemm_qs_group_bytes(f);
     }
 }
 
@@ -320,20 +402,38 @@ static void gemm_pack_panel(const void *w, gemm_wtype type, uint32_t n, uint32_t
     }
     default: {
         CHECK(gemm_wtype_is_qs(type));
-        uint32_t nb = k / GEMM_QS_BLOCK;
-        memset(dst, 0, (size_t)nb * GEMM_QS_PANEL_BLOCK);
+        const gemm_qs_fmt f = gemm_qs_fmt_of(type);
+        const uint32_t nb = k / GEMM_QS_BLOCK;
+        memset(dst, 0, gemm_panel_bytes(type, k));
         for (uint32_t l = 0; l < cols; l++) {
             const uint8_t *row = gemm_src_row(w, type, k, col0 + l);
             for (uint32_t b = 0; b < nb; b++) {
-                uint8_t *blk = dst + (size_t)b * GEMM_QS_PANEL_BLOCK;
+                uint8_t *grp = dst + gemm_qs_group_off(f, b), *blk = dst + gemm_qs_block_off(f, b);
+                uint16_t h[2];
+                uint8_t hb[2];
+                gemm_qs_src_fields(type, row, b, h, hb);
+                if (b % f.g == 0) /* f16 fields little-endian, as GGUF stores them */
+                    for (uint32_t i = 0; i < f.gh / 32; i++) {
+                        grp[32 * i + 2 * l] = (uint8_t)h[i];
+                        grp[32 * i + 2 * l + 1] = (uint8_t)(h[i] >> 8);
+                    }
+                if (f.bh) {
+                    blk[l] = hb[0];
+                    blk[16 + l] = hb[1];
+                }
+                /* the values gemm_qs_block defines, stored as q + off */
                 float sv[2], nm;
                 int8_t q[32];
                 gemm_qs_block(type, row, b, sv, &nm, q);
-                memcpy(blk + 4 * l, &sv[0], 4);
-                memcpy(blk + 64 + 4 * l, &sv[1], 4);
-                memcpy(blk + 128 + 4 * l, &nm, 4);
-                for (uint32_t kk = 0; kk < GEMM_QS_BLOCK; kk++)
-                    blk[GEMM_QS_HDR + kk * GEMM_NR + l] = (uint8_t)q[kk];
+                uint8_t *qd = blk + f.bh;
+                for (uint32_t kk = 0; kk < GEMM_QS_BLOCK; kk++) {
+                    const uint32_t u = (uint32_t)(q[kk] + (int)f.off);
+                    qd[16 * (kk / 2) + l] |= (uint8_t)((u & 0xF) << (4 * (kk % 2)));
+                    if (f.bits == 5)
+                        qd[GEMM_QS_NIBBLES + 16 * (kk / 8) + l] |= (uint8_t)((u >> 4) << (kk % 8));
+                    else if (f.bits == 6)
+                        qd[GEMM_QS_NIBBLES + 16 * (kk / 4) + l] |= (uint8_t)((u >> 4) << (2 * (kk % 4)));
+                }
             }
         }
         break;
@@ -470,14 +570,17 @@ void gemm_check(const gemm_w *w)
     uint32_t cols = w->n - (w->n_panels - 1) * GEMM_NR;
     const uint8_t *last = (const uint8_t *)w->data + (size_t)(w->n_panels - 1) * w->panel_bytes;
     if (gemm_wtype_is_qs(w->type)) {
-        for (uint32_t b = 0; b < w->k / GEMM_QS_BLOCK; b++) {
-            const uint8_t *blk = last + (size_t)b * GEMM_QS_PANEL_BLOCK;
+        /* group headers are f16 arrays (column l at bytes 2l, 2l + 1), the
+         * rest rows of 16 bytes (column l at byte l) */
+        const gemm_qs_fmt f = gemm_qs_fmt_of(w->type);
+        const size_t gb = gemm_qs_group_bytes(f);
+        for (size_t g = 0; g < w->panel_bytes / gb; g++) {
+            const uint8_t *grp = last + g * gb;
             for (uint32_t l = cols; l < GEMM_NR; l++) {
-                for (uint32_t h = 0; h < 3; h++)
-                    for (uint32_t byte = 0; byte < 4; byte++)
-                        CHECK(blk[64 * h + 4 * l + byte] == 0);
-                for (uint32_t kk = 0; kk < GEMM_QS_BLOCK; kk++)
-                    CHECK(blk[GEMM_QS_HDR + kk * GEMM_NR + l] == 0);
+                for (size_t o = 0; o < f.gh; o += 32)
+                    CHECK(grp[o + 2 * l] == 0 && grp[o + 2 * l + 1] == 0);
+                for (size_t o = f.gh; o < gb; o += 16)
+                    CHECK(grp[o + l] == 0);
             }
         }
     } else if (w->type == GEMM_W_Q8_0) {
@@ -523,23 +626,23 @@ static void gemm_panel_row(gemm_wtype type, const uint8_t *panel, uint32_t kk, f
     }
     default: {
         CHECK(gemm_wtype_is_qs(type));
-        const uint8_t *blk = panel + (size_t)(kk / GEMM_QS_BLOCK) * GEMM_QS_PANEL_BLOCK;
-        const uint8_t *sp = blk + (kk % GEMM_QS_BLOCK < 16 ? 0 : 64);
-        const uint8_t *q = blk + GEMM_QS_HDR + (kk % GEMM_QS_BLOCK) * GEMM_NR;
+        const uint32_t b = kk / GEMM_QS_BLOCK, kb = kk % GEMM_QS_BLOCK;
         for (uint32_t l = 0; l < GEMM_NR; l++) {
-            float sv, nm;
-            memcpy(&sv, sp + 4 * l, 4);
-            memcpy(&nm, blk + 128 + 4 * l, 4);
-            wv[l] = fmaf(sv, (float)(int8_t)q[l], nm);
+            float sv[2], nm;
+            gemm_qs_panel_scales(type, panel, b, l, sv, &nm);
+            wv[l] = fmaf(sv[kb / 16], (float)gemm_qs_panel_q(type, panel, b, kb, l), nm);
         }
         break;
     }
     }
 }
 
+/* Also the qs types' tiles on AVX2 and AVX-512 (where gemm_task sends every
+ * block of 2+ rows to the blocked path, so they run only if that changes):
+ * up to GEMM_MR512 rows. */
 static void gemm_scalar_tile(const gemm_tile *t)
 {
-    float acc[GEMM_MR][GEMM_NR];
+    float acc[GEMM_MR512][GEMM_NR];
     float wv[GEMM_NR];
     for (uint32_t i = 0; i < t->mr; i++)
         for (uint32_t l = 0; l < GEMM_NR; l++)
@@ -563,6 +666,8 @@ static void gemm_scalar_tile(const gemm_tile *t)
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+
+#include "cluster/model/gemm_qs_sse.h"
 
 
 /* Stores one accumulator row (two ymm) into ncols floats of C. */
@@ -611,14 +716,46 @@ static inline __attribute__((always_inline)) void gemm_avx2_store(float *c, __m2
     if ((mr) > 4) gemm_avx2_store((c) + 4 * (ldc), c40, c41, (ncols));           \
     if ((mr) > 5) gemm_avx2_store((c) + 5 * (ldc), c50, c51, (ncols));
 
-/* A qs panel's k row: fmaf(s, (float)q, nm) lane by lane, as the portable
- * path computes it. */
-#define GEMM_AVX2_QSW(q, s0, s1, m0, m1, w0, w1)                                        \
-    do {                                                                                \
-        w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                   \
-                                 _mm_loadl_epi64((const __m128i *)(q)))), s0, m0);      \
-        w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                   \
-                                 _mm_loadl_epi64((const __m128i *)((q) + 8)))), s1, m1); \
+/* A qs block's scales for the AVX2 kernels, into sv: [0..15] s of k 0..15,
+ * [16..31] s of k 16..31, [32..47] nm; computed from the group header grp
+ * and block header blk with the f32 operations of gemm_qs_panel_scales. */
+static inline __attribute__((always_inline)) void gemm_avx2_qs_scales(const uint8_t *grp, const uint8_t *blk,
+                                                                      float *sv, const gemm_wtype type)
+{
+    const gemm_qs_fmt f = gemm_qs_fmt_of(type);
+    for (uint32_t h = 0; h < 2; h++) { /* columns 8 h .. 8 h + 7 */
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + 16 * h)));
+        __m256 s0 = d, s1 = d, nm = _mm256_set1_ps(-0.0f);
+        const __m256 e = f.gh == 64 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + 32 + 16 * h)))
+                                    : nm;
+        if (type == GEMM_W_Q4_K || type == GEMM_W_Q5_K) {
+            const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 8 * h))));
+            const __m256 m =
+                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 16 + 8 * h))));
+            s0 = s1 = _mm256_mul_ps(d, sc);
+            nm = _mm256_xor_ps(_mm256_mul_ps(e, m), _mm256_set1_ps(-0.0f));
+        } else if (type == GEMM_W_Q6_K) {
+            s0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 8 * h)))));
+            s1 = _mm256_mul_ps(
+                d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 16 + 8 * h)))));
+        } else if (f.gh == 64) {
+            nm = e;
+        }
+        _mm256_storeu_ps(sv + 8 * h, s0);
+        _mm256_storeu_ps(sv + 16 + 8 * h, s1);
+        _mm256_storeu_ps(sv + 32 + 8 * h, nm);
+    }
+}
+
+/* A qs k row's 16 weights from its q bytes qv and the block's scales sv
+ * (gemm_avx2_qs_scales; hi: k 16..31): fmaf(s, (float)q, nm) lane by lane,
+ * as the portable path computes it. */
+#define GEMM_AVX2_QSW(qv, sv, hi, w0, w1)                                                          \
+    do {                                                                                           \
+        w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(qv)),                         \
+                             _mm256_loadu_ps((sv) + 16 * (hi)), _mm256_loadu_ps((sv) + 32));       \
+        w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(qv, qv))), \
+                             _mm256_loadu_ps((sv) + 16 * (hi) + 8), _mm256_loadu_ps((sv) + 40));  \
     } while (0)
 
 static inline __attribute__((always_inline)) void
@@ -628,25 +765,7 @@ gemm_avx2_tile_impl(const gemm_tile *t, const uint32_t mr, const gemm_wtype type
     GEMM_AVX2_TILE_VARS(t->a, lda, mr)
     const uint8_t *pn = t->panel;
     const uint32_t k = t->k;
-    if (gemm_wtype_is_qs(type)) {
-        for (uint32_t kb = 0; kb < k; kb += GEMM_QS_BLOCK, pn += GEMM_QS_PANEL_BLOCK) {
-            const float *hf = (const float *)pn;
-            const __m256 m0 = _mm256_loadu_ps(hf + 32), m1 = _mm256_loadu_ps(hf + 40);
-            const uint8_t *q = pn + GEMM_QS_HDR;
-            if (mr > 1)
-                for (uint32_t line = 0; line < GEMM_QS_PANEL_BLOCK; line += 64)
-                    _mm_prefetch((const char *)pn + GEMM_PREFETCH + line, _MM_HINT_T0);
-            for (uint32_t h = 0; h < 2; h++) {
-                const __m256 s0 = _mm256_loadu_ps(hf + 16 * h), s1 = _mm256_loadu_ps(hf + 16 * h + 8);
-                const uint32_t k0 = kb + 16 * h;
-                for (uint32_t kk = k0; kk < k0 + 16; kk++, q += GEMM_NR) {
-                    __m256 w0, w1;
-                    GEMM_AVX2_QSW(q, s0, s1, m0, m1, w0, w1);
-                    GEMM_AVX2_STEP(kk)
-                }
-            }
-        }
-    } else if (type == GEMM_W_Q8_0) {
+    if (type == GEMM_W_Q8_0) {
         for (uint32_t kb = 0; kb < k; kb += GEMM_Q8_0_BLOCK, pn += GEMM_Q8_PANEL_BLOCK) {
             const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pn));
             const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pn + 16)));
@@ -738,26 +857,33 @@ gemm_avx2_row_impl(const gemm_row *t, const uint32_t np, const gemm_wtype type)
     __m256 w0, w1;
     const uint32_t k = t->k;
     if (gemm_wtype_is_qs(type)) {
+        const gemm_qs_fmt f = gemm_qs_fmt_of(type);
+        _Alignas(32) float sv[GEMM_ROW_PANELS][48];
         for (uint32_t kb = 0; kb < k; kb += GEMM_QS_BLOCK) {
-            size_t off = (size_t)(kb / GEMM_QS_BLOCK) * GEMM_QS_PANEL_BLOCK;
+            const uint32_t bi = kb / GEMM_QS_BLOCK;
+            const size_t go = gemm_qs_group_off(f, bi), off = gemm_qs_block_off(f, bi);
             const uint8_t *b0 = p0 + off, *b1 = p1 + off, *b2 = p2 + off, *b3 = p3 + off;
+            gemm_avx2_qs_scales(p0 + go, b0, sv[0], type);
+            if (np > 1) gemm_avx2_qs_scales(p1 + go, b1, sv[1], type);
+            if (np > 2) gemm_avx2_qs_scales(p2 + go, b2, sv[2], type);
+            if (np > 3) gemm_avx2_qs_scales(p3 + go, b3, sv[3], type);
             const size_t pfo = gemm_row_prefetch_offset(off, ps, np, type);
-            for (uint32_t h = 0; h < 2; h++) {
-                const size_t so = 64 * (size_t)h;
-                for (uint32_t kk = 16 * h; kk < 16 * h + 16; kk++) {
-                    gemm_row_qs_prefetch(b0, b1, b2, b3, np, pfo, kk);
-                    const __m256 b = _mm256_broadcast_ss(a + kb + kk);
-                    const size_t qo = GEMM_QS_HDR + (size_t)kk * GEMM_NR;
-#define GEMM_AVX2_QSROW(j)                                                                   \
-    GEMM_AVX2_QSW(b##j + qo, _mm256_loadu_ps((const float *)(b##j + so)),                    \
-                  _mm256_loadu_ps((const float *)(b##j + so + 32)),                          \
-                  _mm256_loadu_ps((const float *)(b##j + 128)),                              \
-                  _mm256_loadu_ps((const float *)(b##j + 160)), w0, w1);                     \
-    GEMM_AVX2_RFMA(j)
+            for (uint32_t kq = 0; kq < GEMM_QS_BLOCK; kq += 8) {
+                const uint32_t hi = kq >= 16;
+#pragma GCC unroll 8
+                for (uint32_t r = 0; r < 8; r++) {
+                    gemm_row_qs_prefetch(b0, b1, b2, b3, np, pfo, kq + r, f);
+                    const __m256 b = _mm256_broadcast_ss(a + kb + kq + r);
+#define GEMM_AVX2_QSROW(j)                                                       \
+    {                                                                            \
+        const __m128i qv = gemm_qs_row_q(b##j + f.bh, kq, r, type);              \
+        GEMM_AVX2_QSW(qv, sv[j], hi, w0, w1);                                    \
+        GEMM_AVX2_RFMA(j)                                                        \
+    }
                     GEMM_AVX2_QSROW(0)
-                    if (np > 1) { GEMM_AVX2_QSROW(1) }
-                    if (np > 2) { GEMM_AVX2_QSROW(2) }
-                    if (np > 3) { GEMM_AVX2_QSROW(3) }
+                    if (np > 1) GEMM_AVX2_QSROW(1)
+                    if (np > 2) GEMM_AVX2_QSROW(2)
+                    if (np > 3) GEMM_AVX2_QSROW(3)
 #undef GEMM_AVX2_QSROW
                 }
             }
@@ -919,16 +1045,19 @@ gemm_avx2_chunk_impl(const uint8_t *src, uint32_t kn, float *buf, const gemm_wty
         return (const float *)src;
     float *dst = buf;
     if (gemm_wtype_is_qs(type)) {
-        const uint8_t *blk = src;
-        for (uint32_t kb = 0; kb < kn; kb += GEMM_QS_BLOCK, blk += GEMM_QS_PANEL_BLOCK) {
-            const float *hf = (const float *)blk;
-            const __m256 m0 = _mm256_loadu_ps(hf + 32), m1 = _mm256_loadu_ps(hf + 40);
-            const uint8_t *q = blk + GEMM_QS_HDR;
-            for (uint32_t h = 0; h < 2; h++) {
-                const __m256 s0 = _mm256_loadu_ps(hf + 16 * h), s1 = _mm256_loadu_ps(hf + 16 * h + 8);
-                for (uint32_t kk = 0; kk < 16; kk++, q += GEMM_NR, dst += GEMM_NR) {
+        /* src starts a group (chunks are whole groups) */
+        const gemm_qs_fmt f = gemm_qs_fmt_of(type);
+        _Alignas(32) float sv[48];
+        for (uint32_t bi = 0; bi < kn / GEMM_QS_BLOCK; bi++) {
+            const uint8_t *blk = src + gemm_qs_block_off(f, bi);
+            gemm_avx2_qs_scales(src + gemm_qs_group_off(f, bi), blk, sv, type);
+            for (uint32_t kq = 0; kq < GEMM_QS_BLOCK; kq += 8) {
+                const uint32_t hi = kq >= 16;
+#pragma GCC unroll 8
+                for (uint32_t r = 0; r < 8; r++, dst += GEMM_NR) {
+                    const __m128i qv = gemm_qs_row_q(blk + f.bh, kq, r, type);
                     __m256 w0, w1;
-                    GEMM_AVX2_QSW(q, s0, s1, m0, m1, w0, w1);
+                    GEMM_AVX2_QSW(qv, sv, hi, w0, w1);
                     _mm256_store_ps(dst, w0);
                     _mm256_store_ps(dst + 8, w1);
                 }
@@ -970,7 +1099,13 @@ GEMM_AVX2_CHUNKFN(f32, GEMM_W_F32)
 GEMM_AVX2_CHUNKFN(f16, GEMM_W_F16)
 GEMM_AVX2_CHUNKFN(bf16, GEMM_W_BF16)
 GEMM_AVX2_CHUNKFN(q8_0, GEMM_W_Q8_0)
-GEMM_AVX2_CHUNKFN(qs, GEMM_W_Q4_0) /* every qs type: one layout */
+GEMM_AVX2_CHUNKFN(q4_0, GEMM_W_Q4_0)
+GEMM_AVX2_CHUNKFN(q5_0, GEMM_W_Q5_0)
+GEMM_AVX2_CHUNKFN(q4_1, GEMM_W_Q4_1)
+GEMM_AVX2_CHUNKFN(q5_1, GEMM_W_Q5_1)
+GEMM_AVX2_CHUNKFN(q4_K, GEMM_W_Q4_K)
+GEMM_AVX2_CHUNKFN(q5_K, GEMM_W_Q5_K)
+GEMM_AVX2_CHUNKFN(q6_K, GEMM_W_Q6_K)
 
 #define GEMM_AVX2_CTILEFN(mr)                                                    \
     static void gemm_avx2_ctile_##mr(const gemm_ctile *t) { gemm_avx2_ctile_impl(t, mr, false); } \
@@ -1004,16 +1139,22 @@ GEMM_AVX2_FNS(f32, GEMM_W_F32)
 GEMM_AVX2_FNS(f16, GEMM_W_F16)
 GEMM_AVX2_FNS(bf16, GEMM_W_BF16)
 GEMM_AVX2_FNS(q8_0, GEMM_W_Q8_0)
-GEMM_AVX2_FNS(qs, GEMM_W_Q4_0)
 GEMM_AVX2_ROWFNS_OF(f32, GEMM_W_F32)
 GEMM_AVX2_ROWFNS_OF(f16, GEMM_W_F16)
 GEMM_AVX2_ROWFNS_OF(bf16, GEMM_W_BF16)
 GEMM_AVX2_ROWFNS_OF(q8_0, GEMM_W_Q8_0)
-GEMM_AVX2_ROWFNS_OF(qs, GEMM_W_Q4_0)
+GEMM_AVX2_ROWFNS_OF(q4_0, GEMM_W_Q4_0)
+GEMM_AVX2_ROWFNS_OF(q5_0, GEMM_W_Q5_0)
+GEMM_AVX2_ROWFNS_OF(q4_1, GEMM_W_Q4_1)
+GEMM_AVX2_ROWFNS_OF(q5_1, GEMM_W_Q5_1)
+GEMM_AVX2_ROWFNS_OF(q4_K, GEMM_W_Q4_K)
+GEMM_AVX2_ROWFNS_OF(q5_K, GEMM_W_Q5_K)
+GEMM_AVX2_ROWFNS_OF(q6_K, GEMM_W_Q6_K)
 
 #pragma GCC pop_options
 
-static gemm_tile_fn *const gemm_avx2_tiles[GEMM_W_COUNT][GEMM_MR] = GEMM_BY_TYPE_QS(GEMM_BY_MR, gemm_avx2_);
+/* no qs tiles: see gemm_tiles_for */
+static gemm_tile_fn *const gemm_avx2_tiles[GEMM_W_COUNT][GEMM_MR] = GEMM_BY_TYPE(GEMM_BY_MR, gemm_avx2_);
 static gemm_row_fn *const gemm_avx2_rows[GEMM_W_COUNT][GEMM_ROW_PANELS] = GEMM_BY_TYPE_QS(GEMM_BY_NP, gemm_avx2_row_);
 static gemm_ctile_fn *const gemm_avx2_ctiles[GEMM_MR] = GEMM_BY_MR(gemm_avx2_ctile_);
 static gemm_ctile_fn *const gemm_avx2_ctilepfs[GEMM_MR] = GEMM_BY_MR(gemm_avx2_ctilepf_);
@@ -1022,19 +1163,20 @@ static gemm_chunk_fn *const gemm_avx2_chunks[GEMM_W_COUNT] = {
     [GEMM_W_F16] = gemm_avx2_chunk_f16,
     [GEMM_W_BF16] = gemm_avx2_chunk_bf16,
     [GEMM_W_Q8_0] = gemm_avx2_chunk_q8_0,
-    [GEMM_W_Q4_0] = gemm_avx2_chunk_qs,
-    [GEMM_W_Q5_0] = gemm_avx2_chunk_qs,
-    [GEMM_W_Q4_1] = gemm_avx2_chunk_qs,
-    [GEMM_W_Q5_1] = gemm_avx2_chunk_qs,
-    [GEMM_W_Q4_K] = gemm_avx2_chunk_qs,
-    [GEMM_W_Q5_K] = gemm_avx2_chunk_qs,
-    [GEMM_W_Q6_K] = gemm_avx2_chunk_qs,
+    [GEMM_W_Q4_0] = gemm_avx2_chunk_q4_0,
+    [GEMM_W_Q5_0] = gemm_avx2_chunk_q5_0,
+    [GEMM_W_Q4_1] = gemm_avx2_chunk_q4_1,
+    [GEMM_W_Q5_1] = gemm_avx2_chunk_q5_1,
+    [GEMM_W_Q4_K] = gemm_avx2_chunk_q4_K,
+    [GEMM_W_Q5_K] = gemm_avx2_chunk_q5_K,
+    [GEMM_W_Q6_K] = gemm_avx2_chunk_q6_K,
 };
 #endif
 
-static gemm_tile_fn *const gemm_scalar_tiles[GEMM_MR] = {
-    gemm_scalar_tile, gemm_scalar_tile, gemm_scalar_tile,
-    gemm_scalar_tile, gemm_scalar_tile, gemm_scalar_tile,
+static gemm_tile_fn *const gemm_scalar_tiles[GEMM_MR512] = {
+    gemm_scalar_tile, gemm_scalar_tile, gemm_scalar_tile, gemm_scalar_tile,
+    gemm_scalar_tile, gemm_scalar_tile, gemm_scalar_tile, gemm_scalar_tile,
+    gemm_scalar_tile, gemm_scalar_tile, gemm_scalar_tile, gemm_scalar_tile,
 };
 
 /* The tile height of the ISA's kernels. */
@@ -1054,6 +1196,11 @@ static uint32_t gemm_mr_for(pd_isa isa)
 static gemm_tile_fn *const *gemm_tiles_for(pd_isa isa, gemm_wtype type)
 {
 #if defined(__x86_64__)
+    /* the qs types have no SIMD tiles: one row takes the row kernels, more
+     * the blocked path, which unpacks a chunk once for every tile
+     * (gemm_block_min_rows); the portable tiles cover any other case */
+    if (gemm_wtype_is_qs(type))
+        return gemm_scalar_tiles;
     if (isa >= PD_ISA_AVX512)
         return gemm_avx512_tiles[type];
     if (isa >= PD_ISA_AVX2)
@@ -1121,7 +1268,10 @@ static gemm_chunk_fn *gemm_chunk_for(pd_isa isa, gemm_wtype type)
  * chunk's round trip through L1; F16 converts in one instruction, so it
  * gains later. AVX-512's 12-row tiles convert a weight row once per 12 rows,
  * which moves BF16's point from 16 to 32 rows (M = 16: 133-149 against
- * 120-133 GFLOP/s). Either path gives the same bits. */
+ * 120-133 GFLOP/s). The qs types take it from 2 rows: it unpacks a
+ * chunk's nibbles and bit planes once for every tile of the block, and
+ * they have no SIMD tiles (gemm_tiles_for). Either path gives the same
+ * bits. */
 static uint32_t gemm_block_min_rows(gemm_wtype type, uint32_t mr)
 {
     switch (type) {
@@ -1132,7 +1282,7 @@ static uint32_t gemm_block_min_rows(gemm_wtype type, uint32_t mr)
     case GEMM_W_Q8_0:
         return 24;
     default:
-        return gemm_wtype_is_qs(type) ? 24 : 32;
+        return gemm_wtype_is_qs(type) ? 2 : 32;
     }
 }
 
@@ -1173,8 +1323,10 @@ static const uint8_t *gemm_chunk_src(const gemm_w *w, uint32_t pnl, uint32_t k0,
 {
     const uint8_t *panel = (const uint8_t *)w->data + (size_t)pnl * w->panel_bytes;
     if (gemm_wtype_is_qs(w->type)) {
-        *len = (size_t)(kn / GEMM_QS_BLOCK) * GEMM_QS_PANEL_BLOCK;
-        return panel + (size_t)(k0 / GEMM_QS_BLOCK) * GEMM_QS_PANEL_BLOCK;
+        /* k0 starts a group: GEMM_KC is a whole number of groups */
+        const gemm_qs_fmt f = gemm_qs_fmt_of(w->type);
+        *len = gemm_qs_group_off(f, kn / GEMM_QS_BLOCK);
+        return panel + gemm_qs_group_off(f, k0 / GEMM_QS_BLOCK);
     }
     if (w->type == GEMM_W_Q8_0) {
         *len = (size_t)(kn / GEMM_Q8_0_BLOCK) * GEMM_Q8_PANEL_BLOCK;

@@ -75,8 +75,9 @@ typedef enum gemm_backend {
 /* Q8_0 block length along k. */
 #define GEMM_Q8_0_BLOCK 32u
 
-/* True for the ggml block types that share the "qs" panel layout
- * (gemm_kern.h): Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K. */
+/* True for the ggml block types of the "qs" panel layouts (gemm_kern.h:
+ * nibbles, bit planes and the stored scale fields, about the bytes of the
+ * file): Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K. */
 static inline int gemm_wtype_is_qs(gemm_wtype t) { return t >= GEMM_W_Q4_0 && t <= GEMM_W_Q6_K; }
 
 /* Values per source block of a type along k (1 for f32/f16/bf16). */

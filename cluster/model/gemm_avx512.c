@@ -28,6 +28,8 @@
 #pragma GCC target("avx512f,avx2,fma,f16c")
 #endif
 
+#include "cluster/model/gemm_qs_sse.h"
+
 static inline __attribute__((always_inline)) void gemm_avx512_store(float *c, __m512 x, uint32_t ncols)
 {
     if (ncols == GEMM_NR) {
@@ -81,11 +83,35 @@ static inline __attribute__((always_inline)) __m512 gemm_avx512_q8w(const uint8_
     return _mm512_mul_ps(gemm_avx512_join(q0, q1), d);
 }
 
-static inline __attribute__((always_inline)) __m512 gemm_avx512_qsw(const uint8_t *q, __m512 s, __m512 nm)
+/* 16 bytes as 16 f32, signed or unsigned */
+static inline __attribute__((always_inline)) __m512 gemm_avx512_b2f(__m128i x, const bool sign)
 {
-    __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
-    __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8))));
-    return _mm512_fmadd_ps(gemm_avx512_join(q0, q1), s, nm);
+    const __m128i h = _mm_unpackhi_epi64(x, x);
+    if (sign)
+        return gemm_avx512_join(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x)),
+                                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h)));
+    return gemm_avx512_join(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(x)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h)));
+}
+
+/* lanes of x with no bit of y set (SIMDe 0.7 has no testn) */
+static inline __attribute__((always_inline)) __mmask16 gemm_avx512_testn(__m512i x, __m512i y)
+{
+    return (__mmask16)~_mm512_test_epi32_mask(x, y);
+}
+
+/* 16 dwords as f32 */
+static inline __attribute__((always_inline)) __m512 gemm_avx512_i2f(__m512i v)
+{
+    return gemm_avx512_join(_mm256_cvtepi32_ps(_mm512_castsi512_si256(v)),
+                            _mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(v, 1)));
+}
+
+/* 16 bytes at p zero-extended to 16 dwords */
+static inline __attribute__((always_inline)) __m512i gemm_avx512_zx8(const uint8_t *p)
+{
+    const __m128i x = _mm_loadu_si128((const __m128i *)p);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi32(x)),
+                              _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(x, x)), 1);
 }
 #else
 static inline __attribute__((always_inline)) __m512 gemm_avx512_w(const uint8_t *p, const gemm_wtype type)
@@ -103,12 +129,92 @@ static inline __attribute__((always_inline)) __m512 gemm_avx512_q8w(const uint8_
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), d);
 }
 
-/* A qs panel's k row: fmaf(s, (float)q, nm) lane by lane (gemm_kern.h). */
-static inline __attribute__((always_inline)) __m512 gemm_avx512_qsw(const uint8_t *q, __m512 s, __m512 nm)
+/* 16 bytes as 16 f32, signed or unsigned */
+static inline __attribute__((always_inline)) __m512 gemm_avx512_b2f(__m128i x, const bool sign)
 {
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), s, nm);
+    return _mm512_cvtepi32_ps(sign ? _mm512_cvtepi8_epi32(x) : _mm512_cvtepu8_epi32(x));
+}
+
+/* lanes of x with no bit of y set */
+static inline __attribute__((always_inline)) __mmask16 gemm_avx512_testn(__m512i x, __m512i y)
+{
+    return _mm512_testn_epi32_mask(x, y);
+}
+
+/* 16 dwords as f32 */
+static inline __attribute__((always_inline)) __m512 gemm_avx512_i2f(__m512i v) { return _mm512_cvtepi32_ps(v); }
+
+/* 16 bytes at p zero-extended to 16 dwords */
+static inline __attribute__((always_inline)) __m512i gemm_avx512_zx8(const uint8_t *p)
+{
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
 }
 #endif
+
+/* q of row kq + r (kq a multiple of 8, r in 0..7 constant after unrolling)
+ * of the qs block whose nibbles start at qd, as f32: the values of
+ * gemm_qs_row_q, unpacked in dword lanes with AVX-512F's masks and
+ * three-input logic, which take fewer operations per row than the byte
+ * form (16-byte integer operations only, no AVX-512BW). Measured per
+ * type (hot M = 1, one thread): Q5_0's offset as a masked subtract beat a
+ * shift, merge and subtract (26.5 against 19.5 G weights/s); for Q5_1 and
+ * Q5_K a shift and one vpternlogd merge edged out a test mask and masked
+ * or (27-28 against 25-26). */
+static inline __attribute__((always_inline)) __m512 gemm_avx512_qs_q(const uint8_t *qd, uint32_t kq, uint32_t r,
+                                                                     const gemm_wtype type)
+{
+    const gemm_qs_fmt f = gemm_qs_fmt_of(type);
+    const __m512i xd = gemm_avx512_zx8(qd + 16 * (kq / 2 + r / 2)); /* both nibbles, bits 0..7 */
+    const __m512i lo4 = _mm512_set1_epi32(0x0F);
+    /* the odd row's nibble is clean after the shift (the byte was zero-extended) */
+    __m512i v = r % 2 ? _mm512_srli_epi32(xd, 4) : _mm512_and_si512(xd, lo4);
+    if (f.bits == 5) {
+        const __m512i hd = gemm_avx512_zx8(qd + GEMM_QS_NIBBLES + 16 * (kq / 8));
+        if (f.off) /* u - 16 = v where bit 4 is set, v - 16 where it is clear */
+            return gemm_avx512_i2f(_mm512_mask_sub_epi32(v, gemm_avx512_testn(hd, _mm512_set1_epi32(1 << r)), v,
+                                                         _mm512_set1_epi32((int)f.off)));
+        /* bit r to bit 4; 0xE4 takes it where the mask is set, v elsewhere */
+        const __m512i h = r < 4 ? _mm512_slli_epi32(hd, 4 - r) : r > 4 ? _mm512_srli_epi32(hd, r - 4) : hd;
+        v = _mm512_ternarylogic_epi32(h, v, _mm512_set1_epi32(0x10), 0xE4);
+    } else if (f.bits == 6) {
+        const uint32_t r4 = r % 4;
+        __m512i h = gemm_avx512_zx8(qd + GEMM_QS_NIBBLES + 16 * (kq / 4 + r / 4));
+        h = r4 < 2 ? _mm512_slli_epi32(h, 4 - 2 * r4) : r4 > 2 ? _mm512_srli_epi32(h, 2) : h;
+        h = _mm512_and_si512(h, _mm512_set1_epi32(0x30));
+        /* even rows: 0xD8 takes xd's bits where lo4 is set, h's elsewhere;
+         * h first, since the instruction overwrites it and xd still
+         * serves the odd row */
+        v = r % 2 ? _mm512_or_si512(v, h) : _mm512_ternarylogic_epi32(h, xd, lo4, 0xD8);
+    }
+    if (f.off)
+        v = _mm512_sub_epi32(v, _mm512_set1_epi32((int)f.off));
+    return gemm_avx512_i2f(v);
+}
+
+/* A qs block's scales s0 (k 0..15), s1 (k 16..31) and nm from its group
+ * header grp and block header blk, with the f32 operations of the portable
+ * path (gemm.c, gemm_qs_panel_scales): exact products, so the same bits. */
+static inline __attribute__((always_inline)) void gemm_avx512_qs_scales(const uint8_t *grp, const uint8_t *blk,
+                                                                        const gemm_wtype type, __m512 *s0,
+                                                                        __m512 *s1, __m512 *nm)
+{
+    const gemm_qs_fmt f = gemm_qs_fmt_of(type);
+    const __m512 d = gemm_avx512_w(grp, GEMM_W_F16);
+    *s0 = *s1 = d;
+    *nm = _mm512_set1_ps(-0.0f);
+    if (type == GEMM_W_Q4_K || type == GEMM_W_Q5_K) {
+        const __m512 sc = gemm_avx512_b2f(_mm_loadu_si128((const __m128i *)blk), false);
+        const __m512 m = gemm_avx512_b2f(_mm_loadu_si128((const __m128i *)(blk + 16)), false);
+        const __m512 dmin_m = _mm512_mul_ps(gemm_avx512_w(grp + 32, GEMM_W_F16), m);
+        *s0 = *s1 = _mm512_mul_ps(d, sc);
+        *nm = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(dmin_m), _mm512_set1_epi32(INT32_MIN)));
+    } else if (type == GEMM_W_Q6_K) {
+        *s0 = _mm512_mul_ps(d, gemm_avx512_b2f(_mm_loadu_si128((const __m128i *)blk), true));
+        *s1 = _mm512_mul_ps(d, gemm_avx512_b2f(_mm_loadu_si128((const __m128i *)(blk + 16)), true));
+    } else if (f.gh == 64) {
+        *nm = gemm_avx512_w(grp + 32, GEMM_W_F16);
+    }
+}
 
 static inline __attribute__((always_inline)) __m512 gemm_avx512_q8d(const uint8_t *blk)
 {
@@ -178,22 +284,7 @@ static inline __attribute__((always_inline)) void gemm_avx512_tile_impl(const ge
     GEMM_AVX512_TILE_VARS(t->a, lda, mr)
     const uint8_t *pn = t->panel;
     const uint32_t k = t->k;
-    if (gemm_wtype_is_qs(type)) {
-        for (uint32_t kb = 0; kb < k; kb += GEMM_QS_BLOCK, pn += GEMM_QS_PANEL_BLOCK) {
-            const __m512 nm = _mm512_loadu_ps((const float *)(pn + 128));
-            if (mr > 1)
-                for (uint32_t line = 0; line < GEMM_QS_PANEL_BLOCK; line += 64)
-                    __builtin_prefetch(pn + GEMM_PREFETCH + line, 0, 3);
-            const uint8_t *q = pn + GEMM_QS_HDR;
-            for (uint32_t h = 0; h < 2; h++) {
-                const __m512 sc = _mm512_loadu_ps((const float *)(pn + 64 * h));
-                for (uint32_t kk = kb + 16 * h; kk < kb + 16 * h + 16; kk++, q += GEMM_NR) {
-                    const __m512 w = gemm_avx512_qsw(q, sc, nm);
-                    GEMM_AVX512_STEP(kk)
-                }
-            }
-        }
-    } else if (type == GEMM_W_Q8_0) {
+    if (type == GEMM_W_Q8_0) {
         for (uint32_t kb = 0; kb < k; kb += GEMM_Q8_0_BLOCK, pn += GEMM_Q8_PANEL_BLOCK) {
             const __m512 d = gemm_avx512_q8d(pn);
             const uint8_t *q = pn + GEMM_Q8_SCALES;
@@ -237,31 +328,32 @@ static inline __attribute__((always_inline)) void gemm_avx512_row_impl(const gem
     __m512 r0 = _mm512_setzero_ps(), r1 = r0, r2 = r0, r3 = r0;
     const uint32_t k = t->k;
     if (gemm_wtype_is_qs(type)) {
+        const gemm_qs_fmt f = gemm_qs_fmt_of(type);
         for (uint32_t kb = 0; kb < k; kb += GEMM_QS_BLOCK) {
-            size_t off = (size_t)(kb / GEMM_QS_BLOCK) * GEMM_QS_PANEL_BLOCK;
+            const uint32_t bi = kb / GEMM_QS_BLOCK;
+            const size_t go = gemm_qs_group_off(f, bi), off = gemm_qs_block_off(f, bi);
             const uint8_t *b0 = p0 + off, *b1 = p1 + off, *b2 = p2 + off, *b3 = p3 + off;
-#define GEMM_AVX512_QSV(j, o) _mm512_loadu_ps((const float *)(b##j + (o)))
-            const __m512 n0 = GEMM_AVX512_QSV(0, 128);
-            const __m512 n1 = np > 1 ? GEMM_AVX512_QSV(1, 128) : n0;
-            const __m512 n2 = np > 2 ? GEMM_AVX512_QSV(2, 128) : n0;
-            const __m512 n3 = np > 3 ? GEMM_AVX512_QSV(3, 128) : n0;
+            __m512 s00, s01, n0, s10, s11, n1, s20, s21, n2, s30, s31, n3;
+            gemm_avx512_qs_scales(p0 + go, b0, type, &s00, &s01, &n0);
+            s10 = s20 = s30 = s00;
+            s11 = s21 = s31 = s01;
+            n1 = n2 = n3 = n0;
+            if (np > 1) gemm_avx512_qs_scales(p1 + go, b1, type, &s10, &s11, &n1);
+            if (np > 2) gemm_avx512_qs_scales(p2 + go, b2, type, &s20, &s21, &n2);
+            if (np > 3) gemm_avx512_qs_scales(p3 + go, b3, type, &s30, &s31, &n3);
             const size_t pfo = gemm_row_prefetch_offset(off, ps, np, type);
-            for (uint32_t h = 0; h < 2; h++) {
-                const size_t so = 64 * (size_t)h;
-                const __m512 s0 = GEMM_AVX512_QSV(0, so);
-                const __m512 s1 = np > 1 ? GEMM_AVX512_QSV(1, so) : s0;
-                const __m512 s2 = np > 2 ? GEMM_AVX512_QSV(2, so) : s0;
-                const __m512 s3 = np > 3 ? GEMM_AVX512_QSV(3, so) : s0;
-                for (uint32_t kk = 16 * h; kk < 16 * h + 16; kk++) {
-                    gemm_row_qs_prefetch(b0, b1, b2, b3, np, pfo, kk);
-                    const __m512 b = _mm512_set1_ps(a[kb + kk]);
-                    const size_t qo = GEMM_QS_HDR + (size_t)kk * GEMM_NR;
-#define GEMM_AVX512_QSW(j) gemm_avx512_qsw(b##j + qo, s##j, n##j)
+            for (uint32_t kq = 0; kq < GEMM_QS_BLOCK; kq += 8) {
+                const bool hi = kq >= 16;
+                const __m512 t0 = hi ? s01 : s00, t1 = hi ? s11 : s10, t2 = hi ? s21 : s20, t3 = hi ? s31 : s30;
+#pragma GCC unroll 8
+                for (uint32_t r = 0; r < 8; r++) {
+                    gemm_row_qs_prefetch(b0, b1, b2, b3, np, pfo, kq + r, f);
+                    const __m512 b = _mm512_set1_ps(a[kb + kq + r]);
+#define GEMM_AVX512_QSW(j) _mm512_fmadd_ps(gemm_avx512_qs_q(b##j + f.bh, kq, r, type), t##j, n##j)
                     GEMM_AVX512_RFMA(GEMM_AVX512_QSW)
 #undef GEMM_AVX512_QSW
                 }
             }
-#undef GEMM_AVX512_QSV
         }
     } else if (type == GEMM_W_Q8_0) {
         for (uint32_t kb = 0; kb < k; kb += GEMM_Q8_0_BLOCK) {
@@ -361,12 +453,17 @@ GEMM_AVX512_TILEFNS(f32, GEMM_W_F32)
 GEMM_AVX512_TILEFNS(f16, GEMM_W_F16)
 GEMM_AVX512_TILEFNS(bf16, GEMM_W_BF16)
 GEMM_AVX512_TILEFNS(q8_0, GEMM_W_Q8_0)
-GEMM_AVX512_TILEFNS(qs, GEMM_W_Q4_0) /* every qs type: one layout */
 GEMM_AVX512_ROWFNS(f32, GEMM_W_F32)
 GEMM_AVX512_ROWFNS(f16, GEMM_W_F16)
 GEMM_AVX512_ROWFNS(bf16, GEMM_W_BF16)
 GEMM_AVX512_ROWFNS(q8_0, GEMM_W_Q8_0)
-GEMM_AVX512_ROWFNS(qs, GEMM_W_Q4_0)
+GEMM_AVX512_ROWFNS(q4_0, GEMM_W_Q4_0)
+GEMM_AVX512_ROWFNS(q5_0, GEMM_W_Q5_0)
+GEMM_AVX512_ROWFNS(q4_1, GEMM_W_Q4_1)
+GEMM_AVX512_ROWFNS(q5_1, GEMM_W_Q5_1)
+GEMM_AVX512_ROWFNS(q4_K, GEMM_W_Q4_K)
+GEMM_AVX512_ROWFNS(q5_K, GEMM_W_Q5_K)
+GEMM_AVX512_ROWFNS(q6_K, GEMM_W_Q6_K)
 GEMM_AVX512_CTILEFN(1)
 GEMM_AVX512_CTILEFN(2)
 GEMM_AVX512_CTILEFN(3)
@@ -384,7 +481,8 @@ GEMM_AVX512_CTILEFN(12)
 #pragma GCC pop_options
 #endif
 
-gemm_tile_fn *const gemm_avx512_tiles[GEMM_W_COUNT][GEMM_MR512] = GEMM_BY_TYPE_QS(GEMM_BY_MR12, gemm_avx512_);
+/* no qs tiles: gemm.c's gemm_tiles_for */
+gemm_tile_fn *const gemm_avx512_tiles[GEMM_W_COUNT][GEMM_MR512] = GEMM_BY_TYPE(GEMM_BY_MR12, gemm_avx512_);
 gemm_row_fn *const gemm_avx512_rows[GEMM_W_COUNT][GEMM_ROW_PANELS] = GEMM_BY_TYPE_QS(GEMM_BY_NP, gemm_avx512_row_);
 gemm_ctile_fn *const gemm_avx512_ctiles[GEMM_MR512] = GEMM_BY_MR12(gemm_avx512_ctile_);
 gemm_ctile_fn *const gemm_avx512_ctilepfs[GEMM_MR512] = GEMM_BY_MR12(gemm_avx512_ctilepf_);

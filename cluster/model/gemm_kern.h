@@ -42,14 +42,79 @@
 #define GEMM_Q8_SCALES 32u
 #define GEMM_Q8_PANEL_BLOCK (GEMM_Q8_SCALES + GEMM_Q8_0_BLOCK * GEMM_NR)
 
-/* The qs layout of the ggml block types (gemm_wtype_is_qs), per 32-k
- * block of a panel: [16] f32 s_lo (the scales of k 0..15), [16] f32 s_hi
- * (k 16..31), [16] f32 nm (minus the offset; -0.0f for types without), then
- * [32][16] int8 q; weight = fmaf(s, (float)q, nm) (gemm_qs_block).
- * 192 + 512 = 704 bytes per block. */
+/* The qs layout of the ggml block types (gemm_wtype_is_qs): about as many
+ * bytes as the GGUF file, so batch-1 decode streams no more than the file.
+ * A panel is k / (32 g) groups; a group is a group header of gh bytes, then
+ * g blocks of 32 k, each a block header of bh bytes, the low nibbles and,
+ * for 5- and 6-bit types, a plane of the high bits. Column l (0..15) of a
+ * 16-value array sits at element l; every array is 16 bytes or 16 f16:
+ *
+ *   group header:  Q4_0, Q5_0  [16] f16 d                     32 bytes
+ *                  Q4_1, Q5_1  [16] f16 d, [16] f16 m         64
+ *                  Q4_K, Q5_K  [16] f16 d, [16] f16 dmin      64 (g = 8)
+ *                  Q6_K        [16] f16 d                     32 (g = 8)
+ *   block header:  Q4_K, Q5_K  [16] u8 sc, [16] u8 m          32
+ *                  Q6_K        [16] i8 sc (k 0..15), [16] i8 sc (k 16..31)
+ *   nibbles:       [16 pairs][16] u8: pair t holds k 2t in the low and
+ *                  k 2t + 1 in the high nibble              256
+ *   5-bit plane:   [4][16] u8: bit r of row u is bit 4 of k 8u + r   64
+ *   6-bit plane:   [8][16] u8: bits 2r, 2r + 1 of row u are bits 4, 5
+ *                  of k 4u + r                              128
+ *
+ * Bytes per 512 weights (16 columns x 32 k), the file's in brackets: Q4_0
+ * 288 (288), Q5_0 352 (352), Q4_1 320 (320), Q5_1 384 (384), Q4_K 296
+ * (288), Q5_K 360 (352), Q6_K 420 (420).
+ * Value: u = nibble | high bits << 4, q = u - off (8, 16, 32 for Q4_0, Q5_0,
+ * Q6_K; 0 else) and weight = fmaf(s, (float)q, nm) with s and nm as
+ * gemm_qs_block defines them: s = d (Q4_0 .. Q5_1), d * (float)sc (K
+ * types: exact products), nm = -0.0f, m (Q4_1, Q5_1) or -(dmin * (float)m)
+ * (Q4_K, Q5_K). Each kernel computes s and nm from the stored fields with
+ * these f32 operations, so the values are those of gemm_qs_block. */
 #define GEMM_QS_BLOCK 32u
-#define GEMM_QS_HDR 192u
-#define GEMM_QS_PANEL_BLOCK (GEMM_QS_HDR + GEMM_QS_BLOCK * GEMM_NR)
+#define GEMM_QS_NIBBLES 256u
+
+typedef struct gemm_qs_fmt {
+    uint32_t g;    /* 32-k blocks per group */
+    uint32_t gh;   /* group header bytes */
+    uint32_t bh;   /* block header bytes */
+    uint32_t bits; /* 4, 5 or 6 */
+    uint32_t off;  /* subtracted from the stored unsigned value */
+} gemm_qs_fmt;
+
+static inline __attribute__((always_inline)) gemm_qs_fmt gemm_qs_fmt_of(gemm_wtype t)
+{
+    switch (t) {
+    case GEMM_W_Q4_0: return (gemm_qs_fmt){.g = 1, .gh = 32, .bh = 0, .bits = 4, .off = 8};
+    case GEMM_W_Q5_0: return (gemm_qs_fmt){.g = 1, .gh = 32, .bh = 0, .bits = 5, .off = 16};
+    case GEMM_W_Q4_1: return (gemm_qs_fmt){.g = 1, .gh = 64, .bh = 0, .bits = 4, .off = 0};
+    case GEMM_W_Q5_1: return (gemm_qs_fmt){.g = 1, .gh = 64, .bh = 0, .bits = 5, .off = 0};
+    case GEMM_W_Q4_K: return (gemm_qs_fmt){.g = 8, .gh = 64, .bh = 32, .bits = 4, .off = 0};
+    case GEMM_W_Q5_K: return (gemm_qs_fmt){.g = 8, .gh = 64, .bh = 32, .bits = 5, .off = 0};
+    default: return (gemm_qs_fmt){.g = 8, .gh = 32, .bh = 32, .bits = 6, .off = 32}; /* Q6_K */
+    }
+}
+
+/* Bytes of a block (header, nibbles, plane) and of a group. */
+static inline __attribute__((always_inline)) size_t gemm_qs_block_bytes(gemm_qs_fmt f)
+{
+    return f.bh + GEMM_QS_NIBBLES + (f.bits - 4) * 64u;
+}
+
+static inline __attribute__((always_inline)) size_t gemm_qs_group_bytes(gemm_qs_fmt f)
+{
+    return f.gh + f.g * gemm_qs_block_bytes(f);
+}
+
+/* Offset in a panel of block b's group and of the block itself. */
+static inline __attribute__((always_inline)) size_t gemm_qs_group_off(gemm_qs_fmt f, uint32_t b)
+{
+    return (size_t)(b / f.g) * gemm_qs_group_bytes(f);
+}
+
+static inline __attribute__((always_inline)) size_t gemm_qs_block_off(gemm_qs_fmt f, uint32_t b)
+{
+    return gemm_qs_group_off(f, b) + f.gh + (size_t)(b % f.g) * gemm_qs_block_bytes(f);
+}
 
 /* One micro-tile: C[mr x ncols] = A[mr x k] * panel, from zero. */
 typedef struct gemm_tile {
@@ -202,25 +267,27 @@ static inline __attribute__((always_inline)) void gemm_row_q8_prefetch(const uin
     {[GEMM_W_F32] = by(pre##f32_), [GEMM_W_F16] = by(pre##f16_),                 \
      [GEMM_W_BF16] = by(pre##bf16_), [GEMM_W_Q8_0] = by(pre##q8_0_)}
 
-/* The same with the qs types, which share the kernels <pre>qs_. */
+/* The same with the qs types, one kernel set each. */
 #define GEMM_BY_TYPE_QS(by, pre)                                                 \
     {[GEMM_W_F32] = by(pre##f32_), [GEMM_W_F16] = by(pre##f16_),                 \
      [GEMM_W_BF16] = by(pre##bf16_), [GEMM_W_Q8_0] = by(pre##q8_0_),             \
-     [GEMM_W_Q4_0] = by(pre##qs_), [GEMM_W_Q5_0] = by(pre##qs_),                 \
-     [GEMM_W_Q4_1] = by(pre##qs_), [GEMM_W_Q5_1] = by(pre##qs_),                 \
-     [GEMM_W_Q4_K] = by(pre##qs_), [GEMM_W_Q5_K] = by(pre##qs_),                 \
-     [GEMM_W_Q6_K] = by(pre##qs_)}
+     [GEMM_W_Q4_0] = by(pre##q4_0_), [GEMM_W_Q5_0] = by(pre##q5_0_),             \
+     [GEMM_W_Q4_1] = by(pre##q4_1_), [GEMM_W_Q5_1] = by(pre##q5_1_),             \
+     [GEMM_W_Q4_K] = by(pre##q4_K_), [GEMM_W_Q5_K] = by(pre##q5_K_),             \
+     [GEMM_W_Q6_K] = by(pre##q6_K_)}
 
-/* The qs row kernels' prefetch at k row kk of a block (as
- * gemm_row_q8_prefetch): a 704-byte block spans 12 lines at worst; one
- * line every 3 k (kk = 0, 3, .., 30) and the last at kk = 31. */
+/* The qs row kernels' prefetch at k row kk of a block, pfo bytes past
+ * the blocks b0..b3 (as gemm_row_q8_prefetch): the block's lines, plus one
+ * for its phase and the next group's header, one every 4 k. */
 static inline __attribute__((always_inline)) void gemm_row_qs_prefetch(const uint8_t *b0, const uint8_t *b1,
                                                                        const uint8_t *b2, const uint8_t *b3,
-                                                                       uint32_t np, size_t pfo, uint32_t kk)
+                                                                       uint32_t np, size_t pfo, uint32_t kk,
+                                                                       gemm_qs_fmt f)
 {
-    if (kk % 3 != 0 && kk != GEMM_QS_BLOCK - 1)
+    const uint32_t lines = (uint32_t)((gemm_qs_block_bytes(f) + 63) / 64) + 1;
+    if (kk % 4 != 0 || kk / 4 >= lines)
         return;
-    const size_t l = pfo + (size_t)(kk % 3 == 0 ? kk / 3 : 11) * 64;
+    const size_t l = pfo + (size_t)(kk / 4) * 64;
     __builtin_prefetch(b0 + l, 0, 3);
     if (np > 1) __builtin_prefetch(b1 + l, 0, 3);
     if (np > 2) __builtin_prefetch(b2 + l, 0, 3);
@@ -228,7 +295,8 @@ static inline __attribute__((always_inline)) void gemm_row_qs_prefetch(const uin
 }
 
 /* AVX-512F kernels (gemm_avx512.c), same contracts and bits as gemm.c's AVX2
- * ones, in tiles of up to GEMM_MR512 rows: tiles by [type][mr - 1],
+ * ones, in tiles of up to GEMM_MR512 rows: tiles by [type][mr - 1] (NULL
+ * for the qs types, which run tiles only on the portable path),
  * single-row groups by [type][np - 1], chunk tiles by [mr - 1] (plain, and
  * spreading a prefetch over k). The blocked path's chunk conversion stays
  * AVX2 (every AVX-512 CPU has it). */

@@ -595,6 +595,66 @@ START_TEST(gemm_qs_values_equal_ggml_on_edge_blocks)
 }
 END_TEST
 
+/* The qs types are packed in about the bytes of their GGUF file (nibbles,
+ * bit planes, the stored scale fields), not widened: batch-1 decode reads
+ * every packed byte. Bytes per 512 weights, as gemm_kern.h draws them. */
+START_TEST(gemm_qs_packs_about_the_file_bytes)
+{
+    static const struct {
+        gemm_wtype type;
+        size_t per512;
+    } want[] = {{GEMM_W_Q4_0, 288}, {GEMM_W_Q5_0, 352}, {GEMM_W_Q4_1, 320}, {GEMM_W_Q5_1, 384},
+                {GEMM_W_Q4_K, 296}, {GEMM_W_Q5_K, 360}, {GEMM_W_Q6_K, 420}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const uint32_t n = 32, k = 512; /* two panels, 32 blocks, 2 super-blocks */
+        test_mat t = mat_make(want[i].type, n, k, 41 + i);
+        gemm_w *g = pack_or_die(&t, GEMM_BACKEND_INVARIANT);
+        const size_t file = gemm_row_bytes(want[i].type, k) * n;
+        ck_assert_uint_eq(gemm_bytes(g), want[i].per512 * n * k / 512);
+        ck_assert_msg(gemm_bytes(g) * 100 <= file * 103, "%s: %zu packed bytes for %zu in the file",
+                      gemm_wtype_name(want[i].type), gemm_bytes(g), file);
+        gemm_free(g);
+        mat_free(&t);
+    }
+}
+END_TEST
+
+/* The M = 1 row kernels of every qs type on every ISA: groups of 1..4
+ * panels, a partial last panel, several groups and super-blocks, one and
+ * two threads; the same bits as the reference chain. */
+START_TEST(gemm_qs_row_kernels_match_on_every_isa)
+{
+    static const uint32_t ns[] = {16, 33, 48, 64, 79, 140};
+    pool *p2 = NULL;
+    ck_assert_int_eq(pool_new(2, &p2, NULL), PD_OK);
+    for (int isa = PD_ISA_SCALAR; isa <= (int)pd_cpu_detect(); isa++) {
+        ck_assert_int_eq(pd_cpu_set_isa((pd_isa)isa), isa);
+        for (size_t ti = 4; ti < N_TYPES; ti++)
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+                const gemm_wtype type = all_types[ti];
+                const uint32_t n = ns[ni], k = k_for(type, 512);
+                test_mat t = mat_make(type, n, k, 900 + ti * 13 + ni);
+                gemm_w *g = pack_or_die(&t, GEMM_BACKEND_INVARIANT);
+                float *a = act_make(2, k, 71 + ni);
+                float want[2 * 140], got[2 * 140];
+                ref_gemm(a, k, 2, &t, want, n);
+                for (int th = 0; th < 2; th++)
+                    for (uint32_t m = 1; m <= 2; m++) {
+                        memset(got, 0xff, sizeof got);
+                        gemm_run(g, a, m, got, th ? p2 : NULL);
+                        ASSERT_BITS_EQ(got, want, (size_t)m * n, "isa %s %s n %u m %u threads %d",
+                                       pd_isa_name((pd_isa)isa), gemm_wtype_name(type), n, m, th + 1);
+                    }
+                free(a);
+                gemm_free(g);
+                mat_free(&t);
+            }
+    }
+    pd_cpu_set_isa(pd_cpu_detect());
+    pool_free(p2);
+}
+END_TEST
+
 /* |x - y| <= 1e-5 * sum_k |a||w| (the scale of the dot product). */
 static void assert_close(const float *x, const float *y, const float *a, const test_mat *t,
                          uint32_t m, const char *what)
@@ -837,6 +897,8 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, gemm_simd_equals_scalar_bit_for_bit);
     tcase_add_test(tc, gemm_quantized_equals_f32_of_dequantized);
     tcase_add_test(tc, gemm_qs_values_equal_ggml_on_edge_blocks);
+    tcase_add_test(tc, gemm_qs_packs_about_the_file_bytes);
+    tcase_add_test(tc, gemm_qs_row_kernels_match_on_every_isa);
     tcase_add_test(tc, gemm_agrees_with_openblas_within_tolerance);
     tcase_add_test(tc, gemm_zero_products_give_positive_zero);
     tcase_add_test(tc, gemm_m_zero_leaves_c_untouched);
