@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/check.h"
 #include "cluster/vision/venc.h"
@@ -222,6 +223,26 @@ static pd_status pageimg_request(pageimg *pi, pageimg_entry *e, size_t page, uin
     return PD_OK;
 }
 
+/* MPI_Probe without its busy poll: Open MPI's blocking probe spins a core
+ * at 100 %, and an idle encoder rank (or a head waiting for an image) would
+ * take that core's cycles from the ranks that compute beside it on the node
+ * (on SMT siblings, half of them). Tests, then naps from 50 us doubling to
+ * 2 ms: a reply is taken at most 2 ms late, against encodes of tenths of a
+ * second. */
+static int pageimg_probe_napping(int src, int tag, MPI_Comm comm, MPI_Status *ms)
+{
+    long nap_us = 0;
+    for (;;) {
+        int flag = 0;
+        int rc = MPI_Iprobe(src, tag, comm, &flag, ms);
+        if (rc != MPI_SUCCESS || flag)
+            return rc;
+        nap_us = nap_us ? (nap_us < 1000 ? nap_us * 2 : 2000) : 50;
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = nap_us * 1000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* Receives one reply (waiting for it when `wait`); *got says whether one came. */
 static pd_status pageimg_take(pageimg *pi, bool wait, bool *got, pd_err *err)
 {
@@ -230,7 +251,7 @@ static pd_status pageimg_take(pageimg *pi, bool wait, bool *got, pd_err *err)
     int flag = 1;
     pd_status st;
     if (wait)
-        st = pageimg_mpi(MPI_Probe(MPI_ANY_SOURCE, PAGEIMG_TAG_REPLY, pi->enc.world, &ms), "probe", err);
+        st = pageimg_mpi(pageimg_probe_napping(MPI_ANY_SOURCE, PAGEIMG_TAG_REPLY, pi->enc.world, &ms), "probe", err);
     else
         st = pageimg_mpi(MPI_Iprobe(MPI_ANY_SOURCE, PAGEIMG_TAG_REPLY, pi->enc.world, &flag, &ms), "probe", err);
     if (st != PD_OK || !flag)
@@ -459,7 +480,7 @@ pd_status pageimg_serve(const char *mmproj, const char *model_path, uint32_t thr
         return st;
     for (;;) {
         MPI_Status ms;
-        if ((st = pageimg_mpi(MPI_Probe(head, PAGEIMG_TAG_REQUEST, world, &ms), "probe", err)) != PD_OK)
+        if ((st = pageimg_mpi(pageimg_probe_napping(head, PAGEIMG_TAG_REQUEST, world, &ms), "probe", err)) != PD_OK)
             break;
         int n = 0;
         MPI_Get_count(&ms, MPI_BYTE, &n);
