@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #if defined(__x86_64__)
@@ -102,16 +103,35 @@ static void *probe_worker(void *arg)
     return NULL;
 }
 
+/* The probes' buffer: made once per process on 2 MiB pages and kept (a
+ * benchmark's lifetime). A fresh 512 MiB on 4 KiB pages for every probe, as
+ * before, left the weights a benchmark reads next 5-40x slower on this VM
+ * (bench_gemm's qs types read 0.6-9 GB/s after a probe and 13-40 without
+ * one, same kernels): the probe measured the machine and disturbed it. */
+static float *probe_buffer(void)
+{
+    static float *buf;
+    if (buf)
+        return buf;
+    const size_t huge = (size_t)2 << 20;
+    float *b = aligned_alloc(huge, PROBE_BYTES);
+    if (!b)
+        return NULL;
+    (void)madvise(b, PROBE_BYTES, MADV_HUGEPAGE); /* advice: 4 KiB pages still work */
+    for (size_t i = 0; i < PROBE_BYTES / sizeof(float); i++)
+        b[i] = (float)(i & 1023);
+    buf = b;
+    return buf;
+}
+
 double probe_read_bw(int threads, int reps)
 {
     if (threads < 1)
         threads = 1;
-    float *buf = aligned_alloc(64, PROBE_BYTES);
+    float *buf = probe_buffer();
     if (!buf)
         return 0.0;
     size_t n = PROBE_BYTES / sizeof(float);
-    for (size_t i = 0; i < n; i++)
-        buf[i] = (float)(i & 1023);
     double best = 0.0;
     volatile float sink = 0.0f;
     for (int r = 0; r < 2 * reps; r++) {
@@ -137,7 +157,6 @@ double probe_read_bw(int threads, int reps)
             best = bw;
     }
     (void)sink;
-    free(buf);
     return best;
 }
 
