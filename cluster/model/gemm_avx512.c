@@ -153,67 +153,86 @@ static inline __attribute__((always_inline)) __m512i gemm_avx512_zx8(const uint8
 
 /* q of row kq + r (kq a multiple of 8, r in 0..7 constant after unrolling)
  * of the qs block whose nibbles start at qd, as f32: the values of
- * gemm_qs_row_q, unpacked in dword lanes with AVX-512F's masks and
- * three-input logic, which take fewer operations per row than the byte
- * form (16-byte integer operations only, no AVX-512BW). Measured per
- * type (hot M = 1, one thread): Q5_0's offset as a masked subtract beat a
- * shift, merge and subtract (26.5 against 19.5 G weights/s); for Q5_1 and
- * Q5_K a shift and one vpternlogd merge edged out a test mask and masked
- * or (27-28 against 25-26). */
+ * gemm_qs_row_q, built on dword lanes with AVX-512F's masks and
+ * three-input logic (16-byte integer loads only, no AVX-512BW). The 4-bit
+ * types look (float)(u - off) up in a table of the 16 values, indexed by
+ * u itself (vpermps reads an index's low 4 bits only, so the even row's
+ * nibble needs no mask): one shuffle where a mask, a subtract and a
+ * conversion were, the same f32 values. Hot M = 1 on one thread, G
+ * weights/s (AVX-512 Zen 5): Q4_0 34 -> 43, Q4_1 and Q4_K the same (40).
+ * A 32-value table (vpermt2ps) for the 5-bit types was no faster (Q5_0
+ * 27 -> 25-28, Q5_1 27 -> 25): they keep the conversion, Q5_0's offset as
+ * a masked subtract (26.5 against 19.5 for a shift, merge and subtract),
+ * Q5_1 and Q5_K's bit 4 merged by one vpternlogd (27-28 against 25-26
+ * for a test mask and masked or). Q6_K converts u and takes its offset in
+ * the scale step (gemm_avx512_qs_scales): 24.5 -> 28. */
 static inline __attribute__((always_inline)) __m512 gemm_avx512_qs_q(const uint8_t *qd, uint32_t kq, uint32_t r,
                                                                      const gemm_wtype type)
 {
     const gemm_qs_fmt f = gemm_qs_fmt_of(type);
     const __m512i xd = gemm_avx512_zx8(qd + 16 * (kq / 2 + r / 2)); /* both nibbles, bits 0..7 */
+    /* the odd row's nibble in bits 0..3 (zero above: the byte was zero-extended) */
+    __m512i v = r % 2 ? _mm512_srli_epi32(xd, 4) : xd;
+    const float o = -(float)f.off;
+    if (f.bits == 4) {
+        const __m512 t = _mm512_setr_ps(o, o + 1, o + 2, o + 3, o + 4, o + 5, o + 6, o + 7, o + 8, o + 9, o + 10,
+                                        o + 11, o + 12, o + 13, o + 14, o + 15);
+        return _mm512_permutexvar_ps(v, t);
+    }
     const __m512i lo4 = _mm512_set1_epi32(0x0F);
-    /* the odd row's nibble is clean after the shift (the byte was zero-extended) */
-    __m512i v = r % 2 ? _mm512_srli_epi32(xd, 4) : _mm512_and_si512(xd, lo4);
     if (f.bits == 5) {
+        if (r % 2 == 0)
+            v = _mm512_and_si512(v, lo4);
         const __m512i hd = gemm_avx512_zx8(qd + GEMM_QS_NIBBLES + 16 * (kq / 8));
         if (f.off) /* u - 16 = v where bit 4 is set, v - 16 where it is clear */
             return gemm_avx512_i2f(_mm512_mask_sub_epi32(v, gemm_avx512_testn(hd, _mm512_set1_epi32(1 << r)), v,
                                                          _mm512_set1_epi32((int)f.off)));
         /* bit r to bit 4; 0xE4 takes it where the mask is set, v elsewhere */
         const __m512i h = r < 4 ? _mm512_slli_epi32(hd, 4 - r) : r > 4 ? _mm512_srli_epi32(hd, r - 4) : hd;
-        v = _mm512_ternarylogic_epi32(h, v, _mm512_set1_epi32(0x10), 0xE4);
-    } else if (f.bits == 6) {
-        const uint32_t r4 = r % 4;
-        __m512i h = gemm_avx512_zx8(qd + GEMM_QS_NIBBLES + 16 * (kq / 4 + r / 4));
-        h = r4 < 2 ? _mm512_slli_epi32(h, 4 - 2 * r4) : r4 > 2 ? _mm512_srli_epi32(h, 2) : h;
-        h = _mm512_and_si512(h, _mm512_set1_epi32(0x30));
-        /* even rows: 0xD8 takes xd's bits where lo4 is set, h's elsewhere;
-         * h first, since the instruction overwrites it and xd still
-         * serves the odd row */
-        v = r % 2 ? _mm512_or_si512(v, h) : _mm512_ternarylogic_epi32(h, xd, lo4, 0xD8);
+        return gemm_avx512_i2f(_mm512_ternarylogic_epi32(h, v, _mm512_set1_epi32(0x10), 0xE4));
     }
-    if (f.off)
-        v = _mm512_sub_epi32(v, _mm512_set1_epi32((int)f.off));
-    return gemm_avx512_i2f(v);
+    const uint32_t r4 = r % 4;
+    __m512i h = gemm_avx512_zx8(qd + GEMM_QS_NIBBLES + 16 * (kq / 4 + r / 4));
+    h = r4 < 2 ? _mm512_slli_epi32(h, 4 - 2 * r4) : r4 > 2 ? _mm512_srli_epi32(h, 2) : h;
+    h = _mm512_and_si512(h, _mm512_set1_epi32(0x30));
+    /* even rows: 0xD8 takes xd's bits where lo4 is set, h's elsewhere;
+     * odd rows: v is clean above bit 3 */
+    v = r % 2 ? _mm512_or_si512(v, h) : _mm512_ternarylogic_epi32(h, xd, lo4, 0xD8);
+    return gemm_avx512_i2f(v); /* u, unsigned: the offset is in the scale step */
 }
 
-/* A qs block's scales s0 (k 0..15), s1 (k 16..31) and nm from its group
- * header grp and block header blk, with the f32 operations of the portable
- * path (gemm.c, gemm_qs_panel_scales): exact products, so the same bits. */
+/* A qs block's scales s0 (k 0..15), s1 (k 16..31) and addends n0, n1 from
+ * its group header grp and block header blk, with the f32 operations of
+ * the portable path (gemm.c, gemm_qs_panel_scales): exact products, so the
+ * same bits. Q6_K's q = u - 32 is folded in here, since gemm_avx512_qs_q
+ * gives it u: fmaf(s, u, -(32 s)) is s (u - 32) exactly (s = d sc has at
+ * most 18 significant bits and u - 32 at most 6, so every term is exact),
+ * the value fmaf(s, q, -0.0f) gives; only a zero's sign can differ, and an
+ * fmaf chain from +0 never holds -0, so its sums are the same bits. */
 static inline __attribute__((always_inline)) void gemm_avx512_qs_scales(const uint8_t *grp, const uint8_t *blk,
                                                                         const gemm_wtype type, __m512 *s0,
-                                                                        __m512 *s1, __m512 *nm)
+                                                                        __m512 *s1, __m512 *n0, __m512 *n1)
 {
     const gemm_qs_fmt f = gemm_qs_fmt_of(type);
     const __m512 d = gemm_avx512_w(grp, GEMM_W_F16);
     *s0 = *s1 = d;
-    *nm = _mm512_set1_ps(-0.0f);
+    *n0 = _mm512_set1_ps(-0.0f);
     if (type == GEMM_W_Q4_K || type == GEMM_W_Q5_K) {
         const __m512 sc = gemm_avx512_b2f(_mm_loadu_si128((const __m128i *)blk), false);
         const __m512 m = gemm_avx512_b2f(_mm_loadu_si128((const __m128i *)(blk + 16)), false);
         const __m512 dmin_m = _mm512_mul_ps(gemm_avx512_w(grp + 32, GEMM_W_F16), m);
         *s0 = *s1 = _mm512_mul_ps(d, sc);
-        *nm = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(dmin_m), _mm512_set1_epi32(INT32_MIN)));
+        *n0 = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(dmin_m), _mm512_set1_epi32(INT32_MIN)));
     } else if (type == GEMM_W_Q6_K) {
         *s0 = _mm512_mul_ps(d, gemm_avx512_b2f(_mm_loadu_si128((const __m128i *)blk), true));
         *s1 = _mm512_mul_ps(d, gemm_avx512_b2f(_mm_loadu_si128((const __m128i *)(blk + 16)), true));
+        *n0 = _mm512_mul_ps(*s0, _mm512_set1_ps(-(float)f.off));
+        *n1 = _mm512_mul_ps(*s1, _mm512_set1_ps(-(float)f.off));
+        return;
     } else if (f.gh == 64) {
-        *nm = gemm_avx512_w(grp + 32, GEMM_W_F16);
+        *n0 = gemm_avx512_w(grp + 32, GEMM_W_F16);
     }
+    *n1 = *n0;
 }
 
 static inline __attribute__((always_inline)) __m512 gemm_avx512_q8d(const uint8_t *blk)
@@ -333,23 +352,25 @@ static inline __attribute__((always_inline)) void gemm_avx512_row_impl(const gem
             const uint32_t bi = kb / GEMM_QS_BLOCK;
             const size_t go = gemm_qs_group_off(f, bi), off = gemm_qs_block_off(f, bi);
             const uint8_t *b0 = p0 + off, *b1 = p1 + off, *b2 = p2 + off, *b3 = p3 + off;
-            __m512 s00, s01, n0, s10, s11, n1, s20, s21, n2, s30, s31, n3;
-            gemm_avx512_qs_scales(p0 + go, b0, type, &s00, &s01, &n0);
+            __m512 s00, s01, n00, n01, s10, s11, n10, n11, s20, s21, n20, n21, s30, s31, n30, n31;
+            gemm_avx512_qs_scales(p0 + go, b0, type, &s00, &s01, &n00, &n01);
             s10 = s20 = s30 = s00;
             s11 = s21 = s31 = s01;
-            n1 = n2 = n3 = n0;
-            if (np > 1) gemm_avx512_qs_scales(p1 + go, b1, type, &s10, &s11, &n1);
-            if (np > 2) gemm_avx512_qs_scales(p2 + go, b2, type, &s20, &s21, &n2);
-            if (np > 3) gemm_avx512_qs_scales(p3 + go, b3, type, &s30, &s31, &n3);
+            n10 = n20 = n30 = n00;
+            n11 = n21 = n31 = n01;
+            if (np > 1) gemm_avx512_qs_scales(p1 + go, b1, type, &s10, &s11, &n10, &n11);
+            if (np > 2) gemm_avx512_qs_scales(p2 + go, b2, type, &s20, &s21, &n20, &n21);
+            if (np > 3) gemm_avx512_qs_scales(p3 + go, b3, type, &s30, &s31, &n30, &n31);
             const size_t pfo = gemm_row_prefetch_offset(off, ps, np, type);
             for (uint32_t kq = 0; kq < GEMM_QS_BLOCK; kq += 8) {
                 const bool hi = kq >= 16;
                 const __m512 t0 = hi ? s01 : s00, t1 = hi ? s11 : s10, t2 = hi ? s21 : s20, t3 = hi ? s31 : s30;
+                const __m512 u0 = hi ? n01 : n00, u1 = hi ? n11 : n10, u2 = hi ? n21 : n20, u3 = hi ? n31 : n30;
 #pragma GCC unroll 8
                 for (uint32_t r = 0; r < 8; r++) {
                     gemm_row_qs_prefetch(b0, b1, b2, b3, np, pfo, kq + r, f);
                     const __m512 b = _mm512_set1_ps(a[kb + kq + r]);
-#define GEMM_AVX512_QSW(j) _mm512_fmadd_ps(gemm_avx512_qs_q(b##j + f.bh, kq, r, type), t##j, n##j)
+#define GEMM_AVX512_QSW(j) _mm512_fmadd_ps(gemm_avx512_qs_q(b##j + f.bh, kq, r, type), t##j, u##j)
                     GEMM_AVX512_RFMA(GEMM_AVX512_QSW)
 #undef GEMM_AVX512_QSW
                 }
