@@ -1196,13 +1196,14 @@ static uint32_t gemm_mr_for(pd_isa isa)
 static gemm_tile_fn *const *gemm_tiles_for(pd_isa isa, gemm_wtype type)
 {
 #if defined(__x86_64__)
-    /* the qs types have no SIMD tiles: one row takes the row kernels, more
-     * the blocked path, which unpacks a chunk once for every tile
-     * (gemm_block_min_rows); the portable tiles cover any other case */
-    if (gemm_wtype_is_qs(type))
-        return gemm_scalar_tiles;
+    /* the qs types have AVX-512 tiles only: on AVX2 one row takes the row
+     * kernels, more the blocked path, which unpacks a chunk once for
+     * every tile (gemm_block_min_rows); the portable tiles cover any other
+     * case */
     if (isa >= PD_ISA_AVX512)
         return gemm_avx512_tiles[type];
+    if (gemm_wtype_is_qs(type))
+        return gemm_scalar_tiles;
     if (isa >= PD_ISA_AVX2)
         return gemm_avx2_tiles[type];
 #endif
@@ -1268,10 +1269,13 @@ static gemm_chunk_fn *gemm_chunk_for(pd_isa isa, gemm_wtype type)
  * chunk's round trip through L1; F16 converts in one instruction, so it
  * gains later. AVX-512's 12-row tiles convert a weight row once per 12 rows,
  * which moves BF16's point from 16 to 32 rows (M = 16: 133-149 against
- * 120-133 GFLOP/s). The qs types take it from 2 rows: it unpacks a
- * chunk's nibbles and bit planes once for every tile of the block, and
- * they have no SIMD tiles (gemm_tiles_for). Either path gives the same
- * bits. */
+ * 120-133 GFLOP/s). The qs types: on AVX-512 never, their 12-row tiles
+ * unpack a k row in registers once for 12 rows and beat the chunk's AVX2
+ * unpacking through L1 at every M measured (one thread, cold, N = 896 and
+ * 1280: M = 2 57 against 28-34 GFLOP/s, M = 6 154-158 against 79-96, M =
+ * 32 167-177 against 144-163, M = 64-256 157-181 against 160-178); on
+ * AVX2, which has no qs tiles (gemm_tiles_for), from 2 rows. Either path
+ * gives the same bits. */
 static uint32_t gemm_block_min_rows(gemm_wtype type, uint32_t mr)
 {
     switch (type) {
@@ -1282,7 +1286,9 @@ static uint32_t gemm_block_min_rows(gemm_wtype type, uint32_t mr)
     case GEMM_W_Q8_0:
         return 24;
     default:
-        return gemm_wtype_is_qs(type) ? 2 : 32;
+        if (gemm_wtype_is_qs(type))
+            return mr > GEMM_MR ? UINT32_MAX : 2;
+        return 32;
     }
 }
 

@@ -303,7 +303,27 @@ static inline __attribute__((always_inline)) void gemm_avx512_tile_impl(const ge
     GEMM_AVX512_TILE_VARS(t->a, lda, mr)
     const uint8_t *pn = t->panel;
     const uint32_t k = t->k;
-    if (type == GEMM_W_Q8_0) {
+    if (gemm_wtype_is_qs(type)) {
+        /* a k row unpacked once, as the row kernels do, for all mr rows */
+        const gemm_qs_fmt f = gemm_qs_fmt_of(type);
+        for (uint32_t kb = 0; kb < k; kb += GEMM_QS_BLOCK) {
+            const uint32_t bi = kb / GEMM_QS_BLOCK;
+            const uint8_t *blk = pn + gemm_qs_block_off(f, bi);
+            __m512 s0, s1, n0, n1;
+            gemm_avx512_qs_scales(pn + gemm_qs_group_off(f, bi), blk, type, &s0, &s1, &n0, &n1);
+            for (size_t line = 0; line < gemm_qs_block_bytes(f); line += 64)
+                __builtin_prefetch(blk + GEMM_PREFETCH + line, 0, 3);
+            for (uint32_t kq = 0; kq < GEMM_QS_BLOCK; kq += 8) {
+                const __m512 sq = kq >= 16 ? s1 : s0, nq = kq >= 16 ? n1 : n0;
+#pragma GCC unroll 8
+                for (uint32_t r = 0; r < 8; r++) {
+                    const uint32_t kk = kb + kq + r;
+                    const __m512 w = _mm512_fmadd_ps(gemm_avx512_qs_q(blk + f.bh, kq, r, type), sq, nq);
+                    GEMM_AVX512_STEP(kk)
+                }
+            }
+        }
+    } else if (type == GEMM_W_Q8_0) {
         for (uint32_t kb = 0; kb < k; kb += GEMM_Q8_0_BLOCK, pn += GEMM_Q8_PANEL_BLOCK) {
             const __m512 d = gemm_avx512_q8d(pn);
             const uint8_t *q = pn + GEMM_Q8_SCALES;
@@ -474,6 +494,13 @@ GEMM_AVX512_TILEFNS(f32, GEMM_W_F32)
 GEMM_AVX512_TILEFNS(f16, GEMM_W_F16)
 GEMM_AVX512_TILEFNS(bf16, GEMM_W_BF16)
 GEMM_AVX512_TILEFNS(q8_0, GEMM_W_Q8_0)
+GEMM_AVX512_TILEFNS(q4_0, GEMM_W_Q4_0)
+GEMM_AVX512_TILEFNS(q5_0, GEMM_W_Q5_0)
+GEMM_AVX512_TILEFNS(q4_1, GEMM_W_Q4_1)
+GEMM_AVX512_TILEFNS(q5_1, GEMM_W_Q5_1)
+GEMM_AVX512_TILEFNS(q4_K, GEMM_W_Q4_K)
+GEMM_AVX512_TILEFNS(q5_K, GEMM_W_Q5_K)
+GEMM_AVX512_TILEFNS(q6_K, GEMM_W_Q6_K)
 GEMM_AVX512_ROWFNS(f32, GEMM_W_F32)
 GEMM_AVX512_ROWFNS(f16, GEMM_W_F16)
 GEMM_AVX512_ROWFNS(bf16, GEMM_W_BF16)
@@ -502,8 +529,8 @@ GEMM_AVX512_CTILEFN(12)
 #pragma GCC pop_options
 #endif
 
-/* no qs tiles: gemm.c's gemm_tiles_for */
-gemm_tile_fn *const gemm_avx512_tiles[GEMM_W_COUNT][GEMM_MR512] = GEMM_BY_TYPE(GEMM_BY_MR12, gemm_avx512_);
+/* the qs types have tiles here (not on AVX2: gemm.c, gemm_tiles_for) */
+gemm_tile_fn *const gemm_avx512_tiles[GEMM_W_COUNT][GEMM_MR512] = GEMM_BY_TYPE_QS(GEMM_BY_MR12, gemm_avx512_);
 gemm_row_fn *const gemm_avx512_rows[GEMM_W_COUNT][GEMM_ROW_PANELS] = GEMM_BY_TYPE_QS(GEMM_BY_NP, gemm_avx512_row_);
 gemm_ctile_fn *const gemm_avx512_ctiles[GEMM_MR512] = GEMM_BY_MR12(gemm_avx512_ctile_);
 gemm_ctile_fn *const gemm_avx512_ctilepfs[GEMM_MR512] = GEMM_BY_MR12(gemm_avx512_ctilepf_);

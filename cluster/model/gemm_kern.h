@@ -295,8 +295,8 @@ static inline __attribute__((always_inline)) void gemm_row_qs_prefetch(const uin
 }
 
 /* AVX-512F kernels (gemm_avx512.c), same contracts and bits as gemm.c's AVX2
- * ones, in tiles of up to GEMM_MR512 rows: tiles by [type][mr - 1] (NULL
- * for the qs types, which run tiles only on the portable path),
+ * ones, in tiles of up to GEMM_MR512 rows: tiles by [type][mr - 1] (the
+ * qs types too: a k row unpacked once for the tile's rows),
  * single-row groups by [type][np - 1], chunk tiles by [mr - 1] (plain, and
  * spreading a prefetch over k). The blocked path's chunk conversion stays
  * AVX2 (every AVX-512 CPU has it). */
