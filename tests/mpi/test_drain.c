@@ -7,9 +7,8 @@
  * leave a peer blocked.
  * PD_MPI_RANKS: 1 2 3 */
 #include "pd_test.h"
+#include "fixture.h"
 
-#include "cluster/cli/mkmodel.h"
-#include "cluster/cli/mkpages.h"
 #include "cluster/runtime/job/run.h"
 
 #include <mpi.h>
@@ -26,37 +25,8 @@ static char dir[256];
  * learns its name. */
 static void make_inputs(void)
 {
-    int rank;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    int ok = 1;
-    if (rank == 0) {
-        snprintf(dir, sizeof dir, "%s/pd-drain-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-        ok = mkdtemp(dir) != NULL;
-        mkmodel_opts mo;
-        mkmodel_defaults(&mo);
-        mo.arch = MODEL_ARCH_LLAMA;
-        mo.layers = 4;
-        mo.hidden = 64;
-        mo.heads = 4;
-        mo.kv_heads = 2;
-        mo.ffn = 96;
-        mo.vocab = 320;
-        mo.seed = 17;
-        char path[300];
-        pd_err e = {0};
-        snprintf(path, sizeof path, "%s/m.gguf", dir);
-        ok = ok && mkmodel_write(&mo, path, &e) == PD_OK;
-        model_hparams hp;
-        ok = ok && model_read_hparams(path, &hp, &e) == PD_OK;
-        mkpages_opts po = {.count = 9, .embed_rows = 6, .prompt_tokens = 3, .max_new = 14, .seed = 4, .mixed = true};
-        snprintf(path, sizeof path, "%s/pages", dir);
-        ok = ok && mkpages_write(&po, &hp, path, &e) == PD_OK;
-        if (!ok)
-            fprintf(stderr, "test_drain: making inputs failed: %s\n", e.msg);
-    }
-    MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
-    ck_assert_msg(ok, "inputs");
+    const mkpages_opts po = {.count = 9, .embed_rows = 6, .prompt_tokens = 3, .max_new = 14, .seed = 4, .mixed = true};
+    pd_mpi_make_inputs(dir, sizeof dir, "drain", 4, 17, &po);
 }
 
 /* What every rank saw at its drain points. */

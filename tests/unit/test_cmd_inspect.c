@@ -329,9 +329,9 @@ END_TEST
  * with exit 2 (unreadable), as text and as JSON. */
 START_TEST(inspect_refuses_what_is_not_a_regular_file)
 {
-    char dir[] = "/tmp/pd_inspect_XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    char fifo[64];
+    char dir[64];
+    pd_test_tmpdir(dir, sizeof dir, "inspect");
+    char fifo[80];
     snprintf(fifo, sizeof fifo, "%s/fifo", dir);
     ck_assert_int_eq(mkfifo(fifo, 0600), 0);
     const char *paths[] = {fifo, "/dev/null", "/dev/zero", dir};

@@ -21,8 +21,7 @@ static char dir[256];
 static void mkpath(char *out, size_t cap, const char *name)
 {
     if (!dir[0]) {
-        snprintf(dir, sizeof dir, "/tmp/pd-ctl-XXXXXX");
-        ck_assert_ptr_nonnull(mkdtemp(dir));
+        pd_test_tmpdir(dir, sizeof dir, "ctl");
     }
     snprintf(out, cap, "%s/%s", dir, name);
 }

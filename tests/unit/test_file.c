@@ -22,15 +22,12 @@ static char tmpdir[64];
 
 static void setup(void)
 {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/pd_test_file_XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+    pd_test_tmpdir(tmpdir, sizeof tmpdir, "file");
 }
 
 static void teardown(void)
 {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    ck_assert_int_eq(system(cmd), 0);
+    pd_test_rmtree(tmpdir);
 }
 
 static void path_in(char *out, size_t cap, const char *name)

@@ -3,7 +3,6 @@
  * bad config field, shape, value or missing file is refused by name without
  * writing the output. */
 #define _XOPEN_SOURCE 700
-#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,23 +75,9 @@ static void put_moe(void)
     put_npy("blk.1.ffn_down_shexp.weight", H, FE, 0.1f);
 }
 
-static void rm_rf(void);
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
-}
-static void rm_rf(void)
-{
-    nftw(dir, rm_cb, 8, FTW_DEPTH | FTW_PHYS);
-}
-
 static void setup(void)
 {
-    snprintf(dir, sizeof dir, "/tmp/pd_test_fw_XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    pd_test_tmpdir(dir, sizeof dir, "fw");
     snprintf(out, sizeof out, "%s.gguf", dir);
     put_text("config.json", CONFIG);
     put_npy("token_embd.weight", V, H, 0.1f);
@@ -111,7 +96,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-    rm_rf();
+    pd_test_rmtree(dir);
     unlink(out);
 }
 

@@ -622,8 +622,8 @@ END_TEST
 
 START_TEST(writer_file_is_atomic_and_mmap_reads_it)
 {
-    char dir[] = "/tmp/pd_gguf_XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char dir[64];
+    pd_test_tmpdir(dir, sizeof dir, "gguf");
     char path[256], tmp[300];
     snprintf(path, sizeof path, "%s/m.gguf", dir);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -701,8 +701,8 @@ START_TEST(released_bytes_leave_the_resident_set_and_read_back_the_same)
     ck_assert_ptr_nonnull(v);
     for (uint32_t i = 0; i < N; i++)
         v[i] = (float)i * 0.5f;
-    char dir[] = "/tmp/pd_gguf_rel_XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char dir[64];
+    pd_test_tmpdir(dir, sizeof dir, "gguf_rel");
     char path[256];
     snprintf(path, sizeof path, "%s/m.gguf", dir);
     pd_err err = {0};

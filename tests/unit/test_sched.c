@@ -15,7 +15,6 @@
 #include "cluster/model/sample.h"
 #include "cluster/runtime/sched/sched.h"
 
-#include <ftw.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,8 +40,7 @@ static void emb_file_path(uint32_t k, char *out, size_t cap)
 
 static void fixture_setup(void)
 {
-    strcpy(tmpdir, "/tmp/pd_test_sched.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+    pd_test_tmpdir(tmpdir, sizeof tmpdir, "sched");
     char path[300];
     snprintf(path, sizeof path, "%s/m.gguf", tmpdir);
     mkmodel_opts o;
@@ -76,19 +74,11 @@ static void fixture_setup(void)
     }
 }
 
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
-}
-
 static void fixture_teardown(void)
 {
     model_free(mdl);
     mdl = NULL;
-    nftw(tmpdir, rm_one, 8, FTW_DEPTH | FTW_PHYS);
+    pd_test_rmtree(tmpdir);
 }
 
 /* Writes text as the manifest and loads it. */

@@ -32,8 +32,7 @@ static void put(const char *path, const char *s)
 
 static void setup(void)
 {
-    snprintf(dir, sizeof dir, "/tmp/pd_test_score_XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    pd_test_tmpdir(dir, sizeof dir, "score");
     snprintf(pages_path, sizeof pages_path, "%s/pages.jsonl", dir);
     snprintf(out_path, sizeof out_path, "%s/out.jsonl", dir);
     put(pages_path, "{\"id\":\"a\",\"prefill\":[]}\n\n{\"id\":\"b\",\"prefill\":[]}\n");
