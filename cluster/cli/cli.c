@@ -40,3 +40,26 @@ pd_status cli_choice(const char *flag, const char *s, const char *const *names, 
         k += snprintf(list + k, sizeof list - (size_t)k, "%s%s", i == 0 ? "" : i + 1 < n ? ", " : " or ", names[i]);
     return pd_err_set(err, PD_ERR_ARG, "%s '%s': expected %s", flag, s ? s : "", list);
 }
+
+pd_status cli_parse(int argc, char **argv, const struct option *opts, cli_flag_fn *flag, void *ctx, bool *help,
+                    pd_err *err)
+{
+    *help = false;
+    optind = 1;
+    opterr = 0;
+    int ch;
+    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        if (ch == 'h') {
+            *help = true;
+            return PD_OK;
+        }
+        if (ch == '?' || ch == ':')
+            return pd_err_set(err, PD_ERR_ARG, "unknown or incomplete option '%s'", argv[optind - 1]);
+        pd_status st = flag(ctx, ch, optarg, err);
+        if (st != PD_OK)
+            return st;
+    }
+    if (optind < argc)
+        return pd_err_set(err, PD_ERR_ARG, "unexpected argument '%s'", argv[optind]);
+    return PD_OK;
+}

@@ -12,6 +12,7 @@
  * page whose image cannot be read or encoded is left out of it; its
  * {"id","error"} line goes to DIR/errors.jsonl and stderr, the other pages
  * are encoded, and the exit status is 1. */
+#include "cluster/cli/cli.h"
 #include "cluster/cli/cmd.h"
 
 #include <cjson/cJSON.h>
@@ -178,44 +179,44 @@ static int enc_mkdir(const char *path)
     return -1;
 }
 
+typedef struct encode_args {
+    const char *mmproj, *model_path, *pages_path, *out_dir;
+    uint32_t threads;
+} encode_args;
+
+static pd_status encode_flag(void *ctx, int ch, const char *arg, pd_err *e)
+{
+    encode_args *a = ctx;
+    switch (ch) {
+    case 'm': a->mmproj = arg; return PD_OK;
+    case 'M': a->model_path = arg; return PD_OK;
+    case 'p': a->pages_path = arg; return PD_OK;
+    case 'o': a->out_dir = arg; return PD_OK;
+    default: return cli_u32("--threads", arg, 1, 1024, &a->threads, e); /* 't' */
+    }
+}
+
 int cmd_encode(int argc, char **argv)
 {
-    const char *mmproj = NULL, *model_path = NULL, *pages_path = NULL, *out_dir = NULL;
-    long threads = 2;
     static const struct option lo[] = {
         {"mmproj", required_argument, NULL, 'm'}, {"model", required_argument, NULL, 'M'},
         {"pages", required_argument, NULL, 'p'},  {"out", required_argument, NULL, 'o'},
         {"threads", required_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
-    optind = 1;
-    opterr = 0;
-    int c;
-    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-        char *end = NULL;
-        switch (c) {
-        case 'm': mmproj = optarg; break;
-        case 'M': model_path = optarg; break;
-        case 'p': pages_path = optarg; break;
-        case 'o': out_dir = optarg; break;
-        case 't':
-            errno = 0;
-            threads = strtol(optarg, &end, 10);
-            if (errno || !end || *end || threads < 1 || threads > 1024) {
-                fprintf(stderr, "pipedec encode: --threads %s: expected an integer in 1..1024\n", optarg);
-                return CMD_EXIT_USAGE;
-            }
-            break;
-        case 'h': usage(stdout); return CMD_EXIT_OK;
-        default:
-            fprintf(stderr, "pipedec encode: unknown or incomplete option '%s'\n", argv[optind - 1]);
-            usage(stderr);
-            return CMD_EXIT_USAGE;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "pipedec encode: unexpected argument '%s'\n", argv[optind]);
+    encode_args a = {.threads = 2};
+    pd_err perr = {0};
+    bool help;
+    if (cli_parse(argc, argv, lo, encode_flag, &a, &help, &perr) != PD_OK) {
+        fprintf(stderr, "pipedec encode: %s\n", perr.msg);
+        usage(stderr);
         return CMD_EXIT_USAGE;
     }
+    if (help) {
+        usage(stdout);
+        return CMD_EXIT_OK;
+    }
+    const char *mmproj = a.mmproj, *model_path = a.model_path, *pages_path = a.pages_path, *out_dir = a.out_dir;
+    const long threads = (long)a.threads;
     const char *missing = !mmproj ? "--mmproj" : !model_path ? "--model" : !pages_path ? "--pages"
                           : !out_dir ? "--out" : NULL;
     if (missing) {

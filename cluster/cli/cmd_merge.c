@@ -1,5 +1,6 @@
 /* pipedec merge: join the outputs of a sharded run in manifest order and
  * prove them complete (cluster/format/merge.h). */
+#include "cluster/cli/cli.h"
 #include "cluster/cli/cmd.h"
 #include "cluster/format/merge.h"
 
@@ -83,6 +84,22 @@ static int merge_in_dir(const char *path, const char *dir)
     return realpath(parent, d1) && realpath(dir, d2) && strcmp(d1, d2) == 0;
 }
 
+typedef struct merge_args {
+    const char *pages, *dir, *final;
+} merge_args;
+
+static pd_status merge_flag(void *ctx, int ch, const char *arg, pd_err *e)
+{
+    (void)e;
+    merge_args *a = ctx;
+    switch (ch) {
+    case 'p': a->pages = arg; break;
+    case 'd': a->dir = arg; break;
+    default: a->final = arg; break; /* 'o' */
+    }
+    return PD_OK;
+}
+
 int cmd_merge(int argc, char **argv)
 {
     static const struct option opts[] = {{"pages", required_argument, 0, 'p'},
@@ -90,25 +107,19 @@ int cmd_merge(int argc, char **argv)
                                          {"out", required_argument, 0, 'o'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    const char *pages = NULL, *dir = NULL, *final = NULL;
-    int ch;
-    optind = 1;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (ch) {
-        case 'p': pages = optarg; break;
-        case 'd': dir = optarg; break;
-        case 'o': final = optarg; break;
-        case 'h': merge_usage(stdout); return CMD_EXIT_OK;
-        default:
-            fprintf(stderr, "pipedec merge: unknown or incomplete option '%s'\n", argv[optind - 1]);
-            merge_usage(stderr);
-            return CMD_EXIT_USAGE;
-        }
+    merge_args a = {0};
+    pd_err pe = {0};
+    bool help;
+    pd_status pst = cli_parse(argc, argv, opts, merge_flag, &a, &help, &pe);
+    if (help) {
+        merge_usage(stdout);
+        return CMD_EXIT_OK;
     }
-    if (optind < argc || !pages || !dir || !final) {
-        fprintf(stderr, "pipedec merge: %s\n",
-                optind < argc ? "unexpected argument" : "--pages, --out-dir and --out are required");
+    const char *pages = a.pages, *dir = a.dir, *final = a.final;
+    if (pst == PD_OK && (!pages || !dir || !final))
+        pst = pd_err_set(&pe, PD_ERR_ARG, "--pages, --out-dir and --out are required");
+    if (pst != PD_OK) {
+        fprintf(stderr, "pipedec merge: %s\n", pe.msg);
         merge_usage(stderr);
         return CMD_EXIT_USAGE;
     }

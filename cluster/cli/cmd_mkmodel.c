@@ -51,11 +51,117 @@ static const char *mkmodel_flag(const struct option *opts, uint64_t mask)
     return "?";
 }
 
+/* A parsed command line: the model's and the projector's options, the
+ * letters of the flags given (`given`, bit letter - 'A'; 'z' - 'A' < 64),
+ * and the files of the other modes. */
+typedef struct mkmodel_args {
+    mkmodel_opts mo;
+    mkmmproj_opts mm;
+    uint64_t given;
+    const char *out, *from, *mmproj, *revocab, *to_ocr;
+} mkmodel_args;
+
+static pd_status mkmodel_flag_set(void *ctx, int ch, const char *arg, pd_err *e)
+{
+    mkmodel_args *a = ctx;
+    pd_status st = PD_OK;
+    if (ch >= 'A' && ch <= 'z')
+        a->given |= 1ull << (ch - 'A');
+    switch (ch) {
+    case 'a':
+        if (strcmp(arg, "llama") == 0)
+            a->mo.arch = MODEL_ARCH_LLAMA;
+        else if (strcmp(arg, "qwen2") == 0)
+            a->mo.arch = MODEL_ARCH_QWEN2;
+        else if (strcmp(arg, "deepseek") == 0)
+            a->mo.arch = MODEL_ARCH_DEEPSEEK;
+        else if (strcmp(arg, "deepseek2-ocr") == 0)
+            a->mo.arch = MODEL_ARCH_DEEPSEEK2_OCR;
+        else
+            st = pd_err_set(e, PD_ERR_ARG, "--arch '%s': expected llama, qwen2, deepseek or deepseek2-ocr", arg);
+        break;
+    case 'D': st = cli_u32("--dense-layers", arg, 0, 1024, &a->mo.dense_lead, e); break;
+    case 'E': st = cli_u32("--experts", arg, 1, 512, &a->mo.experts, e); break;
+    case 'K': st = cli_u32("--experts-used", arg, 1, 512, &a->mo.experts_used, e); break;
+    case 'F': st = cli_u32("--expert-ffn", arg, 1, 1u << 20, &a->mo.expert_ffn, e); break;
+    case 'S': st = cli_u32("--shared", arg, 1, 1024, &a->mo.shared, e); break;
+    case 'X': {
+        char *end;
+        a->mo.expert_scale = strtof(arg, &end);
+        if (*end || !(a->mo.expert_scale > 0.0f) || a->mo.expert_scale > 1e6f)
+            st = pd_err_set(e, PD_ERR_ARG, "--expert-scale '%s': expected a number in (0, 1e6]", arg);
+        break;
+    }
+    case 'l': st = cli_u32("--layers", arg, 1, 1024, &a->mo.layers, e); break;
+    case 'H': st = cli_u32("--hidden", arg, 2, 65536, &a->mo.hidden, e); break;
+    case 'j': st = cli_u32("--heads", arg, 1, 1024, &a->mo.heads, e); break;
+    case 'k': st = cli_u32("--kv-heads", arg, 1, 1024, &a->mo.kv_heads, e); break;
+    case 'f': st = cli_u32("--ffn", arg, 1, 1u << 20, &a->mo.ffn, e); break;
+    case 'v': st = cli_u32("--vocab", arg, 1, 1u << 20, &a->mo.vocab, e); break;
+    case 'c': st = cli_u32("--ctx", arg, 16, 1u << 24, &a->mo.ctx, e); break;
+    case 'd':
+        if (strcmp(arg, "f32") == 0)
+            a->mo.dtype = MK_F32;
+        else if (strcmp(arg, "f16") == 0)
+            a->mo.dtype = MK_F16;
+        else if (strcmp(arg, "bf16") == 0)
+            a->mo.dtype = MK_BF16;
+        else {
+            a->mo.dtype = MK_DTYPE_COUNT;
+            for (int t = MK_Q8_0; t < MK_DTYPE_COUNT; t++)
+                if (strcasecmp(arg, mk_dtype_name((mk_dtype)t)) == 0)
+                    a->mo.dtype = (mk_dtype)t;
+            if (a->mo.dtype == MK_DTYPE_COUNT)
+                st = pd_err_set(e, PD_ERR_ARG, "--dtype '%s': expected f32, f16, bf16, q8_0, q4_0, q5_0, q4_k, q5_k or q6_k",
+                                arg);
+        }
+        break;
+    case 's': st = cli_u64("--seed", arg, &a->mo.seed, e); break;
+    case 'e': {
+        char *end;
+        a->mo.eos_boost = strtof(arg, &end);
+        if (*end || !(a->mo.eos_boost > 0.0f) || a->mo.eos_boost > 1000.0f)
+            st = pd_err_set(e, PD_ERR_ARG, "--eos-boost '%s': expected a number in (0, 1000]", arg);
+        break;
+    }
+    case 'R': st = cli_u32("--repeat", arg, 1, 1u << 20, &a->mo.repeat, e); break;
+    case 'o': a->out = arg; break;
+    case 'M': a->mmproj = arg; break;
+    case 'm': st = cli_u32("--sam-layers", arg, 1, 64, &a->mm.sam_layers, e); break;
+    case 'n': st = cli_u32("--sam-width", arg, 1, 4096, &a->mm.sam_width, e); break;
+    case 'p': st = cli_u32("--sam-heads", arg, 1, 4096, &a->mm.sam_heads, e); break;
+    case 'q': st = cli_u32("--clip-layers", arg, 1, 64, &a->mm.clip_layers, e); break;
+    case 'r': st = cli_u32("--clip-width", arg, 4, 4096, &a->mm.clip_width, e); break;
+    case 't': st = cli_u32("--clip-heads", arg, 1, 4096, &a->mm.clip_heads, e); break;
+    case 'w': st = cli_u32("--window", arg, 1, 64, &a->mm.window, e); break;
+    case 'W': a->from = arg; break;
+    case 'V': a->revocab = arg; break;
+    case 'T': a->to_ocr = arg; break;
+    case 'Y': a->mo.rope_scaling = arg; break;
+    case 'G':
+    case 'L': {
+        char *end;
+        float v = strtof(arg, &end);
+        if (*end || !(v >= 0.0f) || v > 1e6f)
+            st = pd_err_set(e, PD_ERR_ARG, "%s '%s': expected a number in [0, 1e6]",
+                            ch == 'G' ? "--rope-factor" : "--yarn-log-mul", arg);
+        else if (ch == 'G')
+            a->mo.rope_factor = v;
+        else
+            a->mo.yarn_log_mul = v;
+        break;
+    }
+    case 'O': st = cli_u32("--rope-orig-ctx", arg, 1, 1u << 24, &a->mo.rope_orig_ctx, e); break;
+    default: break;
+    }
+    return st;
+}
+
 int cmd_mkmodel(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"arch", required_argument, 0, 'a'},   {"layers", required_argument, 0, 'l'},
-        {"hidden", required_argument, 0, 'H'}, {"heads", required_argument, 0, 'h'},
+        {"hidden", required_argument, 0, 'H'}, {"heads", required_argument, 0, 'j'},
         {"kv-heads", required_argument, 0, 'k'}, {"ffn", required_argument, 0, 'f'},
         {"vocab", required_argument, 0, 'v'},  {"ctx", required_argument, 0, 'c'},
         {"dtype", required_argument, 0, 'd'}, {"type", required_argument, 0, 'd'},  {"seed", required_argument, 0, 's'},
@@ -63,7 +169,7 @@ int cmd_mkmodel(int argc, char **argv)
         {"dense-layers", required_argument, 0, 'D'}, {"experts", required_argument, 0, 'E'},
         {"experts-used", required_argument, 0, 'K'}, {"expert-ffn", required_argument, 0, 'F'},
         {"shared", required_argument, 0, 'S'},  {"expert-scale", required_argument, 0, 'X'},
-        {"repeat", required_argument, 0, 'R'}, {"from-weights", required_argument, 0, 'W'}, {"help", no_argument, 0, 'Z'},
+        {"repeat", required_argument, 0, 'R'}, {"from-weights", required_argument, 0, 'W'}, {"help", no_argument, 0, 'h'},
         {"mmproj", required_argument, 0, 'M'}, {"sam-layers", required_argument, 0, 'm'},
         {"sam-width", required_argument, 0, 'n'}, {"sam-heads", required_argument, 0, 'p'},
         {"clip-layers", required_argument, 0, 'q'}, {"clip-width", required_argument, 0, 'r'},
@@ -74,112 +180,20 @@ int cmd_mkmodel(int argc, char **argv)
         {0, 0, 0, 0}};
     /* options are parsed into mo and remembered in `given`; an architecture's
      * defaults then fill what was not given, whatever the flag order */
-    mkmodel_opts mo;
-    mkmodel_defaults(&mo);
-    mkmmproj_opts mm;
-    mkmmproj_defaults(&mm);
-    uint64_t given = 0;
-    const char *out = NULL, *from = NULL, *mmproj = NULL, *revocab = NULL, *to_ocr = NULL;
+    mkmodel_args a = {0};
+    mkmodel_defaults(&a.mo);
+    mkmmproj_defaults(&a.mm);
     pd_err e = {0};
-    pd_status st = PD_OK;
-    int ch;
-    optind = 1;
-    opterr = 0;
-    while (st == PD_OK && (ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        if (ch >= 'A' && ch <= 'z') /* the option letters above; 'z' - 'A' < 64 */
-            given |= 1ull << (ch - 'A');
-        switch (ch) {
-        case 'a':
-            if (strcmp(optarg, "llama") == 0)
-                mo.arch = MODEL_ARCH_LLAMA;
-            else if (strcmp(optarg, "qwen2") == 0)
-                mo.arch = MODEL_ARCH_QWEN2;
-            else if (strcmp(optarg, "deepseek") == 0)
-                mo.arch = MODEL_ARCH_DEEPSEEK;
-            else if (strcmp(optarg, "deepseek2-ocr") == 0)
-                mo.arch = MODEL_ARCH_DEEPSEEK2_OCR;
-            else
-                st = pd_err_set(&e, PD_ERR_ARG, "--arch '%s': expected llama, qwen2, deepseek or deepseek2-ocr", optarg);
-            break;
-        case 'D': st = cli_u32("--dense-layers", optarg, 0, 1024, &mo.dense_lead, &e); break;
-        case 'E': st = cli_u32("--experts", optarg, 1, 512, &mo.experts, &e); break;
-        case 'K': st = cli_u32("--experts-used", optarg, 1, 512, &mo.experts_used, &e); break;
-        case 'F': st = cli_u32("--expert-ffn", optarg, 1, 1u << 20, &mo.expert_ffn, &e); break;
-        case 'S': st = cli_u32("--shared", optarg, 1, 1024, &mo.shared, &e); break;
-        case 'X': {
-            char *end;
-            mo.expert_scale = strtof(optarg, &end);
-            if (*end || !(mo.expert_scale > 0.0f) || mo.expert_scale > 1e6f)
-                st = pd_err_set(&e, PD_ERR_ARG, "--expert-scale '%s': expected a number in (0, 1e6]", optarg);
-            break;
-        }
-        case 'l': st = cli_u32("--layers", optarg, 1, 1024, &mo.layers, &e); break;
-        case 'H': st = cli_u32("--hidden", optarg, 2, 65536, &mo.hidden, &e); break;
-        case 'h': st = cli_u32("--heads", optarg, 1, 1024, &mo.heads, &e); break;
-        case 'k': st = cli_u32("--kv-heads", optarg, 1, 1024, &mo.kv_heads, &e); break;
-        case 'f': st = cli_u32("--ffn", optarg, 1, 1u << 20, &mo.ffn, &e); break;
-        case 'v': st = cli_u32("--vocab", optarg, 1, 1u << 20, &mo.vocab, &e); break;
-        case 'c': st = cli_u32("--ctx", optarg, 16, 1u << 24, &mo.ctx, &e); break;
-        case 'd':
-            if (strcmp(optarg, "f32") == 0)
-                mo.dtype = MK_F32;
-            else if (strcmp(optarg, "f16") == 0)
-                mo.dtype = MK_F16;
-            else if (strcmp(optarg, "bf16") == 0)
-                mo.dtype = MK_BF16;
-            else {
-                mo.dtype = MK_DTYPE_COUNT;
-                for (int t = MK_Q8_0; t < MK_DTYPE_COUNT; t++)
-                    if (strcasecmp(optarg, mk_dtype_name((mk_dtype)t)) == 0)
-                        mo.dtype = (mk_dtype)t;
-                if (mo.dtype == MK_DTYPE_COUNT)
-                    st = pd_err_set(&e, PD_ERR_ARG, "--dtype '%s': expected f32, f16, bf16, q8_0, q4_0, q5_0, q4_k, q5_k or q6_k",
-                                    optarg);
-            }
-            break;
-        case 's': st = cli_u64("--seed", optarg, &mo.seed, &e); break;
-        case 'e': {
-            char *end;
-            mo.eos_boost = strtof(optarg, &end);
-            if (*end || !(mo.eos_boost > 0.0f) || mo.eos_boost > 1000.0f)
-                st = pd_err_set(&e, PD_ERR_ARG, "--eos-boost '%s': expected a number in (0, 1000]", optarg);
-            break;
-        }
-        case 'R': st = cli_u32("--repeat", optarg, 1, 1u << 20, &mo.repeat, &e); break;
-        case 'o': out = optarg; break;
-        case 'M': mmproj = optarg; break;
-        case 'm': st = cli_u32("--sam-layers", optarg, 1, 64, &mm.sam_layers, &e); break;
-        case 'n': st = cli_u32("--sam-width", optarg, 1, 4096, &mm.sam_width, &e); break;
-        case 'p': st = cli_u32("--sam-heads", optarg, 1, 4096, &mm.sam_heads, &e); break;
-        case 'q': st = cli_u32("--clip-layers", optarg, 1, 64, &mm.clip_layers, &e); break;
-        case 'r': st = cli_u32("--clip-width", optarg, 4, 4096, &mm.clip_width, &e); break;
-        case 't': st = cli_u32("--clip-heads", optarg, 1, 4096, &mm.clip_heads, &e); break;
-        case 'w': st = cli_u32("--window", optarg, 1, 64, &mm.window, &e); break;
-        case 'W': from = optarg; break;
-        case 'V': revocab = optarg; break;
-        case 'T': to_ocr = optarg; break;
-        case 'Y': mo.rope_scaling = optarg; break;
-        case 'G':
-        case 'L': {
-            char *end;
-            float v = strtof(optarg, &end);
-            if (*end || !(v >= 0.0f) || v > 1e6f)
-                st = pd_err_set(&e, PD_ERR_ARG, "%s '%s': expected a number in [0, 1e6]",
-                                ch == 'G' ? "--rope-factor" : "--yarn-log-mul", optarg);
-            else if (ch == 'G')
-                mo.rope_factor = v;
-            else
-                mo.yarn_log_mul = v;
-            break;
-        }
-        case 'O': st = cli_u32("--rope-orig-ctx", optarg, 1, 1u << 24, &mo.rope_orig_ctx, &e); break;
-        case 'Z':
-            mkmodel_usage(stdout);
-            return 0;
-        default:
-            st = pd_err_set(&e, PD_ERR_ARG, "unknown or incomplete option '%s'", argv[optind - 1]);
-        }
+    bool help;
+    pd_status st = cli_parse(argc, argv, opts, mkmodel_flag_set, &a, &help, &e);
+    if (help) {
+        mkmodel_usage(stdout);
+        return 0;
     }
+    mkmodel_opts mo = a.mo;
+    mkmmproj_opts mm = a.mm;
+    const uint64_t given = a.given;
+    const char *out = a.out, *from = a.from, *mmproj = a.mmproj, *revocab = a.revocab, *to_ocr = a.to_ocr;
 #define BIT(letter) (1ull << ((letter) - 'A'))
     /* the vision projector's flags, and the model flags it shares */
     const uint64_t mm_only = BIT('m') | BIT('n') | BIT('p') | BIT('q') | BIT('r') | BIT('t') | BIT('w');
@@ -193,8 +207,6 @@ int cmd_mkmodel(int argc, char **argv)
                         mkmodel_flag(opts, given & ~mm_flags));
     if (st == PD_OK && mmproj && !(given & BIT('H')))
         st = pd_err_set(&e, PD_ERR_ARG, "--mmproj needs --hidden H, the hidden size of the decoder it feeds");
-    if (st == PD_OK && mmproj && optind < argc)
-        st = pd_err_set(&e, PD_ERR_ARG, "unexpected argument '%s'", argv[optind]);
     if (st == PD_OK && mmproj) {
         mm.hidden = mo.hidden;
         mm.seed = mo.seed;
@@ -216,7 +228,7 @@ int cmd_mkmodel(int argc, char **argv)
 #define KEEP(letter, field) \
     if (given & (1ull << ((letter) - 'A')))  \
         d.field = mo.field;
-        KEEP('l', layers) KEEP('H', hidden) KEEP('h', heads) KEEP('k', kv_heads) KEEP('f', ffn)
+        KEEP('l', layers) KEEP('H', hidden) KEEP('j', heads) KEEP('k', kv_heads) KEEP('f', ffn)
         KEEP('v', vocab) KEEP('c', ctx) KEEP('d', dtype) KEEP('s', seed) KEEP('e', eos_boost) KEEP('R', repeat)
         KEEP('D', dense_lead) KEEP('E', experts) KEEP('K', experts_used) KEEP('F', expert_ffn)
         KEEP('S', shared) KEEP('X', expert_scale) KEEP('Y', rope_scaling) KEEP('G', rope_factor)
@@ -226,8 +238,6 @@ int cmd_mkmodel(int argc, char **argv)
     } else if (st == PD_OK && (given & ((1ull << ('D' - 'A')) | (1ull << ('E' - 'A')) | (1ull << ('K' - 'A')) |
                                         (1ull << ('F' - 'A')) | (1ull << ('S' - 'A')) | (1ull << ('X' - 'A')))))
         st = pd_err_set(&e, PD_ERR_ARG, "the expert options need --arch deepseek or deepseek2-ocr");
-    if (st == PD_OK && optind < argc)
-        st = pd_err_set(&e, PD_ERR_ARG, "unexpected argument '%s'", argv[optind]);
     if (st == PD_OK && !out)
         st = pd_err_set(&e, PD_ERR_ARG, "--out FILE is required");
     if (st == PD_OK && from && (given & ~((1ull << ('W' - 'A')) | (1ull << ('o' - 'A')) | (1ull << ('d' - 'A')))))

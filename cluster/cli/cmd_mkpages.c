@@ -13,6 +13,26 @@ static void mkpages_usage(FILE *f)
                "                        [--max-new T] [--seed S] [--mixed]\n");
 }
 
+typedef struct mkpages_args {
+    mkpages_opts po;
+    const char *model_path, *out;
+} mkpages_args;
+
+static pd_status mkpages_flag(void *ctx, int ch, const char *arg, pd_err *e)
+{
+    mkpages_args *a = ctx;
+    switch (ch) {
+    case 'm': a->model_path = arg; return PD_OK;
+    case 'n': return cli_u32("--count", arg, 1, 1000000, &a->po.count, e);
+    case 'r': return cli_u32("--embed-rows", arg, 0, 1u << 20, &a->po.embed_rows, e);
+    case 'p': return cli_u32("--prompt-tokens", arg, 0, 1u << 20, &a->po.prompt_tokens, e);
+    case 't': return cli_u32("--max-new", arg, 0, 1u << 20, &a->po.max_new, e);
+    case 's': return cli_u64("--seed", arg, &a->po.seed, e);
+    case 'o': a->out = arg; return PD_OK;
+    default: a->po.mixed = true; return PD_OK; /* 'x' */
+    }
+}
+
 int cmd_mkpages(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -21,29 +41,16 @@ int cmd_mkpages(int argc, char **argv)
         {"max-new", required_argument, 0, 't'},   {"seed", required_argument, 0, 's'},
         {"out", required_argument, 0, 'o'},       {"mixed", no_argument, 0, 'x'},
         {"help", no_argument, 0, 'h'},            {0, 0, 0, 0}};
-    mkpages_opts po = {.count = 4, .embed_rows = 273, .prompt_tokens = 3, .max_new = 64, .seed = 1};
-    const char *model_path = NULL, *out = NULL;
+    mkpages_args a = {.po = {.count = 4, .embed_rows = 273, .prompt_tokens = 3, .max_new = 64, .seed = 1}};
     pd_err e = {0};
-    pd_status st = PD_OK;
-    int ch;
-    optind = 1;
-    opterr = 0;
-    while (st == PD_OK && (ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (ch) {
-        case 'm': model_path = optarg; break;
-        case 'n': st = cli_u32("--count", optarg, 1, 1000000, &po.count, &e); break;
-        case 'r': st = cli_u32("--embed-rows", optarg, 0, 1u << 20, &po.embed_rows, &e); break;
-        case 'p': st = cli_u32("--prompt-tokens", optarg, 0, 1u << 20, &po.prompt_tokens, &e); break;
-        case 't': st = cli_u32("--max-new", optarg, 0, 1u << 20, &po.max_new, &e); break;
-        case 's': st = cli_u64("--seed", optarg, &po.seed, &e); break;
-        case 'o': out = optarg; break;
-        case 'x': po.mixed = true; break;
-        case 'h': mkpages_usage(stdout); return 0;
-        default: st = pd_err_set(&e, PD_ERR_ARG, "unknown or incomplete option '%s'", argv[optind - 1]);
-        }
+    bool help;
+    pd_status st = cli_parse(argc, argv, opts, mkpages_flag, &a, &help, &e);
+    if (help) {
+        mkpages_usage(stdout);
+        return 0;
     }
-    if (st == PD_OK && optind < argc)
-        st = pd_err_set(&e, PD_ERR_ARG, "unexpected argument '%s'", argv[optind]);
+    mkpages_opts po = a.po;
+    const char *model_path = a.model_path, *out = a.out;
     if (st == PD_OK && (!model_path || !out))
         st = pd_err_set(&e, PD_ERR_ARG, "--model M and --out DIR are required");
     model_hparams hp;

@@ -20,32 +20,39 @@ static void render_usage(FILE *f)
                RENDER_DEFAULT_CELLS);
 }
 
+typedef struct render_args {
+    const char *text_path, *model_path, *out, *prefix;
+    uint32_t cells;
+} render_args;
+
+static pd_status render_flag(void *ctx, int ch, const char *arg, pd_err *e)
+{
+    render_args *a = ctx;
+    switch (ch) {
+    case 't': a->text_path = arg; return PD_OK;
+    case 'm': a->model_path = arg; return PD_OK;
+    case 'o': a->out = arg; return PD_OK;
+    case 'c': return cli_u32("--cells", arg, 1, 1u << 16, &a->cells, e);
+    default: a->prefix = arg; return PD_OK; /* 'p' */
+    }
+}
+
 int cmd_render(int argc, char **argv)
 {
     static const struct option opts[] = {{"text", required_argument, 0, 't'},   {"model", required_argument, 0, 'm'},
                                          {"out", required_argument, 0, 'o'},    {"cells", required_argument, 0, 'c'},
                                          {"id-prefix", required_argument, 0, 'p'}, {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    const char *text_path = NULL, *model_path = NULL, *out = NULL, *prefix = "p";
-    uint32_t cells = 0;
+    render_args a = {.prefix = "p"};
     pd_err e = {0};
-    pd_status st = PD_OK;
-    int ch;
-    optind = 1;
-    opterr = 0;
-    while (st == PD_OK && (ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (ch) {
-        case 't': text_path = optarg; break;
-        case 'm': model_path = optarg; break;
-        case 'o': out = optarg; break;
-        case 'c': st = cli_u32("--cells", optarg, 1, 1u << 16, &cells, &e); break;
-        case 'p': prefix = optarg; break;
-        case 'h': render_usage(stdout); return CMD_EXIT_OK;
-        default: st = pd_err_set(&e, PD_ERR_ARG, "unknown or incomplete option '%s'", argv[optind - 1]);
-        }
+    bool help;
+    pd_status st = cli_parse(argc, argv, opts, render_flag, &a, &help, &e);
+    if (help) {
+        render_usage(stdout);
+        return CMD_EXIT_OK;
     }
-    if (st == PD_OK && optind < argc)
-        st = pd_err_set(&e, PD_ERR_ARG, "unexpected argument '%s'", argv[optind]);
+    const char *text_path = a.text_path, *model_path = a.model_path, *out = a.out, *prefix = a.prefix;
+    uint32_t cells = a.cells;
     if (st == PD_OK && (!text_path || !model_path || !out))
         st = pd_err_set(&e, PD_ERR_ARG, "--text FILE, --model M and --out DIR are required");
     if (st == PD_ERR_ARG) {

@@ -173,25 +173,18 @@ static pd_status run_check(run_opts *o, pd_err *e)
 }
 
 /* Parses argv into o; PD_ERR_ARG with a message naming the flag. */
+static pd_status run_flag(void *ctx, int ch, const char *arg, pd_err *e)
+{
+    return run_option(ch, arg, ctx, e);
+}
+
 static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err *e)
 {
-    pd_status st = PD_OK;
-    int ch;
-    optind = 1;
-    opterr = 0;
-    *help = 0;
-    while (st == PD_OK && (ch = getopt_long(argc, argv, "", run_longopts, NULL)) != -1) {
-        if (ch == 'h') {
-            *help = 1;
-            return PD_OK;
-        }
-        if (ch == '?' || ch == ':')
-            st = pd_err_set(e, PD_ERR_ARG, "unknown or incomplete option '%s'", argv[optind - 1]);
-        else
-            st = run_option(ch, optarg, o, e);
-    }
-    if (st == PD_OK && optind < argc)
-        st = pd_err_set(e, PD_ERR_ARG, "unexpected argument '%s'", argv[optind]);
+    bool h;
+    pd_status st = cli_parse(argc, argv, run_longopts, run_flag, o, &h, e);
+    *help = h;
+    if (h)
+        return PD_OK;
     /* the caches keep room for the drafts a verify step carries */
     o->policy.max_drafts = o->draft.mode == DRAFT_NONE ? 0 : o->draft.k;
     return st ? st : run_check(o, e);

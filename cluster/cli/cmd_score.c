@@ -1,5 +1,6 @@
 /* pipedec score: character error rate of a decode run against the text its
  * pages were rendered from (cluster/cli/score.h). */
+#include "cluster/cli/cli.h"
 #include "cluster/cli/cmd.h"
 #include "cluster/cli/score.h"
 #include "cluster/format/render.h"
@@ -32,30 +33,39 @@ static void score_json_str(const char *s)
     }
 }
 
+typedef struct score_args {
+    const char *pages, *outp, *truth;
+    int json;
+} score_args;
+
+static pd_status score_flag(void *ctx, int ch, const char *arg, pd_err *e)
+{
+    (void)e;
+    score_args *a = ctx;
+    switch (ch) {
+    case 'p': a->pages = arg; break;
+    case 'o': a->outp = arg; break;
+    case 't': a->truth = arg; break;
+    default: a->json = 1; break; /* 'j' */
+    }
+    return PD_OK;
+}
+
 int cmd_score(int argc, char **argv)
 {
     static const struct option opts[] = {{"pages", required_argument, 0, 'p'}, {"out", required_argument, 0, 'o'},
                                          {"truth", required_argument, 0, 't'}, {"json", no_argument, 0, 'j'},
                                          {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
-    const char *pages = NULL, *outp = NULL, *truth = NULL;
-    int json = 0;
+    score_args a = {0};
     pd_err e = {0};
-    pd_status st = PD_OK;
-    int ch;
-    optind = 1;
-    opterr = 0;
-    while (st == PD_OK && (ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (ch) {
-        case 'p': pages = optarg; break;
-        case 'o': outp = optarg; break;
-        case 't': truth = optarg; break;
-        case 'j': json = 1; break;
-        case 'h': score_usage(stdout); return CMD_EXIT_OK;
-        default: st = pd_err_set(&e, PD_ERR_ARG, "unknown or incomplete option '%s'", argv[optind - 1]);
-        }
+    bool help;
+    pd_status st = cli_parse(argc, argv, opts, score_flag, &a, &help, &e);
+    if (help) {
+        score_usage(stdout);
+        return CMD_EXIT_OK;
     }
-    if (st == PD_OK && optind < argc)
-        st = pd_err_set(&e, PD_ERR_ARG, "unexpected argument '%s'", argv[optind]);
+    const char *pages = a.pages, *outp = a.outp, *truth = a.truth;
+    int json = a.json;
     if (st == PD_OK && (!pages || !outp || !truth))
         st = pd_err_set(&e, PD_ERR_ARG, "--pages P, --out O.jsonl and --truth T are required");
     if (st != PD_OK) {

@@ -18,6 +18,21 @@ static void shard_usage(FILE *f)
                "  embedding paths are rewritten to stay valid from DIR\n");
 }
 
+typedef struct shard_args {
+    const char *pages, *out;
+    uint32_t shards;
+} shard_args;
+
+static pd_status shard_flag(void *ctx, int ch, const char *arg, pd_err *e)
+{
+    shard_args *a = ctx;
+    switch (ch) {
+    case 'p': a->pages = arg; return PD_OK;
+    case 's': return cli_u32("--shards", arg, 1, SHARD_MAX, &a->shards, e);
+    default: a->out = arg; return PD_OK; /* 'o' */
+    }
+}
+
 int cmd_shard(int argc, char **argv)
 {
     static const struct option opts[] = {{"pages", required_argument, 0, 'p'},
@@ -25,24 +40,16 @@ int cmd_shard(int argc, char **argv)
                                          {"out", required_argument, 0, 'o'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    const char *pages = NULL, *out = NULL;
-    uint32_t shards = 0;
+    shard_args a = {0};
     pd_err e = {0};
-    pd_status st = PD_OK;
-    int ch;
-    optind = 1;
-    opterr = 0;
-    while (st == PD_OK && (ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (ch) {
-        case 'p': pages = optarg; break;
-        case 's': st = cli_u32("--shards", optarg, 1, SHARD_MAX, &shards, &e); break;
-        case 'o': out = optarg; break;
-        case 'h': shard_usage(stdout); return CMD_EXIT_OK;
-        default: st = pd_err_set(&e, PD_ERR_ARG, "unknown or incomplete option '%s'", argv[optind - 1]);
-        }
+    bool help;
+    pd_status st = cli_parse(argc, argv, opts, shard_flag, &a, &help, &e);
+    if (help) {
+        shard_usage(stdout);
+        return CMD_EXIT_OK;
     }
-    if (st == PD_OK && optind < argc)
-        st = pd_err_set(&e, PD_ERR_ARG, "unexpected argument '%s'", argv[optind]);
+    const char *pages = a.pages, *out = a.out;
+    uint32_t shards = a.shards;
     if (st == PD_OK && (!pages || !out || !shards))
         st = pd_err_set(&e, PD_ERR_ARG, "--pages, --shards and --out are required");
     if (st != PD_OK) {

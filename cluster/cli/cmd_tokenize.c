@@ -4,6 +4,7 @@
  * metadata (the weights stay unmapped pages). --ids prints one JSON array;
  * the default and --pieces print "id<TAB>piece" per line, the piece as
  * llama.cpp's token_to_piece renders it (vocab.h), its bytes as JSON. */
+#include "cluster/cli/cli.h"
 #include "cluster/cli/cmd.h"
 
 #include <getopt.h>
@@ -77,6 +78,27 @@ static void put_json_str(FILE *f, const char *s, size_t n)
     fputc('"', f);
 }
 
+typedef struct tokenize_args {
+    const char *model, *text, *file;
+    bool ids_only, no_bos, no_special;
+} tokenize_args;
+
+static pd_status tokenize_flag(void *ctx, int ch, const char *arg, pd_err *e)
+{
+    (void)e;
+    tokenize_args *a = ctx;
+    switch (ch) {
+    case 'm': a->model = arg; break;
+    case 't': a->text = arg; break;
+    case 'f': a->file = arg; break;
+    case 'i': a->ids_only = true; break;
+    case 'p': a->ids_only = false; break;
+    case 'b': a->no_bos = true; break;
+    default: a->no_special = true; break; /* 's' */
+    }
+    return PD_OK;
+}
+
 int cmd_tokenize(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -85,27 +107,23 @@ int cmd_tokenize(int argc, char **argv)
         {"pieces", no_argument, NULL, 'p'},      {"no-bos", no_argument, NULL, 'b'},
         {"no-parse-special", no_argument, NULL, 's'}, {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
-    const char *model = NULL, *text = NULL, *file = NULL;
-    bool ids_only = false, no_bos = false, no_special = false;
-    int ch;
-    optind = 1;
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (ch) {
-        case 'm': model = optarg; break;
-        case 't': text = optarg; break;
-        case 'f': file = optarg; break;
-        case 'i': ids_only = true; break;
-        case 'p': ids_only = false; break;
-        case 'b': no_bos = true; break;
-        case 's': no_special = true; break;
-        case 'h': usage(stdout); return CMD_EXIT_OK;
-        default: usage(stderr); return CMD_EXIT_USAGE;
-        }
+    tokenize_args a = {0};
+    pd_err pe = {0};
+    bool help;
+    pd_status pst = cli_parse(argc, argv, opts, tokenize_flag, &a, &help, &pe);
+    if (help) {
+        usage(stdout);
+        return CMD_EXIT_OK;
     }
-    if (!model || (!text == !file) || optind != argc) {
+    if (pst == PD_OK && (!a.model || !a.text == !a.file))
+        pst = pd_err_set(&pe, PD_ERR_ARG, "--model and one of --text or --file are required");
+    if (pst != PD_OK) {
+        fprintf(stderr, "pipedec tokenize: %s\n", pe.msg);
         usage(stderr);
         return CMD_EXIT_USAGE;
     }
+    const char *model = a.model, *text = a.text, *file = a.file;
+    const bool ids_only = a.ids_only, no_bos = a.no_bos, no_special = a.no_special;
     pd_err err = {0};
     char *buf = NULL;
     size_t len = 0;
