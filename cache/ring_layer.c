@@ -14,9 +14,9 @@
 #include <string.h>
 
 /* The one process-wide counter the module keeps: identities must be unique
- * across every layer of the process (checkpoints are capabilities of one
- * instance), so they cannot come from a caller-held context. 0 is never
- * issued. */
+ * across every layer of the process (they tell which state a handle holds,
+ * e.g. after ring_layer_swap), so they cannot come from a caller-held context.
+ * 0 is never issued. */
 static _Atomic uint64_t ring_next_id = 1;
 
 static uint64_t ring_new_id(void)
@@ -52,10 +52,10 @@ typedef struct ring_rows {
  *      ring_pos == ring_len, and once full the oldest slot is ring_pos).
  * INV: live ring rows are slots [0, ring_len); age order starts at slot 0
  *      during warm-up and at ring_pos once full.
- * INV: n_drafts <= cfg.max_drafts; drafts are never part of writes, the
- *      cursors or the epoch.
+ * INV: n_drafts <= cfg.max_drafts; drafts are never part of writes or the
+ *      cursors.
  * INV: decoding == 0 implies writes == 0; once set it never clears.
- * INV: id != 0, epoch >= 1; epoch only grows.
+ * INV: id != 0.
  * INV: with the mirror on, every live row's int8 copy and scale equal
  *      quant_sym_row of its f32 row (f32 is the source of truth).
  * INV: with int8 storage, every live row of a quantized component has codes
@@ -66,7 +66,6 @@ typedef struct ring_rows {
 typedef struct ring_core {
     ring_layer_config cfg; /* alloc resolved, max_group >= 1 */
     uint64_t id;
-    uint64_t epoch;
     uint64_t writes;
     uint32_t ref_rows;
     uint32_t ring_len;
@@ -300,7 +299,6 @@ pd_status ring_layer_new(const ring_layer_config *cfg, ring_layer **out, pd_err 
     c->cfg.alloc = a;
     c->cfg.max_group = cfg->max_group ? cfg->max_group : 1;
     c->id = ring_new_id();
-    c->epoch = 1;
     c->block = block;
     c->storage = p.total;
     const uint32_t caps[RING_REGION_COUNT] = {cfg->ref_capacity, cfg->window, cfg->max_drafts};
@@ -665,66 +663,6 @@ void ring_layer_draft_discard(ring_layer *r)
     r->c.n_drafts = 0;
 }
 
-/* ---- checkpoint / rollback ---------------------------------------------- */
-
-ring_checkpoint ring_layer_checkpoint(const ring_layer *r)
-{
-    const ring_core *c = &r->c;
-    return (ring_checkpoint){.cache_id = c->id,
-                             .epoch = c->epoch,
-                             .writes = c->writes,
-                             .ref_rows = c->ref_rows,
-                             .ring_len = c->ring_len,
-                             .ring_pos = c->ring_pos};
-}
-
-pd_status ring_layer_rollback(ring_layer *r, const ring_checkpoint *cp, pd_err *err)
-{
-    ring_core *c = &r->c;
-    const uint64_t W = c->cfg.window;
-    if (!cp)
-        return pd_err_set(err, PD_ERR_ARG, "ring_layer: checkpoint is NULL");
-    if (cp->cache_id != c->id)
-        return pd_err_set(err, PD_ERR_MISMATCH,
-                          "ring_layer: foreign checkpoint: issued by cache %llu, this is %llu",
-                          (unsigned long long)cp->cache_id, (unsigned long long)c->id);
-    if (cp->ref_rows != c->ref_rows)
-        return pd_err_set(err, PD_ERR_MISMATCH,
-                          "ring_layer: prefill differs: checkpoint has %u reference rows, "
-                          "cache %u",
-                          cp->ref_rows, c->ref_rows);
-    if (cp->epoch != c->epoch)
-        return pd_err_set(err, PD_ERR_REFUSED,
-                          "ring_layer: stale checkpoint: epoch %llu, cache at epoch %llu (its "
-                          "branch was abandoned by a rollback)",
-                          (unsigned long long)cp->epoch, (unsigned long long)c->epoch);
-    if (cp->writes > c->writes)
-        return pd_err_set(err, PD_ERR_RANGE,
-                          "ring_layer: future checkpoint: %llu writes, cache has %llu",
-                          (unsigned long long)cp->writes, (unsigned long long)c->writes);
-    uint64_t want_len = cp->writes < W ? cp->writes : W;
-    if (cp->ring_len != want_len || cp->ring_pos != cp->writes % W)
-        return pd_err_set(err, PD_ERR_MISMATCH,
-                          "ring_layer: corrupt checkpoint: ring_len %u ring_pos %u do not "
-                          "follow from %llu writes",
-                          cp->ring_len, cp->ring_pos, (unsigned long long)cp->writes);
-    const uint64_t discarded = c->writes - cp->writes;
-    if (discarded > W - cp->ring_len)
-        return pd_err_set(err, PD_ERR_REFUSED,
-                          "ring_layer: rollback not lossless: %llu discarded writes wrapped "
-                          "past checkpoint ring_len %u (window %llu)",
-                          (unsigned long long)discarded, cp->ring_len, (unsigned long long)W);
-    c->n_drafts = 0;
-    if (discarded == 0)
-        return PD_OK;
-    CHECKF(c->epoch != UINT64_MAX, "ring_layer: lineage epoch exhausted");
-    c->writes = cp->writes;
-    c->ring_len = cp->ring_len;
-    c->ring_pos = cp->ring_pos;
-    c->epoch++;
-    return PD_OK;
-}
-
 /* ---- state view and install --------------------------------------------- */
 
 void ring_layer_state(const ring_layer *r, ring_state *out)
@@ -987,7 +925,6 @@ pd_status ring_layer_check(const ring_layer *r, pd_err *err)
             return pd_err_set(err, PD_ERR_FORMAT, "ring_layer: invariant broken: %s", #cond); \
     } while (0)
     RING_INV(c->id != 0);
-    RING_INV(c->epoch >= 1);
     RING_INV(cfg->alloc != NULL && cfg->max_group >= 1);
     RING_INV(c->ref_rows <= cfg->ref_capacity);
     RING_INV(c->ring_len <= cfg->window);

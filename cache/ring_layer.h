@@ -6,12 +6,12 @@
  * attn_run (attn.h), the project's one reduction. Speculative verify runs
  * without copying the cache: up to max_drafts draft rows sit in spill slots
  * beside the ring, each draft attends what the matching sequential step would
- * see, and accepted drafts are committed into the ring in order. O(1)
- * checkpoint / rollback is guarded by cache identity and lineage epoch.
+ * see, and accepted drafts are committed into the ring in order; rejected
+ * ones are discarded, which is how a ring rolls speculation back.
  *
  * Everything (rows, optional int8 mirror, attention scratch) is allocated at
- * creation from the layer's pd_alloc; prefill, decode, verify, commit,
- * checkpoint and rollback never allocate.
+ * creation from the layer's pd_alloc; prefill, decode, verify and commit
+ * never allocate.
  *
  * Row layout of every K/V input: token-major, one token's row is
  * [n_kv_heads x head_dim] (KV head h at offset h * head_dim); a prefill chunk
@@ -163,36 +163,6 @@ pd_status ring_layer_draft_commit(ring_layer *r, uint32_t a, pd_err *err);
 /* Drops every pending draft; leaves no trace in the readable state. */
 void ring_layer_draft_discard(ring_layer *r);
 
-/* ---- checkpoint / rollback ---------------------------------------------- */
-
-/* A copyable O(1) snapshot of the write cursors. Plain data: no K/V. */
-typedef struct ring_checkpoint {
-    uint64_t cache_id; /* identity of the issuing layer (never 0) */
-    uint64_t epoch;    /* lineage epoch at checkpoint time */
-    uint64_t writes;   /* committed decode writes */
-    uint32_t ref_rows; /* reference rows */
-    uint32_t ring_len;
-    uint32_t ring_pos;
-} ring_checkpoint;
-
-/* Captures the current cursors. Pending drafts are not part of a checkpoint. */
-ring_checkpoint ring_layer_checkpoint(const ring_layer *r);
-
-/* Restores the state at cp, discarding the writes made since, in O(1).
- * Refuses WITHOUT MUTATING, checked in this order:
- *   PD_ERR_MISMATCH "foreign checkpoint"  cp.cache_id is another layer's;
- *   PD_ERR_MISMATCH "prefill differs"     cp.ref_rows != ref_rows;
- *   PD_ERR_REFUSED  "stale checkpoint"    cp.epoch != epoch (taken on a branch
- *                                         abandoned by an earlier rollback);
- *   PD_ERR_RANGE    "future checkpoint"   cp.writes > writes;
- *   PD_ERR_REFUSED  "not lossless"        a discarded write overwrote a slot
- *                                         live at cp (cp.ring_len + discarded > W).
- * A checkpoint whose epoch matches but whose cursors disagree with its write
- * count is refused as PD_ERR_MISMATCH "corrupt checkpoint".
- * On success pending drafts are dropped and, when writes were discarded, the
- * epoch advances (every checkpoint of the old epoch becomes stale). */
-pd_status ring_layer_rollback(ring_layer *r, const ring_checkpoint *cp, pd_err *err);
-
 /* ---- state view and install (the CMFS wire) ----------------------------- */
 
 /* The readable state. Pending drafts are not part of it (speculation never
@@ -236,7 +206,7 @@ void ring_layer_state(const ring_layer *r, ring_state *out);
 pd_status ring_layer_new_from_state(const ring_layer_config *cfg, const ring_state *s,
                                     ring_layer **out, pd_err *err);
 
-/* Exchanges the whole states (rows, cursors, identity, epoch, drafts, storage)
+/* Exchanges the whole states (rows, cursors, identity, drafts, storage)
  * of a and b; each handle stays valid. Used by import: build with
  * ring_layer_new_from_state, swap into the live handle, free the other. */
 void ring_layer_swap(ring_layer *a, ring_layer *b);

@@ -1,6 +1,7 @@
-/* ring_layer: the R-SWA ring cache. Ports the intent of every seed RingCache
- * test (warm-up, steady state, wrap, prefill validation, checkpoint/rollback
- * refusals, identity, epoch ABA, int8 mirror) and checks what the port adds:
+/* ring_layer: the R-SWA ring cache. Ports the intent of the seed RingCache
+ * tests (warm-up, steady state, wrap, prefill validation, identity, int8
+ * mirror; its checkpoint / rollback went: speculation rolls back by
+ * discarding drafts) and checks what the port adds:
  * verify without cloning == sequential steps at every fill level, exact
  * memory, state export / install, an f64 naive oracle, randomized sequences. */
 #include "pd_test.h"
@@ -100,14 +101,14 @@ static void attend_ok(const ring_layer *r, const float *q, const ring_attend_opt
 }
 
 /* A copy of everything readable in a layer: cursors, reference rows, live
- * ring rows, pending draft count, memory figures, checkpoint. */
+ * ring rows, pending draft count, memory figures, identity. */
 typedef struct snap {
     ring_state st;
     float *ref, *ring;
     size_t n_ref, n_ring;
     uint32_t drafts;
     ring_layer_mem mem;
-    ring_checkpoint cp;
+    uint64_t id;
 } snap;
 
 /* The rows of head h of the reference (ring == 0) or the ring, K (v == 0) or
@@ -147,7 +148,7 @@ static snap snap_take(const ring_layer *r)
     }
     s.drafts = ring_layer_drafts(r);
     ring_layer_mem_get(r, &s.mem);
-    s.cp = ring_layer_checkpoint(r);
+    s.id = ring_layer_id(r);
     return s;
 }
 
@@ -172,13 +173,8 @@ static void snap_eq(const snap *a, const snap *b, int same_layer, const char *wh
                   what);
     ck_assert_msg(memcmp(a->ring, b->ring, sizeof(float) * 2 * a->n_ring) == 0,
                   "%s: ring rows", what);
-    if (same_layer) {
-        ck_assert_msg(a->cp.cache_id == b->cp.cache_id, "%s: cache_id", what);
-        ck_assert_msg(a->cp.epoch == b->cp.epoch, "%s: epoch", what);
-        ck_assert_msg(a->cp.writes == b->cp.writes && a->cp.ref_rows == b->cp.ref_rows &&
-                          a->cp.ring_len == b->cp.ring_len && a->cp.ring_pos == b->cp.ring_pos,
-                      "%s: checkpoint cursors", what);
-    }
+    if (same_layer)
+        ck_assert_msg(a->id == b->id, "%s: identity", what);
 }
 
 /* f64 naive softmax attention: Q head j of kv head j / g over rows (token-major
@@ -817,7 +813,6 @@ START_TEST(ring_commit_a_of_k_commits_exactly_a)
     float tk[8], tv[8];
     for (uint32_t acc = 0; acc <= 3; acc++) {
         ring_layer *r = build_history(H, D, W, 2, 3, 0, 1, 77, 2, tk, tv);
-        ring_checkpoint cp0 = ring_layer_checkpoint(r);
         float dk[3][8], dv[3][8];
         for (uint32_t i = 0; i < 3; i++) {
             fill_const(dk[i], 8, 10.0f + (float)i);
@@ -843,8 +838,6 @@ START_TEST(ring_commit_a_of_k_commits_exactly_a)
                 ck_assert_float_eq(st.ring_k[h][slot_of[i] * D], 10.0f + (float)i);
                 ck_assert_float_eq(st.ring_v[h][slot_of[i] * D + 3], -10.0f - (float)i);
             }
-        ring_checkpoint cp1 = ring_layer_checkpoint(r);
-        ck_assert_uint_eq(cp1.epoch, cp0.epoch); /* committing is not a new branch */
         ring_layer_free(r);
     }
 }
@@ -855,7 +848,7 @@ START_TEST(ring_rejected_drafts_leave_layer_byte_identical)
     const uint32_t H = 2, D = 6, W = 3;
     float tk[12], tv[12], q[12], out[12];
     for (uint32_t w = 0; w <= 2 * W; w++) {
-        for (int how = 0; how < 3; how++) {
+        for (int how = 0; how < 2; how++) {
             ring_layer *r = build_history(H, D, W, 2, 4, 1, 1, 5 + w, w, tk, tv);
             ring_layer *ctl = build_history(H, D, W, 2, 4, 1, 1, 5 + w, w, tk, tv);
             snap before = snap_take(r);
@@ -870,10 +863,8 @@ START_TEST(ring_rejected_drafts_leave_layer_byte_identical)
             pd_err e = {0};
             if (how == 0)
                 ring_layer_draft_discard(r);
-            else if (how == 1)
+            else
                 ck_assert_int_eq(ring_layer_draft_commit(r, 0, &e), PD_OK);
-            else /* a no-op rollback also drops pending drafts */
-                ck_assert_int_eq(ring_layer_rollback(r, &before.cp, &e), PD_OK);
             check_ok(r);
             snap after = snap_take(r);
             snap_eq(&before, &after, 1, "rejected drafts");
@@ -924,214 +915,6 @@ START_TEST(ring_draft_refusals)
 }
 END_TEST
 
-/* ---- checkpoint / rollback --------------------------------------------- */
-
-START_TEST(ring_checkpoint_rollback_restores_rows_byte_identical)
-{
-    const uint32_t H = 2, D = 8, W = 16, pf = 5, accept = 9;
-    float tk[16], tv[16];
-    ring_layer *ctl = build_history(H, D, W, pf, 0, 1, 1, 31, accept, tk, tv);
-    ring_layer *t = build_history(H, D, W, pf, 0, 1, 1, 31, accept, tk, tv);
-    ring_checkpoint cp = ring_layer_checkpoint(t);
-    ck_assert_uint_eq(cp.ring_len, accept);
-    ck_assert_uint_eq(cp.ring_pos, accept);
-    ck_assert_uint_eq(cp.ref_rows, pf);
-    ck_assert_uint_eq(cp.writes, accept);
-    for (uint32_t i = 0; i < 6; i++) {
-        fill_const(tk, 16, 0.9f + 0.3f * (float)i);
-        write_ok(t, tk, tk);
-    }
-    ring_state st;
-    ring_layer_state(t, &st);
-    ck_assert_uint_eq(st.ring_len, accept + 6);
-    pd_err e = {0};
-    ck_assert_int_eq(ring_layer_rollback(t, &cp, &e), PD_OK);
-    check_ok(t);
-    snap a = snap_take(t), b = snap_take(ctl);
-    snap_eq(&a, &b, 0, "rollback vs control");
-    ck_assert_uint_eq(ring_layer_position(t), pf + accept);
-    /* O(1): the first dead slot still holds the discarded write (never read) */
-    ring_layer_state(t, &st);
-    ck_assert_float_eq(st.ring_k[0][accept * D], 0.9f);
-    /* a fresh write lands in the checkpoint's slot */
-    gen_token(31, accept, 16, tk, tv);
-    ck_assert_uint_eq(write_ok(t, tk, tv), accept);
-    ck_assert_uint_eq(write_ok(ctl, tk, tv), accept);
-    float q[16], o1[16], o2[16];
-    fill_const(q, 16, 0.25f);
-    attend_ok(t, q, NULL, o1);
-    attend_ok(ctl, q, NULL, o2);
-    ck_assert(memcmp(o1, o2, sizeof o1) == 0);
-    snap_free(&a);
-    snap_free(&b);
-    ring_layer_free(t);
-    ring_layer_free(ctl);
-}
-END_TEST
-
-/* Every refusal: status, message, and not one readable byte changed. */
-static void expect_refusal(ring_layer *r, const ring_checkpoint *cp, pd_status want,
-                           const char *needle)
-{
-    snap before = snap_take(r);
-    pd_err e = {0};
-    ck_assert_int_eq(ring_layer_rollback(r, cp, &e), want);
-    ck_assert_msg(strstr(e.msg, needle) != NULL, "message '%s' lacks '%s'", e.msg, needle);
-    check_ok(r);
-    snap after = snap_take(r);
-    snap_eq(&before, &after, 1, needle);
-    snap_free(&before);
-    snap_free(&after);
-}
-
-START_TEST(ring_rollback_refuses_eviction_in_steady_state_without_mutation)
-{
-    const uint32_t W = 4;
-    float tk[8], tv[8];
-    ring_layer *r = build_history(2, 4, W, 3, 0, 0, 1, 8, W, tk, tv);
-    ring_checkpoint cp = ring_layer_checkpoint(r);
-    fill_const(tk, 8, 1.0f);
-    write_ok(r, tk, tk); /* overwrites slot 0, live at cp */
-    expect_refusal(r, &cp, PD_ERR_REFUSED, "not lossless");
-    ring_layer_free(r);
-    /* warm-up variant: cp at ring_len 2; W - 2 discarded writes only append
-     * (lossless), one more wraps onto slot 0, live at cp */
-    r = build_history(2, 4, W, 3, 0, 0, 1, 8, 2, tk, tv);
-    cp = ring_layer_checkpoint(r);
-    for (uint32_t i = 0; i < W - 2 + 1; i++)
-        write_ok(r, tk, tk);
-    expect_refusal(r, &cp, PD_ERR_REFUSED, "not lossless");
-    ring_layer_free(r);
-    r = build_history(2, 4, W, 3, 0, 0, 1, 8, 2, tk, tv);
-    ring_layer *ctl = build_history(2, 4, W, 3, 0, 0, 1, 8, 2, tk, tv);
-    cp = ring_layer_checkpoint(r);
-    for (uint32_t i = 0; i < W - 2; i++)
-        write_ok(r, tk, tk);
-    pd_err e = {0};
-    ck_assert_int_eq(ring_layer_rollback(r, &cp, &e), PD_OK);
-    snap a = snap_take(r), b = snap_take(ctl);
-    snap_eq(&a, &b, 0, "edge rollback");
-    snap_free(&a);
-    snap_free(&b);
-    ring_layer_free(ctl);
-    ring_layer_free(r);
-}
-END_TEST
-
-START_TEST(ring_rollback_refuses_abandoned_branch_checkpoint)
-{
-    float tk[8], tv[8];
-    ring_layer *r = build_history(2, 4, 8, 4, 0, 0, 1, 21, 1, tk, tv);
-    ring_checkpoint branch = ring_layer_checkpoint(r);
-    fill_const(tk, 8, 1.0f);
-    write_ok(r, tk, tk);
-    ring_checkpoint stale = ring_layer_checkpoint(r);
-    pd_err e = {0};
-    ck_assert_int_eq(ring_layer_rollback(r, &branch, &e), PD_OK);
-    fill_const(tk, 8, -2.0f);
-    write_ok(r, tk, tk);
-    /* ABA teeth: every cursor of the stale checkpoint is recreated */
-    ring_checkpoint now = ring_layer_checkpoint(r);
-    ck_assert_uint_eq(now.ring_len, stale.ring_len);
-    ck_assert_uint_eq(now.ring_pos, stale.ring_pos);
-    ck_assert_uint_eq(now.writes, stale.writes);
-    ck_assert_uint_eq(now.cache_id, stale.cache_id);
-    ck_assert_uint_ne(now.epoch, stale.epoch);
-    expect_refusal(r, &stale, PD_ERR_REFUSED, "stale checkpoint");
-    ring_layer_free(r);
-}
-END_TEST
-
-START_TEST(ring_rollback_refuses_foreign_checkpoint)
-{
-    float tk[8], tv[8];
-    ring_layer *issuer = build_history(2, 4, 8, 4, 0, 0, 1, 22, 2, tk, tv);
-    ring_layer *target = build_history(2, 4, 8, 4, 0, 0, 1, 23, 3, tk, tv);
-    ring_checkpoint foreign = ring_layer_checkpoint(issuer);
-    ring_checkpoint mine = ring_layer_checkpoint(target);
-    /* only the identity tells them apart */
-    ck_assert_uint_ne(foreign.cache_id, mine.cache_id);
-    ck_assert_uint_eq(foreign.epoch, mine.epoch);
-    ck_assert_uint_eq(foreign.ref_rows, mine.ref_rows);
-    ck_assert(foreign.writes < mine.writes);
-    expect_refusal(target, &foreign, PD_ERR_MISMATCH, "foreign checkpoint");
-    ring_layer_free(issuer);
-    ring_layer_free(target);
-}
-END_TEST
-
-START_TEST(ring_rollback_refuses_future_prefill_and_corrupt_checkpoints)
-{
-    float tk[8], tv[8];
-    /* a checkpoint with a different prefill */
-    ring_layer *r = mk(2, 4, 4, 8, 0, 0, 1);
-    gen_token(1, 0, 8, tk, tv);
-    prefill_ok(r, tk, tv, 1);
-    ring_checkpoint early = ring_layer_checkpoint(r);
-    prefill_ok(r, tv, tk, 1);
-    expect_refusal(r, &early, PD_ERR_MISMATCH, "prefill differs");
-    /* a future checkpoint */
-    write_ok(r, tk, tv);
-    ring_checkpoint cp = ring_layer_checkpoint(r);
-    ring_checkpoint fut = cp;
-    fut.writes = cp.writes + 1;
-    fut.ring_len = cp.ring_len + 1;
-    fut.ring_pos = cp.ring_pos + 1;
-    expect_refusal(r, &fut, PD_ERR_RANGE, "future checkpoint");
-    /* a future one taken for real and carried back by a rollback */
-    write_ok(r, tk, tv);
-    ring_checkpoint later = ring_layer_checkpoint(r);
-    pd_err e = {0};
-    ck_assert_int_eq(ring_layer_rollback(r, &cp, &e), PD_OK);
-    expect_refusal(r, &later, PD_ERR_REFUSED, "stale checkpoint");
-    /* cursors that do not follow from the write count */
-    cp = ring_layer_checkpoint(r);
-    ring_checkpoint bad = cp;
-    bad.ring_pos = (cp.ring_pos + 1) % 4;
-    expect_refusal(r, &bad, PD_ERR_MISMATCH, "corrupt checkpoint");
-    ck_assert_int_eq(ring_layer_rollback(r, NULL, &e), PD_ERR_ARG);
-    ring_layer_free(r);
-}
-END_TEST
-
-START_TEST(ring_rollback_noop_is_identity)
-{
-    float tk[8], tv[8];
-    ring_layer *r = build_history(2, 4, 8, 4, 0, 0, 1, 24, 1, tk, tv);
-    ring_checkpoint cp = ring_layer_checkpoint(r);
-    snap before = snap_take(r);
-    pd_err e = {0};
-    ck_assert_int_eq(ring_layer_rollback(r, &cp, &e), PD_OK);
-    check_ok(r);
-    snap after = snap_take(r);
-    snap_eq(&before, &after, 1, "no-op rollback"); /* epoch included: not advanced */
-    ck_assert_uint_eq(after.st.ring_len, 1);
-    ck_assert_uint_eq(after.st.ring_pos, 1);
-    ck_assert_uint_eq(after.st.writes, 1);
-    snap_free(&before);
-    snap_free(&after);
-    ring_layer_free(r);
-}
-END_TEST
-
-START_TEST(ring_successful_rollback_advances_epoch)
-{
-    float tk[8], tv[8];
-    ring_layer *r = build_history(2, 4, 8, 4, 0, 0, 1, 25, 2, tk, tv);
-    ring_checkpoint cp = ring_layer_checkpoint(r);
-    write_ok(r, tk, tv);
-    pd_err e = {0};
-    ck_assert_int_eq(ring_layer_rollback(r, &cp, &e), PD_OK);
-    ring_checkpoint now = ring_layer_checkpoint(r);
-    ck_assert_uint_eq(now.epoch, cp.epoch + 1);
-    ck_assert_uint_eq(now.writes, cp.writes);
-    /* the checkpoint it rolled back to is now of the old epoch */
-    write_ok(r, tk, tv);
-    expect_refusal(r, &cp, PD_ERR_REFUSED, "stale checkpoint");
-    ring_layer_free(r);
-}
-END_TEST
-
 START_TEST(ring_identity_fresh_per_layer_and_import)
 {
     enum { N = 16 };
@@ -1154,9 +937,6 @@ START_TEST(ring_identity_fresh_per_layer_and_import)
     ck_assert_uint_ne(ring_layer_id(imp), 0);
     for (int j = 0; j < N; j++)
         ck_assert_uint_ne(ring_layer_id(imp), ring_layer_id(ls[j]));
-    /* a checkpoint of the exporter does not apply to the import */
-    ring_checkpoint cp = ring_layer_checkpoint(ls[0]);
-    expect_refusal(imp, &cp, PD_ERR_MISMATCH, "foreign checkpoint");
     ring_layer_free(imp);
     for (int i = 0; i < N; i++)
         ring_layer_free(ls[i]);
@@ -1350,7 +1130,6 @@ START_TEST(ring_hot_paths_never_allocate)
     ring_attend_opts o = {.group = 2};
     ck_assert_int_eq(ring_layer_prefill(r, k, k, 2, &e), PD_OK);
     ck_assert_int_eq(ring_layer_attend_prefill(r, 1, q, &o, out, NULL, &e), PD_OK);
-    ring_checkpoint cp = ring_layer_checkpoint(r);
     for (int i = 0; i < 5; i++) {
         ck_assert_int_eq(ring_layer_write(r, k, k, NULL, &e), PD_OK);
         ck_assert_int_eq(ring_layer_attend(r, q, &o, out, NULL, &e), PD_OK);
@@ -1361,7 +1140,6 @@ START_TEST(ring_hot_paths_never_allocate)
     }
     ck_assert_int_eq(ring_layer_draft_commit(r, 2, &e), PD_OK);
     ring_layer_state(r, &(ring_state){0});
-    ck_assert_int_eq(ring_layer_rollback(r, &cp, &e), PD_ERR_REFUSED);
     ck_assert_uint_eq(ca.calls, calls);
     ring_layer_free(r);
     ck_assert_uint_eq(ca.live_bytes, 0);
@@ -1388,7 +1166,7 @@ START_TEST(ring_state_roundtrip_into_new_layer_and_swap)
             check_ok(dst); /* includes the recomputed int8 mirror */
             snap s1 = snap_take(src), s2 = snap_take(dst);
             snap_eq(&s1, &s2, 0, "imported state");
-            ck_assert_uint_ne(s1.cp.cache_id, s2.cp.cache_id);
+            ck_assert_uint_ne(s1.id, s2.id);
             ck_assert_uint_eq(ring_layer_position(src), ring_layer_position(dst));
             pd_rng rng = {.s = w};
             pd_rng_fill(&rng, q, 32, -1, 1);
@@ -1399,7 +1177,6 @@ START_TEST(ring_state_roundtrip_into_new_layer_and_swap)
             /* swap: the live handle takes the imported state and identity */
             ring_layer *live = build_history(H, D, W, 3, 2, i8, g, 999, 1, tk, tv);
             uint64_t id_live = ring_layer_id(live), id_dst = ring_layer_id(dst);
-            ring_checkpoint old_cp = ring_layer_checkpoint(live);
             ring_layer_swap(live, dst);
             check_ok(live);
             check_ok(dst);
@@ -1407,7 +1184,6 @@ START_TEST(ring_state_roundtrip_into_new_layer_and_swap)
             ck_assert_uint_eq(ring_layer_id(dst), id_live);
             snap s3 = snap_take(live);
             snap_eq(&s1, &s3, 0, "swapped-in state");
-            expect_refusal(live, &old_cp, PD_ERR_MISMATCH, "foreign checkpoint");
             attend_ok(live, q, &o, b);
             ck_assert(memcmp(a, b, sizeof a) == 0);
             /* both keep working after the swap */
@@ -1815,7 +1591,7 @@ END_TEST
 /* ---- randomized sequences -------------------------------------------------- */
 
 /* A shadow of the committed history, replayed into a fresh layer to get the
- * bits a never-speculated, never-rolled-back layer would give. */
+ * bits a never-speculated layer would give. */
 START_TEST(ring_randomized_sequences_keep_invariants)
 {
     const uint32_t H = 2, D = 6, W = 4, C = 6, KM = 5, g = 2;
@@ -1831,9 +1607,6 @@ START_TEST(ring_randomized_sequences_keep_invariants)
         float *hist = malloc(sizeof(float) * 2 * cap_h * tok);
         uint64_t n_hist = 0;
         float *drafts = malloc(sizeof(float) * 2 * KM * tok);
-        ring_checkpoint cps[4];
-        uint64_t cp_hist[4];
-        int n_cps = 0;
         float tk[12], tv[12], q[24], a[24], b[24];
         ring_attend_opts o = {.group = g};
         for (int step = 0; step < 160; step++) {
@@ -1888,34 +1661,9 @@ START_TEST(ring_randomized_sequences_keep_invariants)
                 n_hist += acc;
                 break;
             }
-            case 5: /* checkpoint */
-                if (n_cps < 4) {
-                    cp_hist[n_cps] = n_hist;
-                    cps[n_cps++] = ring_layer_checkpoint(r);
-                } else {
-                    ring_layer_draft_discard(r);
-                }
+            case 5: /* drop the pending drafts */
+                ring_layer_draft_discard(r);
                 break;
-            case 6: { /* rollback to a random remembered checkpoint */
-                if (n_cps == 0)
-                    break;
-                int i = (int)pd_rng_below(&rng, (uint32_t)n_cps);
-                snap before = snap_take(r);
-                st = ring_layer_rollback(r, &cps[i], &e);
-                if (st == PD_OK) {
-                    n_hist = cp_hist[i];
-                    /* every other checkpoint may now be stale: keep only i */
-                    cps[0] = cps[i];
-                    cp_hist[0] = cp_hist[i];
-                    n_cps = 1;
-                } else {
-                    snap after = snap_take(r);
-                    snap_eq(&before, &after, 1, "refused rollback");
-                    snap_free(&after);
-                }
-                snap_free(&before);
-                break;
-            }
             default: /* attend drafts and decode against the shadow */
                 break;
             }
@@ -1989,13 +1737,6 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, ring_commit_a_of_k_commits_exactly_a);
     tcase_add_test(tc, ring_rejected_drafts_leave_layer_byte_identical);
     tcase_add_test(tc, ring_draft_refusals);
-    tcase_add_test(tc, ring_checkpoint_rollback_restores_rows_byte_identical);
-    tcase_add_test(tc, ring_rollback_refuses_eviction_in_steady_state_without_mutation);
-    tcase_add_test(tc, ring_rollback_refuses_abandoned_branch_checkpoint);
-    tcase_add_test(tc, ring_rollback_refuses_foreign_checkpoint);
-    tcase_add_test(tc, ring_rollback_refuses_future_prefill_and_corrupt_checkpoints);
-    tcase_add_test(tc, ring_rollback_noop_is_identity);
-    tcase_add_test(tc, ring_successful_rollback_advances_epoch);
     tcase_add_test(tc, ring_identity_fresh_per_layer_and_import);
     tcase_add_test(tc, ring_int8_mirror_close_to_f32);
     tcase_add_test(tc, ring_int8_mirror_exact_when_losslessly_quantizable);
