@@ -196,17 +196,18 @@ static pd_status encode_flag(void *ctx, int ch, const char *arg, pd_err *e)
     }
 }
 
+static const struct option encode_longopts[] = {
+    {"mmproj", required_argument, NULL, 'm'}, {"model", required_argument, NULL, 'M'},
+    {"pages", required_argument, NULL, 'p'},  {"out", required_argument, NULL, 'o'},
+    {"threads", required_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0}};
+
 int cmd_encode(int argc, char **argv)
 {
-    static const struct option lo[] = {
-        {"mmproj", required_argument, NULL, 'm'}, {"model", required_argument, NULL, 'M'},
-        {"pages", required_argument, NULL, 'p'},  {"out", required_argument, NULL, 'o'},
-        {"threads", required_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
     encode_args a = {.threads = 2};
     pd_err perr = {0};
     bool help;
-    if (cli_parse(argc, argv, lo, encode_flag, &a, &help, &perr) != PD_OK) {
+    if (cli_parse(argc, argv, encode_longopts, encode_flag, &a, &help, &perr) != PD_OK) {
         fprintf(stderr, "pipedec encode: %s\n", perr.msg);
         usage(stderr);
         return CMD_EXIT_USAGE;

@@ -545,6 +545,75 @@ static int gguf_key_used(const char *key, const char *arch)
     return 0;
 }
 
+/* A valid model's hyperparameters and tokenizer, into the JSON object o. */
+static void insp_json_hparams(cJSON *o, const model_hparams *hp)
+{
+    cJSON *h = cJSON_AddObjectToObject(o, "hparams");
+    json_u64(h, "block_count", hp->n_layers);
+    json_u64(h, "embedding_length", hp->hidden);
+    json_u64(h, "head_count", hp->n_heads);
+    json_u64(h, "head_count_kv", hp->n_kv_heads);
+    json_u64(h, "head_dim", hp->head_dim);
+    json_u64(h, "feed_forward_length", hp->ffn);
+    json_u64(h, "context_length", hp->ctx);
+    cJSON_AddNumberToObject(h, "rope_freq_base", hp->rope_base);
+    cJSON_AddStringToObject(h, "rope", hp->rope == MODEL_ROPE_NEOX ? "neox" : "norm");
+    cJSON_AddNumberToObject(h, "rms_eps", hp->rms_eps);
+    if (hp->arch == MODEL_ARCH_DEEPSEEK2_OCR) {
+        static const char *const sn[MODEL_ROPE_SCALING_COUNT] = {"none", "linear", "yarn"};
+        cJSON_AddStringToObject(h, "rope_scaling_type", sn[hp->rope_scaling]);
+        cJSON_AddNumberToObject(h, "rope_scaling_factor", hp->rope_scaling_factor);
+        cJSON_AddNumberToObject(h, "rope_scaling_attn_factor", hp->rope_scaling_attn_factor);
+        json_u64(h, "rope_scaling_original_context_length", hp->rope_scaling_orig_ctx);
+        cJSON_AddNumberToObject(h, "kq_mscale2", hp->kq_mul); /* kq_scale = this / sqrt(head_dim) */
+    }
+    cJSON_AddBoolToObject(h, "tied_output", hp->tied_output);
+    cJSON_AddBoolToObject(h, "qkv_bias", hp->qkv_bias);
+    if (model_arch_is_moe(hp->arch)) {
+        json_u64(h, "leading_dense_block_count", hp->n_dense_lead);
+        json_u64(h, "expert_count", hp->n_expert);
+        json_u64(h, "expert_used_count", hp->n_expert_used);
+        json_u64(h, "expert_shared_count", hp->n_expert_shared);
+        json_u64(h, "expert_feed_forward_length", hp->ffn_exp);
+        cJSON_AddNumberToObject(h, "expert_weights_scale", hp->expert_weights_scale);
+        cJSON_AddBoolToObject(h, "expert_weights_norm", hp->expert_weights_norm);
+        cJSON_AddStringToObject(h, "expert_gating_func", hp->moe_gating == MODEL_MOE_SIGMOID ? "sigmoid" : "softmax");
+        cJSON_AddBoolToObject(h, "exp_probs_b", hp->has_exp_probs_b);
+    }
+    cJSON_AddStringToObject(h, "assumed", hp->assumed);
+    cJSON *tk = cJSON_AddObjectToObject(o, "tokenizer");
+    cJSON_AddStringToObject(tk, "model", hp->vocab_kind == MODEL_VOCAB_GPT2 ? "gpt2" : "llama");
+    json_u64(tk, "size", hp->vocab);
+    json_u64(tk, "bos_token_id", hp->bos);
+    json_u64(tk, "eos_token_id", hp->eos);
+}
+
+/* A valid model's hyperparameters and tokenizer, as text. */
+static void insp_text_hparams(FILE *out, const model_hparams *hp)
+{
+    fprintf(out, "layers: %u\nhidden: %u\nheads: %u x %u (kv heads %u)\nffn: %u\ncontext: %u\n"
+                 "rope: %s, base %g\nrms_eps: %g\noutput: %s\n",
+            hp->n_layers, hp->hidden, hp->n_heads, hp->head_dim, hp->n_kv_heads, hp->ffn, hp->ctx,
+            hp->rope == MODEL_ROPE_NEOX ? "neox" : "norm", (double)hp->rope_base, (double)hp->rms_eps,
+            hp->tied_output ? "tied to token_embd" : "output.weight");
+    if (hp->arch == MODEL_ARCH_DEEPSEEK2_OCR && hp->kq_mul != 1.0f)
+        fprintf(out, "rope scaling: %s, factor %g (rope unchanged; scores x mscale^2 = %.6g)\n",
+                hp->rope_scaling == MODEL_ROPE_SCALING_YARN     ? "yarn"
+                : hp->rope_scaling == MODEL_ROPE_SCALING_LINEAR ? "linear"
+                                                               : "none",
+                (double)hp->rope_scaling_factor, (double)hp->kq_mul);
+    if (model_arch_is_moe(hp->arch))
+        fprintf(out, "moe: %u dense layers, %u experts (top %u) of ffn %u, %u shared, gating %s, norm %s, "
+                     "scale %g%s\n",
+                hp->n_dense_lead, hp->n_expert, hp->n_expert_used, hp->ffn_exp, hp->n_expert_shared,
+                hp->moe_gating == MODEL_MOE_SIGMOID ? "sigmoid" : "softmax", hp->expert_weights_norm ? "yes" : "no",
+                (double)hp->expert_weights_scale, hp->has_exp_probs_b ? ", selection bias" : "");
+    fprintf(out, "tokenizer: %s, %u tokens, bos %u, eos %u\n", hp->vocab_kind == MODEL_VOCAB_GPT2 ? "gpt2" : "llama",
+            hp->vocab, hp->bos, hp->eos);
+    if (hp->assumed[0])
+        fprintf(out, "assumed: %s\n", hp->assumed);
+}
+
 #define INSP_MAX_RANKS 8u
 
 static int inspect_gguf(const char *path, int json, FILE *out, FILE *err)
@@ -607,46 +676,8 @@ static int inspect_gguf(const char *path, int json, FILE *out, FILE *err)
     cJSON_AddBoolToObject(o, "valid", hst == PD_OK);
     cJSON_AddStringToObject(o, "kind", "gguf");
     cJSON_AddStringToObject(o, "architecture", archz);
-    if (hst == PD_OK) {
-        cJSON *h = cJSON_AddObjectToObject(o, "hparams");
-        json_u64(h, "block_count", hp.n_layers);
-        json_u64(h, "embedding_length", hp.hidden);
-        json_u64(h, "head_count", hp.n_heads);
-        json_u64(h, "head_count_kv", hp.n_kv_heads);
-        json_u64(h, "head_dim", hp.head_dim);
-        json_u64(h, "feed_forward_length", hp.ffn);
-        json_u64(h, "context_length", hp.ctx);
-        cJSON_AddNumberToObject(h, "rope_freq_base", hp.rope_base);
-        cJSON_AddStringToObject(h, "rope", hp.rope == MODEL_ROPE_NEOX ? "neox" : "norm");
-        cJSON_AddNumberToObject(h, "rms_eps", hp.rms_eps);
-        if (hp.arch == MODEL_ARCH_DEEPSEEK2_OCR) {
-            static const char *const sn[MODEL_ROPE_SCALING_COUNT] = {"none", "linear", "yarn"};
-            cJSON_AddStringToObject(h, "rope_scaling_type", sn[hp.rope_scaling]);
-            cJSON_AddNumberToObject(h, "rope_scaling_factor", hp.rope_scaling_factor);
-            cJSON_AddNumberToObject(h, "rope_scaling_attn_factor", hp.rope_scaling_attn_factor);
-            json_u64(h, "rope_scaling_original_context_length", hp.rope_scaling_orig_ctx);
-            cJSON_AddNumberToObject(h, "kq_mscale2", hp.kq_mul); /* kq_scale = this / sqrt(head_dim) */
-        }
-        cJSON_AddBoolToObject(h, "tied_output", hp.tied_output);
-        cJSON_AddBoolToObject(h, "qkv_bias", hp.qkv_bias);
-        if (model_arch_is_moe(hp.arch)) {
-            json_u64(h, "leading_dense_block_count", hp.n_dense_lead);
-            json_u64(h, "expert_count", hp.n_expert);
-            json_u64(h, "expert_used_count", hp.n_expert_used);
-            json_u64(h, "expert_shared_count", hp.n_expert_shared);
-            json_u64(h, "expert_feed_forward_length", hp.ffn_exp);
-            cJSON_AddNumberToObject(h, "expert_weights_scale", hp.expert_weights_scale);
-            cJSON_AddBoolToObject(h, "expert_weights_norm", hp.expert_weights_norm);
-            cJSON_AddStringToObject(h, "expert_gating_func", hp.moe_gating == MODEL_MOE_SIGMOID ? "sigmoid" : "softmax");
-            cJSON_AddBoolToObject(h, "exp_probs_b", hp.has_exp_probs_b);
-        }
-        cJSON_AddStringToObject(h, "assumed", hp.assumed);
-        cJSON *tk = cJSON_AddObjectToObject(o, "tokenizer");
-        cJSON_AddStringToObject(tk, "model", hp.vocab_kind == MODEL_VOCAB_GPT2 ? "gpt2" : "llama");
-        json_u64(tk, "size", hp.vocab);
-        json_u64(tk, "bos_token_id", hp.bos);
-        json_u64(tk, "eos_token_id", hp.eos);
-    }
+    if (hst == PD_OK)
+        insp_json_hparams(o, &hp);
     json_by_type(o, f, total, by_bytes, by_count);
     cJSON *lmj = cJSON_AddObjectToObject(o, "default_layer_maps");
     for (uint32_t n = 1; n <= INSP_MAX_RANKS; n++)
@@ -672,29 +703,8 @@ static int inspect_gguf(const char *path, int json, FILE *out, FILE *err)
         cJSON_free(t);
     } else {
         fprintf(out, "kind: gguf\narchitecture: %s\n", archz);
-        if (hst == PD_OK) {
-            fprintf(out, "layers: %u\nhidden: %u\nheads: %u x %u (kv heads %u)\nffn: %u\ncontext: %u\n"
-                         "rope: %s, base %g\nrms_eps: %g\noutput: %s\n",
-                    hp.n_layers, hp.hidden, hp.n_heads, hp.head_dim, hp.n_kv_heads, hp.ffn, hp.ctx,
-                    hp.rope == MODEL_ROPE_NEOX ? "neox" : "norm", (double)hp.rope_base, (double)hp.rms_eps,
-                    hp.tied_output ? "tied to token_embd" : "output.weight");
-            if (hp.arch == MODEL_ARCH_DEEPSEEK2_OCR && hp.kq_mul != 1.0f)
-                fprintf(out, "rope scaling: %s, factor %g (rope unchanged; scores x mscale^2 = %.6g)\n",
-                        hp.rope_scaling == MODEL_ROPE_SCALING_YARN     ? "yarn"
-                        : hp.rope_scaling == MODEL_ROPE_SCALING_LINEAR ? "linear"
-                                                                       : "none",
-                        (double)hp.rope_scaling_factor, (double)hp.kq_mul);
-            if (model_arch_is_moe(hp.arch))
-                fprintf(out, "moe: %u dense layers, %u experts (top %u) of ffn %u, %u shared, gating %s, norm %s, "
-                             "scale %g%s\n",
-                        hp.n_dense_lead, hp.n_expert, hp.n_expert_used, hp.ffn_exp, hp.n_expert_shared,
-                        hp.moe_gating == MODEL_MOE_SIGMOID ? "sigmoid" : "softmax", hp.expert_weights_norm ? "yes" : "no",
-                        (double)hp.expert_weights_scale, hp.has_exp_probs_b ? ", selection bias" : "");
-            fprintf(out, "tokenizer: %s, %u tokens, bos %u, eos %u\n", hp.vocab_kind == MODEL_VOCAB_GPT2 ? "gpt2" : "llama",
-                    hp.vocab, hp.bos, hp.eos);
-            if (hp.assumed[0])
-                fprintf(out, "assumed: %s\n", hp.assumed);
-        }
+        if (hst == PD_OK)
+            insp_text_hparams(out, &hp);
         text_by_type(out, f, total, by_bytes, by_count);
         for (uint32_t n = 1; n <= INSP_MAX_RANKS; n++)
             if (maps[n - 1][0])

@@ -157,27 +157,30 @@ static pd_status mkmodel_flag_set(void *ctx, int ch, const char *arg, pd_err *e)
     return st;
 }
 
+/* getopt_long codes: the `given` bits (letter - 'A'); 'h' is --help. */
+static const struct option mkmodel_longopts[] = {
+    {"arch", required_argument, 0, 'a'},   {"layers", required_argument, 0, 'l'},
+    {"hidden", required_argument, 0, 'H'}, {"heads", required_argument, 0, 'j'},
+    {"kv-heads", required_argument, 0, 'k'}, {"ffn", required_argument, 0, 'f'},
+    {"vocab", required_argument, 0, 'v'},  {"ctx", required_argument, 0, 'c'},
+    {"dtype", required_argument, 0, 'd'}, {"type", required_argument, 0, 'd'},  {"seed", required_argument, 0, 's'},
+    {"out", required_argument, 0, 'o'},    {"eos-boost", required_argument, 0, 'e'},
+    {"dense-layers", required_argument, 0, 'D'}, {"experts", required_argument, 0, 'E'},
+    {"experts-used", required_argument, 0, 'K'}, {"expert-ffn", required_argument, 0, 'F'},
+    {"shared", required_argument, 0, 'S'},  {"expert-scale", required_argument, 0, 'X'},
+    {"repeat", required_argument, 0, 'R'}, {"from-weights", required_argument, 0, 'W'}, {"help", no_argument, 0, 'h'},
+    {"mmproj", required_argument, 0, 'M'}, {"sam-layers", required_argument, 0, 'm'},
+    {"sam-width", required_argument, 0, 'n'}, {"sam-heads", required_argument, 0, 'p'},
+    {"clip-layers", required_argument, 0, 'q'}, {"clip-width", required_argument, 0, 'r'},
+    {"clip-heads", required_argument, 0, 't'}, {"window", required_argument, 0, 'w'},
+    {"revocab", required_argument, 0, 'V'}, {"rope-scaling", required_argument, 0, 'Y'},
+    {"rope-factor", required_argument, 0, 'G'}, {"rope-orig-ctx", required_argument, 0, 'O'},
+    {"yarn-log-mul", required_argument, 0, 'L'}, {"to-ocr", required_argument, 0, 'T'},
+    {0, 0, 0, 0}};
+
 int cmd_mkmodel(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"arch", required_argument, 0, 'a'},   {"layers", required_argument, 0, 'l'},
-        {"hidden", required_argument, 0, 'H'}, {"heads", required_argument, 0, 'j'},
-        {"kv-heads", required_argument, 0, 'k'}, {"ffn", required_argument, 0, 'f'},
-        {"vocab", required_argument, 0, 'v'},  {"ctx", required_argument, 0, 'c'},
-        {"dtype", required_argument, 0, 'd'}, {"type", required_argument, 0, 'd'},  {"seed", required_argument, 0, 's'},
-        {"out", required_argument, 0, 'o'},    {"eos-boost", required_argument, 0, 'e'},
-        {"dense-layers", required_argument, 0, 'D'}, {"experts", required_argument, 0, 'E'},
-        {"experts-used", required_argument, 0, 'K'}, {"expert-ffn", required_argument, 0, 'F'},
-        {"shared", required_argument, 0, 'S'},  {"expert-scale", required_argument, 0, 'X'},
-        {"repeat", required_argument, 0, 'R'}, {"from-weights", required_argument, 0, 'W'}, {"help", no_argument, 0, 'h'},
-        {"mmproj", required_argument, 0, 'M'}, {"sam-layers", required_argument, 0, 'm'},
-        {"sam-width", required_argument, 0, 'n'}, {"sam-heads", required_argument, 0, 'p'},
-        {"clip-layers", required_argument, 0, 'q'}, {"clip-width", required_argument, 0, 'r'},
-        {"clip-heads", required_argument, 0, 't'}, {"window", required_argument, 0, 'w'},
-        {"revocab", required_argument, 0, 'V'}, {"rope-scaling", required_argument, 0, 'Y'},
-        {"rope-factor", required_argument, 0, 'G'}, {"rope-orig-ctx", required_argument, 0, 'O'},
-        {"yarn-log-mul", required_argument, 0, 'L'}, {"to-ocr", required_argument, 0, 'T'},
-        {0, 0, 0, 0}};
+    const struct option *opts = mkmodel_longopts;
     /* options are parsed into mo and remembered in `given`; an architecture's
      * defaults then fill what was not given, whatever the flag order */
     mkmodel_args a = {0};

@@ -488,7 +488,8 @@ static pd_status mk_vocab(mk_ctx *c, pd_err *err)
     return st;
 }
 
-pd_status mkmodel_write(const mkmodel_opts *o, const char *path, pd_err *err)
+/* Every option mkmodel_write takes, checked before anything is made. */
+static pd_status mk_check(const mkmodel_opts *o, pd_err *err)
 {
     if (o->arch >= MODEL_ARCH_COUNT)
         return pd_err_set(err, PD_ERR_ARG, "mkmodel: --arch must be llama, qwen2, deepseek or deepseek2-ocr");
@@ -555,13 +556,16 @@ pd_status mkmodel_write(const mkmodel_opts *o, const char *path, pd_err *err)
         return pd_err_set(err, PD_ERR_ARG,
                           "mkmodel: --repeat %u: the cycle must leave the special and byte tokens out (at most --vocab - 259 = %d)",
                           o->repeat, (int)o->vocab - 259);
+    return PD_OK;
+}
 
-    mk_ctx c = {.o = o, .w = gguf_writer_new()};
-    if (!c.w)
-        return pd_err_set(err, PD_ERR_NOMEM, "mkmodel: out of memory");
+/* The file's metadata: general.*, the architecture's hyperparameters and,
+ * for deepseek2-ocr, the keys llama.cpp's converter adds. */
+static void mk_keys(const mkmodel_opts *o, gguf_writer *w)
+{
+    const int moe = model_arch_is_moe(o->arch), ocr = o->arch == MODEL_ARCH_DEEPSEEK2_OCR;
     const char *arch = model_arch_name(o->arch);
     char key[128];
-    gguf_writer *w = c.w;
     gguf_writer_set_str(w, "general.architecture", arch);
     gguf_writer_set_str(w, "general.name", "pipedec synthetic");
     gguf_writer_set_u32(w, "general.alignment", 32);
@@ -600,52 +604,77 @@ pd_status mkmodel_write(const mkmodel_opts *o, const char *path, pd_err *err)
             gguf_writer_set_f32(w, KEY("rope.scaling.yarn_log_multiplier"), o->yarn_log_mul);
     }
 #undef KEY
-    pd_status st = mk_vocab(&c, err);
-    uint32_t H = o->hidden, hd = o->hidden / o->heads, F = o->ffn;
-    uint64_t qd = (uint64_t)o->heads * hd, kvd = (uint64_t)o->kv_heads * hd;
-    float damp = 1.0f / sqrtf(2.0f * (float)o->layers);
-    float a_in = sqrtf(3.0f / (float)H);
+}
+
+/* Layer L's tensors: attention, a dense or a mixture-of-experts FFN, and
+ * qwen2's biases. */
+static pd_status mk_layer(mk_ctx *c, uint32_t L, pd_err *err)
+{
+    const mkmodel_opts *o = c->o;
+    const int moe = model_arch_is_moe(o->arch);
+    const uint32_t H = o->hidden, hd = o->hidden / o->heads, F = o->ffn;
+    const uint64_t qd = (uint64_t)o->heads * hd, kvd = (uint64_t)o->kv_heads * hd;
+    const float damp = 1.0f / sqrtf(2.0f * (float)o->layers);
+    const float a_in = sqrtf(3.0f / (float)H);
+    char n[96];
+    pd_status st;
+#define T(s) (snprintf(n, sizeof n, "blk.%u." s, L), n)
+    if ((st = mk_tensor(c, T("attn_norm.weight"), H, 0, 1.0f, 0.1f, 0, err)) ||
+        (st = mk_tensor(c, T("attn_q.weight"), H, qd, 0.0f, a_in * 1.5f, 1, err)) ||
+        (st = mk_tensor(c, T("attn_k.weight"), H, kvd, 0.0f, a_in * 1.5f, 1, err)) ||
+        (st = mk_tensor(c, T("attn_v.weight"), H, kvd, 0.0f, a_in, 1, err)) ||
+        (st = mk_tensor(c, T("attn_output.weight"), qd, H, 0.0f, sqrtf(3.0f / (float)qd) * damp, 1, err)) ||
+        (st = mk_tensor(c, T("ffn_norm.weight"), H, 0, 1.0f, 0.1f, 0, err)))
+        return st;
+    if (!moe || L < o->dense_lead) {
+        if ((st = mk_tensor(c, T("ffn_gate.weight"), H, F, 0.0f, a_in, 1, err)) ||
+            (st = mk_tensor(c, T("ffn_up.weight"), H, F, 0.0f, a_in, 1, err)) ||
+            (st = mk_tensor(c, T("ffn_down.weight"), F, H, 0.0f, sqrtf(3.0f / (float)F) * damp * 2.0f, 1, err)))
+            return st;
+    } else {
+        /* router logits of std ~2: a peaked but not one-hot softmax;
+         * the routed sum (weights <= 1) and the shared experts each
+         * carry about half of a dense layer's output */
+        uint32_t FE = o->expert_ffn, FS = o->expert_ffn * o->shared, E = o->experts;
+        float a_fe = sqrtf(3.0f / (float)FE) * damp * 2.0f, a_fs = sqrtf(3.0f / (float)FS) * damp * 1.4f;
+        if ((st = mk_tensor(c, T("ffn_gate_inp.weight"), H, E, 0.0f, a_in * 2.0f, 1, err)) ||
+            (st = mk_tensor3(c, T("ffn_gate_exps.weight"), H, FE, E, 0.0f, a_in, 1, err)) ||
+            (st = mk_tensor3(c, T("ffn_up_exps.weight"), H, FE, E, 0.0f, a_in, 1, err)) ||
+            (st = mk_tensor3(c, T("ffn_down_exps.weight"), FE, H, E, 0.0f, a_fe * 2.0f, 1, err)) ||
+            (st = mk_tensor(c, T("ffn_gate_shexp.weight"), H, FS, 0.0f, a_in, 1, err)) ||
+            (st = mk_tensor(c, T("ffn_up_shexp.weight"), H, FS, 0.0f, a_in, 1, err)) ||
+            (st = mk_tensor(c, T("ffn_down_shexp.weight"), FS, H, 0.0f, a_fs, 1, err)))
+            return st;
+    }
+    if (o->arch == MODEL_ARCH_QWEN2 &&
+        ((st = mk_tensor(c, T("attn_q.bias"), qd, 0, 0.0f, 0.1f, 0, err)) ||
+         (st = mk_tensor(c, T("attn_k.bias"), kvd, 0, 0.0f, 0.1f, 0, err)) ||
+         (st = mk_tensor(c, T("attn_v.bias"), kvd, 0, 0.0f, 0.1f, 0, err))))
+        return st;
+#undef T
+    return PD_OK;
+}
+
+pd_status mkmodel_write(const mkmodel_opts *o, const char *path, pd_err *err)
+{
+    pd_status st = mk_check(o, err);
+    if (st != PD_OK)
+        return st;
+    const int moe = model_arch_is_moe(o->arch);
+    mk_ctx c = {.o = o, .w = gguf_writer_new()};
+    if (!c.w)
+        return pd_err_set(err, PD_ERR_NOMEM, "mkmodel: out of memory");
+    gguf_writer *w = c.w;
+    mk_keys(o, w);
+    st = mk_vocab(&c, err);
+    const uint32_t H = o->hidden;
+    const float a_in = sqrtf(3.0f / (float)H);
     float *embd = NULL, *outw = NULL;
     void *embd_st = NULL, *outw_st = NULL;
     if (st == PD_OK)
         st = mk_tensor3k(&c, "token_embd.weight", H, o->vocab, 0, 0.0f, 1.7f, 1, &embd, &embd_st, err);
-    for (uint32_t L = 0; st == PD_OK && L < o->layers; L++) {
-        char n[96];
-#define T(s) (snprintf(n, sizeof n, "blk.%u." s, L), n)
-        if ((st = mk_tensor(&c, T("attn_norm.weight"), H, 0, 1.0f, 0.1f, 0, err)) ||
-            (st = mk_tensor(&c, T("attn_q.weight"), H, qd, 0.0f, a_in * 1.5f, 1, err)) ||
-            (st = mk_tensor(&c, T("attn_k.weight"), H, kvd, 0.0f, a_in * 1.5f, 1, err)) ||
-            (st = mk_tensor(&c, T("attn_v.weight"), H, kvd, 0.0f, a_in, 1, err)) ||
-            (st = mk_tensor(&c, T("attn_output.weight"), qd, H, 0.0f, sqrtf(3.0f / (float)qd) * damp, 1, err)) ||
-            (st = mk_tensor(&c, T("ffn_norm.weight"), H, 0, 1.0f, 0.1f, 0, err)))
-            break;
-        if (!moe || L < o->dense_lead) {
-            if ((st = mk_tensor(&c, T("ffn_gate.weight"), H, F, 0.0f, a_in, 1, err)) ||
-                (st = mk_tensor(&c, T("ffn_up.weight"), H, F, 0.0f, a_in, 1, err)) ||
-                (st = mk_tensor(&c, T("ffn_down.weight"), F, H, 0.0f, sqrtf(3.0f / (float)F) * damp * 2.0f, 1, err)))
-                break;
-        } else {
-            /* router logits of std ~2: a peaked but not one-hot softmax;
-             * the routed sum (weights <= 1) and the shared experts each
-             * carry about half of a dense layer's output */
-            uint32_t FE = o->expert_ffn, FS = o->expert_ffn * o->shared, E = o->experts;
-            float a_fe = sqrtf(3.0f / (float)FE) * damp * 2.0f, a_fs = sqrtf(3.0f / (float)FS) * damp * 1.4f;
-            if ((st = mk_tensor(&c, T("ffn_gate_inp.weight"), H, E, 0.0f, a_in * 2.0f, 1, err)) ||
-                (st = mk_tensor3(&c, T("ffn_gate_exps.weight"), H, FE, E, 0.0f, a_in, 1, err)) ||
-                (st = mk_tensor3(&c, T("ffn_up_exps.weight"), H, FE, E, 0.0f, a_in, 1, err)) ||
-                (st = mk_tensor3(&c, T("ffn_down_exps.weight"), FE, H, E, 0.0f, a_fe * 2.0f, 1, err)) ||
-                (st = mk_tensor(&c, T("ffn_gate_shexp.weight"), H, FS, 0.0f, a_in, 1, err)) ||
-                (st = mk_tensor(&c, T("ffn_up_shexp.weight"), H, FS, 0.0f, a_in, 1, err)) ||
-                (st = mk_tensor(&c, T("ffn_down_shexp.weight"), FS, H, 0.0f, a_fs, 1, err)))
-                break;
-        }
-        if (o->arch == MODEL_ARCH_QWEN2 &&
-            ((st = mk_tensor(&c, T("attn_q.bias"), qd, 0, 0.0f, 0.1f, 0, err)) ||
-             (st = mk_tensor(&c, T("attn_k.bias"), kvd, 0, 0.0f, 0.1f, 0, err)) ||
-             (st = mk_tensor(&c, T("attn_v.bias"), kvd, 0, 0.0f, 0.1f, 0, err))))
-            break;
-#undef T
-    }
+    for (uint32_t L = 0; st == PD_OK && L < o->layers; L++)
+        st = mk_layer(&c, L, err);
     if (st == PD_OK)
         st = mk_tensor(&c, "output_norm.weight", H, 0, 1.0f, 0.1f, 0, err);
     if (st == PD_OK) {
