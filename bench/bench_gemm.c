@@ -246,47 +246,17 @@ static int bench_calls(uint32_t m)
     return m <= 16 ? 16 : m <= 64 ? 8 : 3;
 }
 
-int main(int argc, char **argv)
+/* The M of every table; 8: decode with 8 streams, or a pipeline micro-batch
+ * of a few more. */
+static const uint32_t ms[] = {1, 4, 8, 16, 64, 256};
+
+/* The f32 weights against OpenBLAS at every M, and M = 1 against the
+ * 1-thread probe; *all_met and *peak (the best GFLOP/s at M >= 64) for the
+ * caller. Consumes (frees) the set. */
+static void bench_f32(bench_set *set_, const float *a, float *c, int reps, double bw, int *all_met_out,
+                      double *peak_out)
 {
-    int reps = argc > 1 ? atoi(argv[1]) : 7;
-    if (reps < 1)
-        reps = 1;
-    const char *bench_threads = getenv("PD_BENCH_THREADS");
-    uint32_t threads = bench_threads ? (uint32_t)atoi(bench_threads) : 1;
-    if (threads >= 2 && pool_new(threads, &bench_pool, NULL) != PD_OK)
-        bench_die("pool", NULL);
-    if (!bench_pool)
-        threads = 1;
-    openblas_set_num_threads(1);
-    float *a = malloc(sizeof(float) * BMAX * BK);
-    float *c = malloc(sizeof(float) * BMAX * BN);
-    if (!a || !c)
-        bench_die("out of memory", NULL);
-    for (size_t i = 0; i < (size_t)BMAX * BK; i++)
-        a[i] = (float)((i * 2654435761u) % 2001u) / 1000.0f - 1.0f;
-
-    double load0 = bench_load();
-    double bw = probe_read_bw(1, 5);
-    double bw2 = probe_read_bw(2, 5);
-    pool *pool2 = NULL;
-    if (pool_new(2, &pool2, NULL) != PD_OK)
-        bench_die("pool of 2", NULL);
-    /* 8: decode with 8 streams, or a pipeline micro-batch of a few more */
-    static const uint32_t ms[] = {1, 4, 8, 16, 64, 256};
-    bench_set set;
-    bench_pack(&set, GEMM_W_F32, 1);
-    /* warm-up: page in every copy, let OpenBLAS start */
-    for (int c2 = 0; c2 < set.n; c2++) {
-        gemm_run(set.inv[c2], a, 1, c, NULL);
-        gemm_run(set.blas[c2], a, 1, c, NULL);
-    }
-
-    printf("{\n  \"bench\": \"gemm\",\n  \"threads\": %u,\n  \"isa\": \"%s\",\n", threads,
-           pd_isa_name(pd_cpu_isa()));
-    printf("  \"k\": %u,\n  \"n\": %u,\n  \"reps\": %d,\n  \"weight_copies\": %d,\n", BK, BN, reps,
-           set.n);
-    printf("  \"openblas\": \"%s\",\n", openblas_get_config());
-    printf("  \"read_bw_1t_gbs\": %.2f,\n  \"read_bw_2t_gbs\": %.2f,\n", bw / 1e9, bw2 / 1e9);
+    bench_set set = *set_;
     printf("  \"f32\": [\n");
     int all_met = 1;
     double m1_inv_s = 0.0, m1_inv_cpu = 0.0, f32_peak = 0.0;
@@ -326,7 +296,16 @@ int main(int argc, char **argv)
            "\"invariant_gbs_cpu\": %.2f},\n",
            m1_bw / 1e9, bw / 1e9, m1_bw / bw, m1_bytes / m1_inv_cpu / 1e9);
     bench_unpack(&set);
+    *all_met_out = all_met;
+    *peak_out = f32_peak;
+}
 
+/* The 16-bit, Q8_0 and qs weights: invariant kernel only (OpenBLAS has no
+ * such type), M = 1 cold on two threads against the 2-thread probes and every
+ * M on the bench's threads; then the two-thread summary. */
+static void bench_quantized(const float *a, float *c, int reps, double bw, double bw2, double f32_peak, pool *pool2)
+{
+    bench_set set;
     /* 16-bit and Q8_0 weights: invariant kernel only (OpenBLAS has no such
      * type); GFLOP/s and the weight bandwidth at M = 1. */
     static const gemm_wtype qt[] = {GEMM_W_F16,  GEMM_W_BF16, GEMM_W_Q8_0, GEMM_W_Q4_0, GEMM_W_Q4_1, GEMM_W_Q5_0,
@@ -390,6 +369,11 @@ int main(int argc, char **argv)
                file_b[ti] / m1_2t[ti] / bw2_adj[ti], packed_b[ti] / m1_2t[ti] / bw2_adj[ti], m64[ti], m64[ti] / f32_peak,
                ti + 1 < nqt ? "," : "");
     printf("  ],\n  \"f32_peak_gflops\": %.2f,\n", f32_peak);
+}
+
+/* Each type's M = 1 compute rate with W in L2 (m1_hot). */
+static void bench_hot(const float *a, float *c, int reps, double bw)
+{
     /* hot / read_bw_1t below 1 (or near it) means the M = 1 kernel, not
      * memory, bounds a thread at batch 1 */
     static const gemm_wtype ht[] = {GEMM_W_F32,  GEMM_W_F16,  GEMM_W_BF16, GEMM_W_Q8_0, GEMM_W_Q4_0, GEMM_W_Q4_1,
@@ -405,6 +389,52 @@ int main(int argc, char **argv)
                ti + 1 < nht ? "," : "");
     }
     printf("  ],\n");
+}
+
+int main(int argc, char **argv)
+{
+    int reps = argc > 1 ? atoi(argv[1]) : 7;
+    if (reps < 1)
+        reps = 1;
+    const char *bench_threads = getenv("PD_BENCH_THREADS");
+    uint32_t threads = bench_threads ? (uint32_t)atoi(bench_threads) : 1;
+    if (threads >= 2 && pool_new(threads, &bench_pool, NULL) != PD_OK)
+        bench_die("pool", NULL);
+    if (!bench_pool)
+        threads = 1;
+    openblas_set_num_threads(1);
+    float *a = malloc(sizeof(float) * BMAX * BK);
+    float *c = malloc(sizeof(float) * BMAX * BN);
+    if (!a || !c)
+        bench_die("out of memory", NULL);
+    for (size_t i = 0; i < (size_t)BMAX * BK; i++)
+        a[i] = (float)((i * 2654435761u) % 2001u) / 1000.0f - 1.0f;
+
+    double load0 = bench_load();
+    double bw = probe_read_bw(1, 5);
+    double bw2 = probe_read_bw(2, 5);
+    pool *pool2 = NULL;
+    if (pool_new(2, &pool2, NULL) != PD_OK)
+        bench_die("pool of 2", NULL);
+    bench_set set;
+    bench_pack(&set, GEMM_W_F32, 1);
+    /* warm-up: page in every copy, let OpenBLAS start */
+    for (int c2 = 0; c2 < set.n; c2++) {
+        gemm_run(set.inv[c2], a, 1, c, NULL);
+        gemm_run(set.blas[c2], a, 1, c, NULL);
+    }
+
+    printf("{\n  \"bench\": \"gemm\",\n  \"threads\": %u,\n  \"isa\": \"%s\",\n", threads,
+           pd_isa_name(pd_cpu_isa()));
+    printf("  \"k\": %u,\n  \"n\": %u,\n  \"reps\": %d,\n  \"weight_copies\": %d,\n", BK, BN, reps,
+           set.n);
+    printf("  \"openblas\": \"%s\",\n", openblas_get_config());
+    printf("  \"read_bw_1t_gbs\": %.2f,\n  \"read_bw_2t_gbs\": %.2f,\n", bw / 1e9, bw2 / 1e9);
+    int all_met = 1;
+    double f32_peak = 0.0;
+    bench_f32(&set, a, c, reps, bw, &all_met, &f32_peak);
+    bench_quantized(a, c, reps, bw, bw2, f32_peak, pool2);
+    bench_hot(a, c, reps, bw);
     printf("  \"pool_dispatch_us_2threads_8tasks\": %.2f,\n", bench_pool_dispatch_us(reps));
     printf("  \"loadavg_1m\": [%.2f, %.2f],\n", load0, bench_load());
     printf("  \"goal_met\": %s\n}\n", all_met ? "true" : "false");
