@@ -21,6 +21,10 @@
  * of the same run (the best of the invariant kernel and OpenBLAS at M >= 64,
  * the invariant kernel on the configured threads, OpenBLAS on one).
  *
+ * PD_BENCH_GEMM=int8 packs the quantized types' and the hot section's
+ * weights for the int8 arithmetic (gemm.h) instead of the exact one; the
+ * JSON's "quantized_backend" says which. f32 is always the exact kernel.
+ *
  * usage: bench_gemm [reps]   (default 7) */
 #include "probe.h"
 
@@ -54,6 +58,9 @@ typedef struct bench_set {
  * of T threads (the OpenBLAS runs stay on one thread); the JSON's "threads"
  * says which. */
 static pool *bench_pool;
+
+/* The backend of the quantized and hot sections (PD_BENCH_GEMM). */
+static gemm_backend bench_qbackend = GEMM_BACKEND_INVARIANT;
 
 static void bench_die(const char *what, const pd_err *err)
 {
@@ -123,7 +130,8 @@ static void bench_pack(bench_set *s, gemm_wtype type, int with_blas)
     for (int c = 0; c < s->n; c++) {
         uint8_t *w = bench_weights(type, 1234 + (uint64_t)c);
         pd_err err = {0};
-        if (gemm_pack(w, type, BN, BK, GEMM_BACKEND_INVARIANT, NULL, &s->inv[c], &err) != PD_OK)
+        const gemm_backend be = type == GEMM_W_F32 ? GEMM_BACKEND_INVARIANT : bench_qbackend;
+        if (gemm_pack(w, type, BN, BK, be, NULL, &s->inv[c], &err) != PD_OK)
             bench_die("pack", &err);
         if (with_blas &&
             gemm_pack(w, type, BN, BK, GEMM_BACKEND_OPENBLAS, NULL, &s->blas[c], &err) != PD_OK)
@@ -214,7 +222,8 @@ static double bench_m1_hot_gbs(gemm_wtype type, const float *a, float *c, int re
     gemm_w *g = NULL;
     pd_err err = {0};
     /* bench_weights makes BN rows; the first BHOT_N are W */
-    if (gemm_pack(w, type, BHOT_N, BK, GEMM_BACKEND_INVARIANT, NULL, &g, &err) != PD_OK)
+    if (gemm_pack(w, type, BHOT_N, BK, type == GEMM_W_F32 ? GEMM_BACKEND_INVARIANT : bench_qbackend, NULL, &g,
+                  &err) != PD_OK)
         bench_die("pack hot", &err);
     free(w);
     for (int i = 0; i < 100; i++)
@@ -398,6 +407,11 @@ int main(int argc, char **argv)
         reps = 1;
     const char *bench_threads = getenv("PD_BENCH_THREADS");
     uint32_t threads = bench_threads ? (uint32_t)atoi(bench_threads) : 1;
+    const char *qbe = getenv("PD_BENCH_GEMM");
+    if (qbe && strcmp(qbe, "int8") == 0)
+        bench_qbackend = GEMM_BACKEND_INT8;
+    else if (qbe && strcmp(qbe, "invariant") != 0)
+        bench_die("PD_BENCH_GEMM must be invariant or int8", NULL);
     if (threads >= 2 && pool_new(threads, &bench_pool, NULL) != PD_OK)
         bench_die("pool", NULL);
     if (!bench_pool)
@@ -429,6 +443,7 @@ int main(int argc, char **argv)
     printf("  \"k\": %u,\n  \"n\": %u,\n  \"reps\": %d,\n  \"weight_copies\": %d,\n", BK, BN, reps,
            set.n);
     printf("  \"openblas\": \"%s\",\n", openblas_get_config());
+    printf("  \"quantized_backend\": \"%s\",\n", gemm_backend_name(bench_qbackend));
     printf("  \"read_bw_1t_gbs\": %.2f,\n  \"read_bw_2t_gbs\": %.2f,\n", bw / 1e9, bw2 / 1e9);
     int all_met = 1;
     double f32_peak = 0.0;

@@ -24,7 +24,7 @@ static void run_usage(FILE *f)
             "         [--attn full|rswa:W|window:W] [--kv f32|q8|q8k|q8v]\n"
             "         [--evict none|recent:N|importance:N:SINKS]\n"
             "         [--sample greedy|temp:T[,top_p:P][,top_k:K]] [--seed S] [--no-repeat-ngram N:WINDOW]\n"
-            "         [--gemm invariant|openblas] [--layers 0-3,4-7,...] [--wire-dtype f32|f16]\n"
+            "         [--gemm invariant|openblas|int8] [--layers 0-3,4-7,...] [--wire-dtype f32|f16]\n"
             "         [--stats FILE] [--progress] [--no-bind] [--digest] [--special] [--trace-hidden FILE]\n"
             "         [--past-context] [--stall-timeout SECONDS] [--mem-limit BYTES|auto|none]\n"
             "         [--checkpoint-dir D [--checkpoint-every SECONDS]] [--draft none|ngram[:N[:K]]|model:FILE[:K]]\n"
@@ -61,8 +61,8 @@ static const struct option run_longopts[] = {
     {"micro-batches", required_argument, 0, 'k'}, {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0}};
 
-static const char *const run_gemm_names[] = {"invariant", "openblas"};
-static const gemm_backend run_gemm_values[] = {GEMM_BACKEND_INVARIANT, GEMM_BACKEND_OPENBLAS};
+static const char *const run_gemm_names[] = {"invariant", "openblas", "int8"};
+static const gemm_backend run_gemm_values[] = {GEMM_BACKEND_INVARIANT, GEMM_BACKEND_OPENBLAS, GEMM_BACKEND_INT8};
 static const char *const run_dtype_names[] = {"f32", "f16"};
 static const msg_dtype run_dtype_values[] = {MSG_DTYPE_F32, MSG_DTYPE_F16};
 static const char *const run_rebalance_names[] = {"off", "auto"};
@@ -88,7 +88,7 @@ static pd_status run_option(int ch, const char *arg, run_opts *o, pd_err *e)
     case 's': return cli_u64("--seed", arg, &o->seed, e);
     case 'N': return sample_parse_ngram(arg, &o->ngram, e);
     case 'g':
-        if ((st = cli_choice("--gemm", arg, run_gemm_names, 2, &k, e)) == PD_OK)
+        if ((st = cli_choice("--gemm", arg, run_gemm_names, 3, &k, e)) == PD_OK)
             o->backend = run_gemm_values[k];
         return st;
     case 'T': o->stats_path = arg; break;

@@ -58,6 +58,7 @@ const char *gemm_backend_name(gemm_backend b)
     switch (b) {
     case GEMM_BACKEND_INVARIANT: return "invariant";
     case GEMM_BACKEND_OPENBLAS: return "openblas";
+    case GEMM_BACKEND_INT8: return "int8";
     default: return "unknown";
     }
 }
@@ -499,7 +500,7 @@ pd_status gemm_pack(const void *w, gemm_wtype type, uint32_t n, uint32_t k, gemm
     uint32_t n_panels = (uint32_t)(((uint64_t)n + GEMM_NR - 1) / GEMM_NR);
     size_t panel_bytes = gemm_panel_bytes(type, k);
     size_t bytes;
-    if (be == GEMM_BACKEND_INVARIANT) {
+    if (be != GEMM_BACKEND_OPENBLAS) {
         /* panel_bytes <= k * 64 < 2^38: only the product can overflow */
         if (panel_bytes > SIZE_MAX / n_panels)
             return pd_err_set(err, PD_ERR_NOMEM, "gemm_pack: %u x %u %s overflows", n, k,
@@ -520,7 +521,7 @@ pd_status gemm_pack(const void *w, gemm_wtype type, uint32_t n, uint32_t k, gemm
     }
     *g = (gemm_w){.be = be, .type = type, .n = n, .k = k, .n_panels = n_panels,
                   .panel_bytes = panel_bytes, .bytes = bytes, .data = data, .alloc = *al};
-    if (be == GEMM_BACKEND_INVARIANT) {
+    if (be != GEMM_BACKEND_OPENBLAS) {
         for (uint32_t pnl = 0; pnl < n_panels; pnl++)
             gemm_pack_panel(w, type, n, k, pnl * GEMM_NR, (uint8_t *)data + pnl * panel_bytes);
     } else {
@@ -658,6 +659,102 @@ static void gemm_scalar_tile(const gemm_tile *t)
     for (uint32_t i = 0; i < t->mr; i++)
         memcpy(t->c + (size_t)i * t->ldc, acc[i], (size_t)t->ncols * sizeof(float));
 }
+
+/* ---- the int8 arithmetic (gemm.h): activation quantization and the
+ * portable tile, the reference the VNNI kernels match bit for bit ---- */
+
+/* Where value k (0..31) of a block goes: natural, or with perm each 8 k as
+ * 0 2 4 6 1 3 5 7 (gemm_qa). */
+static inline uint32_t gemm_q8_slot(uint32_t k, bool perm)
+{
+    return perm ? (k & ~7u) | ((k & 1u) << 2) | ((k & 7u) >> 1) : k;
+}
+
+void gemm_q8_row(const float *a, uint32_t nb, bool perm, int8_t *q, float *d, int32_t *s)
+{
+    /* adding and subtracting 1.5 * 2^23 rounds |x| < 2^22 to the nearest
+     * integer, ties to even, in the default rounding mode: nearbyintf
+     * without its cost */
+    const float magic = 12582912.0f;
+    for (uint32_t b = 0; b < nb; b++, a += GEMM_QS_BLOCK, q += GEMM_QS_BLOCK) {
+        float amax = 0.0f;
+        for (uint32_t k = 0; k < GEMM_QS_BLOCK; k++) {
+            const float x = fabsf(a[k]);
+            amax = x > amax ? x : amax;
+        }
+        const float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        int32_t sa = 0, sb = 0;
+        for (uint32_t k = 0; k < GEMM_QS_BLOCK; k++) {
+            float x = a[k] * id;
+            x = x > 127.0f ? 127.0f : x < -127.0f ? -127.0f : x; /* NaN stays */
+            const int32_t v = x == x ? (int32_t)((x + magic) - magic) : 0;
+            q[gemm_q8_slot(k, perm)] = (int8_t)v;
+            if (k < 16)
+                sa += v;
+            else
+                sb += v;
+        }
+        d[b] = pd_f16_to_f32(pd_f32_to_f16(dd));
+        s[2 * b] = sa;
+        s[2 * b + 1] = sb;
+    }
+}
+
+/* The integer value of k row kk of block b, column l, of a Q8_0 or qs
+ * panel: gemm_qs_block's q. */
+static int gemm_q8_panel_q(gemm_wtype type, const uint8_t *panel, uint32_t b, uint32_t kk, uint32_t l)
+{
+    if (type == GEMM_W_Q8_0)
+        return (int8_t)panel[(size_t)b * GEMM_Q8_PANEL_BLOCK + GEMM_Q8_SCALES + kk * GEMM_NR + l];
+    return gemm_qs_panel_q(type, panel, b, kk, l);
+}
+
+/* One C element's chain over the tile's blocks: gemm.h's steps, lane l,
+ * quantized row qr (natural order). */
+static float gemm_q8_chain(const gemm_qtile *t, uint32_t l, const int8_t *q, const float *da, const int32_t *sab,
+                           float c)
+{
+    const gemm_wtype type = t->type;
+    const bool has_nm = type == GEMM_W_Q4_1 || type == GEMM_W_Q5_1 || type == GEMM_W_Q4_K || type == GEMM_W_Q5_K;
+    for (uint32_t b = 0; b < t->nb; b++, q += GEMM_QS_BLOCK) {
+        const uint32_t bi = t->b0 + b;
+        int32_t ia = 0, ib = 0;
+        for (uint32_t kk = 0; kk < GEMM_QS_BLOCK; kk++) {
+            const int32_t p = gemm_q8_panel_q(type, t->panel, bi, kk, l) * q[kk];
+            if (kk < 16)
+                ia += p;
+            else
+                ib += p;
+        }
+        float sv[2], nm;
+        if (type == GEMM_W_Q8_0) {
+            sv[0] = sv[1] = pd_f16_to_f32(gemm_rd16(t->panel + (size_t)bi * GEMM_Q8_PANEL_BLOCK + 2 * l));
+            nm = -0.0f;
+        } else {
+            gemm_qs_panel_scales(type, t->panel, bi, l, sv, &nm);
+        }
+        float x = type == GEMM_W_Q6_K ? fmaf(sv[1], (float)ib, sv[0] * (float)ia) : sv[0] * (float)(ia + ib);
+        if (has_nm)
+            x = fmaf(nm, (float)(sab[2 * b] + sab[2 * b + 1]), x);
+        c = fmaf(da[b], x, c);
+    }
+    return c;
+}
+
+static void gemm_scalar_qtile(const gemm_qtile *t)
+{
+    const size_t rs = t->qa.nb;
+    for (uint32_t i = 0; i < t->mr; i++)
+        for (uint32_t l = 0; l < t->ncols; l++) {
+            float *c = t->c + (size_t)i * t->ldc + l;
+            *c = gemm_q8_chain(t, l, t->qa.q + 32 * rs * i, t->qa.d + rs * i, t->qa.s + 2 * rs * i,
+                               t->first ? 0.0f : *c);
+        }
+}
+
+static gemm_qtile_fn *const gemm_scalar_qtiles[GEMM_MR8] = {
+    gemm_scalar_qtile, gemm_scalar_qtile, gemm_scalar_qtile, gemm_scalar_qtile,
+};
 
 /* ---- AVX2/FMA kernel: the same order, 6 x 16 accumulators in registers ---- */
 
@@ -1311,6 +1408,9 @@ typedef struct gemm_job {
     gemm_ctile_fn *const *ctiles; /* blocked path, by mr - 1; NULL = none */
     gemm_ctile_fn *const *ctiles_spread; /* ... prefetching over k; NULL = none */
     gemm_chunk_fn *chunk;
+    gemm_qtile_fn *const *qtiles; /* int8 arithmetic, by mr - 1; NULL = none */
+    bool qperm;                   /* ... taking gemm_qa's perm order */
+    void (*quant)(const float *, uint32_t, bool, int8_t *, float *, int32_t *); /* gemm_q8_row or its SIMD twin */
 } gemm_job;
 
 /* Near-equal tile heights of at most mr for a block of `rows` rows (8 rows,
@@ -1419,6 +1519,54 @@ static void gemm_task_panels(const gemm_job *j, uint32_t t, uint32_t *p0, uint32
     *p1 = g1 * GEMM_ROW_PANELS < np ? (uint32_t)(g1 * GEMM_ROW_PANELS) : np;
 }
 
+/* Rows a task quantizes at once for the int8 arithmetic, and the blocks
+ * (rows x 32 k) its stack holds: K is taken in chunks of at most
+ * GEMM_Q8_BLOCKS / rows blocks (about 44 KB), each chunk quantized once
+ * for all the task's panels. */
+#define GEMM_Q8_ROWS 32u
+#define GEMM_Q8_BLOCKS 1024u
+
+/* gemm_task's int8 arithmetic: rows m0 .. mend of panels p0 .. p1. */
+static void gemm_task_q8(const gemm_job *j, uint32_t p0, uint32_t p1, uint32_t m0, uint32_t mend)
+{
+    int8_t q[GEMM_Q8_BLOCKS * GEMM_QS_BLOCK];
+    float d[GEMM_Q8_BLOCKS];
+    int32_t s[2 * GEMM_Q8_BLOCKS];
+    const gemm_w *w = j->w;
+    const uint32_t nbk = w->k / GEMM_QS_BLOCK;
+    for (uint32_t mb = m0; mb < mend; mb += GEMM_Q8_ROWS) {
+        const uint32_t rows = mend - mb < GEMM_Q8_ROWS ? mend - mb : GEMM_Q8_ROWS;
+        const uint32_t nbc = GEMM_Q8_BLOCKS / rows;
+        uint32_t n_tiles, base, taller;
+        gemm_tile_heights(rows, GEMM_MR8, &n_tiles, &base, &taller);
+        for (uint32_t b0 = 0; b0 < nbk; b0 += nbc) {
+            const uint32_t nb = nbk - b0 < nbc ? nbk - b0 : nbc;
+            for (uint32_t r = 0; r < rows; r++)
+                j->quant(j->a + (size_t)(mb + r) * j->lda + (size_t)b0 * GEMM_QS_BLOCK, nb, j->qperm,
+                            q + (size_t)r * nb * GEMM_QS_BLOCK, d + (size_t)r * nb, s + (size_t)2 * r * nb);
+            for (uint32_t pnl = p0; pnl < p1; pnl++) {
+                const uint32_t col0 = pnl * GEMM_NR;
+                gemm_qtile t = {
+                    .type = w->type,
+                    .panel = (const uint8_t *)w->data + (size_t)pnl * w->panel_bytes,
+                    .b0 = b0,
+                    .nb = nb,
+                    .ldc = j->ldc,
+                    .ncols = w->n - col0 < GEMM_NR ? w->n - col0 : GEMM_NR,
+                    .first = b0 == 0,
+                };
+                for (uint32_t ti = 0, r = 0; ti < n_tiles; ti++, r += t.mr) {
+                    t.mr = base + (ti < taller ? 1u : 0u);
+                    t.qa = (gemm_qa){.q = q + (size_t)r * nb * GEMM_QS_BLOCK, .d = d + (size_t)r * nb,
+                                     .s = s + (size_t)2 * r * nb, .nb = nb};
+                    t.c = j->c + (size_t)(mb + r) * j->ldc + col0;
+                    j->qtiles[t.mr - 1](&t);
+                }
+            }
+        }
+    }
+}
+
 /* A task: a contiguous range of panels times a range of M blocks. Each M
  * block walks all the task's panels before the next block starts. */
 static void gemm_task(void *ctxp, uint32_t task, uint32_t thread)
@@ -1430,6 +1578,10 @@ static void gemm_task(void *ctxp, uint32_t task, uint32_t thread)
     uint64_t m0 = (uint64_t)(task / j->n_panel_tasks) * j->mblocks_per_task * GEMM_MC;
     uint64_t m1 = m0 + (uint64_t)j->mblocks_per_task * GEMM_MC;
     uint32_t mend = m1 < j->m ? (uint32_t)m1 : j->m;
+    if (j->qtiles) {
+        gemm_task_q8(j, p0, p1, (uint32_t)m0, mend);
+        return;
+    }
     for (uint32_t mb = (uint32_t)m0; mb < mend; mb += GEMM_MC) {
         uint32_t me = mend - mb < GEMM_MC ? mend : mb + GEMM_MC;
         if (me - mb == 1 && j->rows) {
@@ -1512,6 +1664,20 @@ static uint32_t gemm_job_init(gemm_job *job, const gemm_w *w, const float *a, si
         .ctiles_spread = gemm_ctiles_spread_for(isa, w->type),
         .chunk = gemm_chunk_for(isa, w->type),
     };
+    if (w->be == GEMM_BACKEND_INT8 && (w->type == GEMM_W_Q8_0 || gemm_wtype_is_qs(w->type))) {
+#if defined(__x86_64__)
+        const bool vnni = isa >= PD_ISA_AVX512 && gemm_vnni_ok();
+#else
+        const bool vnni = false;
+#endif
+        job->qtiles = vnni ? gemm_vnni_qtiles[w->type] : gemm_scalar_qtiles;
+        job->qperm = vnni && gemm_wtype_is_qs(w->type);
+#if defined(__x86_64__)
+        job->quant = vnni ? gemm_vnni_q8_row : gemm_q8_row;
+#else
+        job->quant = gemm_q8_row;
+#endif
+    }
     return (uint32_t)((n_mblocks + mbpt - 1) / mbpt) * n_ptasks;
 }
 
@@ -1554,7 +1720,7 @@ void gemm_run_many(uint32_t n, const gemm_w *const *w, const float *a, uint32_t 
     bool invariant = true;
     for (uint32_t i = 0; i < n; i++) {
         CHECK(w[i] != NULL && w[i]->k == w[0]->k);
-        invariant = invariant && w[i]->be == GEMM_BACKEND_INVARIANT;
+        invariant = invariant && w[i]->be != GEMM_BACKEND_OPENBLAS;
     }
     uint32_t threads = pool_threads(p);
     if (m == 0)

@@ -33,7 +33,31 @@
  * and with the thread count (ARCHITECTURE.md §1). gemm_run sets OpenBLAS's
  * thread count to pool_threads(p) with openblas_set_num_threads, which is
  * process-wide: with several pools or ranks per node the last call wins, and
- * OpenBLAS runs its own threads while the pool's workers stay parked. */
+ * OpenBLAS runs its own threads while the pool's workers stay parked.
+ *
+ * GEMM_BACKEND_INT8 (opt-in, `--gemm int8`): for Q8_0 and the qs types, a
+ * second defined arithmetic, batch invariant too (every step is row-local
+ * and in a fixed order), faster where the exact product is compute-bound.
+ * Weights are packed as on the invariant backend. Each A row is quantized
+ * per 32-k block b as ggml's quantize_row_q8_0_ref does, except that ties
+ * round to even:
+ *
+ *     amax = max |a[k]|;  d = amax / 127;  id = d != 0 ? 1 / d : 0;
+ *     qa[k] = (int8)nearbyintf(a[k] * id);  da = (float)(f16)d;
+ *     sA = sum qa[k], k < 16;  sB = sum qa[k], k >= 16
+ *
+ * and, with q[k], s[2] and nm of weight column j's block b as gemm_qs_block
+ * defines them (Q8_0: q the stored int8, s[0] = s[1] = d), integer sums
+ * iA = sum q[k] qa[k] over k < 16, iB over k >= 16 (exact, any order), then
+ *
+ *     t = Q6_K ? fmaf(s[1], (float)iB, s[0] * (float)iA) : s[0] * (float)(iA + iB)
+ *     t = fmaf(nm, (float)(sA + sB), t)     only Q4_1, Q5_1, Q4_K, Q5_K
+ *     c = fmaf(da, t, c)                    c from +0, blocks in k order
+ *
+ * The AVX-512 VNNI kernel (gemm_vnni.c) and the portable one give the same
+ * bits. F32, F16 and BF16 weights run the invariant arithmetic unchanged.
+ * The int8 result is not the invariant one: docs/performance.md gives how
+ * far the tokens agree. */
 #ifndef PD_GEMM_H
 #define PD_GEMM_H
 
@@ -67,6 +91,7 @@ typedef enum gemm_wtype {
 typedef enum gemm_backend {
     GEMM_BACKEND_INVARIANT,
     GEMM_BACKEND_OPENBLAS,
+    GEMM_BACKEND_INT8, /* opt-in: the int8 arithmetic below */
     GEMM_BACKEND_COUNT
 } gemm_backend;
 
@@ -156,7 +181,7 @@ size_t gemm_bytes(const gemm_w *w); /* 0 for NULL */
 /* "f32" / "f16" / "bf16" / "q8_0" / "q4_0" / "q5_0" / "q4_K" / "q5_K" /
  * "q6_K" (ggml's names); "unknown" out of range. */
 const char *gemm_wtype_name(gemm_wtype t);
-/* "invariant" / "openblas"; "unknown" out of range. */
+/* "invariant" / "openblas" / "int8"; "unknown" out of range. */
 const char *gemm_backend_name(gemm_backend b);
 
 /* Checks w's internal invariants; aborts through CHECK on violation. */

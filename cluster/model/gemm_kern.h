@@ -305,4 +305,53 @@ extern gemm_row_fn *const gemm_avx512_rows[GEMM_W_COUNT][GEMM_ROW_PANELS];
 extern gemm_ctile_fn *const gemm_avx512_ctiles[GEMM_MR512];
 extern gemm_ctile_fn *const gemm_avx512_ctilepfs[GEMM_MR512];
 
+/* ---- the int8 arithmetic (GEMM_BACKEND_INT8, defined in gemm.h) ---- */
+
+/* Rows per int8 tile (its kernels keep two integer sums and a float chain
+ * per row, and a block's 8 unpacked weight vectors, in registers). */
+#define GEMM_MR8 4u
+
+/* A rows quantized to the int8 arithmetic's blocks, over a chunk of nb
+ * 32-k blocks: row r's values at q + 32 nb r (32 per block; with `perm`,
+ * each 8 k in the order 0 2 4 6 1 3 5 7, which puts a VNNI dword beside
+ * each unpacked nibble vector), its block scales da at d + nb r, its sums
+ * sA, sB at s + 2 (nb r + b). */
+typedef struct gemm_qa {
+    const int8_t *q;
+    const float *d;
+    const int32_t *s;
+    uint32_t nb;
+} gemm_qa;
+
+/* One int8 micro-tile: blocks b0 .. b0 + nb - 1 of a Q8_0 or qs panel
+ * against the tile's quantized rows (qa at the tile's row 0 and the
+ * chunk's block 0), into C[mr x ncols]: from +0 when `first`, else
+ * continuing the chains in C (a chain's f32 stored and loaded back is the
+ * same chain). */
+typedef struct gemm_qtile {
+    gemm_wtype type;
+    const uint8_t *panel;
+    uint32_t b0, nb;
+    gemm_qa qa;
+    uint32_t mr; /* 1 .. GEMM_MR8 */
+    float *c;
+    size_t ldc;
+    uint32_t ncols;
+    bool first;
+} gemm_qtile;
+
+typedef void gemm_qtile_fn(const gemm_qtile *t);
+
+/* Quantizes nb blocks of the row a (gemm.h's formula) into q, d, s (one
+ * row of a gemm_qa); perm as there. The same bits on every ISA. */
+void gemm_q8_row(const float *a, uint32_t nb, bool perm, int8_t *q, float *d, int32_t *s);
+
+/* The AVX-512 VNNI/VBMI int8 tiles (gemm_vnni.c) by [type][mr - 1], NULL
+ * for f32, f16 and bf16; they take perm = true for the qs types, false for
+ * Q8_0. gemm_vnni_ok: the CPU has AVX-512 BW, VNNI and VBMI. */
+extern gemm_qtile_fn *const gemm_vnni_qtiles[GEMM_W_COUNT][GEMM_MR8];
+bool gemm_vnni_ok(void);
+/* gemm_q8_row on AVX-512 (the same bytes; only where gemm_vnni_ok). */
+void gemm_vnni_q8_row(const float *a, uint32_t nb, bool perm, int8_t *q, float *d, int32_t *s);
+
 #endif

@@ -12,6 +12,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -198,6 +199,157 @@ static uint32_t k_for(gemm_wtype type, uint32_t want)
     uint32_t b = gemm_wtype_block(type);
     return want < b ? b : (want + b - 1) / b * b;
 }
+
+/* ---- the int8 arithmetic (GEMM_BACKEND_INT8), written out from gemm.h ---- */
+
+/* Block b of A row a quantized as gemm.h says, here with nearbyintf. */
+static float q8_ref_block(const float *a, int8_t q[32], int32_t *sa, int32_t *sb)
+{
+    float amax = 0.0f;
+    for (int k = 0; k < 32; k++)
+        amax = fmaxf(amax, fabsf(a[k]));
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    *sa = *sb = 0;
+    for (int k = 0; k < 32; k++) {
+        q[k] = (int8_t)nearbyintf(a[k] * id);
+        *(k < 16 ? sa : sb) += q[k];
+    }
+    return pd_f16_to_f32(pd_f32_to_f16(d));
+}
+
+/* Weight row j's block b: q, s[2], nm as gemm_qs_block gives them (Q8_0:
+ * the stored bytes and the f16 scale). */
+static void q8_ref_wblock(const test_mat *t, uint32_t j, uint32_t b, int8_t q[32], float s[2], float *nm)
+{
+    const uint8_t *row = t->raw + gemm_row_bytes(t->type, t->k) * j;
+    if (t->type == GEMM_W_Q8_0) {
+        const uint8_t *blk = row + 34 * b;
+        s[0] = s[1] = pd_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
+        *nm = -0.0f;
+        memcpy(q, blk + 2, 32);
+        return;
+    }
+    gemm_qs_block(t->type, row, b, s, nm, q);
+}
+
+static void ref_gemm_int8(const float *a, uint32_t m, const test_mat *t, float *c)
+{
+    const bool has_nm = t->type == GEMM_W_Q4_1 || t->type == GEMM_W_Q5_1 || t->type == GEMM_W_Q4_K ||
+                        t->type == GEMM_W_Q5_K;
+    for (uint32_t i = 0; i < m; i++)
+        for (uint32_t j = 0; j < t->n; j++) {
+            float acc = 0.0f;
+            for (uint32_t b = 0; b < t->k / 32; b++) {
+                int8_t qa[32], qw[32];
+                int32_t sa, sb;
+                float s[2], nm;
+                const float da = q8_ref_block(a + (size_t)i * t->k + 32 * b, qa, &sa, &sb);
+                q8_ref_wblock(t, j, b, qw, s, &nm);
+                int32_t ia = 0, ib = 0;
+                for (int k = 0; k < 32; k++)
+                    *(k < 16 ? &ia : &ib) += qw[k] * qa[k];
+                float x = t->type == GEMM_W_Q6_K ? fmaf(s[1], (float)ib, s[0] * (float)ia) : s[0] * (float)(ia + ib);
+                if (has_nm)
+                    x = fmaf(nm, (float)(sa + sb), x);
+                acc = fmaf(da, x, acc);
+            }
+            c[(size_t)i * t->n + j] = acc;
+        }
+}
+
+static const gemm_wtype q8_types[] = {GEMM_W_Q8_0, GEMM_W_Q4_0, GEMM_W_Q4_1, GEMM_W_Q5_0,
+                                      GEMM_W_Q5_1, GEMM_W_Q4_K, GEMM_W_Q5_K, GEMM_W_Q6_K};
+#define N_Q8_TYPES (sizeof q8_types / sizeof q8_types[0])
+
+/* Every quantized type, shape, M (tiles of 1..4 rows, several row blocks,
+ * K in several chunks), thread count and ISA: the int8 backend equals the
+ * arithmetic written out above bit for bit. */
+START_TEST(gemm_int8_matches_its_arithmetic_for_every_type_isa_and_thread_count)
+{
+    static const uint32_t ns[] = {1, 17, 40};
+    static const uint32_t ms[] = {1, 2, 3, 4, 5, 9, 33, 70};
+    pool *pools[2] = {NULL, NULL};
+    for (uint32_t th = 0; th < 2; th++)
+        ck_assert_int_eq(pool_new(th + 1, &pools[th], NULL), PD_OK);
+    pd_isa best = pd_cpu_detect();
+    for (size_t ti = 0; ti < N_Q8_TYPES; ti++)
+        for (size_t ni = 0; ni < 3; ni++)
+            for (uint32_t kb = 1; kb <= 2; kb++) {
+                const gemm_wtype type = q8_types[ti];
+                /* 2 super-blocks of 256 or 40 blocks of 32: the latter
+                 * chunks K once 26 or more rows are quantized together */
+                const uint32_t n = ns[ni], k = gemm_wtype_block(type) == 256 ? 256 * kb : kb == 1 ? 64 : 1280;
+                test_mat t = mat_make(type, n, k, 9100 + ti * 13 + ni * 3 + kb);
+                gemm_w *g = pack_or_die(&t, GEMM_BACKEND_INT8);
+                ck_assert_int_eq(gemm_get_backend(g), GEMM_BACKEND_INT8);
+                float *a = act_make(70, k, 77 + ti + ni);
+                /* a block of zeros (d = 0), and one with amax 127 (d = 1)
+                 * holding ties, which round to even */
+                memset(a + 32, 0, 32 * sizeof(float));
+                static const float ties[4] = {127.0f, 62.5f, -3.5f, 2.5f};
+                for (int x = 0; x < 32; x++)
+                    a[k + x] = ties[x % 4];
+                float *want = malloc(sizeof(float) * 70 * n), *got = malloc(sizeof(float) * 70 * n);
+                ref_gemm_int8(a, 70, &t, want);
+                for (int isa = PD_ISA_SCALAR; isa <= (int)best; isa++) {
+                    pd_cpu_set_isa((pd_isa)isa);
+                    for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
+                        for (uint32_t th = 0; th < 2; th++) {
+                            memset(got, 0xff, sizeof(float) * 70 * n);
+                            gemm_run(g, a, ms[mi], got, pools[th]);
+                            ASSERT_BITS_EQ(got, want, (size_t)ms[mi] * n, "int8 isa %s type %s m %u n %u k %u, %u threads",
+                                           pd_isa_name((pd_isa)isa), gemm_wtype_name(type), ms[mi], n, k, th + 1);
+                        }
+                }
+                pd_cpu_set_isa(best);
+                free(a);
+                free(want);
+                free(got);
+                gemm_free(g);
+                mat_free(&t);
+            }
+    for (uint32_t th = 0; th < 2; th++)
+        pool_free(pools[th]);
+}
+END_TEST
+
+/* The int8 result stays near the exact one (a bound of a few per cent of
+ * sum |a w|, which a wrong scale, offset or order of values would break),
+ * and 16/32-bit weights run the invariant arithmetic unchanged. */
+START_TEST(gemm_int8_is_near_the_exact_product_and_leaves_float_weights_alone)
+{
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const gemm_wtype type = all_types[ti];
+        const uint32_t n = 33, m = 5, k = k_for(type, 512);
+        test_mat t = mat_make(type, n, k, 4400 + ti);
+        gemm_w *gi = pack_or_die(&t, GEMM_BACKEND_INT8), *ge = pack_or_die(&t, GEMM_BACKEND_INVARIANT);
+        float *a = act_make(m, k, 12 + ti);
+        float ci[5 * 33], ce[5 * 33];
+        gemm_run(gi, a, m, ci, NULL);
+        gemm_run(ge, a, m, ce, NULL);
+        if (type == GEMM_W_F32 || type == GEMM_W_F16 || type == GEMM_W_BF16) {
+            ASSERT_BITS_EQ(ci, ce, (size_t)m * n, "%s under int8", gemm_wtype_name(type));
+        } else {
+            int differ = 0;
+            for (uint32_t i = 0; i < m; i++)
+                for (uint32_t j = 0; j < n; j++) {
+                    double mag = 0.0;
+                    for (uint32_t kk = 0; kk < k; kk++)
+                        mag += fabs((double)a[(size_t)i * k + kk] * t.deq[(size_t)j * k + kk]);
+                    const double e = fabs((double)ci[i * n + j] - ce[i * n + j]);
+                    ck_assert_msg(e <= 0.02 * mag, "%s (%u, %u): int8 %g exact %g, sum |a w| %g",
+                                  gemm_wtype_name(type), i, j, (double)ci[i * n + j], (double)ce[i * n + j], mag);
+                    differ += ci[i * n + j] != ce[i * n + j];
+                }
+            ck_assert_msg(differ > 0, "%s: int8 gave the exact bits everywhere", gemm_wtype_name(type));
+        }
+        free(a);
+        gemm_free(gi);
+        gemm_free(ge);
+        mat_free(&t);
+    }
+}
+END_TEST
 
 /* Every (type, shape, isa): gemm_run equals the reference chain bit for bit. */
 START_TEST(gemm_matches_the_fma_chain_for_every_type_and_isa)
@@ -879,6 +1031,7 @@ START_TEST(gemm_pack_rejects_bad_arguments)
     }
     expect_pack_fails(w, GEMM_W_Q5_0, 4, 48, GEMM_BACKEND_OPENBLAS, PD_ERR_ARG);
     ck_assert_str_eq(gemm_backend_name(GEMM_BACKEND_OPENBLAS), "openblas");
+    ck_assert_str_eq(gemm_backend_name(GEMM_BACKEND_INT8), "int8");
     ck_assert_str_eq(gemm_backend_name(GEMM_BACKEND_COUNT), "unknown");
 }
 END_TEST
@@ -904,6 +1057,8 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, gemm_m_zero_leaves_c_untouched);
     tcase_add_test(tc, gemm_pack_uses_and_returns_the_given_allocator);
     tcase_add_test(tc, gemm_pack_rejects_bad_arguments);
+    tcase_add_test(tc, gemm_int8_matches_its_arithmetic_for_every_type_isa_and_thread_count);
+    tcase_add_test(tc, gemm_int8_is_near_the_exact_product_and_leaves_float_weights_alone);
     suite_add_tcase(s, tc);
     return s;
 }

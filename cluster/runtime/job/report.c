@@ -201,7 +201,7 @@ static void report_stats_json(const report *rep, const rank *r, const sched_prog
     cJSON_AddNumberToObject(j, "tokens_per_s", tps);
     stats_phases(j, r, pr, all);
     cJSON_AddStringToObject(j, "policy", pol);
-    cJSON_AddStringToObject(j, "gemm", o->backend == GEMM_BACKEND_OPENBLAS ? "openblas" : "invariant");
+    cJSON_AddStringToObject(j, "gemm", gemm_backend_name(o->backend));
     cJSON_AddStringToObject(j, "wire_dtype", o->wire_dtype == MSG_DTYPE_F16 ? "f16" : "f32");
     cJSON_AddNumberToObject(j, "threads", o->threads);
     cJSON_AddNumberToObject(j, "threads_per_rank", r->threads);

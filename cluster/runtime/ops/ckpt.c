@@ -34,7 +34,7 @@ static char *ckpt_settings(const run_opts *o)
                  "wire %s",
                  pol, (int)o->sample.mode, (double)o->sample.temperature, (double)o->sample.top_p,
                  (unsigned)o->sample.top_k, (unsigned long long)o->seed, (unsigned)o->ngram.n,
-                 (unsigned)o->ngram.window, o->backend == GEMM_BACKEND_OPENBLAS ? "openblas" : "invariant",
+                 (unsigned)o->ngram.window, gemm_backend_name(o->backend),
                  o->wire_dtype == MSG_DTYPE_F16 ? "f16" : "f32");
     /* the output text's convention: a resume must write lines like the
      * ones before it (appended only when set, so older checkpoints match) */

@@ -378,7 +378,7 @@ static void rank_fields(const rank *r, char (*f)[RANK_FIELD])
              (double)o->sample.temperature, (double)o->sample.top_p, (unsigned)o->sample.top_k);
     snprintf(f[k++], RANK_FIELD, "%llu", (unsigned long long)o->seed);
     snprintf(f[k++], RANK_FIELD, "%u:%u", (unsigned)o->ngram.n, (unsigned)o->ngram.window);
-    snprintf(f[k++], RANK_FIELD, "%s", o->backend == GEMM_BACKEND_OPENBLAS ? "openblas" : "invariant");
+    snprintf(f[k++], RANK_FIELD, "%s", gemm_backend_name(o->backend));
     snprintf(f[k++], RANK_FIELD, "%s", o->wire_dtype == MSG_DTYPE_F16 ? "f16" : "f32");
     snprintf(f[k++], RANK_FIELD, "%u", o->batch);
     snprintf(f[k++], RANK_FIELD, "%u", r->sz.prefill_chunk);
