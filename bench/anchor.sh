@@ -67,8 +67,11 @@
 #            temporary directory, removed at exit)
 #   --dtypes LIST: weight types to measure (default f32,f16,q8_0); each adds
 #            about a quarter hour with llama.cpp
+#   --gemm G: pipedec's arithmetic, invariant (default) or int8 (`run
+#            --gemm int8`: integer block sums for the quantized types); the
+#            JSON's "pipedec_gemm" says which
 set -euo pipefail
-usage="usage: bench/anchor.sh BUILD_DIR [--quick] [--reps N] [--threads T] [--work DIR] [--arch A] [--dtypes LIST]"
+usage="usage: bench/anchor.sh BUILD_DIR [--quick] [--reps N] [--threads T] [--work DIR] [--arch A] [--dtypes LIST] [--gemm G]"
 build="${1:?$usage}"
 shift
 quick=0
@@ -77,6 +80,7 @@ threads="$(nproc)"
 work=""
 dtypes="f32,f16,q8_0"
 arch=llama
+gemm=invariant
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
@@ -85,10 +89,12 @@ while [ $# -gt 0 ]; do
     --work) work="${2:?$usage}"; shift ;;
     --dtypes) dtypes="${2:?$usage}"; shift ;;
     --arch) arch="${2:?$usage}"; shift ;;
+    --gemm) gemm="${2:?$usage}"; shift ;;
     *) echo "anchor.sh: unknown argument '$1'; $usage" >&2; exit 2 ;;
   esac
   shift
 done
+case "$gemm" in invariant|int8) ;; *) echo "anchor.sh: --gemm '$gemm': expected invariant or int8" >&2; exit 2 ;; esac
 bin="$build/pipedec"
 for x in "$bin" "$build/bench/bench_probe" "$build/bench/bench_gemm"; do
   [ -x "$x" ] || { echo "anchor.sh: $x is missing: build pipedec and its benchmarks first (scripts/build.sh)" >&2; exit 2; }
@@ -154,7 +160,7 @@ echo "anchor.sh: measuring limits" >&2
 "$build/bench/bench_probe" "$threads" 3 > "$work/probe.json"
 "$build/bench/bench_gemm" 1 > "$work/gemm.json"
 
-ANCHOR_PROBE="$build/bench/bench_probe" python3 - "$bin" "$work" "$reps" "$threads" "$quick" "$prefill" "$new" "$llama_bin" "$dtypes" "${shape[@]}" <<'PY'
+ANCHOR_GEMM="$gemm" ANCHOR_PROBE="$build/bench/bench_probe" python3 - "$bin" "$work" "$reps" "$threads" "$quick" "$prefill" "$new" "$llama_bin" "$dtypes" "${shape[@]}" <<'PY'
 import json, math, os, re, statistics, struct, subprocess, sys
 
 bin_, work, reps, T, quick, P, NEW, llama, dtypes = sys.argv[1:10]
@@ -249,7 +255,8 @@ def run_pipedec(dt, n, rep):
     if os.path.exists(out):
         os.remove(out)  # a rerun would skip pages already written
     _, rss = timed([bin_, "run", "--model", f"{work}/m.{dt}.gguf", "--pages", f"{work}/pages/n{n}.jsonl",
-                    "--out", out, "--batch", str(n), "--threads", str(T), "--stats", f"{work}/{tag}.stats"], tag)
+                    "--out", out, "--batch", str(n), "--threads", str(T), "--stats", f"{work}/{tag}.stats",
+                    "--gemm", os.environ["ANCHOR_GEMM"]], tag)
     s = json.load(open(f"{work}/{tag}.stats"))
     assert s["decode"]["tokens"] > 0, s
     return {"prefill_rows_per_s": s["prefill"]["rows_per_s"], "decode_tokens_per_s": s["decode"]["tokens_per_s"],
@@ -344,7 +351,7 @@ def limit(wread, n, ctx, kv):
     matrices = max(2 * params / flops_T, wread(n) / (n * bw))
     attention = max(attn_flops(ctx) / flops_T, kv / bw)
     return 1 / (matrices + attention)
-res = {"bench": "anchor", "quick": quick, "threads": T, "reps": reps,
+res = {"bench": "anchor", "quick": quick, "threads": T, "reps": reps, "pipedec_gemm": os.environ["ANCHOR_GEMM"],
        "workload": {"prefill_rows": P, "new_tokens": NEW, "arch": c0["arch"],
                     "shape": {k.lstrip("-"): v for k, v in shape.items()}, "params_per_token": params},
        "limits": {"read_bw_gbs": round(bw / 1e9, 2), "read_bw_gbs_samples": bw_samples, "gemm_gflops_1t": round(g1 / 1e9, 1),

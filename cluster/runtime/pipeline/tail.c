@@ -5,7 +5,9 @@
 #include "cluster/runtime/pipeline/stream.h"
 #include "comm/msg.h"
 
+#include <math.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +19,7 @@ struct tail {
     float *xs;     /* [max_rows x hidden] gathered rows */
     float *logits; /* [max_rows x vocab] */
     uint32_t *row_of; /* [max_rows] */
+    FILE *margins;    /* PD_TRACE_MARGINS (testing aid), or NULL */
 };
 
 pd_status tail_new(const tail_config *cfg, tail **out, pd_err *err)
@@ -45,6 +48,11 @@ pd_status tail_new(const tail_config *cfg, tail **out, pd_err *err)
         tail_free(t);
         return st;
     }
+    const char *mp = getenv("PD_TRACE_MARGINS");
+    if (mp && *mp && !(t->margins = fopen(mp, "a"))) {
+        tail_free(t);
+        return pd_err_set(err, PD_ERR_IO, "tail: cannot open PD_TRACE_MARGINS file %s", mp);
+    }
     *out = t;
     return PD_OK;
 }
@@ -58,7 +66,29 @@ void tail_free(tail *t)
     free(t->logits);
     free(t->row_of);
     sampler_free(t->smp);
+    if (t->margins)
+        fclose(t->margins);
     free(t);
+}
+
+/* PD_TRACE_MARGINS=FILE (a testing aid, docs/digests.md): per sampled token
+ * a line "KEY INDEX TOKEN MARGIN", KEY the page's sampling key in hex
+ * (FNV-1a 64 of its id), MARGIN the best logit minus the second best, so
+ * where two arithmetics first pick different tokens the trace says how
+ * close to a tie the choice was. */
+static void tail_trace_margin(const tail *t, const stream_state *s, const float *lg, int32_t tok)
+{
+    float b1 = -INFINITY, b2 = -INFINITY;
+    for (uint32_t v = 0; v < t->vocab; v++) {
+        if (lg[v] > b1) {
+            b2 = b1;
+            b1 = lg[v];
+        } else if (lg[v] > b2) {
+            b2 = lg[v];
+        }
+    }
+    fprintf(t->margins, "%016llx %u %d %.9g\n", (unsigned long long)s->key, s->n_tokens, (int)tok,
+            (double)(b1 - b2));
 }
 
 pd_status tail_admit(tail *t, const mb_admit *a, pd_err *err)
@@ -162,6 +192,8 @@ pd_status tail_sample(tail *t, const mb_row *rows, uint32_t n, const float *x, u
             return st;
         tokens[j] = (uint32_t)tok;
         row_digests[j] = digest_f32(lg, t->vocab);
+        if (t->margins)
+            tail_trace_margin(t, s, lg, tok);
         if ((st = stream_push(s, (uint32_t)tok, row_digests[j], err)))
             return st;
         const mb_row *nx = j + 1 < m ? &rows[t->row_of[j + 1]] : NULL;
