@@ -8,7 +8,8 @@
 
 void pd_test_tmpdir(char *out, size_t cap, const char *tag)
 {
-    ck_assert_int_lt(snprintf(out, cap, "/tmp/pd_test_%s_XXXXXX", tag), (int)cap);
+    const char *tmp = getenv("TMPDIR");
+    ck_assert_int_lt(snprintf(out, cap, "%s/pd_test_%s_XXXXXX", tmp && *tmp ? tmp : "/tmp", tag), (int)cap);
     ck_assert_ptr_nonnull(mkdtemp(out));
 }
 
