@@ -10,6 +10,10 @@
 
 Suite *pd_test_suite(void);
 
+/* The number of cases in a static table, for
+ *   tcase_add_loop_test(tc, test, 0, PD_COUNT(cases));   (the case is _i) */
+#define PD_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
 /* splitmix64: a tiny deterministic generator for test data. */
 typedef struct pd_rng {
     uint64_t s;

@@ -770,40 +770,32 @@ static void verify_vs_sequential(uint32_t H, uint32_t D, uint32_t W, uint32_t g,
     free(b);
 }
 
-START_TEST(ring_verify_without_clone_equals_sequential_w1)
-{
-    verify_vs_sequential(1, 8, 1, 1, 0, 8, 11);
-    verify_vs_sequential(2, 5, 1, 3, 0, 8, 12);
-}
-END_TEST
+/* The verify geometries (H, D, W, group, storage, Kmax, seed): windows 1, 3
+ * and 8 in f32, the int8 mirror, and int8 storage, where drafts are
+ * quantized in their spill slots as a write quantizes and a commit copies
+ * the codes. */
+static const struct verify_case {
+    uint32_t H, D, W, g;
+    int i8;
+    uint32_t Kmax;
+    uint64_t seed;
+} verify_cases[] = {
+    {1, 8, 1, 1, 0, 8, 11},
+    {2, 5, 1, 3, 0, 8, 12},
+    {1, 16, 3, 2, 0, 8, 13},
+    {3, 6, 3, 1, 0, 8, 14},
+    {2, 12, 8, 2, 0, 8, 15},
+    {2, 8, 3, 2, 1, 5, 16},
+    {1, 8, 8, 1, 1, 8, 17},
+    {2, 40, 3, 2, ST_Q8(KV_MODE_Q8), 5, 18},
+    {1, 8, 1, 1, ST_Q8(KV_MODE_Q8K), 4, 19},
+    {2, 33, 4, 3, ST_Q8(KV_MODE_Q8V), 6, 20},
+};
 
-START_TEST(ring_verify_without_clone_equals_sequential_w3)
+START_TEST(ring_verify_without_clone_equals_sequential)
 {
-    verify_vs_sequential(1, 16, 3, 2, 0, 8, 13);
-    verify_vs_sequential(3, 6, 3, 1, 0, 8, 14);
-}
-END_TEST
-
-START_TEST(ring_verify_without_clone_equals_sequential_w8)
-{
-    verify_vs_sequential(2, 12, 8, 2, 0, 8, 15);
-}
-END_TEST
-
-START_TEST(ring_verify_without_clone_equals_sequential_int8)
-{
-    verify_vs_sequential(2, 8, 3, 2, 1, 5, 16);
-    verify_vs_sequential(1, 8, 8, 1, 1, 8, 17);
-}
-END_TEST
-
-START_TEST(ring_verify_without_clone_equals_sequential_q8)
-{
-    /* int8 storage: drafts are quantized in their spill slots as a write
-     * quantizes, and a commit copies the codes */
-    verify_vs_sequential(2, 40, 3, 2, ST_Q8(KV_MODE_Q8), 5, 18);
-    verify_vs_sequential(1, 8, 1, 1, ST_Q8(KV_MODE_Q8K), 4, 19);
-    verify_vs_sequential(2, 33, 4, 3, ST_Q8(KV_MODE_Q8V), 6, 20);
+    const struct verify_case *c = &verify_cases[_i];
+    verify_vs_sequential(c->H, c->D, c->W, c->g, c->i8, c->Kmax, c->seed);
 }
 END_TEST
 
@@ -1107,8 +1099,18 @@ START_TEST(ring_memory_matches_formula)
 }
 END_TEST
 
+/* After new, the hot paths (prefill attend, write, attend, draft put /
+ * attend / commit, the state view) allocate nothing: with the int8 mirror,
+ * and with int8 storage. */
+static const struct hot_case {
+    int int8_mirror;
+    kv_mode mode;
+    uint64_t seed;
+} hot_cases[] = {{1, KV_MODE_F32, 1}, {0, KV_MODE_Q8, 2}};
+
 START_TEST(ring_hot_paths_never_allocate)
 {
+    const struct hot_case *c = &hot_cases[_i];
     count_alloc ca = {0};
     pd_alloc al = {.alloc = count_alloc_fn, .free = count_free_fn, .ctx = &ca};
     ring_layer_config cfg = {.n_kv_heads = 2,
@@ -1116,7 +1118,8 @@ START_TEST(ring_hot_paths_never_allocate)
                              .window = 3,
                              .ref_capacity = 4,
                              .max_drafts = 3,
-                             .int8_mirror = 1,
+                             .int8_mirror = c->int8_mirror,
+                             .mode = c->mode,
                              .max_group = 2,
                              .alloc = &al};
     ring_layer *r = NULL;
@@ -1124,7 +1127,7 @@ START_TEST(ring_hot_paths_never_allocate)
     ck_assert_int_eq(ring_layer_new(&cfg, &r, &e), PD_OK);
     const size_t calls = ca.calls;
     float k[32], q[32], out[32];
-    pd_rng g = {.s = 1};
+    pd_rng g = {.s = c->seed};
     pd_rng_fill(&g, k, 32, -1, 1);
     pd_rng_fill(&g, q, 32, -1, 1);
     ring_attend_opts o = {.group = 2};
@@ -1279,31 +1282,41 @@ END_TEST
 
 /* ---- KV layer vs ring layer ----------------------------------------------- */
 
+/* A kv_layer holding the same rows in the same order answers with the same
+ * bits as the ring layer as long as the ring has not wrapped: in f32, and in
+ * int8 storage before the kv layer's field freezes (it then quantizes rows
+ * the way the ring does). Decode and prefill attends alike, and attend_upto
+ * over a whole reference at once. */
+static const struct kv_case {
+    kv_mode mode;
+    uint32_t D;
+    uint64_t seed;
+} kv_cases[] = {{KV_MODE_F32, 12, 70}, {KV_MODE_Q8K, 40, 71}, {KV_MODE_Q8V, 40, 71}, {KV_MODE_Q8, 40, 71}};
+
 START_TEST(ring_equals_kv_layer_before_wrap)
 {
-    /* A kv_layer holding the same rows in the same order answers with the same
-     * bits as the ring layer, as long as the ring has not wrapped. */
-    const uint32_t H = 2, D = 12, W = 6, R = 5, g = 3;
+    const struct kv_case *c = &kv_cases[_i];
+    const uint32_t H = 2, D = c->D, W = 6, R = 5, g = 3;
     const size_t tok = (size_t)H * D;
-    kv_layer_config kc = {.n_kv_heads = H, .head_dim = D, .mode = KV_MODE_F32,
+    const int m = c->mode;
+    kv_layer_config kc = {.n_kv_heads = H, .head_dim = D, .mode = c->mode,
                           .capacity_rows = R + W, .max_q_per_kv = g};
     kv_layer *kv = NULL;
     pd_err e = {0};
     ck_assert_msg(kv_layer_new(&kc, &kv, &e) == PD_OK, "%s", e.msg);
-    ring_layer *r = mk(H, D, W, R, 0, 0, g);
-    float tk[24], tv[24], q[72], a[72], b[72];
+    ring_layer *r = mk(H, D, W, R, 0, m == KV_MODE_F32 ? 0 : ST_Q8(m), g);
+    float tk[2 * 40], tv[2 * 40], q[2 * 40 * 3], a[2 * 40 * 3], b[2 * 40 * 3];
     ring_attend_opts o = {.group = g};
-    pd_rng rng = {.s = 70};
+    pd_rng rng = {.s = c->seed};
     for (uint32_t t = 0; t < R + W; t++) {
-        gen_token(70, t, tok, tk, tv);
+        gen_token(c->seed, t, tok, tk, tv);
         ck_assert_msg(kv_layer_append(kv, tk, tv, &e) == PD_OK, "%s", e.msg);
+        pd_rng_fill(&rng, q, tok * g, -1, 1);
         if (t < R) {
             prefill_ok(r, tk, tv, 1);
-            pd_rng_fill(&rng, q, tok * g, -1, 1);
             ck_assert_int_eq(ring_layer_attend_prefill(r, t, q, &o, a, NULL, &e), PD_OK);
         } else {
             write_ok(r, tk, tv);
-            pd_rng_fill(&rng, q, tok * g, -1, 1);
             attend_ok(r, q, &o, a);
         }
         for (uint32_t h = 0; h < H; h++) {
@@ -1311,13 +1324,13 @@ START_TEST(ring_equals_kv_layer_before_wrap)
                             .out = b + h * g * D};
             ck_assert_msg(kv_layer_attend(kv, &ka, NULL, &e) == PD_OK, "%s", e.msg);
         }
-        ck_assert_msg(memcmp(a, b, sizeof(float) * tok * g) == 0, "row %u differs", t);
+        ck_assert_msg(memcmp(a, b, sizeof(float) * tok * g) == 0, "mode %d row %u differs", m, t);
     }
     /* attend_upto: a whole reference at once, row i vs the KV layer's upto */
-    ring_layer *whole = mk(H, D, W, R, 0, 0, g);
+    ring_layer *whole = mk(H, D, W, R, 0, m == KV_MODE_F32 ? 0 : ST_Q8(m), g);
     float *all_k = malloc(sizeof(float) * R * tok), *all_v = malloc(sizeof(float) * R * tok);
     for (uint32_t t = 0; t < R; t++)
-        gen_token(70, t, tok, all_k + t * tok, all_v + t * tok);
+        gen_token(c->seed, t, tok, all_k + t * tok, all_v + t * tok);
     prefill_ok(whole, all_k, all_v, R);
     for (uint32_t t = 0; t < R; t++) {
         pd_rng_fill(&rng, q, tok * g, -1, 1);
@@ -1327,7 +1340,7 @@ START_TEST(ring_equals_kv_layer_before_wrap)
                             .upto = t + 1, .out = b + h * g * D};
             ck_assert_msg(kv_layer_attend(kv, &ka, NULL, &e) == PD_OK, "%s", e.msg);
         }
-        ck_assert_msg(memcmp(a, b, sizeof(float) * tok * g) == 0, "upto row %u differs", t);
+        ck_assert_msg(memcmp(a, b, sizeof(float) * tok * g) == 0, "mode %d upto row %u differs", m, t);
     }
     free(all_k);
     free(all_v);
@@ -1336,7 +1349,6 @@ START_TEST(ring_equals_kv_layer_before_wrap)
     ring_layer_free(r);
 }
 END_TEST
-
 
 /* ---- int8 storage (--attn rswa:W --kv q8|q8k|q8v) ------------------------- */
 
@@ -1445,79 +1457,6 @@ START_TEST(ring_q8_close_to_f32)
         ring_layer_free(f);
         ring_layer_free(i8);
     }
-}
-END_TEST
-
-START_TEST(ring_q8_equals_kv_q8_before_freeze_and_wrap)
-{
-    /* A q8 kv layer before its field freezes quantizes rows the same way, so
-     * while the ring has not wrapped it answers with the same bits. */
-    const uint32_t H = 2, D = 40, W = 6, R = 5, g = 3;
-    const size_t tok = (size_t)H * D;
-    for (int m = KV_MODE_Q8K; m <= KV_MODE_Q8; m++) {
-        kv_layer_config kc = {.n_kv_heads = H, .head_dim = D, .mode = (kv_mode)m,
-                              .capacity_rows = R + W, .max_q_per_kv = g};
-        kv_layer *kv = NULL;
-        pd_err e = {0};
-        ck_assert_msg(kv_layer_new(&kc, &kv, &e) == PD_OK, "%s", e.msg);
-        ring_layer *r = mk(H, D, W, R, 0, ST_Q8(m), g);
-        float tk[80], tv[80], q[240], a[240], b[240];
-        ring_attend_opts o = {.group = g};
-        pd_rng rng = {.s = 71};
-        for (uint32_t t = 0; t < R + W; t++) {
-            gen_token(71, t, tok, tk, tv);
-            ck_assert_msg(kv_layer_append(kv, tk, tv, &e) == PD_OK, "%s", e.msg);
-            pd_rng_fill(&rng, q, tok * g, -1, 1);
-            if (t < R) {
-                prefill_ok(r, tk, tv, 1);
-                ck_assert_int_eq(ring_layer_attend_prefill(r, t, q, &o, a, NULL, &e), PD_OK);
-            } else {
-                write_ok(r, tk, tv);
-                attend_ok(r, q, &o, a);
-            }
-            for (uint32_t h = 0; h < H; h++) {
-                kv_attend ka = {.kv_head = h, .q_head0 = h * g, .n_q = g, .q = q + h * g * D,
-                                .out = b + h * g * D};
-                ck_assert_msg(kv_layer_attend(kv, &ka, NULL, &e) == PD_OK, "%s", e.msg);
-            }
-            ck_assert_msg(memcmp(a, b, sizeof(float) * tok * g) == 0, "mode %d row %u differs", m, t);
-        }
-        kv_layer_free(kv);
-        ring_layer_free(r);
-    }
-}
-END_TEST
-
-START_TEST(ring_q8_hot_paths_never_allocate)
-{
-    count_alloc ca = {0};
-    pd_alloc al = {.alloc = count_alloc_fn, .free = count_free_fn, .ctx = &ca};
-    ring_layer_config cfg = {.n_kv_heads = 2, .head_dim = 8, .window = 3, .ref_capacity = 4,
-                             .max_drafts = 3, .mode = KV_MODE_Q8, .max_group = 2, .alloc = &al};
-    ring_layer *r = NULL;
-    pd_err e = {0};
-    ck_assert_int_eq(ring_layer_new(&cfg, &r, &e), PD_OK);
-    const size_t calls = ca.calls;
-    float k[32], q[32], out[32];
-    pd_rng g = {.s = 2};
-    pd_rng_fill(&g, k, 32, -1, 1);
-    pd_rng_fill(&g, q, 32, -1, 1);
-    ring_attend_opts o = {.group = 2};
-    ck_assert_int_eq(ring_layer_prefill(r, k, k, 2, &e), PD_OK);
-    ck_assert_int_eq(ring_layer_attend_prefill(r, 1, q, &o, out, NULL, &e), PD_OK);
-    for (int i = 0; i < 5; i++) {
-        ck_assert_int_eq(ring_layer_write(r, k, k, NULL, &e), PD_OK);
-        ck_assert_int_eq(ring_layer_attend(r, q, &o, out, NULL, &e), PD_OK);
-    }
-    for (int i = 0; i < 3; i++) {
-        ck_assert_int_eq(ring_layer_draft_put(r, k, k, &e), PD_OK);
-        ck_assert_int_eq(ring_layer_draft_attend(r, (uint32_t)i, q, &o, out, NULL, &e), PD_OK);
-    }
-    ck_assert_int_eq(ring_layer_draft_commit(r, 2, &e), PD_OK);
-    ring_layer_state(r, &(ring_state){0});
-    ck_assert_uint_eq(ca.calls, calls);
-    ring_layer_free(r);
-    ck_assert_uint_eq(ca.live_bytes, 0);
 }
 END_TEST
 
@@ -1729,11 +1668,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, ring_steady_state_overwrites_modulo_w);
     tcase_add_test(tc, ring_pos_wraps_modulo_w);
     tcase_add_test(tc, ring_write_refusals_leave_layer_unchanged);
-    tcase_add_test(tc, ring_verify_without_clone_equals_sequential_w1);
-    tcase_add_test(tc, ring_verify_without_clone_equals_sequential_w3);
-    tcase_add_test(tc, ring_verify_without_clone_equals_sequential_w8);
-    tcase_add_test(tc, ring_verify_without_clone_equals_sequential_int8);
-    tcase_add_test(tc, ring_verify_without_clone_equals_sequential_q8);
+    tcase_add_loop_test(tc, ring_verify_without_clone_equals_sequential, 0, PD_COUNT(verify_cases));
     tcase_add_test(tc, ring_commit_a_of_k_commits_exactly_a);
     tcase_add_test(tc, ring_rejected_drafts_leave_layer_byte_identical);
     tcase_add_test(tc, ring_draft_refusals);
@@ -1741,16 +1676,14 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, ring_int8_mirror_close_to_f32);
     tcase_add_test(tc, ring_int8_mirror_exact_when_losslessly_quantizable);
     tcase_add_test(tc, ring_memory_matches_formula);
-    tcase_add_test(tc, ring_hot_paths_never_allocate);
+    tcase_add_loop_test(tc, ring_hot_paths_never_allocate, 0, PD_COUNT(hot_cases));
     tcase_add_test(tc, ring_state_roundtrip_into_new_layer_and_swap);
     tcase_add_test(tc, ring_new_from_state_rejects_each_bad_field);
-    tcase_add_test(tc, ring_equals_kv_layer_before_wrap);
+    tcase_add_loop_test(tc, ring_equals_kv_layer_before_wrap, 0, PD_COUNT(kv_cases));
     tcase_add_test(tc, ring_randomized_sequences_keep_invariants);
     tcase_add_test(tc, ring_q8_new_refuses_unknown_mode_and_mode_with_mirror);
     tcase_add_test(tc, ring_q8_stores_q8_2f_rows_without_f32);
     tcase_add_test(tc, ring_q8_close_to_f32);
-    tcase_add_test(tc, ring_q8_equals_kv_q8_before_freeze_and_wrap);
-    tcase_add_test(tc, ring_q8_hot_paths_never_allocate);
     tcase_add_test(tc, ring_q8_new_from_state_refuses_bad_codes_scales_and_mode);
     suite_add_tcase(s, tc);
     return s;
