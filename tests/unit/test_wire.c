@@ -328,16 +328,49 @@ END_TEST
 
 /* ---- round trips --------------------------------------------------------- */
 
-START_TEST(wire_full_f32_round_trip_answers_bit_identically)
+/* Layers that travel as they are and come back answering alike (geometry,
+ * mode, rows and what else they hold): f32 with a linear vector, q8 with a
+ * frozen field and a trimmed tail, and empty ones, f32 and q8 with an f16
+ * payload. */
+static const struct kv_trip {
+    uint32_t H, D;
+    kv_mode mode;
+    uint32_t freeze_rows; /* 0: the layer's default */
+    uint32_t rows;        /* rows filled (f32 values) */
+    uint32_t trim;        /* 0, or the window of a trim that must move the base */
+    int linear;           /* a 3-value linear vector too */
+    int f16;              /* payload dtype */
+    uint64_t seed;
+} kv_trips[] = {
+    {3, 16, KV_MODE_F32, 0, 9, 0, 1, 0, 1},
+    {2, 32, KV_MODE_Q8, 4, 40, 10, 0, 0, 7},
+    {2, 4, KV_MODE_F32, 0, 0, 0, 0, 0, 8},
+    {2, 4, KV_MODE_Q8, 0, 0, 0, 0, 1, 8},
+};
+
+START_TEST(wire_kv_round_trip_answers_bit_identically)
 {
-    pd_rng g = {.s = 1};
+    const struct kv_trip *c = &kv_trips[_i];
+    pd_rng g = {.s = c->seed};
     kvfix a;
-    kv_mk(&a, 3, 16, KV_MODE_F32, NULL);
-    kv_fill(&a, 9, &g, 0);
+    kv_mk(&a, c->H, c->D, c->mode, NULL);
     pd_err e = {0};
-    const float lin[3] = {0.5f, -0.25f, 1.0f};
-    ck_assert_msg(kv_layer_set_linear(a.l, lin, 3, &e) == PD_OK, "%s", e.msg);
-    kv_round_trip(&a, 0, &g);
+    if (c->freeze_rows) {
+        a.cfg.freeze_rows = c->freeze_rows;
+        kv_layer_free(a.l);
+        ck_assert_msg(kv_layer_new(&a.cfg, &a.l, &e) == PD_OK, "%s", e.msg);
+    }
+    if (c->rows)
+        kv_fill(&a, c->rows, &g, 0);
+    if (c->trim) {
+        kv_layer_trim_window(a.l, c->trim, 2, 1);
+        ck_assert_uint_gt(kv_layer_base(a.l), 0);
+    }
+    if (c->linear) {
+        const float lin[3] = {0.5f, -0.25f, 1.0f};
+        ck_assert_msg(kv_layer_set_linear(a.l, lin, 3, &e) == PD_OK, "%s", e.msg);
+    }
+    kv_round_trip(&a, c->f16, &g);
     kv_layer_free(a.l);
 }
 END_TEST
@@ -511,23 +544,6 @@ START_TEST(wire_q8_round_trips_every_mode_frozen_or_not)
 }
 END_TEST
 
-START_TEST(wire_q8_trimmed_tail_round_trips)
-{
-    pd_rng g = {.s = 7};
-    kvfix a;
-    kv_mk(&a, 2, 32, KV_MODE_Q8, NULL);
-    a.cfg.freeze_rows = 4;
-    kv_layer_free(a.l);
-    pd_err e = {0};
-    ck_assert_msg(kv_layer_new(&a.cfg, &a.l, &e) == PD_OK, "%s", e.msg);
-    kv_fill(&a, 40, &g, 0);
-    kv_layer_trim_window(a.l, 10, 2, 1);
-    ck_assert_uint_gt(kv_layer_base(a.l), 0);
-    kv_round_trip(&a, 0, &g);
-    kv_layer_free(a.l);
-}
-END_TEST
-
 START_TEST(wire_linear_round_trips_vector_and_depth)
 {
     kvfix a, b;
@@ -592,19 +608,6 @@ START_TEST(wire_bounded_round_trips_f32_and_f16)
     }
     kv_layer_free(a.l);
     kv_layer_free(b.l);
-}
-END_TEST
-
-START_TEST(wire_empty_kv_layer_round_trips)
-{
-    pd_rng g = {.s = 8};
-    kvfix a;
-    kv_mk(&a, 2, 4, KV_MODE_F32, NULL);
-    kv_round_trip(&a, 0, &g);
-    kv_layer_free(a.l);
-    kv_mk(&a, 2, 4, KV_MODE_Q8, NULL);
-    kv_round_trip(&a, 1, &g);
-    kv_layer_free(a.l);
 }
 END_TEST
 
@@ -1572,17 +1575,15 @@ Suite *pd_test_suite(void)
     suite_add_tcase(s, ring);
     TCase *kv = tcase_create("kv");
     tcase_set_timeout(kv, 60);
-    tcase_add_test(kv, wire_full_f32_round_trip_answers_bit_identically);
+    tcase_add_loop_test(kv, wire_kv_round_trip_answers_bit_identically, 0, PD_COUNT(kv_trips));
     tcase_add_test(kv, wire_import_into_a_spare_swaps_it_with_the_target);
     tcase_add_test(kv, wire_full_with_dead_heads_round_trips);
     tcase_add_test(kv, wire_full_f16_round_trips_exactly_on_representable_values);
     tcase_add_test(kv, wire_full_f16_rounds_other_values_to_nearest_half);
     tcase_add_test(kv, wire_full_tail_round_trips_and_untrimmed_is_plain_full);
     tcase_add_test(kv, wire_q8_round_trips_every_mode_frozen_or_not);
-    tcase_add_test(kv, wire_q8_trimmed_tail_round_trips);
     tcase_add_test(kv, wire_linear_round_trips_vector_and_depth);
     tcase_add_test(kv, wire_bounded_round_trips_f32_and_f16);
-    tcase_add_test(kv, wire_empty_kv_layer_round_trips);
     tcase_add_test(kv, wire_golden_full_records_decode_and_reencode_byte_for_byte);
     tcase_add_test(kv, wire_golden_full_tail_record_decodes_and_reencodes);
     tcase_add_test(kv, wire_golden_linear_record_decodes_and_reencodes);
