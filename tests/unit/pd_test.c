@@ -13,6 +13,14 @@ void pd_test_tmpdir(char *out, size_t cap, const char *tag)
     ck_assert_ptr_nonnull(mkdtemp(out));
 }
 
+void pd_test_slurp(FILE *f, char *dst, size_t cap)
+{
+    rewind(f);
+    size_t n = fread(dst, 1, cap - 1, f);
+    dst[n] = '\0';
+    fclose(f);
+}
+
 static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *f)
 {
     (void)sb;

@@ -7,6 +7,7 @@
 
 #include <check.h>
 #include <stdint.h>
+#include <stdio.h>
 
 Suite *pd_test_suite(void);
 
@@ -26,6 +27,10 @@ float pd_rng_uniform(pd_rng *r, float lo, float hi);
 uint32_t pd_rng_below(pd_rng *r, uint32_t n);
 /* Fills dst[0..n) with uniform values in [lo, hi). */
 void pd_rng_fill(pd_rng *r, float *dst, size_t n, float lo, float hi);
+
+/* What a stream holds from its start into dst (cap bytes, NUL-terminated,
+ * the rest cut off), then closed: a tmpfile() a command wrote to. */
+void pd_test_slurp(FILE *f, char *dst, size_t cap);
 
 /* A fresh directory $TMPDIR/pd_test_<tag>_XXXXXX (TMPDIR unset or empty:
  * /tmp) into out (cap >= 64), and its removal with everything in it (links

@@ -111,14 +111,6 @@ typedef struct parsed {
     char out[256], err[256];
 } parsed;
 
-static void slurp(FILE *f, char *buf, size_t cap)
-{
-    rewind(f);
-    size_t n = fread(buf, 1, cap - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-}
-
 static parsed parse(int argc, const char *const *args, seen *s)
 {
     char *argv[8];
@@ -128,8 +120,8 @@ static parsed parse(int argc, const char *const *args, seen *s)
     FILE *out = tmpfile(), *err = tmpfile();
     ck_assert(out && err);
     parsed p = {.rc = cli_parse(&parse_cmd, argc, argv, s, out, err)};
-    slurp(out, p.out, sizeof p.out);
-    slurp(err, p.err, sizeof p.err);
+    pd_test_slurp(out, p.out, sizeof p.out);
+    pd_test_slurp(err, p.err, sizeof p.err);
     return p;
 }
 
