@@ -1041,61 +1041,61 @@ static size_t expect_storage(uint32_t H, uint32_t D, uint32_t W, uint32_t C, uin
     return s;
 }
 
+static const uint32_t mem_cases[11][7] = {
+    /* H, D, W, C, K, i8 (storage), group */
+    {1, 1, 1, 1, 0, 0, 1},   {2, 16, 8, 32, 4, 0, 1}, {2, 16, 8, 32, 4, 1, 1},
+    {3, 12, 5, 7, 8, 1, 4},  {10, 128, 128, 300, 8, 0, 2}, {4, 7, 3, 9, 0, 1, 3},
+    {1, 1, 1, 1, 0, 4, 1},   {2, 40, 8, 32, 4, 2, 1}, {2, 40, 8, 32, 4, 3, 2},
+    {10, 128, 128, 300, 8, 4, 2}, {3, 33, 5, 7, 0, 4, 3}};
+
 START_TEST(ring_memory_matches_formula)
 {
-    const uint32_t cases[11][7] = {
-        /* H, D, W, C, K, i8 (storage), group */
-        {1, 1, 1, 1, 0, 0, 1},   {2, 16, 8, 32, 4, 0, 1}, {2, 16, 8, 32, 4, 1, 1},
-        {3, 12, 5, 7, 8, 1, 4},  {10, 128, 128, 300, 8, 0, 2}, {4, 7, 3, 9, 0, 1, 3},
-        {1, 1, 1, 1, 0, 4, 1},   {2, 40, 8, 32, 4, 2, 1}, {2, 40, 8, 32, 4, 3, 2},
-        {10, 128, 128, 300, 8, 4, 2}, {3, 33, 5, 7, 0, 4, 3}};
-    for (int c = 0; c < 11; c++) {
-        const uint32_t *p = cases[c];
-        count_alloc ca = {0};
-        pd_alloc al = {.alloc = count_alloc_fn, .free = count_free_fn, .ctx = &ca};
-        ring_layer_config cfg = {.n_kv_heads = p[0],
-                                 .head_dim = p[1],
-                                 .window = p[2],
-                                 .ref_capacity = p[3],
-                                 .max_drafts = p[4],
-                                 .int8_mirror = st_mirror((int)p[5]),
-                                 .mode = st_mode((int)p[5]),
-                                 .max_group = p[6],
-                                 .alloc = &al};
-        ring_layer *r = NULL;
-        pd_err e = {0};
-        ck_assert_int_eq(ring_layer_new(&cfg, &r, &e), PD_OK);
-        ring_layer_mem m;
-        ring_layer_mem_get(r, &m);
-        size_t want = expect_storage(p[0], p[1], p[2], p[3], p[4], (int)p[5], p[6]);
-        ck_assert_msg(m.storage == want, "case %d: storage %zu, formula %zu", c, m.storage,
-                      want);
-        ck_assert_uint_eq(m.allocated, m.storage + m.handle);
-        ck_assert_uint_eq(ca.live_bytes, m.allocated); /* every byte asked of the allocator */
-        ck_assert_uint_eq(m.live, 0);
-        /* live bytes follow the rows held */
-        const size_t tok = (size_t)p[0] * p[1];
-        float *k = calloc(tok * p[3], sizeof(float));
-        const kv_mode md = st_mode((int)p[5]);
-        const size_t Dp = p[1], Gp = (Dp + RING_K_GROUP - 1) / RING_K_GROUP;
-        const size_t row_bytes = ((md & KV_MODE_Q8K) ? Dp + 4 * Gp : 4 * Dp) +
-                                 ((md & KV_MODE_Q8V) ? Dp + 4 : 4 * Dp) +
-                                 (st_mirror((int)p[5]) ? 2 * Dp + 8 : 0);
-        ck_assert_uint_eq(ring_layer_bytes_for(&cfg), m.allocated); /* the estimate */
-        prefill_ok(r, k, k, p[3]);
-        uint32_t n_w = p[2] + 2, n_d = p[4] > 0 ? p[4] - (p[4] > 1) : 0;
-        for (uint32_t i = 0; i < n_w; i++)
-            write_ok(r, k, k);
-        for (uint32_t i = 0; i < n_d; i++)
-            ck_assert_int_eq(ring_layer_draft_put(r, k, k, &e), PD_OK);
-        ring_layer_mem_get(r, &m);
-        ck_assert_uint_eq(m.live, (size_t)p[0] * ((size_t)p[3] + p[2] + n_d) * row_bytes);
-        ck_assert_uint_eq(ca.live_bytes, m.allocated);
-        free(k);
-        ring_layer_free(r);
-        ck_assert_uint_eq(ca.live_bytes, 0);
-        ck_assert_uint_eq(ca.calls, ca.frees);
-    }
+    const int c = _i;
+    const uint32_t *p = mem_cases[c];
+    count_alloc ca = {0};
+    pd_alloc al = {.alloc = count_alloc_fn, .free = count_free_fn, .ctx = &ca};
+    ring_layer_config cfg = {.n_kv_heads = p[0],
+                             .head_dim = p[1],
+                             .window = p[2],
+                             .ref_capacity = p[3],
+                             .max_drafts = p[4],
+                             .int8_mirror = st_mirror((int)p[5]),
+                             .mode = st_mode((int)p[5]),
+                             .max_group = p[6],
+                             .alloc = &al};
+    ring_layer *r = NULL;
+    pd_err e = {0};
+    ck_assert_int_eq(ring_layer_new(&cfg, &r, &e), PD_OK);
+    ring_layer_mem m;
+    ring_layer_mem_get(r, &m);
+    size_t want = expect_storage(p[0], p[1], p[2], p[3], p[4], (int)p[5], p[6]);
+    ck_assert_msg(m.storage == want, "case %d: storage %zu, formula %zu", c, m.storage,
+                  want);
+    ck_assert_uint_eq(m.allocated, m.storage + m.handle);
+    ck_assert_uint_eq(ca.live_bytes, m.allocated); /* every byte asked of the allocator */
+    ck_assert_uint_eq(m.live, 0);
+    /* live bytes follow the rows held */
+    const size_t tok = (size_t)p[0] * p[1];
+    float *k = calloc(tok * p[3], sizeof(float));
+    const kv_mode md = st_mode((int)p[5]);
+    const size_t Dp = p[1], Gp = (Dp + RING_K_GROUP - 1) / RING_K_GROUP;
+    const size_t row_bytes = ((md & KV_MODE_Q8K) ? Dp + 4 * Gp : 4 * Dp) +
+                             ((md & KV_MODE_Q8V) ? Dp + 4 : 4 * Dp) +
+                             (st_mirror((int)p[5]) ? 2 * Dp + 8 : 0);
+    ck_assert_uint_eq(ring_layer_bytes_for(&cfg), m.allocated); /* the estimate */
+    prefill_ok(r, k, k, p[3]);
+    uint32_t n_w = p[2] + 2, n_d = p[4] > 0 ? p[4] - (p[4] > 1) : 0;
+    for (uint32_t i = 0; i < n_w; i++)
+        write_ok(r, k, k);
+    for (uint32_t i = 0; i < n_d; i++)
+        ck_assert_int_eq(ring_layer_draft_put(r, k, k, &e), PD_OK);
+    ring_layer_mem_get(r, &m);
+    ck_assert_uint_eq(m.live, (size_t)p[0] * ((size_t)p[3] + p[2] + n_d) * row_bytes);
+    ck_assert_uint_eq(ca.live_bytes, m.allocated);
+    free(k);
+    ring_layer_free(r);
+    ck_assert_uint_eq(ca.live_bytes, 0);
+    ck_assert_uint_eq(ca.calls, ca.frees);
 }
 END_TEST
 
@@ -1151,59 +1151,60 @@ END_TEST
 
 /* ---- state view and install ----------------------------------------------- */
 
+enum { RT_W = 4 }; /* the round trip's window: fill levels 0 .. 2 RT_W + 1, each storage */
+
 START_TEST(ring_state_roundtrip_into_new_layer_and_swap)
 {
-    const uint32_t H = 2, D = 8, W = 4, g = 2;
+    const uint32_t H = 2, D = 8, W = RT_W, g = 2;
     float tk[16], tv[16], q[32], a[32], b[32];
-    for (uint32_t w = 0; w <= 2 * W + 1; w++)
-        for (int i8 = 0; i8 < ST_COUNT; i8++) {
-            ring_layer *src = build_history(H, D, W, 3, 2, i8, g, 50 + w, w, tk, tv);
-            ring_state st;
-            ring_layer_state(src, &st);
-            ring_layer_config cfg;
-            ring_layer_config_get(src, &cfg);
-            ring_layer *dst = NULL;
-            pd_err e = {0};
-            ck_assert_msg(ring_layer_new_from_state(&cfg, &st, &dst, &e) == PD_OK, "%s",
-                          e.msg);
-            check_ok(dst); /* includes the recomputed int8 mirror */
-            snap s1 = snap_take(src), s2 = snap_take(dst);
-            snap_eq(&s1, &s2, 0, "imported state");
-            ck_assert_uint_ne(s1.id, s2.id);
-            ck_assert_uint_eq(ring_layer_position(src), ring_layer_position(dst));
-            pd_rng rng = {.s = w};
-            pd_rng_fill(&rng, q, 32, -1, 1);
-            ring_attend_opts o = {.group = g};
-            attend_ok(src, q, &o, a);
-            attend_ok(dst, q, &o, b);
-            ck_assert(memcmp(a, b, sizeof a) == 0);
-            /* swap: the live handle takes the imported state and identity */
-            ring_layer *live = build_history(H, D, W, 3, 2, i8, g, 999, 1, tk, tv);
-            uint64_t id_live = ring_layer_id(live), id_dst = ring_layer_id(dst);
-            ring_layer_swap(live, dst);
-            check_ok(live);
-            check_ok(dst);
-            ck_assert_uint_eq(ring_layer_id(live), id_dst);
-            ck_assert_uint_eq(ring_layer_id(dst), id_live);
-            snap s3 = snap_take(live);
-            snap_eq(&s1, &s3, 0, "swapped-in state");
-            attend_ok(live, q, &o, b);
-            ck_assert(memcmp(a, b, sizeof a) == 0);
-            /* both keep working after the swap */
-            gen_token(3, w, 16, tk, tv);
-            write_ok(live, tk, tv);
-            write_ok(src, tk, tv);
-            write_ok(dst, tk, tv);
-            attend_ok(live, q, &o, a);
-            attend_ok(src, q, &o, b);
-            ck_assert(memcmp(a, b, sizeof a) == 0);
-            snap_free(&s1);
-            snap_free(&s2);
-            snap_free(&s3);
-            ring_layer_free(dst); /* holds live's old state now */
-            ring_layer_free(live);
-            ring_layer_free(src);
-        }
+    const uint32_t w = (uint32_t)_i / ST_COUNT;
+    const int i8 = _i % ST_COUNT;
+    ring_layer *src = build_history(H, D, W, 3, 2, i8, g, 50 + w, w, tk, tv);
+    ring_state st;
+    ring_layer_state(src, &st);
+    ring_layer_config cfg;
+    ring_layer_config_get(src, &cfg);
+    ring_layer *dst = NULL;
+    pd_err e = {0};
+    ck_assert_msg(ring_layer_new_from_state(&cfg, &st, &dst, &e) == PD_OK, "%s",
+                  e.msg);
+    check_ok(dst); /* includes the recomputed int8 mirror */
+    snap s1 = snap_take(src), s2 = snap_take(dst);
+    snap_eq(&s1, &s2, 0, "imported state");
+    ck_assert_uint_ne(s1.id, s2.id);
+    ck_assert_uint_eq(ring_layer_position(src), ring_layer_position(dst));
+    pd_rng rng = {.s = w};
+    pd_rng_fill(&rng, q, 32, -1, 1);
+    ring_attend_opts o = {.group = g};
+    attend_ok(src, q, &o, a);
+    attend_ok(dst, q, &o, b);
+    ck_assert(memcmp(a, b, sizeof a) == 0);
+    /* swap: the live handle takes the imported state and identity */
+    ring_layer *live = build_history(H, D, W, 3, 2, i8, g, 999, 1, tk, tv);
+    uint64_t id_live = ring_layer_id(live), id_dst = ring_layer_id(dst);
+    ring_layer_swap(live, dst);
+    check_ok(live);
+    check_ok(dst);
+    ck_assert_uint_eq(ring_layer_id(live), id_dst);
+    ck_assert_uint_eq(ring_layer_id(dst), id_live);
+    snap s3 = snap_take(live);
+    snap_eq(&s1, &s3, 0, "swapped-in state");
+    attend_ok(live, q, &o, b);
+    ck_assert(memcmp(a, b, sizeof a) == 0);
+    /* both keep working after the swap */
+    gen_token(3, w, 16, tk, tv);
+    write_ok(live, tk, tv);
+    write_ok(src, tk, tv);
+    write_ok(dst, tk, tv);
+    attend_ok(live, q, &o, a);
+    attend_ok(src, q, &o, b);
+    ck_assert(memcmp(a, b, sizeof a) == 0);
+    snap_free(&s1);
+    snap_free(&s2);
+    snap_free(&s3);
+    ring_layer_free(dst); /* holds live's old state now */
+    ring_layer_free(live);
+    ring_layer_free(src);
 }
 END_TEST
 
@@ -1675,9 +1676,9 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, ring_identity_fresh_per_layer_and_import);
     tcase_add_test(tc, ring_int8_mirror_close_to_f32);
     tcase_add_test(tc, ring_int8_mirror_exact_when_losslessly_quantizable);
-    tcase_add_test(tc, ring_memory_matches_formula);
+    tcase_add_loop_test(tc, ring_memory_matches_formula, 0, PD_COUNT(mem_cases));
     tcase_add_loop_test(tc, ring_hot_paths_never_allocate, 0, PD_COUNT(hot_cases));
-    tcase_add_test(tc, ring_state_roundtrip_into_new_layer_and_swap);
+    tcase_add_loop_test(tc, ring_state_roundtrip_into_new_layer_and_swap, 0, (2 * RT_W + 2) * ST_COUNT);
     tcase_add_test(tc, ring_new_from_state_rejects_each_bad_field);
     tcase_add_loop_test(tc, ring_equals_kv_layer_before_wrap, 0, PD_COUNT(kv_cases));
     tcase_add_test(tc, ring_randomized_sequences_keep_invariants);
