@@ -517,30 +517,28 @@ START_TEST(wire_full_tail_round_trips_and_untrimmed_is_plain_full)
 }
 END_TEST
 
+static const kv_mode q8_modes[3] = {KV_MODE_Q8K, KV_MODE_Q8V, KV_MODE_Q8};
+
 START_TEST(wire_q8_round_trips_every_mode_frozen_or_not)
 {
-    const kv_mode modes[3] = {KV_MODE_Q8K, KV_MODE_Q8V, KV_MODE_Q8};
     const uint8_t alive[3] = {1, 0, 1};
-    for (int m = 0; m < 3; m++)
-        for (int frozen = 0; frozen < 2; frozen++)
-            for (int f16 = 0; f16 < 2; f16++) {
-                pd_rng g = {.s = 100 + (uint64_t)(m * 4 + frozen * 2 + f16)};
-                kvfix a;
-                kv_mk(&a, 3, 40, modes[m], alive); /* 40 channels: a partial k group */
-                a.cfg.freeze_rows = 6;
-                kv_layer_free(a.l);
-                pd_err e = {0};
-                ck_assert_msg(kv_layer_new(&a.cfg, &a.l, &e) == PD_OK, "%s", e.msg);
-                kv_fill(&a, frozen ? 8 : 4, &g, f16);
-                ck_assert_int_eq(kv_layer_frozen(a.l), frozen);
-                size_t len = 0;
-                wire_layer_ref ra = kv_ref(&a);
-                uint8_t *bytes = export_ok(&ra, f16, &len);
-                ck_assert_uint_eq(bytes[20], WIRE_KIND_Q8);
-                free(bytes);
-                kv_round_trip(&a, f16, &g);
-                kv_layer_free(a.l);
-            }
+    const int m = _i / 4, frozen = _i / 2 % 2, f16 = _i % 2; /* q8_modes x frozen or not x f32 or f16 */
+    pd_rng g = {.s = 100 + (uint64_t)(m * 4 + frozen * 2 + f16)};
+    kvfix a;
+    kv_mk(&a, 3, 40, q8_modes[m], alive); /* 40 channels: a partial k group */
+    a.cfg.freeze_rows = 6;
+    kv_layer_free(a.l);
+    pd_err e = {0};
+    ck_assert_msg(kv_layer_new(&a.cfg, &a.l, &e) == PD_OK, "%s", e.msg);
+    kv_fill(&a, frozen ? 8 : 4, &g, f16);
+    ck_assert_int_eq(kv_layer_frozen(a.l), frozen);
+    size_t len = 0;
+    wire_layer_ref ra = kv_ref(&a);
+    uint8_t *bytes = export_ok(&ra, f16, &len);
+    ck_assert_uint_eq(bytes[20], WIRE_KIND_Q8);
+    free(bytes);
+    kv_round_trip(&a, f16, &g);
+    kv_layer_free(a.l);
 }
 END_TEST
 
@@ -613,17 +611,20 @@ END_TEST
 
 START_TEST(wire_ring_round_trips_at_every_fill_level)
 {
-    for (int i8 = 0; i8 < 5; i8++)
-        for (int f16 = 0; f16 < 2; f16++)
-            for (uint32_t writes = 0; writes <= 9; writes += 3) {
-                pd_rng g = {.s = 200 + writes + 20 * (uint64_t)f16 + 40 * (uint64_t)i8};
-                ringfix a;
-                ring_mk(&a, 2, 8, 4, 12, i8);
-                ring_fill(&a, 5, writes, &g, f16);
-                ring_round_trip(&a, f16, &g);
-                ring_layer_free(a.r);
-            }
-    /* an empty ring layer travels too */
+    /* 5 storages x f32 or f16 x writes 0, 3, 6, 9 */
+    const int i8 = _i / 8, f16 = _i / 4 % 2;
+    const uint32_t writes = 3 * (uint32_t)(_i % 4);
+    pd_rng g = {.s = 200 + writes + 20 * (uint64_t)f16 + 40 * (uint64_t)i8};
+    ringfix a;
+    ring_mk(&a, 2, 8, 4, 12, i8);
+    ring_fill(&a, 5, writes, &g, f16);
+    ring_round_trip(&a, f16, &g);
+    ring_layer_free(a.r);
+}
+END_TEST
+
+START_TEST(wire_empty_ring_layer_round_trips)
+{
     pd_rng g = {.s = 9};
     ringfix a;
     ring_mk(&a, 1, 4, 2, 4, 0);
@@ -1566,7 +1567,8 @@ Suite *pd_test_suite(void)
     TCase *ring = tcase_create("ring");
     tcase_set_timeout(ring, 60);
     tcase_add_test(ring, wire_identity_is_stable_and_separates_inputs);
-    tcase_add_test(ring, wire_ring_round_trips_at_every_fill_level);
+    tcase_add_loop_test(ring, wire_ring_round_trips_at_every_fill_level, 0, 5 * 2 * 4);
+    tcase_add_test(ring, wire_empty_ring_layer_round_trips);
     tcase_add_test(ring, wire_ring_export_ignores_pending_drafts);
     tcase_add_test(ring, wire_golden_ring_q8_record_decodes_and_reencodes);
     tcase_add_test(ring, wire_ring_q8_faults_are_refused_without_change);
@@ -1581,7 +1583,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(kv, wire_full_f16_round_trips_exactly_on_representable_values);
     tcase_add_test(kv, wire_full_f16_rounds_other_values_to_nearest_half);
     tcase_add_test(kv, wire_full_tail_round_trips_and_untrimmed_is_plain_full);
-    tcase_add_test(kv, wire_q8_round_trips_every_mode_frozen_or_not);
+    tcase_add_loop_test(kv, wire_q8_round_trips_every_mode_frozen_or_not, 0, PD_COUNT(q8_modes) * 2 * 2);
     tcase_add_test(kv, wire_linear_round_trips_vector_and_depth);
     tcase_add_test(kv, wire_bounded_round_trips_f32_and_f16);
     tcase_add_test(kv, wire_golden_full_records_decode_and_reencode_byte_for_byte);
