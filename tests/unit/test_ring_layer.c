@@ -1536,117 +1536,116 @@ START_TEST(ring_randomized_sequences_keep_invariants)
 {
     const uint32_t H = 2, D = 6, W = 4, C = 6, KM = 5, g = 2;
     const size_t tok = (size_t)H * D;
-    for (uint64_t seed = 1; seed <= 10; seed++) {
-        pd_rng rng = {.s = seed};
-        int i8 = (int)(seed % ST_COUNT);
-        ring_layer *r = mk(H, D, W, C, KM, i8, g);
-        /* shadow: reference rows and committed generated rows */
-        float *ref = malloc(sizeof(float) * 2 * C * tok);
-        uint32_t n_ref = 0;
-        size_t cap_h = 512;
-        float *hist = malloc(sizeof(float) * 2 * cap_h * tok);
-        uint64_t n_hist = 0;
-        float *drafts = malloc(sizeof(float) * 2 * KM * tok);
-        float tk[12], tv[12], q[24], a[24], b[24];
-        ring_attend_opts o = {.group = g};
-        for (int step = 0; step < 160; step++) {
-            uint32_t op = pd_rng_below(&rng, 8);
-            pd_rng_fill(&rng, tk, tok, -1, 1);
-            pd_rng_fill(&rng, tv, tok, -1, 1);
-            pd_err e = {0};
-            pd_status st;
-            ring_state s0;
-            ring_layer_state(r, &s0);
-            uint32_t nd = ring_layer_drafts(r);
-            switch (op) {
-            case 0: /* prefill chunk */
-                st = ring_layer_prefill(r, tk, tv, 1, &e);
-                if (!s0.decoding && nd == 0 && n_ref < C) {
-                    ck_assert_int_eq(st, PD_OK);
-                    memcpy(ref + (size_t)n_ref * 2 * tok, tk, sizeof(float) * tok);
-                    memcpy(ref + (size_t)n_ref * 2 * tok + tok, tv, sizeof(float) * tok);
-                    n_ref++;
-                } else {
-                    ck_assert_int_ne(st, PD_OK);
-                }
-                break;
-            case 1:
-            case 2: /* decode write */
-                st = ring_layer_write(r, tk, tv, NULL, &e);
-                if (n_ref > 0 && nd == 0 && n_hist < cap_h) {
-                    ck_assert_int_eq(st, PD_OK);
-                    memcpy(hist + n_hist * 2 * tok, tk, sizeof(float) * tok);
-                    memcpy(hist + n_hist * 2 * tok + tok, tv, sizeof(float) * tok);
-                    n_hist++;
-                } else if (n_hist < cap_h) {
-                    ck_assert_int_ne(st, PD_OK);
-                }
-                break;
-            case 3: /* draft put */
-                st = ring_layer_draft_put(r, tk, tv, &e);
-                if (n_ref > 0 && nd < KM) {
-                    ck_assert_int_eq(st, PD_OK);
-                    memcpy(drafts + nd * 2 * tok, tk, sizeof(float) * tok);
-                    memcpy(drafts + nd * 2 * tok + tok, tv, sizeof(float) * tok);
-                } else {
-                    ck_assert_int_ne(st, PD_OK);
-                }
-                break;
-            case 4: { /* commit some drafts */
-                uint32_t acc = pd_rng_below(&rng, nd + 1);
-                if (n_hist + acc > cap_h)
-                    acc = 0;
-                ck_assert_int_eq(ring_layer_draft_commit(r, acc, &e), PD_OK);
-                memcpy(hist + n_hist * 2 * tok, drafts, sizeof(float) * 2 * tok * acc);
-                n_hist += acc;
-                break;
+    const uint64_t seed = 1 + (uint64_t)_i; /* seeds 1 .. 10 */
+    pd_rng rng = {.s = seed};
+    int i8 = (int)(seed % ST_COUNT);
+    ring_layer *r = mk(H, D, W, C, KM, i8, g);
+    /* shadow: reference rows and committed generated rows */
+    float *ref = malloc(sizeof(float) * 2 * C * tok);
+    uint32_t n_ref = 0;
+    size_t cap_h = 512;
+    float *hist = malloc(sizeof(float) * 2 * cap_h * tok);
+    uint64_t n_hist = 0;
+    float *drafts = malloc(sizeof(float) * 2 * KM * tok);
+    float tk[12], tv[12], q[24], a[24], b[24];
+    ring_attend_opts o = {.group = g};
+    for (int step = 0; step < 160; step++) {
+        uint32_t op = pd_rng_below(&rng, 8);
+        pd_rng_fill(&rng, tk, tok, -1, 1);
+        pd_rng_fill(&rng, tv, tok, -1, 1);
+        pd_err e = {0};
+        pd_status st;
+        ring_state s0;
+        ring_layer_state(r, &s0);
+        uint32_t nd = ring_layer_drafts(r);
+        switch (op) {
+        case 0: /* prefill chunk */
+            st = ring_layer_prefill(r, tk, tv, 1, &e);
+            if (!s0.decoding && nd == 0 && n_ref < C) {
+                ck_assert_int_eq(st, PD_OK);
+                memcpy(ref + (size_t)n_ref * 2 * tok, tk, sizeof(float) * tok);
+                memcpy(ref + (size_t)n_ref * 2 * tok + tok, tv, sizeof(float) * tok);
+                n_ref++;
+            } else {
+                ck_assert_int_ne(st, PD_OK);
             }
-            case 5: /* drop the pending drafts */
-                ring_layer_draft_discard(r);
-                break;
-            default: /* attend drafts and decode against the shadow */
-                break;
+            break;
+        case 1:
+        case 2: /* decode write */
+            st = ring_layer_write(r, tk, tv, NULL, &e);
+            if (n_ref > 0 && nd == 0 && n_hist < cap_h) {
+                ck_assert_int_eq(st, PD_OK);
+                memcpy(hist + n_hist * 2 * tok, tk, sizeof(float) * tok);
+                memcpy(hist + n_hist * 2 * tok + tok, tv, sizeof(float) * tok);
+                n_hist++;
+            } else if (n_hist < cap_h) {
+                ck_assert_int_ne(st, PD_OK);
             }
-            check_ok(r);
-            /* shadow replay: a fresh layer with the committed rows only */
-            ring_layer *sh = mk(H, D, W, C, KM, i8, g);
-            for (uint32_t i = 0; i < n_ref; i++)
-                prefill_ok(sh, ref + (size_t)i * 2 * tok, ref + (size_t)i * 2 * tok + tok, 1);
-            for (uint64_t i = 0; i < n_hist; i++)
-                write_ok(sh, hist + i * 2 * tok, hist + i * 2 * tok + tok);
-            snap s1 = snap_take(r), s2 = snap_take(sh);
-            ck_assert_uint_eq(s1.st.ref_rows, s2.st.ref_rows);
-            ck_assert_uint_eq(s1.st.writes, s2.st.writes);
-            ck_assert_uint_eq(s1.st.ring_len, s2.st.ring_len);
-            ck_assert_uint_eq(s1.st.ring_pos, s2.st.ring_pos);
-            ck_assert(memcmp(s1.ref, s2.ref, sizeof(float) * 2 * s1.n_ref) == 0);
-            ck_assert(memcmp(s1.ring, s2.ring, sizeof(float) * 2 * s1.n_ring) == 0);
-            snap_free(&s1);
-            snap_free(&s2);
-            if (n_ref > 0) {
-                pd_rng_fill(&rng, q, tok * g, -1, 1);
-                attend_ok(r, q, &o, a);
-                attend_ok(sh, q, &o, b);
-                ck_assert_msg(memcmp(a, b, sizeof a) == 0, "seed %llu step %d decode",
-                              (unsigned long long)seed, step);
-                uint32_t nd2 = ring_layer_drafts(r);
-                if (nd2 > 0) {
-                    uint32_t i = pd_rng_below(&rng, nd2);
-                    ck_assert_int_eq(ring_layer_draft_attend(r, i, q, &o, a, NULL, &e), PD_OK);
-                    for (uint32_t j = 0; j <= i; j++)
-                        write_ok(sh, drafts + j * 2 * tok, drafts + j * 2 * tok + tok);
-                    attend_ok(sh, q, &o, b);
-                    ck_assert_msg(memcmp(a, b, sizeof a) == 0, "seed %llu step %d draft %u",
-                                  (unsigned long long)seed, step, i);
-                }
+            break;
+        case 3: /* draft put */
+            st = ring_layer_draft_put(r, tk, tv, &e);
+            if (n_ref > 0 && nd < KM) {
+                ck_assert_int_eq(st, PD_OK);
+                memcpy(drafts + nd * 2 * tok, tk, sizeof(float) * tok);
+                memcpy(drafts + nd * 2 * tok + tok, tv, sizeof(float) * tok);
+            } else {
+                ck_assert_int_ne(st, PD_OK);
             }
-            ring_layer_free(sh);
+            break;
+        case 4: { /* commit some drafts */
+            uint32_t acc = pd_rng_below(&rng, nd + 1);
+            if (n_hist + acc > cap_h)
+                acc = 0;
+            ck_assert_int_eq(ring_layer_draft_commit(r, acc, &e), PD_OK);
+            memcpy(hist + n_hist * 2 * tok, drafts, sizeof(float) * 2 * tok * acc);
+            n_hist += acc;
+            break;
         }
-        free(ref);
-        free(hist);
-        free(drafts);
-        ring_layer_free(r);
+        case 5: /* drop the pending drafts */
+            ring_layer_draft_discard(r);
+            break;
+        default: /* attend drafts and decode against the shadow */
+            break;
+        }
+        check_ok(r);
+        /* shadow replay: a fresh layer with the committed rows only */
+        ring_layer *sh = mk(H, D, W, C, KM, i8, g);
+        for (uint32_t i = 0; i < n_ref; i++)
+            prefill_ok(sh, ref + (size_t)i * 2 * tok, ref + (size_t)i * 2 * tok + tok, 1);
+        for (uint64_t i = 0; i < n_hist; i++)
+            write_ok(sh, hist + i * 2 * tok, hist + i * 2 * tok + tok);
+        snap s1 = snap_take(r), s2 = snap_take(sh);
+        ck_assert_uint_eq(s1.st.ref_rows, s2.st.ref_rows);
+        ck_assert_uint_eq(s1.st.writes, s2.st.writes);
+        ck_assert_uint_eq(s1.st.ring_len, s2.st.ring_len);
+        ck_assert_uint_eq(s1.st.ring_pos, s2.st.ring_pos);
+        ck_assert(memcmp(s1.ref, s2.ref, sizeof(float) * 2 * s1.n_ref) == 0);
+        ck_assert(memcmp(s1.ring, s2.ring, sizeof(float) * 2 * s1.n_ring) == 0);
+        snap_free(&s1);
+        snap_free(&s2);
+        if (n_ref > 0) {
+            pd_rng_fill(&rng, q, tok * g, -1, 1);
+            attend_ok(r, q, &o, a);
+            attend_ok(sh, q, &o, b);
+            ck_assert_msg(memcmp(a, b, sizeof a) == 0, "seed %llu step %d decode",
+                          (unsigned long long)seed, step);
+            uint32_t nd2 = ring_layer_drafts(r);
+            if (nd2 > 0) {
+                uint32_t i = pd_rng_below(&rng, nd2);
+                ck_assert_int_eq(ring_layer_draft_attend(r, i, q, &o, a, NULL, &e), PD_OK);
+                for (uint32_t j = 0; j <= i; j++)
+                    write_ok(sh, drafts + j * 2 * tok, drafts + j * 2 * tok + tok);
+                attend_ok(sh, q, &o, b);
+                ck_assert_msg(memcmp(a, b, sizeof a) == 0, "seed %llu step %d draft %u",
+                              (unsigned long long)seed, step, i);
+            }
+        }
+        ring_layer_free(sh);
     }
+    free(ref);
+    free(hist);
+    free(drafts);
+    ring_layer_free(r);
 }
 END_TEST
 
@@ -1681,7 +1680,7 @@ Suite *pd_test_suite(void)
     tcase_add_loop_test(tc, ring_state_roundtrip_into_new_layer_and_swap, 0, (2 * RT_W + 2) * ST_COUNT);
     tcase_add_test(tc, ring_new_from_state_rejects_each_bad_field);
     tcase_add_loop_test(tc, ring_equals_kv_layer_before_wrap, 0, PD_COUNT(kv_cases));
-    tcase_add_test(tc, ring_randomized_sequences_keep_invariants);
+    tcase_add_loop_test(tc, ring_randomized_sequences_keep_invariants, 0, 10);
     tcase_add_test(tc, ring_q8_new_refuses_unknown_mode_and_mode_with_mirror);
     tcase_add_test(tc, ring_q8_stores_q8_2f_rows_without_f32);
     tcase_add_test(tc, ring_q8_close_to_f32);
