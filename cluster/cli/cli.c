@@ -1,5 +1,6 @@
 /* cli: flag value parsing shared by the subcommands. */
 #include "cluster/cli/cli.h"
+#include "cluster/cli/cmd.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -41,25 +42,44 @@ pd_status cli_choice(const char *flag, const char *s, const char *const *names, 
     return pd_err_set(err, PD_ERR_ARG, "%s '%s': expected %s", flag, s ? s : "", list);
 }
 
-pd_status cli_parse(int argc, char **argv, const struct option *opts, cli_flag_fn *flag, void *ctx, bool *help,
-                    pd_err *err)
+/* The getopt loop: every flag into ctx, then cmd->check; *help on --help. */
+static pd_status cli_flags(const cli_cmd *cmd, int argc, char **argv, void *ctx, bool *help, pd_err *err)
 {
     *help = false;
     optind = 1;
     opterr = 0;
     int ch;
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "", cmd->opts, NULL)) != -1) {
         if (ch == 'h') {
             *help = true;
             return PD_OK;
         }
         if (ch == '?' || ch == ':')
             return pd_err_set(err, PD_ERR_ARG, "unknown or incomplete option '%s'", argv[optind - 1]);
-        pd_status st = flag(ctx, ch, optarg, err);
+        pd_status st = cmd->flag(ctx, ch, optarg, err);
         if (st != PD_OK)
             return st;
     }
     if (optind < argc)
         return pd_err_set(err, PD_ERR_ARG, "unexpected argument '%s'", argv[optind]);
-    return PD_OK;
+    return cmd->check ? cmd->check(ctx, err) : PD_OK;
+}
+
+int cli_parse(const cli_cmd *cmd, int argc, char **argv, void *ctx, FILE *out, FILE *err)
+{
+    bool help = false;
+    pd_err e = {0};
+    if (cli_flags(cmd, argc, argv, ctx, &help, &e) != PD_OK) {
+        if (err) {
+            fprintf(err, "pipedec %s: %s\n", cmd->name, e.msg);
+            cmd->usage(err);
+        }
+        return CMD_EXIT_USAGE;
+    }
+    if (help) {
+        if (out)
+            cmd->usage(out);
+        return CMD_EXIT_OK;
+    }
+    return CLI_GO;
 }

@@ -12,6 +12,7 @@
  * page whose image cannot be read or encoded is left out of it; its
  * {"id","error"} line goes to DIR/errors.jsonl and stderr, the other pages
  * are encoded, and the exit status is 1. */
+#include "base/check.h"
 #include "cluster/cli/cli.h"
 #include "cluster/cli/cmd.h"
 
@@ -192,8 +193,20 @@ static pd_status encode_flag(void *ctx, int ch, const char *arg, pd_err *e)
     case 'M': a->model_path = arg; return PD_OK;
     case 'p': a->pages_path = arg; return PD_OK;
     case 'o': a->out_dir = arg; return PD_OK;
-    default: return cli_u32("--threads", arg, 1, 1024, &a->threads, e); /* 't' */
+    case 't': return cli_u32("--threads", arg, 1, 1024, &a->threads, e);
+    default: CHECKF(0, "encode: option code %d without its case", ch);
     }
+    return PD_OK;
+}
+
+static pd_status encode_check(void *ctx, pd_err *e)
+{
+    const encode_args *a = ctx;
+    const char *missing = !a->mmproj ? "--mmproj" : !a->model_path ? "--model" : !a->pages_path ? "--pages"
+                          : !a->out_dir ? "--out" : NULL;
+    if (missing)
+        return pd_err_set(e, PD_ERR_ARG, "%s is required", missing);
+    return PD_OK;
 }
 
 static const struct option encode_longopts[] = {
@@ -202,29 +215,17 @@ static const struct option encode_longopts[] = {
     {"threads", required_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0}};
 
+static const cli_cmd encode_cli = {
+    .name = "encode", .opts = encode_longopts, .flag = encode_flag, .check = encode_check, .usage = usage};
+
 int cmd_encode(int argc, char **argv)
 {
     encode_args a = {.threads = 2};
-    pd_err perr = {0};
-    bool help;
-    if (cli_parse(argc, argv, encode_longopts, encode_flag, &a, &help, &perr) != PD_OK) {
-        fprintf(stderr, "pipedec encode: %s\n", perr.msg);
-        usage(stderr);
-        return CMD_EXIT_USAGE;
-    }
-    if (help) {
-        usage(stdout);
-        return CMD_EXIT_OK;
-    }
+    int rc = cli_parse(&encode_cli, argc, argv, &a, stdout, stderr);
+    if (rc != CLI_GO)
+        return rc;
     const char *mmproj = a.mmproj, *model_path = a.model_path, *pages_path = a.pages_path, *out_dir = a.out_dir;
     const long threads = (long)a.threads;
-    const char *missing = !mmproj ? "--mmproj" : !model_path ? "--model" : !pages_path ? "--pages"
-                          : !out_dir ? "--out" : NULL;
-    if (missing) {
-        fprintf(stderr, "pipedec encode: %s is required\n", missing);
-        usage(stderr);
-        return CMD_EXIT_USAGE;
-    }
     pd_err err = {0};
     model_hparams hp;
     if (model_read_hparams(model_path, &hp, &err) != PD_OK) {
@@ -254,7 +255,7 @@ int cmd_encode(int argc, char **argv)
     snprintf(rows_dir, sizeof rows_dir, "%s/rows", out_dir);
     snprintf(man, sizeof man, "%s/pages.jsonl", out_dir);
     snprintf(errs, sizeof errs, "%s/errors.jsonl", out_dir);
-    int rc = CMD_EXIT_OK;
+    rc = CMD_EXIT_OK;
     if (enc_mkdir(out_dir) || enc_mkdir(rows_dir)) {
         venc_close(v);
         pages_free(pg);

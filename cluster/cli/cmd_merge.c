@@ -1,5 +1,6 @@
 /* pipedec merge: join the outputs of a sharded run in manifest order and
  * prove them complete (cluster/format/merge.h). */
+#include "base/check.h"
 #include "cluster/cli/cli.h"
 #include "cluster/cli/cmd.h"
 #include "cluster/format/merge.h"
@@ -95,34 +96,36 @@ static pd_status merge_flag(void *ctx, int ch, const char *arg, pd_err *e)
     switch (ch) {
     case 'p': a->pages = arg; break;
     case 'd': a->dir = arg; break;
-    default: a->final = arg; break; /* 'o' */
+    case 'o': a->final = arg; break;
+    default: CHECKF(0, "merge: option code %d without its case", ch);
     }
     return PD_OK;
 }
 
+static pd_status merge_check(void *ctx, pd_err *e)
+{
+    const merge_args *a = ctx;
+    if (!a->pages || !a->dir || !a->final)
+        return pd_err_set(e, PD_ERR_ARG, "--pages, --out-dir and --out are required");
+    return PD_OK;
+}
+
+static const struct option merge_longopts[] = {{"pages", required_argument, 0, 'p'},
+                                               {"out-dir", required_argument, 0, 'd'},
+                                               {"out", required_argument, 0, 'o'},
+                                               {"help", no_argument, 0, 'h'},
+                                               {0, 0, 0, 0}};
+
+static const cli_cmd merge_cli = {
+    .name = "merge", .opts = merge_longopts, .flag = merge_flag, .check = merge_check, .usage = merge_usage};
+
 int cmd_merge(int argc, char **argv)
 {
-    static const struct option opts[] = {{"pages", required_argument, 0, 'p'},
-                                         {"out-dir", required_argument, 0, 'd'},
-                                         {"out", required_argument, 0, 'o'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
     merge_args a = {0};
-    pd_err pe = {0};
-    bool help;
-    pd_status pst = cli_parse(argc, argv, opts, merge_flag, &a, &help, &pe);
-    if (help) {
-        merge_usage(stdout);
-        return CMD_EXIT_OK;
-    }
+    int rc = cli_parse(&merge_cli, argc, argv, &a, stdout, stderr);
+    if (rc != CLI_GO)
+        return rc;
     const char *pages = a.pages, *dir = a.dir, *final = a.final;
-    if (pst == PD_OK && (!pages || !dir || !final))
-        pst = pd_err_set(&pe, PD_ERR_ARG, "--pages, --out-dir and --out are required");
-    if (pst != PD_OK) {
-        fprintf(stderr, "pipedec merge: %s\n", pe.msg);
-        merge_usage(stderr);
-        return CMD_EXIT_USAGE;
-    }
     if (merge_in_dir(final, dir)) {
         fprintf(stderr, "pipedec merge: %s is in %s, where every *.jsonl is read as a shard's output; "
                 "write it elsewhere\n", final, dir);

@@ -1,4 +1,5 @@
 /* pipedec mkmodel: write a deterministic synthetic model. */
+#include "base/check.h"
 #include "cluster/cli/cli.h"
 #include "cluster/cli/cmd.h"
 #include "cluster/cli/fromweights.h"
@@ -152,7 +153,7 @@ static pd_status mkmodel_flag_set(void *ctx, int ch, const char *arg, pd_err *e)
         break;
     }
     case 'O': st = cli_u32("--rope-orig-ctx", arg, 1, 1u << 24, &a->mo.rope_orig_ctx, e); break;
-    default: break;
+    default: CHECKF(0, "mkmodel: option code %d without its case", ch);
     }
     return st;
 }
@@ -178,6 +179,10 @@ static const struct option mkmodel_longopts[] = {
     {"yarn-log-mul", required_argument, 0, 'L'}, {"to-ocr", required_argument, 0, 'T'},
     {0, 0, 0, 0}};
 
+/* no check: which flags go together depends on the mode, decided below */
+static const cli_cmd mkmodel_cli = {
+    .name = "mkmodel", .opts = mkmodel_longopts, .flag = mkmodel_flag_set, .usage = mkmodel_usage};
+
 int cmd_mkmodel(int argc, char **argv)
 {
     const struct option *opts = mkmodel_longopts;
@@ -186,13 +191,11 @@ int cmd_mkmodel(int argc, char **argv)
     mkmodel_args a = {0};
     mkmodel_defaults(&a.mo);
     mkmmproj_defaults(&a.mm);
+    int rc = cli_parse(&mkmodel_cli, argc, argv, &a, stdout, stderr);
+    if (rc != CLI_GO)
+        return rc;
     pd_err e = {0};
-    bool help;
-    pd_status st = cli_parse(argc, argv, opts, mkmodel_flag_set, &a, &help, &e);
-    if (help) {
-        mkmodel_usage(stdout);
-        return 0;
-    }
+    pd_status st = PD_OK;
     mkmodel_opts mo = a.mo;
     mkmmproj_opts mm = a.mm;
     const uint64_t given = a.given;

@@ -1,5 +1,6 @@
 /* pipedec render: text pages -> an OCR-shaped page manifest through the
  * built-in glyph encoder (cluster/format/render.h, docs/ocr.md). */
+#include "base/check.h"
 #include "cluster/cli/cli.h"
 #include "cluster/cli/cmd.h"
 #include "cluster/cli/ocrmeta.h"
@@ -33,33 +34,38 @@ static pd_status render_flag(void *ctx, int ch, const char *arg, pd_err *e)
     case 'm': a->model_path = arg; return PD_OK;
     case 'o': a->out = arg; return PD_OK;
     case 'c': return cli_u32("--cells", arg, 1, 1u << 16, &a->cells, e);
-    default: a->prefix = arg; return PD_OK; /* 'p' */
+    case 'p': a->prefix = arg; return PD_OK;
+    default: CHECKF(0, "render: option code %d without its case", ch);
     }
+    return PD_OK;
 }
+
+static pd_status render_check(void *ctx, pd_err *e)
+{
+    const render_args *a = ctx;
+    if (!a->text_path || !a->model_path || !a->out)
+        return pd_err_set(e, PD_ERR_ARG, "--text FILE, --model M and --out DIR are required");
+    return PD_OK;
+}
+
+static const struct option render_longopts[] = {{"text", required_argument, 0, 't'},   {"model", required_argument, 0, 'm'},
+                                                {"out", required_argument, 0, 'o'},    {"cells", required_argument, 0, 'c'},
+                                                {"id-prefix", required_argument, 0, 'p'}, {"help", no_argument, 0, 'h'},
+                                                {0, 0, 0, 0}};
+
+static const cli_cmd render_cli = {
+    .name = "render", .opts = render_longopts, .flag = render_flag, .check = render_check, .usage = render_usage};
 
 int cmd_render(int argc, char **argv)
 {
-    static const struct option opts[] = {{"text", required_argument, 0, 't'},   {"model", required_argument, 0, 'm'},
-                                         {"out", required_argument, 0, 'o'},    {"cells", required_argument, 0, 'c'},
-                                         {"id-prefix", required_argument, 0, 'p'}, {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
     render_args a = {.prefix = "p"};
-    pd_err e = {0};
-    bool help;
-    pd_status st = cli_parse(argc, argv, opts, render_flag, &a, &help, &e);
-    if (help) {
-        render_usage(stdout);
-        return CMD_EXIT_OK;
-    }
+    int rc = cli_parse(&render_cli, argc, argv, &a, stdout, stderr);
+    if (rc != CLI_GO)
+        return rc;
     const char *text_path = a.text_path, *model_path = a.model_path, *out = a.out, *prefix = a.prefix;
     uint32_t cells = a.cells;
-    if (st == PD_OK && (!text_path || !model_path || !out))
-        st = pd_err_set(&e, PD_ERR_ARG, "--text FILE, --model M and --out DIR are required");
-    if (st == PD_ERR_ARG) {
-        fprintf(stderr, "pipedec render: %s\n", e.msg);
-        render_usage(stderr);
-        return CMD_EXIT_USAGE;
-    }
+    pd_err e = {0};
+    pd_status st = PD_OK;
     ocrmeta meta;
     uint8_t *text = NULL;
     size_t len = 0;

@@ -172,23 +172,23 @@ static pd_status run_check(run_opts *o, pd_err *e)
     return policy_validate(&o->policy, e);
 }
 
-/* Parses argv into o; PD_ERR_ARG with a message naming the flag. */
+/* One flag into o (cli_flag_fn); PD_ERR_ARG with a message naming the flag. */
 static pd_status run_flag(void *ctx, int ch, const char *arg, pd_err *e)
 {
     return run_option(ch, arg, ctx, e);
 }
 
-static pd_status run_parse(int argc, char **argv, run_opts *o, int *help, pd_err *e)
+/* Once every flag is in (cli_cmd.check): what follows from them, then run_check. */
+static pd_status run_finish(void *ctx, pd_err *e)
 {
-    bool h;
-    pd_status st = cli_parse(argc, argv, run_longopts, run_flag, o, &h, e);
-    *help = h;
-    if (h)
-        return PD_OK;
+    run_opts *o = ctx;
     /* the caches keep room for the drafts a verify step carries */
     o->policy.max_drafts = o->draft.mode == DRAFT_NONE ? 0 : o->draft.k;
-    return st ? st : run_check(o, e);
+    return run_check(o, e);
 }
+
+static const cli_cmd run_cli = {
+    .name = "run", .opts = run_longopts, .flag = run_flag, .check = run_finish, .usage = run_usage};
 
 /* Started without a launcher (no mpirun, srun or PMI environment), pipedec
  * is an Open MPI singleton: one rank that talks to nobody. Open MPI would
@@ -267,23 +267,11 @@ int cmd_run(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     run_opts o;
     run_opts_default(&o);
-    pd_err e = {0};
-    int help = 0;
-    int code;
-    if (run_parse(argc, argv, &o, &help, &e) != PD_OK) {
-        /* every rank parsed the same argv and agrees; rank 0 speaks */
-        if (me == 0) {
-            fprintf(stderr, "pipedec run: %s\n", e.msg);
-            run_usage(stderr);
-        }
-        code = 2;
-    } else if (help) {
-        if (me == 0)
-            run_usage(stdout);
-        code = 0;
-    } else if (o.encoder_ranks) {
+    /* every rank parses the same argv and agrees; rank 0 speaks */
+    int code = cli_parse(&run_cli, argc, argv, &o, me == 0 ? stdout : NULL, me == 0 ? stderr : NULL);
+    if (code == CLI_GO && o.encoder_ranks) {
         code = run_with_encoders(&o, me);
-    } else {
+    } else if (code == CLI_GO) {
         code = run_main(&o, MPI_COMM_WORLD, NULL);
         if (code == RUN_EXIT_ABORT) {
             int size = 1;

@@ -1,5 +1,6 @@
 /* pipedec score: character error rate of a decode run against the text its
  * pages were rendered from (cluster/cli/score.h). */
+#include "base/check.h"
 #include "cluster/cli/cli.h"
 #include "cluster/cli/cmd.h"
 #include "cluster/cli/score.h"
@@ -46,33 +47,37 @@ static pd_status score_flag(void *ctx, int ch, const char *arg, pd_err *e)
     case 'p': a->pages = arg; break;
     case 'o': a->outp = arg; break;
     case 't': a->truth = arg; break;
-    default: a->json = 1; break; /* 'j' */
+    case 'j': a->json = 1; break;
+    default: CHECKF(0, "score: option code %d without its case", ch);
     }
     return PD_OK;
 }
 
+static pd_status score_check(void *ctx, pd_err *e)
+{
+    const score_args *a = ctx;
+    if (!a->pages || !a->outp || !a->truth)
+        return pd_err_set(e, PD_ERR_ARG, "--pages P, --out O.jsonl and --truth T are required");
+    return PD_OK;
+}
+
+static const struct option score_longopts[] = {{"pages", required_argument, 0, 'p'}, {"out", required_argument, 0, 'o'},
+                                               {"truth", required_argument, 0, 't'}, {"json", no_argument, 0, 'j'},
+                                               {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
+
+static const cli_cmd score_cli = {
+    .name = "score", .opts = score_longopts, .flag = score_flag, .check = score_check, .usage = score_usage};
+
 int cmd_score(int argc, char **argv)
 {
-    static const struct option opts[] = {{"pages", required_argument, 0, 'p'}, {"out", required_argument, 0, 'o'},
-                                         {"truth", required_argument, 0, 't'}, {"json", no_argument, 0, 'j'},
-                                         {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
     score_args a = {0};
-    pd_err e = {0};
-    bool help;
-    pd_status st = cli_parse(argc, argv, opts, score_flag, &a, &help, &e);
-    if (help) {
-        score_usage(stdout);
-        return CMD_EXIT_OK;
-    }
+    int rc = cli_parse(&score_cli, argc, argv, &a, stdout, stderr);
+    if (rc != CLI_GO)
+        return rc;
     const char *pages = a.pages, *outp = a.outp, *truth = a.truth;
     int json = a.json;
-    if (st == PD_OK && (!pages || !outp || !truth))
-        st = pd_err_set(&e, PD_ERR_ARG, "--pages P, --out O.jsonl and --truth T are required");
-    if (st != PD_OK) {
-        fprintf(stderr, "pipedec score: %s\n", e.msg);
-        score_usage(stderr);
-        return CMD_EXIT_USAGE;
-    }
+    pd_err e = {0};
+    pd_status st;
     uint8_t *text = NULL;
     size_t len = 0;
     render_doc *doc = NULL;

@@ -1,5 +1,6 @@
 /* pipedec shard: split a page manifest into shard manifests for an array job
  * (cluster/format/shard.h says how pages are assigned). */
+#include "base/check.h"
 #include "cluster/cli/cli.h"
 #include "cluster/cli/cmd.h"
 #include "cluster/format/shard.h"
@@ -29,34 +30,39 @@ static pd_status shard_flag(void *ctx, int ch, const char *arg, pd_err *e)
     switch (ch) {
     case 'p': a->pages = arg; return PD_OK;
     case 's': return cli_u32("--shards", arg, 1, SHARD_MAX, &a->shards, e);
-    default: a->out = arg; return PD_OK; /* 'o' */
+    case 'o': a->out = arg; return PD_OK;
+    default: CHECKF(0, "shard: option code %d without its case", ch);
     }
+    return PD_OK;
 }
+
+static pd_status shard_check(void *ctx, pd_err *e)
+{
+    const shard_args *a = ctx;
+    if (!a->pages || !a->out || !a->shards)
+        return pd_err_set(e, PD_ERR_ARG, "--pages, --shards and --out are required");
+    return PD_OK;
+}
+
+static const struct option shard_longopts[] = {{"pages", required_argument, 0, 'p'},
+                                               {"shards", required_argument, 0, 's'},
+                                               {"out", required_argument, 0, 'o'},
+                                               {"help", no_argument, 0, 'h'},
+                                               {0, 0, 0, 0}};
+
+static const cli_cmd shard_cli = {
+    .name = "shard", .opts = shard_longopts, .flag = shard_flag, .check = shard_check, .usage = shard_usage};
 
 int cmd_shard(int argc, char **argv)
 {
-    static const struct option opts[] = {{"pages", required_argument, 0, 'p'},
-                                         {"shards", required_argument, 0, 's'},
-                                         {"out", required_argument, 0, 'o'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
     shard_args a = {0};
-    pd_err e = {0};
-    bool help;
-    pd_status st = cli_parse(argc, argv, opts, shard_flag, &a, &help, &e);
-    if (help) {
-        shard_usage(stdout);
-        return CMD_EXIT_OK;
-    }
+    int rc = cli_parse(&shard_cli, argc, argv, &a, stdout, stderr);
+    if (rc != CLI_GO)
+        return rc;
     const char *pages = a.pages, *out = a.out;
     uint32_t shards = a.shards;
-    if (st == PD_OK && (!pages || !out || !shards))
-        st = pd_err_set(&e, PD_ERR_ARG, "--pages, --shards and --out are required");
-    if (st != PD_OK) {
-        fprintf(stderr, "pipedec shard: %s\n", e.msg);
-        shard_usage(stderr);
-        return CMD_EXIT_USAGE;
-    }
+    pd_err e = {0};
+    pd_status st = PD_OK;
     size_t *n = calloc(shards, sizeof *n);
     uint64_t *cost = calloc(shards, sizeof *cost);
     if (!n || !cost)

@@ -4,6 +4,7 @@
  * metadata (the weights stay unmapped pages). --ids prints one JSON array;
  * the default and --pieces print "id<TAB>piece" per line, the piece as
  * llama.cpp's token_to_piece renders it (vocab.h), its bytes as JSON. */
+#include "base/check.h"
 #include "cluster/cli/cli.h"
 #include "cluster/cli/cmd.h"
 
@@ -94,34 +95,36 @@ static pd_status tokenize_flag(void *ctx, int ch, const char *arg, pd_err *e)
     case 'i': a->ids_only = true; break;
     case 'p': a->ids_only = false; break;
     case 'b': a->no_bos = true; break;
-    default: a->no_special = true; break; /* 's' */
+    case 's': a->no_special = true; break;
+    default: CHECKF(0, "tokenize: option code %d without its case", ch);
     }
     return PD_OK;
 }
 
+static pd_status tokenize_check(void *ctx, pd_err *e)
+{
+    const tokenize_args *a = ctx;
+    if (!a->model || !a->text == !a->file)
+        return pd_err_set(e, PD_ERR_ARG, "--model and one of --text or --file are required");
+    return PD_OK;
+}
+
+static const struct option tokenize_longopts[] = {
+    {"model", required_argument, NULL, 'm'}, {"text", required_argument, NULL, 't'},
+    {"file", required_argument, NULL, 'f'},  {"ids", no_argument, NULL, 'i'},
+    {"pieces", no_argument, NULL, 'p'},      {"no-bos", no_argument, NULL, 'b'},
+    {"no-parse-special", no_argument, NULL, 's'}, {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0}};
+
+static const cli_cmd tokenize_cli = {
+    .name = "tokenize", .opts = tokenize_longopts, .flag = tokenize_flag, .check = tokenize_check, .usage = usage};
+
 int cmd_tokenize(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"model", required_argument, NULL, 'm'}, {"text", required_argument, NULL, 't'},
-        {"file", required_argument, NULL, 'f'},  {"ids", no_argument, NULL, 'i'},
-        {"pieces", no_argument, NULL, 'p'},      {"no-bos", no_argument, NULL, 'b'},
-        {"no-parse-special", no_argument, NULL, 's'}, {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
     tokenize_args a = {0};
-    pd_err pe = {0};
-    bool help;
-    pd_status pst = cli_parse(argc, argv, opts, tokenize_flag, &a, &help, &pe);
-    if (help) {
-        usage(stdout);
-        return CMD_EXIT_OK;
-    }
-    if (pst == PD_OK && (!a.model || !a.text == !a.file))
-        pst = pd_err_set(&pe, PD_ERR_ARG, "--model and one of --text or --file are required");
-    if (pst != PD_OK) {
-        fprintf(stderr, "pipedec tokenize: %s\n", pe.msg);
-        usage(stderr);
-        return CMD_EXIT_USAGE;
-    }
+    int rc = cli_parse(&tokenize_cli, argc, argv, &a, stdout, stderr);
+    if (rc != CLI_GO)
+        return rc;
     const char *model = a.model, *text = a.text, *file = a.file;
     const bool ids_only = a.ids_only, no_bos = a.no_bos, no_special = a.no_special;
     pd_err err = {0};
@@ -138,7 +141,7 @@ int cmd_tokenize(int argc, char **argv)
     vocab *v = NULL;
     int32_t *ids = NULL;
     size_t n = 0;
-    int rc = CMD_EXIT_INVALID;
+    rc = CMD_EXIT_INVALID;
     if (gguf_open(model, &g, &err)) {
         fprintf(stderr, "pipedec tokenize: %s: %s\n", model, err.msg);
         rc = err.status == PD_ERR_IO ? CMD_EXIT_USAGE : CMD_EXIT_INVALID;

@@ -43,3 +43,16 @@ void pd_mpi_make_inputs(char *dir, size_t cap, const char *tag, uint32_t layers,
     MPI_Bcast(dir, (int)cap, MPI_CHAR, 0, MPI_COMM_WORLD);
     ck_assert_msg(ok, "inputs");
 }
+
+void pd_mpi_remove_inputs(const char *dir, const char *tag, int passed)
+{
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank != 0)
+        return;
+    if (passed)
+        pd_test_rmtree(dir);
+    else
+        fprintf(stderr, "test_%s: inputs and outputs kept in %s\n", tag, dir);
+}

@@ -17,4 +17,11 @@
 void pd_mpi_make_inputs(char *dir, size_t cap, const char *tag, uint32_t layers,
                         uint64_t model_seed, const mkpages_opts *pages);
 
+/* The end of a test that used pd_mpi_make_inputs, collective: once every
+ * rank is past its last use of dir, rank 0 removes it with everything in it
+ * when `passed` (a verdict every rank agrees on), else keeps it to be looked
+ * at and says where. Call it before the test's final assertions (a failed
+ * one leaves the test). */
+void pd_mpi_remove_inputs(const char *dir, const char *tag, int passed);
+
 #endif

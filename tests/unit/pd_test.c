@@ -8,8 +8,17 @@
 
 void pd_test_tmpdir(char *out, size_t cap, const char *tag)
 {
-    ck_assert_int_lt(snprintf(out, cap, "/tmp/pd_test_%s_XXXXXX", tag), (int)cap);
+    const char *tmp = getenv("TMPDIR");
+    ck_assert_int_lt(snprintf(out, cap, "%s/pd_test_%s_XXXXXX", tmp && *tmp ? tmp : "/tmp", tag), (int)cap);
     ck_assert_ptr_nonnull(mkdtemp(out));
+}
+
+void pd_test_slurp(FILE *f, char *dst, size_t cap)
+{
+    rewind(f);
+    size_t n = fread(dst, 1, cap - 1, f);
+    dst[n] = '\0';
+    fclose(f);
 }
 
 static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *f)

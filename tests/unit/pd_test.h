@@ -7,8 +7,13 @@
 
 #include <check.h>
 #include <stdint.h>
+#include <stdio.h>
 
 Suite *pd_test_suite(void);
+
+/* The number of cases in a static table, for
+ *   tcase_add_loop_test(tc, test, 0, PD_COUNT(cases));   (the case is _i) */
+#define PD_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 /* splitmix64: a tiny deterministic generator for test data. */
 typedef struct pd_rng {
@@ -23,13 +28,18 @@ uint32_t pd_rng_below(pd_rng *r, uint32_t n);
 /* Fills dst[0..n) with uniform values in [lo, hi). */
 void pd_rng_fill(pd_rng *r, float *dst, size_t n, float lo, float hi);
 
-/* A fresh directory /tmp/pd_test_<tag>_XXXXXX into out (cap >= 64), and its
- * removal with everything in it (links are removed, never followed). */
+/* What a stream holds from its start into dst (cap bytes, NUL-terminated,
+ * the rest cut off), then closed: a tmpfile() a command wrote to. */
+void pd_test_slurp(FILE *f, char *dst, size_t cap);
+
+/* A fresh directory $TMPDIR/pd_test_<tag>_XXXXXX (TMPDIR unset or empty:
+ * /tmp) into out (cap >= 64), and its removal with everything in it (links
+ * are removed, never followed). */
 void pd_test_tmpdir(char *out, size_t cap, const char *tag);
 void pd_test_rmtree(const char *dir);
 
 /* The temp-dir fixture the file-handling suites share: before each test
- * pd_tmpdir is a fresh /tmp/pd_test_fixture_XXXXXX (the _cd variant also
+ * pd_tmpdir is a fresh $TMPDIR/pd_test_fixture_XXXXXX (the _cd variant also
  * makes it the working directory); after it, the working directory is
  * restored and the directory removed with everything in it.
  *   tcase_add_checked_fixture(tc, pd_test_dir_setup_cd, pd_test_dir_teardown); */

@@ -1,8 +1,10 @@
 /* cli: flag values are taken whole or refused with one message shape that
- * names the flag, the value and what was expected. */
+ * names the flag, the value and what was expected; the option prologue
+ * (flags, check, --help, refusal and usage) as every subcommand runs it. */
 #include "pd_test.h"
 
 #include "cluster/cli/cli.h"
+#include "cluster/cli/cmd.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -68,10 +70,11 @@ START_TEST(cli_u64_takes_non_negative_integers_only)
 }
 END_TEST
 
-/* cli_parse: a recording flag handler */
+/* cli_parse: a recording flag handler, a check and a usage text */
 typedef struct seen {
     char log[256];
     int fail_on;
+    int refuse; /* the check refuses */
 } seen;
 
 static pd_status seen_flag(void *ctx, int ch, const char *arg, pd_err *err)
@@ -84,63 +87,112 @@ static pd_status seen_flag(void *ctx, int ch, const char *arg, pd_err *err)
     return PD_OK;
 }
 
+static pd_status seen_check(void *ctx, pd_err *err)
+{
+    seen *s = ctx;
+    size_t n = strlen(s->log);
+    snprintf(s->log + n, sizeof s->log - n, "check;");
+    return s->refuse ? pd_err_set(err, PD_ERR_ARG, "--alpha is required") : PD_OK;
+}
+
+static void seen_usage(FILE *f) { fputs("usage: pipedec t --alpha A [--beta]\n", f); }
+
 static const struct option parse_opts[] = {{"alpha", required_argument, 0, 'a'},
                                            {"beta", no_argument, 0, 'b'},
                                            {"help", no_argument, 0, 'h'},
                                            {0, 0, 0, 0}};
 
-static pd_status parse(int argc, const char *const *args, seen *s, bool *help, pd_err *e)
+static const cli_cmd parse_cmd = {
+    .name = "t", .opts = parse_opts, .flag = seen_flag, .check = seen_check, .usage = seen_usage};
+
+/* What cli_parse printed on out and err, and its verdict. */
+typedef struct parsed {
+    int rc;
+    char out[256], err[256];
+} parsed;
+
+static parsed parse(int argc, const char *const *args, seen *s)
 {
     char *argv[8];
     for (int i = 0; i < argc; i++)
         argv[i] = (char *)args[i];
     argv[argc] = NULL;
-    return cli_parse(argc, argv, parse_opts, seen_flag, s, help, e);
+    FILE *out = tmpfile(), *err = tmpfile();
+    ck_assert(out && err);
+    parsed p = {.rc = cli_parse(&parse_cmd, argc, argv, s, out, err)};
+    pd_test_slurp(out, p.out, sizeof p.out);
+    pd_test_slurp(err, p.err, sizeof p.err);
+    return p;
 }
 
-START_TEST(cli_parse_hands_every_flag_over_in_order)
+START_TEST(cli_parse_hands_every_flag_over_in_order_then_checks)
 {
-    static const char *const a[] = {"cmd", "--alpha", "1", "--beta", "--alpha=2"};
+    static const char *const a[] = {"t", "--alpha", "1", "--beta", "--alpha=2"};
     seen s = {.fail_on = -1};
-    bool help = true;
-    pd_err e = {0};
-    ck_assert_int_eq(parse(5, a, &s, &help, &e), PD_OK);
-    ck_assert_str_eq(s.log, "a=1;b=-;a=2;");
-    ck_assert(!help);
+    parsed p = parse(5, a, &s);
+    ck_assert_int_eq(p.rc, CLI_GO);
+    ck_assert_str_eq(s.log, "a=1;b=-;a=2;check;");
+    ck_assert_str_eq(p.out, "");
+    ck_assert_str_eq(p.err, "");
     /* argv parsed twice in one process: the loop starts over each time */
     s.log[0] = 0;
-    ck_assert_int_eq(parse(5, a, &s, &help, &e), PD_OK);
-    ck_assert_str_eq(s.log, "a=1;b=-;a=2;");
+    ck_assert_int_eq(parse(5, a, &s).rc, CLI_GO);
+    ck_assert_str_eq(s.log, "a=1;b=-;a=2;check;");
 }
 END_TEST
 
 START_TEST(cli_parse_stops_at_help_and_names_what_it_refuses)
 {
+    static const char *const usage = "usage: pipedec t --alpha A [--beta]\n";
     seen s = {.fail_on = -1};
-    bool help = false;
-    pd_err e = {0};
-    static const char *const h[] = {"cmd", "--beta", "--help", "--alpha"};
-    ck_assert_int_eq(parse(4, h, &s, &help, &e), PD_OK);
-    ck_assert(help);
-    ck_assert_str_eq(s.log, "b=-;");
-    static const char *const unknown[] = {"cmd", "--gamma"};
-    ck_assert_int_eq(parse(2, unknown, &s, &help, &e), PD_ERR_ARG);
-    ck_assert_str_eq(e.msg, "unknown or incomplete option '--gamma'");
-    ck_assert(!help);
-    e = (pd_err){0};
-    static const char *const missing[] = {"cmd", "--alpha"};
-    ck_assert_int_eq(parse(2, missing, &s, &help, &e), PD_ERR_ARG);
-    ck_assert_str_eq(e.msg, "unknown or incomplete option '--alpha'");
-    e = (pd_err){0};
-    static const char *const stray[] = {"cmd", "--beta", "stray"};
-    ck_assert_int_eq(parse(3, stray, &s, &help, &e), PD_ERR_ARG);
-    ck_assert_str_eq(e.msg, "unexpected argument 'stray'");
-    e = (pd_err){0};
+    static const char *const h[] = {"t", "--beta", "--help", "--alpha"};
+    parsed p = parse(4, h, &s);
+    ck_assert_int_eq(p.rc, CMD_EXIT_OK);
+    ck_assert_str_eq(p.out, usage);
+    ck_assert_str_eq(p.err, "");
+    ck_assert_str_eq(s.log, "b=-;"); /* no check after --help */
+    static const char *const unknown[] = {"t", "--gamma"};
+    p = parse(2, unknown, &s);
+    ck_assert_int_eq(p.rc, CMD_EXIT_USAGE);
+    ck_assert_str_eq(p.out, "");
+    ck_assert_str_eq(p.err, "pipedec t: unknown or incomplete option '--gamma'\nusage: pipedec t --alpha A [--beta]\n");
+    static const char *const missing[] = {"t", "--alpha"};
+    p = parse(2, missing, &s);
+    ck_assert_int_eq(p.rc, CMD_EXIT_USAGE);
+    ck_assert_str_eq(p.err, "pipedec t: unknown or incomplete option '--alpha'\nusage: pipedec t --alpha A [--beta]\n");
+    static const char *const stray[] = {"t", "--beta", "stray"};
+    p = parse(3, stray, &s);
+    ck_assert_int_eq(p.rc, CMD_EXIT_USAGE);
+    ck_assert_str_eq(p.err, "pipedec t: unexpected argument 'stray'\nusage: pipedec t --alpha A [--beta]\n");
     s = (seen){.fail_on = 'a'};
-    static const char *const bad[] = {"cmd", "--alpha", "x", "--beta"};
-    ck_assert_int_eq(parse(4, bad, &s, &help, &e), PD_ERR_ARG);
-    ck_assert_str_eq(e.msg, "--a 'x': bad");
-    ck_assert_str_eq(s.log, "a=x;"); /* nothing after the failing flag */
+    static const char *const bad[] = {"t", "--alpha", "x", "--beta"};
+    p = parse(4, bad, &s);
+    ck_assert_int_eq(p.rc, CMD_EXIT_USAGE);
+    ck_assert_str_eq(p.err, "pipedec t: --a 'x': bad\nusage: pipedec t --alpha A [--beta]\n");
+    ck_assert_str_eq(s.log, "a=x;"); /* nothing after the failing flag, no check */
+    /* the check's refusal reads the same way */
+    s = (seen){.fail_on = -1, .refuse = 1};
+    static const char *const none[] = {"t", "--beta"};
+    p = parse(2, none, &s);
+    ck_assert_int_eq(p.rc, CMD_EXIT_USAGE);
+    ck_assert_str_eq(p.out, "");
+    ck_assert_str_eq(p.err, "pipedec t: --alpha is required\nusage: pipedec t --alpha A [--beta]\n");
+    ck_assert_str_eq(s.log, "b=-;check;");
+}
+END_TEST
+
+START_TEST(cli_parse_with_null_streams_prints_nothing)
+{
+    /* the ranks of `run` but rank 0: the same verdicts, silently */
+    static const char *const h[] = {"t", "--help"}, *const bad[] = {"t", "--gamma"},
+                             *const ok[] = {"t", "--alpha", "1"};
+    seen s = {.fail_on = -1};
+    char *argv[4];
+    ck_assert_int_eq(cli_parse(&parse_cmd, 2, (memcpy(argv, h, sizeof h), argv), &s, NULL, NULL), CMD_EXIT_OK);
+    ck_assert_int_eq(cli_parse(&parse_cmd, 2, (memcpy(argv, bad, sizeof bad), argv), &s, NULL, NULL),
+                     CMD_EXIT_USAGE);
+    ck_assert_int_eq(cli_parse(&parse_cmd, 3, (memcpy(argv, ok, sizeof ok), argv), &s, NULL, NULL), CLI_GO);
+    ck_assert_str_eq(s.log, "a=1;check;");
 }
 END_TEST
 
@@ -152,8 +204,9 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, cli_choice_refuses_other_values_naming_every_choice);
     tcase_add_test(tc, cli_u32_takes_whole_integers_in_range_only);
     tcase_add_test(tc, cli_u64_takes_non_negative_integers_only);
-    tcase_add_test(tc, cli_parse_hands_every_flag_over_in_order);
+    tcase_add_test(tc, cli_parse_hands_every_flag_over_in_order_then_checks);
     tcase_add_test(tc, cli_parse_stops_at_help_and_names_what_it_refuses);
+    tcase_add_test(tc, cli_parse_with_null_streams_prints_nothing);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -26,14 +26,6 @@ typedef struct run {
     char err[4096];
 } run;
 
-static void slurp(FILE *f, char *dst, size_t cap)
-{
-    rewind(f);
-    size_t n = fread(dst, 1, cap - 1, f);
-    dst[n] = '\0';
-    fclose(f);
-}
-
 static void inspect(run *r, const char *a1, const char *a2, const char *a3)
 {
     char *argv[5] = {"inspect", (char *)a1, (char *)a2, (char *)a3, NULL};
@@ -42,8 +34,8 @@ static void inspect(run *r, const char *a1, const char *a2, const char *a3)
     ck_assert_ptr_nonnull(o);
     ck_assert_ptr_nonnull(e);
     r->rc = cmd_inspect_run(argc, argv, o, e);
-    slurp(o, r->out, sizeof r->out);
-    slurp(e, r->err, sizeof r->err);
+    pd_test_slurp(o, r->out, sizeof r->out);
+    pd_test_slurp(e, r->err, sizeof r->err);
 }
 
 static void write_file(const char *path, const void *b, size_t n)

@@ -16,14 +16,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-static char dir[256];
-
+/* name in the test's own directory (pd_tmpdir: the checked fixture makes it
+ * before each test and removes it after) */
 static void mkpath(char *out, size_t cap, const char *name)
 {
-    if (!dir[0]) {
-        pd_test_tmpdir(dir, sizeof dir, "ctl");
-    }
-    snprintf(out, cap, "%s/%s", dir, name);
+    snprintf(out, cap, "%s/%s", pd_tmpdir, name);
 }
 
 typedef struct client_arg {
@@ -302,6 +299,7 @@ Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("ctl");
     TCase *tc = tcase_create("core");
+    tcase_add_checked_fixture(tc, pd_test_dir_setup, pd_test_dir_teardown);
     tcase_add_test(tc, ctl_one_line_in_one_line_out);
     tcase_add_test(tc, ctl_client_gone_before_its_reply_costs_nothing);
     tcase_add_test(tc, ctl_existing_paths);

@@ -886,55 +886,54 @@ START_TEST(kv_anchored_trim_keeps_the_rollback_window)
 }
 END_TEST
 
+static const uint64_t trim_cases[3][3] = {{40, 2, 4}, {37, 5, 16}, {64, 64, 64}}; /* w, slack, align */
+
 /* Two layers fed the same rows, one trimmed: every windowed attend gives the
  * same output and importance, bit for bit, in every mode (q8: the field
  * freezes before the first trim). */
 START_TEST(kv_trimmed_attend_equals_untrimmed)
 {
     enum { H = 2, D = 16, G = 2, P = 400 };
-    const uint64_t cases[3][3] = {{40, 2, 4}, {37, 5, 16}, {64, 64, 64}};
-    for (int mi = 0; mi < 4; mi++)
-        for (int ci = 0; ci < 3; ci++) {
-            const uint64_t w = cases[ci][0], slack = cases[ci][1], align = cases[ci][2];
-            kv_layer_config cfg = {.n_kv_heads = H, .head_dim = D, .mode = all_modes[mi],
-                                   .max_q_per_kv = G};
-            kv_layer *full = mk(cfg), *t = mk(cfg);
-            int trims = 0;
-            for (uint64_t p = 0; p < P; p++) {
-                app_swa(full, H, D, p, 3, 4);
-                app_swa(t, H, D, p, 3, 4);
-                float q[H * G * D];
-                swa_fill(q, p, H * G * D, 5);
-                for (uint32_t g = 0; g < H; g++) {
-                    float of[G * D], ot[G * D];
-                    uint32_t nf = (uint32_t)kv_layer_rows(full), nt = (uint32_t)kv_layer_rows(t);
-                    att(full, g, 0, G, q + g * G * D, 0.3f, 0, nf > w ? nf - (uint32_t)w : 0, 0, 1,
-                        of, NULL);
-                    att(t, g, 0, G, q + g * G * D, 0.3f, 0, nt > w ? nt - (uint32_t)w : 0, 0, 1,
-                        ot, NULL);
-                    ck_assert_msg(same_bits(of, ot, G * D), "mode %d w %llu pos %llu g%u",
-                                  all_modes[mi], (unsigned long long)w, (unsigned long long)p, g);
-                }
-                if (kv_layer_trim_window(t, w, slack, align) > 0) {
-                    trims++;
-                    kv_layer_check(t);
-                }
-                if (p % 16 == 15 || p == P - 1) {
-                    uint64_t nf = kv_layer_rows(full), nt = kv_layer_rows(t), b = kv_layer_base(t);
-                    float *imf = malloc(sizeof(float) * nf), *imt = malloc(sizeof(float) * nt);
-                    kv_layer_importance(full, imf);
-                    kv_layer_importance(t, imt);
-                    ck_assert_msg(same_bits(imf + b, imt, nt), "importance at %llu",
-                                  (unsigned long long)p);
-                    free(imf);
-                    free(imt);
-                }
-            }
-            ck_assert_msg(trims > 0, "mode %d w %llu: never trimmed", all_modes[mi],
-                          (unsigned long long)w);
-            kv_layer_free(full);
-            kv_layer_free(t);
+    const int mi = _i / PD_COUNT(trim_cases), ci = _i % PD_COUNT(trim_cases); /* all_modes x trim_cases */
+    const uint64_t w = trim_cases[ci][0], slack = trim_cases[ci][1], align = trim_cases[ci][2];
+    kv_layer_config cfg = {.n_kv_heads = H, .head_dim = D, .mode = all_modes[mi],
+                           .max_q_per_kv = G};
+    kv_layer *full = mk(cfg), *t = mk(cfg);
+    int trims = 0;
+    for (uint64_t p = 0; p < P; p++) {
+        app_swa(full, H, D, p, 3, 4);
+        app_swa(t, H, D, p, 3, 4);
+        float q[H * G * D];
+        swa_fill(q, p, H * G * D, 5);
+        for (uint32_t g = 0; g < H; g++) {
+            float of[G * D], ot[G * D];
+            uint32_t nf = (uint32_t)kv_layer_rows(full), nt = (uint32_t)kv_layer_rows(t);
+            att(full, g, 0, G, q + g * G * D, 0.3f, 0, nf > w ? nf - (uint32_t)w : 0, 0, 1,
+                of, NULL);
+            att(t, g, 0, G, q + g * G * D, 0.3f, 0, nt > w ? nt - (uint32_t)w : 0, 0, 1,
+                ot, NULL);
+            ck_assert_msg(same_bits(of, ot, G * D), "mode %d w %llu pos %llu g%u",
+                          all_modes[mi], (unsigned long long)w, (unsigned long long)p, g);
         }
+        if (kv_layer_trim_window(t, w, slack, align) > 0) {
+            trims++;
+            kv_layer_check(t);
+        }
+        if (p % 16 == 15 || p == P - 1) {
+            uint64_t nf = kv_layer_rows(full), nt = kv_layer_rows(t), b = kv_layer_base(t);
+            float *imf = malloc(sizeof(float) * nf), *imt = malloc(sizeof(float) * nt);
+            kv_layer_importance(full, imf);
+            kv_layer_importance(t, imt);
+            ck_assert_msg(same_bits(imf + b, imt, nt), "importance at %llu",
+                          (unsigned long long)p);
+            free(imf);
+            free(imt);
+        }
+    }
+    ck_assert_msg(trims > 0, "mode %d w %llu: never trimmed", all_modes[mi],
+                  (unsigned long long)w);
+    kv_layer_free(full);
+    kv_layer_free(t);
 }
 END_TEST
 
@@ -1114,45 +1113,45 @@ static void step_attend(kv_layer *l, const shape *s, uint64_t salt, uint32_t eff
  * chunk that straddles the q8 freeze. */
 START_TEST(kv_attend_upto_equals_sequential_prefill_chunk)
 {
-    for (int si = 0; si < 3; si++)
-        for (int mi = 0; mi < 4; mi++) {
-            const shape *s = &shapes[si];
-            kv_layer_config cfg = shape_cfg(s, all_modes[mi], 24, 40);
-            kv_layer *seq = mk(cfg), *chk = mk(cfg);
-            const uint32_t chunks[4] = {10, 20, 1, 15}; /* rows 10..30 straddle the freeze at 24 */
-            size_t nout = (size_t)s->n_kv * s->g * s->hd;
-            float *os = malloc(sizeof(float) * nout * 20), *oc = malloc(sizeof(float) * nout);
-            uint32_t s0 = 0;
-            for (int c = 0; c < 4; c++) {
-                uint32_t b = chunks[c];
-                for (uint32_t i = 0; i < b; i++) {
-                    app_swa(seq, s->n_kv, s->hd, s0 + i, 1, 2);
-                    step_attend(seq, s, s0 + i, s0 + i + 1, 0, os + i * nout);
-                }
-                for (uint32_t i = 0; i < b; i++)
-                    app_swa(chk, s->n_kv, s->hd, s0 + i, 1, 2);
-                for (uint32_t i = 0; i < b; i++) {
-                    step_attend(chk, s, s0 + i, s0 + i + 1, 1, oc);
-                    ck_assert_msg(same_bits(os + i * nout, oc, nout),
-                                  "shape %d mode %d row %u: chunk != sequential", si,
-                                  all_modes[mi], s0 + i);
-                }
-                s0 += b;
-                assert_same_state(seq, chk);
-                kv_layer_confirm(seq, s0);
-                kv_layer_confirm(chk, s0);
-                assert_same_state(seq, chk);
-                kv_layer_check(seq);
-                kv_layer_check(chk);
-            }
-            ck_assert_int_eq(kv_layer_frozen(seq), all_modes[mi] != KV_MODE_F32);
-            free(os);
-            free(oc);
-            kv_layer_free(seq);
-            kv_layer_free(chk);
+    const int si = _i / PD_COUNT(all_modes), mi = _i % PD_COUNT(all_modes); /* shapes x all_modes */
+    const shape *s = &shapes[si];
+    kv_layer_config cfg = shape_cfg(s, all_modes[mi], 24, 40);
+    kv_layer *seq = mk(cfg), *chk = mk(cfg);
+    const uint32_t chunks[4] = {10, 20, 1, 15}; /* rows 10..30 straddle the freeze at 24 */
+    size_t nout = (size_t)s->n_kv * s->g * s->hd;
+    float *os = malloc(sizeof(float) * nout * 20), *oc = malloc(sizeof(float) * nout);
+    uint32_t s0 = 0;
+    for (int c = 0; c < 4; c++) {
+        uint32_t b = chunks[c];
+        for (uint32_t i = 0; i < b; i++) {
+            app_swa(seq, s->n_kv, s->hd, s0 + i, 1, 2);
+            step_attend(seq, s, s0 + i, s0 + i + 1, 0, os + i * nout);
         }
+        for (uint32_t i = 0; i < b; i++)
+            app_swa(chk, s->n_kv, s->hd, s0 + i, 1, 2);
+        for (uint32_t i = 0; i < b; i++) {
+            step_attend(chk, s, s0 + i, s0 + i + 1, 1, oc);
+            ck_assert_msg(same_bits(os + i * nout, oc, nout),
+                          "shape %d mode %d row %u: chunk != sequential", si,
+                          all_modes[mi], s0 + i);
+        }
+        s0 += b;
+        assert_same_state(seq, chk);
+        kv_layer_confirm(seq, s0);
+        kv_layer_confirm(chk, s0);
+        assert_same_state(seq, chk);
+        kv_layer_check(seq);
+        kv_layer_check(chk);
+    }
+    ck_assert_int_eq(kv_layer_frozen(seq), all_modes[mi] != KV_MODE_F32);
+    free(os);
+    free(oc);
+    kv_layer_free(seq);
+    kv_layer_free(chk);
 }
 END_TEST
+
+static const uint32_t variants[2][2] = {{1, 8}, {3, 16}}; /* confirm every n rounds, spec_depth */
 
 /* truncate_last == never appended: a verify batch (accepted rows + drafts
  * appended as a chunk, attended with upto, rejected ones rolled back) leaves
@@ -1161,55 +1160,53 @@ END_TEST
  * or confirmed; drafts across the freeze. */
 START_TEST(kv_truncate_equals_never_appended)
 {
-    const uint32_t variants[2][2] = {{1, 8}, {3, 16}}; /* confirm every n rounds, spec_depth */
-    for (int vi = 0; vi < 2; vi++)
-        for (int si = 0; si < 3; si++)
-            for (int mi = 0; mi < 4; mi++) {
-                const shape *s = &shapes[si];
-                kv_layer_config cfg = shape_cfg(s, all_modes[mi], 16, variants[vi][1]);
-                kv_layer *r = mk(cfg), *sp = mk(cfg);
-                size_t nout = (size_t)s->n_kv * s->g * s->hd;
-                float *o = malloc(sizeof(float) * nout);
-                uint32_t p = 0;
-                int crossed_freeze_in_drafts = 0;
-                for (uint32_t round = 0; round < 16; round++) {
-                    if (round % variants[vi][0] == 0) {
-                        kv_layer_confirm(r, p);
-                        kv_layer_confirm(sp, p);
-                    }
-                    uint32_t d = 1 + (round * 3) % 5, a = round % 3 < d ? round % 3 : d;
-                    int was_frozen = kv_layer_frozen(sp);
-                    for (uint32_t i = 0; i < d; i++)
-                        app_swa(sp, s->n_kv, s->hd, p + i, i < a ? 1 : 100 + round,
-                                i < a ? 2 : 200 + round);
-                    if (!was_frozen && kv_layer_frozen(sp) && p + a <= 16)
-                        crossed_freeze_in_drafts = 1;
-                    for (uint32_t i = 0; i < d; i++)
-                        step_attend(sp, s, p + i, p + i + 1, 1, o);
-                    trunc_ok(sp, d - a);
-                    for (uint32_t i = 0; i < a; i++) {
-                        app_swa(r, s->n_kv, s->hd, p + i, 1, 2);
-                        step_attend(r, s, p + i, p + i + 1, 0, o);
-                    }
-                    p += a;
-                    assert_same_state(r, sp);
-                    /* one plain decode step on both */
-                    app_swa(r, s->n_kv, s->hd, p, 1, 2);
-                    app_swa(sp, s->n_kv, s->hd, p, 1, 2);
-                    step_attend(r, s, p, p + 1, 0, o);
-                    step_attend(sp, s, p, p + 1, 0, o);
-                    p++;
-                    assert_same_state(r, sp);
-                }
-                if (all_modes[mi] != KV_MODE_F32)
-                    ck_assert_msg(crossed_freeze_in_drafts, "no rolled-back freeze exercised");
-                kv_layer_confirm(r, p);
-                kv_layer_confirm(sp, p);
-                assert_same_state(r, sp);
-                free(o);
-                kv_layer_free(r);
-                kv_layer_free(sp);
-            }
+    /* variants x shapes x all_modes */
+    const int vi = _i / (PD_COUNT(shapes) * PD_COUNT(all_modes)), si = _i / PD_COUNT(all_modes) % PD_COUNT(shapes),
+              mi = _i % PD_COUNT(all_modes);
+    const shape *s = &shapes[si];
+    kv_layer_config cfg = shape_cfg(s, all_modes[mi], 16, variants[vi][1]);
+    kv_layer *r = mk(cfg), *sp = mk(cfg);
+    size_t nout = (size_t)s->n_kv * s->g * s->hd;
+    float *o = malloc(sizeof(float) * nout);
+    uint32_t p = 0;
+    int crossed_freeze_in_drafts = 0;
+    for (uint32_t round = 0; round < 16; round++) {
+        if (round % variants[vi][0] == 0) {
+            kv_layer_confirm(r, p);
+            kv_layer_confirm(sp, p);
+        }
+        uint32_t d = 1 + (round * 3) % 5, a = round % 3 < d ? round % 3 : d;
+        int was_frozen = kv_layer_frozen(sp);
+        for (uint32_t i = 0; i < d; i++)
+            app_swa(sp, s->n_kv, s->hd, p + i, i < a ? 1 : 100 + round,
+                    i < a ? 2 : 200 + round);
+        if (!was_frozen && kv_layer_frozen(sp) && p + a <= 16)
+            crossed_freeze_in_drafts = 1;
+        for (uint32_t i = 0; i < d; i++)
+            step_attend(sp, s, p + i, p + i + 1, 1, o);
+        trunc_ok(sp, d - a);
+        for (uint32_t i = 0; i < a; i++) {
+            app_swa(r, s->n_kv, s->hd, p + i, 1, 2);
+            step_attend(r, s, p + i, p + i + 1, 0, o);
+        }
+        p += a;
+        assert_same_state(r, sp);
+        /* one plain decode step on both */
+        app_swa(r, s->n_kv, s->hd, p, 1, 2);
+        app_swa(sp, s->n_kv, s->hd, p, 1, 2);
+        step_attend(r, s, p, p + 1, 0, o);
+        step_attend(sp, s, p, p + 1, 0, o);
+        p++;
+        assert_same_state(r, sp);
+    }
+    if (all_modes[mi] != KV_MODE_F32)
+        ck_assert_msg(crossed_freeze_in_drafts, "no rolled-back freeze exercised");
+    kv_layer_confirm(r, p);
+    kv_layer_confirm(sp, p);
+    assert_same_state(r, sp);
+    free(o);
+    kv_layer_free(r);
+    kv_layer_free(sp);
 }
 END_TEST
 
@@ -1323,63 +1320,62 @@ static kv_layer *rich_layer(kv_layer_config *cfg_out, kv_mode mode)
 
 /* ---- memory ------------------------------------------------------------- */
 
+static const uint8_t masks[3][3] = {{1, 1, 1}, {0, 1, 0}, {0, 0, 0}}; /* alive heads of 3 */
+
 /* attention / recurrent bytes against the analytic formula, allocated bytes
  * against what the allocator actually holds, in every mode and alive mask. */
 START_TEST(kv_memory_matches_analytic_formula)
 {
-    const uint8_t masks[3][3] = {{1, 1, 1}, {0, 1, 0}, {0, 0, 0}};
     const uint32_t H = 3, D = 40, NGK = 2; /* ceil(40 / 32) */
-    for (int mi = 0; mi < 4; mi++)
-        for (int ai = 0; ai < 3; ai++) {
-            cnt_alloc ca;
-            cnt_init(&ca);
-            uint32_t alive = masks[ai][0] + masks[ai][1] + masks[ai][2];
-            kv_layer *l = mk((kv_layer_config){.n_kv_heads = H, .head_dim = D,
-                                               .mode = all_modes[mi], .alive = masks[ai],
-                                               .freeze_rows = 20, .capacity_rows = 8,
-                                               .alloc = &ca.a});
-            int qk = all_modes[mi] & KV_MODE_Q8K, qv = all_modes[mi] & KV_MODE_Q8V;
-            uint64_t per_row = (qk ? D + 4 * NGK : 4 * D) + (qv ? D + 4 : 4 * D);
-            uint64_t field = 4 * D * (uint64_t)((qk != 0) + (qv != 0));
-            const uint32_t counts[5] = {0, 5, 20, 30, 21};
-            uint32_t rows = 0;
-            for (int ci = 0; ci < 5; ci++) {
-                while (rows < counts[ci])
-                    app_swa(l, H, D, rows++, 1, 2);
-                if (rows > counts[ci]) {
-                    trunc_ok(l, rows - counts[ci]);
-                    rows = counts[ci];
-                }
-                kv_memory m;
-                kv_layer_memory(l, &m);
-                int frozen = all_modes[mi] != KV_MODE_F32 && rows > 20;
-                ck_assert_int_eq(kv_layer_frozen(l), frozen);
-                uint64_t want = (uint64_t)rows * (4 + alive * per_row) + (frozen ? alive * field : 0);
-                ck_assert_msg(m.attention == want, "mode %d mask %d rows %u: %llu vs %llu",
-                              all_modes[mi], ai, rows, (unsigned long long)m.attention,
-                              (unsigned long long)want);
-                ck_assert_uint_eq(m.recurrent, 0);
-                ck_assert_uint_eq(m.allocated, (uint64_t)ca.live);
-                ck_assert_uint_ge(m.allocated, m.attention);
-            }
-            float lin[10] = {0};
-            ck_assert_int_eq(kv_layer_set_linear(l, lin, 10, NULL), PD_OK);
-            ck_assert_int_eq(kv_layer_install_bounded(l, 7, NULL), PD_OK);
-            ck_assert_int_eq(kv_layer_set_sinks(l, lin, 6, NULL), PD_OK);
-            kv_layer_check(l);
-            kv_memory m;
-            kv_layer_memory(l, &m);
-            ck_assert_uint_eq(m.recurrent, 4 * 10 + 2 * 4 * H * 7 * D);
-            ck_assert_uint_eq(m.allocated, (uint64_t)ca.live);
-            kv_layer_clear(l);
-            kv_layer_check(l);
-            kv_layer_memory(l, &m);
-            ck_assert_uint_eq(m.attention, 0);
-            ck_assert_uint_eq(m.recurrent, 2 * 4 * H * 7 * D); /* the ring keeps its size */
-            ck_assert_uint_eq(m.allocated, (uint64_t)ca.live);
-            kv_layer_free(l);
-            ck_assert_int_eq(ca.live, 0);
+    const int mi = _i / PD_COUNT(masks), ai = _i % PD_COUNT(masks); /* all_modes x masks */
+    cnt_alloc ca;
+    cnt_init(&ca);
+    uint32_t alive = masks[ai][0] + masks[ai][1] + masks[ai][2];
+    kv_layer *l = mk((kv_layer_config){.n_kv_heads = H, .head_dim = D,
+                                       .mode = all_modes[mi], .alive = masks[ai],
+                                       .freeze_rows = 20, .capacity_rows = 8,
+                                       .alloc = &ca.a});
+    int qk = all_modes[mi] & KV_MODE_Q8K, qv = all_modes[mi] & KV_MODE_Q8V;
+    uint64_t per_row = (qk ? D + 4 * NGK : 4 * D) + (qv ? D + 4 : 4 * D);
+    uint64_t field = 4 * D * (uint64_t)((qk != 0) + (qv != 0));
+    const uint32_t counts[5] = {0, 5, 20, 30, 21};
+    uint32_t rows = 0;
+    for (int ci = 0; ci < 5; ci++) {
+        while (rows < counts[ci])
+            app_swa(l, H, D, rows++, 1, 2);
+        if (rows > counts[ci]) {
+            trunc_ok(l, rows - counts[ci]);
+            rows = counts[ci];
         }
+        kv_memory m;
+        kv_layer_memory(l, &m);
+        int frozen = all_modes[mi] != KV_MODE_F32 && rows > 20;
+        ck_assert_int_eq(kv_layer_frozen(l), frozen);
+        uint64_t want = (uint64_t)rows * (4 + alive * per_row) + (frozen ? alive * field : 0);
+        ck_assert_msg(m.attention == want, "mode %d mask %d rows %u: %llu vs %llu",
+                      all_modes[mi], ai, rows, (unsigned long long)m.attention,
+                      (unsigned long long)want);
+        ck_assert_uint_eq(m.recurrent, 0);
+        ck_assert_uint_eq(m.allocated, (uint64_t)ca.live);
+        ck_assert_uint_ge(m.allocated, m.attention);
+    }
+    float lin[10] = {0};
+    ck_assert_int_eq(kv_layer_set_linear(l, lin, 10, NULL), PD_OK);
+    ck_assert_int_eq(kv_layer_install_bounded(l, 7, NULL), PD_OK);
+    ck_assert_int_eq(kv_layer_set_sinks(l, lin, 6, NULL), PD_OK);
+    kv_layer_check(l);
+    kv_memory m;
+    kv_layer_memory(l, &m);
+    ck_assert_uint_eq(m.recurrent, 4 * 10 + 2 * 4 * H * 7 * D);
+    ck_assert_uint_eq(m.allocated, (uint64_t)ca.live);
+    kv_layer_clear(l);
+    kv_layer_check(l);
+    kv_layer_memory(l, &m);
+    ck_assert_uint_eq(m.attention, 0);
+    ck_assert_uint_eq(m.recurrent, 2 * 4 * H * 7 * D); /* the ring keeps its size */
+    ck_assert_uint_eq(m.allocated, (uint64_t)ca.live);
+    kv_layer_free(l);
+    ck_assert_int_eq(ca.live, 0);
 }
 END_TEST
 
@@ -1865,120 +1861,119 @@ END_TEST
  * states byte-identical after every burst. */
 START_TEST(kv_randomized_sequences_keep_invariants)
 {
-    for (uint32_t cfg_i = 0; cfg_i < 12; cfg_i++) {
-        pd_rng rng = {.s = 0x9e3779b97f4a7c15ull * (cfg_i + 1)};
-        const shape *s = &shapes[cfg_i % 3];
-        kv_layer_config cfg = shape_cfg(s, all_modes[(cfg_i / 3) % 4], 8 + pd_rng_below(&rng, 12),
-                                        6 + pd_rng_below(&rng, 8));
-        cfg.capacity_rows = pd_rng_below(&rng, 20);
-        kv_layer *R = mk(cfg), *S = mk(cfg);
-        size_t nout = (size_t)s->n_kv * s->g * s->hd;
-        float *o1 = malloc(sizeof(float) * nout), *o2 = malloc(sizeof(float) * nout);
-        uint64_t salt = 1000;
-        int bursts = 0;
-        for (int step = 0; step < 250; step++) {
-            uint32_t op = pd_rng_below(&rng, 100);
-            uint32_t p = (uint32_t)kv_layer_pos_len(R);
-            uint32_t rows = (uint32_t)kv_layer_rows(R);
-            if (op < 30) { /* decode step */
-                app_swa(R, s->n_kv, s->hd, p, salt, salt + 1);
-                app_swa(S, s->n_kv, s->hd, p, salt, salt + 1);
-                step_attend(R, s, salt, rows + 1, 0, o1);
-                step_attend(S, s, salt, rows + 1, 0, o2);
-                ck_assert(same_bits(o1, o2, nout));
-                salt++;
-            } else if (op < 40 && rows) { /* any attend */
-                uint32_t h = pd_rng_below(&rng, s->n_kv), upto = pd_rng_below(&rng, rows + 1);
-                uint32_t first = pd_rng_below(&rng, rows), track = pd_rng_below(&rng, 2);
-                float q[4 * MAXD];
-                swa_fill(q, salt++, s->g * s->hd, 3);
-                att(R, h, 0, s->g, q, 0, 0, first, upto, (int)track, o1, NULL);
-                att(S, h, 0, s->g, q, 0, 0, first, upto, (int)track, o2, NULL);
-                ck_assert(same_bits(o1, o2, (size_t)s->g * s->hd));
-            } else if (op < 55) { /* verify burst */
-                kv_layer_confirm(R, p);
-                kv_layer_confirm(S, p);
-                uint32_t d = 1 + pd_rng_below(&rng, 6), a = pd_rng_below(&rng, d + 1);
-                for (uint32_t i = 0; i < d; i++)
-                    app_swa(S, s->n_kv, s->hd, p + i, i < a ? salt + i : 99999 + salt,
-                            i < a ? salt + i + 1 : 77777 + salt);
-                for (uint32_t i = 0; i < d; i++)
-                    step_attend(S, s, salt + i, rows + i + 1, 1, o2);
-                trunc_ok(S, d - a);
-                for (uint32_t i = 0; i < a; i++) {
-                    app_swa(R, s->n_kv, s->hd, p + i, salt + i, salt + i + 1);
-                    step_attend(R, s, salt + i, rows + i + 1, 0, o1);
-                }
-                salt += d;
-                assert_same_state(R, S);
-                bursts++;
-            } else if (op < 62) {
-                uint32_t n = pd_rng_below(&rng, (rows < 8 ? rows : 8) + 1);
-                trunc_ok(R, n);
-                trunc_ok(S, n);
-            } else if (op < 70) {
-                uint64_t pos = pd_rng_below(&rng, p + 2);
-                kv_layer_confirm(R, pos);
-                kv_layer_confirm(S, pos);
-            } else if (op < 75) {
-                uint32_t keep = pd_rng_below(&rng, rows + 2);
-                ck_assert_uint_eq(kv_layer_evict_recent(R, keep), kv_layer_evict_recent(S, keep));
-            } else if (op < 80) {
-                uint32_t b = pd_rng_below(&rng, rows + 2), sk = pd_rng_below(&rng, 4),
-                         rc = pd_rng_below(&rng, 6);
-                ck_assert_uint_eq(kv_layer_evict_importance(R, b, sk, rc),
-                                  kv_layer_evict_importance(S, b, sk, rc));
-            } else if (op < 88) {
-                uint32_t w = 1 + pd_rng_below(&rng, 12), sl = pd_rng_below(&rng, 4),
-                         al = pd_rng_below(&rng, 5);
-                ck_assert_uint_eq(kv_layer_trim_window(R, w, sl, al),
-                                  kv_layer_trim_window(S, w, sl, al));
-            } else if (op < 90) {
-                kv_layer_clear(R);
-                kv_layer_clear(S);
-            } else if (op < 93) {
-                float lin[7];
-                uint32_t n = pd_rng_below(&rng, 8);
-                swa_fill(lin, salt++, 7, 5);
-                ck_assert_int_eq(kv_layer_set_linear(R, lin, n, NULL), PD_OK);
-                ck_assert_int_eq(kv_layer_set_linear(S, lin, n, NULL), PD_OK);
-            } else if (op < 95) {
-                uint32_t w = 1 + pd_rng_below(&rng, 4);
-                ck_assert_int_eq(kv_layer_install_bounded(R, w, NULL), PD_OK);
-                ck_assert_int_eq(kv_layer_install_bounded(S, w, NULL), PD_OK);
-            } else if (op < 97) {
-                float k[MAXH * MAXD];
-                swa_fill(k, salt++, s->n_kv * s->hd, 6);
-                pd_status a = kv_layer_bounded_insert(R, k, k, NULL);
-                ck_assert_int_eq(kv_layer_bounded_insert(S, k, k, NULL), a);
-            } else { /* prefill chunk */
-                uint32_t b = 1 + pd_rng_below(&rng, 10);
-                for (uint32_t i = 0; i < b; i++) {
-                    app_swa(R, s->n_kv, s->hd, p + i, salt + i, salt + i + 1);
-                    app_swa(S, s->n_kv, s->hd, p + i, salt + i, salt + i + 1);
-                }
-                for (uint32_t i = 0; i < b; i++) {
-                    step_attend(R, s, salt + i, rows + i + 1, 1, o1);
-                    step_attend(S, s, salt + i, rows + i + 1, 1, o2);
-                    ck_assert(same_bits(o1, o2, nout));
-                }
-                salt += b;
+    const uint32_t cfg_i = (uint32_t)_i; /* 12 configurations: shape cfg_i % 3, mode cfg_i / 3 */
+    pd_rng rng = {.s = 0x9e3779b97f4a7c15ull * (cfg_i + 1)};
+    const shape *s = &shapes[cfg_i % 3];
+    kv_layer_config cfg = shape_cfg(s, all_modes[(cfg_i / 3) % 4], 8 + pd_rng_below(&rng, 12),
+                                    6 + pd_rng_below(&rng, 8));
+    cfg.capacity_rows = pd_rng_below(&rng, 20);
+    kv_layer *R = mk(cfg), *S = mk(cfg);
+    size_t nout = (size_t)s->n_kv * s->g * s->hd;
+    float *o1 = malloc(sizeof(float) * nout), *o2 = malloc(sizeof(float) * nout);
+    uint64_t salt = 1000;
+    int bursts = 0;
+    for (int step = 0; step < 250; step++) {
+        uint32_t op = pd_rng_below(&rng, 100);
+        uint32_t p = (uint32_t)kv_layer_pos_len(R);
+        uint32_t rows = (uint32_t)kv_layer_rows(R);
+        if (op < 30) { /* decode step */
+            app_swa(R, s->n_kv, s->hd, p, salt, salt + 1);
+            app_swa(S, s->n_kv, s->hd, p, salt, salt + 1);
+            step_attend(R, s, salt, rows + 1, 0, o1);
+            step_attend(S, s, salt, rows + 1, 0, o2);
+            ck_assert(same_bits(o1, o2, nout));
+            salt++;
+        } else if (op < 40 && rows) { /* any attend */
+            uint32_t h = pd_rng_below(&rng, s->n_kv), upto = pd_rng_below(&rng, rows + 1);
+            uint32_t first = pd_rng_below(&rng, rows), track = pd_rng_below(&rng, 2);
+            float q[4 * MAXD];
+            swa_fill(q, salt++, s->g * s->hd, 3);
+            att(R, h, 0, s->g, q, 0, 0, first, upto, (int)track, o1, NULL);
+            att(S, h, 0, s->g, q, 0, 0, first, upto, (int)track, o2, NULL);
+            ck_assert(same_bits(o1, o2, (size_t)s->g * s->hd));
+        } else if (op < 55) { /* verify burst */
+            kv_layer_confirm(R, p);
+            kv_layer_confirm(S, p);
+            uint32_t d = 1 + pd_rng_below(&rng, 6), a = pd_rng_below(&rng, d + 1);
+            for (uint32_t i = 0; i < d; i++)
+                app_swa(S, s->n_kv, s->hd, p + i, i < a ? salt + i : 99999 + salt,
+                        i < a ? salt + i + 1 : 77777 + salt);
+            for (uint32_t i = 0; i < d; i++)
+                step_attend(S, s, salt + i, rows + i + 1, 1, o2);
+            trunc_ok(S, d - a);
+            for (uint32_t i = 0; i < a; i++) {
+                app_swa(R, s->n_kv, s->hd, p + i, salt + i, salt + i + 1);
+                step_attend(R, s, salt + i, rows + i + 1, 0, o1);
             }
-            kv_layer_check(R);
-            kv_layer_check(S);
-            ck_assert_uint_eq(kv_layer_pos_len(R), kv_layer_pos_len(S));
-            ck_assert_uint_eq(kv_layer_rows(R), kv_layer_rows(S));
-            ck_assert_uint_eq(kv_layer_base(R) + kv_layer_rows(R), kv_layer_pos_len(R));
+            salt += d;
+            assert_same_state(R, S);
+            bursts++;
+        } else if (op < 62) {
+            uint32_t n = pd_rng_below(&rng, (rows < 8 ? rows : 8) + 1);
+            trunc_ok(R, n);
+            trunc_ok(S, n);
+        } else if (op < 70) {
+            uint64_t pos = pd_rng_below(&rng, p + 2);
+            kv_layer_confirm(R, pos);
+            kv_layer_confirm(S, pos);
+        } else if (op < 75) {
+            uint32_t keep = pd_rng_below(&rng, rows + 2);
+            ck_assert_uint_eq(kv_layer_evict_recent(R, keep), kv_layer_evict_recent(S, keep));
+        } else if (op < 80) {
+            uint32_t b = pd_rng_below(&rng, rows + 2), sk = pd_rng_below(&rng, 4),
+                     rc = pd_rng_below(&rng, 6);
+            ck_assert_uint_eq(kv_layer_evict_importance(R, b, sk, rc),
+                              kv_layer_evict_importance(S, b, sk, rc));
+        } else if (op < 88) {
+            uint32_t w = 1 + pd_rng_below(&rng, 12), sl = pd_rng_below(&rng, 4),
+                     al = pd_rng_below(&rng, 5);
+            ck_assert_uint_eq(kv_layer_trim_window(R, w, sl, al),
+                              kv_layer_trim_window(S, w, sl, al));
+        } else if (op < 90) {
+            kv_layer_clear(R);
+            kv_layer_clear(S);
+        } else if (op < 93) {
+            float lin[7];
+            uint32_t n = pd_rng_below(&rng, 8);
+            swa_fill(lin, salt++, 7, 5);
+            ck_assert_int_eq(kv_layer_set_linear(R, lin, n, NULL), PD_OK);
+            ck_assert_int_eq(kv_layer_set_linear(S, lin, n, NULL), PD_OK);
+        } else if (op < 95) {
+            uint32_t w = 1 + pd_rng_below(&rng, 4);
+            ck_assert_int_eq(kv_layer_install_bounded(R, w, NULL), PD_OK);
+            ck_assert_int_eq(kv_layer_install_bounded(S, w, NULL), PD_OK);
+        } else if (op < 97) {
+            float k[MAXH * MAXD];
+            swa_fill(k, salt++, s->n_kv * s->hd, 6);
+            pd_status a = kv_layer_bounded_insert(R, k, k, NULL);
+            ck_assert_int_eq(kv_layer_bounded_insert(S, k, k, NULL), a);
+        } else { /* prefill chunk */
+            uint32_t b = 1 + pd_rng_below(&rng, 10);
+            for (uint32_t i = 0; i < b; i++) {
+                app_swa(R, s->n_kv, s->hd, p + i, salt + i, salt + i + 1);
+                app_swa(S, s->n_kv, s->hd, p + i, salt + i, salt + i + 1);
+            }
+            for (uint32_t i = 0; i < b; i++) {
+                step_attend(R, s, salt + i, rows + i + 1, 1, o1);
+                step_attend(S, s, salt + i, rows + i + 1, 1, o2);
+                ck_assert(same_bits(o1, o2, nout));
+            }
+            salt += b;
         }
-        ck_assert_int_gt(bursts, 10);
-        kv_layer_confirm(R, kv_layer_pos_len(R));
-        kv_layer_confirm(S, kv_layer_pos_len(S));
-        assert_same_state(R, S);
-        free(o1);
-        free(o2);
-        kv_layer_free(R);
-        kv_layer_free(S);
+        kv_layer_check(R);
+        kv_layer_check(S);
+        ck_assert_uint_eq(kv_layer_pos_len(R), kv_layer_pos_len(S));
+        ck_assert_uint_eq(kv_layer_rows(R), kv_layer_rows(S));
+        ck_assert_uint_eq(kv_layer_base(R) + kv_layer_rows(R), kv_layer_pos_len(R));
     }
+    ck_assert_int_gt(bursts, 10);
+    kv_layer_confirm(R, kv_layer_pos_len(R));
+    kv_layer_confirm(S, kv_layer_pos_len(S));
+    assert_same_state(R, S);
+    free(o1);
+    free(o2);
+    kv_layer_free(R);
+    kv_layer_free(S);
 }
 END_TEST
 
@@ -2104,18 +2099,19 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, kv_attend_same_bits_on_every_isa);
     tcase_add_test(tc, kv_trim_keeps_contiguous_tail);
     tcase_add_test(tc, kv_anchored_trim_keeps_the_rollback_window);
-    tcase_add_test(tc, kv_trimmed_attend_equals_untrimmed);
+    tcase_add_loop_test(tc, kv_trimmed_attend_equals_untrimmed, 0, PD_COUNT(all_modes) * PD_COUNT(trim_cases));
     tcase_add_test(tc, kv_truncate_after_trim_within_slack);
     tcase_add_test(tc, kv_evict_skips_tail_layer);
     tcase_add_test(tc, kv_generation_changes_on_every_non_append_mutation);
     suite_add_tcase(s, tc);
     TCase *tx = tcase_create("exactness");
     tcase_set_timeout(tx, 60);
-    tcase_add_test(tx, kv_attend_upto_equals_sequential_prefill_chunk);
-    tcase_add_test(tx, kv_truncate_equals_never_appended);
+    tcase_add_loop_test(tx, kv_attend_upto_equals_sequential_prefill_chunk, 0, PD_COUNT(shapes) * PD_COUNT(all_modes));
+    tcase_add_loop_test(tx, kv_truncate_equals_never_appended, 0,
+                        PD_COUNT(variants) * PD_COUNT(shapes) * PD_COUNT(all_modes));
     tcase_add_test(tx, kv_truncate_undoes_a_freeze_from_rolled_back_rows);
     tcase_add_test(tx, kv_rolled_back_importance_is_not_kept);
-    tcase_add_test(tx, kv_memory_matches_analytic_formula);
+    tcase_add_loop_test(tx, kv_memory_matches_analytic_formula, 0, PD_COUNT(all_modes) * PD_COUNT(masks));
     tcase_add_test(tx, kv_append_within_capacity_does_not_allocate);
     tcase_add_test(tx, kv_allocation_failure_leaves_layer_unchanged);
     suite_add_tcase(s, tx);
@@ -2127,7 +2123,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(ts, kv_swap_exchanges_state_and_keeps_sinks);
     tcase_add_test(ts, kv_bounded_ring_insert_overwrites_len_mod_window);
     tcase_add_test(ts, kv_refuses_bad_arguments);
-    tcase_add_test(ts, kv_randomized_sequences_keep_invariants);
+    tcase_add_loop_test(ts, kv_randomized_sequences_keep_invariants, 0, 12);
     tcase_add_test(ts, kv_row_list_attend_equals_the_layer_that_keeps_those_rows);
     tcase_add_test(ts, kv_keep_rows_and_row_lists_refuse_bad_lists_without_change);
     suite_add_tcase(s, ts);

@@ -770,40 +770,32 @@ static void verify_vs_sequential(uint32_t H, uint32_t D, uint32_t W, uint32_t g,
     free(b);
 }
 
-START_TEST(ring_verify_without_clone_equals_sequential_w1)
-{
-    verify_vs_sequential(1, 8, 1, 1, 0, 8, 11);
-    verify_vs_sequential(2, 5, 1, 3, 0, 8, 12);
-}
-END_TEST
+/* The verify geometries (H, D, W, group, storage, Kmax, seed): windows 1, 3
+ * and 8 in f32, the int8 mirror, and int8 storage, where drafts are
+ * quantized in their spill slots as a write quantizes and a commit copies
+ * the codes. */
+static const struct verify_case {
+    uint32_t H, D, W, g;
+    int i8;
+    uint32_t Kmax;
+    uint64_t seed;
+} verify_cases[] = {
+    {1, 8, 1, 1, 0, 8, 11},
+    {2, 5, 1, 3, 0, 8, 12},
+    {1, 16, 3, 2, 0, 8, 13},
+    {3, 6, 3, 1, 0, 8, 14},
+    {2, 12, 8, 2, 0, 8, 15},
+    {2, 8, 3, 2, 1, 5, 16},
+    {1, 8, 8, 1, 1, 8, 17},
+    {2, 40, 3, 2, ST_Q8(KV_MODE_Q8), 5, 18},
+    {1, 8, 1, 1, ST_Q8(KV_MODE_Q8K), 4, 19},
+    {2, 33, 4, 3, ST_Q8(KV_MODE_Q8V), 6, 20},
+};
 
-START_TEST(ring_verify_without_clone_equals_sequential_w3)
+START_TEST(ring_verify_without_clone_equals_sequential)
 {
-    verify_vs_sequential(1, 16, 3, 2, 0, 8, 13);
-    verify_vs_sequential(3, 6, 3, 1, 0, 8, 14);
-}
-END_TEST
-
-START_TEST(ring_verify_without_clone_equals_sequential_w8)
-{
-    verify_vs_sequential(2, 12, 8, 2, 0, 8, 15);
-}
-END_TEST
-
-START_TEST(ring_verify_without_clone_equals_sequential_int8)
-{
-    verify_vs_sequential(2, 8, 3, 2, 1, 5, 16);
-    verify_vs_sequential(1, 8, 8, 1, 1, 8, 17);
-}
-END_TEST
-
-START_TEST(ring_verify_without_clone_equals_sequential_q8)
-{
-    /* int8 storage: drafts are quantized in their spill slots as a write
-     * quantizes, and a commit copies the codes */
-    verify_vs_sequential(2, 40, 3, 2, ST_Q8(KV_MODE_Q8), 5, 18);
-    verify_vs_sequential(1, 8, 1, 1, ST_Q8(KV_MODE_Q8K), 4, 19);
-    verify_vs_sequential(2, 33, 4, 3, ST_Q8(KV_MODE_Q8V), 6, 20);
+    const struct verify_case *c = &verify_cases[_i];
+    verify_vs_sequential(c->H, c->D, c->W, c->g, c->i8, c->Kmax, c->seed);
 }
 END_TEST
 
@@ -1049,66 +1041,76 @@ static size_t expect_storage(uint32_t H, uint32_t D, uint32_t W, uint32_t C, uin
     return s;
 }
 
+static const uint32_t mem_cases[11][7] = {
+    /* H, D, W, C, K, i8 (storage), group */
+    {1, 1, 1, 1, 0, 0, 1},   {2, 16, 8, 32, 4, 0, 1}, {2, 16, 8, 32, 4, 1, 1},
+    {3, 12, 5, 7, 8, 1, 4},  {10, 128, 128, 300, 8, 0, 2}, {4, 7, 3, 9, 0, 1, 3},
+    {1, 1, 1, 1, 0, 4, 1},   {2, 40, 8, 32, 4, 2, 1}, {2, 40, 8, 32, 4, 3, 2},
+    {10, 128, 128, 300, 8, 4, 2}, {3, 33, 5, 7, 0, 4, 3}};
+
 START_TEST(ring_memory_matches_formula)
 {
-    const uint32_t cases[11][7] = {
-        /* H, D, W, C, K, i8 (storage), group */
-        {1, 1, 1, 1, 0, 0, 1},   {2, 16, 8, 32, 4, 0, 1}, {2, 16, 8, 32, 4, 1, 1},
-        {3, 12, 5, 7, 8, 1, 4},  {10, 128, 128, 300, 8, 0, 2}, {4, 7, 3, 9, 0, 1, 3},
-        {1, 1, 1, 1, 0, 4, 1},   {2, 40, 8, 32, 4, 2, 1}, {2, 40, 8, 32, 4, 3, 2},
-        {10, 128, 128, 300, 8, 4, 2}, {3, 33, 5, 7, 0, 4, 3}};
-    for (int c = 0; c < 11; c++) {
-        const uint32_t *p = cases[c];
-        count_alloc ca = {0};
-        pd_alloc al = {.alloc = count_alloc_fn, .free = count_free_fn, .ctx = &ca};
-        ring_layer_config cfg = {.n_kv_heads = p[0],
-                                 .head_dim = p[1],
-                                 .window = p[2],
-                                 .ref_capacity = p[3],
-                                 .max_drafts = p[4],
-                                 .int8_mirror = st_mirror((int)p[5]),
-                                 .mode = st_mode((int)p[5]),
-                                 .max_group = p[6],
-                                 .alloc = &al};
-        ring_layer *r = NULL;
-        pd_err e = {0};
-        ck_assert_int_eq(ring_layer_new(&cfg, &r, &e), PD_OK);
-        ring_layer_mem m;
-        ring_layer_mem_get(r, &m);
-        size_t want = expect_storage(p[0], p[1], p[2], p[3], p[4], (int)p[5], p[6]);
-        ck_assert_msg(m.storage == want, "case %d: storage %zu, formula %zu", c, m.storage,
-                      want);
-        ck_assert_uint_eq(m.allocated, m.storage + m.handle);
-        ck_assert_uint_eq(ca.live_bytes, m.allocated); /* every byte asked of the allocator */
-        ck_assert_uint_eq(m.live, 0);
-        /* live bytes follow the rows held */
-        const size_t tok = (size_t)p[0] * p[1];
-        float *k = calloc(tok * p[3], sizeof(float));
-        const kv_mode md = st_mode((int)p[5]);
-        const size_t Dp = p[1], Gp = (Dp + RING_K_GROUP - 1) / RING_K_GROUP;
-        const size_t row_bytes = ((md & KV_MODE_Q8K) ? Dp + 4 * Gp : 4 * Dp) +
-                                 ((md & KV_MODE_Q8V) ? Dp + 4 : 4 * Dp) +
-                                 (st_mirror((int)p[5]) ? 2 * Dp + 8 : 0);
-        ck_assert_uint_eq(ring_layer_bytes_for(&cfg), m.allocated); /* the estimate */
-        prefill_ok(r, k, k, p[3]);
-        uint32_t n_w = p[2] + 2, n_d = p[4] > 0 ? p[4] - (p[4] > 1) : 0;
-        for (uint32_t i = 0; i < n_w; i++)
-            write_ok(r, k, k);
-        for (uint32_t i = 0; i < n_d; i++)
-            ck_assert_int_eq(ring_layer_draft_put(r, k, k, &e), PD_OK);
-        ring_layer_mem_get(r, &m);
-        ck_assert_uint_eq(m.live, (size_t)p[0] * ((size_t)p[3] + p[2] + n_d) * row_bytes);
-        ck_assert_uint_eq(ca.live_bytes, m.allocated);
-        free(k);
-        ring_layer_free(r);
-        ck_assert_uint_eq(ca.live_bytes, 0);
-        ck_assert_uint_eq(ca.calls, ca.frees);
-    }
+    const int c = _i;
+    const uint32_t *p = mem_cases[c];
+    count_alloc ca = {0};
+    pd_alloc al = {.alloc = count_alloc_fn, .free = count_free_fn, .ctx = &ca};
+    ring_layer_config cfg = {.n_kv_heads = p[0],
+                             .head_dim = p[1],
+                             .window = p[2],
+                             .ref_capacity = p[3],
+                             .max_drafts = p[4],
+                             .int8_mirror = st_mirror((int)p[5]),
+                             .mode = st_mode((int)p[5]),
+                             .max_group = p[6],
+                             .alloc = &al};
+    ring_layer *r = NULL;
+    pd_err e = {0};
+    ck_assert_int_eq(ring_layer_new(&cfg, &r, &e), PD_OK);
+    ring_layer_mem m;
+    ring_layer_mem_get(r, &m);
+    size_t want = expect_storage(p[0], p[1], p[2], p[3], p[4], (int)p[5], p[6]);
+    ck_assert_msg(m.storage == want, "case %d: storage %zu, formula %zu", c, m.storage,
+                  want);
+    ck_assert_uint_eq(m.allocated, m.storage + m.handle);
+    ck_assert_uint_eq(ca.live_bytes, m.allocated); /* every byte asked of the allocator */
+    ck_assert_uint_eq(m.live, 0);
+    /* live bytes follow the rows held */
+    const size_t tok = (size_t)p[0] * p[1];
+    float *k = calloc(tok * p[3], sizeof(float));
+    const kv_mode md = st_mode((int)p[5]);
+    const size_t Dp = p[1], Gp = (Dp + RING_K_GROUP - 1) / RING_K_GROUP;
+    const size_t row_bytes = ((md & KV_MODE_Q8K) ? Dp + 4 * Gp : 4 * Dp) +
+                             ((md & KV_MODE_Q8V) ? Dp + 4 : 4 * Dp) +
+                             (st_mirror((int)p[5]) ? 2 * Dp + 8 : 0);
+    ck_assert_uint_eq(ring_layer_bytes_for(&cfg), m.allocated); /* the estimate */
+    prefill_ok(r, k, k, p[3]);
+    uint32_t n_w = p[2] + 2, n_d = p[4] > 0 ? p[4] - (p[4] > 1) : 0;
+    for (uint32_t i = 0; i < n_w; i++)
+        write_ok(r, k, k);
+    for (uint32_t i = 0; i < n_d; i++)
+        ck_assert_int_eq(ring_layer_draft_put(r, k, k, &e), PD_OK);
+    ring_layer_mem_get(r, &m);
+    ck_assert_uint_eq(m.live, (size_t)p[0] * ((size_t)p[3] + p[2] + n_d) * row_bytes);
+    ck_assert_uint_eq(ca.live_bytes, m.allocated);
+    free(k);
+    ring_layer_free(r);
+    ck_assert_uint_eq(ca.live_bytes, 0);
+    ck_assert_uint_eq(ca.calls, ca.frees);
 }
 END_TEST
 
+/* After new, the hot paths (prefill attend, write, attend, draft put /
+ * attend / commit, the state view) allocate nothing: with the int8 mirror,
+ * and with int8 storage. */
+static const struct hot_case {
+    int int8_mirror;
+    kv_mode mode;
+    uint64_t seed;
+} hot_cases[] = {{1, KV_MODE_F32, 1}, {0, KV_MODE_Q8, 2}};
+
 START_TEST(ring_hot_paths_never_allocate)
 {
+    const struct hot_case *c = &hot_cases[_i];
     count_alloc ca = {0};
     pd_alloc al = {.alloc = count_alloc_fn, .free = count_free_fn, .ctx = &ca};
     ring_layer_config cfg = {.n_kv_heads = 2,
@@ -1116,7 +1118,8 @@ START_TEST(ring_hot_paths_never_allocate)
                              .window = 3,
                              .ref_capacity = 4,
                              .max_drafts = 3,
-                             .int8_mirror = 1,
+                             .int8_mirror = c->int8_mirror,
+                             .mode = c->mode,
                              .max_group = 2,
                              .alloc = &al};
     ring_layer *r = NULL;
@@ -1124,7 +1127,7 @@ START_TEST(ring_hot_paths_never_allocate)
     ck_assert_int_eq(ring_layer_new(&cfg, &r, &e), PD_OK);
     const size_t calls = ca.calls;
     float k[32], q[32], out[32];
-    pd_rng g = {.s = 1};
+    pd_rng g = {.s = c->seed};
     pd_rng_fill(&g, k, 32, -1, 1);
     pd_rng_fill(&g, q, 32, -1, 1);
     ring_attend_opts o = {.group = 2};
@@ -1148,59 +1151,60 @@ END_TEST
 
 /* ---- state view and install ----------------------------------------------- */
 
+enum { RT_W = 4 }; /* the round trip's window: fill levels 0 .. 2 RT_W + 1, each storage */
+
 START_TEST(ring_state_roundtrip_into_new_layer_and_swap)
 {
-    const uint32_t H = 2, D = 8, W = 4, g = 2;
+    const uint32_t H = 2, D = 8, W = RT_W, g = 2;
     float tk[16], tv[16], q[32], a[32], b[32];
-    for (uint32_t w = 0; w <= 2 * W + 1; w++)
-        for (int i8 = 0; i8 < ST_COUNT; i8++) {
-            ring_layer *src = build_history(H, D, W, 3, 2, i8, g, 50 + w, w, tk, tv);
-            ring_state st;
-            ring_layer_state(src, &st);
-            ring_layer_config cfg;
-            ring_layer_config_get(src, &cfg);
-            ring_layer *dst = NULL;
-            pd_err e = {0};
-            ck_assert_msg(ring_layer_new_from_state(&cfg, &st, &dst, &e) == PD_OK, "%s",
-                          e.msg);
-            check_ok(dst); /* includes the recomputed int8 mirror */
-            snap s1 = snap_take(src), s2 = snap_take(dst);
-            snap_eq(&s1, &s2, 0, "imported state");
-            ck_assert_uint_ne(s1.id, s2.id);
-            ck_assert_uint_eq(ring_layer_position(src), ring_layer_position(dst));
-            pd_rng rng = {.s = w};
-            pd_rng_fill(&rng, q, 32, -1, 1);
-            ring_attend_opts o = {.group = g};
-            attend_ok(src, q, &o, a);
-            attend_ok(dst, q, &o, b);
-            ck_assert(memcmp(a, b, sizeof a) == 0);
-            /* swap: the live handle takes the imported state and identity */
-            ring_layer *live = build_history(H, D, W, 3, 2, i8, g, 999, 1, tk, tv);
-            uint64_t id_live = ring_layer_id(live), id_dst = ring_layer_id(dst);
-            ring_layer_swap(live, dst);
-            check_ok(live);
-            check_ok(dst);
-            ck_assert_uint_eq(ring_layer_id(live), id_dst);
-            ck_assert_uint_eq(ring_layer_id(dst), id_live);
-            snap s3 = snap_take(live);
-            snap_eq(&s1, &s3, 0, "swapped-in state");
-            attend_ok(live, q, &o, b);
-            ck_assert(memcmp(a, b, sizeof a) == 0);
-            /* both keep working after the swap */
-            gen_token(3, w, 16, tk, tv);
-            write_ok(live, tk, tv);
-            write_ok(src, tk, tv);
-            write_ok(dst, tk, tv);
-            attend_ok(live, q, &o, a);
-            attend_ok(src, q, &o, b);
-            ck_assert(memcmp(a, b, sizeof a) == 0);
-            snap_free(&s1);
-            snap_free(&s2);
-            snap_free(&s3);
-            ring_layer_free(dst); /* holds live's old state now */
-            ring_layer_free(live);
-            ring_layer_free(src);
-        }
+    const uint32_t w = (uint32_t)_i / ST_COUNT;
+    const int i8 = _i % ST_COUNT;
+    ring_layer *src = build_history(H, D, W, 3, 2, i8, g, 50 + w, w, tk, tv);
+    ring_state st;
+    ring_layer_state(src, &st);
+    ring_layer_config cfg;
+    ring_layer_config_get(src, &cfg);
+    ring_layer *dst = NULL;
+    pd_err e = {0};
+    ck_assert_msg(ring_layer_new_from_state(&cfg, &st, &dst, &e) == PD_OK, "%s",
+                  e.msg);
+    check_ok(dst); /* includes the recomputed int8 mirror */
+    snap s1 = snap_take(src), s2 = snap_take(dst);
+    snap_eq(&s1, &s2, 0, "imported state");
+    ck_assert_uint_ne(s1.id, s2.id);
+    ck_assert_uint_eq(ring_layer_position(src), ring_layer_position(dst));
+    pd_rng rng = {.s = w};
+    pd_rng_fill(&rng, q, 32, -1, 1);
+    ring_attend_opts o = {.group = g};
+    attend_ok(src, q, &o, a);
+    attend_ok(dst, q, &o, b);
+    ck_assert(memcmp(a, b, sizeof a) == 0);
+    /* swap: the live handle takes the imported state and identity */
+    ring_layer *live = build_history(H, D, W, 3, 2, i8, g, 999, 1, tk, tv);
+    uint64_t id_live = ring_layer_id(live), id_dst = ring_layer_id(dst);
+    ring_layer_swap(live, dst);
+    check_ok(live);
+    check_ok(dst);
+    ck_assert_uint_eq(ring_layer_id(live), id_dst);
+    ck_assert_uint_eq(ring_layer_id(dst), id_live);
+    snap s3 = snap_take(live);
+    snap_eq(&s1, &s3, 0, "swapped-in state");
+    attend_ok(live, q, &o, b);
+    ck_assert(memcmp(a, b, sizeof a) == 0);
+    /* both keep working after the swap */
+    gen_token(3, w, 16, tk, tv);
+    write_ok(live, tk, tv);
+    write_ok(src, tk, tv);
+    write_ok(dst, tk, tv);
+    attend_ok(live, q, &o, a);
+    attend_ok(src, q, &o, b);
+    ck_assert(memcmp(a, b, sizeof a) == 0);
+    snap_free(&s1);
+    snap_free(&s2);
+    snap_free(&s3);
+    ring_layer_free(dst); /* holds live's old state now */
+    ring_layer_free(live);
+    ring_layer_free(src);
 }
 END_TEST
 
@@ -1279,31 +1283,41 @@ END_TEST
 
 /* ---- KV layer vs ring layer ----------------------------------------------- */
 
+/* A kv_layer holding the same rows in the same order answers with the same
+ * bits as the ring layer as long as the ring has not wrapped: in f32, and in
+ * int8 storage before the kv layer's field freezes (it then quantizes rows
+ * the way the ring does). Decode and prefill attends alike, and attend_upto
+ * over a whole reference at once. */
+static const struct kv_case {
+    kv_mode mode;
+    uint32_t D;
+    uint64_t seed;
+} kv_cases[] = {{KV_MODE_F32, 12, 70}, {KV_MODE_Q8K, 40, 71}, {KV_MODE_Q8V, 40, 71}, {KV_MODE_Q8, 40, 71}};
+
 START_TEST(ring_equals_kv_layer_before_wrap)
 {
-    /* A kv_layer holding the same rows in the same order answers with the same
-     * bits as the ring layer, as long as the ring has not wrapped. */
-    const uint32_t H = 2, D = 12, W = 6, R = 5, g = 3;
+    const struct kv_case *c = &kv_cases[_i];
+    const uint32_t H = 2, D = c->D, W = 6, R = 5, g = 3;
     const size_t tok = (size_t)H * D;
-    kv_layer_config kc = {.n_kv_heads = H, .head_dim = D, .mode = KV_MODE_F32,
+    const int m = c->mode;
+    kv_layer_config kc = {.n_kv_heads = H, .head_dim = D, .mode = c->mode,
                           .capacity_rows = R + W, .max_q_per_kv = g};
     kv_layer *kv = NULL;
     pd_err e = {0};
     ck_assert_msg(kv_layer_new(&kc, &kv, &e) == PD_OK, "%s", e.msg);
-    ring_layer *r = mk(H, D, W, R, 0, 0, g);
-    float tk[24], tv[24], q[72], a[72], b[72];
+    ring_layer *r = mk(H, D, W, R, 0, m == KV_MODE_F32 ? 0 : ST_Q8(m), g);
+    float tk[2 * 40], tv[2 * 40], q[2 * 40 * 3], a[2 * 40 * 3], b[2 * 40 * 3];
     ring_attend_opts o = {.group = g};
-    pd_rng rng = {.s = 70};
+    pd_rng rng = {.s = c->seed};
     for (uint32_t t = 0; t < R + W; t++) {
-        gen_token(70, t, tok, tk, tv);
+        gen_token(c->seed, t, tok, tk, tv);
         ck_assert_msg(kv_layer_append(kv, tk, tv, &e) == PD_OK, "%s", e.msg);
+        pd_rng_fill(&rng, q, tok * g, -1, 1);
         if (t < R) {
             prefill_ok(r, tk, tv, 1);
-            pd_rng_fill(&rng, q, tok * g, -1, 1);
             ck_assert_int_eq(ring_layer_attend_prefill(r, t, q, &o, a, NULL, &e), PD_OK);
         } else {
             write_ok(r, tk, tv);
-            pd_rng_fill(&rng, q, tok * g, -1, 1);
             attend_ok(r, q, &o, a);
         }
         for (uint32_t h = 0; h < H; h++) {
@@ -1311,13 +1325,13 @@ START_TEST(ring_equals_kv_layer_before_wrap)
                             .out = b + h * g * D};
             ck_assert_msg(kv_layer_attend(kv, &ka, NULL, &e) == PD_OK, "%s", e.msg);
         }
-        ck_assert_msg(memcmp(a, b, sizeof(float) * tok * g) == 0, "row %u differs", t);
+        ck_assert_msg(memcmp(a, b, sizeof(float) * tok * g) == 0, "mode %d row %u differs", m, t);
     }
     /* attend_upto: a whole reference at once, row i vs the KV layer's upto */
-    ring_layer *whole = mk(H, D, W, R, 0, 0, g);
+    ring_layer *whole = mk(H, D, W, R, 0, m == KV_MODE_F32 ? 0 : ST_Q8(m), g);
     float *all_k = malloc(sizeof(float) * R * tok), *all_v = malloc(sizeof(float) * R * tok);
     for (uint32_t t = 0; t < R; t++)
-        gen_token(70, t, tok, all_k + t * tok, all_v + t * tok);
+        gen_token(c->seed, t, tok, all_k + t * tok, all_v + t * tok);
     prefill_ok(whole, all_k, all_v, R);
     for (uint32_t t = 0; t < R; t++) {
         pd_rng_fill(&rng, q, tok * g, -1, 1);
@@ -1327,7 +1341,7 @@ START_TEST(ring_equals_kv_layer_before_wrap)
                             .upto = t + 1, .out = b + h * g * D};
             ck_assert_msg(kv_layer_attend(kv, &ka, NULL, &e) == PD_OK, "%s", e.msg);
         }
-        ck_assert_msg(memcmp(a, b, sizeof(float) * tok * g) == 0, "upto row %u differs", t);
+        ck_assert_msg(memcmp(a, b, sizeof(float) * tok * g) == 0, "mode %d upto row %u differs", m, t);
     }
     free(all_k);
     free(all_v);
@@ -1336,7 +1350,6 @@ START_TEST(ring_equals_kv_layer_before_wrap)
     ring_layer_free(r);
 }
 END_TEST
-
 
 /* ---- int8 storage (--attn rswa:W --kv q8|q8k|q8v) ------------------------- */
 
@@ -1448,79 +1461,6 @@ START_TEST(ring_q8_close_to_f32)
 }
 END_TEST
 
-START_TEST(ring_q8_equals_kv_q8_before_freeze_and_wrap)
-{
-    /* A q8 kv layer before its field freezes quantizes rows the same way, so
-     * while the ring has not wrapped it answers with the same bits. */
-    const uint32_t H = 2, D = 40, W = 6, R = 5, g = 3;
-    const size_t tok = (size_t)H * D;
-    for (int m = KV_MODE_Q8K; m <= KV_MODE_Q8; m++) {
-        kv_layer_config kc = {.n_kv_heads = H, .head_dim = D, .mode = (kv_mode)m,
-                              .capacity_rows = R + W, .max_q_per_kv = g};
-        kv_layer *kv = NULL;
-        pd_err e = {0};
-        ck_assert_msg(kv_layer_new(&kc, &kv, &e) == PD_OK, "%s", e.msg);
-        ring_layer *r = mk(H, D, W, R, 0, ST_Q8(m), g);
-        float tk[80], tv[80], q[240], a[240], b[240];
-        ring_attend_opts o = {.group = g};
-        pd_rng rng = {.s = 71};
-        for (uint32_t t = 0; t < R + W; t++) {
-            gen_token(71, t, tok, tk, tv);
-            ck_assert_msg(kv_layer_append(kv, tk, tv, &e) == PD_OK, "%s", e.msg);
-            pd_rng_fill(&rng, q, tok * g, -1, 1);
-            if (t < R) {
-                prefill_ok(r, tk, tv, 1);
-                ck_assert_int_eq(ring_layer_attend_prefill(r, t, q, &o, a, NULL, &e), PD_OK);
-            } else {
-                write_ok(r, tk, tv);
-                attend_ok(r, q, &o, a);
-            }
-            for (uint32_t h = 0; h < H; h++) {
-                kv_attend ka = {.kv_head = h, .q_head0 = h * g, .n_q = g, .q = q + h * g * D,
-                                .out = b + h * g * D};
-                ck_assert_msg(kv_layer_attend(kv, &ka, NULL, &e) == PD_OK, "%s", e.msg);
-            }
-            ck_assert_msg(memcmp(a, b, sizeof(float) * tok * g) == 0, "mode %d row %u differs", m, t);
-        }
-        kv_layer_free(kv);
-        ring_layer_free(r);
-    }
-}
-END_TEST
-
-START_TEST(ring_q8_hot_paths_never_allocate)
-{
-    count_alloc ca = {0};
-    pd_alloc al = {.alloc = count_alloc_fn, .free = count_free_fn, .ctx = &ca};
-    ring_layer_config cfg = {.n_kv_heads = 2, .head_dim = 8, .window = 3, .ref_capacity = 4,
-                             .max_drafts = 3, .mode = KV_MODE_Q8, .max_group = 2, .alloc = &al};
-    ring_layer *r = NULL;
-    pd_err e = {0};
-    ck_assert_int_eq(ring_layer_new(&cfg, &r, &e), PD_OK);
-    const size_t calls = ca.calls;
-    float k[32], q[32], out[32];
-    pd_rng g = {.s = 2};
-    pd_rng_fill(&g, k, 32, -1, 1);
-    pd_rng_fill(&g, q, 32, -1, 1);
-    ring_attend_opts o = {.group = 2};
-    ck_assert_int_eq(ring_layer_prefill(r, k, k, 2, &e), PD_OK);
-    ck_assert_int_eq(ring_layer_attend_prefill(r, 1, q, &o, out, NULL, &e), PD_OK);
-    for (int i = 0; i < 5; i++) {
-        ck_assert_int_eq(ring_layer_write(r, k, k, NULL, &e), PD_OK);
-        ck_assert_int_eq(ring_layer_attend(r, q, &o, out, NULL, &e), PD_OK);
-    }
-    for (int i = 0; i < 3; i++) {
-        ck_assert_int_eq(ring_layer_draft_put(r, k, k, &e), PD_OK);
-        ck_assert_int_eq(ring_layer_draft_attend(r, (uint32_t)i, q, &o, out, NULL, &e), PD_OK);
-    }
-    ck_assert_int_eq(ring_layer_draft_commit(r, 2, &e), PD_OK);
-    ring_layer_state(r, &(ring_state){0});
-    ck_assert_uint_eq(ca.calls, calls);
-    ring_layer_free(r);
-    ck_assert_uint_eq(ca.live_bytes, 0);
-}
-END_TEST
-
 START_TEST(ring_q8_new_from_state_refuses_bad_codes_scales_and_mode)
 {
     const uint32_t H = 2, D = 40, W = 3;
@@ -1596,117 +1536,116 @@ START_TEST(ring_randomized_sequences_keep_invariants)
 {
     const uint32_t H = 2, D = 6, W = 4, C = 6, KM = 5, g = 2;
     const size_t tok = (size_t)H * D;
-    for (uint64_t seed = 1; seed <= 10; seed++) {
-        pd_rng rng = {.s = seed};
-        int i8 = (int)(seed % ST_COUNT);
-        ring_layer *r = mk(H, D, W, C, KM, i8, g);
-        /* shadow: reference rows and committed generated rows */
-        float *ref = malloc(sizeof(float) * 2 * C * tok);
-        uint32_t n_ref = 0;
-        size_t cap_h = 512;
-        float *hist = malloc(sizeof(float) * 2 * cap_h * tok);
-        uint64_t n_hist = 0;
-        float *drafts = malloc(sizeof(float) * 2 * KM * tok);
-        float tk[12], tv[12], q[24], a[24], b[24];
-        ring_attend_opts o = {.group = g};
-        for (int step = 0; step < 160; step++) {
-            uint32_t op = pd_rng_below(&rng, 8);
-            pd_rng_fill(&rng, tk, tok, -1, 1);
-            pd_rng_fill(&rng, tv, tok, -1, 1);
-            pd_err e = {0};
-            pd_status st;
-            ring_state s0;
-            ring_layer_state(r, &s0);
-            uint32_t nd = ring_layer_drafts(r);
-            switch (op) {
-            case 0: /* prefill chunk */
-                st = ring_layer_prefill(r, tk, tv, 1, &e);
-                if (!s0.decoding && nd == 0 && n_ref < C) {
-                    ck_assert_int_eq(st, PD_OK);
-                    memcpy(ref + (size_t)n_ref * 2 * tok, tk, sizeof(float) * tok);
-                    memcpy(ref + (size_t)n_ref * 2 * tok + tok, tv, sizeof(float) * tok);
-                    n_ref++;
-                } else {
-                    ck_assert_int_ne(st, PD_OK);
-                }
-                break;
-            case 1:
-            case 2: /* decode write */
-                st = ring_layer_write(r, tk, tv, NULL, &e);
-                if (n_ref > 0 && nd == 0 && n_hist < cap_h) {
-                    ck_assert_int_eq(st, PD_OK);
-                    memcpy(hist + n_hist * 2 * tok, tk, sizeof(float) * tok);
-                    memcpy(hist + n_hist * 2 * tok + tok, tv, sizeof(float) * tok);
-                    n_hist++;
-                } else if (n_hist < cap_h) {
-                    ck_assert_int_ne(st, PD_OK);
-                }
-                break;
-            case 3: /* draft put */
-                st = ring_layer_draft_put(r, tk, tv, &e);
-                if (n_ref > 0 && nd < KM) {
-                    ck_assert_int_eq(st, PD_OK);
-                    memcpy(drafts + nd * 2 * tok, tk, sizeof(float) * tok);
-                    memcpy(drafts + nd * 2 * tok + tok, tv, sizeof(float) * tok);
-                } else {
-                    ck_assert_int_ne(st, PD_OK);
-                }
-                break;
-            case 4: { /* commit some drafts */
-                uint32_t acc = pd_rng_below(&rng, nd + 1);
-                if (n_hist + acc > cap_h)
-                    acc = 0;
-                ck_assert_int_eq(ring_layer_draft_commit(r, acc, &e), PD_OK);
-                memcpy(hist + n_hist * 2 * tok, drafts, sizeof(float) * 2 * tok * acc);
-                n_hist += acc;
-                break;
+    const uint64_t seed = 1 + (uint64_t)_i; /* seeds 1 .. 10 */
+    pd_rng rng = {.s = seed};
+    int i8 = (int)(seed % ST_COUNT);
+    ring_layer *r = mk(H, D, W, C, KM, i8, g);
+    /* shadow: reference rows and committed generated rows */
+    float *ref = malloc(sizeof(float) * 2 * C * tok);
+    uint32_t n_ref = 0;
+    size_t cap_h = 512;
+    float *hist = malloc(sizeof(float) * 2 * cap_h * tok);
+    uint64_t n_hist = 0;
+    float *drafts = malloc(sizeof(float) * 2 * KM * tok);
+    float tk[12], tv[12], q[24], a[24], b[24];
+    ring_attend_opts o = {.group = g};
+    for (int step = 0; step < 160; step++) {
+        uint32_t op = pd_rng_below(&rng, 8);
+        pd_rng_fill(&rng, tk, tok, -1, 1);
+        pd_rng_fill(&rng, tv, tok, -1, 1);
+        pd_err e = {0};
+        pd_status st;
+        ring_state s0;
+        ring_layer_state(r, &s0);
+        uint32_t nd = ring_layer_drafts(r);
+        switch (op) {
+        case 0: /* prefill chunk */
+            st = ring_layer_prefill(r, tk, tv, 1, &e);
+            if (!s0.decoding && nd == 0 && n_ref < C) {
+                ck_assert_int_eq(st, PD_OK);
+                memcpy(ref + (size_t)n_ref * 2 * tok, tk, sizeof(float) * tok);
+                memcpy(ref + (size_t)n_ref * 2 * tok + tok, tv, sizeof(float) * tok);
+                n_ref++;
+            } else {
+                ck_assert_int_ne(st, PD_OK);
             }
-            case 5: /* drop the pending drafts */
-                ring_layer_draft_discard(r);
-                break;
-            default: /* attend drafts and decode against the shadow */
-                break;
+            break;
+        case 1:
+        case 2: /* decode write */
+            st = ring_layer_write(r, tk, tv, NULL, &e);
+            if (n_ref > 0 && nd == 0 && n_hist < cap_h) {
+                ck_assert_int_eq(st, PD_OK);
+                memcpy(hist + n_hist * 2 * tok, tk, sizeof(float) * tok);
+                memcpy(hist + n_hist * 2 * tok + tok, tv, sizeof(float) * tok);
+                n_hist++;
+            } else if (n_hist < cap_h) {
+                ck_assert_int_ne(st, PD_OK);
             }
-            check_ok(r);
-            /* shadow replay: a fresh layer with the committed rows only */
-            ring_layer *sh = mk(H, D, W, C, KM, i8, g);
-            for (uint32_t i = 0; i < n_ref; i++)
-                prefill_ok(sh, ref + (size_t)i * 2 * tok, ref + (size_t)i * 2 * tok + tok, 1);
-            for (uint64_t i = 0; i < n_hist; i++)
-                write_ok(sh, hist + i * 2 * tok, hist + i * 2 * tok + tok);
-            snap s1 = snap_take(r), s2 = snap_take(sh);
-            ck_assert_uint_eq(s1.st.ref_rows, s2.st.ref_rows);
-            ck_assert_uint_eq(s1.st.writes, s2.st.writes);
-            ck_assert_uint_eq(s1.st.ring_len, s2.st.ring_len);
-            ck_assert_uint_eq(s1.st.ring_pos, s2.st.ring_pos);
-            ck_assert(memcmp(s1.ref, s2.ref, sizeof(float) * 2 * s1.n_ref) == 0);
-            ck_assert(memcmp(s1.ring, s2.ring, sizeof(float) * 2 * s1.n_ring) == 0);
-            snap_free(&s1);
-            snap_free(&s2);
-            if (n_ref > 0) {
-                pd_rng_fill(&rng, q, tok * g, -1, 1);
-                attend_ok(r, q, &o, a);
-                attend_ok(sh, q, &o, b);
-                ck_assert_msg(memcmp(a, b, sizeof a) == 0, "seed %llu step %d decode",
-                              (unsigned long long)seed, step);
-                uint32_t nd2 = ring_layer_drafts(r);
-                if (nd2 > 0) {
-                    uint32_t i = pd_rng_below(&rng, nd2);
-                    ck_assert_int_eq(ring_layer_draft_attend(r, i, q, &o, a, NULL, &e), PD_OK);
-                    for (uint32_t j = 0; j <= i; j++)
-                        write_ok(sh, drafts + j * 2 * tok, drafts + j * 2 * tok + tok);
-                    attend_ok(sh, q, &o, b);
-                    ck_assert_msg(memcmp(a, b, sizeof a) == 0, "seed %llu step %d draft %u",
-                                  (unsigned long long)seed, step, i);
-                }
+            break;
+        case 3: /* draft put */
+            st = ring_layer_draft_put(r, tk, tv, &e);
+            if (n_ref > 0 && nd < KM) {
+                ck_assert_int_eq(st, PD_OK);
+                memcpy(drafts + nd * 2 * tok, tk, sizeof(float) * tok);
+                memcpy(drafts + nd * 2 * tok + tok, tv, sizeof(float) * tok);
+            } else {
+                ck_assert_int_ne(st, PD_OK);
             }
-            ring_layer_free(sh);
+            break;
+        case 4: { /* commit some drafts */
+            uint32_t acc = pd_rng_below(&rng, nd + 1);
+            if (n_hist + acc > cap_h)
+                acc = 0;
+            ck_assert_int_eq(ring_layer_draft_commit(r, acc, &e), PD_OK);
+            memcpy(hist + n_hist * 2 * tok, drafts, sizeof(float) * 2 * tok * acc);
+            n_hist += acc;
+            break;
         }
-        free(ref);
-        free(hist);
-        free(drafts);
-        ring_layer_free(r);
+        case 5: /* drop the pending drafts */
+            ring_layer_draft_discard(r);
+            break;
+        default: /* attend drafts and decode against the shadow */
+            break;
+        }
+        check_ok(r);
+        /* shadow replay: a fresh layer with the committed rows only */
+        ring_layer *sh = mk(H, D, W, C, KM, i8, g);
+        for (uint32_t i = 0; i < n_ref; i++)
+            prefill_ok(sh, ref + (size_t)i * 2 * tok, ref + (size_t)i * 2 * tok + tok, 1);
+        for (uint64_t i = 0; i < n_hist; i++)
+            write_ok(sh, hist + i * 2 * tok, hist + i * 2 * tok + tok);
+        snap s1 = snap_take(r), s2 = snap_take(sh);
+        ck_assert_uint_eq(s1.st.ref_rows, s2.st.ref_rows);
+        ck_assert_uint_eq(s1.st.writes, s2.st.writes);
+        ck_assert_uint_eq(s1.st.ring_len, s2.st.ring_len);
+        ck_assert_uint_eq(s1.st.ring_pos, s2.st.ring_pos);
+        ck_assert(memcmp(s1.ref, s2.ref, sizeof(float) * 2 * s1.n_ref) == 0);
+        ck_assert(memcmp(s1.ring, s2.ring, sizeof(float) * 2 * s1.n_ring) == 0);
+        snap_free(&s1);
+        snap_free(&s2);
+        if (n_ref > 0) {
+            pd_rng_fill(&rng, q, tok * g, -1, 1);
+            attend_ok(r, q, &o, a);
+            attend_ok(sh, q, &o, b);
+            ck_assert_msg(memcmp(a, b, sizeof a) == 0, "seed %llu step %d decode",
+                          (unsigned long long)seed, step);
+            uint32_t nd2 = ring_layer_drafts(r);
+            if (nd2 > 0) {
+                uint32_t i = pd_rng_below(&rng, nd2);
+                ck_assert_int_eq(ring_layer_draft_attend(r, i, q, &o, a, NULL, &e), PD_OK);
+                for (uint32_t j = 0; j <= i; j++)
+                    write_ok(sh, drafts + j * 2 * tok, drafts + j * 2 * tok + tok);
+                attend_ok(sh, q, &o, b);
+                ck_assert_msg(memcmp(a, b, sizeof a) == 0, "seed %llu step %d draft %u",
+                              (unsigned long long)seed, step, i);
+            }
+        }
+        ring_layer_free(sh);
     }
+    free(ref);
+    free(hist);
+    free(drafts);
+    ring_layer_free(r);
 }
 END_TEST
 
@@ -1729,28 +1668,22 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, ring_steady_state_overwrites_modulo_w);
     tcase_add_test(tc, ring_pos_wraps_modulo_w);
     tcase_add_test(tc, ring_write_refusals_leave_layer_unchanged);
-    tcase_add_test(tc, ring_verify_without_clone_equals_sequential_w1);
-    tcase_add_test(tc, ring_verify_without_clone_equals_sequential_w3);
-    tcase_add_test(tc, ring_verify_without_clone_equals_sequential_w8);
-    tcase_add_test(tc, ring_verify_without_clone_equals_sequential_int8);
-    tcase_add_test(tc, ring_verify_without_clone_equals_sequential_q8);
+    tcase_add_loop_test(tc, ring_verify_without_clone_equals_sequential, 0, PD_COUNT(verify_cases));
     tcase_add_test(tc, ring_commit_a_of_k_commits_exactly_a);
     tcase_add_test(tc, ring_rejected_drafts_leave_layer_byte_identical);
     tcase_add_test(tc, ring_draft_refusals);
     tcase_add_test(tc, ring_identity_fresh_per_layer_and_import);
     tcase_add_test(tc, ring_int8_mirror_close_to_f32);
     tcase_add_test(tc, ring_int8_mirror_exact_when_losslessly_quantizable);
-    tcase_add_test(tc, ring_memory_matches_formula);
-    tcase_add_test(tc, ring_hot_paths_never_allocate);
-    tcase_add_test(tc, ring_state_roundtrip_into_new_layer_and_swap);
+    tcase_add_loop_test(tc, ring_memory_matches_formula, 0, PD_COUNT(mem_cases));
+    tcase_add_loop_test(tc, ring_hot_paths_never_allocate, 0, PD_COUNT(hot_cases));
+    tcase_add_loop_test(tc, ring_state_roundtrip_into_new_layer_and_swap, 0, (2 * RT_W + 2) * ST_COUNT);
     tcase_add_test(tc, ring_new_from_state_rejects_each_bad_field);
-    tcase_add_test(tc, ring_equals_kv_layer_before_wrap);
-    tcase_add_test(tc, ring_randomized_sequences_keep_invariants);
+    tcase_add_loop_test(tc, ring_equals_kv_layer_before_wrap, 0, PD_COUNT(kv_cases));
+    tcase_add_loop_test(tc, ring_randomized_sequences_keep_invariants, 0, 10);
     tcase_add_test(tc, ring_q8_new_refuses_unknown_mode_and_mode_with_mirror);
     tcase_add_test(tc, ring_q8_stores_q8_2f_rows_without_f32);
     tcase_add_test(tc, ring_q8_close_to_f32);
-    tcase_add_test(tc, ring_q8_equals_kv_q8_before_freeze_and_wrap);
-    tcase_add_test(tc, ring_q8_hot_paths_never_allocate);
     tcase_add_test(tc, ring_q8_new_from_state_refuses_bad_codes_scales_and_mode);
     suite_add_tcase(s, tc);
     return s;

@@ -328,16 +328,49 @@ END_TEST
 
 /* ---- round trips --------------------------------------------------------- */
 
-START_TEST(wire_full_f32_round_trip_answers_bit_identically)
+/* Layers that travel as they are and come back answering alike (geometry,
+ * mode, rows and what else they hold): f32 with a linear vector, q8 with a
+ * frozen field and a trimmed tail, and empty ones, f32 and q8 with an f16
+ * payload. */
+static const struct kv_trip {
+    uint32_t H, D;
+    kv_mode mode;
+    uint32_t freeze_rows; /* 0: the layer's default */
+    uint32_t rows;        /* rows filled (f32 values) */
+    uint32_t trim;        /* 0, or the window of a trim that must move the base */
+    int linear;           /* a 3-value linear vector too */
+    int f16;              /* payload dtype */
+    uint64_t seed;
+} kv_trips[] = {
+    {3, 16, KV_MODE_F32, 0, 9, 0, 1, 0, 1},
+    {2, 32, KV_MODE_Q8, 4, 40, 10, 0, 0, 7},
+    {2, 4, KV_MODE_F32, 0, 0, 0, 0, 0, 8},
+    {2, 4, KV_MODE_Q8, 0, 0, 0, 0, 1, 8},
+};
+
+START_TEST(wire_kv_round_trip_answers_bit_identically)
 {
-    pd_rng g = {.s = 1};
+    const struct kv_trip *c = &kv_trips[_i];
+    pd_rng g = {.s = c->seed};
     kvfix a;
-    kv_mk(&a, 3, 16, KV_MODE_F32, NULL);
-    kv_fill(&a, 9, &g, 0);
+    kv_mk(&a, c->H, c->D, c->mode, NULL);
     pd_err e = {0};
-    const float lin[3] = {0.5f, -0.25f, 1.0f};
-    ck_assert_msg(kv_layer_set_linear(a.l, lin, 3, &e) == PD_OK, "%s", e.msg);
-    kv_round_trip(&a, 0, &g);
+    if (c->freeze_rows) {
+        a.cfg.freeze_rows = c->freeze_rows;
+        kv_layer_free(a.l);
+        ck_assert_msg(kv_layer_new(&a.cfg, &a.l, &e) == PD_OK, "%s", e.msg);
+    }
+    if (c->rows)
+        kv_fill(&a, c->rows, &g, 0);
+    if (c->trim) {
+        kv_layer_trim_window(a.l, c->trim, 2, 1);
+        ck_assert_uint_gt(kv_layer_base(a.l), 0);
+    }
+    if (c->linear) {
+        const float lin[3] = {0.5f, -0.25f, 1.0f};
+        ck_assert_msg(kv_layer_set_linear(a.l, lin, 3, &e) == PD_OK, "%s", e.msg);
+    }
+    kv_round_trip(&a, c->f16, &g);
     kv_layer_free(a.l);
 }
 END_TEST
@@ -484,46 +517,27 @@ START_TEST(wire_full_tail_round_trips_and_untrimmed_is_plain_full)
 }
 END_TEST
 
+static const kv_mode q8_modes[3] = {KV_MODE_Q8K, KV_MODE_Q8V, KV_MODE_Q8};
+
 START_TEST(wire_q8_round_trips_every_mode_frozen_or_not)
 {
-    const kv_mode modes[3] = {KV_MODE_Q8K, KV_MODE_Q8V, KV_MODE_Q8};
     const uint8_t alive[3] = {1, 0, 1};
-    for (int m = 0; m < 3; m++)
-        for (int frozen = 0; frozen < 2; frozen++)
-            for (int f16 = 0; f16 < 2; f16++) {
-                pd_rng g = {.s = 100 + (uint64_t)(m * 4 + frozen * 2 + f16)};
-                kvfix a;
-                kv_mk(&a, 3, 40, modes[m], alive); /* 40 channels: a partial k group */
-                a.cfg.freeze_rows = 6;
-                kv_layer_free(a.l);
-                pd_err e = {0};
-                ck_assert_msg(kv_layer_new(&a.cfg, &a.l, &e) == PD_OK, "%s", e.msg);
-                kv_fill(&a, frozen ? 8 : 4, &g, f16);
-                ck_assert_int_eq(kv_layer_frozen(a.l), frozen);
-                size_t len = 0;
-                wire_layer_ref ra = kv_ref(&a);
-                uint8_t *bytes = export_ok(&ra, f16, &len);
-                ck_assert_uint_eq(bytes[20], WIRE_KIND_Q8);
-                free(bytes);
-                kv_round_trip(&a, f16, &g);
-                kv_layer_free(a.l);
-            }
-}
-END_TEST
-
-START_TEST(wire_q8_trimmed_tail_round_trips)
-{
-    pd_rng g = {.s = 7};
+    const int m = _i / 4, frozen = _i / 2 % 2, f16 = _i % 2; /* q8_modes x frozen or not x f32 or f16 */
+    pd_rng g = {.s = 100 + (uint64_t)(m * 4 + frozen * 2 + f16)};
     kvfix a;
-    kv_mk(&a, 2, 32, KV_MODE_Q8, NULL);
-    a.cfg.freeze_rows = 4;
+    kv_mk(&a, 3, 40, q8_modes[m], alive); /* 40 channels: a partial k group */
+    a.cfg.freeze_rows = 6;
     kv_layer_free(a.l);
     pd_err e = {0};
     ck_assert_msg(kv_layer_new(&a.cfg, &a.l, &e) == PD_OK, "%s", e.msg);
-    kv_fill(&a, 40, &g, 0);
-    kv_layer_trim_window(a.l, 10, 2, 1);
-    ck_assert_uint_gt(kv_layer_base(a.l), 0);
-    kv_round_trip(&a, 0, &g);
+    kv_fill(&a, frozen ? 8 : 4, &g, f16);
+    ck_assert_int_eq(kv_layer_frozen(a.l), frozen);
+    size_t len = 0;
+    wire_layer_ref ra = kv_ref(&a);
+    uint8_t *bytes = export_ok(&ra, f16, &len);
+    ck_assert_uint_eq(bytes[20], WIRE_KIND_Q8);
+    free(bytes);
+    kv_round_trip(&a, f16, &g);
     kv_layer_free(a.l);
 }
 END_TEST
@@ -595,32 +609,22 @@ START_TEST(wire_bounded_round_trips_f32_and_f16)
 }
 END_TEST
 
-START_TEST(wire_empty_kv_layer_round_trips)
+START_TEST(wire_ring_round_trips_at_every_fill_level)
 {
-    pd_rng g = {.s = 8};
-    kvfix a;
-    kv_mk(&a, 2, 4, KV_MODE_F32, NULL);
-    kv_round_trip(&a, 0, &g);
-    kv_layer_free(a.l);
-    kv_mk(&a, 2, 4, KV_MODE_Q8, NULL);
-    kv_round_trip(&a, 1, &g);
-    kv_layer_free(a.l);
+    /* 5 storages x f32 or f16 x writes 0, 3, 6, 9 */
+    const int i8 = _i / 8, f16 = _i / 4 % 2;
+    const uint32_t writes = 3 * (uint32_t)(_i % 4);
+    pd_rng g = {.s = 200 + writes + 20 * (uint64_t)f16 + 40 * (uint64_t)i8};
+    ringfix a;
+    ring_mk(&a, 2, 8, 4, 12, i8);
+    ring_fill(&a, 5, writes, &g, f16);
+    ring_round_trip(&a, f16, &g);
+    ring_layer_free(a.r);
 }
 END_TEST
 
-START_TEST(wire_ring_round_trips_at_every_fill_level)
+START_TEST(wire_empty_ring_layer_round_trips)
 {
-    for (int i8 = 0; i8 < 5; i8++)
-        for (int f16 = 0; f16 < 2; f16++)
-            for (uint32_t writes = 0; writes <= 9; writes += 3) {
-                pd_rng g = {.s = 200 + writes + 20 * (uint64_t)f16 + 40 * (uint64_t)i8};
-                ringfix a;
-                ring_mk(&a, 2, 8, 4, 12, i8);
-                ring_fill(&a, 5, writes, &g, f16);
-                ring_round_trip(&a, f16, &g);
-                ring_layer_free(a.r);
-            }
-    /* an empty ring layer travels too */
     pd_rng g = {.s = 9};
     ringfix a;
     ring_mk(&a, 1, 4, 2, 4, 0);
@@ -1563,7 +1567,8 @@ Suite *pd_test_suite(void)
     TCase *ring = tcase_create("ring");
     tcase_set_timeout(ring, 60);
     tcase_add_test(ring, wire_identity_is_stable_and_separates_inputs);
-    tcase_add_test(ring, wire_ring_round_trips_at_every_fill_level);
+    tcase_add_loop_test(ring, wire_ring_round_trips_at_every_fill_level, 0, 5 * 2 * 4);
+    tcase_add_test(ring, wire_empty_ring_layer_round_trips);
     tcase_add_test(ring, wire_ring_export_ignores_pending_drafts);
     tcase_add_test(ring, wire_golden_ring_q8_record_decodes_and_reencodes);
     tcase_add_test(ring, wire_ring_q8_faults_are_refused_without_change);
@@ -1572,17 +1577,15 @@ Suite *pd_test_suite(void)
     suite_add_tcase(s, ring);
     TCase *kv = tcase_create("kv");
     tcase_set_timeout(kv, 60);
-    tcase_add_test(kv, wire_full_f32_round_trip_answers_bit_identically);
+    tcase_add_loop_test(kv, wire_kv_round_trip_answers_bit_identically, 0, PD_COUNT(kv_trips));
     tcase_add_test(kv, wire_import_into_a_spare_swaps_it_with_the_target);
     tcase_add_test(kv, wire_full_with_dead_heads_round_trips);
     tcase_add_test(kv, wire_full_f16_round_trips_exactly_on_representable_values);
     tcase_add_test(kv, wire_full_f16_rounds_other_values_to_nearest_half);
     tcase_add_test(kv, wire_full_tail_round_trips_and_untrimmed_is_plain_full);
-    tcase_add_test(kv, wire_q8_round_trips_every_mode_frozen_or_not);
-    tcase_add_test(kv, wire_q8_trimmed_tail_round_trips);
+    tcase_add_loop_test(kv, wire_q8_round_trips_every_mode_frozen_or_not, 0, PD_COUNT(q8_modes) * 2 * 2);
     tcase_add_test(kv, wire_linear_round_trips_vector_and_depth);
     tcase_add_test(kv, wire_bounded_round_trips_f32_and_f16);
-    tcase_add_test(kv, wire_empty_kv_layer_round_trips);
     tcase_add_test(kv, wire_golden_full_records_decode_and_reencode_byte_for_byte);
     tcase_add_test(kv, wire_golden_full_tail_record_decodes_and_reencodes);
     tcase_add_test(kv, wire_golden_linear_record_decodes_and_reencodes);
