@@ -14,8 +14,9 @@
  *     encoded. Encoders work while the pipeline decodes.
  *
  * At load (pages_opts.image_rows) each image's rows are counted from its
- * header alone (mtmd's preprocessing of a placeholder of the same size; the
- * head opens the encoder for that), so the scheduler plans the page without
+ * header alone (mtmd's preprocessing of a placeholder of the same size, on
+ * the head's encoder: opened once per run, before rank_agree_work, which
+ * counts them too), so the scheduler plans the page without
  * decoding it. Encodings wait in a small cache (one entry per stream that
  * may be prefilling, plus the queue ahead) until their prefill is done. A
  * checkpoint holds no image rows: a resumed job encodes only the pages it
