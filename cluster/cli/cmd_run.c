@@ -263,6 +263,12 @@ static int run_with_encoders(run_opts *o, int me)
         }
     } else {
         code = run_main(o, part, NULL);
+        pd_err e = {0};
+        /* nothing was decoded: the encoders still wait for the head's word */
+        if (code == RUN_EXIT_FAIL && me == 0 &&
+            pageimg_stop(&(pageimg_encoders){.world = MPI_COMM_WORLD, .first = first, .n = (int)o->encoder_ranks},
+                         0, &e) != PD_OK)
+            fprintf(stderr, "pipedec: rank 0: %s\n", e.msg);
     }
     if (code != RUN_EXIT_ABORT)
         MPI_Comm_free(&part);
@@ -295,10 +301,8 @@ int cmd_run(int argc, char **argv)
         if (me == 0)
             run_usage(stdout);
         code = 0;
-    } else if (o.encoder_ranks) {
-        code = run_with_encoders(&o, me);
     } else {
-        code = run_main(&o, MPI_COMM_WORLD, NULL);
+        code = o.encoder_ranks ? run_with_encoders(&o, me) : run_main(&o, MPI_COMM_WORLD, NULL);
         if (code == RUN_EXIT_ABORT) {
             int size = 1;
             MPI_Comm_size(MPI_COMM_WORLD, &size);

@@ -15,6 +15,9 @@
 #     the decoding ranks' lines (its cpus, mode, binding), and --stats
 #     "encoders"[k] with the rank and the placement JSON. The output equals
 #     the one-rank run's.
+#  3. A start-up failure with encoder ranks (a manifest that is not there)
+#     ends the launch with the head's message and a failing exit status: the
+#     head tells the encoders to stop (before, they waited for it forever).
 source "$(dirname "$0")/../e2e/lib.bash"
 T="$E2E_TMP"
 
@@ -85,4 +88,12 @@ PY
 then pass "--stats lists the encoder rank with its placement"; else fail "--stats encoders: see above"; fi
 python3 -c 'import json,sys; assert "encoders" not in json.load(open(sys.argv[1]))' "$T/s2.json" \
   && pass "without encoder ranks --stats has no \"encoders\"" || fail "np 2 without encoders lists encoders"
+
+# 3. a start-up failure with an encoder rank ends the launch
+rc=0
+timeout 120 "${MPIRUN[@]}" -np 3 "$PIPEDEC" run --model "$DEC" --mmproj "$MM" --pages "$T/none.jsonl" \
+  --out "$T/none.out" --encoder-ranks 1 >/dev/null 2>"$T/none.err" || rc=$?
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q "none.jsonl: cannot open" "$T/none.err" \
+  && pass "a start-up failure with an encoder rank ends the launch (exit $rc), naming the manifest" \
+  || fail "start-up failure with an encoder rank: exit $rc (124: still running after 120 s), $(head -2 "$T/none.err")"
 finish

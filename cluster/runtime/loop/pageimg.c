@@ -345,15 +345,22 @@ pd_status pageimg_finish(pageimg *pi, pd_err *err)
         if ((st = pageimg_take(pi, true, &got, err)) != PD_OK)
             return st;
     }
-    for (int c = 0; c < pi->enc.n && st == PD_OK; c++) {
+    st = pageimg_stop(&pi->enc, pi->next_id++, err);
+    pi->enc.n = 0; /* once */
+    return st;
+}
+
+pd_status pageimg_stop(const pageimg_encoders *enc, uint64_t id, pd_err *err)
+{
+    pd_status st = PD_OK;
+    for (int c = 0; c < enc->n && st == PD_OK; c++) {
         uint8_t *buf = NULL;
         size_t len = 0;
-        if ((st = venc_msg_request(VENC_MSG_STOP, pi->next_id++, NULL, &buf, &len, err)) == PD_OK)
-            st = pageimg_mpi(MPI_Send(buf, (int)len, MPI_BYTE, pi->enc.first + c, PAGEIMG_TAG_REQUEST,
-                                      pi->enc.world), "send stop", err);
+        if ((st = venc_msg_request(VENC_MSG_STOP, id, NULL, &buf, &len, err)) == PD_OK)
+            st = pageimg_mpi(MPI_Send(buf, (int)len, MPI_BYTE, enc->first + c, PAGEIMG_TAG_REQUEST, enc->world),
+                             "send stop", err);
         free(buf);
     }
-    pi->enc.n = 0; /* once */
     return st;
 }
 

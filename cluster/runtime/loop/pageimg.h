@@ -77,6 +77,12 @@ pd_status pageimg_pump(pageimg *pi, pd_err *err);
  * stop. Call once, after the last micro-batch. No-op without them. */
 pd_status pageimg_finish(pageimg *pi, pd_err *err);
 
+/* Tells each encoder rank of enc to stop (request id `id`): what
+ * pageimg_finish ends with, and what a head that ends before it (a start-up
+ * failure: nothing decoded) sends, so the encoders return and the launch
+ * ends instead of waiting in MPI_Finalize for them. */
+pd_status pageimg_stop(const pageimg_encoders *enc, uint64_t id, pd_err *err);
+
 /* sched_config.ready (sched.h): whether every image of `page` is encoded
  * (always, without encoder ranks: the head encodes when it reads). The
  * scheduler admits a page whose images are still on an encoder only when
