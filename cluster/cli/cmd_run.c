@@ -270,8 +270,11 @@ static int run_with_encoders(run_opts *o, int me)
                          0, &e) != PD_OK)
             fprintf(stderr, "pipedec: rank 0: %s\n", e.msg);
     }
-    if (code != RUN_EXIT_ABORT)
-        MPI_Comm_free(&part);
+    /* a rank that failed mid-run (an encoder included: the head waits for
+     * its replies) ends the job, as without encoder ranks */
+    if (code == RUN_EXIT_ABORT)
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Comm_free(&part);
     return code;
 }
 
@@ -301,8 +304,10 @@ int cmd_run(int argc, char **argv)
         if (me == 0)
             run_usage(stdout);
         code = 0;
+    } else if (o.encoder_ranks) {
+        code = run_with_encoders(&o, me);
     } else {
-        code = o.encoder_ranks ? run_with_encoders(&o, me) : run_main(&o, MPI_COMM_WORLD, NULL);
+        code = run_main(&o, MPI_COMM_WORLD, NULL);
         if (code == RUN_EXIT_ABORT) {
             int size = 1;
             MPI_Comm_size(MPI_COMM_WORLD, &size);
