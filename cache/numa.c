@@ -585,10 +585,13 @@ pd_status numa_report_line(const numa_choice *c, const numa_report_info *info, c
     else
         numa_sb_printf(&sb, " (%u of %u ranks on the node%s)", c->slot + 1, c->ranks_on_node,
                        c->node_shared ? ", its cpus shared by them" : c->cores_shared ? ", cores shared" : "");
-    numa_sb_printf(&sb, ", binding %s; %zu bytes placed", bind, info->bytes_placed);
-    if (info->placement)
-        numa_sb_printf(&sb, " (%s)", info->placement);
-    numa_sb_printf(&sb, ", verified %s", info->verified ? "yes" : "no");
+    numa_sb_printf(&sb, ", binding %s", bind);
+    if (!info->no_memory) {
+        numa_sb_printf(&sb, "; %zu bytes placed", info->bytes_placed);
+        if (info->placement)
+            numa_sb_printf(&sb, " (%s)", info->placement);
+        numa_sb_printf(&sb, ", verified %s", info->verified ? "yes" : "no");
+    }
     if (sb.over)
         return pd_err_set(err, PD_ERR_RANGE, "numa: report line does not fit in %zu bytes", cap);
     return PD_OK;
@@ -609,9 +612,10 @@ pd_status numa_report_json(const numa_choice *c, const numa_report_info *info, c
     numa_sb_json_str(&sb, c->cpus);
     numa_sb_printf(&sb, ",\"mode\":\"%s\",\"binding\":", numa_mode_str(c->mode));
     numa_sb_json_str(&sb, bind);
-    numa_sb_printf(&sb, ",\"bytes_placed\":%zu,\"verified\":%s", info->bytes_placed,
-                   info->verified ? "true" : "false");
-    if (info->placement) {
+    if (!info->no_memory)
+        numa_sb_printf(&sb, ",\"bytes_placed\":%zu,\"verified\":%s", info->bytes_placed,
+                       info->verified ? "true" : "false");
+    if (info->placement && !info->no_memory) {
         numa_sb_printf(&sb, ",\"placement\":");
         numa_sb_json_str(&sb, info->placement);
     }

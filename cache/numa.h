@@ -183,6 +183,8 @@ typedef struct numa_report_info {
     size_t bytes_placed;   /* arena_stats.bytes_placed */
     bool verified;         /* arena_verdict.verified */
     const char *placement; /* arena_placement(); NULL: omitted */
+    bool no_memory;        /* a rank that places no memory of its own (an encoder rank):
+                              bytes_placed, verified and placement are omitted */
 } numa_report_info;
 
 /* One human line, no newline, into buf[cap]. PD_ERR_RANGE if it does not fit. */
@@ -191,7 +193,9 @@ pd_status numa_report_line(const numa_choice *c, const numa_report_info *info, c
 /* One JSON object (strings escaped) into buf[cap]:
  * {"rank":R,"host":H,"node":N,"node_os":O,"cpuset":C,"mode":M,"binding":B,
  *  "bytes_placed":P,"verified":true|false[,"placement":S]}
- * B is "respected", "applied", "not applied" or "unsupported (<why>)". */
+ * B is "respected", "applied", "not applied" or "unsupported (<why>)".
+ * With info->no_memory the object ends after "binding" (the line after
+ * "binding B"). */
 pd_status numa_report_json(const numa_choice *c, const numa_report_info *info, char *buf,
                            size_t cap, pd_err *err);
 

@@ -8,6 +8,7 @@
 #include "cluster/runtime/ops/migrate.h"
 #include "cluster/runtime/job/run.h"
 #include "cluster/runtime/loop/pageimg.h"
+#include "cluster/runtime/rank/rank.h"
 #include "cluster/runtime/rank/signals.h"
 
 #include <getopt.h>
@@ -230,9 +231,22 @@ static int run_with_encoders(run_opts *o, int me)
     }
     o->enc_world = MPI_COMM_WORLD;
     o->enc_first = first;
+    /* every rank of the launch on a node is placed by its slot among all of
+     * them: decoding and encoder ranks take cores of their own */
+    MPI_Comm node;
+    int slot = 0, slots = 1;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, me, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+        MPI_Comm_rank(node, &slot);
+        MPI_Comm_size(node, &slots);
+        MPI_Comm_free(&node);
+        o->node_slot = (uint32_t)slot;
+        o->node_slots = (uint32_t)slots;
+    }
     int code;
     if (encoder) {
         pd_err e = {0};
+        char pl[2 * RANK_PLACEMENT_CHARS] = {0};
+        rank_place_encoder(o, me, me - first, pl, pl + RANK_PLACEMENT_CHARS, RANK_PLACEMENT_CHARS);
         code = RUN_EXIT_OK;
         /* srun and mpirun forward a checkpoint or stop signal (USR1, USR2,
          * TERM) to every rank of the step, this one included, and the
@@ -243,15 +257,24 @@ static int run_with_encoders(run_opts *o, int me)
          * SIGTERM or a SIGINT. */
         sig_install();
         if (pageimg_serve(o->mmproj_path, o->model_path, o->encoder_threads ? o->encoder_threads : o->threads,
-                          MPI_COMM_WORLD, 0, &e) != PD_OK) {
+                          MPI_COMM_WORLD, 0, pl, sizeof pl, &e) != PD_OK) {
             fprintf(stderr, "pipedec: encoder rank %d: %s\n", me, e.msg);
             code = RUN_EXIT_ABORT;
         }
     } else {
         code = run_main(o, part, NULL);
+        pd_err e = {0};
+        /* nothing was decoded: the encoders still wait for the head's word */
+        if (code == RUN_EXIT_FAIL && me == 0 &&
+            pageimg_stop(&(pageimg_encoders){.world = MPI_COMM_WORLD, .first = first, .n = (int)o->encoder_ranks},
+                         0, &e) != PD_OK)
+            fprintf(stderr, "pipedec: rank 0: %s\n", e.msg);
     }
-    if (code != RUN_EXIT_ABORT)
-        MPI_Comm_free(&part);
+    /* a rank that failed mid-run (an encoder included: the head waits for
+     * its replies) ends the job, as without encoder ranks */
+    if (code == RUN_EXIT_ABORT)
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Comm_free(&part);
     return code;
 }
 

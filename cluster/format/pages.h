@@ -95,6 +95,9 @@ typedef struct pages_page {
     const pages_seg *segs;   /* [n_segs] in prefill order */
 } pages_page;
 
+/* pages_opts.image_rows: the prefill rows the image at path becomes. */
+typedef pd_status (*pages_image_rows_fn)(void *ctx, const char *path, uint32_t *rows, pd_err *err);
+
 typedef struct pages_opts {
     /* Validate embeddings by header only (skip the finite-value scan at load;
      * pages_embed_read still checks every value it returns). */
@@ -109,7 +112,7 @@ typedef struct pages_opts {
      * encoder, venc.h, from the image's header); NULL: image segments keep
      * rows 0. A refusal does not fail the load: the segment gets rows 1 and
      * error set, so that page alone fails when it is decoded. */
-    pd_status (*image_rows)(void *ctx, const char *path, uint32_t *rows, pd_err *err);
+    pages_image_rows_fn image_rows;
     void *image_ctx;
 } pages_opts;
 

@@ -10,13 +10,30 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define REPORT_LINE 768 /* one rank's placement text, and its JSON */
+#define REPORT_LINE RANK_PLACEMENT_CHARS /* one rank's placement text, and its JSON */
 
 struct report {
     char *lines; /* rank 0: [size x 2 x REPORT_LINE] text, JSON of each rank */
+    char *enc;   /* rank 0: [n_enc x 2 x REPORT_LINE] the same of each encoder rank */
+    int n_enc;
 };
 
-pd_status report_start(rank *r, report **out, pd_err *err)
+/* Encoder ranks (--encoder-ranks): their placement records (rank_place_encoder,
+ * sent as they start), kept for the start-up lines and --stats. */
+static pd_status report_encoders(report *rep, pageimg *img, pd_err *err)
+{
+    rep->n_enc = pageimg_encoder_count(img);
+    if (rep->n_enc == 0)
+        return PD_OK;
+    if (!(rep->enc = calloc((size_t)rep->n_enc, 2 * REPORT_LINE)))
+        return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+    pd_status st = pageimg_placements(img, rep->enc, 2 * REPORT_LINE, err);
+    for (int k = 0; k < 2 * rep->n_enc; k++) /* what came over the wire ends in NUL here */
+        rep->enc[(size_t)k * REPORT_LINE + REPORT_LINE - 1] = '\0';
+    return st;
+}
+
+pd_status report_start(rank *r, pageimg *img, report **out, pd_err *err)
 {
     report *rep = calloc(1, sizeof *rep);
     if (!rep)
@@ -42,6 +59,8 @@ pd_status report_start(rank *r, report **out, pd_err *err)
     if (r->rank == 0 && !(rep->lines = calloc((size_t)r->size, sizeof both)))
         return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
     pd_status st = pipe_gather(r->p, both, sizeof both, rep->lines, err);
+    if (st == PD_OK && r->rank == 0)
+        st = report_encoders(rep, img, err);
     if (st || r->rank != 0)
         return st;
     char pol[160];
@@ -62,6 +81,8 @@ pd_status report_start(rank *r, report **out, pd_err *err)
            r->o->layers ? "" : basis, r->hp.assumed[0] ? "; assumed: " : "", r->hp.assumed);
     for (int k = 0; k < r->size; k++)
         printf("pipedec: placement: %s\n", rep->lines + (size_t)k * sizeof both);
+    for (int k = 0; k < rep->n_enc; k++)
+        printf("pipedec: placement: %s\n", rep->enc + (size_t)k * sizeof both);
     fflush(stdout);
     return PD_OK;
 }
@@ -71,6 +92,7 @@ void report_free(report *rep)
     if (!rep)
         return;
     free(rep->lines);
+    free(rep->enc);
     free(rep);
 }
 
@@ -214,6 +236,17 @@ static void report_stats_json(const report *rep, const rank *r, const sched_prog
     cJSON *stages = cJSON_AddArrayToObject(j, "stages");
     for (int k = 0; k < r->size; k++)
         cJSON_AddItemToArray(stages, stats_stage(rep, r, k, &all[k], bud));
+    if (rep->n_enc) {
+        cJSON *enc = cJSON_AddArrayToObject(j, "encoders");
+        for (int k = 0; k < rep->n_enc; k++) {
+            cJSON *e = cJSON_CreateObject(), *pl = cJSON_Parse(rep->enc + (size_t)(2 * k + 1) * REPORT_LINE);
+            cJSON_AddNumberToObject(e, "encoder", k);
+            cJSON_AddNumberToObject(e, "rank", (double)(r->o->enc_first + k));
+            if (pl)
+                cJSON_AddItemToObject(e, "placement", pl);
+            cJSON_AddItemToArray(enc, e);
+        }
+    }
     stats_publish(j, o->stats_path);
     cJSON_Delete(j);
 }

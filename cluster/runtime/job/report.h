@@ -13,10 +13,14 @@
 #include "cluster/runtime/rank/rank.h"
 
 /* Placement lines of every rank, printed by rank 0 in rank order with the
- * run's header line. Collective. The JSON form of each rank's placement is
- * kept for report_end (owned by rep; report_free). */
+ * run's header line, then those of the encoder ranks (img: the head's
+ * encoder, NULL elsewhere or without --mmproj; each encoder rank's line
+ * comes from rank_place_encoder through pageimg_placements). Collective.
+ * The JSON form of each placement is kept for report_end's --stats
+ * ("stages"[k].placement, "encoders"[k].placement; owned by rep,
+ * report_free). */
 typedef struct report report;
-pd_status report_start(rank *r, report **out, pd_err *err);
+pd_status report_start(rank *r, pageimg *img, report **out, pd_err *err);
 
 /* Gathers every rank's counters; rank 0 (h != NULL) writes --stats (with
  * "exit_status": the status the run is about to exit with, exit_status) and

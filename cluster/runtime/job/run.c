@@ -4,6 +4,7 @@
 #include "base/file.h"
 #include "cluster/runtime/loop/follow.h"
 #include "cluster/runtime/loop/head.h"
+#include "cluster/runtime/loop/pageimg.h"
 #include "cluster/runtime/rank/rank.h"
 #include "cluster/runtime/job/report.h"
 
@@ -20,8 +21,11 @@
 #include <unistd.h>
 
 
-/* Everything that can fail on one rank before anything is decoded. */
-static pd_status run_start(rank *r, head **h, ctl **c, pd_err *err)
+/* Everything that can fail on one rank before anything is decoded. img,
+ * img_st, img_err: the head's encoder (run_open_encoder) and why it could
+ * not be opened, said here, where the head's start-up needs it. */
+static pd_status run_start(rank *r, pageimg *img, pd_status img_st, const pd_err *img_err, head **h, ctl **c,
+                           pd_err *err)
 {
     pd_status st = rank_start(r, err);
     /* --migrate-at maps are checked now, not when their step comes */
@@ -44,8 +48,12 @@ static pd_status run_start(rank *r, head **h, ctl **c, pd_err *err)
         if ((st = pd_file_publish_begin(r->o->pid_path, 0644, "--pid-file", &pub, err)) == PD_OK)
             pd_file_publish_abort(pub);
     }
+    if (st == PD_OK && r->is_head && img_st != PD_OK) {
+        *err = *img_err;
+        st = img_st;
+    }
     if (st == PD_OK && r->is_head)
-        st = head_open(r, ckpt_resume_find, h, err);
+        st = head_open(r, img, ckpt_resume_find, h, err);
     if (st == PD_OK && r->is_head && r->o->control_path)
         st = ctl_open(r->o->control_path, CTL_LINE_TIMEOUT_S, c, err);
     if (st == PD_OK && r->o->trace_path)
@@ -94,6 +102,9 @@ typedef struct run_job {
     pipe_link *p;            /* owned */
     rank r;
     head *h;                 /* rank 0 only */
+    pageimg *img;            /* rank 0 with --mmproj: the encoder (h borrows it) */
+    pd_status img_st;        /* ... or why it could not be opened (img_e) */
+    pd_err img_e;
     ctl *c;                  /* the control socket until the jobctl takes it */
     jobctl *jc;
     report *rep;
@@ -101,6 +112,22 @@ typedef struct run_job {
     run_hooks jc_hooks;
     pd_err e;
 } run_job;
+
+/* --mmproj, on the head: the run's encoder, opened once, bound already
+ * (rank_place), before the work-mix agreement that counts image rows with
+ * it; head_open then uses it. A failure is said by run_start where the head
+ * needs it, so a bad model is still named as without --mmproj. */
+static void run_open_encoder(run_job *j)
+{
+    const run_opts *o = j->o;
+    if (!j->r.is_head || !o->mmproj_path)
+        return;
+    pageimg_encoders enc = {.world = o->enc_world, .first = o->enc_first, .n = (int)o->encoder_ranks};
+    j->img_st = pageimg_open(o->mmproj_path, o->model_path, o->encoder_threads ? o->encoder_threads : o->threads,
+                             &enc, &j->img, &j->img_e);
+    if (j->img_st)
+        pd_err_prefix(&j->img_e, "--mmproj");
+}
 
 /* Every rank started and runs the same thing, or none goes on: the ISA and
  * work-mix agreements (the only collectives before the start-up agreement:
@@ -110,14 +137,19 @@ static bool run_begin(run_job *j)
 {
     rank *r = &j->r;
     pd_status st = rank_agree_isa(r, &j->e);
+    if (st == PD_OK)
+        st = rank_place(r, &j->e);
+    if (st == PD_OK)
+        run_open_encoder(j);
     pd_err we = {0};
-    pd_status wst = rank_agree_work(r, &we); /* reached even after a failure: it is collective */
+    /* reached even after a failure: it is collective */
+    pd_status wst = rank_agree_work(r, j->img ? pageimg_count : NULL, j->img, &we);
     if (st == PD_OK && wst != PD_OK) {
         st = wst;
         j->e = we;
     }
     if (st == PD_OK)
-        st = run_start(r, &j->h, &j->c, &j->e);
+        st = run_start(r, j->img, j->img_st, &j->img_e, &j->h, &j->c, &j->e);
     if (st)
         fprintf(stderr, "pipedec: rank %d: %s\n", r->rank, j->e.msg);
     pd_err ae = {0};
@@ -184,7 +216,7 @@ static pd_status run_prepare(run_job *j)
         }
     }
     if (st == PD_OK)
-        st = report_start(r, &j->rep, &j->e);
+        st = report_start(r, j->img, &j->rep, &j->e);
     if (st == PD_OK)
         st = xport_agree_caps(r->x, &j->e);
     return st;
@@ -211,6 +243,7 @@ static void run_teardown(run_job *j, bool close_pipe)
     jobctl_free(j->jc);
     ctl_close(j->c);
     head_free(j->h);
+    pageimg_free(j->img);
     rank_stop(&j->r);
     if (close_pipe)
         pipe_close(j->p);

@@ -166,7 +166,7 @@ static pd_status head_no_images(const head *h, pd_err *err)
     return PD_OK;
 }
 
-pd_status head_open(rank *r, head_resume_fn resume, head **out, pd_err *err)
+pd_status head_open(rank *r, pageimg *img, head_resume_fn resume, head **out, pd_err *err)
 {
     head *h = calloc(1, sizeof *h);
     if (!h)
@@ -178,16 +178,12 @@ pd_status head_open(rank *r, head_resume_fn resume, head **out, pd_err *err)
     pd_status st;
     head_tok_ctx tc = {.m = r->m};
     pages_opts po = {.tokenize = head_tokenize, .tokenize_ctx = &tc};
-    if (o->mmproj_path) {
-        pageimg_encoders enc = {.world = o->enc_world, .first = o->enc_first, .n = (int)o->encoder_ranks};
-        st = pageimg_open(o->mmproj_path, o->model_path, o->encoder_threads ? o->encoder_threads : o->threads,
-                          r->sz.max_streams, &enc, &h->img, err);
-        if (st) {
-            pd_err_prefix(err, "--mmproj");
+    if (img) {
+        if ((st = pageimg_reserve(img, r->sz.max_streams, err)))
             return st;
-        }
+        h->img = img;
         po.image_rows = pageimg_count;
-        po.image_ctx = h->img;
+        po.image_ctx = img;
     }
     st = pages_load(o->pages_path, r->hp.vocab, r->hp.hidden, &po, &h->pg, err);
     tok_free(tc.t);
@@ -256,7 +252,6 @@ void head_free(head *h)
     free(h->skip);
     sched_free(h->sc);
     drafter_free(h->dr);
-    pageimg_free(h->img);
     budget_free(h->bud);
     outfile_free(h->of);
     vocab_free(h->vb);

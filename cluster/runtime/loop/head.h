@@ -19,6 +19,7 @@
 
 #include "base/status.h"
 #include "cluster/format/pages.h"
+#include "cluster/runtime/loop/pageimg.h"
 #include "cluster/runtime/sched/budget.h"
 #include "cluster/runtime/rank/rank.h"
 #include "cluster/runtime/rank/run_opts.h"
@@ -37,7 +38,9 @@ typedef struct head head;
  * opened, when --checkpoint-dir is given. */
 typedef pd_status (*head_resume_fn)(const run_opts *o, const model *m, uint32_t n_layers, uint64_t *seq,
                                     uint64_t *newest, pd_err *err);
-pd_status head_open(rank *r, head_resume_fn resume, head **out, pd_err *err);
+/* img (--mmproj, else NULL): the run's encoder (pageimg_open), borrowed
+ * until head_free; head_open reserves its room for the run's streams. */
+pd_status head_open(rank *r, pageimg *img, head_resume_fn resume, head **out, pd_err *err);
 void head_free(head *h);
 
 const pages *head_pages(const head *h);

@@ -50,18 +50,15 @@ struct pageimg {
 };
 
 pd_status pageimg_open(const char *mmproj, const char *model_path, uint32_t threads,
-                       uint32_t streams, const pageimg_encoders *enc, pageimg **out, pd_err *err)
+                       const pageimg_encoders *enc, pageimg **out, pd_err *err)
 {
     pageimg *pi = calloc(1, sizeof *pi);
     if (!pi)
         return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
     if (enc)
         pi->enc = *enc;
-    pi->streams = streams;
-    pi->n_e = streams + 1 + (uint32_t)pi->enc.n * PAGEIMG_DEPTH;
-    pi->e = calloc(pi->n_e, sizeof *pi->e);
     pi->busy = calloc(pi->enc.n > 0 ? (size_t)pi->enc.n : 1, sizeof *pi->busy);
-    if (!pi->e || !pi->busy) {
+    if (!pi->busy) {
         pageimg_free(pi);
         return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
     }
@@ -75,6 +72,19 @@ pd_status pageimg_open(const char *mmproj, const char *model_path, uint32_t thre
     }
     pi->width = venc_width(pi->v);
     *out = pi;
+    return PD_OK;
+}
+
+pd_status pageimg_reserve(pageimg *pi, uint32_t streams, pd_err *err)
+{
+    CHECK(!pi->e && "pageimg_reserve twice");
+    pi->streams = streams;
+    pi->n_e = streams + 1 + (uint32_t)pi->enc.n * PAGEIMG_DEPTH;
+    pi->e = calloc(pi->n_e, sizeof *pi->e);
+    if (!pi->e) {
+        pi->n_e = 0;
+        return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+    }
     return PD_OK;
 }
 
@@ -335,16 +345,53 @@ pd_status pageimg_finish(pageimg *pi, pd_err *err)
         if ((st = pageimg_take(pi, true, &got, err)) != PD_OK)
             return st;
     }
-    for (int c = 0; c < pi->enc.n && st == PD_OK; c++) {
-        uint8_t *buf = NULL;
-        size_t len = 0;
-        if ((st = venc_msg_request(VENC_MSG_STOP, pi->next_id++, NULL, &buf, &len, err)) == PD_OK)
-            st = pageimg_mpi(MPI_Send(buf, (int)len, MPI_BYTE, pi->enc.first + c, PAGEIMG_TAG_REQUEST,
-                                      pi->enc.world), "send stop", err);
-        free(buf);
-    }
+    st = pageimg_stop(&pi->enc, pi->next_id++, err);
     pi->enc.n = 0; /* once */
     return st;
+}
+
+pd_status pageimg_stop(const pageimg_encoders *enc, uint64_t id, pd_err *err)
+{
+    pd_status st = PD_OK;
+    for (int c = 0; c < enc->n && st == PD_OK; c++) {
+        uint8_t *buf = NULL;
+        size_t len = 0;
+        if ((st = venc_msg_request(VENC_MSG_STOP, id, NULL, &buf, &len, err)) == PD_OK)
+            st = pageimg_mpi(MPI_Send(buf, (int)len, MPI_BYTE, enc->first + c, PAGEIMG_TAG_REQUEST, enc->world),
+                             "send stop", err);
+        free(buf);
+    }
+    return st;
+}
+
+pd_status pageimg_placements(pageimg *pi, void *all, size_t len, pd_err *err)
+{
+    if (!pi || pi->enc.n == 0)
+        return PD_OK;
+    if (len > (size_t)INT32_MAX)
+        return pd_err_set(err, PD_ERR_RANGE, "encoder ranks: placement records of %zu bytes", len);
+    for (int c = 0; c < pi->enc.n; c++) {
+        MPI_Status ms;
+        int src = pi->enc.first + c, n = 0;
+        pd_status st = pageimg_mpi(pageimg_probe_napping(src, PAGEIMG_TAG_PLACEMENT, pi->enc.world, &ms),
+                                   "probe", err);
+        if (st == PD_OK) {
+            MPI_Get_count(&ms, MPI_BYTE, &n);
+            if ((size_t)n != len)
+                return pd_err_set(err, PD_ERR_MPI, "encoder rank %d: a placement record of %d bytes, not %zu",
+                                  src, n, len);
+            st = pageimg_mpi(MPI_Recv((char *)all + (size_t)c * len, n, MPI_BYTE, src, PAGEIMG_TAG_PLACEMENT,
+                                      pi->enc.world, MPI_STATUS_IGNORE), "receive a placement", err);
+        }
+        if (st != PD_OK)
+            return st;
+    }
+    return PD_OK;
+}
+
+int pageimg_encoder_count(const pageimg *pi)
+{
+    return pi ? pi->enc.n : 0;
 }
 
 bool pageimg_ready(void *ctx, size_t page)
@@ -470,10 +517,17 @@ pd_status pageimg_read(void *ctx, size_t page, uint32_t seg, const char *path, u
 /* ---- an encoder rank ------------------------------------------------------ */
 
 pd_status pageimg_serve(const char *mmproj, const char *model_path, uint32_t threads, MPI_Comm world,
-                        int head, pd_err *err)
+                        int head, const void *placement, size_t placement_len, pd_err *err)
 {
+    if (placement_len > (size_t)INT32_MAX)
+        return pd_err_set(err, PD_ERR_RANGE, "encoder: a placement record of %zu bytes", placement_len);
+    /* first: the head's report waits for it (pageimg_placements) */
+    pd_status st = pageimg_mpi(MPI_Send(placement, (int)placement_len, MPI_BYTE, head, PAGEIMG_TAG_PLACEMENT, world),
+                               "send the placement", err);
+    if (st != PD_OK)
+        return st;
     venc *v = NULL;
-    pd_status st = venc_open(&(venc_opts){.mmproj = mmproj, .model = model_path,
+    st = venc_open(&(venc_opts){.mmproj = mmproj, .model = model_path,
                                           .threads = (int)(threads ? threads : 1), .warmup = true},
                              &v, err);
     if (st != PD_OK)

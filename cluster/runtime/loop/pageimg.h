@@ -14,8 +14,9 @@
  *     encoded. Encoders work while the pipeline decodes.
  *
  * At load (pages_opts.image_rows) each image's rows are counted from its
- * header alone (mtmd's preprocessing of a placeholder of the same size; the
- * head opens the encoder for that), so the scheduler plans the page without
+ * header alone (mtmd's preprocessing of a placeholder of the same size, on
+ * the head's encoder: opened once per run, before rank_agree_work, which
+ * counts them too), so the scheduler plans the page without
  * decoding it. Encodings wait in a small cache (one entry per stream that
  * may be prefilling, plus the queue ahead) until their prefill is done. A
  * checkpoint holds no image rows: a resumed job encodes only the pages it
@@ -44,11 +45,19 @@ typedef struct pageimg_encoders {
 /* MPI tags of the encoder messages on world. */
 #define PAGEIMG_TAG_REQUEST 0x5049
 #define PAGEIMG_TAG_REPLY 0x504A
+#define PAGEIMG_TAG_PLACEMENT 0x504B
 
 /* Opens the encoder (mmproj against the decoder at model_path, threads
- * encoder threads) with room for `streams` images being read. */
+ * encoder threads): once per run, on the head, before the work-mix
+ * agreement (rank_agree_work counts image rows with it), then handed to
+ * head_open. pageimg_count works from here on; the rest needs
+ * pageimg_reserve first. Returns owned in *out, free with pageimg_free. */
 pd_status pageimg_open(const char *mmproj, const char *model_path, uint32_t threads,
-                       uint32_t streams, const pageimg_encoders *enc, pageimg **out, pd_err *err);
+                       const pageimg_encoders *enc, pageimg **out, pd_err *err);
+
+/* Room for `streams` images being read (the run's max_streams, known once
+ * the rank started). Once, before pageimg_plan and pageimg_read. */
+pd_status pageimg_reserve(pageimg *pi, uint32_t streams, pd_err *err);
 
 void pageimg_free(pageimg *pi);
 
@@ -68,6 +77,12 @@ pd_status pageimg_pump(pageimg *pi, pd_err *err);
  * stop. Call once, after the last micro-batch. No-op without them. */
 pd_status pageimg_finish(pageimg *pi, pd_err *err);
 
+/* Tells each encoder rank of enc to stop (request id `id`): what
+ * pageimg_finish ends with, and what a head that ends before it (a start-up
+ * failure: nothing decoded) sends, so the encoders return and the launch
+ * ends instead of waiting in MPI_Finalize for them. */
+pd_status pageimg_stop(const pageimg_encoders *enc, uint64_t id, pd_err *err);
+
 /* sched_config.ready (sched.h): whether every image of `page` is encoded
  * (always, without encoder ranks: the head encodes when it reads). The
  * scheduler admits a page whose images are still on an encoder only when
@@ -81,11 +96,22 @@ pd_status pageimg_read(void *ctx, size_t page, uint32_t seg, const char *path, u
 /* Images encoded for this run so far (here or on encoder ranks). */
 uint64_t pageimg_encoded(const pageimg *pi);
 
-/* An encoder rank's whole life (run --encoder-ranks): opens the encoder,
- * encodes what the head at rank `head` of world asks, in order, and returns
- * when it says stop. A page whose image fails is answered with the error (the
- * page fails alone); only a malformed request or an MPI failure ends it. */
+/* Encoder ranks: each one's placement record (what pageimg_serve was
+ * given: len bytes), received into all[k * len] for encoder k, in encoder
+ * order. Once, on the head, before the first pageimg_pump. No-op without
+ * encoder ranks. */
+pd_status pageimg_placements(pageimg *pi, void *all, size_t len, pd_err *err);
+
+/* Encoder ranks beside the head's pipeline (0 without). */
+int pageimg_encoder_count(const pageimg *pi);
+
+/* An encoder rank's whole life (run --encoder-ranks): sends the head at rank
+ * `head` of world its placement record (placement[placement_len], for the head's
+ * report: pageimg_placements), opens the encoder, encodes what the head
+ * asks, in order, and returns when it says stop. A page whose image fails is
+ * answered with the error (the page fails alone); only a malformed request
+ * or an MPI failure ends it. */
 pd_status pageimg_serve(const char *mmproj, const char *model_path, uint32_t threads, MPI_Comm world,
-                        int head, pd_err *err);
+                        int head, const void *placement, size_t placement_len, pd_err *err);
 
 #endif

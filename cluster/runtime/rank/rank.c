@@ -9,6 +9,8 @@
 #include "cluster/model/cost.h"
 #include "cluster/runtime/sched/budget.h"
 
+#include <cjson/cJSON.h>
+
 #include <stdio.h>
 
 #include <stdlib.h>
@@ -86,7 +88,7 @@ pd_status rank_agree_isa(rank *r, pd_err *err)
     return st == PD_OK ? rank_agree_turns(r, err) : st;
 }
 
-pd_status rank_agree_work(rank *r, pd_err *err)
+pd_status rank_agree_work(rank *r, pages_image_rows_fn image_rows, void *image_ctx, pd_err *err)
 {
     if (r->size == 1)
         return PD_OK;
@@ -95,7 +97,7 @@ pd_status rank_agree_work(rank *r, pd_err *err)
         model_hparams hp;
         pd_err ignored = {0};
         pages *pg = NULL;
-        pages_opts po = {.header_only = true};
+        pages_opts po = {.header_only = true, .image_rows = image_rows, .image_ctx = image_ctx};
         /* hidden 0: embedding files by header, their width unchecked;
          * head_open loads the manifest for real and reports its errors */
         if (model_read_hparams(r->o->model_path, &hp, &ignored) == PD_OK &&
@@ -246,16 +248,32 @@ static void rank_trace_rows(void *ctx, uint32_t boundary, const mb_row *rows, ui
         trace_rows(r->tr, boundary, rows, n, x);
 }
 
-/* Binds this rank by the placement rule (cache/numa.h), or, when the stages
- * take turns (rank_agree_isa), to every CPU of its NUMA node, with the
- * threads of all the ranks there. */
-static pd_status rank_place(rank *r, pd_err *err)
+/* The node-local slot a rank is placed by (cache/numa.h's rule): among
+ * every rank of the launch on its node when encoder ranks run beside the
+ * decoding ones (run_opts.node_slots: each then takes cores of its own),
+ * else the slot given (among the decoding ranks there). */
+static void rank_slot(const run_opts *o, unsigned *slot, unsigned *slots)
 {
+    if (o->node_slots) {
+        *slot = o->node_slot;
+        *slots = o->node_slots;
+    }
+}
+
+pd_status rank_place(rank *r, pd_err *err)
+{
+    if (r->placed)
+        return PD_OK;
     const run_opts *o = r->o;
     unsigned flags = (o->no_bind ? NUMA_NO_BIND : 0) | (r->turns ? NUMA_SHARE_NODE : 0);
+    unsigned slot = (unsigned)r->local_rank, slots = (unsigned)r->local_size;
+    /* taking turns, the decoding ranks share their node's cpus, and their
+     * count is that of the threads they bring */
+    if (!r->turns)
+        rank_slot(o, &slot, &slots);
     pd_status st = r->topo ? PD_OK : numa_topo_load(&r->topo, err);
     if (st == PD_OK)
-        st = numa_place(r->topo, (unsigned)r->local_rank, (unsigned)r->local_size, flags, &r->nc, err);
+        st = numa_place(r->topo, slot, slots, flags, &r->nc, err);
     if (st)
         return st;
     r->threads = o->threads;
@@ -268,7 +286,41 @@ static pd_status rank_place(rank *r, pd_err *err)
         if (r->threads > POOL_MAX_THREADS)
             r->threads = POOL_MAX_THREADS;
     }
+    r->placed = true;
     return PD_OK;
+}
+
+void rank_place_encoder(const run_opts *o, int world_rank, int encoder, char *line, char *json, size_t cap)
+{
+    numa_topo *topo = NULL;
+    numa_choice c;
+    pd_err e = {0};
+    unsigned slot = 0, slots = 1;
+    rank_slot(o, &slot, &slots);
+    pd_status st = numa_topo_load(&topo, &e);
+    if (st == PD_OK)
+        st = numa_place(topo, slot, slots, o->no_bind ? NUMA_NO_BIND : 0, &c, &e);
+    numa_report_info ri = {.rank = world_rank, .no_memory = true};
+    char txt[RANK_PLACEMENT_CHARS - 32];
+    if (st == PD_OK)
+        st = numa_report_line(&c, &ri, txt, sizeof txt, &e);
+    if (st == PD_OK)
+        st = numa_report_json(&c, &ri, json, cap, &e);
+    numa_topo_free(topo); /* the binding stays */
+    if (st == PD_OK) {
+        snprintf(line, cap, "encoder %d, %s", encoder, txt);
+        return;
+    }
+    /* it encodes unbound: the report says why */
+    snprintf(line, cap, "encoder %d, rank %d: not placed: %s", encoder, world_rank, e.msg);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "rank", world_rank);
+    cJSON_AddStringToObject(j, "binding", "not placed");
+    cJSON_AddStringToObject(j, "error", e.msg);
+    char *t = cJSON_PrintUnformatted(j);
+    snprintf(json, cap, "%s", t ? t : "{}");
+    free(t);
+    cJSON_Delete(j);
 }
 
 pd_status rank_start(rank *r, pd_err *err)
@@ -278,7 +330,8 @@ pd_status rank_start(rank *r, pd_err *err)
     if (st)
         return st;
     /* NUMA: bind by node-local rank (or to the whole node when the stages
-     * take turns), place weights and caches there */
+     * take turns), place weights and caches there (run_begin may have
+     * placed it already) */
     if ((st = rank_place(r, err)))
         return st;
     uint32_t n_inflight = 1;

@@ -23,6 +23,7 @@
 #include "base/status.h"
 #include "cache/arena.h"
 #include "cache/numa.h"
+#include "cluster/format/pages.h"
 #include "cluster/model/model.h"
 #include "cluster/model/pool.h"
 #include "cluster/runtime/plan/layermap.h"
@@ -55,6 +56,7 @@ typedef struct rank {
     int local_rank, local_size; /* among the ranks on this node */
     bool is_head, is_tail;
     bool turns;              /* stages take turns, one micro-batch in flight (rank_start) */
+    bool placed;             /* rank_place done */
     bool bells;              /* ...and wake each other by doorbells (pipe_bells_open) */
     uint32_t threads;        /* this rank's pool: --threads, times the ranks sharing its node
                                 when the stages take turns */
@@ -90,11 +92,31 @@ pd_status rank_agree_isa(rank *r, pd_err *err);
  * (pages, prefill rows, max_new_tokens; headers of embedding files only) and
  * every rank receives them for the default layer map. A manifest the head
  * cannot read counts as empty here: head_open reports it. One rank: no-op.
- * Collective. */
-pd_status rank_agree_work(rank *r, pd_err *err);
+ * image_rows / image_ctx (read on the head only; NULL: none): count an image
+ * segment's rows (pages_opts.image_rows), so image pages weigh the rows they
+ * prefill; without them they count 0 rows. Collective. */
+pd_status rank_agree_work(rank *r, pages_image_rows_fn image_rows, void *image_ctx, pd_err *err);
 /* Step 2 for this rank's compute part. On failure *r holds what was made so
  * far: rank_stop frees it. */
 pd_status rank_start(rank *r, pd_err *err);
+/* Binds this rank by the placement rule (cache/numa.h) at its node-local
+ * slot, or, when the stages take turns (rank_agree_isa), to every CPU of its
+ * NUMA node with the threads of all the decoding ranks there; sets
+ * r->threads. After rank_agree_isa; rank_start calls it when not done yet
+ * (run_begin does it first, so that what the head loads before rank_start,
+ * the --mmproj encoder, lands on its node). */
+pd_status rank_place(rank *r, pd_err *err);
+
+/* One rank's placement text (the report's line) and JSON: capacity of each. */
+#define RANK_PLACEMENT_CHARS 768
+
+/* An encoder rank's placement (run --encoder-ranks; it holds no layers):
+ * bound by the decoding ranks' rule at its slot among every rank of the
+ * launch on its node (run_opts.node_slot), so the encoders take cores of
+ * their own. Writes its report line ("encoder K, rank R on HOST: ...") to
+ * line[cap] and its JSON to json[cap]. A failure to place is not fatal: the
+ * encoder runs unbound and both say why. */
+void rank_place_encoder(const run_opts *o, int world_rank, int encoder, char *line, char *json, size_t cap);
 /* Collective, after a successful start-up on every rank: every rank must
  * run the same model (file fingerprint, layer count, shape), the same layer
  * map and every option that affects tokens or message sizes (policy,

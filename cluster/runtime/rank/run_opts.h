@@ -66,6 +66,9 @@ typedef struct run_opts {
     uint32_t encoder_ranks;   /* --encoder-ranks E: the last E ranks of the launch encode images */
     MPI_Comm enc_world;       /* set by cmd_run with encoder ranks: the launch's communicator */
     int enc_first;            /* ... and the first encoder's rank in it */
+    uint32_t node_slot, node_slots; /* set by cmd_run with encoder ranks: this rank's index among
+                                 every rank of the launch on its node, and their count, which
+                                 placement goes by (rank_place); 0 slots: not set */
     const char *pid_path;     /* --pid-file: rank 0 writes "rank pid host" per rank once every
                                  rank started, removes it at exit; NULL = none */
 } run_opts;
