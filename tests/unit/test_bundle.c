@@ -427,15 +427,24 @@ START_TEST(bundle_non_finite_values_are_refused_before_install)
 }
 END_TEST
 
+/* The world, its sources written as one bundle (*m, owned) and parsed (owned). */
+static bundle_view *world_bundle(world *w, pd_rng *g, memsink *m)
+{
+    world_mk(w, g);
+    *m = write_bundle(w->src, w->ids, NS, 0);
+    bundle_view *v = NULL;
+    pd_err e = {0};
+    ck_assert_msg(bundle_parse(m->b, m->n, &v, &e) == PD_OK, "%s", e.msg);
+    return v;
+}
+
 START_TEST(bundle_install_is_all_or_nothing)
 {
     pd_rng g = {.s = 7};
     world w;
-    world_mk(&w, &g);
-    memsink m = write_bundle(w.src, w.ids, NS, 0);
-    bundle_view *v = NULL;
+    memsink m;
+    bundle_view *v = world_bundle(&w, &g, &m);
     pd_err e = {0};
-    ck_assert_msg(bundle_parse(m.b, m.n, &v, &e) == PD_OK, "%s", e.msg);
     /* the last stream's target has another window: its decode fails */
     ring_layer_free(w.dst[NS - 1]);
     w.dst[NS - 1] = ring_mk(4);
@@ -500,11 +509,9 @@ START_TEST(bundle_install_into_containers_is_all_or_nothing)
 {
     pd_rng g = {.s = 11};
     world w;
-    world_mk(&w, &g);
-    memsink m = write_bundle(w.src, w.ids, NS, 0);
-    bundle_view *v = NULL;
+    memsink m;
+    bundle_view *v = world_bundle(&w, &g, &m);
     pd_err e = {0};
-    ck_assert_msg(bundle_parse(m.b, m.n, &v, &e) == PD_OK, "%s", e.msg);
     lcache *c[NS];
     ctable t = {.ids = w.ids, .c = c, .n = NS};
     for (int i = 0; i < NS; i++) {
