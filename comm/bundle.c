@@ -165,44 +165,63 @@ void bundle_view_free(bundle_view *v)
     free(v);
 }
 
+/* One entry's pending install, whichever kind of target it resolved to. */
+typedef struct install_slot {
+    const void *target; /* for the duplicate check */
+    lcache_wire_pending *lp;
+    wire_pending *wp;
+} install_slot;
+
+static const void *target_of(const bundle_target *t)
+{
+    return t->c ? (const void *)t->c : t->ref.kv ? (const void *)t->ref.kv : (const void *)t->ref.ring;
+}
+
+static pd_status install_prepare(const bundle_entry *e, const bundle_target *t, install_slot *slot, pd_err *err)
+{
+    if (!slot->target)
+        return pd_err_set(err, PD_ERR_ARG, "bundle: the resolver named no target");
+    if (t->c)
+        return lcache_wire_prepare(t->c, t->ref.identity, t->ref.layer, t->pos, e->record, e->len, e->offset,
+                                   &slot->lp, err);
+    return wire_import_prepare(&t->ref, e->record, e->len, 0, e->offset, &slot->wp, err);
+}
+
 pd_status bundle_install(const bundle_view *v, bundle_resolve_fn resolve, void *ctx, pd_err *err)
 {
     if (!v || !resolve)
         return pd_err_set(err, PD_ERR_ARG, "bundle: install needs a view and a resolver");
     size_t n = (size_t)v->n_streams;
-    wire_pending **pend = n ? calloc(n, sizeof *pend) : NULL;
-    void **targets = n ? calloc(n, sizeof *targets) : NULL;
-    if (n && (!pend || !targets)) {
-        free(pend);
-        free(targets);
+    install_slot *slot = n ? calloc(n, sizeof *slot) : NULL;
+    if (n && !slot)
         return pd_err_set(err, PD_ERR_NOMEM, "bundle: no memory for %zu pending imports", n);
-    }
     pd_status s = PD_OK;
     for (size_t i = 0; i < n && s == PD_OK; i++) {
         const bundle_entry *e = &v->entries[i];
-        wire_layer_ref ref = {0};
-        if ((s = resolve(ctx, e->stream, &ref, err)) != PD_OK)
+        bundle_target t = {0};
+        if ((s = resolve(ctx, e->stream, &t, err)) != PD_OK)
             break;
-        targets[i] = ref.kv ? (void *)ref.kv : (void *)ref.ring;
+        slot[i].target = target_of(&t);
         for (size_t j = 0; j < i && s == PD_OK; j++)
-            if (targets[j] == targets[i])
-                s = pd_err_set(err, PD_ERR_ARG,
-                               "bundle: streams %llu and %llu resolve to the same layer",
-                               (unsigned long long)v->entries[j].stream,
-                               (unsigned long long)e->stream);
+            if (slot[j].target == slot[i].target)
+                s = pd_err_set(err, PD_ERR_ARG, "bundle: streams %llu and %llu resolve to the same layer",
+                               (unsigned long long)v->entries[j].stream, (unsigned long long)e->stream);
         if (s == PD_OK)
-            s = wire_import_prepare(&ref, e->record, e->len, 0, e->offset, &pend[i], err);
+            s = install_prepare(e, &t, &slot[i], err);
         if (s != PD_OK)
             pd_err_prefix(err, "bundle: stream %llu", (unsigned long long)e->stream);
     }
     for (size_t i = 0; i < n; i++) {
-        if (s == PD_OK)
-            wire_import_commit(pend[i]);
-        else
-            wire_pending_free(pend[i]);
+        if (s == PD_OK && slot[i].lp)
+            lcache_wire_commit(slot[i].lp);
+        else if (s == PD_OK)
+            wire_import_commit(slot[i].wp);
+        else {
+            lcache_wire_pending_free(slot[i].lp);
+            wire_pending_free(slot[i].wp);
+        }
     }
-    free(pend);
-    free(targets);
+    free(slot);
     return s;
 }
 
@@ -335,6 +354,15 @@ pd_status bundle_writer_finish(bundle_writer *bw, pd_err *err)
         return pd_err_set(err, PD_ERR_ARG, "bundle: %llu of %llu announced streams written",
                           (unsigned long long)bw->written, (unsigned long long)bw->n_streams);
     return wr_flush(&bw->w);
+}
+
+pd_status bundle_entry_bytes(const wire_layer_ref *ref, int f16, uint64_t *bytes, pd_err *err)
+{
+    size_t size = 0;
+    pd_status s = wire_record_size(ref, f16, &size, err);
+    if (s == PD_OK)
+        *bytes = BUNDLE_ENTRY_OVERHEAD + (uint64_t)size;
+    return s;
 }
 
 uint64_t bundle_writer_bytes(const bundle_writer *bw) { return bw->w.total; }

@@ -29,11 +29,14 @@
  * Streaming write: the writer emits the header, then for each stream computes
  * the record's exact size (wire_record_size), writes id and length, and
  * encodes the record straight into a sink with a running CRC: a bundle of
- * large states is never held in memory, let alone twice. */
+ * large states is never held in memory, let alone twice. Checkpoints stream
+ * into their files, migrations into MPI pieces (bundle_entry_bytes gives the
+ * size a receiver is told first). */
 #ifndef PD_COMM_BUNDLE_H
 #define PD_COMM_BUNDLE_H
 
 #include "base/status.h"
+#include "comm/lcache_wire.h"
 #include "comm/rd.h"
 #include "comm/wire.h"
 
@@ -70,15 +73,26 @@ typedef struct bundle_view {
 pd_status bundle_parse(const void *buf, size_t len, bundle_view **out, pd_err *err);
 void bundle_view_free(bundle_view *v);
 
-/* Maps a stream id to the layer its record goes to (fills *ref). A failure
- * aborts the install before anything is swapped. */
-typedef pd_status (*bundle_resolve_fn)(void *ctx, uint64_t stream, wire_layer_ref *ref,
-                                       pd_err *err);
+/* Where one entry goes, filled by the resolver: either a layer cache
+ * container at its stream's position (c and pos: lcache_wire_prepare, the
+ * runtime's checkpoints and migrations), or a bare layer (ref.kv or
+ * ref.ring: wire_import_prepare). ref.identity and ref.layer are what the
+ * record must carry in both cases. */
+typedef struct bundle_target {
+    wire_layer_ref ref;
+    lcache *c;    /* borrowed; NULL: install into ref's layer */
+    uint64_t pos; /* with c: the stream's position the record stands for */
+} bundle_target;
 
-/* Installs every entry of v: prepares all (decode + validate into fresh
- * layers, wire_import_prepare) and commits all only when every one
- * succeeded. On failure no layer changed. Two entries must not resolve to
- * the same layer. */
+/* Maps a stream id to where its record goes (fills *t, zeroed before the
+ * call). A failure aborts the install before anything is swapped. */
+typedef pd_status (*bundle_resolve_fn)(void *ctx, uint64_t stream, bundle_target *t, pd_err *err);
+
+/* The one install path of state bundles (checkpoint restore, migration).
+ * Installs every entry of v: prepares all (every check and the decode into
+ * fresh state, without touching any target) and commits all only when every
+ * one succeeded. On failure no target changed and err names the stream. Two
+ * entries must not resolve to the same target (PD_ERR_ARG). */
 pd_status bundle_install(const bundle_view *v, bundle_resolve_fn resolve, void *ctx, pd_err *err);
 
 /* ---- streaming writer ---------------------------------------------------- */
@@ -105,6 +119,10 @@ pd_status bundle_writer_add_record(bundle_writer *bw, uint64_t stream, const voi
 
 /* Checks that every announced stream was written and flushes the sink. */
 pd_status bundle_writer_finish(bundle_writer *bw, pd_err *err);
+
+/* The bytes bundle_writer_add adds for ref (20 + wire_record_size): a
+ * bundle's length before it is written. Refusals of wire_record_size. */
+pd_status bundle_entry_bytes(const wire_layer_ref *ref, int f16, uint64_t *bytes, pd_err *err);
 
 /* Bytes emitted so far. */
 uint64_t bundle_writer_bytes(const bundle_writer *bw);

@@ -3,9 +3,9 @@
 
 #include "comm/wire.h"
 
-/* The wire's view of c's implementation object. kc receives the kv
- * configuration (the wire sizes and rebuilds a kv layer from it). */
-static wire_layer_ref ref_of(const lcache *c, uint64_t identity, uint32_t layer, kv_layer_config *kc)
+#include <stdlib.h>
+
+wire_layer_ref lcache_wire_ref(const lcache *c, uint64_t identity, uint32_t layer, kv_layer_config *kc)
 {
     wire_layer_ref ref = {.identity = identity, .layer = layer};
     if (lcache_ring(c)) {
@@ -22,12 +22,18 @@ pd_status lcache_wire_export(const lcache *c, uint64_t identity, uint32_t layer,
                              size_t *len, pd_err *err)
 {
     kv_layer_config kc;
-    wire_layer_ref ref = ref_of(c, identity, layer, &kc);
+    wire_layer_ref ref = lcache_wire_ref(c, identity, layer, &kc);
     return wire_export(&ref, f16, out, len, err);
 }
 
-pd_status lcache_wire_import(lcache *c, uint64_t identity, uint32_t layer, uint64_t pos, const void *buf,
-                             size_t len, size_t base_offset, pd_err *err)
+struct lcache_wire_pending {
+    lcache *c;
+    uint64_t pos;
+    wire_pending *wp;
+};
+
+pd_status lcache_wire_prepare(lcache *c, uint64_t identity, uint32_t layer, uint64_t pos, const void *buf,
+                              size_t len, size_t base_offset, lcache_wire_pending **out, pd_err *err)
 {
     if (lcache_group_open(c))
         return pd_err_set(err, PD_ERR_ARG, "layer cache: import while a group is open");
@@ -37,10 +43,41 @@ pd_status lcache_wire_import(lcache *c, uint64_t identity, uint32_t layer, uint6
         return rc;
     if ((rc = lcache_adopt_check(c, wi.position, pos, err)) != PD_OK)
         return rc;
+    lcache_wire_pending *p = malloc(sizeof *p);
+    if (!p)
+        return pd_err_set(err, PD_ERR_NOMEM, "layer cache: no memory for an import");
     kv_layer_config kc;
-    wire_layer_ref ref = ref_of(c, identity, layer, &kc);
-    if ((rc = wire_import(&ref, buf, len, 0, base_offset, err)) != PD_OK)
+    wire_layer_ref ref = lcache_wire_ref(c, identity, layer, &kc);
+    *p = (lcache_wire_pending){.c = c, .pos = pos};
+    if ((rc = wire_import_prepare(&ref, buf, len, 0, base_offset, &p->wp, err)) != PD_OK) {
+        free(p);
         return rc;
-    lcache_adopt(c, pos);
+    }
+    *out = p;
     return PD_OK;
+}
+
+void lcache_wire_commit(lcache_wire_pending *p)
+{
+    wire_import_commit(p->wp);
+    lcache_adopt(p->c, p->pos);
+    free(p);
+}
+
+void lcache_wire_pending_free(lcache_wire_pending *p)
+{
+    if (!p)
+        return;
+    wire_pending_free(p->wp);
+    free(p);
+}
+
+pd_status lcache_wire_import(lcache *c, uint64_t identity, uint32_t layer, uint64_t pos, const void *buf,
+                             size_t len, size_t base_offset, pd_err *err)
+{
+    lcache_wire_pending *p = NULL;
+    pd_status rc = lcache_wire_prepare(c, identity, layer, pos, buf, len, base_offset, &p, err);
+    if (rc == PD_OK)
+        lcache_wire_commit(p);
+    return rc;
 }

@@ -19,6 +19,7 @@
 
 #include "base/status.h"
 #include "cache/layer_cache.h"
+#include "comm/wire.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -29,6 +30,11 @@
 pd_status lcache_wire_export(const lcache *c, uint64_t identity, uint32_t layer, int f16, uint8_t **out,
                              size_t *len, pd_err *err);
 
+/* The wire's view of c's implementation object (what lcache_wire_export
+ * encodes; bundle_writer_add streams it). kc receives the kv configuration
+ * the ref points to: it must outlive the ref. */
+wire_layer_ref lcache_wire_ref(const lcache *c, uint64_t identity, uint32_t layer, kv_layer_config *kc);
+
 /* Replaces c's state with the record's, for a stream at position pos: checks
  * the record as wire_import does against c's implementation (identity,
  * layer, kind, geometry, mode, every count) and its header position against
@@ -38,5 +44,18 @@ pd_status lcache_wire_export(const lcache *c, uint64_t identity, uint32_t layer,
  * enclosing file (error messages). */
 pd_status lcache_wire_import(lcache *c, uint64_t identity, uint32_t layer, uint64_t pos, const void *buf,
                              size_t len, size_t base_offset, pd_err *err);
+
+/* lcache_wire_import in two phases, for callers that install many records at
+ * once (comm/bundle.h): prepare runs every check and decodes into fresh state
+ * without touching c; commit swaps it in and puts c at pos (cannot fail);
+ * lcache_wire_pending_free discards it (NULL is a no-op). *out is owned by the
+ * caller until commit consumes it. c is borrowed and must not change in
+ * between. */
+typedef struct lcache_wire_pending lcache_wire_pending;
+
+pd_status lcache_wire_prepare(lcache *c, uint64_t identity, uint32_t layer, uint64_t pos, const void *buf,
+                              size_t len, size_t base_offset, lcache_wire_pending **out, pd_err *err);
+void lcache_wire_commit(lcache_wire_pending *p);
+void lcache_wire_pending_free(lcache_wire_pending *p);
 
 #endif

@@ -5,6 +5,7 @@
 #include "pd_test.h"
 
 #include "cache/kv_layer.h"
+#include "cache/layer_cache.h"
 #include "cache/ring_layer.h"
 #include "comm/bundle.h"
 #include "comm/crc32c.h"
@@ -92,12 +93,12 @@ typedef struct table {
     int n;
 } table;
 
-static pd_status table_resolve(void *ctx, uint64_t stream, wire_layer_ref *ref, pd_err *err)
+static pd_status table_resolve(void *ctx, uint64_t stream, bundle_target *bt, pd_err *err)
 {
     table *t = ctx;
     for (int i = 0; i < t->n; i++)
         if (t->ids[i] == stream) {
-            *ref = ref_of(t->layers[i]);
+            bt->ref = ref_of(t->layers[i]);
             return PD_OK;
         }
     return pd_err_set(err, PD_ERR_RANGE, "no layer for stream %llu", (unsigned long long)stream);
@@ -426,15 +427,24 @@ START_TEST(bundle_non_finite_values_are_refused_before_install)
 }
 END_TEST
 
+/* The world, its sources written as one bundle (*m, owned) and parsed (owned). */
+static bundle_view *world_bundle(world *w, pd_rng *g, memsink *m)
+{
+    world_mk(w, g);
+    *m = write_bundle(w->src, w->ids, NS, 0);
+    bundle_view *v = NULL;
+    pd_err e = {0};
+    ck_assert_msg(bundle_parse(m->b, m->n, &v, &e) == PD_OK, "%s", e.msg);
+    return v;
+}
+
 START_TEST(bundle_install_is_all_or_nothing)
 {
     pd_rng g = {.s = 7};
     world w;
-    world_mk(&w, &g);
-    memsink m = write_bundle(w.src, w.ids, NS, 0);
-    bundle_view *v = NULL;
+    memsink m;
+    bundle_view *v = world_bundle(&w, &g, &m);
     pd_err e = {0};
-    ck_assert_msg(bundle_parse(m.b, m.n, &v, &e) == PD_OK, "%s", e.msg);
     /* the last stream's target has another window: its decode fails */
     ring_layer_free(w.dst[NS - 1]);
     w.dst[NS - 1] = ring_mk(4);
@@ -460,6 +470,84 @@ START_TEST(bundle_install_is_all_or_nothing)
     pd_err_clear(&e);
     ck_assert_int_eq(bundle_install(v, table_resolve, &t2, &e), PD_ERR_ARG);
     ck_assert_uint_eq(ring_layer_id(w.dst[0]), before[0]);
+    bundle_view_free(v);
+    free(m.b);
+    world_free(&w);
+}
+END_TEST
+
+/* Containers as targets (the runtime's path): each at a stream position. */
+typedef struct ctable {
+    const uint64_t *ids;
+    lcache **c;
+    uint64_t pos[NS];
+    int n;
+} ctable;
+
+static pd_status ctable_resolve(void *ctx, uint64_t stream, bundle_target *bt, pd_err *err)
+{
+    ctable *t = ctx;
+    for (int i = 0; i < t->n; i++)
+        if (t->ids[i] == stream) {
+            *bt = (bundle_target){.ref = {.identity = ID, .layer = LAYER}, .c = t->c[i], .pos = t->pos[i]};
+            return PD_OK;
+        }
+    return pd_err_set(err, PD_ERR_RANGE, "no container for stream %llu", (unsigned long long)stream);
+}
+
+static lcache *ring_container(void)
+{
+    lcache_config cfg = {.kind = LCACHE_KIND_RING, .n_kv_heads = 2, .head_dim = 4, .q_per_kv = 1, .window = 3,
+                         .prefill_rows = 8, .max_new = 16};
+    lcache *c = NULL;
+    pd_err e = {0};
+    ck_assert_msg(lcache_new(&cfg, &c, &e) == PD_OK, "%s", e.msg);
+    return c;
+}
+
+START_TEST(bundle_install_into_containers_is_all_or_nothing)
+{
+    pd_rng g = {.s = 11};
+    world w;
+    memsink m;
+    bundle_view *v = world_bundle(&w, &g, &m);
+    pd_err e = {0};
+    lcache *c[NS];
+    ctable t = {.ids = w.ids, .c = c, .n = NS};
+    for (int i = 0; i < NS; i++) {
+        c[i] = ring_container();
+        t.pos[i] = ring_layer_position(w.src[i]);
+    }
+    /* a bad record for its target (the last stream's position is not the
+     * one its record stands for): nothing installed, the stream named */
+    t.pos[NS - 1] += 1;
+    ck_assert_int_eq(bundle_install(v, ctable_resolve, &t, &e), PD_ERR_MISMATCH);
+    ck_assert_ptr_nonnull(strstr(e.msg, "stream 3"));
+    for (int i = 0; i < NS; i++)
+        ck_assert_uint_eq(lcache_position(c[i]), 0);
+    /* an unresolvable stream: same */
+    t.pos[NS - 1] -= 1;
+    t.ids = (const uint64_t[NS]){w.ids[0], w.ids[1], 99};
+    pd_err_clear(&e);
+    ck_assert_int_eq(bundle_install(v, ctable_resolve, &t, &e), PD_ERR_RANGE);
+    for (int i = 0; i < NS; i++)
+        ck_assert_uint_eq(lcache_position(c[i]), 0);
+    /* a resolver that names no target */
+    t.ids = w.ids;
+    lcache *none[NS] = {c[0], NULL, c[2]};
+    t.c = none;
+    pd_err_clear(&e);
+    ck_assert_int_eq(bundle_install(v, ctable_resolve, &t, &e), PD_ERR_ARG);
+    ck_assert_uint_eq(lcache_position(c[0]), 0);
+    /* all good: every container at its stream's position, answering as the source */
+    t.c = c;
+    pd_err_clear(&e);
+    ck_assert_msg(bundle_install(v, ctable_resolve, &t, &e) == PD_OK, "%s", e.msg);
+    for (int i = 0; i < NS; i++) {
+        ck_assert_uint_eq(lcache_position(c[i]), t.pos[i]);
+        same_answers(w.src[i], lcache_ring(c[i]), &g);
+        lcache_free(c[i]);
+    }
     bundle_view_free(v);
     free(m.b);
     world_free(&w);
@@ -590,6 +678,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, bundle_header_faults_are_refused);
     tcase_add_test(tc, bundle_duplicate_stream_ids_are_refused);
     tcase_add_test(tc, bundle_install_is_all_or_nothing);
+    tcase_add_test(tc, bundle_install_into_containers_is_all_or_nothing);
     tcase_add_test(tc, bundle_non_finite_values_are_refused_before_install);
     tcase_add_test(tc, bundle_writer_refuses_what_would_make_an_invalid_bundle);
     tcase_add_test(tc, bundle_streams_large_states_without_holding_them);

@@ -338,6 +338,18 @@ static pd_status crc_sink_write(void *ctx, const void *bytes, size_t n, pd_err *
     return PD_OK;
 }
 
+/* One stream's record of layer L, encoded straight into the bundle's file
+ * (never held whole in memory). */
+static pd_status write_entry(const stage *st, bundle_writer *bw, uint64_t stream, uint32_t L, pd_err *err)
+{
+    kv_layer_config kc;
+    wire_layer_ref ref;
+    pd_status rc = stage_export_ref(st, stream, L, &ref, &kc, err);
+    if (rc == PD_OK && (rc = bundle_writer_add(bw, stream, &ref, 0, err)) != PD_OK)
+        stage_export_refused(st, stream, L, rc, err);
+    return rc;
+}
+
 /* This rank's bundles of the streams ids[0..n) into dir; info[L] filled for
  * the layers it owns. */
 static pd_status write_bundles(rank *r, const char *dir, const uint64_t *ids, uint32_t n, ckpt_bundle_info *info,
@@ -354,14 +366,8 @@ static pd_status write_bundles(rank *r, const char *dir, const uint64_t *ids, ui
         crc_sink cs = {.fd = fd, .path = path};
         bundle_writer *bw = NULL;
         pd_status st = bundle_writer_new(crc_sink_write, &cs, stage_layer_identity(r->st, L), L, n, &bw, err);
-        for (uint32_t i = 0; st == PD_OK && i < n; i++) {
-            uint8_t *rec;
-            size_t len;
-            if ((st = stage_export_layer(r->st, ids[i], L, &rec, &len, err)) == PD_OK) {
-                st = bundle_writer_add_record(bw, ids[i], rec, len, err);
-                free(rec);
-            }
-        }
+        for (uint32_t i = 0; st == PD_OK && i < n; i++)
+            st = write_entry(r->st, bw, ids[i], L, err);
         if (st == PD_OK)
             st = bundle_writer_finish(bw, err);
         bundle_writer_free(bw);
@@ -661,8 +667,9 @@ pd_status ckpt_restore(rank *r, sched *sc, const char *dir, uint64_t seq, pd_err
         if (st == PD_OK && v->n_streams != m.n_streams)
             st = pd_err_set(&e, PD_ERR_FORMAT, "%s holds %llu streams, the manifest %u", path,
                             (unsigned long long)v->n_streams, m.n_streams);
-        for (uint64_t i = 0; st == PD_OK && i < v->n_streams; i++)
-            st = stage_import_layer(r->st, v->entries[i].stream, L, v->entries[i].record, v->entries[i].len, &e);
+        if (st == PD_OK)
+            st = v->layer == L ? stage_install_bundle(r->st, v, &e)
+                               : pd_err_set(&e, PD_ERR_FORMAT, "%s holds layer %u", path, v->layer);
         if (st)
             pd_err_prefix(&e, "%s", path);
         bundle_view_free(v);

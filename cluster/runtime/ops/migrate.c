@@ -16,9 +16,12 @@
 #include <unistd.h>
 
 #define MIGRATE_FAULT_PATH "/nonexistent/pipedec-migrate-fault.gguf"
-/* A bundle travels in pieces of at most this many bytes (an MPI count is an
- * int). */
-#define MIGRATE_PIECE ((uint64_t)1 << 30)
+/* A bundle travels in pieces of this many bytes (the last one shorter). The
+ * source encodes it straight into MIGRATE_SLOTS piece buffers and reuses a
+ * buffer once its send completed, so what it holds besides the caches is
+ * bounded by these, whatever the state it moves (docs/performance.md). */
+#define MIGRATE_PIECE ((uint64_t)4 << 20)
+#define MIGRATE_SLOTS 2u
 
 struct migrate {
     rank *r;                 /* borrowed */
@@ -141,32 +144,81 @@ pd_status migrate_map_for_layer(const layermap *cur, uint32_t layer, uint32_t to
     return PD_OK;
 }
 
-/* ---- a growable byte buffer as a bundle sink ------------------------------------ */
+/* ---- a bundle's pieces as a bundle sink ---------------------------------------- */
 
-typedef struct membuf {
-    uint8_t *p;
-    size_t n, cap;
-} membuf;
+/* The source's side of one bundle on the link. The sink copies the writer's
+ * bytes into the slot being filled and sends it when full; before a slot is
+ * filled again its previous send is completed. crc runs over the bytes as
+ * encoded (the ack digest), before the CORRUPT test hook flips one.
+ * INV: fill <= MIGRATE_PIECE; req[i] is MPI_REQUEST_NULL or buf[i]'s send. */
+typedef struct piece_out {
+    pipe_link *link;         /* borrowed */
+    int peer;
+    uint8_t *buf[MIGRATE_SLOTS]; /* [MIGRATE_PIECE] each, owned */
+    MPI_Request req[MIGRATE_SLOTS];
+    uint32_t slot;           /* the one being filled */
+    size_t fill;
+    uint64_t sent;           /* bytes of this bundle passed to the sink */
+    uint64_t corrupt_at;     /* the byte the hook flips (UINT64_MAX: none) */
+    uint32_t crc;
+    pd_status ms;            /* an MPI failure: nothing can be agreed on */
+    pd_err *merr;            /* its words (migrate_run's err) */
+} piece_out;
 
-static pd_status membuf_sink(void *ctx, const void *bytes, size_t n, pd_err *err)
+/* Sends the slot being filled and moves to the next one. */
+static pd_status piece_ship(piece_out *po)
 {
-    membuf *b = ctx;
-    if (n > b->cap - b->n) {
-        size_t nc = b->cap ? b->cap : 4096;
-        while (nc - b->n < n) {
-            if (nc > SIZE_MAX / 2)
-                return pd_err_set(err, PD_ERR_NOMEM, "migration: a bundle past the address space");
-            nc *= 2;
-        }
-        uint8_t *np = realloc(b->p, nc);
-        if (!np)
-            return pd_err_set(err, PD_ERR_NOMEM, "migration: out of memory for a bundle of %zu bytes", nc);
-        b->p = np;
-        b->cap = nc;
+    if (po->fill == 0)
+        return PD_OK;
+    po->ms = pipe_isend(po->link, po->peer, po->buf[po->slot], po->fill, &po->req[po->slot], po->merr);
+    po->slot = (po->slot + 1) % MIGRATE_SLOTS;
+    po->fill = 0;
+    if (po->ms == PD_OK && !po->buf[po->slot] && !(po->buf[po->slot] = malloc(MIGRATE_PIECE)))
+        po->ms = pd_err_set(po->merr, PD_ERR_NOMEM, "migration: out of memory for a piece buffer");
+    if (po->ms == PD_OK)
+        po->ms = pipe_wait(po->link, &po->req[po->slot], NULL, po->merr);
+    return po->ms;
+}
+
+static pd_status piece_sink(void *ctx, const void *bytes, size_t n, pd_err *err)
+{
+    piece_out *po = ctx;
+    const uint8_t *p = bytes;
+    if (po->ms == PD_OK && !po->buf[po->slot] && !(po->buf[po->slot] = malloc(MIGRATE_PIECE)))
+        po->ms = pd_err_set(po->merr, PD_ERR_NOMEM, "migration: out of memory for a piece buffer");
+    if (p)
+        po->crc = crc32c_update(po->crc, p, n);
+    while (n > 0 && po->ms == PD_OK) {
+        size_t k = MIGRATE_PIECE - po->fill < n ? MIGRATE_PIECE - po->fill : n;
+        uint8_t *dst = po->buf[po->slot] + po->fill;
+        if (p)
+            memcpy(dst, p, k);
+        else
+            memset(dst, 0, k);
+        if (po->corrupt_at >= po->sent && po->corrupt_at - po->sent < k)
+            dst[po->corrupt_at - po->sent] ^= 0x40; /* test hook: after the CRC */
+        po->fill += k;
+        po->sent += k;
+        n -= k;
+        p = p ? p + k : NULL;
+        if (po->fill == MIGRATE_PIECE)
+            piece_ship(po);
     }
-    memcpy(b->p + b->n, bytes, n);
-    b->n += n;
-    return PD_OK;
+    if (po->ms != PD_OK)
+        *err = *po->merr;
+    return po->ms;
+}
+
+/* Completes every piece still in flight and frees the buffers. */
+static pd_status piece_out_close(piece_out *po, pd_status ms)
+{
+    for (uint32_t i = 0; i < MIGRATE_SLOTS; i++) {
+        if (ms == PD_OK)
+            ms = pipe_wait(po->link, &po->req[i], NULL, po->merr);
+        free(po->buf[i]);
+        po->buf[i] = NULL;
+    }
+    return ms;
 }
 
 /* ---- the protocol --------------------------------------------------------------- */
@@ -195,11 +247,9 @@ typedef struct migrate_move {
     uint32_t layer;
     int peer;                /* the other end */
     uint64_t len;            /* 0: the source could not export it */
-    uint8_t *buf;            /* the bundle (owned) */
+    uint8_t *buf;            /* receiver: the bundle (owned) */
     bundle_view *v;          /* receiver: the validated bundle */
-    MPI_Request len_req;
-    MPI_Request *req;        /* sender: one per piece of the bundle */
-    uint64_t n_req;
+    MPI_Request len_req;     /* sender: the length's send */
 } migrate_move;
 
 static uint64_t n_pieces(uint64_t len)
@@ -721,9 +771,52 @@ static lcache *spare_offer(void *ctx, uint64_t stream, uint32_t layer)
     return NULL;
 }
 
-/* Imports every record taken into a copy of its own (the checks of an
- * import, before the vote), and checks each copy against the stage. */
-static pd_status spares_import(migrate *mg, const migrate_move *take, uint32_t n_take, spare_set *ss, pd_err *err)
+/* A received bundle once installed: its bytes go at once, so a receiver
+ * holds the bundles not yet installed and the state installed, never every
+ * bundle and all of their state together. */
+static void take_release(migrate_move *mv)
+{
+    bundle_view_free(mv->v);
+    free(mv->buf);
+    mv->v = NULL;
+    mv->buf = NULL;
+}
+
+/* A bundle's records go to new copies of their own (bundle_install's
+ * resolver: each call makes one and keeps it in ss). */
+typedef struct spare_to {
+    stage *st;               /* borrowed */
+    spare_set *ss;
+    uint32_t layer;
+} spare_to;
+
+static pd_status spare_resolve(void *ctx, uint64_t stream, bundle_target *t, pd_err *err)
+{
+    spare_to *to = ctx;
+    uint32_t prefill, max_new;
+    uint64_t pos = 0;
+    lcache *c = NULL;
+    pd_status st = stage_stream_shape(to->st, stream, &prefill, &max_new, err);
+    if (st == PD_OK)
+        st = stage_stream_pos(to->st, stream, &pos, err);
+    if (st == PD_OK)
+        st = stage_spare_cache(to->st, prefill, max_new, &c, err);
+    if (st != PD_OK)
+        return st;
+    spare_set *ss = to->ss;
+    ss->layer[ss->n] = to->layer;
+    ss->stream[ss->n] = stream;
+    ss->c[ss->n++] = c;
+    *t = (bundle_target){.ref = {.identity = stage_layer_identity(to->st, to->layer), .layer = to->layer},
+                         .c = c,
+                         .pos = pos};
+    return PD_OK;
+}
+
+/* Installs every bundle taken into copies of its own (the checks of an
+ * import, before the vote; bundle_install), and checks each copy against
+ * the stage. */
+static pd_status spares_import(migrate *mg, migrate_move *take, uint32_t n_take, spare_set *ss, pd_err *err)
 {
     rank *r = mg->r;
     uint64_t total = 0;
@@ -735,30 +828,18 @@ static pd_status spares_import(migrate *mg, const migrate_move *take, uint32_t n
     if (!ss->layer || !ss->stream || !ss->c)
         return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
     pd_status st = PD_OK;
-    for (uint32_t i = 0; i < n_take && st == PD_OK; i++)
-        for (uint64_t j = 0; take[i].v && j < take[i].v->n_streams && st == PD_OK; j++) {
-            const bundle_entry *en = &take[i].v->entries[j];
-            uint32_t prefill, max_new;
-            uint64_t pos = 0;
-            st = stage_stream_shape(r->st, en->stream, &prefill, &max_new, err);
-            lcache *c = NULL;
-            if (st == PD_OK)
-                st = stage_spare_cache(r->st, prefill, max_new, &c, err);
-            if (st == PD_OK) {
-                ss->layer[ss->n] = take[i].layer;
-                ss->stream[ss->n] = en->stream;
-                ss->c[ss->n++] = c;
-                st = stage_stream_pos(r->st, en->stream, &pos, err);
-                if (st == PD_OK)
-                    st = lcache_wire_import(c, stage_layer_identity(r->st, take[i].layer), take[i].layer, pos,
-                                            en->record, en->len, 0, err);
-                if (st == PD_OK)
-                    st = stage_check_copy(r->st, en->stream, take[i].layer, c, err);
-            }
-            if (st)
-                pd_err_prefix(err, "rank %d: layer %u stream %llu", r->rank, take[i].layer,
-                              (unsigned long long)en->stream);
-        }
+    for (uint32_t i = 0; i < n_take && st == PD_OK; i++) {
+        if (!take[i].v)
+            continue;
+        uint32_t from = ss->n;
+        st = bundle_install(take[i].v, spare_resolve, &(spare_to){.st = r->st, .ss = ss, .layer = take[i].layer},
+                            err);
+        for (uint32_t j = from; j < ss->n && st == PD_OK; j++)
+            st = stage_check_copy(r->st, ss->stream[j], ss->layer[j], ss->c[j], err);
+        take_release(&take[i]);
+        if (st)
+            pd_err_prefix(err, "rank %d: layer %u", r->rank, take[i].layer);
+    }
     return st;
 }
 
@@ -816,14 +897,8 @@ static void xfer_free(xfer *x)
         model_free(x->pl[i]);
         x->pl[i] = NULL;
     }
-    for (uint32_t i = 0; x->give && i < x->n_give; i++) {
-        free(x->give[i].buf);
-        free(x->give[i].req);
-    }
-    for (uint32_t i = 0; x->take && i < x->n_take; i++) {
-        bundle_view_free(x->take[i].v);
-        free(x->take[i].buf);
-    }
+    for (uint32_t i = 0; x->take && i < x->n_take; i++)
+        take_release(&x->take[i]);
     free(x->give);
     free(x->take);
     free(x->dg);
@@ -903,92 +978,95 @@ static pd_status xfer_weights_mpi(xfer *x, pd_err *err)
     return PD_OK;
 }
 
-/* A source's bundle of one layer. Every record first: the bundle's size is
- * then known and its buffer is allocated once (no growth copies, one set of
- * page faults). Called while x->st is PD_OK. */
-static void give_bundle(xfer *x, migrate_move *mv)
+/* The length of a source's bundle of one layer, from the records' exact
+ * sizes (nothing encoded yet). 0 when one of them cannot be exported (the
+ * failure is this rank's verdict). Called while x->st is PD_OK. */
+static uint64_t bundle_length(xfer *x, uint32_t L)
 {
-    rank *r = x->r;
-    uint32_t L = mv->layer, cnt = x->cnt;
-    pd_err *e = &x->e;
-    pd_status st = PD_OK;
-    uint8_t **recs = calloc(cnt + 1, sizeof *recs);
-    size_t *lens = calloc(cnt + 1, sizeof *lens), total = BUNDLE_HEADER_BYTES;
-    if (!recs || !lens)
-        st = pd_err_set(e, PD_ERR_NOMEM, "out of memory");
-    for (uint32_t i = 0; st == PD_OK && i < cnt; i++)
-        if ((st = stage_export_layer(r->st, x->ids[i], L, &recs[i], &lens[i], e)) == PD_OK)
-            total += BUNDLE_ENTRY_OVERHEAD + lens[i];
-    membuf mb = {0};
-    if (st == PD_OK && !(mb.p = malloc(total)))
-        st = pd_err_set(e, PD_ERR_NOMEM, "out of memory for layer %u's bundle of %zu bytes", L, total);
-    mb.cap = mb.p ? total : 0;
-    bundle_writer *bw = NULL;
-    if (st == PD_OK)
-        st = bundle_writer_new(membuf_sink, &mb, stage_layer_identity(r->st, L), L, cnt, &bw, e);
-    for (uint32_t i = 0; st == PD_OK && i < cnt; i++)
-        st = bundle_writer_add_record(bw, x->ids[i], recs[i], lens[i], e);
-    for (uint32_t i = 0; recs && i < cnt; i++)
-        free(recs[i]);
-    free(recs);
-    free(lens);
-    if (st == PD_OK)
-        st = bundle_writer_finish(bw, e);
-    bundle_writer_free(bw);
-    if (st != PD_OK) {
-        free(mb.p);
-        pd_err_prefix(e, "rank %u exporting layer %u", x->me, L);
+    uint64_t len = BUNDLE_HEADER_BYTES;
+    for (uint32_t i = 0; x->st == PD_OK && i < x->cnt; i++) {
+        kv_layer_config kc;
+        wire_layer_ref ref;
+        uint64_t b = 0;
+        pd_status st = stage_export_ref(x->r->st, x->ids[i], L, &ref, &kc, &x->e);
+        if (st == PD_OK && (st = bundle_entry_bytes(&ref, 0, &b, &x->e)) != PD_OK)
+            stage_export_refused(x->r->st, x->ids[i], L, st, &x->e);
+        len += b;
         x->st = st;
-        return;
     }
-    mv->buf = mb.p;
-    mv->len = mb.n;
-    x->dg[L] = bundle_digest(mb.p, mb.n);
-    x->sent_bytes += mb.n;
-    if (x->mg->fault == MIGRATE_FAULT_CORRUPT && !x->corrupted) {
-        mv->buf[mv->len / 2] ^= 0x40; /* test hook: after the CRC */
-        x->corrupted = true;
-    }
+    if (x->st != PD_OK)
+        pd_err_prefix(&x->e, "rank %u exporting layer %u", x->me, L);
+    return x->st == PD_OK ? len : 0;
 }
 
-/* Sources: one bundle per layer they give (a layer whose export failed is
- * announced with length 0). */
-static void xfer_export(xfer *x)
+/* Encodes the bundle of mv->len bytes straight into pieces on the link. A
+ * local failure half way is this rank's verdict, and the rest of the
+ * announced bytes go as zeros so the link stays in step (the receiver's
+ * bundle then fails its CRCs). Returns only MPI failures. */
+static pd_status give_bundle(xfer *x, migrate_move *mv, piece_out *po)
 {
-    double t = MPI_Wtime();
+    rank *r = x->r;
+    uint32_t L = mv->layer;
+    pd_err e = {0};
+    po->peer = mv->peer;
+    po->sent = 0;
+    po->crc = 0;
+    po->corrupt_at = x->mg->fault == MIGRATE_FAULT_CORRUPT && !x->corrupted ? mv->len / 2 : UINT64_MAX;
+    bundle_writer *bw = NULL;
+    pd_status st = bundle_writer_new(piece_sink, po, stage_layer_identity(r->st, L), L, x->cnt, &bw, &e);
+    for (uint32_t i = 0; st == PD_OK && i < x->cnt; i++) {
+        kv_layer_config kc;
+        wire_layer_ref ref;
+        if ((st = stage_export_ref(r->st, x->ids[i], L, &ref, &kc, &e)) == PD_OK &&
+            (st = bundle_writer_add(bw, x->ids[i], &ref, 0, &e)) != PD_OK)
+            stage_export_refused(r->st, x->ids[i], L, st, &e);
+    }
+    if (st == PD_OK)
+        st = bundle_writer_finish(bw, &e);
+    bundle_writer_free(bw);
+    if (po->ms != PD_OK)
+        return po->ms;
+    if (st != PD_OK) {
+        pd_err_prefix(&e, "rank %u exporting layer %u", x->me, L);
+        xfer_fail(x, st, &e);
+    }
+    CHECKF(po->sent <= mv->len, "layer %u: %llu bytes encoded, %llu announced", L, (unsigned long long)po->sent,
+           (unsigned long long)mv->len);
+    if (po->sent < mv->len && piece_sink(po, NULL, (size_t)(mv->len - po->sent), &e) != PD_OK)
+        return po->ms;
+    if (piece_ship(po) != PD_OK)
+        return po->ms;
+    x->corrupted |= po->corrupt_at != UINT64_MAX;
+    x->dg[L] = (uint64_t)po->crc | mv->len << 32; /* bundle_digest of the bytes encoded */
+    x->sent_bytes += mv->len;
+    return PD_OK;
+}
+
+/* Sources: per layer they give, its length and then its bundle, encoded
+ * while it is sent (a layer whose export failed is announced with length 0).
+ * Returns only MPI failures. */
+static pd_status xfer_send(xfer *x, pd_err *err)
+{
+    pd_status ms = PD_OK;
+    x->t_xfer = MPI_Wtime();
+    piece_out po = {.link = x->mg->link, .merr = err};
+    for (uint32_t i = 0; i < MIGRATE_SLOTS; i++)
+        po.req[i] = MPI_REQUEST_NULL;
     uint32_t k = 0;
-    for (uint32_t L = x->of; x->give && !x->pre && L < x->oe; L++) {
+    for (uint32_t L = x->of; x->give && !x->pre && L < x->oe && ms == PD_OK; L++) {
         if (layermap_owner(&x->plan.to, L) == x->me)
             continue;
         migrate_move *mv = &x->give[k++];
         mv->layer = L;
         mv->peer = (int)layermap_owner(&x->plan.to, L);
         mv->len_req = MPI_REQUEST_NULL;
-        if (x->st == PD_OK)
-            give_bundle(x, mv);
-    }
-    x->export_s = MPI_Wtime() - t;
-}
-
-/* Sent without waiting: the length, then the bundle in pieces. */
-static pd_status xfer_send(xfer *x, pd_err *err)
-{
-    pd_status ms = PD_OK;
-    x->t_xfer = MPI_Wtime();
-    for (uint32_t i = 0; x->give && !x->pre && i < x->n_give && ms == PD_OK; i++) {
-        migrate_move *mv = &x->give[i];
+        mv->len = x->st == PD_OK ? bundle_length(x, L) : 0;
         ms = pipe_isend(x->mg->link, mv->peer, &mv->len, sizeof mv->len, &mv->len_req, err);
-        if (ms == PD_OK && mv->len) {
-            mv->req = calloc(n_pieces(mv->len), sizeof *mv->req);
-            if (!mv->req) /* the receiver expects the pieces: nothing can be agreed on */
-                ms = pd_err_set(err, PD_ERR_NOMEM, "migration: out of memory for send requests");
-        }
-        for (uint64_t q = 0; ms == PD_OK && q < n_pieces(mv->len); q++) {
-            uint64_t off = q * MIGRATE_PIECE, n = mv->len - off < MIGRATE_PIECE ? mv->len - off : MIGRATE_PIECE;
-            ms = pipe_isend(x->mg->link, mv->peer, mv->buf + off, (size_t)n, &mv->req[q], err);
-            mv->n_req = q + 1;
-        }
+        if (ms == PD_OK && mv->len)
+            ms = give_bundle(x, mv, &po);
     }
+    ms = piece_out_close(&po, ms);
+    x->export_s = MPI_Wtime() - x->t_xfer;
     return ms;
 }
 
@@ -1164,11 +1242,9 @@ static void xfer_install(xfer *x)
                             : stage_add_layers(r->st, x->pf[i], x->pn[i], x->pw[i], &x->e)) == PD_OK)
             x->added++;
     for (uint32_t i = 0; x->early && !x->pre && x->st == PD_OK && i < x->n_take; i++) {
-        const migrate_move *mv = &x->take[i];
-        for (uint64_t j = 0; x->st == PD_OK && j < mv->v->n_streams; j++)
-            if ((x->st = stage_import_layer(r->st, mv->v->entries[j].stream, mv->layer, mv->v->entries[j].record,
-                                            mv->v->entries[j].len, &x->e)) != PD_OK)
-                pd_err_prefix(&x->e, "rank %u: installing layer %u", x->me, mv->layer);
+        if ((x->st = stage_install_bundle(r->st, x->take[i].v, &x->e)) != PD_OK)
+            pd_err_prefix(&x->e, "rank %u: installing layer %u", x->me, x->take[i].layer);
+        take_release(&x->take[i]);
     }
     if (x->early && x->st != PD_OK)
         xfer_remove_added(x);
@@ -1183,8 +1259,6 @@ static pd_status xfer_wait_sends(xfer *x, pd_err *err)
     pd_status ms = PD_OK;
     for (uint32_t i = 0; x->give && !x->pre && i < x->n_give && ms == PD_OK; i++) {
         ms = pipe_wait(x->mg->link, &x->give[i].len_req, NULL, err);
-        for (uint64_t q = 0; ms == PD_OK && q < x->give[i].n_req; q++)
-            ms = pipe_wait(x->mg->link, &x->give[i].req[q], NULL, err);
     }
     return ms;
 }
@@ -1195,10 +1269,8 @@ static pd_status xfer_copy(xfer *x, pd_err *err)
 {
     xfer_layout(x);
     pd_status ms = xfer_weights_mpi(x, err);
-    if (ms == PD_OK) {
-        xfer_export(x);
+    if (ms == PD_OK)
         ms = xfer_send(x, err);
-    }
     if (ms == PD_OK) {
         xfer_weights(x);
         ms = xfer_precopy_finish(x, err);

@@ -9,6 +9,7 @@
 #include "base/fp16.h"
 #include "cache/layer_cache.h"
 #include "cache/ring_layer.h"
+#include "comm/bundle.h"
 #include "comm/lcache_wire.h"
 #include "comm/wire.h"
 
@@ -445,8 +446,8 @@ pd_status stage_truncate(stage *s, uint64_t stream, uint64_t pos, pd_err *err)
     return PD_OK;
 }
 
-pd_status stage_export_layer(const stage *s, uint64_t stream, uint32_t layer, uint8_t **out,
-                             size_t *len, pd_err *err)
+pd_status stage_export_ref(const stage *s, uint64_t stream, uint32_t layer, wire_layer_ref *ref, kv_layer_config *kc,
+                           pd_err *err)
 {
     const stage_stream *st = stream_find(s, stream);
     if (!st)
@@ -459,13 +460,32 @@ pd_status stage_export_layer(const stage *s, uint64_t stream, uint32_t layer, ui
     if (lcache_position(c) != st->pos)
         return pd_err_set(err, PD_ERR_REFUSED, "stage: export: stream %llu layer %u awaits its import",
                           (unsigned long long)stream, layer);
-    pd_status rc = lcache_wire_export(c, stage_layer_identity(s, layer), layer, 0, out, len, err);
-    if (rc == PD_ERR_REFUSED && lcache_pending(c))
+    *ref = lcache_wire_ref(c, stage_layer_identity(s, layer), layer, kc);
+    return PD_OK;
+}
+
+void stage_export_refused(const stage *s, uint64_t stream, uint32_t layer, pd_status rc, pd_err *err)
+{
+    const stage_stream *st = stream_find(s, stream);
+    const lcache *c = st && layer >= s->first && layer - s->first < s->n_layers ? st->caches[layer] : NULL;
+    if (rc == PD_ERR_REFUSED && c && lcache_pending(c))
         pd_err_prefix(err, "stage: export: stream %llu layer %u (its last micro-batch is not final "
                            "yet: stage_settle first)",
                       (unsigned long long)stream, layer);
     else if (rc != PD_OK)
         pd_err_prefix(err, "stage: export: stream %llu layer %u", (unsigned long long)stream, layer);
+}
+
+pd_status stage_export_layer(const stage *s, uint64_t stream, uint32_t layer, uint8_t **out,
+                             size_t *len, pd_err *err)
+{
+    kv_layer_config kc;
+    wire_layer_ref ref;
+    pd_status rc = stage_export_ref(s, stream, layer, &ref, &kc, err);
+    if (rc != PD_OK)
+        return rc;
+    if ((rc = wire_export(&ref, 0, out, len, err)) != PD_OK)
+        stage_export_refused(s, stream, layer, rc, err);
     return rc;
 }
 
@@ -594,7 +614,7 @@ pd_status stage_remove_layers(stage *s, uint32_t first, uint32_t n, pd_err *err)
     return PD_OK;
 }
 
-pd_status stage_import_layer(stage *s, uint64_t stream, uint32_t layer, const void *buf, size_t len, pd_err *err)
+pd_status stage_import_target(stage *s, uint64_t stream, uint32_t layer, bundle_target *t, pd_err *err)
 {
     stage_stream *st = stream_find(s, stream);
     if (!st)
@@ -609,11 +629,38 @@ pd_status stage_import_layer(stage *s, uint64_t stream, uint32_t layer, const vo
                               "stage: import: stream %llu has rows that are not final yet (layer %u): "
                               "stage_settle first",
                               (unsigned long long)stream, L);
-    pd_status rc = lcache_wire_import(st->caches[layer], stage_layer_identity(s, layer), layer, st->pos, buf, len,
-                                      0, err);
+    *t = (bundle_target){.ref = {.identity = stage_layer_identity(s, layer), .layer = layer},
+                         .c = st->caches[layer],
+                         .pos = st->pos};
+    return PD_OK;
+}
+
+pd_status stage_import_layer(stage *s, uint64_t stream, uint32_t layer, const void *buf, size_t len, pd_err *err)
+{
+    bundle_target t;
+    pd_status rc = stage_import_target(s, stream, layer, &t, err);
+    if (rc != PD_OK)
+        return rc;
+    rc = lcache_wire_import(t.c, t.ref.identity, layer, t.pos, buf, len, 0, err);
     if (rc != PD_OK)
         pd_err_prefix(err, "stage: import: stream %llu layer %u", (unsigned long long)stream, layer);
     return rc;
+}
+
+typedef struct install_to {
+    stage *s;
+    uint32_t layer;
+} install_to;
+
+static pd_status install_resolve(void *ctx, uint64_t stream, bundle_target *t, pd_err *err)
+{
+    const install_to *to = ctx;
+    return stage_import_target(to->s, stream, to->layer, t, err);
+}
+
+pd_status stage_install_bundle(stage *s, const bundle_view *v, pd_err *err)
+{
+    return bundle_install(v, install_resolve, &(install_to){.s = s, .layer = v->layer}, err);
 }
 
 lcache *stage_cache(stage *s, uint64_t stream, uint32_t layer)

@@ -28,6 +28,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* comm/wire.h and comm/bundle.h (only their names here: this header is
+ * included where rd.h's names would collide) */
+struct wire_layer_ref;
+struct bundle_target;
+struct bundle_view;
+
 typedef struct stage stage;
 
 typedef struct stage_config {
@@ -170,13 +176,24 @@ pd_status stage_truncate(stage *s, uint64_t stream, uint64_t pos, pd_err *err);
 pd_status stage_export_layer(const stage *s, uint64_t stream, uint32_t layer, uint8_t **out,
                              size_t *len, pd_err *err);
 
+/* The same checks without encoding: the wire's view of the layer (ref), for
+ * a streaming writer (bundle_writer_add; checkpoints and migrations write
+ * through it and never hold a record). kc receives the kv configuration ref
+ * points to and must outlive it. The wire's own refusals (pending
+ * importance, above) come when ref is sized or encoded; pass such a failure
+ * to stage_export_refused for the words stage_export_layer would add. */
+pd_status stage_export_ref(const stage *s, uint64_t stream, uint32_t layer, struct wire_layer_ref *ref, kv_layer_config *kc,
+                           pd_err *err);
+void stage_export_refused(const stage *s, uint64_t stream, uint32_t layer, pd_status rc, pd_err *err);
+
 /* ---- the layer range of a running stage (live migration) ----------------
  *
  * A stage runs a contiguous range of absolute layers, at first the range of
  * its model. Layers can leave either end and join either end while streams
  * are alive; a moving layer's cache state travels as one CMFS record per
- * stream (stage_export_layer on the giver, stage_import_layer on the
- * receiver). Protocol at a step boundary: stage_settle every stream at its
+ * stream (stage_export_layer or, streamed into a bundle, stage_export_ref on
+ * the giver; stage_import_layer or, a layer's bundle all or nothing,
+ * stage_install_bundle on the receiver). Protocol at a step boundary: stage_settle every stream at its
  * accepted position on both stages (records then hold final rows only, and
  * the receiver's other layers have nothing pending); export; add on the
  * receiver; import; remove on the giver. Forwarding a stream whose new layer
@@ -218,6 +235,19 @@ pd_status stage_remove_layers(stage *s, uint32_t first, uint32_t n, pd_err *err)
  * PD_ERR_FORMAT, PD_ERR_TRUNCATED, ...). */
 pd_status stage_import_layer(stage *s, uint64_t stream, uint32_t layer, const void *buf, size_t len,
                              pd_err *err);
+
+/* Where stream's record of absolute layer `layer` installs, for bundle_install
+ * (a bundle_resolve_fn calls it): the checks of stage_import_layer that come
+ * before the record's, then t's container, position, identity and layer.
+ * The record's own checks run in bundle_install's prepare. Same errors as
+ * stage_import_layer's first three. */
+pd_status stage_import_target(stage *s, uint64_t stream, uint32_t layer, struct bundle_target *t, pd_err *err);
+
+/* Installs a validated bundle (bundle_parse) of one layer, v->layer, into
+ * the containers of its streams through bundle_install: every record
+ * prepared, then all swapped in, or none (errors as stage_import_layer,
+ * naming the stream; nothing changed). */
+pd_status stage_install_bundle(stage *s, const struct bundle_view *v, pd_err *err);
 
 /* ---- copies built outside the stage (live migration's pre-copy) ----------
  *
