@@ -3,7 +3,7 @@
  * input, carry the bundle's identity and layer, have distinct stream ids, and
  * whose records each validate on their own; rewriting the entries through
  * the streaming writer reproduces the input byte for byte.
- * PD_FUZZ_SOURCES: comm/bundle.c comm/wire.c comm/rd.c comm/crc32c.c cache/kv_layer.c cache/ring_layer.c cache/attn.c cache/attn_avx512.c cache/quant.c base/fnv.c base/fp16.c base/cpu.c base/alloc.c base/status.c */
+ * PD_FUZZ_SOURCES: comm/bundle.c comm/lcache_wire.c comm/wire.c comm/rd.c comm/crc32c.c cache/layer_cache.c cache/kv_layer.c cache/ring_layer.c cache/attn.c cache/attn_avx512.c cache/quant.c base/fnv.c base/fp16.c base/cpu.c base/alloc.c base/status.c */
 #include "comm/bundle.h"
 #include "comm/wire.h"
 
