@@ -715,7 +715,7 @@ static float gemm_q8_chain(const gemm_qtile *t, uint32_t l, const int8_t *q, con
                            float c)
 {
     const gemm_wtype type = t->type;
-    const bool has_nm = type == GEMM_W_Q4_1 || type == GEMM_W_Q5_1 || type == GEMM_W_Q4_K || type == GEMM_W_Q5_K;
+    const bool has_nm = gemm_wtype_has_nm(type);
     for (uint32_t b = 0; b < t->nb; b++, q += GEMM_QS_BLOCK) {
         const uint32_t bi = t->b0 + b;
         int32_t ia = 0, ib = 0;
@@ -753,6 +753,7 @@ static void gemm_scalar_qtile(const gemm_qtile *t)
 }
 
 static gemm_qtile_fn *const gemm_scalar_qtiles[GEMM_MR8] = {
+    gemm_scalar_qtile, gemm_scalar_qtile, gemm_scalar_qtile, gemm_scalar_qtile,
     gemm_scalar_qtile, gemm_scalar_qtile, gemm_scalar_qtile, gemm_scalar_qtile,
 };
 

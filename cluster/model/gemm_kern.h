@@ -309,7 +309,7 @@ extern gemm_ctile_fn *const gemm_avx512_ctilepfs[GEMM_MR512];
 
 /* Rows per int8 tile (its kernels keep two integer sums and a float chain
  * per row, and a block's 8 unpacked weight vectors, in registers). */
-#define GEMM_MR8 4u
+#define GEMM_MR8 8u
 
 /* A rows quantized to the int8 arithmetic's blocks, over a chunk of nb
  * 32-k blocks: row r's values at q + 32 nb r (32 per block; with `perm`,
@@ -341,6 +341,13 @@ typedef struct gemm_qtile {
 } gemm_qtile;
 
 typedef void gemm_qtile_fn(const gemm_qtile *t);
+
+/* The types whose values carry an offset term nm (gemm.h's last float
+ * step, fmaf(nm, sA + sB, t)): Q4_1, Q5_1 (+m) and Q4_K, Q5_K (-dmin m). */
+static inline bool gemm_wtype_has_nm(gemm_wtype t)
+{
+    return t == GEMM_W_Q4_1 || t == GEMM_W_Q5_1 || t == GEMM_W_Q4_K || t == GEMM_W_Q5_K;
+}
 
 /* Quantizes nb blocks of the row a (gemm.h's formula) into q, d, s (one
  * row of a gemm_qa); perm as there. The same bits on every ISA. */

@@ -199,7 +199,7 @@ static inline __attribute__((always_inline)) __m512 gemm_vnni_row_block(const __
             i = _mm512_sub_epi32(i, _mm512_set1_epi32(off * (sa + sb)));
         t = _mm512_mul_ps(s0, _mm512_cvtepi32_ps(i));
     }
-    if (type == GEMM_W_Q4_1 || type == GEMM_W_Q5_1 || type == GEMM_W_Q4_K || type == GEMM_W_Q5_K)
+    if (gemm_wtype_has_nm(type))
         t = _mm512_fmadd_ps(nm, _mm512_set1_ps((float)(sa + sb)), t);
     return _mm512_fmadd_ps(_mm512_set1_ps(da), t, c);
 }
@@ -222,6 +222,11 @@ static inline __attribute__((always_inline)) __m512 gemm_vnni_load(const float *
         c##i = gemm_vnni_row_block(v, t->qa.q + 32 * r_, t->qa.d[r_], t->qa.s + 2 * r_, type, s0, s1, nm, c##i); \
     }
 
+#define GEMM_VNNI_LOAD(i) __m512 c##i = mr > i ? gemm_vnni_load(t->c + (i) * ldc, nc, t->first) : c0;
+#define GEMM_VNNI_STORE(i) \
+    if (mr > i)            \
+        gemm_vnni_store(t->c + (i) * ldc, c##i, nc);
+
 static inline __attribute__((always_inline)) void gemm_vnni_qtile_impl(const gemm_qtile *t, const uint32_t mr,
                                                                        const gemm_wtype type)
 {
@@ -230,9 +235,8 @@ static inline __attribute__((always_inline)) void gemm_vnni_qtile_impl(const gem
     const size_t rs = t->qa.nb, ldc = t->ldc;
     const uint32_t nc = t->ncols;
     __m512 c0 = gemm_vnni_load(t->c, nc, t->first);
-    __m512 c1 = mr > 1 ? gemm_vnni_load(t->c + ldc, nc, t->first) : c0;
-    __m512 c2 = mr > 2 ? gemm_vnni_load(t->c + 2 * ldc, nc, t->first) : c0;
-    __m512 c3 = mr > 3 ? gemm_vnni_load(t->c + 3 * ldc, nc, t->first) : c0;
+    GEMM_VNNI_LOAD(1) GEMM_VNNI_LOAD(2) GEMM_VNNI_LOAD(3)
+    GEMM_VNNI_LOAD(4) GEMM_VNNI_LOAD(5) GEMM_VNNI_LOAD(6) GEMM_VNNI_LOAD(7)
     for (uint32_t b = 0; b < t->nb; b++) {
         const uint32_t bi = t->b0 + b;
         __m512i v[8];
@@ -251,22 +255,21 @@ static inline __attribute__((always_inline)) void gemm_vnni_qtile_impl(const gem
             nm = _mm512_setzero_ps();
             gemm_vnni_q8_unpack(blk + GEMM_Q8_SCALES, v);
         }
-        GEMM_VNNI_ROW(0)
-        GEMM_VNNI_ROW(1)
-        GEMM_VNNI_ROW(2)
-        GEMM_VNNI_ROW(3)
+        GEMM_VNNI_ROW(0) GEMM_VNNI_ROW(1) GEMM_VNNI_ROW(2) GEMM_VNNI_ROW(3)
+        GEMM_VNNI_ROW(4) GEMM_VNNI_ROW(5) GEMM_VNNI_ROW(6) GEMM_VNNI_ROW(7)
     }
     gemm_vnni_store(t->c, c0, nc);
-    if (mr > 1) gemm_vnni_store(t->c + ldc, c1, nc);
-    if (mr > 2) gemm_vnni_store(t->c + 2 * ldc, c2, nc);
-    if (mr > 3) gemm_vnni_store(t->c + 3 * ldc, c3, nc);
+    GEMM_VNNI_STORE(1) GEMM_VNNI_STORE(2) GEMM_VNNI_STORE(3)
+    GEMM_VNNI_STORE(4) GEMM_VNNI_STORE(5) GEMM_VNNI_STORE(6) GEMM_VNNI_STORE(7)
 }
 
-#define GEMM_VNNI_DEF(tn, TYPE)                                                                               \
-    static void gemm_vnni_##tn##_1(const gemm_qtile *t) { gemm_vnni_qtile_impl(t, 1, TYPE); }                \
-    static void gemm_vnni_##tn##_2(const gemm_qtile *t) { gemm_vnni_qtile_impl(t, 2, TYPE); }                \
-    static void gemm_vnni_##tn##_3(const gemm_qtile *t) { gemm_vnni_qtile_impl(t, 3, TYPE); }                \
-    static void gemm_vnni_##tn##_4(const gemm_qtile *t) { gemm_vnni_qtile_impl(t, 4, TYPE); }
+/* one kernel per type and height: mr a constant, so the rows a tile does
+ * not have cost nothing */
+#define GEMM_VNNI_MR(tn, TYPE, n) \
+    static void gemm_vnni_##tn##_##n(const gemm_qtile *t) { gemm_vnni_qtile_impl(t, n, TYPE); }
+#define GEMM_VNNI_DEF(tn, TYPE)                                                                        \
+    GEMM_VNNI_MR(tn, TYPE, 1) GEMM_VNNI_MR(tn, TYPE, 2) GEMM_VNNI_MR(tn, TYPE, 3) GEMM_VNNI_MR(tn, TYPE, 4) \
+    GEMM_VNNI_MR(tn, TYPE, 5) GEMM_VNNI_MR(tn, TYPE, 6) GEMM_VNNI_MR(tn, TYPE, 7) GEMM_VNNI_MR(tn, TYPE, 8)
 GEMM_VNNI_DEF(q8_0, GEMM_W_Q8_0)
 GEMM_VNNI_DEF(q4_0, GEMM_W_Q4_0)
 GEMM_VNNI_DEF(q4_1, GEMM_W_Q4_1)
@@ -278,7 +281,9 @@ GEMM_VNNI_DEF(q6_K, GEMM_W_Q6_K)
 
 #pragma GCC pop_options
 
-#define GEMM_VNNI_BY_MR(tn) {gemm_vnni_##tn##_1, gemm_vnni_##tn##_2, gemm_vnni_##tn##_3, gemm_vnni_##tn##_4}
+#define GEMM_VNNI_BY_MR(tn)                                                                          \
+    {gemm_vnni_##tn##_1, gemm_vnni_##tn##_2, gemm_vnni_##tn##_3, gemm_vnni_##tn##_4, gemm_vnni_##tn##_5, \
+     gemm_vnni_##tn##_6, gemm_vnni_##tn##_7, gemm_vnni_##tn##_8}
 gemm_qtile_fn *const gemm_vnni_qtiles[GEMM_W_COUNT][GEMM_MR8] = {
     [GEMM_W_Q8_0] = GEMM_VNNI_BY_MR(q8_0), [GEMM_W_Q4_0] = GEMM_VNNI_BY_MR(q4_0),
     [GEMM_W_Q4_1] = GEMM_VNNI_BY_MR(q4_1), [GEMM_W_Q5_0] = GEMM_VNNI_BY_MR(q5_0),
