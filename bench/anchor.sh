@@ -38,7 +38,9 @@
 #              mixture of experts: each layer's dense parts plus the experts
 #              N streams touch, E x (1 - (1 - k/E)^N) in expectation under
 #              uniform routing); F is the f32 GEMM rate for every type (the
-#              quantized types compute in f32 after exact dequantization);
+#              quantized types compute in f32 after exact dequantization),
+#              except under --gemm int8, where Q8_0 and the block types
+#              multiply in int8 and F is T x bench_probe's vpdpbusd peak;
 #   attention: max(4 x L x heads x head_dim x ctx / F, KV bytes / BW), the K
 #              and V rows of every layer read once per token at a mid-decode
 #              context ctx = P + new/2 (prefill: the mean prefix, P/2);
@@ -345,19 +347,28 @@ params = c0["params_per_token"]  # active: layers (top-k experts) + output proje
 kv_bytes = L * 2 * kvh * hd * 4 * (P + NEW // 2)  # f32 cache rows read per token at mid-decode
 attn_flops = lambda ctx: 4 * L * heads * hd * ctx  # q.k and p.v over ctx rows, every layer
 
-def limit(wread, n, ctx, kv):
+# --gemm int8: Q8_0 and the block types multiply in int8 (vpdpbusd), whose
+# limit is the int8 peak of one thread (bench_probe) times T; f32, f16 and
+# bf16 weights still multiply in f32
+i8_T = json.load(open(f"{work}/probe.json")).get("int8_peak_gops_1t", 0.0) * 1e9 * T
+def flops_matrices(dt):
+    return i8_T if os.environ["ANCHOR_GEMM"] == "int8" and dt not in ("f32", "f16", "bf16") and i8_T > 0 else flops_T
+
+def limit(wread, n, ctx, kv, fm):
     """Tokens (rows) per second at n streams whose step reads wread(n) weight
-    bytes: the per-phase rooflines summed."""
-    matrices = max(2 * params / flops_T, wread(n) / (n * bw))
+    bytes: the per-phase rooflines summed (fm: the matrices' compute limit)."""
+    matrices = max(2 * params / fm, wread(n) / (n * bw))
     attention = max(attn_flops(ctx) / flops_T, kv / bw)
     return 1 / (matrices + attention)
 res = {"bench": "anchor", "quick": quick, "threads": T, "reps": reps, "pipedec_gemm": os.environ["ANCHOR_GEMM"],
        "workload": {"prefill_rows": P, "new_tokens": NEW, "arch": c0["arch"],
                     "shape": {k.lstrip("-"): v for k, v in shape.items()}, "params_per_token": params},
        "limits": {"read_bw_gbs": round(bw / 1e9, 2), "read_bw_gbs_samples": bw_samples, "gemm_gflops_1t": round(g1 / 1e9, 1),
-                  "gemm_gflops_assumed_T": round(flops_T / 1e9, 1),
+                  "gemm_gflops_assumed_T": round(flops_T / 1e9, 1), "int8_gops_assumed_T": round(i8_T / 1e9, 1),
                   "note": "T-thread GEMM = T x the best 1-thread f32 rate (an upper bound), the compute limit of "
-                          "every weight type (pipedec dequantizes exactly to f32 and multiplies in f32)"},
+                          "every weight type under the exact arithmetic (pipedec dequantizes exactly to f32 and "
+                          "multiplies in f32); under --gemm int8 the quantized types' matrices are bound by T x "
+                          "the 1-thread vpdpbusd peak (int8_gops_assumed_T) instead"},
        "llama_cpp": llama or None, "results": {}}
 if quick:
     res["note"] = ("--quick: the model fits in the caches, so the DRAM bandwidth limit does not bound it "
@@ -376,11 +387,16 @@ for dt in dtypes:
                     "decode_tokens_per_s": {str(n): r1(dec[n]) for n in streams},
                     "peak_rss_mb": {str(n): r1(rss[n]) for n in streams}}
     # prefill: rows of a chunk share the weights (compute-bound), prefix P/2 on average
-    lim_pre = limit(wread, 1 << 30, P / 2, L * 2 * kvh * hd * 4 * P / 2)
-    lim_dec = {n: limit(wread, n, P + NEW / 2, kv_bytes) for n in streams}
+    fm = flops_matrices(dt)
+    lim_pre = limit(wread, 1 << 30, P / 2, L * 2 * kvh * hd * 4 * P / 2, fm)
+    lim_dec = {n: limit(wread, n, P + NEW / 2, kv_bytes, fm) for n in streams}
     d["limits"] = {"prefill_rows_per_s": r1(lim_pre), "decode_tokens_per_s": {str(n): r1(lim_dec[n]) for n in streams}}
     d["pipedec_vs_limit"] = {"prefill_1": ratio(pre1, lim_pre), "prefill_64": ratio(pre64, lim_pre),
                              "decode": {str(n): ratio(dec[n], lim_dec[n]) for n in streams}}
+    # the issue-39 goal at 32 and 64 streams: active-parameter work per
+    # second against the matrices' compute limit alone
+    d["decode_vs_compute_limit"] = {"limit": "int8_peak" if fm != flops_T else "f32_gemm_peak",
+                                    **{str(n): ratio(dec[n] * 2 * params, fm) for n in streams}}
     # batch 1 against the better of the probes just before and after each run
     # (medians over repetitions): bytes read per second / that bandwidth
     adj = [(x["decode_tokens_per_s"], x["bw_adjacent_gbs"] * 1e9) for x in pd[dt][1]]

@@ -19,7 +19,10 @@
  * right before and after it, since a shared host's bandwidth moves within
  * seconds); and its M = 64 GFLOP/s against the f32 peak
  * of the same run (the best of the invariant kernel and OpenBLAS at M >= 64,
- * the invariant kernel on the configured threads, OpenBLAS on one).
+ * the invariant kernel on the configured threads, OpenBLAS on one), and
+ * against its compute limit (m64_vs_compute_limit): that f32 peak, or under
+ * PD_BENCH_GEMM=int8 for Q8_0 and the qs types the int8 peak of probe.h
+ * (vpdpbusd from registers, 1 thread).
  *
  * PD_BENCH_GEMM=int8 packs the quantized types' and the hot section's
  * weights for the int8 arithmetic (gemm.h) instead of the exact one; the
@@ -33,6 +36,7 @@
 #include "cluster/model/gemm.h"
 
 #include <cblas.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <time.h>
 #include <stdlib.h>
@@ -312,7 +316,18 @@ static void bench_f32(bench_set *set_, const float *a, float *c, int reps, doubl
 /* The 16-bit, Q8_0 and qs weights: invariant kernel only (OpenBLAS has no
  * such type), M = 1 cold on two threads against the 2-thread probes and every
  * M on the bench's threads; then the two-thread summary. */
-static void bench_quantized(const float *a, float *c, int reps, double bw, double bw2, double f32_peak, pool *pool2)
+/* The compute limit of a type's M = 64 rate: the int8 peak (probe.h) when
+ * the type runs the int8 arithmetic on its VNNI kernels, else the f32 peak
+ * (16-bit weights, and every type under the exact arithmetic, multiply in
+ * f32). */
+static bool bench_int8_limited(gemm_wtype type, double i8_peak)
+{
+    return bench_qbackend == GEMM_BACKEND_INT8 && i8_peak > 0.0 &&
+           (type == GEMM_W_Q8_0 || gemm_wtype_is_qs(type));
+}
+
+static void bench_quantized(const float *a, float *c, int reps, double bw, double bw2, double f32_peak,
+                            double i8_peak, pool *pool2)
 {
     bench_set set;
     /* 16-bit and Q8_0 weights: invariant kernel only (OpenBLAS has no such
@@ -371,12 +386,14 @@ static void bench_quantized(const float *a, float *c, int reps, double bw, doubl
         printf("    {\"type\": \"%s\", \"packed_bytes_per_512\": %.0f, \"file_bytes_per_512\": %.0f, "
                "\"packed_gbs\": %.2f, \"file_gbs\": %.2f, \"packed_vs_read_bw_2t\": %.3f, "
                "\"file_vs_read_bw_2t\": %.3f, \"read_bw_2t_adjacent_gbs\": %.2f, \"file_vs_adjacent_probe\": %.3f, "
-               "\"packed_vs_adjacent_probe\": %.3f, \"m64_gflops\": %.2f, \"m64_vs_f32_peak\": %.3f}%s\n",
+               "\"packed_vs_adjacent_probe\": %.3f, \"m64_gflops\": %.2f, \"m64_vs_f32_peak\": %.3f, "
+               "\"compute_limit\": \"%s\", \"m64_vs_compute_limit\": %.3f}%s\n",
                gemm_wtype_name(qt[ti]), packed_b[ti] * 512.0 / ((double)BN * BK),
                file_b[ti] * 512.0 / ((double)BN * BK), packed_b[ti] / m1_2t[ti] / 1e9, file_b[ti] / m1_2t[ti] / 1e9,
                packed_b[ti] / m1_2t[ti] / bw2, file_b[ti] / m1_2t[ti] / bw2, bw2_adj[ti] / 1e9,
                file_b[ti] / m1_2t[ti] / bw2_adj[ti], packed_b[ti] / m1_2t[ti] / bw2_adj[ti], m64[ti], m64[ti] / f32_peak,
-               ti + 1 < nqt ? "," : "");
+               bench_int8_limited(qt[ti], i8_peak) ? "int8_peak" : "f32_peak",
+               m64[ti] / (bench_int8_limited(qt[ti], i8_peak) ? i8_peak / 1e9 : f32_peak), ti + 1 < nqt ? "," : "");
     printf("  ],\n  \"f32_peak_gflops\": %.2f,\n", f32_peak);
 }
 
@@ -448,7 +465,10 @@ int main(int argc, char **argv)
     int all_met = 1;
     double f32_peak = 0.0;
     bench_f32(&set, a, c, reps, bw, &all_met, &f32_peak);
-    bench_quantized(a, c, reps, bw, bw2, f32_peak, pool2);
+    /* the int8 arithmetic's limit, 1 thread as f32_peak */
+    double i8_peak = probe_int8_peak(3);
+    printf("  \"int8_peak_gops_1t\": %.2f,\n", i8_peak / 1e9);
+    bench_quantized(a, c, reps, bw, bw2, f32_peak, i8_peak, pool2);
     bench_hot(a, c, reps, bw);
     printf("  \"pool_dispatch_us_2threads_8tasks\": %.2f,\n", bench_pool_dispatch_us(reps));
     printf("  \"loadavg_1m\": [%.2f, %.2f],\n", load0, bench_load());

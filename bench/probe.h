@@ -19,4 +19,11 @@ double probe_read_bw(int threads, int reps);
 /* memcpy bandwidth in bytes/s (bytes copied, i.e. counted once), 1 thread. */
 double probe_memcpy_bw(int reps);
 
+/* The int8 arithmetic's compute limit on 1 thread (gemm.h, GEMM_BACKEND_INT8):
+ * independent chains of AVX-512 VNNI vpdpbusd (64 u8 x s8 multiply-adds
+ * each) from registers, as operations per second (2 a multiply-add, the unit
+ * of the GEMMs' GFLOP/s); the best of `reps` rounds of about 0.1-0.5 s.
+ * 0 when the CPU has no AVX-512 VNNI (int8 then runs the portable tile). */
+double probe_int8_peak(int reps);
+
 #endif
