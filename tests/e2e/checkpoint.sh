@@ -113,7 +113,7 @@ cases=(
 )
 for c in "${cases[@]}"; do
   IFS='|' read -r n1 n2 map pol <<<"$c"
-  tag=$(echo "s$n1-$n2$pol" | tr -c 'a-zA-Z0-9-' '_')
+  tag=$(echo "s$n1-$n2${pol//$T\//}" | tr -c 'a-zA-Z0-9-' '_')
   # shellcheck disable=SC2086
   launch "$n1" "$T/$tag.out" "$T/$tag.d" USR2 $pol
   rc=$(cat "$T/$tag.out.rc")
