@@ -499,29 +499,6 @@ pd_status lcache_settle(lcache *c, uint64_t pos, pd_err *err)
     return PD_OK;
 }
 
-pd_status lcache_truncate(lcache *c, uint64_t pos, pd_err *err)
-{
-    if (c->g.open)
-        return pd_err_set(err, PD_ERR_ARG, "layer cache: truncate while a group is open");
-    if (c->ring || c->cfg.window || c->cfg.evict != LCACHE_EVICT_NONE || c->cfg.mode != KV_MODE_F32)
-        return pd_err_set(err, PD_ERR_REFUSED,
-                          "layer cache: truncate needs a full-attention kv layer storing f32 without eviction");
-    if (pos > c->pos)
-        return pd_err_set(err, PD_ERR_RANGE, "layer cache: truncate at position %llu, the cache is at %llu",
-                          (unsigned long long)pos, (unsigned long long)c->pos);
-    uint64_t depth = kv_layer_pos_len(c->kv);
-    if (depth > pos) {
-        pd_status rc = kv_layer_truncate_last(c->kv, depth - pos, err);
-        if (rc)
-            return rc;
-    }
-    kv_layer_confirm(c->kv, kv_layer_pos_len(c->kv));
-    c->pos = pos;
-    c->fin = pos;
-    c->pending = 0;
-    return PD_OK;
-}
-
 /* ---- groups --------------------------------------------------------------- */
 
 pd_status lcache_group_check(const lcache *c, const lcache_group *g, uint32_t *row, pd_err *err)

@@ -33,7 +33,8 @@
  * ring commits its verify rows (spill slots) and drops the rejected ones.
  * How far back a group may start is lcache_rollback_limit: a ring's pending
  * verify rows; a kv layer's pending rows, at most max_drafts + 1 (the query
- * positions its importance log keeps undoable).
+ * positions its importance log keeps undoable), or with undo_rows every
+ * position not yet final, across groups.
  *
  * State as bytes (the CMFS wire) lives above cache/: comm/lcache_wire.h
  * reads and replaces the implementation object through lcache_kv /
@@ -206,16 +207,6 @@ uint64_t lcache_rollback_limit(const lcache *c);
  * changed) when pos > position or position - pos > lcache_rollback_limit;
  * PD_ERR_ARG while a group is open. */
 pd_status lcache_settle(lcache *c, uint64_t pos, pd_err *err);
-
-/* Drops every row at positions >= pos, final ones included, and makes the
- * rest final: for a container that keeps each row it was given unchanged —
- * a full-attention kv layer storing f32 without eviction — whose rows past pos were
- * guesses (the head's draft model runs its own drafts as ordinary groups
- * and throws the unaccepted ones away several groups later). PD_ERR_REFUSED
- * for a ring, a window, eviction or a q8 mode (what they keep before pos depends on
- * the rows after it); PD_ERR_RANGE pos > position; PD_ERR_ARG while a group
- * is open. Nothing changed on error. */
-pd_status lcache_truncate(lcache *c, uint64_t pos, pd_err *err);
 
 /* ---- memory, invariants --------------------------------------------------- */
 

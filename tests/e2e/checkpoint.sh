@@ -2,7 +2,8 @@
 # Checkpoint and restart (issue 13): a job stopped by SIGUSR2 (checkpoint,
 # exit 75) resumes with the same command on another rank count and layer map,
 # and the final out.jsonl — digests included — is byte-identical to an
-# uninterrupted run, for each cache policy and seeded sampling. SIGUSR1
+# uninterrupted run, for each cache policy, seeded sampling and speculation
+# (n-gram, a draft model, --draft-async). SIGUSR1
 # checkpoints and goes on (the last two kept); kill -9 after a checkpoint
 # loses nothing; a damaged newest checkpoint falls back to the previous one,
 # two damaged ones to a fresh start; a failed checkpoint (full disk) leaves
@@ -22,6 +23,11 @@ P="$T/pages/pages.jsonl"
 "$PIPEDEC" mkpages --model "$m" --count 3000 --embed-rows 12 --prompt-tokens 3 --max-new 300 --seed 6 \
   --out "$T/long" >/dev/null
 PA="$T/long/pages.jsonl"
+# a draft model for --draft model: (another seed, the target's hidden size:
+# it reads the page embeddings); the resumed run's draft model sees every
+# stream for the first time and runs its context from the start
+"$PIPEDEC" mkmodel --arch llama --layers 2 --hidden 64 --heads 4 --kv-heads 2 --ffn 64 --vocab 320 --seed 21 \
+  --out "$T/d.gguf" >/dev/null
 cmp -s <(head -n 40 "$PA") "$P" || fail "the long manifest does not start with the 40 pages"
 MPIRUN=(mpirun --oversubscribe --bind-to none)
 
@@ -102,10 +108,12 @@ cases=(
   "0|2|0,1-3|--sample temp:0.8,top_p:0.9,top_k:40 --seed 3"
   "1|2|0-1,2-3|--draft ngram:1:6 --micro-batches pipeline"
   "3|2||--draft ngram:1:6 --draft-async"
+  "2|1||--draft model:$T/d.gguf:3"
+  "1|3|0,1-2,3|--draft model:$m:3 --draft-async --sample temp:0.8,top_p:0.9 --seed 3"
 )
 for c in "${cases[@]}"; do
   IFS='|' read -r n1 n2 map pol <<<"$c"
-  tag=$(echo "s$n1-$n2$pol" | tr -c 'a-zA-Z0-9-' '_')
+  tag=$(echo "s$n1-$n2${pol//$T\//}" | tr -c 'a-zA-Z0-9-' '_')
   # shellcheck disable=SC2086
   launch "$n1" "$T/$tag.out" "$T/$tag.d" USR2 $pol
   rc=$(cat "$T/$tag.out.rc")

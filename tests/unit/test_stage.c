@@ -1379,60 +1379,111 @@ START_TEST(stage_async_rollback_across_two_micro_batches_at_every_accepted_count
 }
 END_TEST
 
-/* ---- stage_truncate: the draft model's guesses leave without a trace ----- */
+/* ---- the draft model's guesses leave without a trace --------------------- */
 
-/* A stream that ran guesses in five micro-batches of one row and was cut
- * back gives the same bits afterwards as one that never ran them; other
- * policies refuse, changing nothing. */
-START_TEST(stage_truncate_drops_rows_of_earlier_micro_batches_exactly)
+/* Twin streams: `a` runs guesses in `n` one-row micro-batches (salted: other
+ * tokens' rows) after position 7, `b` never does. */
+static void guess_twins(const cache_policy *p, uint32_t n, stage **a, stage **b)
 {
-    const cache_policy full = policy_of("full", "f32", "none", 0);
-    stage *a = stage_make(mdl, &full, NULL, 16, 2), *b = stage_make(mdl, &full, NULL, 16, 2);
-    admit(a, 1, 6, 32);
-    admit(b, 1, 6, 32);
+    *a = stage_make(mdl, p, NULL, 16, 2);
+    *b = stage_make(mdl, p, NULL, 16, 2);
+    admit(*a, 1, 6, 32);
+    admit(*b, 1, 6, 32);
+    forward_rows(*a, 1, 0, 6, MB_ROLE_PREFILL, 0, NULL);
+    forward_rows(*b, 1, 0, 6, MB_ROLE_PREFILL, 0, NULL);
+    forward_rows(*a, 1, 6, 1, MB_ROLE_DECODE, 0, NULL);
+    forward_rows(*b, 1, 6, 1, MB_ROLE_DECODE, 0, NULL);
+    for (uint32_t g = 0; g < n; g++)
+        forward_rows(*a, 1, 7 + g, 1, MB_ROLE_DECODE, 9, NULL);
+}
+
+/* Both go on from position `from` to 10 with the same rows and give the same
+ * hidden states and, settled, the same records of every layer. */
+static void assert_twins_equal(stage *a, stage *b, uint64_t from, const char *what)
+{
     float oa[H], ob[H];
-    forward_rows(a, 1, 0, 6, MB_ROLE_PREFILL, 0, NULL);
-    forward_rows(b, 1, 0, 6, MB_ROLE_PREFILL, 0, NULL);
-    forward_rows(a, 1, 6, 1, MB_ROLE_DECODE, 0, NULL);
-    forward_rows(b, 1, 6, 1, MB_ROLE_DECODE, 0, NULL);
-    for (uint32_t g = 0; g < 5; g++) /* guesses, salted: other tokens' rows */
-        forward_rows(a, 1, 7 + g, 1, MB_ROLE_DECODE, 9, NULL);
-    pd_err e = {0};
-    ck_assert_int_eq(stage_truncate(a, 1, 13, &e), PD_ERR_RANGE); /* ahead of the stream */
-    ck_assert_int_eq(stage_truncate(a, 2, 7, &e), PD_ERR_ARG);    /* unknown stream */
-    ck_assert_msg(stage_truncate(a, 1, 7, &e) == PD_OK, "%s", e.msg);
-    ck_assert_msg(stage_truncate(a, 1, 7, &e) == PD_OK, "%s", e.msg); /* again: nothing more */
-    for (uint32_t p = 7; p < 10; p++) {
+    for (uint64_t p = from; p < 10; p++) {
         forward_rows(a, 1, p, 1, MB_ROLE_DECODE, 0, oa);
         forward_rows(b, 1, p, 1, MB_ROLE_DECODE, 0, ob);
-        ck_assert_msg(memcmp(oa, ob, sizeof oa) == 0, "position %u differs after the cut", p);
+        assert_rows_equal(oa, ob, what, 1, p);
     }
+    pd_err e = {0};
+    ck_assert_msg(stage_settle(a, 1, 10, &e) == PD_OK, "%s: %s", what, e.msg);
+    ck_assert_msg(stage_settle(b, 1, 10, &e) == PD_OK, "%s: %s", what, e.msg);
     for (uint32_t L = 0; L < model_hp(mdl)->n_layers; L++) {
         uint8_t *ra, *rb;
         size_t la, lb;
         export_layer(a, 1, L, &ra, &la);
         export_layer(b, 1, L, &rb, &lb);
-        ck_assert_msg(la == lb && memcmp(ra, rb, la) == 0, "layer %u's record differs", L);
+        ck_assert_msg(la == lb && memcmp(ra, rb, la) == 0, "%s: layer %u's record differs", what, L);
         free(ra);
         free(rb);
     }
-    stage_free(a);
-    stage_free(b);
+}
 
-    const char *other[][3] = {{"full", "q8", "none"}, {"rswa:4", "f32", "none"}, {"window:8", "f32", "none"},
-                              {"full", "f32", "recent:8"}};
-    for (size_t i = 0; i < sizeof other / sizeof other[0]; i++) {
-        const cache_policy p = policy_of(other[i][0], other[i][1], other[i][2], 0);
-        stage *s = stage_make(mdl, &p, NULL, 16, 1);
-        admit(s, 1, 6, 32);
-        forward_rows(s, 1, 0, 6, MB_ROLE_PREFILL, 0, NULL);
-        forward_rows(s, 1, 6, 1, MB_ROLE_DECODE, 0, NULL);
+/* The head's draft model feeds its guesses back in one row per micro-batch
+ * and throws them away at the stream's next proposal (drafter.h): on a
+ * spec_async stage, whose layers undo 2 x (K + 1) positions across
+ * micro-batches, a stream that ran guesses in five one-row micro-batches and
+ * was rolled back — by stage_settle, or by its next micro-batch starting
+ * before them, as the draft model does — gives the same bits afterwards as
+ * one that never ran them, for every policy that takes spec_async.
+ * stage_undo_floor says how far back that reaches: deeper, or on a stage
+ * without spec_async (the last micro-batch's rows only), the settle is
+ * refused and changes nothing. */
+START_TEST(stage_settle_drops_guesses_of_earlier_micro_batches_exactly)
+{
+    const char *undo[][3] = {{"full", "f32", "none"}, {"full", "q8k", "none"}, {"window:8", "f32", "none"},
+                             {"full", "f32", "recent:8"}, {"full", "f32", "importance:8:2"}};
+    pd_err e = {0};
+    uint64_t floor = 99;
+    for (size_t i = 0; i < 2 * (sizeof undo / sizeof undo[0]); i++) {
+        size_t k = i / 2;
+        bool settle = i % 2 == 0;
+        cache_policy p = policy_of(undo[k][0], undo[k][1], undo[k][2], 2); /* undoes 6 positions */
+        p.spec_async = true;
+        stage *a, *b;
+        guess_twins(&p, 5, &a, &b);
+        ck_assert_int_eq(stage_undo_floor(a, 2, &floor, &e), PD_ERR_ARG); /* unknown stream */
+        ck_assert_msg(stage_undo_floor(a, 1, &floor, &e) == PD_OK && floor == 6, "%s: floor %llu",
+                      policy_name(&p), (unsigned long long)floor);
+        if (settle) {
+            ck_assert_int_eq(stage_settle(a, 1, 13, &e), PD_ERR_RANGE); /* ahead of the stream */
+            ck_assert_int_eq(stage_settle(a, 2, 7, &e), PD_ERR_ARG);    /* unknown stream */
+            ck_assert_msg(stage_settle(a, 1, 7, &e) == PD_OK, "%s: %s", policy_name(&p), e.msg);
+            ck_assert_msg(stage_settle(a, 1, 7, &e) == PD_OK, "%s: %s", policy_name(&p), e.msg); /* again */
+            ck_assert_uint_eq(stage_rows_rolled_back(a), 5);
+        }
+        assert_twins_equal(a, b, 7, policy_name(&p)); /* without a settle: rolled back by the row at 7 */
+        ck_assert_uint_eq(stage_rows_rolled_back(a), 5);
+        stage_free(a);
+        stage_free(b);
+    }
+    /* seven guesses: the cut back to 7 is deeper than the 6 positions undone */
+    cache_policy deep = policy_of("full", "f32", "none", 2);
+    deep.spec_async = true;
+    const char *sync[][3] = {{"full", "f32", "none"}, {"full", "q8", "none"}, {"rswa:4", "f32", "none"},
+                             {"window:8", "f32", "none"}, {"full", "f32", "recent:8"}};
+    for (size_t i = 0; i <= sizeof sync / sizeof sync[0]; i++) {
+        const cache_policy p = i ? policy_of(sync[i - 1][0], sync[i - 1][1], sync[i - 1][2], 4) : deep;
+        stage *a, *b;
+        guess_twins(&p, i ? 3 : 7, &a, &b);
+        for (uint32_t g = 0; g < (i ? 3u : 7u); g++) /* b runs a's rows too, so they stay twins */
+            forward_rows(b, 1, 7 + g, 1, MB_ROLE_DECODE, 9, NULL);
         pd_err_clear(&e);
-        ck_assert_msg(stage_truncate(s, 1, 6, &e) == PD_ERR_REFUSED, "%s: cut allowed", policy_name(&p));
-        ck_assert_msg(strstr(e.msg, "full attention, f32 KV and no eviction") != NULL, "%s", e.msg);
-        /* nothing changed: the stream goes on at 7 */
-        forward_rows(s, 1, 7, 1, MB_ROLE_DECODE, 0, NULL);
-        stage_free(s);
+        ck_assert_msg(stage_undo_floor(a, 1, &floor, &e) == PD_OK && floor > 7, "%s: floor %llu",
+                      policy_name(&p), (unsigned long long)floor);
+        ck_assert_msg(stage_settle(a, 1, 7, &e) == PD_ERR_RANGE, "%s: cut allowed", policy_name(&p));
+        ck_assert_msg(strstr(e.msg, "more than speculation allows") != NULL, "%s", e.msg);
+        ck_assert_uint_eq(stage_rows_rolled_back(a), 0);
+        /* nothing changed: both go on after the guesses alike */
+        float oa[H], ob[H];
+        uint64_t next = i ? 10 : 14;
+        forward_rows(a, 1, next, 1, MB_ROLE_DECODE, 0, oa);
+        forward_rows(b, 1, next, 1, MB_ROLE_DECODE, 0, ob);
+        assert_rows_equal(oa, ob, policy_name(&p), 1, next);
+        stage_free(a);
+        stage_free(b);
     }
 }
 END_TEST
@@ -1451,7 +1502,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, stage_refuses_bad_micro_batches_and_changes_nothing);
     tcase_add_test(tc, stage_layers_move_between_running_stages_bit_identically);
     tcase_add_test(tc, stage_layer_changes_refuse_what_would_break_the_range);
-    tcase_add_test(tc, stage_truncate_drops_rows_of_earlier_micro_batches_exactly);
+    tcase_add_test(tc, stage_settle_drops_guesses_of_earlier_micro_batches_exactly);
     tcase_add_test(tc, stage_async_rollback_across_two_micro_batches_at_every_accepted_count);
     suite_add_tcase(s, tc);
     return s;

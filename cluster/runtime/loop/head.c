@@ -204,6 +204,7 @@ pd_status head_open(rank *r, pageimg *img, head_resume_fn resume, head **out, pd
                              .target = r->m,
                              .max_streams = r->sz.max_streams,
                              .max_rows = r->sz.max_rows,
+                             .max_k = o->draft.k,
                              .backend = o->backend,
                              .pool = r->pool};
         if ((st = drafter_open(&dc, &h->dr, err)))

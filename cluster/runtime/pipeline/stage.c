@@ -386,6 +386,32 @@ uint64_t stage_layer_identity(const stage *s, uint32_t layer)
     return wire_identity(le, sizeof le, layer, desc);
 }
 
+/* The lowest position layer L lets st roll back to: st->pos less what the
+ * layer can still undo. A layer added but not imported yet holds nothing of
+ * the stream and does not limit it (its import will bring final rows). */
+static uint64_t layer_floor(const stage_stream *st, uint32_t L)
+{
+    if (lcache_position(st->caches[L]) != st->pos)
+        return 0;
+    uint64_t lim = lcache_rollback_limit(st->caches[L]);
+    return st->pos > lim ? st->pos - lim : 0;
+}
+
+pd_status stage_undo_floor(const stage *s, uint64_t stream, uint64_t *floor, pd_err *err)
+{
+    const stage_stream *st = stream_find(s, stream);
+    if (!st)
+        return pd_err_set(err, PD_ERR_ARG, "stage: undo floor: stream %llu was never admitted",
+                          (unsigned long long)stream);
+    *floor = 0;
+    for (uint32_t L = s->first; L < s->first + s->n_layers; L++) {
+        uint64_t f = layer_floor(st, L);
+        if (f > *floor)
+            *floor = f;
+    }
+    return PD_OK;
+}
+
 pd_status stage_settle(stage *s, uint64_t stream, uint64_t pos, pd_err *err)
 {
     stage_stream *st = stream_find(s, stream);
@@ -396,10 +422,8 @@ pd_status stage_settle(stage *s, uint64_t stream, uint64_t pos, pd_err *err)
         return pd_err_set(err, PD_ERR_RANGE, "stage: settle: stream %llu is at position %llu, not %llu",
                           (unsigned long long)stream, (unsigned long long)st->pos,
                           (unsigned long long)pos);
-    /* a layer added but not imported yet holds nothing of the stream: it is
-     * skipped (its import will bring final rows) */
     for (uint32_t L = s->first; L < s->first + s->n_layers; L++)
-        if (lcache_position(st->caches[L]) == st->pos && st->pos - pos > lcache_rollback_limit(st->caches[L]))
+        if (pos < layer_floor(st, L))
             return pd_err_set(err, PD_ERR_RANGE,
                               "stage: settle: stream %llu cannot roll back from %llu to %llu in layer %u, more "
                               "than speculation allows",
@@ -421,29 +445,6 @@ pd_status stage_settle(stage *s, uint64_t stream, uint64_t pos, pd_err *err)
 uint64_t stage_rows_rolled_back(const stage *s)
 {
     return s->rows_rolled_back;
-}
-
-pd_status stage_truncate(stage *s, uint64_t stream, uint64_t pos, pd_err *err)
-{
-    stage_stream *st = stream_find(s, stream);
-    if (!st)
-        return pd_err_set(err, PD_ERR_ARG, "stage: truncate: stream %llu was never admitted",
-                          (unsigned long long)stream);
-    if (pos > st->pos)
-        return pd_err_set(err, PD_ERR_RANGE, "stage: truncate: stream %llu is at position %llu, not %llu",
-                          (unsigned long long)stream, (unsigned long long)st->pos, (unsigned long long)pos);
-    const cache_policy *p = &s->cfg.policy;
-    if (p->attn != POLICY_ATTN_FULL || p->kv != KV_MODE_F32 || p->evict != POLICY_EVICT_NONE)
-        return pd_err_set(err, PD_ERR_REFUSED,
-                          "stage: truncate needs full attention, f32 KV and no eviction");
-    for (uint32_t L = s->first; L < s->first + s->n_layers; L++) {
-        pd_status rc = lcache_truncate(st->caches[L], pos, err);
-        /* the policy check above is what every container refuses on */
-        CHECKF(rc == PD_OK, "stage: truncate: stream %llu layer %u: %s", (unsigned long long)stream, L,
-               err ? err->msg : "");
-    }
-    st->pos = pos;
-    return PD_OK;
 }
 
 pd_status stage_export_ref(const stage *s, uint64_t stream, uint32_t layer, wire_layer_ref *ref, kv_layer_config *kc,

@@ -128,7 +128,9 @@ uint64_t stage_layer_identity(const stage *s, uint32_t layer);
  * (hidden states and cache bytes) as forwarding without it. pos is at most
  * the stream's next position and at most as far back as forward accepts
  * (lcache_rollback_limit: a ring's pending verify rows; a kv layer's rows of
- * the last micro-batch, at most max_drafts + 1).
+ * the last micro-batch, at most max_drafts + 1; with spec_async, any of the
+ * last 2 x (max_drafts + 1) positions not yet settled, across micro-batches;
+ * stage_undo_floor).
  * Afterwards every layer of the stream exports. Calling it with pos = the
  * stream's next position is the "nothing was rejected" settle. A layer added
  * but not imported yet (stage_add_layers) holds nothing of the stream and is
@@ -137,18 +139,17 @@ uint64_t stage_layer_identity(const stage *s, uint32_t layer);
  * further back than speculation allows (nothing changed on either). */
 pd_status stage_settle(stage *s, uint64_t stream, uint64_t pos, pd_err *err);
 
+/* The lowest position the stream's next micro-batch (or a settle) may start
+ * at: its position less what every layer can still undo (the bound
+ * stage_settle and stage_forward check). With spec_async that spans the rows
+ * of several micro-batches, and a micro-batch starting there rolls back
+ * without making earlier rows final: the head's draft model drops its
+ * guesses this way (drafter.h). PD_ERR_ARG unknown stream. */
+pd_status stage_undo_floor(const stage *s, uint64_t stream, uint64_t *floor, pd_err *err);
+
 /* Rows this stage dropped so far because a stream's next micro-batch (or a
  * settle) started before its position: rejected drafts and stale batches. */
 uint64_t stage_rows_rolled_back(const stage *s);
-
-/* Drops the stream's rows at positions >= pos, however many micro-batches
- * ago they came, and makes the rest final (lcache_truncate on every layer).
- * Only a stage whose policy is full attention, f32 KV, no eviction keeps
- * rows that such a cut leaves exact: the head's draft model (drafter.h),
- * which feeds its own guesses back in and discards the ones the target did
- * not accept. PD_ERR_ARG unknown stream, PD_ERR_RANGE pos ahead of the
- * stream, PD_ERR_REFUSED another policy; nothing changed on error. */
-pd_status stage_truncate(stage *s, uint64_t stream, uint64_t pos, pd_err *err);
 
 /* The CMFS record (comm/wire.h, f32 payload) of one stream's cache for
  * absolute layer `layer` (model numbering, in [first, first + n_layers) of

@@ -9,8 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* INV: slot i is used iff used[i]; its stream then has exactly fed[i]
- * committed rows in the stage (positions [0, fed[i])) and nothing else. */
+/* INV: slot i is used iff used[i]; its stream then has its context's rows
+ * [0, fed[i]) in the stage, followed by the last proposal's guesses (at most
+ * max_k - 1 rows, undoable: the stream's next forward rolls them back). */
 struct drafter {
     drafter_config cfg;
     model *m;
@@ -60,7 +61,8 @@ static pd_status vocab_match(const model *t, const model *d, const char *path, p
 pd_status drafter_open(const drafter_config *cfg, drafter **out, pd_err *err)
 {
     *out = NULL;
-    if (!cfg->path || !cfg->target || cfg->max_streams == 0 || cfg->max_rows < cfg->max_streams)
+    if (!cfg->path || !cfg->target || cfg->max_streams == 0 || cfg->max_rows < cfg->max_streams ||
+        cfg->max_k == 0)
         return pd_err_set(err, PD_ERR_ARG, "drafter: bad configuration");
     drafter *d = calloc(1, sizeof *d);
     if (!d)
@@ -79,8 +81,14 @@ pd_status drafter_open(const drafter_config *cfg, drafter **out, pd_err *err)
         drafter_free(d);
         return rc;
     }
+    /* full attention, f32, no eviction, and undo across micro-batches: the
+     * guesses of a proposal (max_k - 1 single-row steps) and a refuted
+     * --draft-async continuation (up to max_k assumed tokens) roll back as
+     * the target's stages roll back under --draft-async */
     cache_policy pol;
     policy_default(&pol);
+    pol.max_drafts = cfg->max_k;
+    pol.spec_async = true;
     stage_config sc = {.m = d->m, .policy = pol, .max_rows = cfg->max_rows, .max_streams = cfg->max_streams,
                        .pool = cfg->pool};
     if ((rc = stage_new(&sc, &d->st, err))) {
@@ -171,11 +179,29 @@ static uint32_t prefill_of(const drafter_req *r)
     return r->n_prefill ? (uint32_t)r->n_prefill : 1;
 }
 
-/* The slot of r's stream, admitted if new, cut back to its context if it
- * holds more (a restart); *slot its index. */
+/* The slot of r's stream, admitted if new; *slot its index. A known stream
+ * keeps the rows its context still shares: its first row in this proposal
+ * starts there, and the stage rolls back what follows (the last proposal's
+ * guesses, a refuted continuation's tokens) as the target's stages roll back
+ * under --draft-async — without making the kept rows final, since they may
+ * be tokens an in-flight batch only assumes. Further back than the caches
+ * undo, the stream is retired and admitted again: its whole context runs
+ * once more and gives the same rows (batch invariance). */
 static pd_status stream_slot(drafter *d, const drafter_req *r, uint32_t *slot, pd_err *err)
 {
     int32_t i = slot_of(d, r->stream);
+    if (i >= 0) {
+        uint64_t keep = d->fed[i] < r->n_ctx ? d->fed[i] : r->n_ctx, floor = 0;
+        pd_status rc = stage_undo_floor(d->st, r->stream, &floor, err);
+        if (rc)
+            return rc;
+        if (keep >= floor) {
+            d->fed[i] = keep;
+        } else {
+            drafter_retire(d, r->stream);
+            i = -1;
+        }
+    }
     if (i < 0) {
         for (uint32_t j = 0; j < d->cfg.max_streams && i < 0; j++)
             if (!d->used[j])
@@ -189,12 +215,6 @@ static pd_status stream_slot(drafter *d, const drafter_req *r, uint32_t *slot, p
         d->used[i] = true;
         d->ids[i] = r->stream;
         d->fed[i] = 0;
-    }
-    if (d->fed[i] > r->n_ctx) {
-        pd_status rc = stage_truncate(d->st, r->stream, r->n_ctx, err);
-        if (rc)
-            return rc;
-        d->fed[i] = r->n_ctx;
     }
     *slot = (uint32_t)i;
     return PD_OK;
@@ -237,7 +257,7 @@ pd_status drafter_propose(drafter *d, drafter_req *reqs, uint32_t n, drafter_ctx
     pd_status rc;
     uint32_t kmax = 0;
     for (uint32_t i = 0; i < n; i++) {
-        CHECK(reqs[i].k >= 1 && reqs[i].n_ctx + reqs[i].k <= d->hp.ctx);
+        CHECK(reqs[i].k >= 1 && reqs[i].k <= d->cfg.max_k && reqs[i].n_ctx + reqs[i].k <= d->hp.ctx);
         uint32_t slot = 0;
         if ((rc = stream_slot(d, &reqs[i], &slot, err)))
             return rc;
@@ -306,13 +326,11 @@ pd_status drafter_propose(drafter *d, drafter_req *reqs, uint32_t n, drafter_ctx
             if (step < d->cursor[i] && reqs[i].out[step] == d->hp.eos)
                 d->cursor[i] = step;
     }
-    /* the guesses leave the caches: they hold the committed context again */
+    /* the context ends at the last token; the guesses after it stay until
+     * the stream's next forward rolls them back (stream_slot) */
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t slot = (uint32_t)slot_of(d, reqs[i].stream);
         reqs[i].got = (uint32_t)d->cursor[i];
-        if ((rc = stage_truncate(d->st, reqs[i].stream, reqs[i].n_ctx + 1, err)))
-            return rc;
-        d->fed[slot] = reqs[i].n_ctx + 1;
+        d->fed[slot_of(d, reqs[i].stream)] = reqs[i].n_ctx + 1;
     }
     d->stats.proposals += n;
     return PD_OK;

@@ -11,12 +11,20 @@
  * embedding table) at the target's positions; otherwise only the prompt
  * tokens, at positions 0, 1, ... Then the stream's generated tokens.
  *
- * Its caches hold exactly the stream's committed context: a proposal runs
- * the rows committed since the last one, then K single-row steps feeding
- * each guess back in, then cuts the guesses off again (stage_truncate; the
- * draft's stage is full attention, f32 KV, no eviction whatever the
- * target's policy). Rows of every stream asking at once share each step's
- * GEMMs. The draft model's caches are not part of --mem-limit's budget. */
+ * Its caches hold the stream's context and, between proposals, the last
+ * proposal's guesses: a proposal runs the rows added to the context since
+ * the last one, then K single-row steps feeding each guess back in. Its
+ * first row rolls back what the caches hold past the rows the contexts
+ * share (the guesses; with --draft-async also the tokens of a refuted
+ * continuation: the context went back) by the stage's position-driven
+ * rollback, the one the target's stages use under --draft-async: the
+ * draft's stage takes spec_async with max_drafts = max_k, so its layers undo
+ * 2 x (max_k + 1) positions across micro-batches (full attention, f32 KV, no
+ * eviction whatever the target's policy). A context that went back further
+ * (stage_undo_floor) retires the stream's caches and runs its whole context
+ * again, which gives the same rows (batch invariance). Rows of every stream
+ * asking at once share each step's GEMMs. The draft model's caches are not
+ * part of --mem-limit's budget. */
 #ifndef PD_RUNTIME_DRAFTER_H
 #define PD_RUNTIME_DRAFTER_H
 
@@ -35,6 +43,10 @@ typedef struct drafter_config {
     const model *target;   /* borrowed: the vocabulary to match, its hidden size */
     uint32_t max_streams;  /* streams drafting at once */
     uint32_t max_rows;     /* rows per forward of the draft model (>= max_streams) */
+    uint32_t max_k;        /* the largest K a request may name (>= 1; --draft
+                              model:FILE:K): the stage is made before any
+                              request, and its caches undo 2 x (max_k + 1)
+                              positions */
     gemm_backend backend;  /* the target's --gemm */
     pool *pool;            /* borrowed, may be NULL */
 } drafter_config;
@@ -77,11 +89,14 @@ typedef struct drafter_req {
 typedef pd_status (*drafter_ctx_fn)(void *ctx, const drafter_req *r, uint64_t from, uint32_t n, float *x,
                                     pd_err *err);
 
-/* Proposes drafts for reqs[0..n) (distinct streams, each k >= 1 and
- * n_ctx + k <= drafter_ctx_len). A stream seen for the first time gets
- * caches and its whole context; one whose context went back (a restart)
- * is cut to it. Errors: the context callback's, PD_ERR_NOMEM, PD_ERR_RANGE
- * more than max_streams streams alive. */
+/* Proposes drafts for reqs[0..n) (distinct streams, each 1 <= k <= max_k
+ * and n_ctx + k <= drafter_ctx_len). A stream seen for the first time gets
+ * caches and its whole context; one whose context went back (a refuted
+ * --draft-async continuation) is rolled back to it, or, further back than
+ * the caches undo, gets new caches and its whole context again. A
+ * stream's context below both this n_ctx and its last proposal's n_ctx + 1
+ * must be the one that proposal read. Errors: the context callback's, PD_ERR_NOMEM, PD_ERR_RANGE more
+ * than max_streams streams alive. */
 pd_status drafter_propose(drafter *d, drafter_req *reqs, uint32_t n, drafter_ctx_fn fn, void *ctx,
                           pd_err *err);
 
