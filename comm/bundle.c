@@ -303,7 +303,8 @@ pd_status bundle_parse(const void *buf, size_t len, bundle_view **out, pd_err *e
     if (!v)
         return pd_err_set(err, PD_ERR_NOMEM, "bundle: no memory for a view");
     static const bundle_reader_ops ops = {.header = parse_header, .entry = parse_entry};
-    pd_status s = bundle_reader_new(len, &ops, &(parse_to){.v = v}, &br, err);
+    parse_to to = {.v = v}; /* outlives br */
+    pd_status s = bundle_reader_new(len, &ops, &to, &br, err);
     if (s == PD_OK && (s = bundle_reader_push(br, buf, len, err)) == PD_OK)
         s = bundle_reader_finish(br, err);
     bundle_reader_free(br);

@@ -63,11 +63,14 @@ typedef struct migrate migrate;
  * migration of the run fail at a protocol step so the tests see the abort
  * path: CORRUPT flips one byte of the first bundle a source sends (after its
  * CRC was computed), WEIGHTS makes the receiver's weight load read a path
- * that does not exist. */
+ * that does not exist, CUT ends the first bundle a source sends half way
+ * (the pieces after that go short or empty, as a transfer cut mid-stream:
+ * the receiver has decoded some of its records by then). */
 typedef enum migrate_fault {
     MIGRATE_FAULT_NONE = 0,
     MIGRATE_FAULT_CORRUPT,
     MIGRATE_FAULT_WEIGHTS,
+    MIGRATE_FAULT_CUT,
     MIGRATE_FAULT_COUNT
 } migrate_fault;
 
