@@ -1258,7 +1258,7 @@ static pd_status xfer_wait_sends(xfer *x, pd_err *err)
     return ms;
 }
 
-/* Step 2 on every rank: weights, bundles out, bundles in (validated whole),
+/* Step 2 on every rank: weights, bundles out, bundles in (decoded as they arrive, held aside),
  * installed early or checked for the switch. */
 static pd_status xfer_copy(xfer *x, pd_err *err)
 {
