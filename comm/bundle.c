@@ -8,151 +8,310 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- validation ---------------------------------------------------------- */
+/* ---- validation: the streaming reader ------------------------------------ */
 
-static int cmp_u64_idx(const void *a, const void *b, void *ids)
+/* The units a bundle is read in: the header, then per entry its head (stream
+ * id, record length) and its body (record and CRC). A unit that lies whole in
+ * the bytes pushed is read in place; one split between pushes is gathered
+ * (the body into rec, grown to the largest record). */
+enum { BR_HEADER, BR_HEAD, BR_BODY, BR_DONE };
+
+/* Stream ids seen so far: open addressing, key+1 (0 = empty slot). */
+typedef struct id_set {
+    uint64_t *key;
+    uint64_t *index; /* entry index of each key */
+    size_t cap;      /* power of two, > 2 * stream count */
+} id_set;
+
+/* INV: off <= vr.len (the announced bytes); have < need while gathering;
+ * state BR_DONE only when off == vr.len and every entry was read. */
+struct bundle_reader {
+    bundle_reader_ops ops;
+    void *ctx;
+    rd vr;           /* the announced bytes as a reader: offsets, counts and
+                        messages only (nothing is read through it) */
+    pd_err e;        /* the first failure (sticky) */
+    int state;
+    uint64_t off;    /* bytes consumed */
+    size_t need, have;
+    uint8_t small[BUNDLE_HEADER_BYTES];
+    uint8_t *rec;    /* [rec_cap] a body split between pushes */
+    size_t rec_cap;
+    bundle_view hdr; /* the header's fields (entries NULL) */
+    uint64_t i;      /* entries read */
+    uint64_t stream; /* the current entry's */
+    uint32_t crc;    /* the current entry's, over its head so far */
+    id_set ids;
+};
+
+static pd_status br_fail(bundle_reader *br, pd_err *err)
 {
-    const uint64_t *v = ids;
-    uint64_t x = v[*(const size_t *)a], y = v[*(const size_t *)b];
-    if (x != y)
-        return x < y ? -1 : 1;
-    /* equal ids: file order, so the report names the later one */
-    return *(const size_t *)a < *(const size_t *)b ? -1 : 1;
+    if (br->vr.status == PD_OK)
+        br->vr.status = br->e.status;
+    if (err)
+        *err = br->e;
+    return br->e.status;
 }
 
-/* Finds a duplicate stream id; returns 1 with the two entry indices. */
-static int find_duplicate(const bundle_entry *e, size_t n, size_t *first, size_t *second)
+pd_status bundle_reader_new(uint64_t bytes, const bundle_reader_ops *ops, void *ctx, bundle_reader **out,
+                            pd_err *err)
 {
-    if (n < 2)
-        return 0;
-    uint64_t *ids = malloc(n * sizeof *ids);
-    size_t *idx = malloc(n * sizeof *idx);
-    int found = -1;
-    if (ids && idx) {
-        for (size_t i = 0; i < n; i++) {
-            ids[i] = e[i].stream;
-            idx[i] = i;
-        }
-        qsort_r(idx, n, sizeof *idx, cmp_u64_idx, ids);
-        found = 0;
-        for (size_t i = 1; i < n && !found; i++)
-            if (ids[idx[i]] == ids[idx[i - 1]]) {
-                *first = idx[i - 1];
-                *second = idx[i];
-                found = 1;
-            }
+    if (!out || !ops)
+        return pd_err_set(err, PD_ERR_ARG, "bundle: reader needs ops and out");
+    if (bytes > SIZE_MAX)
+        return pd_err_set(err, PD_ERR_RANGE, "bundle: %llu bytes overflow the address space",
+                          (unsigned long long)bytes);
+    bundle_reader *br = calloc(1, sizeof *br);
+    if (!br)
+        return pd_err_set(err, PD_ERR_NOMEM, "bundle: no memory for a reader");
+    br->ops = *ops;
+    br->ctx = ctx;
+    rd_init(&br->vr, NULL, 0, 0, "bundle", &br->e);
+    br->vr.len = (size_t)bytes;
+    br->state = BR_HEADER;
+    br->need = BUNDLE_HEADER_BYTES;
+    if (bytes < BUNDLE_HEADER_BYTES) /* reported by the first push or the finish */
+        rd_fail(&br->vr, PD_ERR_TRUNCATED, "header needs %u bytes, %llu announced", BUNDLE_HEADER_BYTES,
+                (unsigned long long)bytes);
+    *out = br;
+    return PD_OK;
+}
+
+void bundle_reader_free(bundle_reader *br)
+{
+    if (!br)
+        return;
+    free(br->rec);
+    free(br->ids.key);
+    free(br->ids.index);
+    free(br);
+}
+
+/* Adds stream (entry i) to the set; a repeated id fails the reader. */
+static pd_status ids_add(bundle_reader *br, uint64_t stream, size_t at)
+{
+    id_set *s = &br->ids;
+    size_t h = (size_t)((stream * 0x9e3779b97f4a7c15ull) >> 17) & (s->cap - 1);
+    while (s->key[h]) {
+        if (s->key[h] == stream + 1)
+            return rd_fail_at(&br->vr, at, PD_ERR_FORMAT, "duplicate stream id %llu (entries %llu and %llu)",
+                              (unsigned long long)stream, (unsigned long long)s->index[h],
+                              (unsigned long long)br->i);
+        h = (h + 1) & (s->cap - 1);
     }
-    free(ids);
-    free(idx);
-    return found; /* -1: no memory */
+    s->key[h] = stream + 1;
+    s->index[h] = br->i;
+    return PD_OK;
+}
+
+/* The next unit starts here: an entry's head, or the end. */
+static pd_status next_entry(bundle_reader *br)
+{
+    if (br->i < br->hdr.n_streams) {
+        br->state = BR_HEAD;
+        br->need = 16;
+        if (rd_remaining(&br->vr) < 16)
+            return rd_fail(&br->vr, PD_ERR_TRUNCATED, "entry %llu needs 16 bytes for its stream id and length, %zu "
+                           "remain", (unsigned long long)br->i, rd_remaining(&br->vr));
+        return PD_OK;
+    }
+    br->state = BR_DONE;
+    br->need = 0;
+    return rd_expect_end(&br->vr);
+}
+
+static pd_status read_header(bundle_reader *br, const uint8_t *p)
+{
+    rd *r = &br->vr;
+    if (memcmp(p, BUNDLE_MAGIC, 4) != 0)
+        return rd_fail_at(r, 0, PD_ERR_FORMAT, "magic %02x %02x %02x %02x is not \"CMFB\"", p[0], p[1], p[2],
+                          p[3]);
+    uint32_t version = rd_le32(p + 4), crc = rd_le32(p + 32), want = crc32c_update(0, p, 32);
+    if (version != BUNDLE_VERSION)
+        return rd_fail_at(r, 4, PD_ERR_VERSION, "bundle version %u, this build reads version %u", version,
+                          BUNDLE_VERSION);
+    if (crc != want)
+        return rd_fail_at(r, 32, PD_ERR_CHECKSUM, "header crc %08x, bytes 0..32 give %08x", crc, want);
+    uint32_t reserved = rd_le32(p + 20);
+    if (reserved != 0)
+        return rd_fail_at(r, 20, PD_ERR_FORMAT, "reserved field %u is not 0", reserved);
+    uint64_t count = rd_le64(p + 24);
+    size_t min_bytes = 0;
+    if (rd_check_count(r, "stream count", count, BUNDLE_ENTRY_OVERHEAD, &min_bytes) != PD_OK)
+        return r->status;
+    br->hdr = (bundle_view){.version = version, .identity = rd_le64(p + 8), .layer = rd_le32(p + 16),
+                            .n_streams = count, .bytes = r->len};
+    size_t cap = 4;
+    while (cap <= 2 * (size_t)count)
+        cap *= 2;
+    br->ids = (id_set){.key = calloc(cap, sizeof(uint64_t)), .index = calloc(cap, sizeof(uint64_t)), .cap = cap};
+    if (!br->ids.key || !br->ids.index)
+        return pd_err_set(&br->e, PD_ERR_NOMEM, "bundle: no memory for %llu stream ids", (unsigned long long)count);
+    if (br->ops.header && br->ops.header(br->ctx, &br->hdr, &br->e) != PD_OK)
+        return br->e.status;
+    return next_entry(br);
+}
+
+static pd_status read_head(bundle_reader *br, const uint8_t *p)
+{
+    char f[64];
+    snprintf(f, sizeof f, "entry %llu record length", (unsigned long long)br->i);
+    br->stream = rd_le64(p);
+    uint64_t rlen = rd_le64(p + 8);
+    size_t n = 0;
+    /* the record and its CRC must fit in what is left of the announced bytes */
+    if (rd_check_count(&br->vr, f, rlen, 1, &n) != PD_OK)
+        return br->vr.status;
+    if (rd_remaining(&br->vr) - n < 4)
+        return rd_fail(&br->vr, PD_ERR_TRUNCATED, "%s %zu leaves no room for its crc (%zu bytes remain)", f, n,
+                       rd_remaining(&br->vr));
+    br->crc = crc32c_update(0, p, 16);
+    br->state = BR_BODY;
+    br->need = n + 4;
+    return PD_OK;
+}
+
+static pd_status read_body(bundle_reader *br, const uint8_t *p)
+{
+    size_t len = br->need - 4, at = (size_t)br->off - br->need; /* the record's first byte */
+    uint32_t ecrc = rd_le32(p + len), got = crc32c_update(br->crc, p, len);
+    unsigned long long i = br->i, stream = br->stream;
+    if (got != ecrc)
+        return rd_fail_at(&br->vr, at + len, PD_ERR_CHECKSUM, "entry %llu (stream %llu) crc %08x, its bytes give %08x",
+                          i, stream, ecrc, got);
+    bundle_entry e = {.stream = br->stream, .record = p, .len = len, .offset = at};
+    if (wire_inspect(p, len, 0, at, &e.info, &br->e) != PD_OK) {
+        pd_err_prefix(&br->e, "bundle: entry %llu (stream %llu)", i, stream);
+        return br->e.status;
+    }
+    if (e.info.identity != br->hdr.identity || e.info.layer != br->hdr.layer)
+        return rd_fail_at(&br->vr, at + 8, PD_ERR_MISMATCH,
+                          "entry %llu (stream %llu): record identity %016llx layer %u, the bundle is %016llx layer %u",
+                          i, stream, (unsigned long long)e.info.identity, e.info.layer,
+                          (unsigned long long)br->hdr.identity, br->hdr.layer);
+    if (ids_add(br, br->stream, at - 16) != PD_OK)
+        return br->vr.status;
+    if (br->ops.entry && br->ops.entry(br->ctx, &e, &br->e) != PD_OK)
+        return br->e.status;
+    br->i++;
+    return PD_OK;
+}
+
+/* Reads the unit at p (the state's need bytes, consumed already). */
+static pd_status read_unit(bundle_reader *br, const uint8_t *p)
+{
+    if (br->state == BR_HEADER)
+        return read_header(br, p);
+    if (br->state == BR_HEAD)
+        return read_head(br, p);
+    pd_status s = read_body(br, p);
+    return s == PD_OK ? next_entry(br) : s;
+}
+
+/* Where a unit split between pushes is gathered. */
+static uint8_t *gather_buf(bundle_reader *br)
+{
+    if (br->state != BR_BODY)
+        return br->small;
+    if (br->rec_cap < br->need) {
+        uint8_t *b = realloc(br->rec, br->need);
+        if (!b)
+            return NULL;
+        br->rec = b;
+        br->rec_cap = br->need;
+    }
+    return br->rec;
+}
+
+pd_status bundle_reader_push(bundle_reader *br, const void *bytes, size_t n, pd_err *err)
+{
+    if (br->e.status != PD_OK)
+        return br_fail(br, err);
+    size_t arrived = (size_t)br->off + br->have;
+    if (n > br->vr.len - arrived) {
+        rd_fail_at(&br->vr, br->vr.len, PD_ERR_FORMAT, "%zu bytes arrived past the %zu announced",
+                   n - (br->vr.len - arrived), br->vr.len);
+        return br_fail(br, err);
+    }
+    const uint8_t *p = bytes;
+    while (n > 0 && br->state != BR_DONE) {
+        size_t k = br->need - br->have < n ? br->need - br->have : n;
+        const uint8_t *unit = p;
+        if (br->have > 0 || k < br->need) { /* split between pushes: gathered */
+            uint8_t *dst = gather_buf(br);
+            if (!dst) {
+                pd_err_set(&br->e, PD_ERR_NOMEM, "bundle: no memory for a record of %zu bytes", br->need);
+                return br_fail(br, err);
+            }
+            memcpy(dst + br->have, p, k);
+            br->have += k;
+            unit = br->have == br->need ? dst : NULL;
+        }
+        p += k;
+        n -= k;
+        if (!unit)
+            break;
+        br->off += br->need;
+        br->vr.off = (size_t)br->off;
+        br->have = 0;
+        if (read_unit(br, unit) != PD_OK)
+            return br_fail(br, err);
+    }
+    return PD_OK;
+}
+
+pd_status bundle_reader_finish(bundle_reader *br, pd_err *err)
+{
+    if (br->e.status == PD_OK && br->state != BR_DONE)
+        rd_fail(&br->vr, PD_ERR_TRUNCATED, "%llu of the %zu announced bytes arrived",
+                (unsigned long long)(br->off + br->have), br->vr.len);
+    return br->e.status == PD_OK ? PD_OK : br_fail(br, err);
+}
+
+/* ---- validation of a whole bundle in memory ------------------------------ */
+
+/* bundle_parse's reader callbacks: the entries borrow the buffer. */
+typedef struct parse_to {
+    bundle_view *v;
+    size_t n; /* entries filled */
+} parse_to;
+
+static pd_status parse_header(void *ctx, const bundle_view *h, pd_err *err)
+{
+    bundle_view *v = ((parse_to *)ctx)->v;
+    *v = *h;
+    v->entries = h->n_streams ? calloc((size_t)h->n_streams, sizeof *v->entries) : NULL;
+    if (h->n_streams && !v->entries)
+        return pd_err_set(err, PD_ERR_NOMEM, "bundle: no memory for %llu entries", (unsigned long long)h->n_streams);
+    return PD_OK;
+}
+
+static pd_status parse_entry(void *ctx, const bundle_entry *e, pd_err *err)
+{
+    (void)err;
+    parse_to *to = ctx; /* the reader calls at most n_streams times */
+    to->v->entries[to->n++] = *e;
+    return PD_OK;
 }
 
 pd_status bundle_parse(const void *buf, size_t len, bundle_view **out, pd_err *err)
 {
     if (!out)
         return pd_err_set(err, PD_ERR_ARG, "bundle: out is NULL");
-    rd r;
-    rd_init(&r, buf, len, 0, "bundle", err);
-    uint8_t magic[4];
-    uint32_t version = 0, layer = 0, reserved = 0, crc = 0;
-    uint64_t identity = 0, count = 0;
-    if (rd_bytes(&r, "magic", magic, 4) != PD_OK)
-        return r.status;
-    if (memcmp(magic, BUNDLE_MAGIC, 4) != 0)
-        return rd_fail_at(&r, 0, PD_ERR_FORMAT, "magic %02x %02x %02x %02x is not \"CMFB\"",
-                          magic[0], magic[1], magic[2], magic[3]);
-    if (rd_u32(&r, "version", &version) != PD_OK)
-        return r.status;
-    if (version != BUNDLE_VERSION)
-        return rd_fail_at(&r, 4, PD_ERR_VERSION, "bundle version %u, this build reads version %u",
-                          version, BUNDLE_VERSION);
-    if (rd_skip(&r, "header", 24) != PD_OK || rd_u32(&r, "header crc", &crc) != PD_OK)
-        return r.status;
-    const uint8_t *p = buf;
-    uint32_t want = crc32c_update(0, p, 32);
-    if (crc != want)
-        return rd_fail_at(&r, 32, PD_ERR_CHECKSUM, "header crc %08x, bytes 0..32 give %08x", crc,
-                          want);
-    identity = rd_le64(p + 8);
-    layer = rd_le32(p + 16);
-    reserved = rd_le32(p + 20);
-    count = rd_le64(p + 24);
-    if (reserved != 0)
-        return rd_fail_at(&r, 20, PD_ERR_FORMAT, "reserved field %u is not 0", reserved);
-    size_t min_bytes = 0;
-    if (rd_check_count(&r, "stream count", count, BUNDLE_ENTRY_OVERHEAD, &min_bytes) != PD_OK)
-        return r.status;
-
     bundle_view *v = calloc(1, sizeof *v);
-    bundle_entry *e = count ? calloc((size_t)count, sizeof *e) : NULL;
-    if (!v || (count && !e)) {
-        free(v);
-        free(e);
-        return pd_err_set(err, PD_ERR_NOMEM, "bundle: no memory for %llu entries",
-                          (unsigned long long)count);
-    }
-    pd_status s = PD_OK;
-    char f[64];
-    for (uint64_t i = 0; i < count && s == PD_OK; i++) {
-        size_t at = rd_offset(&r);
-        uint64_t stream = 0, rlen = 0;
-        const uint8_t *rec = NULL;
-        uint32_t ecrc = 0;
-        snprintf(f, sizeof f, "entry %llu record length", (unsigned long long)i);
-        if (rd_u64(&r, "stream id", &stream) != PD_OK || rd_u64(&r, f, &rlen) != PD_OK ||
-            rd_check_count(&r, f, rlen, 1, &(size_t){0}) != PD_OK ||
-            rd_span(&r, f, (size_t)rlen, &rec) != PD_OK || rd_u32(&r, "entry crc", &ecrc) != PD_OK) {
-            s = r.status;
-            break;
-        }
-        uint32_t got = crc32c_update(0, p + at, 16 + (size_t)rlen);
-        if (got != ecrc) {
-            s = rd_fail_at(&r, at + 16 + (size_t)rlen, PD_ERR_CHECKSUM,
-                           "entry %llu (stream %llu) crc %08x, its bytes give %08x",
-                           (unsigned long long)i, (unsigned long long)stream, ecrc, got);
-            break;
-        }
-        e[i] = (bundle_entry){.stream = stream, .record = rec, .len = (size_t)rlen, .offset = at + 16};
-        if ((s = wire_inspect(rec, (size_t)rlen, 0, at + 16, &e[i].info, err)) != PD_OK) {
-            pd_err_prefix(err, "bundle: entry %llu (stream %llu)", (unsigned long long)i,
-                          (unsigned long long)stream);
-            break;
-        }
-        if (e[i].info.identity != identity || e[i].info.layer != layer) {
-            s = rd_fail_at(&r, at + 16 + 8, PD_ERR_MISMATCH,
-                           "entry %llu (stream %llu): record identity %016llx layer %u, the "
-                           "bundle is %016llx layer %u",
-                           (unsigned long long)i, (unsigned long long)stream,
-                           (unsigned long long)e[i].info.identity, e[i].info.layer,
-                           (unsigned long long)identity, layer);
-            break;
-        }
-    }
-    if (s == PD_OK)
-        s = rd_expect_end(&r);
-    if (s == PD_OK) {
-        size_t a = 0, b = 0;
-        int dup = find_duplicate(e, (size_t)count, &a, &b);
-        if (dup < 0)
-            s = pd_err_set(err, PD_ERR_NOMEM, "bundle: no memory to check stream ids");
-        else if (dup)
-            s = rd_fail_at(&r, e[b].offset - 16, PD_ERR_FORMAT,
-                           "duplicate stream id %llu (entries %zu and %zu)",
-                           (unsigned long long)e[b].stream, a, b);
-    }
+    bundle_reader *br = NULL;
+    if (!v)
+        return pd_err_set(err, PD_ERR_NOMEM, "bundle: no memory for a view");
+    static const bundle_reader_ops ops = {.header = parse_header, .entry = parse_entry};
+    parse_to to = {.v = v}; /* outlives br */
+    pd_status s = bundle_reader_new(len, &ops, &to, &br, err);
+    if (s == PD_OK && (s = bundle_reader_push(br, buf, len, err)) == PD_OK)
+        s = bundle_reader_finish(br, err);
+    bundle_reader_free(br);
     if (s != PD_OK) {
-        free(e);
-        free(v);
+        bundle_view_free(v);
         return s;
     }
-    *v = (bundle_view){
-        .version = version,
-        .identity = identity,
-        .layer = layer,
-        .n_streams = count,
-        .entries = e,
-        .bytes = len,
-    };
     *out = v;
     return PD_OK;
 }

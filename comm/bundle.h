@@ -5,7 +5,10 @@
  * record's structure, identity and layer, duplicate stream ids, count against
  * bytes, trailing bytes) before anything is installed; bundle_install then
  * decodes every record into a fresh layer and swaps them all in only when all
- * succeeded.
+ * succeeded. A bundle arriving in pieces (a migration) is validated as it
+ * arrives by the streaming reader, which hands over each entry once it is
+ * checked: the caller decodes it into state held aside and switches that in
+ * only when the reader finished (bundle_parse is the reader over one buffer).
  *
  * Byte layout (little-endian; docs/wire.md):
  *
@@ -94,6 +97,41 @@ typedef pd_status (*bundle_resolve_fn)(void *ctx, uint64_t stream, bundle_target
  * one succeeded. On failure no target changed and err names the stream. Two
  * entries must not resolve to the same target (PD_ERR_ARG). */
 pd_status bundle_install(const bundle_view *v, bundle_resolve_fn resolve, void *ctx, pd_err *err);
+
+/* ---- streaming reader ---------------------------------------------------- */
+
+typedef struct bundle_reader bundle_reader;
+
+/* What a reader calls as the bytes arrive. A callback's failure (with err
+ * set) fails the reader. Either may be NULL. */
+typedef struct bundle_reader_ops {
+    /* Once the header passed its checks (magic, version, CRC, reserved, the
+     * stream count against the announced bytes): h's version, identity,
+     * layer, n_streams and bytes (entries NULL). */
+    pd_status (*header)(void *ctx, const bundle_view *h, pd_err *err);
+    /* Each entry once it passed bundle_parse's checks: its CRC, its record's
+     * structure (wire_inspect), identity and layer, a stream id not seen
+     * before. e->record is valid during the call only (in the bytes pushed,
+     * or in the reader's buffer when the entry was split between pushes). */
+    pd_status (*entry)(void *ctx, const bundle_entry *e, pd_err *err);
+} bundle_reader_ops;
+
+/* Starts reading a bundle announced as `bytes` long. Owned; free with
+ * bundle_reader_free. It holds the header, one entry's head and, only for
+ * an entry split between pushes, that entry's record: never the bundle. */
+pd_status bundle_reader_new(uint64_t bytes, const bundle_reader_ops *ops, void *ctx, bundle_reader **out,
+                            pd_err *err);
+
+/* The next n bytes. The first failure sticks (every later push and the
+ * finish return it again, err naming the byte offset): bytes past the
+ * announced length, any check of bundle_parse, a callback's failure. */
+pd_status bundle_reader_push(bundle_reader *br, const void *bytes, size_t n, pd_err *err);
+
+/* PD_OK only when every announced byte arrived and formed a valid bundle
+ * (PD_ERR_TRUNCATED when bytes are missing); else the reader's failure. */
+pd_status bundle_reader_finish(bundle_reader *br, pd_err *err);
+
+void bundle_reader_free(bundle_reader *br);
 
 /* ---- streaming writer ---------------------------------------------------- */
 

@@ -34,7 +34,7 @@ static void run_usage(FILE *f)
             "         [--rebalance-threshold PERCENT] [--weights-over-mpi] [--pid-file FILE]\n"
             "         [--mmproj MM [--encoder-threads T] [--encoder-ranks E]]   (image pages: llama.cpp's mtmd;\n"
             "                                            E: the last E ranks encode while the others decode)\n"
-            "testing aids: [--migrate-at STEP:MAP]... [--migrate-fault none|corrupt|weights]\n");
+            "testing aids: [--migrate-at STEP:MAP]... [--migrate-fault none|corrupt|weights|cut]\n");
 }
 
 /* The flags of pipedec run; each short code is a case of run_option. */

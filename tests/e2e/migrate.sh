@@ -7,8 +7,8 @@
 # included, stays byte-identical to a one-rank run. Full attention
 # pre-copies its rows while decoding goes on (the switch sends only the rows
 # since); bounded caches move whole at the switch. Forced aborts (a corrupted
-# chunk or bundle, unreadable weights, a receiver over --mem-limit) keep the
-# old map and the same bytes, and a run may end during a pre-copy. The
+# chunk or bundle, a bundle cut half way, unreadable weights, a receiver
+# over --mem-limit) keep the old map and the same bytes, and a run may end during a pre-copy. The
 # giving rank frees the weights it gave; --weights-over-mpi takes them from
 # the giving rank. --rebalance auto moves a lopsided map to within one layer
 # of the balanced one and leaves a balanced map alone, in a pipeline; when
@@ -94,10 +94,30 @@ abort_case corrupt "$T/p0.ref" "pre-copy message 0 from rank 1: kv chunk: CRC32C
   --migrate-at 10:0-4,5-7 --migrate-fault corrupt
 abort_case corrupt-ring "$T/p1--attn_rswa_8.ref" "bundle: offset [0-9]*: entry .* crc" --attn rswa:8 \
   --migrate-at 10:0-4,5-7 --migrate-fault corrupt
+# a transfer cut half way through a ring's bundle: the receiver decoded the
+# records that arrived whole into copies held aside, then finds the rest
+# missing; it installs none of them (the map stays, the same bytes)
+abort_case cut-ring "$T/p1--attn_rswa_8.ref" "bundle: offset [0-9]*: [0-9]* of the [0-9]* announced bytes arrived" \
+  --attn rswa:8 --migrate-at 10:0-4,5-7 --migrate-fault cut
 abort_case weights "$T/p0.ref" "weights of layers 4-4 are not readable" --migrate-at 10:0-4,5-7 --migrate-fault weights
 abort_case memlimit "$T/p0.ref" "more than its --mem-limit" --migrate-at 10:0-6,7 --mem-limit 400K
 abort_case corrupt-weights "$T/p0.ref" "weights piece 0 of layer 4 from rank 1 .*CRC32C" --weights-over-mpi \
   --migrate-at 10:0-4,5-7 --migrate-fault corrupt
+
+# the same cut on 3 ranks, where rank 1 takes layers 4-5 that do not meet
+# its 2-3 (copies for the switch) and rank 0 takes 2-3 next to its own
+# (installed before the vote, removed again): nothing of either stays
+if timeout 120 "${MPIRUN[@]}" -np 3 "$PIPEDEC" run --model "$m" --pages "$P" --out "$T/cut3.out" --batch 3 \
+     --digest --attn rswa:8 --layers 0-1,2-3,4-7 --migrate-at 10:0-3,4-5,6-7 --migrate-fault cut \
+     >"$T/cut3.log" 2>&1 </dev/null; then
+  grep -q "refused, the map stays 0-1,2-3,4-7: .*announced bytes arrived" "$T/cut3.log" \
+    && ! grep -q " streams, .* bytes;" "$T/cut3.log" \
+    && pass "cut on 3 ranks: refused ($(grep -o "refused.*" "$T/cut3.log" | head -1 | cut -c1-150))" \
+    || { fail "cut on 3 ranks: no refusal naming the missing bytes"; grep -i migrat "$T/cut3.log" | head -3; }
+else
+  fail "cut on 3 ranks: the job failed"; tail -3 "$T/cut3.log"
+fi
+same "$T/p1--attn_rswa_8.ref" "$T/cut3.out" "cut on 3 ranks: old map kept, output == one rank"
 
 # --weights-over-mpi: the taking rank gets the weights from the giving rank
 # (at the pre-copy's first drain point, or in the stop-the-world copy)

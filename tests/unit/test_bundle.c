@@ -1,7 +1,9 @@
 /* bundle: many records in one container. Streams written through the
  * streaming writer come back answering identically; every corrupted byte,
  * truncation, newer version, duplicate id or foreign record is refused before
- * anything is installed; install is all or nothing. */
+ * anything is installed; install is all or nothing. The streaming reader,
+ * fed in any pieces, hands over what parse gives and refuses what parse
+ * refuses with the same words; a cut transfer is truncated. */
 #include "pd_test.h"
 
 #include "cache/kv_layer.h"
@@ -666,6 +668,208 @@ START_TEST(bundle_with_no_streams_is_valid)
 }
 END_TEST
 
+/* ---- the streaming reader ------------------------------------------------ */
+
+/* What a reader handed over: the header, each entry's id, offset and record
+ * (copied: the reader's pointer is valid during the call only), and each
+ * record decoded into a container of its own, held aside (what a
+ * migration's receiver does). */
+typedef struct seen {
+    int headers;
+    bundle_view h;
+    int n;
+    uint64_t stream[NS];
+    size_t offset[NS], len[NS];
+    uint8_t *rec[NS];
+    lcache *c[NS];
+    uint64_t pos[NS]; /* the position each stream's record stands for */
+    int refuse;       /* the entry callback refuses entry `refuse` (-1: none) */
+} seen;
+
+static pd_status seen_header(void *ctx, const bundle_view *h, pd_err *err)
+{
+    (void)err;
+    seen *s = ctx;
+    s->headers++;
+    s->h = *h;
+    return PD_OK;
+}
+
+static pd_status seen_entry(void *ctx, const bundle_entry *e, pd_err *err)
+{
+    seen *s = ctx;
+    if (s->n == s->refuse)
+        return pd_err_set(err, PD_ERR_REFUSED, "entry %d refused by its caller", s->n);
+    ck_assert_int_lt(s->n, NS);
+    int i = s->n++;
+    s->stream[i] = e->stream;
+    s->offset[i] = e->offset;
+    s->len[i] = e->len;
+    s->rec[i] = malloc(e->len);
+    memcpy(s->rec[i], e->record, e->len);
+    s->c[i] = ring_container();
+    return lcache_wire_import(s->c[i], ID, LAYER, s->pos[i], e->record, e->len, e->offset, err);
+}
+
+static void seen_free(seen *s)
+{
+    for (int i = 0; i < s->n; i++) {
+        free(s->rec[i]);
+        lcache_free(s->c[i]);
+    }
+}
+
+/* Pushes b[0..n) in pieces of `piece` bytes into a reader announced as
+ * `announced` bytes long: the finish's status (a failed push's, which the
+ * finish repeats), *e its words. */
+static pd_status stream_in(const uint8_t *b, size_t n, size_t announced, size_t piece, seen *s, pd_err *e)
+{
+    static const bundle_reader_ops ops = {.header = seen_header, .entry = seen_entry};
+    bundle_reader *br = NULL;
+    ck_assert_int_eq(bundle_reader_new(announced, &ops, s, &br, e), PD_OK);
+    pd_status st = PD_OK;
+    for (size_t o = 0; o < n && st == PD_OK; o += piece)
+        st = bundle_reader_push(br, b + o, n - o < piece ? n - o : piece, e);
+    pd_err again = {0};
+    pd_status fin = bundle_reader_finish(br, st == PD_OK ? e : &again);
+    if (st != PD_OK) {
+        ck_assert_int_eq(fin, st);
+        ck_assert_str_eq(again.msg, e->msg);
+    }
+    bundle_reader_free(br);
+    return fin;
+}
+
+static void seen_positions(seen *s, const world *w)
+{
+    *s = (seen){.refuse = -1};
+    for (int i = 0; i < NS; i++)
+        s->pos[i] = ring_layer_position(w->src[i]);
+}
+
+START_TEST(bundle_reader_in_any_pieces_hands_over_what_parse_gives)
+{
+    pd_rng g = {.s = 12};
+    world w;
+    memsink m;
+    bundle_view *v = world_bundle(&w, &g, &m);
+    const size_t pieces[] = {1, 2, 5, 16, 17, 36, 100, 4096, m.n};
+    for (size_t k = 0; k < sizeof pieces / sizeof pieces[0]; k++) {
+        seen s;
+        seen_positions(&s, &w);
+        pd_err e = {0};
+        ck_assert_msg(stream_in(m.b, m.n, m.n, pieces[k], &s, &e) == PD_OK, "pieces of %zu: %s", pieces[k], e.msg);
+        ck_assert_int_eq(s.headers, 1);
+        ck_assert_uint_eq(s.h.identity, ID);
+        ck_assert_uint_eq(s.h.layer, LAYER);
+        ck_assert_uint_eq(s.h.n_streams, NS);
+        ck_assert_uint_eq(s.h.bytes, m.n);
+        ck_assert_int_eq(s.n, NS);
+        for (int i = 0; i < NS; i++) {
+            ck_assert_uint_eq(s.stream[i], v->entries[i].stream);
+            ck_assert_uint_eq(s.offset[i], v->entries[i].offset);
+            ck_assert_uint_eq(s.len[i], v->entries[i].len);
+            ck_assert_int_eq(memcmp(s.rec[i], v->entries[i].record, s.len[i]), 0);
+            /* a record gathered from several pieces decodes as the source */
+            ck_assert_uint_eq(lcache_position(s.c[i]), s.pos[i]);
+            same_answers(w.src[i], lcache_ring(s.c[i]), &g);
+        }
+        seen_free(&s);
+    }
+    bundle_view_free(v);
+    free(m.b);
+    world_free(&w);
+}
+END_TEST
+
+/* Every flipped byte: the reader refuses it in any pieces with parse's
+ * status and words; a flip in the last record comes after the entries
+ * before it were handed over (why a receiver holds them aside). */
+START_TEST(bundle_reader_refuses_as_parse_does_whatever_the_pieces)
+{
+    pd_rng g = {.s = 13};
+    world w;
+    memsink m;
+    bundle_view *v = world_bundle(&w, &g, &m);
+    uint8_t *c = malloc(m.n);
+    const size_t pieces[] = {7, 4096};
+    for (size_t i = 0; i < m.n; i++)
+        for (size_t k = 0; k < 2; k++) {
+            memcpy(c, m.b, m.n);
+            c[i] ^= 0x01;
+            bundle_view *pv = NULL;
+            pd_err pe = {0}, e = {0};
+            pd_status want = bundle_parse(c, m.n, &pv, &pe);
+            ck_assert_int_ne(want, PD_OK);
+            seen s;
+            seen_positions(&s, &w);
+            ck_assert_int_eq(stream_in(c, m.n, m.n, pieces[k], &s, &e), want);
+            ck_assert_str_eq(e.msg, pe.msg);
+            if (i >= v->entries[NS - 1].offset)
+                ck_assert_int_eq(s.n, NS - 1);
+            seen_free(&s);
+        }
+    free(c);
+    bundle_view_free(v);
+    free(m.b);
+    world_free(&w);
+}
+END_TEST
+
+/* A transfer cut anywhere: the finish says how many of the announced bytes
+ * arrived; bytes past the announced length, a caller's refusal and a
+ * header longer than the announcement fail the reader, and stick. */
+START_TEST(bundle_reader_cut_mid_stream_is_truncated)
+{
+    pd_rng g = {.s = 14};
+    world w;
+    memsink m;
+    bundle_view *v = world_bundle(&w, &g, &m);
+    char want[96];
+    for (size_t cut = 0; cut < m.n; cut++) {
+        seen s;
+        seen_positions(&s, &w);
+        pd_err e = {0};
+        ck_assert_int_eq(stream_in(m.b, cut, m.n, 7, &s, &e), PD_ERR_TRUNCATED);
+        snprintf(want, sizeof want, "%zu of the %zu announced bytes arrived", cut, m.n);
+        ck_assert_msg(strstr(e.msg, want) != NULL, "cut %zu: %s", cut, e.msg);
+        int whole = 0; /* entries that arrived whole */
+        for (int i = 0; i < NS; i++)
+            whole += v->entries[i].offset + v->entries[i].len + 4 <= cut;
+        ck_assert_int_eq(s.n, whole);
+        seen_free(&s);
+    }
+    /* one byte more than announced */
+    uint8_t *c = malloc(m.n + 1);
+    memcpy(c, m.b, m.n);
+    c[m.n] = 0;
+    seen s;
+    seen_positions(&s, &w);
+    pd_err e = {0};
+    ck_assert_int_eq(stream_in(c, m.n + 1, m.n, 5, &s, &e), PD_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(e.msg, "past the"));
+    seen_free(&s);
+    /* the caller refuses the second entry */
+    seen_positions(&s, &w);
+    s.refuse = 1;
+    pd_err_clear(&e);
+    ck_assert_int_eq(stream_in(m.b, m.n, m.n, 9, &s, &e), PD_ERR_REFUSED);
+    ck_assert_ptr_nonnull(strstr(e.msg, "entry 1 refused by its caller"));
+    ck_assert_int_eq(s.n, 1);
+    seen_free(&s);
+    /* announced shorter than a header */
+    seen_positions(&s, &w);
+    pd_err_clear(&e);
+    ck_assert_int_eq(stream_in(m.b, 10, 10, 4, &s, &e), PD_ERR_TRUNCATED);
+    ck_assert_ptr_nonnull(strstr(e.msg, "header needs 36 bytes"));
+    ck_assert_int_eq(s.headers, 0);
+    free(c);
+    bundle_view_free(v);
+    free(m.b);
+    world_free(&w);
+}
+END_TEST
+
 Suite *pd_test_suite(void)
 {
     Suite *s = suite_create("bundle");
@@ -683,6 +887,9 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, bundle_writer_refuses_what_would_make_an_invalid_bundle);
     tcase_add_test(tc, bundle_streams_large_states_without_holding_them);
     tcase_add_test(tc, bundle_with_no_streams_is_valid);
+    tcase_add_test(tc, bundle_reader_in_any_pieces_hands_over_what_parse_gives);
+    tcase_add_test(tc, bundle_reader_refuses_as_parse_does_whatever_the_pieces);
+    tcase_add_test(tc, bundle_reader_cut_mid_stream_is_truncated);
     suite_add_tcase(s, tc);
     return s;
 }

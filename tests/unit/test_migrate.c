@@ -68,10 +68,13 @@ START_TEST(migrate_fault_names)
     ck_assert_int_eq(f, MIGRATE_FAULT_CORRUPT);
     ck_assert_int_eq(migrate_fault_parse("weights", &f, &e), PD_OK);
     ck_assert_int_eq(f, MIGRATE_FAULT_WEIGHTS);
+    ck_assert_int_eq(migrate_fault_parse("cut", &f, &e), PD_OK);
+    ck_assert_int_eq(f, MIGRATE_FAULT_CUT);
     ck_assert_int_eq(migrate_fault_parse("none", &f, &e), PD_OK);
     ck_assert_int_eq(f, MIGRATE_FAULT_NONE);
     ck_assert_int_eq(migrate_fault_parse("CORRUPT", &f, &e), PD_ERR_ARG);
     ck_assert_ptr_nonnull(strstr(e.msg, "--migrate-fault"));
+    ck_assert_ptr_nonnull(strstr(e.msg, "weights or cut"));
 }
 END_TEST
 

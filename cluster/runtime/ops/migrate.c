@@ -44,7 +44,7 @@ struct migrate {
     double pre_w_mpi;        /* weight bytes that came over MPI */
 };
 
-static const char *const fault_names[MIGRATE_FAULT_COUNT] = {"none", "corrupt", "weights"};
+static const char *const fault_names[MIGRATE_FAULT_COUNT] = {"none", "corrupt", "weights", "cut"};
 
 pd_status migrate_fault_parse(const char *s, migrate_fault *out, pd_err *err)
 {
@@ -53,7 +53,7 @@ pd_status migrate_fault_parse(const char *s, migrate_fault *out, pd_err *err)
             *out = (migrate_fault)i;
             return PD_OK;
         }
-    return pd_err_set(err, PD_ERR_ARG, "--migrate-fault '%s': expected none, corrupt or weights", s);
+    return pd_err_set(err, PD_ERR_ARG, "--migrate-fault '%s': expected none, corrupt, weights or cut", s);
 }
 
 pd_status migrate_new(rank *r, migrate_fault fault, migrate **out, pd_err *err)
@@ -160,6 +160,8 @@ typedef struct piece_out {
     size_t fill;
     uint64_t sent;           /* bytes of this bundle passed to the sink */
     uint64_t corrupt_at;     /* the byte the hook flips (UINT64_MAX: none) */
+    uint64_t cut_at;         /* the CUT hook: no byte from here on travels (UINT64_MAX: none) */
+    uint64_t shipped;        /* bytes of this bundle handed to the sends */
     uint32_t crc;
     pd_status ms;            /* an MPI failure: nothing can be agreed on */
     pd_err *merr;            /* its words (migrate_run's err) */
@@ -170,7 +172,11 @@ static pd_status piece_ship(piece_out *po)
 {
     if (po->fill == 0)
         return PD_OK;
-    po->ms = pipe_isend(po->link, po->peer, po->buf[po->slot], po->fill, &po->req[po->slot], po->merr);
+    size_t n = po->fill; /* the CUT hook: the piece ends early, or goes empty */
+    if (po->cut_at < po->shipped + n)
+        n = po->cut_at > po->shipped ? (size_t)(po->cut_at - po->shipped) : 0;
+    po->shipped += po->fill;
+    po->ms = pipe_isend(po->link, po->peer, po->buf[po->slot], n, &po->req[po->slot], po->merr);
     po->slot = (po->slot + 1) % MIGRATE_SLOTS;
     po->fill = 0;
     if (po->ms == PD_OK && !po->buf[po->slot] && !(po->buf[po->slot] = malloc(MIGRATE_PIECE)))
@@ -247,21 +253,12 @@ typedef struct migrate_move {
     uint32_t layer;
     int peer;                /* the other end */
     uint64_t len;            /* 0: the source could not export it */
-    uint8_t *buf;            /* receiver: the bundle (owned) */
-    bundle_view *v;          /* receiver: the validated bundle */
     MPI_Request len_req;     /* sender: the length's send */
 } migrate_move;
 
 static uint64_t n_pieces(uint64_t len)
 {
     return (len + MIGRATE_PIECE - 1) / MIGRATE_PIECE;
-}
-
-/* The ack digest of a bundle as sent or received: its CRC32C (hardware,
- * one pass at memory speed) and its length. */
-static uint64_t bundle_digest(const uint8_t *p, size_t n)
-{
-    return (uint64_t)crc32c_update(0, p, n) | (uint64_t)n << 32;
 }
 
 static uint64_t stream_next_pos(const stream_state *s)
@@ -755,11 +752,12 @@ static void spares_free(spare_set *ss)
     *ss = (spare_set){0};
 }
 
-/* The stage owns them now. */
-static void spares_taken(spare_set *ss)
+/* The stage owns the copies of layers [first, first + n) now. */
+static void spares_taken(spare_set *ss, uint32_t first, uint32_t n)
 {
     for (uint32_t i = 0; i < ss->n; i++)
-        ss->c[i] = NULL;
+        if (ss->layer[i] >= first && ss->layer[i] - first < n)
+            ss->c[i] = NULL;
 }
 
 static lcache *spare_offer(void *ctx, uint64_t stream, uint32_t layer)
@@ -769,78 +767,6 @@ static lcache *spare_offer(void *ctx, uint64_t stream, uint32_t layer)
         if (ss->layer[i] == layer && ss->stream[i] == stream)
             return ss->c[i];
     return NULL;
-}
-
-/* A received bundle once installed: its bytes go at once, so a receiver
- * holds the bundles not yet installed and the state installed, never every
- * bundle and all of their state together. */
-static void take_release(migrate_move *mv)
-{
-    bundle_view_free(mv->v);
-    free(mv->buf);
-    mv->v = NULL;
-    mv->buf = NULL;
-}
-
-/* A bundle's records go to new copies of their own (bundle_install's
- * resolver: each call makes one and keeps it in ss). */
-typedef struct spare_to {
-    stage *st;               /* borrowed */
-    spare_set *ss;
-    uint32_t layer;
-} spare_to;
-
-static pd_status spare_resolve(void *ctx, uint64_t stream, bundle_target *t, pd_err *err)
-{
-    spare_to *to = ctx;
-    uint32_t prefill, max_new;
-    uint64_t pos = 0;
-    lcache *c = NULL;
-    pd_status st = stage_stream_shape(to->st, stream, &prefill, &max_new, err);
-    if (st == PD_OK)
-        st = stage_stream_pos(to->st, stream, &pos, err);
-    if (st == PD_OK)
-        st = stage_spare_cache(to->st, prefill, max_new, &c, err);
-    if (st != PD_OK)
-        return st;
-    spare_set *ss = to->ss;
-    ss->layer[ss->n] = to->layer;
-    ss->stream[ss->n] = stream;
-    ss->c[ss->n++] = c;
-    *t = (bundle_target){.ref = {.identity = stage_layer_identity(to->st, to->layer), .layer = to->layer},
-                         .c = c,
-                         .pos = pos};
-    return PD_OK;
-}
-
-/* Installs every bundle taken into copies of its own (the checks of an
- * import, before the vote; bundle_install), and checks each copy against
- * the stage. */
-static pd_status spares_import(migrate *mg, migrate_move *take, uint32_t n_take, spare_set *ss, pd_err *err)
-{
-    rank *r = mg->r;
-    uint64_t total = 0;
-    for (uint32_t i = 0; i < n_take; i++)
-        total += take[i].v ? take[i].v->n_streams : 0;
-    ss->layer = calloc(total + 1, sizeof *ss->layer);
-    ss->stream = calloc(total + 1, sizeof *ss->stream);
-    ss->c = calloc(total + 1, sizeof *ss->c);
-    if (!ss->layer || !ss->stream || !ss->c)
-        return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
-    pd_status st = PD_OK;
-    for (uint32_t i = 0; i < n_take && st == PD_OK; i++) {
-        if (!take[i].v)
-            continue;
-        uint32_t from = ss->n;
-        st = bundle_install(take[i].v, spare_resolve, &(spare_to){.st = r->st, .ss = ss, .layer = take[i].layer},
-                            err);
-        for (uint32_t j = from; j < ss->n && st == PD_OK; j++)
-            st = stage_check_copy(r->st, ss->stream[j], ss->layer[j], ss->c[j], err);
-        take_release(&take[i]);
-        if (st)
-            pd_err_prefix(err, "rank %d: layer %u", r->rank, take[i].layer);
-    }
-    return st;
 }
 
 /* ---- migrate_run: the four steps over one transfer ------------------------------ */
@@ -866,13 +792,15 @@ typedef struct xfer {
     const model *pw[2];      /* [np] weights each new range runs on (NULL: the rank's own model) */
     model *pl[2];            /* [np] slices loaded for them (owned until slice_keep) */
     bool mpi_w;              /* those weights came over MPI */
-    bool corrupted;          /* the CORRUPT test hook fired already */
+    bool corrupted;          /* the CORRUPT or CUT test hook fired already */
+    uint8_t *piece;          /* [MIGRATE_PIECE] a receiver's piece buffer */
     migrate_move *give, *take; /* [n_give] layers sent, [n_take] layers received */
     uint32_t n_give, n_take;
     uint64_t *dg;            /* [2 * NL]: [L] digest sent, [NL + L] received */
     uint64_t *all_dg;        /* [size * 2 * NL]: every rank's dg */
     migrate_verdict *vd;     /* [size]: every rank's verdict */
-    spare_set ss;            /* a receiver's copies, installed at the switch */
+    spare_set ss;            /* a receiver's copies of the layers it takes, decoded as
+                                their bundles arrive, the stage's once installed */
     bool early;              /* the new layers were installed before the vote */
     uint32_t added;          /* of the new ranges, how many were installed early */
     uint64_t sent_bytes;
@@ -897,8 +825,8 @@ static void xfer_free(xfer *x)
         model_free(x->pl[i]);
         x->pl[i] = NULL;
     }
-    for (uint32_t i = 0; x->take && i < x->n_take; i++)
-        take_release(&x->take[i]);
+    free(x->piece);
+    x->piece = NULL;
     free(x->give);
     free(x->take);
     free(x->dg);
@@ -950,7 +878,11 @@ static void xfer_layout(xfer *x)
     x->dg = calloc(2 * (size_t)x->NL, sizeof *x->dg);
     x->all_dg = calloc(2 * (size_t)x->NL * (size_t)r->size, sizeof *x->all_dg);
     x->vd = calloc((size_t)r->size, sizeof *x->vd);
-    if (!x->give || !x->take || !x->dg || !x->all_dg || !x->vd)
+    size_t spares = (size_t)x->n_take * x->cnt + 1;
+    x->ss.layer = calloc(spares, sizeof *x->ss.layer);
+    x->ss.stream = calloc(spares, sizeof *x->ss.stream);
+    x->ss.c = calloc(spares, sizeof *x->ss.c);
+    if (!x->give || !x->take || !x->dg || !x->all_dg || !x->vd || !x->ss.layer || !x->ss.stream || !x->ss.c)
         x->st = pd_err_set(&x->e, PD_ERR_NOMEM, "out of memory");
     /* the rows up to the head's positions become final on every rank (what
      * the next micro-batch would do), so records hold final rows only */
@@ -1011,7 +943,9 @@ static pd_status give_bundle(xfer *x, migrate_move *mv, piece_out *po)
     po->peer = mv->peer;
     po->sent = 0;
     po->crc = 0;
+    po->shipped = 0;
     po->corrupt_at = x->mg->fault == MIGRATE_FAULT_CORRUPT && !x->corrupted ? mv->len / 2 : UINT64_MAX;
+    po->cut_at = x->mg->fault == MIGRATE_FAULT_CUT && !x->corrupted ? mv->len / 2 : UINT64_MAX;
     bundle_writer *bw = NULL;
     pd_status st = bundle_writer_new(piece_sink, po, stage_layer_identity(r->st, L), L, x->cnt, &bw, &e);
     for (uint32_t i = 0; st == PD_OK && i < x->cnt; i++) {
@@ -1036,7 +970,7 @@ static pd_status give_bundle(xfer *x, migrate_move *mv, piece_out *po)
         return po->ms;
     if (piece_ship(po) != PD_OK)
         return po->ms;
-    x->corrupted |= po->corrupt_at != UINT64_MAX;
+    x->corrupted |= po->corrupt_at != UINT64_MAX || po->cut_at != UINT64_MAX;
     x->dg[L] = (uint64_t)po->crc | mv->len << 32; /* bundle_digest of the bytes encoded */
     x->sent_bytes += mv->len;
     return PD_OK;
@@ -1120,37 +1054,118 @@ static pd_status xfer_precopy_finish(xfer *x, pd_err *err)
     return ms;
 }
 
-/* A received bundle against the plan: this stage's identity of its layer,
- * the layer, the plan's streams. */
-static pd_status take_check(const xfer *x, migrate_move *mv, pd_err *e)
+/* The receiver's own memory check, on the bytes announced so far (the head
+ * checked the predicted reservations already), before any of them is
+ * decoded. */
+static void xfer_mem_check(xfer *x)
 {
-    uint32_t L = mv->layer;
-    uint64_t id = stage_layer_identity(x->r->st, L);
-    pd_status st = bundle_parse(mv->buf, (size_t)mv->len, &mv->v, e);
-    if (st == PD_OK && mv->v->identity != id)
-        st = pd_err_set(e, PD_ERR_MISMATCH, "identity %016llx, expected %016llx (another model or policy)",
-                        (unsigned long long)mv->v->identity, (unsigned long long)id);
-    else if (st == PD_OK && mv->v->layer != L)
-        st = pd_err_set(e, PD_ERR_FORMAT, "holds layer %u", mv->v->layer);
-    else if (st == PD_OK && mv->v->n_streams != x->cnt)
-        st = pd_err_set(e, PD_ERR_FORMAT, "holds %llu streams, the plan %u", (unsigned long long)mv->v->n_streams,
-                        x->cnt);
-    for (uint64_t i = 0; st == PD_OK && i < mv->v->n_streams; i++) {
-        bool known = false;
-        for (uint32_t j = 0; j < x->cnt; j++)
-            known |= x->ids[j] == mv->v->entries[i].stream;
-        if (!known)
-            st = pd_err_set(e, PD_ERR_FORMAT, "stream %llu is not in the plan",
-                            (unsigned long long)mv->v->entries[i].stream);
-    }
-    if (st)
-        pd_err_prefix(e, "rank %u: layer %u from rank %d", x->me, L, mv->peer);
-    return st;
+    uint64_t lim = x->r->o->mem_limit, incoming = 0;
+    for (uint32_t i = 0; x->take && !x->pre && i < x->n_take; i++)
+        incoming += x->take[i].len;
+    stage_mem sm;
+    stage_memory(x->r->st, &sm);
+    if (x->st == PD_OK && lim != 0 && lim != UINT64_MAX && sm.cache_bytes + incoming > lim)
+        x->st = pd_err_set(&x->e, PD_ERR_RANGE,
+                           "rank %u: its caches hold %llu bytes; the %llu bytes of state arriving would pass its "
+                           "--mem-limit of %llu", x->me, (unsigned long long)sm.cache_bytes,
+                           (unsigned long long)incoming, (unsigned long long)lim);
 }
 
-/* A receiver's bundle of one layer, validated whole. A bundle nobody wants
+/* A receiver's bundle of one layer as it arrives (bundle_reader's
+ * callbacks): checked against the plan, each entry decoded into a copy of
+ * its own (x->ss, held aside: the stage is not touched) as soon as it is
+ * checked, so the bundle itself is never held. */
+typedef struct take_to {
+    xfer *x;
+    uint32_t layer;
+} take_to;
+
+static pd_status take_header(void *ctx, const bundle_view *h, pd_err *e)
+{
+    const take_to *to = ctx;
+    const xfer *x = to->x;
+    uint64_t id = stage_layer_identity(x->r->st, to->layer);
+    if (h->identity != id)
+        return pd_err_set(e, PD_ERR_MISMATCH, "identity %016llx, expected %016llx (another model or policy)",
+                          (unsigned long long)h->identity, (unsigned long long)id);
+    if (h->layer != to->layer)
+        return pd_err_set(e, PD_ERR_FORMAT, "holds layer %u", h->layer);
+    if (h->n_streams != x->cnt)
+        return pd_err_set(e, PD_ERR_FORMAT, "holds %llu streams, the plan %u", (unsigned long long)h->n_streams,
+                          x->cnt);
+    return PD_OK;
+}
+
+/* One entry into a copy of its own: the checks of an import
+ * (lcache_wire_import: geometry, kind, position) and the stage's against
+ * the copy (stage_check_copy); a refused copy is freed at once. */
+static pd_status take_entry(void *ctx, const bundle_entry *en, pd_err *e)
+{
+    const take_to *to = ctx;
+    xfer *x = to->x;
+    stage *st = x->r->st;
+    bool known = false;
+    for (uint32_t j = 0; j < x->cnt; j++)
+        known |= x->ids[j] == en->stream;
+    if (!known)
+        return pd_err_set(e, PD_ERR_FORMAT, "stream %llu is not in the plan", (unsigned long long)en->stream);
+    uint32_t prefill, max_new;
+    uint64_t pos = 0;
+    lcache *c = NULL;
+    pd_status s = stage_stream_shape(st, en->stream, &prefill, &max_new, e);
+    if (s == PD_OK)
+        s = stage_stream_pos(st, en->stream, &pos, e);
+    if (s == PD_OK)
+        s = stage_spare_cache(st, prefill, max_new, &c, e);
+    if (s == PD_OK)
+        s = lcache_wire_import(c, stage_layer_identity(st, to->layer), to->layer, pos, en->record, en->len,
+                               en->offset, e);
+    if (s == PD_OK)
+        s = stage_check_copy(st, en->stream, to->layer, c, e);
+    if (s != PD_OK) {
+        lcache_free(c);
+        pd_err_prefix(e, "stream %llu", (unsigned long long)en->stream);
+        return s;
+    }
+    spare_set *ss = &x->ss;
+    ss->layer[ss->n] = to->layer;
+    ss->stream[ss->n] = en->stream;
+    ss->c[ss->n++] = c;
+    return PD_OK;
+}
+
+static const bundle_reader_ops take_ops = {.header = take_header, .entry = take_entry};
+
+/* The pieces of a receiver's bundle of one layer, each checked and decoded
+ * as it arrives (take_ops) into one piece buffer. A bundle nobody wants
  * (this rank failed already, or has no memory for it) is still received,
  * into nothing, so the link stays in step. */
+static pd_status take_pieces(xfer *x, migrate_move *mv, bundle_reader *br, pd_err *err)
+{
+    pd_status ms = PD_OK;
+    uint32_t crc = 0;
+    uint64_t arrived = 0;
+    for (uint64_t q = 0; ms == PD_OK && q < n_pieces(mv->len); q++) {
+        uint64_t off = q * MIGRATE_PIECE, n = mv->len - off < MIGRATE_PIECE ? mv->len - off : MIGRATE_PIECE;
+        size_t got = 0;
+        pd_status rs = pipe_recv(x->mg->link, mv->peer, x->piece, x->piece ? (size_t)n : 0, &got, NULL, NULL, err);
+        if (rs != PD_OK && x->piece)
+            ms = rs;
+        if (ms != PD_OK || !br || x->st != PD_OK)
+            continue;
+        crc = crc32c_update(crc, x->piece, got);
+        arrived += got;
+        x->st = bundle_reader_push(br, x->piece, got, &x->e);
+    }
+    if (ms == PD_OK && br && x->st == PD_OK)
+        x->st = bundle_reader_finish(br, &x->e);
+    if (ms == PD_OK && br && x->st == PD_OK)
+        x->dg[x->NL + mv->layer] = (uint64_t)crc | arrived << 32; /* the ack digest of the bytes received */
+    return ms;
+}
+
+/* A receiver's bundle of one layer: its length (checked against
+ * --mem-limit with the ones before it), then its pieces. */
 static pd_status take_bundle(xfer *x, migrate_move *mv, pd_err *err)
 {
     size_t got;
@@ -1162,22 +1177,19 @@ static pd_status take_bundle(xfer *x, migrate_move *mv, pd_err *err)
             x->st = pd_err_set(&x->e, PD_ERR_REFUSED, "rank %d could not export layer %u", mv->peer, mv->layer);
         return PD_OK;
     }
-    mv->buf = (x->st == PD_OK && mv->len <= SIZE_MAX) ? malloc((size_t)mv->len) : NULL;
-    if (!mv->buf && x->st == PD_OK)
-        x->st = pd_err_set(&x->e, PD_ERR_NOMEM, "rank %u: no memory for layer %u's %llu bytes", x->me, mv->layer,
-                           (unsigned long long)mv->len);
-    for (uint64_t q = 0; ms == PD_OK && q < n_pieces(mv->len); q++) {
-        uint64_t off = q * MIGRATE_PIECE, n = mv->len - off < MIGRATE_PIECE ? mv->len - off : MIGRATE_PIECE;
-        pd_status rs = pipe_recv(x->mg->link, mv->peer, mv->buf ? mv->buf + off : NULL, mv->buf ? (size_t)n : 0, &got,
-                                 NULL, NULL, err);
-        if (rs != PD_OK && mv->buf)
-            ms = rs;
-    }
-    if (ms || x->st != PD_OK || !mv->buf)
-        return ms;
-    x->dg[x->NL + mv->layer] = bundle_digest(mv->buf, (size_t)mv->len);
-    x->st = take_check(x, mv, &x->e);
-    return PD_OK;
+    xfer_mem_check(x);
+    if (!x->piece && !(x->piece = malloc(MIGRATE_PIECE)) && x->st == PD_OK)
+        x->st = pd_err_set(&x->e, PD_ERR_NOMEM, "rank %u: no memory for a piece buffer", x->me);
+    bool mine = x->st == PD_OK; /* a failure from here on is this layer's */
+    bundle_reader *br = NULL;
+    take_to to = {.x = x, .layer = mv->layer}; /* outlives br */
+    if (x->st == PD_OK)
+        x->st = bundle_reader_new(mv->len, &take_ops, &to, &br, &x->e);
+    ms = take_pieces(x, mv, br, err);
+    bundle_reader_free(br);
+    if (mine && x->st != PD_OK)
+        pd_err_prefix(&x->e, "rank %u: layer %u from rank %d", x->me, mv->layer, mv->peer);
+    return ms;
 }
 
 /* Receivers: each bundle of a layer they take, from its old owner. */
@@ -1197,22 +1209,6 @@ static pd_status xfer_receive(xfer *x, pd_err *err)
     return ms;
 }
 
-/* The receiver's own memory check, on the bytes that arrived (the head
- * checked the predicted reservations already). */
-static void xfer_mem_check(xfer *x)
-{
-    uint64_t lim = x->r->o->mem_limit, incoming = 0;
-    for (uint32_t i = 0; x->take && !x->pre && i < x->n_take; i++)
-        incoming += x->take[i].len;
-    stage_mem sm;
-    stage_memory(x->r->st, &sm);
-    if (x->st == PD_OK && lim != 0 && lim != UINT64_MAX && sm.cache_bytes + incoming > lim)
-        x->st = pd_err_set(&x->e, PD_ERR_RANGE,
-                           "rank %u: its caches hold %llu bytes; the %llu bytes of state arriving would pass its "
-                           "--mem-limit of %llu", x->me, (unsigned long long)sm.cache_bytes,
-                           (unsigned long long)incoming, (unsigned long long)lim);
-}
-
 /* Back to exactly the layers the stage held before the early install. */
 static void xfer_remove_added(xfer *x)
 {
@@ -1222,35 +1218,34 @@ static void xfer_remove_added(xfer *x)
     x->early = false;
 }
 
-/* Install before the vote when the layers taken sit next to the ones held
- * (every move between neighbours): the caches' own install validation
- * (geometry against this stage's configuration) then runs before this rank
- * votes, and a refusal only removes the added layers again. A rank whose
- * new range does not meet its old one cannot hold both: it installs at the
- * switch, and validates now what it will install: pre-copied copies against
- * the stage (stage_check_copy), bundle records imported into copies of its
- * own (lcache_wire_import: geometry, kind, position), which the switch then
- * hands to the stage. */
+/* The layers taken, with the copies their bundles were decoded into as
+ * they arrived (checked then: lcache_wire_import's geometry, kind and
+ * position, stage_check_copy) or the pre-copy's, become the stage's
+ * (stage_add_layers_from) before the vote when they sit next to the ones
+ * held (every move between neighbours), and a refusal only removes the
+ * added layers again. A rank whose new range does not meet its old one
+ * cannot hold both: the switch hands them over, and a pre-copy's copies
+ * are checked against the stage now. */
 static void xfer_install(xfer *x)
 {
     rank *r = x->r;
     double t = MPI_Wtime();
     uint32_t lo = x->nf > x->of ? x->nf : x->of, hi = x->ne < x->oe ? x->ne : x->oe;
     x->early = x->st == PD_OK && x->np > 0 && lo < hi;
-    for (uint32_t i = 0; x->early && x->st == PD_OK && i < x->np; i++)
-        if ((x->st = x->pre ? precopy_add_layers(x->mg->pc, x->pf[i], x->pn[i], x->pw[i], x->ids, x->cnt, &x->e)
-                            : stage_add_layers(r->st, x->pf[i], x->pn[i], x->pw[i], &x->e)) == PD_OK)
+    for (uint32_t i = 0; x->early && x->st == PD_OK && i < x->np; i++) {
+        x->st = x->pre ? precopy_add_layers(x->mg->pc, x->pf[i], x->pn[i], x->pw[i], x->ids, x->cnt, &x->e)
+                       : stage_add_layers_from(r->st, x->pf[i], x->pn[i], x->pw[i], spare_offer, &x->ss, &x->e);
+        if (x->st == PD_OK) {
+            spares_taken(&x->ss, x->pf[i], x->pn[i]);
             x->added++;
-    for (uint32_t i = 0; x->early && !x->pre && x->st == PD_OK && i < x->n_take; i++) {
-        if ((x->st = stage_install_bundle(r->st, x->take[i].v, &x->e)) != PD_OK)
-            pd_err_prefix(&x->e, "rank %u: installing layer %u", x->me, x->take[i].layer);
-        take_release(&x->take[i]);
+        } else {
+            pd_err_prefix(&x->e, "rank %u: installing layers %u-%u", x->me, x->pf[i], x->pf[i] + x->pn[i] - 1);
+        }
     }
     if (x->early && x->st != PD_OK)
         xfer_remove_added(x);
-    if (!x->early && x->st == PD_OK && x->np > 0)
-        x->st = x->pre ? precopy_check(x->mg->pc, x->ids, x->cnt, &x->e) : spares_import(x->mg, x->take, x->n_take,
-                                                                                         &x->ss, &x->e);
+    if (!x->early && x->pre && x->st == PD_OK && x->np > 0)
+        x->st = precopy_check(x->mg->pc, x->ids, x->cnt, &x->e);
     x->install_s = MPI_Wtime() - t;
 }
 
@@ -1263,7 +1258,7 @@ static pd_status xfer_wait_sends(xfer *x, pd_err *err)
     return ms;
 }
 
-/* Step 2 on every rank: weights, bundles out, bundles in (validated whole),
+/* Step 2 on every rank: weights, bundles out, bundles in (decoded as they arrive, held aside),
  * installed early or checked for the switch. */
 static pd_status xfer_copy(xfer *x, pd_err *err)
 {
@@ -1278,7 +1273,6 @@ static pd_status xfer_copy(xfer *x, pd_err *err)
     if (ms == PD_OK)
         ms = xfer_receive(x, err);
     if (ms == PD_OK) {
-        xfer_mem_check(x);
         xfer_install(x);
         ms = xfer_wait_sends(x, err);
     }
@@ -1406,6 +1400,8 @@ static pd_status xfer_commit(xfer *x, sched *sc, budget *bud, pd_err *err)
         if (!x->early)
             st = x->pre ? precopy_add_layers(mg->pc, x->pf[i], x->pn[i], x->pw[i], x->ids, x->cnt, err)
                         : stage_add_layers_from(r->st, x->pf[i], x->pn[i], x->pw[i], spare_offer, &x->ss, err);
+        if (!x->early && !x->pre && st == PD_OK)
+            spares_taken(&x->ss, x->pf[i], x->pn[i]);
         if (st == PD_OK && x->pl[i]) {
             slice_keep(mg, x->pl[i]);
             x->pl[i] = NULL;
@@ -1413,8 +1409,6 @@ static pd_status xfer_commit(xfer *x, sched *sc, budget *bud, pd_err *err)
         for (uint32_t L = x->pf[i]; st == PD_OK && L < x->pf[i] + x->pn[i]; L++)
             mg->src[L] = x->pw[i];
     }
-    if (!x->early && !x->pre && st == PD_OK)
-        spares_taken(&x->ss);
     if (st == PD_OK) {
         r->lm = x->plan.to;
         slices_prune(mg);

@@ -20,14 +20,16 @@
  *             maps them from the model file; each layer whose owner changes
  *             travels from its old owner to its new one as one state bundle
  *             (comm/bundle.h: CRC per entry, whole-bundle validation); the
- *             receiver validates each bundle (CRC, structure, identity =
- *             model + layer + policy, layer, exactly the broadcast streams)
- *             and every record through the caches' own install checks
- *             (geometry, kind, position) before it votes: a receiver whose
- *             new layers sit next to the ones it holds adds them and imports
- *             now (and removes them again if the move is refused), any other
- *             imports into copies of its own (stage_spare_cache) that the
- *             switch hands to the stage;
+ *             receiver reads each bundle as its pieces arrive
+ *             (bundle_reader: CRC, structure, identity = model + layer +
+ *             policy, layer, exactly the broadcast streams) and decodes
+ *             each entry at once into a copy of its own
+ *             (stage_spare_cache) through the caches' own install checks
+ *             (geometry, kind, position), held aside: a failure anywhere in
+ *             the bundle frees them all. Before it votes, a receiver whose
+ *             new layers sit next to the ones it holds adds them with those
+ *             copies (and removes them again if the move is refused), any
+ *             other keeps them for the switch to hand to the stage;
  *   3. ack    every rank's digests (CRC32C and length of each bundle as sent
  *             and as received) and verdict are gathered: one failure or one digest
  *             that differs refuses the whole move, every rank drops what it
@@ -63,11 +65,14 @@ typedef struct migrate migrate;
  * migration of the run fail at a protocol step so the tests see the abort
  * path: CORRUPT flips one byte of the first bundle a source sends (after its
  * CRC was computed), WEIGHTS makes the receiver's weight load read a path
- * that does not exist. */
+ * that does not exist, CUT ends the first bundle a source sends half way
+ * (the pieces after that go short or empty, as a transfer cut mid-stream:
+ * the receiver has decoded some of its records by then). */
 typedef enum migrate_fault {
     MIGRATE_FAULT_NONE = 0,
     MIGRATE_FAULT_CORRUPT,
     MIGRATE_FAULT_WEIGHTS,
+    MIGRATE_FAULT_CUT,
     MIGRATE_FAULT_COUNT
 } migrate_fault;
 

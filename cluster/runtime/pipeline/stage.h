@@ -193,8 +193,10 @@ void stage_export_refused(const stage *s, uint64_t stream, uint32_t layer, pd_st
  * its model. Layers can leave either end and join either end while streams
  * are alive; a moving layer's cache state travels as one CMFS record per
  * stream (stage_export_layer or, streamed into a bundle, stage_export_ref on
- * the giver; stage_import_layer or, a layer's bundle all or nothing,
- * stage_install_bundle on the receiver). Protocol at a step boundary: stage_settle every stream at its
+ * the giver; stage_import_layer, a layer's bundle all or nothing with
+ * stage_install_bundle, or copies decoded as a bundle arrives
+ * (stage_spare_cache, stage_check_copy) that stage_add_layers_from adopts,
+ * on the receiver). Protocol at a step boundary: stage_settle every stream at its
  * accepted position on both stages (records then hold final rows only, and
  * the receiver's other layers have nothing pending); export; add on the
  * receiver; import; remove on the giver. Forwarding a stream whose new layer
