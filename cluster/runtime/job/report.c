@@ -212,8 +212,14 @@ static void report_stats_json(const report *rep, const rank *r, const sched_prog
     cJSON_AddNumberToObject(j, "pages_skipped", (double)pr->pages_skipped);
     cJSON_AddNumberToObject(j, "pages_failed", (double)pr->pages_failed);
     cJSON_AddNumberToObject(j, "pages_past_context", (double)pr->pages_past_context);
-    if (o->mmproj_path)
+    if (o->mmproj_path) {
         cJSON_AddNumberToObject(j, "images_encoded", (double)pr->images_encoded);
+        cJSON_AddNumberToObject(j, "images_counted", (double)pr->images_counted);
+    }
+    if (o->mmproj_path && o->encoder_ranks) { /* the decoding ranks idle while the head waits */
+        cJSON_AddNumberToObject(j, "images_wait_s", pr->images_wait_s);
+        cJSON_AddNumberToObject(j, "images_waits", (double)pr->images_waits);
+    }
     if (o->draft.mode != DRAFT_NONE)
         stats_spec(j, o, pr);
     cJSON_AddNumberToObject(j, "context_length", r->hp.ctx);

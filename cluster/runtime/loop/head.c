@@ -380,6 +380,8 @@ void head_progress(const head *h, sched_progress *out)
 {
     sched_get_progress(h->sc, out);
     out->images_encoded = pageimg_encoded(h->img);
+    out->images_counted = pageimg_counted(h->img);
+    out->images_wait_s = pageimg_wait_s(h->img, &out->images_waits);
     if (h->dr) {
         drafter_stats ds;
         drafter_get_stats(h->dr, &ds);
