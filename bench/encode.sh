@@ -12,6 +12,11 @@
 #            of one rank, the decode rate of one rank), each measured alone
 #            (pipedec encode --threads 1; run --threads 1 on its manifest).
 #            Goal >= 0.9: encoding hides behind decoding and vice versa.
+#            Also how long the head waited for an image's rows in the
+#            overlapped run (the decoding rank idles meanwhile), and the
+#            decoding rank's busy time and micro-batches there against alone
+#            (the same rows; more micro-batches of fewer streams while the
+#            first BATCH pages arrive one encode apart).
 #            Models sized so both stages take comparable time: a random
 #            DeepSeek-OCR mmproj (mkmodel --mmproj, small) and a random
 #            deepseek2-ocr decoder of hidden 512, 8 layers, 300 new tokens a page.
@@ -105,6 +110,9 @@ out = {
         for t, g, a, c in ((1, g1, a1, c1), (2, g2, a2, c2))},
     "overlap": {"pages": P, "batch": B, "encode_pages_per_s_1_rank": enc_rate, "decode_pages_per_s_1_rank": dec_rate,
                 "both_pages_per_s_1_plus_1": both_rate, "images_encoded": both.get("images_encoded"),
+                "head_waited_for_rows_s": both.get("images_wait_s"), "head_waits": both.get("images_waits"),
+                "decoding_rank_busy_s_both": both["stages"][0]["busy_s"], "decoding_rank_busy_s_alone": dec["stages"][0]["busy_s"],
+                "micro_batches_both": both["stages"][0]["micro_batches"], "micro_batches_alone": dec["stages"][0]["micro_batches"],
                 "ratio_to_min": both_rate / min(enc_rate, dec_rate), "goal": 0.9},
 }
 print(json.dumps(out, indent=1))

@@ -1898,3 +1898,34 @@ void tok_check(const tok *t)
         CHECK(tok_special_cmp_ctx_len(t, t->specials[k - 1], t->specials[k]) < 0);
     CHECK(t->bos >= -1 && t->bos < (int32_t)t->n && t->eos >= -1 && t->eos < (int32_t)t->n);
 }
+
+/* ---- a manifest's text segments ------------------------------------------ */
+
+pd_status tok_pages_encode(void *ctx, const char *text, size_t len, int32_t **ids, size_t *n,
+                           pd_err *err)
+{
+    tok_pages *tp = ctx;
+    pd_status st = PD_OK;
+    if (!tp->t) {
+        gguf_file *own = NULL;
+        const gguf_file *f = tp->gguf;
+        if (!f && (st = gguf_open(tp->path, &own, err)) == PD_OK)
+            f = own;
+        if (st == PD_OK)
+            st = tok_new_gguf(f, &tp->t, err); /* copies what it keeps: the file may go */
+        gguf_close(own);
+        if (st != PD_OK) {
+            pd_err_prefix(err, "the model's tokenizer");
+            return st;
+        }
+    }
+    return tok_encode(tp->t, text, len, (tok_opts){.add_special = false, .parse_special = true}, ids, n, err);
+}
+
+void tok_pages_free(tok_pages *tp)
+{
+    if (!tp)
+        return;
+    tok_free(tp->t);
+    tp->t = NULL;
+}

@@ -134,4 +134,25 @@ pd_status tok_vocab_new(const tok *t, bool special, struct vocab **out, pd_err *
 /* Aborts (CHECK) if an invariant of t is broken. */
 void tok_check(const tok *t);
 
+/* A page manifest's "text" segments as every run prefills them
+ * (pages_opts.tokenize, cluster/format/pages.h): the model's own tokenizer,
+ * no BOS, special tokens parsed. The tokenizer is built on the first text
+ * segment, so a manifest of ids never builds it (models whose tokenizer this
+ * build cannot run still decode id manifests). The head's load and the
+ * work-mix count before it (rank_agree_work) both use it, so the rows agreed
+ * on are the rows prefilled. Fill .gguf or .path, zero the rest; free with
+ * tok_pages_free once the manifest is loaded. */
+typedef struct tok_pages {
+    const gguf_file *gguf; /* the model's file (borrowed), or NULL: */
+    const char *path;      /* the model's path, opened on the first text segment */
+    tok *t;                /* built on the first text segment */
+} tok_pages;
+
+/* pages_opts.tokenize with ctx a tok_pages. Errors say "the model's tokenizer". */
+pd_status tok_pages_encode(void *ctx, const char *text, size_t len, int32_t **ids, size_t *n,
+                           pd_err *err);
+
+/* Frees what tok_pages_encode built (tp stays reusable); NULL is a no-op. */
+void tok_pages_free(tok_pages *tp);
+
 #endif

@@ -393,6 +393,62 @@ START_TEST(tok_gguf_keys_load_and_tokenize)
 }
 END_TEST
 
+/* The manifest's text segments: the tokenizer built on the first one (from
+ * the model's path, as the work-mix count has no model loaded, or from its
+ * open file), no BOS although the model adds one, special tokens parsed:
+ * both ways give the same ids, which is what makes the agreed rows the
+ * prefilled ones. */
+START_TEST(tok_pages_tokenizes_text_segments_as_prefilled)
+{
+    bvocab v;
+    bv_init(&v);
+    int32_t hi = bv_add(&v, "hi", 1);
+    int32_t bos = bv_add(&v, "<s>", 3);
+    static const char *const merges[] = {"h i"};
+    gguf_writer *w = gguf_writer_new();
+    gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
+    gguf_writer_set_str(w, "tokenizer.ggml.pre", "deepseek-v3");
+    gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v.tok, v.n);
+    gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", v.type, v.n);
+    gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 1);
+    gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)bos);
+    gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true);
+    char dir[256], path[300];
+    pd_test_tmpdir(dir, sizeof dir, "tokpages");
+    snprintf(path, sizeof path, "%s/m.gguf", dir);
+    pd_err err = {0};
+    ck_assert_msg(gguf_writer_write(w, path, &err) == PD_OK, "%s", err.msg);
+    gguf_file *f = NULL;
+    ck_assert_msg(gguf_open(path, &f, &err) == PD_OK, "%s", err.msg);
+    tok_pages by_path = {.path = path}, by_file = {.gguf = f};
+    ck_assert_ptr_null(by_path.t); /* nothing built before a text segment */
+    int32_t want[] = {hi, bos, hi};
+    tok_pages *both[] = {&by_path, &by_file};
+    for (int k = 0; k < 2; k++) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        ck_assert_msg(tok_pages_encode(both[k], "hi<s>hi", 7, &ids, &n, &err) == PD_OK, "%s", err.msg);
+        ck_assert_uint_eq(n, 3);
+        ck_assert_mem_eq(ids, want, sizeof want);
+        free(ids);
+        tok_pages_free(both[k]);
+        ck_assert_ptr_null(both[k]->t);
+    }
+    /* a model without a tokenizer: refused, saying whose */
+    tok_pages none = {.path = dir};
+    int32_t *ids = NULL;
+    size_t n = 0;
+    ck_assert_int_ne(tok_pages_encode(&none, "hi", 2, &ids, &n, &err), PD_OK);
+    ck_assert_msg(strstr(err.msg, "the model's tokenizer"), "%s", err.msg);
+    tok_pages_free(&none);
+    tok_pages_free(NULL);
+    gguf_close(f);
+    gguf_writer_free(w);
+    pd_test_rmtree(dir);
+    bv_free(&v);
+}
+END_TEST
+
 START_TEST(tok_a_one_megabyte_word_is_linear)
 {
     bvocab v;
@@ -452,6 +508,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, tok_new_refuses_unknown_models_and_pre_tokenizers_by_name);
     tcase_add_test(tc, tok_llama_spm_merges_by_score_with_byte_fallback);
     tcase_add_test(tc, tok_gguf_keys_load_and_tokenize);
+    tcase_add_test(tc, tok_pages_tokenizes_text_segments_as_prefilled);
     tcase_add_test(tc, tok_a_one_megabyte_word_is_linear);
     suite_add_tcase(s, tc);
     return s;

@@ -212,13 +212,25 @@ static void report_stats_json(const report *rep, const rank *r, const sched_prog
     cJSON_AddNumberToObject(j, "pages_skipped", (double)pr->pages_skipped);
     cJSON_AddNumberToObject(j, "pages_failed", (double)pr->pages_failed);
     cJSON_AddNumberToObject(j, "pages_past_context", (double)pr->pages_past_context);
-    if (o->mmproj_path)
+    if (o->mmproj_path) {
         cJSON_AddNumberToObject(j, "images_encoded", (double)pr->images_encoded);
+        cJSON_AddNumberToObject(j, "images_counted", (double)pr->images_counted);
+    }
+    if (o->mmproj_path && o->encoder_ranks) { /* the decoding ranks idle while the head waits */
+        cJSON_AddNumberToObject(j, "images_wait_s", pr->images_wait_s);
+        cJSON_AddNumberToObject(j, "images_waits", (double)pr->images_waits);
+    }
     if (o->draft.mode != DRAFT_NONE)
         stats_spec(j, o, pr);
     cJSON_AddNumberToObject(j, "context_length", r->hp.ctx);
     cJSON_AddNumberToObject(j, "tokens", (double)pr->tokens_generated);
     cJSON_AddNumberToObject(j, "prefill_rows", (double)pr->prefill_rows);
+    if (r->size > 1) { /* what the default layer map was balanced for (rank_agree_work) */
+        cJSON *wk = cJSON_AddObjectToObject(j, "work_agreed");
+        cJSON_AddNumberToObject(wk, "pages", r->work_pages);
+        cJSON_AddNumberToObject(wk, "prefill_rows", r->work_prefill_rows);
+        cJSON_AddNumberToObject(wk, "max_new_tokens", r->work_new_tokens);
+    }
     cJSON_AddNumberToObject(j, "wall_s", wall);
     cJSON_AddNumberToObject(j, "tokens_per_s", tps);
     stats_phases(j, r, pr, all);

@@ -54,27 +54,6 @@ struct head {
 
 /* ---- start-up ----------------------------------------------------------- */
 
-/* The manifest's "text" segments: the model's own tokenizer, built on the
- * first text segment (a manifest of ids never builds it, so models whose
- * tokenizer this build cannot run still decode id manifests as before). */
-typedef struct head_tok_ctx {
-    const model *m;
-    tok *t;
-} head_tok_ctx;
-
-static pd_status head_tokenize(void *ctx, const char *text, size_t len, int32_t **ids, size_t *n,
-                               pd_err *err)
-{
-    head_tok_ctx *c = ctx;
-    pd_status st;
-    if (!c->t && (st = tok_new_gguf(model_gguf(c->m), &c->t, err)) != PD_OK) {
-        pd_err_prefix(err, "the model's tokenizer");
-        return st;
-    }
-    return tok_encode(c->t, text, len, (tok_opts){.add_special = false, .parse_special = true},
-                      ids, n, err);
-}
-
 static pd_status head_vocab(head *h, pd_err *err)
 {
     const model_hparams *hp = &h->r->hp;
@@ -176,8 +155,8 @@ pd_status head_open(rank *r, pageimg *img, head_resume_fn resume, head **out, pd
     h->n_inflight = r->sz.n_inflight;
     const run_opts *o = r->o;
     pd_status st;
-    head_tok_ctx tc = {.m = r->m};
-    pages_opts po = {.tokenize = head_tokenize, .tokenize_ctx = &tc};
+    tok_pages tc = {.gguf = model_gguf(r->m)};
+    pages_opts po = {.tokenize = tok_pages_encode, .tokenize_ctx = &tc};
     if (img) {
         if ((st = pageimg_reserve(img, r->sz.max_streams, err)))
             return st;
@@ -186,7 +165,7 @@ pd_status head_open(rank *r, pageimg *img, head_resume_fn resume, head **out, pd
         po.image_ctx = img;
     }
     st = pages_load(o->pages_path, r->hp.vocab, r->hp.hidden, &po, &h->pg, err);
-    tok_free(tc.t);
+    tok_pages_free(&tc);
     if (st)
         return st;
     if (!h->img && (st = head_no_images(h, err)))
@@ -402,6 +381,8 @@ void head_progress(const head *h, sched_progress *out)
 {
     sched_get_progress(h->sc, out);
     out->images_encoded = pageimg_encoded(h->img);
+    out->images_counted = pageimg_counted(h->img);
+    out->images_wait_s = pageimg_wait_s(h->img, &out->images_waits);
     if (h->dr) {
         drafter_stats ds;
         drafter_get_stats(h->dr, &ds);

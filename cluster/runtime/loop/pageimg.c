@@ -7,11 +7,22 @@
 #include <time.h>
 
 #include "base/check.h"
+#include "base/clock.h"
+#include "cluster/format/image.h"
 #include "cluster/vision/venc.h"
 
-/* Requests an encoder rank holds at once: one it works on, one waiting, so
- * it never idles between two. */
-#define PAGEIMG_DEPTH 2u
+/* Requests an encoder rank holds at once: one it works on and two waiting,
+ * so it never idles between two, even when the head takes a reply late (it
+ * takes them once per loop turn, or when it needs the rows) and the encoder
+ * sits in its send meanwhile. Each is one image's rows on the head at most:
+ * the queue, and so memory, stays bounded. */
+#define PAGEIMG_DEPTH 3u
+
+/* The longest nap between two probes (pageimg_probe_napping): an idle
+ * encoder rank waiting for a request, against a head that needs the rows to
+ * go on (nothing else to decode), which should not sleep past their arrival. */
+#define PAGEIMG_NAP_IDLE_US 2000L
+#define PAGEIMG_NAP_HEAD_US 200L
 
 typedef enum pe_state { PE_FREE, PE_WAIT, PE_READY } pe_state;
 
@@ -41,6 +52,13 @@ struct pageimg {
     pageimg_entry *e;
     uint32_t n_e;
     uint64_t clock, encoded, next_id;
+    double wait_s;  /* the head waiting for an image's rows (pageimg_wait_s) */
+    uint64_t waits;
+    /* rows by image size (pageimg_count): open addressing, keys (width << 32 | height) + 1
+     * (0 = empty), INV: n_sizes <= cap_sizes / 2, cap_sizes 0 or a power of two */
+    uint64_t *size_key;
+    uint32_t *size_rows;
+    size_t n_sizes, cap_sizes;
     pageimg_encoders enc;
     uint32_t *busy; /* [enc.n] requests outstanding */
     uint32_t rr;    /* round robin over encoders */
@@ -97,6 +115,8 @@ void pageimg_free(pageimg *pi)
     free(pi->e);
     free(pi->busy);
     free(pi->plan);
+    free(pi->size_key);
+    free(pi->size_rows);
     venc_close(pi->v);
     free(pi);
 }
@@ -106,16 +126,87 @@ uint64_t pageimg_encoded(const pageimg *pi)
     return pi ? pi->encoded : 0;
 }
 
+double pageimg_wait_s(const pageimg *pi, uint64_t *waits)
+{
+    if (waits)
+        *waits = pi ? pi->waits : 0;
+    return pi ? pi->wait_s : 0.0;
+}
+
+uint64_t pageimg_counted(const pageimg *pi)
+{
+    return pi ? pi->n_sizes : 0;
+}
+
+/* The slot of key in the size table (its own, or the empty one it would take). */
+static size_t pageimg_size_slot(const pageimg *pi, uint64_t key)
+{
+    size_t mask = pi->cap_sizes - 1, i = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & mask;
+    while (pi->size_key[i] && pi->size_key[i] != key)
+        i = (i + 1) & mask;
+    return i;
+}
+
+static pd_status pageimg_size_put(pageimg *pi, uint64_t key, uint32_t rows, pd_err *err)
+{
+    if (2 * (pi->n_sizes + 1) > pi->cap_sizes) {
+        size_t cap = pi->cap_sizes ? 2 * pi->cap_sizes : 64;
+        uint64_t *ok = pi->size_key;
+        uint32_t *orows = pi->size_rows;
+        size_t ocap = pi->cap_sizes;
+        pi->size_key = calloc(cap, sizeof *pi->size_key);
+        pi->size_rows = calloc(cap, sizeof *pi->size_rows);
+        if (!pi->size_key || !pi->size_rows) {
+            free(pi->size_key);
+            free(pi->size_rows);
+            pi->size_key = ok;
+            pi->size_rows = orows;
+            return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
+        }
+        pi->cap_sizes = cap;
+        for (size_t i = 0; i < ocap; i++)
+            if (ok[i]) {
+                size_t j = pageimg_size_slot(pi, ok[i]);
+                pi->size_key[j] = ok[i];
+                pi->size_rows[j] = orows[i];
+            }
+        free(ok);
+        free(orows);
+    }
+    size_t j = pageimg_size_slot(pi, key);
+    pi->size_key[j] = key;
+    pi->size_rows[j] = rows;
+    pi->n_sizes++;
+    return PD_OK;
+}
+
+/* The rows an image becomes depend on its size alone (venc_image counts
+ * them from a placeholder of the header's width and height), and mtmd's
+ * preprocessing of that placeholder costs about what preprocessing the page
+ * does: so each size is counted once per run, whatever the number of pages
+ * of that size and however often the manifest is loaded (the work-mix
+ * agreement, then head_open: before, every image was counted at both). */
 pd_status pageimg_count(void *ctx, const char *path, uint32_t *rows, pd_err *err)
 {
     pageimg *pi = ctx;
-    venc_out o;
-    pd_status st = venc_image(pi->v, path, true, &o, err);
+    image_info info;
+    pd_status st = image_probe(path, &info, err);
     if (st != PD_OK)
+        return st;
+    uint64_t key = ((uint64_t)info.width << 32 | info.height) + 1;
+    if (pi->cap_sizes) {
+        size_t j = pageimg_size_slot(pi, key);
+        if (pi->size_key[j]) {
+            *rows = pi->size_rows[j];
+            return PD_OK;
+        }
+    }
+    venc_out o;
+    if ((st = venc_image(pi->v, path, true, &o, err)) != PD_OK)
         return st;
     *rows = o.rows > UINT32_MAX ? UINT32_MAX : (uint32_t)o.rows;
     venc_out_free(&o);
-    return PD_OK;
+    return pageimg_size_put(pi, key, *rows, err);
 }
 
 pd_status pageimg_plan(pageimg *pi, const pages *pg, const bool *skip, pd_err *err)
@@ -237,9 +328,10 @@ static pd_status pageimg_request(pageimg *pi, pageimg_entry *e, size_t page, uin
  * at 100 %, and an idle encoder rank (or a head waiting for an image) would
  * take that core's cycles from the ranks that compute beside it on the node
  * (on SMT siblings, half of them). Tests, then naps from 50 us doubling to
- * 2 ms: a reply is taken at most 2 ms late, against encodes of tenths of a
- * second. */
-static int pageimg_probe_napping(int src, int tag, MPI_Comm comm, MPI_Status *ms)
+ * max_us: an idle encoder takes a request at most 2 ms late (against encodes
+ * of tenths of a second), a head waiting for rows takes them at most 200 us
+ * late (it has nothing else to do: every late microsecond is lost). */
+static int pageimg_probe_napping(int src, int tag, MPI_Comm comm, long max_us, MPI_Status *ms)
 {
     long nap_us = 0;
     for (;;) {
@@ -247,7 +339,7 @@ static int pageimg_probe_napping(int src, int tag, MPI_Comm comm, MPI_Status *ms
         int rc = MPI_Iprobe(src, tag, comm, &flag, ms);
         if (rc != MPI_SUCCESS || flag)
             return rc;
-        nap_us = nap_us ? (nap_us < 1000 ? nap_us * 2 : 2000) : 50;
+        nap_us = nap_us ? (2 * nap_us < max_us ? 2 * nap_us : max_us) : 50;
         struct timespec ts = {.tv_sec = 0, .tv_nsec = nap_us * 1000L};
         nanosleep(&ts, NULL);
     }
@@ -260,9 +352,13 @@ static pd_status pageimg_take(pageimg *pi, bool wait, bool *got, pd_err *err)
     MPI_Status ms;
     int flag = 1;
     pd_status st;
-    if (wait)
-        st = pageimg_mpi(pageimg_probe_napping(MPI_ANY_SOURCE, PAGEIMG_TAG_REPLY, pi->enc.world, &ms), "probe", err);
-    else
+    if (wait) {
+        double t0 = pd_now_s();
+        st = pageimg_mpi(pageimg_probe_napping(MPI_ANY_SOURCE, PAGEIMG_TAG_REPLY, pi->enc.world,
+                                               PAGEIMG_NAP_HEAD_US, &ms), "probe", err);
+        pi->wait_s += pd_now_s() - t0;
+        pi->waits++;
+    } else
         st = pageimg_mpi(MPI_Iprobe(MPI_ANY_SOURCE, PAGEIMG_TAG_REPLY, pi->enc.world, &flag, &ms), "probe", err);
     if (st != PD_OK || !flag)
         return st;
@@ -373,8 +469,8 @@ pd_status pageimg_placements(pageimg *pi, void *all, size_t len, pd_err *err)
     for (int c = 0; c < pi->enc.n; c++) {
         MPI_Status ms;
         int src = pi->enc.first + c, n = 0;
-        pd_status st = pageimg_mpi(pageimg_probe_napping(src, PAGEIMG_TAG_PLACEMENT, pi->enc.world, &ms),
-                                   "probe", err);
+        pd_status st = pageimg_mpi(pageimg_probe_napping(src, PAGEIMG_TAG_PLACEMENT, pi->enc.world,
+                                                         PAGEIMG_NAP_IDLE_US, &ms), "probe", err);
         if (st == PD_OK) {
             MPI_Get_count(&ms, MPI_BYTE, &n);
             if ((size_t)n != len)
@@ -534,7 +630,7 @@ pd_status pageimg_serve(const char *mmproj, const char *model_path, uint32_t thr
         return st;
     for (;;) {
         MPI_Status ms;
-        if ((st = pageimg_mpi(pageimg_probe_napping(head, PAGEIMG_TAG_REQUEST, world, &ms), "probe", err)) != PD_OK)
+        if ((st = pageimg_mpi(pageimg_probe_napping(head, PAGEIMG_TAG_REQUEST, world, PAGEIMG_NAP_IDLE_US, &ms), "probe", err)) != PD_OK)
             break;
         int n = 0;
         MPI_Get_count(&ms, MPI_BYTE, &n);

@@ -16,8 +16,8 @@
  * At load (pages_opts.image_rows) each image's rows are counted from its
  * header alone (mtmd's preprocessing of a placeholder of the same size, on
  * the head's encoder: opened once per run, before rank_agree_work, which
- * counts them too), so the scheduler plans the page without
- * decoding it. Encodings wait in a small cache (one entry per stream that
+ * loads the manifest too; each size is counted once, pageimg_count), so the
+ * scheduler plans the page without decoding it. Encodings wait in a small cache (one entry per stream that
  * may be prefilling, plus the queue ahead) until their prefill is done. A
  * checkpoint holds no image rows: a resumed job encodes only the pages it
  * had not finished. */
@@ -61,8 +61,15 @@ pd_status pageimg_reserve(pageimg *pi, uint32_t streams, pd_err *err);
 
 void pageimg_free(pageimg *pi);
 
-/* pages_opts.image_rows: the rows the image at path becomes. ctx: pageimg. */
+/* pages_opts.image_rows: the rows the image at path becomes. ctx: pageimg.
+ * From its header's size: each size is counted by the encoder once per run
+ * (the rows depend on nothing else), so loading the manifest twice (the
+ * work-mix agreement, head_open) or many pages of one size cost one count. */
 pd_status pageimg_count(void *ctx, const char *path, uint32_t *rows, pd_err *err);
+
+/* The row counts pageimg_count ran the encoder's preprocessing for so far:
+ * the distinct image sizes it met. */
+uint64_t pageimg_counted(const pageimg *pi);
 
 /* The images to come, in the order the scheduler admits pages (manifest
  * order, pages with skip[i] set left out): what encoder ranks work ahead on.
@@ -95,6 +102,11 @@ pd_status pageimg_read(void *ctx, size_t page, uint32_t seg, const char *path, u
 
 /* Images encoded for this run so far (here or on encoder ranks). */
 uint64_t pageimg_encoded(const pageimg *pi);
+
+/* Encoder ranks: wall seconds the head waited for an image's rows (the
+ * scheduler needed them and they had not come: nothing else to decode, or
+ * the run's end), and how many times (*waits, may be NULL). 0 without. */
+double pageimg_wait_s(const pageimg *pi, uint64_t *waits);
 
 /* Encoder ranks: each one's placement record (what pageimg_serve was
  * given: len bytes), received into all[k * len] for encoder k, in encoder

@@ -6,6 +6,7 @@
 #include "base/clock.h"
 #include "base/cpu.h"
 #include "cluster/format/pages.h"
+#include "cluster/format/tokenizer.h"
 #include "cluster/model/cost.h"
 #include "cluster/runtime/sched/budget.h"
 
@@ -97,7 +98,11 @@ pd_status rank_agree_work(rank *r, pages_image_rows_fn image_rows, void *image_c
         model_hparams hp;
         pd_err ignored = {0};
         pages *pg = NULL;
-        pages_opts po = {.header_only = true, .image_rows = image_rows, .image_ctx = image_ctx};
+        /* text segments tokenized as head_open's load tokenizes them, so
+         * the rows agreed on are the rows prefilled */
+        tok_pages tc = {.path = r->o->model_path};
+        pages_opts po = {.header_only = true, .tokenize = tok_pages_encode, .tokenize_ctx = &tc,
+                         .image_rows = image_rows, .image_ctx = image_ctx};
         /* hidden 0: embedding files by header, their width unchecked;
          * head_open loads the manifest for real and reports its errors */
         if (model_read_hparams(r->o->model_path, &hp, &ignored) == PD_OK &&
@@ -110,6 +115,7 @@ pd_status rank_agree_work(rank *r, pages_image_rows_fn image_rows, void *image_c
             w[0] = (double)pages_count(pg);
         }
         pages_free(pg);
+        tok_pages_free(&tc);
     }
     pd_status st = pipe_bcast(r->p, w, sizeof w, err);
     if (st == PD_OK) {

@@ -92,6 +92,8 @@ pd_status rank_agree_isa(rank *r, pd_err *err);
  * (pages, prefill rows, max_new_tokens; headers of embedding files only) and
  * every rank receives them for the default layer map. A manifest the head
  * cannot read counts as empty here: head_open reports it. One rank: no-op.
+ * Text segments count the tokens the model's tokenizer makes of them, as
+ * head_open's load tokenizes them (tok_pages, cluster/format/tokenizer.h).
  * image_rows / image_ctx (read on the head only; NULL: none): count an image
  * segment's rows (pages_opts.image_rows), so image pages weigh the rows they
  * prefill; without them they count 0 rows. Collective. */

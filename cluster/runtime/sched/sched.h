@@ -188,6 +188,9 @@ typedef struct sched_progress {
                                * result then refuted (the stages rolled them back) */
     uint32_t streams_alive;
     uint64_t images_encoded;  /* run --mmproj: page images encoded (filled by the head, loop/pageimg.h) */
+    uint64_t images_counted;  /* ... row counts the head ran at load: distinct image sizes (pageimg_counted) */
+    double images_wait_s;     /* ... with encoder ranks: the head waiting for rows (pageimg_wait_s) */
+    uint64_t images_waits;
     uint64_t draft_rows, draft_proposals; /* --draft model: rows the draft model ran, streams it
                                * proposed for (filled by the head, spec/drafter.h) */
 } sched_progress;
