@@ -222,6 +222,37 @@ static inline __attribute__((always_inline)) __m512 gemm_vnni_load(const float *
         c##i = gemm_vnni_row_block(v, t->qa.q + 32 * r_, t->qa.d[r_], t->qa.s + 2 * r_, type, s0, s1, nm, c##i); \
     }
 
+/* Prefetches every cache line [p, p + bytes) touches. A block is not
+ * line-aligned (Q4_0: 288 bytes a block with its group header), so
+ * stepping 64 bytes from p would skip its last line every other block. */
+static inline __attribute__((always_inline)) void gemm_vnni_prefetch(const uint8_t *p, size_t bytes)
+{
+    const uintptr_t end = (uintptr_t)p + bytes;
+    for (uintptr_t a = (uintptr_t)p & ~(uintptr_t)63; a < end; a += 64)
+        __builtin_prefetch((const void *)a, 0, 3);
+}
+
+/* Block bi of a panel unpacked into v and its column scales, prefetching
+ * the block's bytes pf bytes on. */
+static inline __attribute__((always_inline)) void gemm_vnni_block(const uint8_t *panel, uint32_t bi, size_t pf,
+                                                                  const gemm_wtype type, __m512i v[8], __m512 *s0,
+                                                                  __m512 *s1, __m512 *nm)
+{
+    if (gemm_wtype_is_qs(type)) {
+        const gemm_qs_fmt f = gemm_qs_fmt_of(type);
+        const uint8_t *blk = panel + gemm_qs_block_off(f, bi);
+        gemm_vnni_prefetch(blk + pf, gemm_qs_block_bytes(f));
+        gemm_vnni_scales(panel + gemm_qs_group_off(f, bi), blk, type, s0, s1, nm);
+        gemm_vnni_qs_unpack(blk + f.bh, f, v);
+    } else {
+        const uint8_t *blk = panel + (size_t)bi * GEMM_Q8_PANEL_BLOCK;
+        gemm_vnni_prefetch(blk + pf, GEMM_Q8_PANEL_BLOCK);
+        *s0 = *s1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        *nm = _mm512_setzero_ps();
+        gemm_vnni_q8_unpack(blk + GEMM_Q8_SCALES, v);
+    }
+}
+
 #define GEMM_VNNI_LOAD(i) __m512 c##i = mr > i ? gemm_vnni_load(t->c + (i) * ldc, nc, t->first) : c0;
 #define GEMM_VNNI_STORE(i) \
     if (mr > i)            \
@@ -230,8 +261,6 @@ static inline __attribute__((always_inline)) __m512 gemm_vnni_load(const float *
 static inline __attribute__((always_inline)) void gemm_vnni_qtile_impl(const gemm_qtile *t, const uint32_t mr,
                                                                        const gemm_wtype type)
 {
-    const bool qs = gemm_wtype_is_qs(type);
-    const gemm_qs_fmt f = gemm_qs_fmt_of(type);
     const size_t rs = t->qa.nb, ldc = t->ldc;
     const uint32_t nc = t->ncols;
     __m512 c0 = gemm_vnni_load(t->c, nc, t->first);
@@ -241,20 +270,7 @@ static inline __attribute__((always_inline)) void gemm_vnni_qtile_impl(const gem
         const uint32_t bi = t->b0 + b;
         __m512i v[8];
         __m512 s0, s1, nm;
-        if (qs) {
-            const uint8_t *blk = t->panel + gemm_qs_block_off(f, bi);
-            for (size_t line = 0; line < gemm_qs_block_bytes(f); line += 64)
-                __builtin_prefetch(blk + GEMM_PREFETCH + line, 0, 3);
-            gemm_vnni_scales(t->panel + gemm_qs_group_off(f, bi), blk, type, &s0, &s1, &nm);
-            gemm_vnni_qs_unpack(blk + f.bh, f, v);
-        } else {
-            const uint8_t *blk = t->panel + (size_t)bi * GEMM_Q8_PANEL_BLOCK;
-            for (size_t line = 0; line < GEMM_Q8_PANEL_BLOCK; line += 64)
-                __builtin_prefetch(blk + GEMM_PREFETCH + line, 0, 3);
-            s0 = s1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-            nm = _mm512_setzero_ps();
-            gemm_vnni_q8_unpack(blk + GEMM_Q8_SCALES, v);
-        }
+        gemm_vnni_block(t->panel, bi, GEMM_PREFETCH, type, v, &s0, &s1, &nm);
         GEMM_VNNI_ROW(0) GEMM_VNNI_ROW(1) GEMM_VNNI_ROW(2) GEMM_VNNI_ROW(3)
         GEMM_VNNI_ROW(4) GEMM_VNNI_ROW(5) GEMM_VNNI_ROW(6) GEMM_VNNI_ROW(7)
     }
