@@ -348,21 +348,30 @@ START_TEST(tok_llama_spm_merges_by_score_with_byte_fallback)
 }
 END_TEST
 
-START_TEST(tok_gguf_keys_load_and_tokenize)
+/* A gpt2 vocabulary of "hi" (merged from "h i") and a BOS "<s>" the model
+ * adds, as tokenizer keys of a GGUF writer; *v holds the tokens. */
+static gguf_writer *hi_bos_vocab(bvocab *v, int32_t *hi, int32_t *bos)
 {
-    bvocab v;
-    bv_init(&v);
-    int32_t hi = bv_add(&v, "hi", 1);
-    int32_t bos = bv_add(&v, "<s>", 3);
+    bv_init(v);
+    *hi = bv_add(v, "hi", 1);
+    *bos = bv_add(v, "<s>", 3);
     static const char *const merges[] = {"h i"};
     gguf_writer *w = gguf_writer_new();
     gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
     gguf_writer_set_str(w, "tokenizer.ggml.pre", "deepseek-v3");
-    gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v.tok, v.n);
-    gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", v.type, v.n);
+    gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v->tok, v->n);
+    gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", v->type, v->n);
     gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 1);
-    gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)bos);
+    gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)*bos);
     gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true);
+    return w;
+}
+
+START_TEST(tok_gguf_keys_load_and_tokenize)
+{
+    bvocab v;
+    int32_t hi, bos;
+    gguf_writer *w = hi_bos_vocab(&v, &hi, &bos);
     void *buf = NULL;
     size_t len = 0;
     pd_err err = {0};
@@ -401,18 +410,8 @@ END_TEST
 START_TEST(tok_pages_tokenizes_text_segments_as_prefilled)
 {
     bvocab v;
-    bv_init(&v);
-    int32_t hi = bv_add(&v, "hi", 1);
-    int32_t bos = bv_add(&v, "<s>", 3);
-    static const char *const merges[] = {"h i"};
-    gguf_writer *w = gguf_writer_new();
-    gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
-    gguf_writer_set_str(w, "tokenizer.ggml.pre", "deepseek-v3");
-    gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v.tok, v.n);
-    gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", v.type, v.n);
-    gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 1);
-    gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)bos);
-    gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true);
+    int32_t hi, bos;
+    gguf_writer *w = hi_bos_vocab(&v, &hi, &bos);
     char dir[256], path[300];
     pd_test_tmpdir(dir, sizeof dir, "tokpages");
     snprintf(path, sizeof path, "%s/m.gguf", dir);
