@@ -1412,6 +1412,7 @@ typedef struct gemm_job {
     gemm_qtile_fn *const *qtiles; /* int8 arithmetic, by mr - 1; NULL = none */
     bool qperm;                   /* ... taking gemm_qa's perm order */
     void (*quant)(const float *, uint32_t, bool, int8_t *, float *, int32_t *); /* gemm_q8_row or its SIMD twin */
+    const struct gemm_preq *pre; /* int8: A quantized once by the caller (gemm_prequant), or NULL */
 } gemm_job;
 
 /* Near-equal tile heights of at most mr for a block of `rows` rows (8 rows,
@@ -1527,12 +1528,41 @@ static void gemm_task_panels(const gemm_job *j, uint32_t t, uint32_t *p0, uint32
 #define GEMM_Q8_ROWS 32u
 #define GEMM_Q8_BLOCKS 1024u
 
-/* gemm_task's int8 arithmetic: rows m0 .. mend of panels p0 .. p1. */
-static void gemm_task_q8(const gemm_job *j, uint32_t p0, uint32_t p1, uint32_t m0, uint32_t mend)
-{
+/* A job's activations quantized once, by the caller, for all its tasks:
+ * each task of a pooled int8 GEMM would otherwise quantize every row of A
+ * itself (8 tasks a GEMM on two threads: one batch-1 decode step quantized
+ * each activation row about 14 times, 1.4 % of its samples). Only when
+ * all of A fits the buffer (m x K / 32 <= GEMM_Q8_BLOCKS): then a task
+ * takes K in one chunk and its own buffer would have this layout (row r's
+ * blocks from r x K / 32), so the tiles read the same values. */
+typedef struct gemm_preq {
     int8_t q[GEMM_Q8_BLOCKS * GEMM_QS_BLOCK];
     float d[GEMM_Q8_BLOCKS];
     int32_t s[2 * GEMM_Q8_BLOCKS];
+} gemm_preq;
+
+/* Whether job j's A fits a gemm_preq (int8 jobs only). */
+static bool gemm_prequant_fits(const gemm_job *j)
+{
+    return j->qtiles && (uint64_t)j->m * (j->w->k / GEMM_QS_BLOCK) <= GEMM_Q8_BLOCKS;
+}
+
+/* Quantizes j's A into *pq and points j at it. */
+static void gemm_prequant(gemm_job *j, gemm_preq *pq)
+{
+    const uint32_t nbk = j->w->k / GEMM_QS_BLOCK;
+    for (uint32_t r = 0; r < j->m; r++)
+        j->quant(j->a + (size_t)r * j->lda, nbk, j->qperm, pq->q + (size_t)r * nbk * GEMM_QS_BLOCK,
+                 pq->d + (size_t)r * nbk, pq->s + (size_t)2 * r * nbk);
+    j->pre = pq;
+}
+
+/* gemm_task's int8 arithmetic: rows m0 .. mend of panels p0 .. p1. */
+static void gemm_task_q8(const gemm_job *j, uint32_t p0, uint32_t p1, uint32_t m0, uint32_t mend)
+{
+    int8_t qbuf[GEMM_Q8_BLOCKS * GEMM_QS_BLOCK];
+    float dbuf[GEMM_Q8_BLOCKS];
+    int32_t sbuf[2 * GEMM_Q8_BLOCKS];
     const gemm_w *w = j->w;
     const uint32_t nbk = w->k / GEMM_QS_BLOCK;
     for (uint32_t mb = m0; mb < mend; mb += GEMM_Q8_ROWS) {
@@ -1542,9 +1572,20 @@ static void gemm_task_q8(const gemm_job *j, uint32_t p0, uint32_t p1, uint32_t m
         gemm_tile_heights(rows, GEMM_MR8, &n_tiles, &base, &taller);
         for (uint32_t b0 = 0; b0 < nbk; b0 += nbc) {
             const uint32_t nb = nbk - b0 < nbc ? nbk - b0 : nbc;
-            for (uint32_t r = 0; r < rows; r++)
-                j->quant(j->a + (size_t)(mb + r) * j->lda + (size_t)b0 * GEMM_QS_BLOCK, nb, j->qperm,
-                            q + (size_t)r * nb * GEMM_QS_BLOCK, d + (size_t)r * nb, s + (size_t)2 * r * nb);
+            const int8_t *q = qbuf;
+            const float *d = dbuf;
+            const int32_t *s = sbuf;
+            if (j->pre) {
+                CHECK(b0 == 0 && nb == nbk); /* gemm_prequant_fits: one chunk */
+                q = j->pre->q + (size_t)mb * nbk * GEMM_QS_BLOCK;
+                d = j->pre->d + (size_t)mb * nbk;
+                s = j->pre->s + (size_t)2 * mb * nbk;
+            } else {
+                for (uint32_t r = 0; r < rows; r++)
+                    j->quant(j->a + (size_t)(mb + r) * j->lda + (size_t)b0 * GEMM_QS_BLOCK, nb, j->qperm,
+                             qbuf + (size_t)r * nb * GEMM_QS_BLOCK, dbuf + (size_t)r * nb,
+                             sbuf + (size_t)2 * r * nb);
+            }
             for (uint32_t pnl = p0; pnl < p1; pnl++) {
                 const uint32_t col0 = pnl * GEMM_NR;
                 gemm_qtile t = {
@@ -1696,6 +1737,9 @@ void gemm_run_ld(const gemm_w *w, const float *a, size_t lda, uint32_t m, float 
     uint32_t threads = pool_threads(p);
     gemm_job job;
     uint32_t n_tasks = gemm_job_init(&job, w, a, lda, m, c, ldc, threads);
+    gemm_preq pq;
+    if (n_tasks > 1 && gemm_prequant_fits(&job))
+        gemm_prequant(&job, &pq);
     pool_run(threads == 1 ? NULL : p, n_tasks, gemm_task, &job);
 }
 
@@ -1726,7 +1770,7 @@ void gemm_run_many(uint32_t n, const gemm_w *const *w, const float *a, uint32_t 
     uint32_t threads = pool_threads(p);
     if (m == 0)
         return;
-    if (!invariant || threads == 1) {
+    if (!invariant) {
         for (uint32_t i = 0; i < n; i++)
             gemm_run(w[i], a, m, c[i], p);
         return;
@@ -1738,7 +1782,19 @@ void gemm_run_many(uint32_t n, const gemm_w *const *w, const float *a, uint32_t 
         CHECK(c[i] != NULL);
         js.first[i + 1] = js.first[i] + gemm_job_init(&js.job[i], w[i], a, w[i]->k, m, c[i], w[i]->n, threads);
     }
-    pool_run(p, js.first[n], gemm_many_task, &js);
+    /* the jobs share A: one quantization per (quantizer, order) */
+    gemm_preq pq[2];
+    for (uint32_t i = 0, used = 0; i < n; i++) {
+        gemm_job *j = &js.job[i];
+        if (!gemm_prequant_fits(j))
+            continue;
+        for (uint32_t u = 0; u < i && !j->pre; u++)
+            if (js.job[u].pre && js.job[u].quant == j->quant && js.job[u].qperm == j->qperm)
+                j->pre = js.job[u].pre;
+        if (!j->pre && used < 2)
+            gemm_prequant(j, &pq[used++]);
+    }
+    pool_run(threads == 1 ? NULL : p, js.first[n], gemm_many_task, &js);
 }
 
 void gemm_run(const gemm_w *w, const float *a, uint32_t m, float *c, pool *p)

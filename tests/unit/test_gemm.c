@@ -509,11 +509,15 @@ START_TEST(gemm_bits_do_not_depend_on_thread_count)
 END_TEST
 
 /* gemm_run_many gives each matrix the bits gemm_run gives it, whatever the
- * matrices' widths and weight types, their count, M and the threads. */
+ * matrices' widths and weight types, their count, M and the threads; on
+ * the int8 backend too, where the matrices share one quantized A per
+ * quantizer order (Q8_0 natural, the qs types permuted; f16 exact). */
 START_TEST(gemm_run_many_equals_one_run_per_matrix)
 {
     static const uint32_t widths[GEMM_MANY_MAX] = {203, 16, 1, 50};
     static const uint32_t ms[] = {1, 2, 7, 64, 130};
+    static const gemm_wtype int8_types[GEMM_MANY_MAX] = {GEMM_W_Q4_0, GEMM_W_Q8_0, GEMM_W_Q5_0, GEMM_W_F16};
+    const gemm_backend be = _i ? GEMM_BACKEND_INT8 : GEMM_BACKEND_INVARIANT;
     const uint32_t k = 96, max_m = 130;
     pool *pools[3] = {NULL, NULL, NULL};
     for (uint32_t t = 0; t < 3; t++)
@@ -522,12 +526,13 @@ START_TEST(gemm_run_many_equals_one_run_per_matrix)
     gemm_w *ws[GEMM_MANY_MAX];
     float *want[GEMM_MANY_MAX], *got[GEMM_MANY_MAX];
     for (uint32_t i = 0; i < GEMM_MANY_MAX; i++) {
-        mats[i] = mat_make(all_types[(i + 1) % 4], widths[i], k, 777 + i); /* a different type each */
-        if (i == 2) { /* and a ggml block type */
+        mats[i] = mat_make(be == GEMM_BACKEND_INT8 ? int8_types[i] : all_types[(i + 1) % 4], widths[i], k,
+                           777 + i); /* a different type each */
+        if (i == 2 && be == GEMM_BACKEND_INVARIANT) { /* and a ggml block type */
             mat_free(&mats[i]);
             mats[i] = mat_make(GEMM_W_Q4_0, widths[i], k, 777 + i);
         }
-        ws[i] = pack_or_die(&mats[i], GEMM_BACKEND_INVARIANT);
+        ws[i] = pack_or_die(&mats[i], be);
         want[i] = malloc(sizeof(float) * max_m * widths[i]);
         got[i] = malloc(sizeof(float) * max_m * widths[i]);
     }
@@ -541,8 +546,9 @@ START_TEST(gemm_run_many_equals_one_run_per_matrix)
                 }
                 gemm_run_many(n, (const gemm_w *const *)ws, a, ms[mi], got, pools[th]);
                 for (uint32_t i = 0; i < n; i++)
-                    ASSERT_BITS_EQ(got[i], want[i], (size_t)ms[mi] * widths[i], "%u matrices, #%u (%s), m %u, %u threads",
-                                   n, i, gemm_wtype_name(mats[i].type), ms[mi], th + 1);
+                    ASSERT_BITS_EQ(got[i], want[i], (size_t)ms[mi] * widths[i],
+                                   "%s: %u matrices, #%u (%s), m %u, %u threads", gemm_backend_name(be), n, i,
+                                   gemm_wtype_name(mats[i].type), ms[mi], th + 1);
                 pool_check(pools[th]);
             }
     free(a);
@@ -1047,7 +1053,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, gemm_row_bits_do_not_depend_on_m_scalar_path);
     tcase_add_test(tc, gemm_bits_do_not_depend_on_thread_count);
     tcase_add_test(tc, gemm_bits_do_not_depend_on_n_split);
-    tcase_add_test(tc, gemm_run_many_equals_one_run_per_matrix);
+    tcase_add_loop_test(tc, gemm_run_many_equals_one_run_per_matrix, 0, 2); /* invariant, int8 */
     tcase_add_test(tc, gemm_simd_equals_scalar_bit_for_bit);
     tcase_add_test(tc, gemm_quantized_equals_f32_of_dequantized);
     tcase_add_test(tc, gemm_qs_values_equal_ggml_on_edge_blocks);
