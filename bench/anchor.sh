@@ -40,7 +40,8 @@
 #              uniform routing); F is the f32 GEMM rate for every type (the
 #              quantized types compute in f32 after exact dequantization),
 #              except under --gemm int8, where Q8_0 and the block types
-#              multiply in int8 and F is T x bench_probe's vpdpbusd peak;
+#              multiply in int8 and F is T x bench_probe's vpdpbusd peak
+#              (one thread; the best of the same probes as BW);
 #   attention: max(4 x L x heads x head_dim x ctx / F, KV bytes / BW), the K
 #              and V rows of every layer read once per token at a mid-decode
 #              context ctx = P + new/2 (prefill: the mean prefix, P/2);
@@ -304,9 +305,12 @@ def run_llama(dt, rep):
             "prefill_64": bb[64]["speed_pp"], "decode": {n: bb[n]["speed_tg"] for n in streams},
             "rss_mb": max(x for x in (rss, rss1) if x is not None)}
 
-def probe(reps_):
+def probe_json(reps_):
     r = subprocess.run([os.environ["ANCHOR_PROBE"], str(T), str(reps_)], stdout=subprocess.PIPE, check=True, text=True)
-    return json.loads(r.stdout)["read_bw_gbs"][str(T)]
+    return json.loads(r.stdout)
+
+def probe(reps_):
+    return probe_json(reps_)["read_bw_gbs"][str(T)]
 
 pd = {dt: {n: [] for n in streams} for dt in dtypes}
 ll = {dt: [] for dt in dtypes}
@@ -325,7 +329,7 @@ for rep in range(reps):
             ll[dt].append(run_llama(dt, rep))
             print(f"anchor.sh: rep {rep + 1}/{reps} {dt} llama.cpp done", file=sys.stderr)
     # the host's bandwidth drifts: probe again after every repetition
-    json.dump({"read_bw_gbs": {str(T): probe(3)}}, open(f"{work}/probe.{rep}.json", "w"))
+    json.dump(probe_json(3), open(f"{work}/probe.{rep}.json", "w"))
 
 med = lambda xs: statistics.median(xs) if xs and None not in xs else None
 def ratio(a, b):
@@ -349,8 +353,12 @@ attn_flops = lambda ctx: 4 * L * heads * hd * ctx  # q.k and p.v over ctx rows, 
 
 # --gemm int8: Q8_0 and the block types multiply in int8 (vpdpbusd), whose
 # limit is the int8 peak of one thread (bench_probe) times T; f32, f16 and
-# bf16 weights still multiply in f32
-i8_T = json.load(open(f"{work}/probe.json")).get("int8_peak_gops_1t", 0.0) * 1e9 * T
+# bf16 weights still multiply in f32. The peak moves with the host's load as
+# the bandwidth does (282 and 421 G/s a thread in two runs of one evening):
+# the best of the same probes
+i8_samples = [json.load(open(f)).get("int8_peak_gops_1t", 0.0)
+              for f in [f"{work}/probe.json"] + [f"{work}/probe.{r}.json" for r in range(reps)]]
+i8_T = max(i8_samples) * 1e9 * T
 def flops_matrices(dt):
     return i8_T if os.environ["ANCHOR_GEMM"] == "int8" and dt not in ("f32", "f16", "bf16") and i8_T > 0 else flops_T
 
@@ -365,6 +373,7 @@ res = {"bench": "anchor", "quick": quick, "threads": T, "reps": reps, "pipedec_g
                     "shape": {k.lstrip("-"): v for k, v in shape.items()}, "params_per_token": params},
        "limits": {"read_bw_gbs": round(bw / 1e9, 2), "read_bw_gbs_samples": bw_samples, "gemm_gflops_1t": round(g1 / 1e9, 1),
                   "gemm_gflops_assumed_T": round(flops_T / 1e9, 1), "int8_gops_assumed_T": round(i8_T / 1e9, 1),
+                  "int8_peak_gops_1t_samples": i8_samples,
                   "note": "T-thread GEMM = T x the best 1-thread f32 rate (an upper bound), the compute limit of "
                           "every weight type under the exact arithmetic (pipedec dequantizes exactly to f32 and "
                           "multiplies in f32); under --gemm int8 the quantized types' matrices are bound by T x "
