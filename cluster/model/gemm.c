@@ -1797,6 +1797,42 @@ void gemm_run_many(uint32_t n, const gemm_w *const *w, const float *a, uint32_t 
     pool_run(threads == 1 ? NULL : p, js.first[n], gemm_many_task, &js);
 }
 
+/* gemm_run_beside's tasks: the caller's first, then the GEMM's. */
+typedef struct gemm_beside {
+    gemm_job job;
+    uint32_t n_extra;
+    pool_fn fn;
+    void *ctx;
+} gemm_beside;
+
+static void gemm_beside_task(void *ctxp, uint32_t task, uint32_t thread)
+{
+    gemm_beside *b = ctxp;
+    if (task < b->n_extra)
+        b->fn(b->ctx, task, thread);
+    else
+        gemm_task(&b->job, task - b->n_extra, thread);
+}
+
+void gemm_run_beside(const gemm_w *w, const float *a, uint32_t m, float *c, pool *p, uint32_t n_extra,
+                     pool_fn fn, void *ctx)
+{
+    CHECK(w != NULL && (n_extra == 0 || fn != NULL));
+    const uint32_t threads = pool_threads(p);
+    if (w->be == GEMM_BACKEND_OPENBLAS || threads == 1 || m == 0) {
+        pool_run(threads == 1 ? NULL : p, n_extra, fn, ctx);
+        gemm_run(w, a, m, c, p);
+        return;
+    }
+    CHECK(a != NULL && c != NULL);
+    gemm_beside b = {.n_extra = n_extra, .fn = fn, .ctx = ctx};
+    const uint32_t n_tasks = gemm_job_init(&b.job, w, a, w->k, m, c, w->n, threads);
+    gemm_preq pq;
+    if (gemm_prequant_fits(&b.job))
+        gemm_prequant(&b.job, &pq);
+    pool_run(p, n_extra + n_tasks, gemm_beside_task, &b);
+}
+
 void gemm_run(const gemm_w *w, const float *a, uint32_t m, float *c, pool *p)
 {
     CHECK(w != NULL);

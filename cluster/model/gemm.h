@@ -171,6 +171,17 @@ void gemm_run_ld(const gemm_w *w, const float *a, size_t lda, uint32_t m, float 
  * matrix. Matrices on the OpenBLAS backend run one after the other. */
 void gemm_run_many(uint32_t n, const gemm_w *const *w, const float *a, uint32_t m, float *const *c, pool *p);
 
+/* C = A W^T as gemm_run gives it, and fn(ctx, t, thread) for every t in
+ * [0, n_extra), in one hand-out of tasks to the pool: the extra tasks are
+ * claimed first, then the GEMM's, so threads that finish uneven extra
+ * tasks (a mixture of experts' routed experts) take the GEMM's panels (its
+ * shared experts' down projection) instead of waiting for each other, and
+ * meet once. fn must not touch c, and the GEMM must not need what fn
+ * writes. The OpenBLAS backend and a one-thread pool run the extra tasks,
+ * then the GEMM. */
+void gemm_run_beside(const gemm_w *w, const float *a, uint32_t m, float *c, pool *p, uint32_t n_extra,
+                     pool_fn fn, void *ctx);
+
 uint32_t gemm_rows_n(const gemm_w *w);
 uint32_t gemm_cols_k(const gemm_w *w);
 gemm_wtype gemm_get_wtype(const gemm_w *w);

@@ -1300,14 +1300,17 @@ static void ffn_moe(const model_layer *ly, const model_hparams *hp, const float 
      * pool */
     int serial = gemm_get_backend(ly->router) == GEMM_BACKEND_OPENBLAS || pool_threads(p) == 1;
     moe_ctx c = {.ly = ly, .hp = hp, .s = s, .p = serial ? p : NULL};
-    if (serial)
+    model_swiglu(s->g, s->u, (uint32_t)(n * FS), s->g);
+    if (serial) {
         for (uint32_t t = 0; t < n_act; t++)
             moe_expert_task(&c, t, 0);
-    else
-        pool_run(p, n_act, moe_expert_task, &c);
-    /* the shared experts' down projection into out */
-    model_swiglu(s->g, s->u, (uint32_t)(n * FS), s->g);
-    gemm_run(ly->wdown, s->g, n, out, p);
+        gemm_run(ly->wdown, s->g, n, out, p);
+    } else {
+        /* the shared experts' down projection into out, its panels handed
+         * out behind the routed experts: threads that finish their experts
+         * unevenly take its panels (batch 1: 6 experts on 2 threads) */
+        gemm_run_beside(ly->wdown, s->g, n, out, p, n_act, moe_expert_task, &c);
+    }
     hooks_progress(hk);
     /* scatter: per row, the weighted expert outputs in rank order, then the
      * shared experts' output (MODEL_FFN_MOE's order; separate multiply and

@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
 
 /* A weight matrix in its stored form plus its exact f32 values. */
@@ -563,6 +564,63 @@ START_TEST(gemm_run_many_equals_one_run_per_matrix)
 }
 END_TEST
 
+/* gemm_run_beside: C has gemm_run's bits and every extra task runs
+ * exactly once, on each backend, thread count and M (the pooled path hands
+ * out both kinds of task at once). */
+typedef struct beside_count {
+    _Atomic uint32_t runs[40];
+} beside_count;
+
+static void beside_task(void *ctx, uint32_t task, uint32_t thread)
+{
+    (void)thread;
+    beside_count *bc = ctx;
+    atomic_fetch_add(&bc->runs[task], 1u);
+}
+
+START_TEST(gemm_run_beside_equals_gemm_run_and_runs_every_extra_task_once)
+{
+    static const gemm_backend bes[] = {GEMM_BACKEND_INVARIANT, GEMM_BACKEND_INT8, GEMM_BACKEND_OPENBLAS};
+    static const uint32_t ms[] = {1, 3, 40};
+    static const uint32_t extras[] = {0, 1, 6, 40};
+    const uint32_t n = 70, k = 96;
+    pool *pools[2] = {NULL, NULL};
+    for (uint32_t t = 0; t < 2; t++)
+        ck_assert_int_eq(pool_new(t + 1, &pools[t], NULL), PD_OK);
+    test_mat mat = mat_make(GEMM_W_Q4_0, n, k, 4242);
+    float *a = act_make(40, k, 4243);
+    float *want = malloc(sizeof(float) * 40 * n), *got = malloc(sizeof(float) * 40 * n);
+    for (size_t bi = 0; bi < sizeof bes / sizeof bes[0]; bi++) {
+        gemm_w *w = pack_or_die(&mat, bes[bi]);
+        for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
+            for (size_t ei = 0; ei < sizeof extras / sizeof extras[0]; ei++)
+                for (uint32_t th = 0; th < 2; th++) {
+                    gemm_run(w, a, ms[mi], want, NULL);
+                    memset(got, 0xff, sizeof(float) * 40 * n);
+                    beside_count bc;
+                    for (uint32_t t = 0; t < 40; t++)
+                        atomic_init(&bc.runs[t], 0u);
+                    gemm_run_beside(w, a, ms[mi], got, pools[th], extras[ei], beside_task, &bc);
+                    if (bes[bi] == GEMM_BACKEND_OPENBLAS)
+                        ck_assert_float_eq_tol(got[0], want[0], 1e-4f); /* OpenBLAS: not bit-stable by design */
+                    else
+                        ASSERT_BITS_EQ(got, want, (size_t)ms[mi] * n, "%s m %u, %u extra, %u threads",
+                                       gemm_backend_name(bes[bi]), ms[mi], extras[ei], th + 1);
+                    for (uint32_t t = 0; t < 40; t++)
+                        ck_assert_uint_eq(atomic_load(&bc.runs[t]), t < extras[ei] ? 1u : 0u);
+                    pool_check(pools[th]);
+                }
+        gemm_free(w);
+    }
+    free(a);
+    free(want);
+    free(got);
+    mat_free(&mat);
+    for (uint32_t t = 0; t < 2; t++)
+        pool_free(pools[t]);
+}
+END_TEST
+
 /* Column j has the same bits whether W has 1, 15, 16, 17 ... or all n rows
  * (different panel counts and task splits), and whether C is written
  * through gemm_run_ld with wider strides. */
@@ -1054,6 +1112,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, gemm_bits_do_not_depend_on_thread_count);
     tcase_add_test(tc, gemm_bits_do_not_depend_on_n_split);
     tcase_add_loop_test(tc, gemm_run_many_equals_one_run_per_matrix, 0, 2); /* invariant, int8 */
+    tcase_add_test(tc, gemm_run_beside_equals_gemm_run_and_runs_every_extra_task_once);
     tcase_add_test(tc, gemm_simd_equals_scalar_bit_for_bit);
     tcase_add_test(tc, gemm_quantized_equals_f32_of_dequantized);
     tcase_add_test(tc, gemm_qs_values_equal_ggml_on_edge_blocks);
