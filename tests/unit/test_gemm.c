@@ -578,6 +578,12 @@ static void beside_task(void *ctx, uint32_t task, uint32_t thread)
     atomic_fetch_add(&bc->runs[task], 1u);
 }
 
+static void pools_free(pool **pools, uint32_t n)
+{
+    for (uint32_t t = 0; t < n; t++)
+        pool_free(pools[t]);
+}
+
 START_TEST(gemm_run_beside_equals_gemm_run_and_runs_every_extra_task_once)
 {
     static const gemm_backend bes[] = {GEMM_BACKEND_INVARIANT, GEMM_BACKEND_INT8, GEMM_BACKEND_OPENBLAS};
@@ -612,12 +618,11 @@ START_TEST(gemm_run_beside_equals_gemm_run_and_runs_every_extra_task_once)
                 }
         gemm_free(w);
     }
+    pools_free(pools, 2);
+    mat_free(&mat);
     free(a);
     free(want);
     free(got);
-    mat_free(&mat);
-    for (uint32_t t = 0; t < 2; t++)
-        pool_free(pools[t]);
 }
 END_TEST
 
