@@ -68,10 +68,13 @@ else
 fi
 
 # ---- (b) preempted task: checkpoint, exit 75, requeue, resume ---------------
-# a model slow enough that a shard runs for a few seconds
+# a model slow enough that a shard runs for several seconds: the USR1 below
+# must reach a step that still has pages to go (with 20 pages a shard took
+# 3 s, and on a loaded CI machine the signal arrived as its last page was
+# written, so nothing was requeued)
 "$P" mkmodel --arch llama --layers 8 --hidden 256 --heads 4 --kv-heads 2 --ffn 768 --vocab 320 --seed 8 \
   --eos-boost 0.001 --ctx 4096 --out "$W/b.gguf" >/dev/null
-"$P" mkpages --model "$W/b.gguf" --count 20 --embed-rows 12 --prompt-tokens 3 --max-new 200 --seed 6 \
+"$P" mkpages --model "$W/b.gguf" --count 40 --embed-rows 12 --prompt-tokens 3 --max-new 200 --seed 6 \
   --out "$W/b.pages" >/dev/null
 "$P" shard --pages "$W/b.pages/pages.jsonl" --shards 3 --out "$W/b.shards" >/dev/null
 mkdir -p "$W/b.run"
