@@ -150,7 +150,9 @@ void gemm_free(gemm_w *w);
  * ldc = n and is overwritten (never read). m == 0 does nothing. a and c are
  * borrowed and must not overlap. p may be NULL (caller thread only); the
  * invariant backend splits the N panels over the pool's threads, and its
- * result does not depend on p. Allocates nothing. */
+ * result does not depend on p. Allocates nothing: the int8 backend
+ * quantizes a small A on the caller's stack (44 KB; gemm_run_many up to
+ * twice that) and each task quantizes on its own (as much again). */
 void gemm_run(const gemm_w *w, const float *a, uint32_t m, float *c, pool *p);
 
 /* Same as gemm_run with explicit leading dimensions (lda >= k, ldc >= n), so
