@@ -171,37 +171,47 @@ static inline __attribute__((always_inline)) void gemm_vnni_scales(const uint8_t
     }
 }
 
+/* A 32-bit word at p broadcast to 16 lanes, read as one memory operand
+ * (a vpdpbusd takes it as {1to16}; through a general register it costs a
+ * move, a shift and a broadcast uop per word). */
+static inline __attribute__((always_inline)) __m512i gemm_vnni_bcast(const void *p)
+{
+    return _mm512_broadcastd_epi32(_mm_loadu_si32(p));
+}
+
 /* One row's block: the integer sums of v against its 32 quantized values
- * q (8 dwords in v's order), then gemm.h's float steps into c. */
+ * q (8 dwords in v's order), then gemm.h's float steps into c. The
+ * offset term off * (sA + sB) is integer and exact, taken as a shift (every
+ * off is 0 or a power of two), so the lanes hold the same integers as the
+ * portable tile's scalar. */
 static inline __attribute__((always_inline)) __m512 gemm_vnni_row_block(const __m512i v[8], const int8_t *q,
-                                                                        float da, const int32_t *sab,
+                                                                        const float *da, const int32_t *sab,
                                                                         const gemm_wtype type, __m512 s0,
                                                                         __m512 s1, __m512 nm, __m512 c)
 {
-    int32_t qd[8];
-    memcpy(qd, q, sizeof qd);
     __m512i a = _mm512_setzero_si512(), b = a;
 #pragma GCC unroll 4
     for (uint32_t g = 0; g < 4; g++) {
-        a = _mm512_dpbusd_epi32(a, v[g], _mm512_set1_epi32(qd[g]));
-        b = _mm512_dpbusd_epi32(b, v[4 + g], _mm512_set1_epi32(qd[4 + g]));
+        a = _mm512_dpbusd_epi32(a, v[g], gemm_vnni_bcast(q + 4 * g));
+        b = _mm512_dpbusd_epi32(b, v[4 + g], gemm_vnni_bcast(q + 16 + 4 * g));
     }
-    const int32_t off = type == GEMM_W_Q8_0 ? 128 : (int32_t)gemm_qs_fmt_of(type).off;
-    const int32_t sa = sab[0], sb = sab[1];
+    const uint32_t off = type == GEMM_W_Q8_0 ? 128 : gemm_qs_fmt_of(type).off;
+    const uint32_t sh = off ? (uint32_t)__builtin_ctz(off) : 0;
+    const __m512i sa = gemm_vnni_bcast(sab), sb = gemm_vnni_bcast(sab + 1);
     __m512 t;
     if (type == GEMM_W_Q6_K) {
-        const __m512i ia = _mm512_sub_epi32(a, _mm512_set1_epi32(off * sa));
-        const __m512i ib = _mm512_sub_epi32(b, _mm512_set1_epi32(off * sb));
+        const __m512i ia = _mm512_sub_epi32(a, _mm512_slli_epi32(sa, sh));
+        const __m512i ib = _mm512_sub_epi32(b, _mm512_slli_epi32(sb, sh));
         t = _mm512_fmadd_ps(s1, _mm512_cvtepi32_ps(ib), _mm512_mul_ps(s0, _mm512_cvtepi32_ps(ia)));
     } else {
         __m512i i = _mm512_add_epi32(a, b);
         if (off)
-            i = _mm512_sub_epi32(i, _mm512_set1_epi32(off * (sa + sb)));
+            i = _mm512_sub_epi32(i, _mm512_slli_epi32(_mm512_add_epi32(sa, sb), sh));
         t = _mm512_mul_ps(s0, _mm512_cvtepi32_ps(i));
     }
     if (gemm_wtype_has_nm(type))
-        t = _mm512_fmadd_ps(nm, _mm512_set1_ps((float)(sa + sb)), t);
-    return _mm512_fmadd_ps(_mm512_set1_ps(da), t, c);
+        t = _mm512_fmadd_ps(nm, _mm512_cvtepi32_ps(_mm512_add_epi32(sa, sb)), t);
+    return _mm512_fmadd_ps(_mm512_set1_ps(*da), t, c);
 }
 
 static inline __attribute__((always_inline)) void gemm_vnni_store(float *c, __m512 x, uint32_t ncols)
@@ -219,7 +229,7 @@ static inline __attribute__((always_inline)) __m512 gemm_vnni_load(const float *
 #define GEMM_VNNI_ROW(i)                                                         \
     if (mr > i) {                                                                \
         const size_t r_ = (size_t)(i) * rs + b;                                  \
-        c##i = gemm_vnni_row_block(v, t->qa.q + 32 * r_, t->qa.d[r_], t->qa.s + 2 * r_, type, s0, s1, nm, c##i); \
+        c##i = gemm_vnni_row_block(v, t->qa.q + 32 * r_, t->qa.d + r_, t->qa.s + 2 * r_, type, s0, s1, nm, c##i); \
     }
 
 /* Prefetches every cache line [p, p + bytes) touches. A block is not
