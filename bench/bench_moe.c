@@ -10,8 +10,11 @@
  *   batch 32, 64  tokens/s and the distinct experts each micro-batch reads
  *             per MoE layer (of 64), with the same bandwidth roofline.
  * Prefill is run for real (chunked) but only decode steps are timed.
- * Prints one JSON object.
- * usage: bench_moe [MODEL.gguf] [prefill_b1] [steps_b1] [steps_bN] [threads]
+ * Prints one JSON object. PD_BENCH_GEMM=int8 loads the weights for the
+ * int8 arithmetic (`--gemm int8`, gemm.h) instead of the exact one; the
+ * JSON's "gemm" says which.
+ * usage: bench_moe [MODEL.gguf] [prefill_b1] [steps_b1] [steps_bN] [threads] [batches]
+ *        (batches: a comma list, default 1,32,64)
  *        (the model is generated at MODEL, default /tmp/pd_bench_ds_q8.gguf,
  *        3.5 GB, if absent) */
 #include "probe.h"
@@ -148,8 +151,15 @@ int main(int argc, char **argv)
         if (mkmodel_write(&o, path, &e))
             die("mkmodel", &e);
     }
+    const char *be = getenv("PD_BENCH_GEMM");
+    if (be && strcmp(be, "invariant") != 0 && strcmp(be, "int8") != 0) {
+        fprintf(stderr, "bench_moe: PD_BENCH_GEMM must be invariant or int8, not '%s'\n", be);
+        return 1;
+    }
+    const bool int8 = be && strcmp(be, "int8") == 0;
     model *m;
-    model_load_opts lo = {.all_layers = 1, .want_embed = 1, .want_output = 1, .backend = GEMM_BACKEND_INVARIANT};
+    model_load_opts lo = {.all_layers = 1, .want_embed = 1, .want_output = 1,
+                          .backend = int8 ? GEMM_BACKEND_INT8 : GEMM_BACKEND_INVARIANT};
     if (model_load(path, &lo, &m, &e))
         die("model_load", &e);
     const model_hparams *hp = model_hp(m);
@@ -161,26 +171,37 @@ int main(int argc, char **argv)
     if (pool_new((uint32_t)threads, &pl, &e))
         die("pool", &e);
     double bw = probe_read_bw(threads, 5);
-    const uint32_t batches[] = {1, 32, 64};
-    char out[3][512];
-    for (int i = 0; i < 3; i++) {
+    uint32_t batches[8], nbatch = 0;
+    for (const char *p = argc > 6 ? argv[6] : "1,32,64"; *p && nbatch < 8;) {
+        char *end;
+        unsigned long v = strtoul(p, &end, 10);
+        if (end == p || v == 0 || v > 256 || (*end && *end != ',')) {
+            fprintf(stderr, "bench_moe: batches must be a comma list of 1 .. 256, not '%s'\n", argv[6]);
+            return 1;
+        }
+        batches[nbatch++] = (uint32_t)v;
+        p = *end ? end + 1 : end;
+    }
+    char runs[8 * 512] = "";
+    for (uint32_t i = 0; i < nbatch; i++) {
         uint32_t B = batches[i];
         rate r = decode_rate(m, pl, B, B == 1 ? prefill1 : prefilln, B == 1 ? steps1 : stepsn);
         double bytes = step_bytes(m, &r, B), roof = bw / bytes * B;
-        snprintf(out[i], sizeof out[i],
-                 "{\"batch\":%u,\"prefill_rows\":%u,\"tokens_per_s\":%.2f,\"experts_per_moe_layer\":%.2f,"
+        size_t at = strlen(runs);
+        snprintf(runs + at, sizeof runs - at,
+                 "%s{\"batch\":%u,\"prefill_rows\":%u,\"tokens_per_s\":%.2f,\"experts_per_moe_layer\":%.2f,"
                  "\"bytes_per_step\":%.0f,\"bandwidth_roofline_tokens_per_s\":%.2f,\"ratio\":%.3f%s}",
-                 B, B == 1 ? prefill1 : prefilln, r.tokens_per_s, r.experts_per_layer, bytes, roof,
+                 i ? "," : "", B, B == 1 ? prefill1 : prefilln, r.tokens_per_s, r.experts_per_layer, bytes, roof,
                  r.tokens_per_s / roof, B == 1 ? (r.tokens_per_s / roof >= 0.7 ? ",\"goal\":0.7,\"goal_met\":true"
                                                                              : ",\"goal\":0.7,\"goal_met\":false")
                                                : "");
     }
-    printf("{\"bench\":\"moe\",\"isa\":\"%s\",\"threads\":%d,\"model\":{\"layers\":%u,\"hidden\":%u,\"heads\":%u,"
-           "\"dense_layers\":%u,\"experts\":%u,\"experts_used\":%u,\"expert_ffn\":%u,\"shared\":%u,\"vocab\":%u,"
-           "\"weight_bytes\":%llu},\"read_bw_gbs\":%.2f,\"runs\":[%s,%s,%s]}\n",
-           pd_isa_name(pd_cpu_isa()), threads, hp->n_layers, hp->hidden, hp->n_heads, hp->n_dense_lead,
-           hp->n_expert, hp->n_expert_used, hp->ffn_exp, hp->n_expert_shared, hp->vocab,
-           (unsigned long long)model_weight_bytes(m), bw / 1e9, out[0], out[1], out[2]);
+    printf("{\"bench\":\"moe\",\"isa\":\"%s\",\"gemm\":\"%s\",\"threads\":%d,\"model\":{\"layers\":%u,"
+           "\"hidden\":%u,\"heads\":%u,\"dense_layers\":%u,\"experts\":%u,\"experts_used\":%u,\"expert_ffn\":%u,"
+           "\"shared\":%u,\"vocab\":%u,\"weight_bytes\":%llu},\"read_bw_gbs\":%.2f,\"runs\":[%s]}\n",
+           pd_isa_name(pd_cpu_isa()), int8 ? "int8" : "invariant", threads, hp->n_layers, hp->hidden, hp->n_heads,
+           hp->n_dense_lead, hp->n_expert, hp->n_expert_used, hp->ffn_exp, hp->n_expert_shared, hp->vocab,
+           (unsigned long long)model_weight_bytes(m), bw / 1e9, runs);
     pool_free(pl);
     model_free(m);
     return 0;
