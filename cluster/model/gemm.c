@@ -1530,31 +1530,60 @@ static void gemm_task_panels(const gemm_job *j, uint32_t t, uint32_t *p0, uint32
 
 /* A job's activations quantized once, by the caller, for all its tasks:
  * each task of a pooled int8 GEMM would otherwise quantize every row of A
- * itself (8 tasks a GEMM on two threads: one batch-1 decode step quantized
- * each activation row about 14 times, 1.4 % of its samples). Only when
- * all of A fits the buffer (m x K / 32 <= GEMM_Q8_BLOCKS): then a task
- * takes K in one chunk and its own buffer would have this layout (row r's
- * blocks from r x K / 32), so the tiles read the same values. */
+ * it covers itself (8 tasks a GEMM on two threads: one batch-1 decode step
+ * quantized each activation row about 14 times, 1.4 % of its samples; at
+ * 64 streams the quantizer took 6 % of a step). A is taken whole, row r's
+ * blocks from r x K / 32, the layout a task's own buffer has when it takes
+ * K in one chunk, so the tiles read the same values: on the stack up to
+ * GEMM_Q8_BLOCKS blocks, on the heap up to GEMM_PREQ_BLOCKS (2.9 MB: a
+ * 1024-row prefill chunk at K = 1280, 256 rows at K = 6848). Beyond that, or if the heap has no room, each task
+ * quantizes as before: the bits are the same either way. */
+#define GEMM_PREQ_BLOCKS 65536u
+
 typedef struct gemm_preq {
-    int8_t q[GEMM_Q8_BLOCKS * GEMM_QS_BLOCK];
-    float d[GEMM_Q8_BLOCKS];
-    int32_t s[2 * GEMM_Q8_BLOCKS];
+    int8_t *q;
+    float *d;
+    int32_t *s;
+    void *heap; /* owned: A did not fit the buffers below */
+    int8_t qb[GEMM_Q8_BLOCKS * GEMM_QS_BLOCK];
+    float db[GEMM_Q8_BLOCKS];
+    int32_t sb[2 * GEMM_Q8_BLOCKS];
 } gemm_preq;
 
-/* Whether job j's A fits a gemm_preq (int8 jobs only). */
+/* Whether job j's A can be quantized whole (int8 jobs only). */
 static bool gemm_prequant_fits(const gemm_job *j)
 {
-    return j->qtiles && (uint64_t)j->m * (j->w->k / GEMM_QS_BLOCK) <= GEMM_Q8_BLOCKS;
+    return j->qtiles && (uint64_t)j->m * (j->w->k / GEMM_QS_BLOCK) <= GEMM_PREQ_BLOCKS;
 }
 
-/* Quantizes j's A into *pq and points j at it. */
+/* Quantizes j's A into *pq and points j at it; leaves j as it was if the
+ * heap has no room for it. gemm_preq_free after the job has run. */
 static void gemm_prequant(gemm_job *j, gemm_preq *pq)
 {
     const uint32_t nbk = j->w->k / GEMM_QS_BLOCK;
+    const size_t nb = (size_t)j->m * nbk;
+    pq->heap = NULL;
+    pq->q = pq->qb;
+    pq->d = pq->db;
+    pq->s = pq->sb;
+    if (nb > GEMM_Q8_BLOCKS) {
+        pq->heap = malloc(nb * (GEMM_QS_BLOCK + sizeof(float) + 2 * sizeof(int32_t)));
+        if (!pq->heap)
+            return;
+        pq->d = pq->heap;
+        pq->s = (int32_t *)(pq->d + nb);
+        pq->q = (int8_t *)(pq->s + 2 * nb);
+    }
     for (uint32_t r = 0; r < j->m; r++)
         j->quant(j->a + (size_t)r * j->lda, nbk, j->qperm, pq->q + (size_t)r * nbk * GEMM_QS_BLOCK,
                  pq->d + (size_t)r * nbk, pq->s + (size_t)2 * r * nbk);
     j->pre = pq;
+}
+
+static void gemm_preq_free(gemm_preq *pq)
+{
+    free(pq->heap);
+    pq->heap = NULL;
 }
 
 /* gemm_task's int8 arithmetic: rows m0 .. mend of panels p0 .. p1. */
@@ -1567,7 +1596,9 @@ static void gemm_task_q8(const gemm_job *j, uint32_t p0, uint32_t p1, uint32_t m
     const uint32_t nbk = w->k / GEMM_QS_BLOCK;
     for (uint32_t mb = m0; mb < mend; mb += GEMM_Q8_ROWS) {
         const uint32_t rows = mend - mb < GEMM_Q8_ROWS ? mend - mb : GEMM_Q8_ROWS;
-        const uint32_t nbc = GEMM_Q8_BLOCKS / rows;
+        /* A quantized whole is taken in one chunk (the same bits: a chunk
+         * boundary only stores C and loads it back) */
+        const uint32_t nbc = j->pre ? nbk : GEMM_Q8_BLOCKS / rows;
         uint32_t n_tiles, base, taller;
         gemm_tile_heights(rows, GEMM_MR8, &n_tiles, &base, &taller);
         for (uint32_t b0 = 0; b0 < nbk; b0 += nbc) {
@@ -1738,9 +1769,11 @@ void gemm_run_ld(const gemm_w *w, const float *a, size_t lda, uint32_t m, float 
     gemm_job job;
     uint32_t n_tasks = gemm_job_init(&job, w, a, lda, m, c, ldc, threads);
     gemm_preq pq;
+    pq.heap = NULL;
     if (n_tasks > 1 && gemm_prequant_fits(&job))
         gemm_prequant(&job, &pq);
     pool_run(threads == 1 ? NULL : p, n_tasks, gemm_task, &job);
+    gemm_preq_free(&pq);
 }
 
 /* Several jobs in one pool_run: task t is task t - first[i] of job i, where
@@ -1784,6 +1817,7 @@ void gemm_run_many(uint32_t n, const gemm_w *const *w, const float *a, uint32_t 
     }
     /* the jobs share A: one quantization per (quantizer, order) */
     gemm_preq pq[2];
+    pq[0].heap = pq[1].heap = NULL;
     for (uint32_t i = 0, used = 0; i < n; i++) {
         gemm_job *j = &js.job[i];
         if (!gemm_prequant_fits(j))
@@ -1795,6 +1829,8 @@ void gemm_run_many(uint32_t n, const gemm_w *const *w, const float *a, uint32_t 
             gemm_prequant(j, &pq[used++]);
     }
     pool_run(threads == 1 ? NULL : p, js.first[n], gemm_many_task, &js);
+    gemm_preq_free(&pq[0]);
+    gemm_preq_free(&pq[1]);
 }
 
 /* gemm_run_beside's tasks: the caller's first, then the GEMM's. */
@@ -1828,9 +1864,11 @@ void gemm_run_beside(const gemm_w *w, const float *a, uint32_t m, float *c, pool
     gemm_beside b = {.n_extra = n_extra, .fn = fn, .ctx = ctx};
     const uint32_t n_tasks = gemm_job_init(&b.job, w, a, w->k, m, c, w->n, threads);
     gemm_preq pq;
+    pq.heap = NULL;
     if (gemm_prequant_fits(&b.job))
         gemm_prequant(&b.job, &pq);
     pool_run(p, n_extra + n_tasks, gemm_beside_task, &b);
+    gemm_preq_free(&pq);
 }
 
 void gemm_run(const gemm_w *w, const float *a, uint32_t m, float *c, pool *p)

@@ -150,9 +150,11 @@ void gemm_free(gemm_w *w);
  * ldc = n and is overwritten (never read). m == 0 does nothing. a and c are
  * borrowed and must not overlap. p may be NULL (caller thread only); the
  * invariant backend splits the N panels over the pool's threads, and its
- * result does not depend on p. Allocates nothing: the int8 backend
- * quantizes a small A on the caller's stack (44 KB; gemm_run_many up to
- * twice that) and each task quantizes on its own (as much again). */
+ * result does not depend on p. The int8 backend quantizes A once for its
+ * tasks: on the caller's stack (44 KB; gemm_run_many up to twice that)
+ * when A is small, else in one heap buffer of up to 2.9 MB freed before
+ * the return; a larger A, or no room on the heap, and each task quantizes
+ * its part on its own stack (as much again). Either way the same bits. */
 void gemm_run(const gemm_w *w, const float *a, uint32_t m, float *c, pool *p);
 
 /* Same as gemm_run with explicit leading dimensions (lda >= k, ldc >= n), so
