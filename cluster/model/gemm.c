@@ -1410,6 +1410,7 @@ typedef struct gemm_job {
     gemm_ctile_fn *const *ctiles_spread; /* ... prefetching over k; NULL = none */
     gemm_chunk_fn *chunk;
     gemm_qtile_fn *const *qtiles; /* int8 arithmetic, by mr - 1; NULL = none */
+    gemm_qtile2_fn *const *qtiles2; /* the same two panels at once, or NULL */
     bool qperm;                   /* ... taking gemm_qa's perm order */
     void (*quant)(const float *, uint32_t, bool, int8_t *, float *, int32_t *); /* gemm_q8_row or its SIMD twin */
     const struct gemm_preq *pre; /* int8: A quantized once by the caller (gemm_prequant), or NULL */
@@ -1586,6 +1587,24 @@ static void gemm_preq_free(gemm_preq *pq)
     pq->heap = NULL;
 }
 
+/* Panel pnl's int8 tile over blocks b0 .. b0 + nb, but for its rows:
+ * c is the panel's column in C's row 0. */
+static void gemm_q8_tile(const gemm_job *j, uint32_t pnl, uint32_t b0, uint32_t nb, gemm_qtile *t)
+{
+    const gemm_w *w = j->w;
+    const uint32_t col0 = pnl * GEMM_NR;
+    *t = (gemm_qtile){
+        .type = w->type,
+        .panel = (const uint8_t *)w->data + (size_t)pnl * w->panel_bytes,
+        .b0 = b0,
+        .nb = nb,
+        .ldc = j->ldc,
+        .ncols = w->n - col0 < GEMM_NR ? w->n - col0 : GEMM_NR,
+        .first = b0 == 0,
+        .c = j->c + col0,
+    };
+}
+
 /* gemm_task's int8 arithmetic: rows m0 .. mend of panels p0 .. p1. */
 static void gemm_task_q8(const gemm_job *j, uint32_t p0, uint32_t p1, uint32_t m0, uint32_t mend)
 {
@@ -1617,22 +1636,28 @@ static void gemm_task_q8(const gemm_job *j, uint32_t p0, uint32_t p1, uint32_t m
                              qbuf + (size_t)r * nb * GEMM_QS_BLOCK, dbuf + (size_t)r * nb,
                              sbuf + (size_t)2 * r * nb);
             }
-            for (uint32_t pnl = p0; pnl < p1; pnl++) {
-                const uint32_t col0 = pnl * GEMM_NR;
-                gemm_qtile t = {
-                    .type = w->type,
-                    .panel = (const uint8_t *)w->data + (size_t)pnl * w->panel_bytes,
-                    .b0 = b0,
-                    .nb = nb,
-                    .ldc = j->ldc,
-                    .ncols = w->n - col0 < GEMM_NR ? w->n - col0 : GEMM_NR,
-                    .first = b0 == 0,
-                };
+            /* up to GEMM_MR_PAIR rows: two panels at once, panel p0 + i
+             * beside p0 + h + i, the odd one out alone */
+            const uint32_t pairs = rows <= GEMM_MR_PAIR && j->qtiles2 ? (p1 - p0) / 2 : 0, h = p1 - p0 - pairs;
+            for (uint32_t pnl = p0; pnl < p0 + h; pnl++) {
+                gemm_qtile t;
+                gemm_q8_tile(j, pnl, b0, nb, &t);
+                if (pnl < p0 + pairs) {
+                    gemm_qtile u;
+                    gemm_q8_tile(j, pnl + h, b0, nb, &u);
+                    t.mr = u.mr = rows;
+                    t.qa = u.qa = (gemm_qa){.q = q, .d = d, .s = s, .nb = nb};
+                    t.c += (size_t)mb * j->ldc;
+                    u.c += (size_t)mb * j->ldc;
+                    j->qtiles2[rows - 1](&t, &u);
+                    continue;
+                }
+                float *const c0 = t.c;
                 for (uint32_t ti = 0, r = 0; ti < n_tiles; ti++, r += t.mr) {
                     t.mr = base + (ti < taller ? 1u : 0u);
                     t.qa = (gemm_qa){.q = q + (size_t)r * nb * GEMM_QS_BLOCK, .d = d + (size_t)r * nb,
                                      .s = s + (size_t)2 * r * nb, .nb = nb};
-                    t.c = j->c + (size_t)(mb + r) * j->ldc + col0;
+                    t.c = c0 + (size_t)(mb + r) * j->ldc;
                     j->qtiles[t.mr - 1](&t);
                 }
             }
@@ -1744,6 +1769,9 @@ static uint32_t gemm_job_init(gemm_job *job, const gemm_w *w, const float *a, si
         const bool vnni = false;
 #endif
         job->qtiles = vnni ? gemm_vnni_qtiles[w->type] : gemm_scalar_qtiles;
+#if defined(__x86_64__)
+        job->qtiles2 = vnni ? gemm_vnni_qtiles2[w->type] : NULL;
+#endif
         job->qperm = vnni && gemm_wtype_is_qs(w->type);
 #if defined(__x86_64__)
         job->quant = vnni ? gemm_vnni_q8_row : gemm_q8_row;

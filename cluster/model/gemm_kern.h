@@ -341,6 +341,12 @@ typedef struct gemm_qtile {
 } gemm_qtile;
 
 typedef void gemm_qtile_fn(const gemm_qtile *t);
+/* Two tiles of the same height and blocks (t->qa, u->qa alike) on two
+ * panels at once; the same bits as each alone. Up to GEMM_MR_PAIR rows:
+ * above that Q6_K's pair no longer fits the 32 vector registers, and a
+ * tile that high is bound by its arithmetic more than by memory. */
+typedef void gemm_qtile2_fn(const gemm_qtile *t, const gemm_qtile *u);
+#define GEMM_MR_PAIR 6u
 
 /* The types whose values carry an offset term nm (gemm.h's last float
  * step, fmaf(nm, sA + sB, t)): Q4_1, Q5_1 (+m) and Q4_K, Q5_K (-dmin m). */
@@ -357,6 +363,7 @@ void gemm_q8_row(const float *a, uint32_t nb, bool perm, int8_t *q, float *d, in
  * for f32, f16 and bf16; they take perm = true for the qs types, false for
  * Q8_0. gemm_vnni_ok: the CPU has AVX-512 BW, VNNI and VBMI. */
 extern gemm_qtile_fn *const gemm_vnni_qtiles[GEMM_W_COUNT][GEMM_MR8];
+extern gemm_qtile2_fn *const gemm_vnni_qtiles2[GEMM_W_COUNT][GEMM_MR_PAIR];
 bool gemm_vnni_ok(void);
 /* gemm_q8_row on AVX-512 (the same bytes; only where gemm_vnni_ok). */
 void gemm_vnni_q8_row(const float *a, uint32_t nb, bool perm, int8_t *q, float *d, int32_t *s);
