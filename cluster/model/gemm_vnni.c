@@ -267,52 +267,33 @@ static inline __attribute__((always_inline)) void gemm_vnni_block(const uint8_t 
 #define GEMM_VNNI_STORE(i) \
     if (mr > i)            \
         gemm_vnni_store(t->c + (i) * ldc, c##i, nc);
-
-static inline __attribute__((always_inline)) void gemm_vnni_qtile_impl(const gemm_qtile *t, const uint32_t mr,
-                                                                       const gemm_wtype type)
-{
-    const size_t rs = t->qa.nb, ldc = t->ldc;
-    const uint32_t nc = t->ncols;
-    __m512 c0 = gemm_vnni_load(t->c, nc, t->first);
-    GEMM_VNNI_LOAD(1) GEMM_VNNI_LOAD(2) GEMM_VNNI_LOAD(3)
-    GEMM_VNNI_LOAD(4) GEMM_VNNI_LOAD(5) GEMM_VNNI_LOAD(6) GEMM_VNNI_LOAD(7)
-    for (uint32_t b = 0; b < t->nb; b++) {
-        const uint32_t bi = t->b0 + b;
-        __m512i v[8];
-        __m512 s0, s1, nm;
-        gemm_vnni_block(t->panel, bi, GEMM_PREFETCH, type, v, &s0, &s1, &nm);
-        GEMM_VNNI_ROW(0) GEMM_VNNI_ROW(1) GEMM_VNNI_ROW(2) GEMM_VNNI_ROW(3)
-        GEMM_VNNI_ROW(4) GEMM_VNNI_ROW(5) GEMM_VNNI_ROW(6) GEMM_VNNI_ROW(7)
-    }
-    gemm_vnni_store(t->c, c0, nc);
-    GEMM_VNNI_STORE(1) GEMM_VNNI_STORE(2) GEMM_VNNI_STORE(3)
-    GEMM_VNNI_STORE(4) GEMM_VNNI_STORE(5) GEMM_VNNI_STORE(6) GEMM_VNNI_STORE(7)
-}
-
-#define GEMM_VNNI_LOAD2(i) __m512 d##i = mr > i ? gemm_vnni_load(u->c + (i) * ldc, nc2, u->first) : d0;
+#define GEMM_VNNI_LOAD2(i) __m512 d##i = two && mr > i ? gemm_vnni_load(u->c + (i) * ldc, nc2, u->first) : d0;
 #define GEMM_VNNI_ROW2(i)                                                        \
-    if (mr > i) {                                                                \
+    if (two && mr > i) {                                                         \
         const size_t r_ = (size_t)(i) * rs + b;                                  \
         d##i = gemm_vnni_row_block(v, u->qa.q + 32 * r_, u->qa.d + r_, u->qa.s + 2 * r_, type, s0, s1, nm, d##i); \
     }
 #define GEMM_VNNI_STORE2(i) \
-    if (mr > i)             \
+    if (two && mr > i)      \
         gemm_vnni_store(u->c + (i) * ldc, d##i, nc2);
 
-/* Two tiles of the same rows and blocks on two panels, block by block:
- * two streams of weights in flight instead of one (one expert's matrix at
- * M = 6 read 20.8 GB/s cold on one thread against 38.8 in cache and a
- * 33 GB/s probe: its compute and memory barely overlapped). Each C value
- * takes the same steps in the same order as in gemm_vnni_qtile_impl. */
-static inline __attribute__((always_inline)) void gemm_vnni_qtile2_impl(const gemm_qtile *t, const gemm_qtile *u,
-                                                                        const uint32_t mr, const gemm_wtype type)
+/* One tile (two false: u unused), or two tiles of the same rows and blocks
+ * on two panels, block by block (two true): two streams of weights in
+ * flight instead of one (one expert's matrix at M = 6 read 20.8 GB/s cold
+ * on one thread against 38.8 in cache and a 33 GB/s probe: its compute and
+ * memory barely overlapped). Each C value takes the same steps in the same
+ * order either way. mr and two are constants, so the rows a tile does not
+ * have and the second tile of a single cost nothing. */
+static inline __attribute__((always_inline)) void gemm_vnni_qtile_impl(const gemm_qtile *t, const gemm_qtile *u,
+                                                                       const uint32_t mr, const gemm_wtype type,
+                                                                       const bool two)
 {
     const size_t rs = t->qa.nb, ldc = t->ldc;
-    const uint32_t nc = t->ncols, nc2 = u->ncols;
+    const uint32_t nc = t->ncols, nc2 = two ? u->ncols : 0;
     __m512 c0 = gemm_vnni_load(t->c, nc, t->first);
     GEMM_VNNI_LOAD(1) GEMM_VNNI_LOAD(2) GEMM_VNNI_LOAD(3)
     GEMM_VNNI_LOAD(4) GEMM_VNNI_LOAD(5) GEMM_VNNI_LOAD(6) GEMM_VNNI_LOAD(7)
-    __m512 d0 = gemm_vnni_load(u->c, nc2, u->first);
+    __m512 d0 = two ? gemm_vnni_load(u->c, nc2, u->first) : c0;
     GEMM_VNNI_LOAD2(1) GEMM_VNNI_LOAD2(2) GEMM_VNNI_LOAD2(3)
     GEMM_VNNI_LOAD2(4) GEMM_VNNI_LOAD2(5) GEMM_VNNI_LOAD2(6) GEMM_VNNI_LOAD2(7)
     for (uint32_t b = 0; b < t->nb; b++) {
@@ -322,26 +303,30 @@ static inline __attribute__((always_inline)) void gemm_vnni_qtile2_impl(const ge
         gemm_vnni_block(t->panel, bi, GEMM_PREFETCH, type, v, &s0, &s1, &nm);
         GEMM_VNNI_ROW(0) GEMM_VNNI_ROW(1) GEMM_VNNI_ROW(2) GEMM_VNNI_ROW(3)
         GEMM_VNNI_ROW(4) GEMM_VNNI_ROW(5) GEMM_VNNI_ROW(6) GEMM_VNNI_ROW(7)
-        gemm_vnni_block(u->panel, bi, GEMM_PREFETCH, type, v, &s0, &s1, &nm);
-        GEMM_VNNI_ROW2(0) GEMM_VNNI_ROW2(1) GEMM_VNNI_ROW2(2) GEMM_VNNI_ROW2(3)
-        GEMM_VNNI_ROW2(4) GEMM_VNNI_ROW2(5) GEMM_VNNI_ROW2(6) GEMM_VNNI_ROW2(7)
+        if (two) {
+            gemm_vnni_block(u->panel, bi, GEMM_PREFETCH, type, v, &s0, &s1, &nm);
+            GEMM_VNNI_ROW2(0) GEMM_VNNI_ROW2(1) GEMM_VNNI_ROW2(2) GEMM_VNNI_ROW2(3)
+            GEMM_VNNI_ROW2(4) GEMM_VNNI_ROW2(5) GEMM_VNNI_ROW2(6) GEMM_VNNI_ROW2(7)
+        }
     }
     gemm_vnni_store(t->c, c0, nc);
     GEMM_VNNI_STORE(1) GEMM_VNNI_STORE(2) GEMM_VNNI_STORE(3)
     GEMM_VNNI_STORE(4) GEMM_VNNI_STORE(5) GEMM_VNNI_STORE(6) GEMM_VNNI_STORE(7)
-    gemm_vnni_store(u->c, d0, nc2);
-    GEMM_VNNI_STORE2(1) GEMM_VNNI_STORE2(2) GEMM_VNNI_STORE2(3)
-    GEMM_VNNI_STORE2(4) GEMM_VNNI_STORE2(5) GEMM_VNNI_STORE2(6) GEMM_VNNI_STORE2(7)
+    if (two) {
+        gemm_vnni_store(u->c, d0, nc2);
+        GEMM_VNNI_STORE2(1) GEMM_VNNI_STORE2(2) GEMM_VNNI_STORE2(3)
+        GEMM_VNNI_STORE2(4) GEMM_VNNI_STORE2(5) GEMM_VNNI_STORE2(6) GEMM_VNNI_STORE2(7)
+    }
 }
 
 /* one kernel per type and height: mr a constant, so the rows a tile does
  * not have cost nothing */
 #define GEMM_VNNI_MR(tn, TYPE, n) \
-    static void gemm_vnni_##tn##_##n(const gemm_qtile *t) { gemm_vnni_qtile_impl(t, n, TYPE); }
+    static void gemm_vnni_##tn##_##n(const gemm_qtile *t) { gemm_vnni_qtile_impl(t, t, n, TYPE, false); }
 #define GEMM_VNNI_MR2(tn, TYPE, n)                                              \
     static void gemm_vnni2_##tn##_##n(const gemm_qtile *t, const gemm_qtile *u) \
     {                                                                           \
-        gemm_vnni_qtile2_impl(t, u, n, TYPE);                                   \
+        gemm_vnni_qtile_impl(t, u, n, TYPE, true);                              \
     }
 #define GEMM_VNNI_DEF(tn, TYPE)                                                                        \
     GEMM_VNNI_MR(tn, TYPE, 1) GEMM_VNNI_MR(tn, TYPE, 2) GEMM_VNNI_MR(tn, TYPE, 3) GEMM_VNNI_MR(tn, TYPE, 4) \
