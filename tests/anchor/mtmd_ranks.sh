@@ -18,6 +18,9 @@
 #     costing mtmd's preprocessing of a page (about 0.3 s for a 900x700 PNG
 #     on this VM, under load: 300 such pages took 90 s to start on 1 rank,
 #     231 s on 2).
+#  1c. With an encoder rank the head encodes the first page's image itself
+#     (--stats images_head 1 of images_encoded 3), while the encoder warms
+#     up and takes the next pages.
 #  2. Encoder ranks are placed by the decoding ranks' rule (cache/numa.h), at
 #     their slot among every rank of the launch on the node, and the report
 #     lists them: a "placement: encoder K, rank R on HOST: ..." line after
@@ -109,6 +112,14 @@ PY
 then pass "--stats lists the encoder rank with its placement"; else fail "--stats encoders: see above"; fi
 python3 -c 'import json,sys; assert "encoders" not in json.load(open(sys.argv[1]))' "$T/s2.json" \
   && pass "without encoder ranks --stats has no \"encoders\"" || fail "np 2 without encoders lists encoders"
+
+# 1c. with an encoder rank the head encodes the first page's image itself
+# (it has nothing else to do: before, it waited about a second for the
+# encoder's warm-up and first encode) and the encoder the other two; the
+# bytes are the one-rank run's (checked above)
+heads=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(s["images_head"], s["images_encoded"], s["images_head_s"] > 0)' "$T/s3.json" 2>&1)
+[ "$heads" = "1 3 True" ] && pass "np 3, 1 encoder rank: the head encoded the first page's image, the encoder rank the other 2" \
+  || fail "np 3, 1 encoder rank: images_head / images_encoded / images_head_s > 0: $heads, want 1 3 True"
 
 # 3. a start-up failure with an encoder rank ends the launch
 rc=0

@@ -219,6 +219,8 @@ static void report_stats_json(const report *rep, const rank *r, const sched_prog
     if (o->mmproj_path && o->encoder_ranks) { /* the decoding ranks idle while the head waits */
         cJSON_AddNumberToObject(j, "images_wait_s", pr->images_wait_s);
         cJSON_AddNumberToObject(j, "images_waits", (double)pr->images_waits);
+        cJSON_AddNumberToObject(j, "images_head", (double)pr->images_head);
+        cJSON_AddNumberToObject(j, "images_head_s", pr->images_head_s);
     }
     if (o->draft.mode != DRAFT_NONE)
         stats_spec(j, o, pr);

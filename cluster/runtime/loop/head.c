@@ -383,6 +383,7 @@ void head_progress(const head *h, sched_progress *out)
     out->images_encoded = pageimg_encoded(h->img);
     out->images_counted = pageimg_counted(h->img);
     out->images_wait_s = pageimg_wait_s(h->img, &out->images_waits);
+    out->images_head_s = pageimg_encoded_head(h->img, &out->images_head);
     if (h->dr) {
         drafter_stats ds;
         drafter_get_stats(h->dr, &ds);

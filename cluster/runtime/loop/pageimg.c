@@ -54,6 +54,8 @@ struct pageimg {
     uint64_t clock, encoded, next_id;
     double wait_s;  /* the head waiting for an image's rows (pageimg_wait_s) */
     uint64_t waits;
+    double head_s;  /* encoder ranks: the head encoding images itself (pageimg_encoded_head) */
+    uint64_t head_n;
     /* rows by image size (pageimg_count): open addressing, keys (width << 32 | height) + 1
      * (0 = empty), INV: n_sizes <= cap_sizes / 2, cap_sizes 0 or a power of two */
     uint64_t *size_key;
@@ -80,7 +82,8 @@ pd_status pageimg_open(const char *mmproj, const char *model_path, uint32_t thre
         pageimg_free(pi);
         return pd_err_set(err, PD_ERR_NOMEM, "out of memory");
     }
-    /* with encoder ranks the head's encoder only counts rows: no warm-up */
+    /* with encoder ranks the head's encoder counts rows and encodes the
+     * first image (pageimg_plan): its first encode warms it up */
     pd_status st = venc_open(&(venc_opts){.mmproj = mmproj, .model = model_path,
                                            .threads = (int)(threads ? threads : 1), .warmup = pi->enc.n == 0},
                              &pi->v, err);
@@ -131,6 +134,13 @@ double pageimg_wait_s(const pageimg *pi, uint64_t *waits)
     if (waits)
         *waits = pi ? pi->waits : 0;
     return pi ? pi->wait_s : 0.0;
+}
+
+double pageimg_encoded_head(const pageimg *pi, uint64_t *n)
+{
+    if (n)
+        *n = pi ? pi->head_n : 0;
+    return pi ? pi->head_s : 0.0;
 }
 
 uint64_t pageimg_counted(const pageimg *pi)
@@ -227,7 +237,14 @@ pd_status pageimg_plan(pageimg *pi, const pages *pg, const bool *skip, pd_err *e
             if (!(skip && skip[p]) && pp->segs[k].kind == PAGES_SEG_IMAGE && !pp->segs[k].error)
                 pi->plan[pi->n_plan++] = (pageimg_job){.page = p, .seg = k, .path = pp->segs[k].path};
     }
-    pi->next_plan = 0;
+    /* the first page the scheduler admits waits for its image with
+     * nothing else to decode: with encoder ranks the head encodes that one
+     * itself (pageimg_get) while the encoders warm up and take the next
+     * ones, instead of waiting for an encoder's warm-up and first encode */
+    size_t first = 0;
+    while (skip && first < pages_count(pg) && skip[first])
+        first++;
+    pi->next_plan = pi->enc.n > 0 && pi->n_plan > 0 && pi->plan[0].page == first ? 1 : 0;
     return PD_OK;
 }
 
@@ -514,23 +531,26 @@ static pd_status pageimg_get(pageimg *pi, size_t page, uint32_t seg, const char 
     pd_status st;
     pageimg_take_job(pi, page, seg);
     if (!e) {
+        /* never requested (with encoder ranks: the plan's first image, kept
+         * for the head, or a page the scheduler reached before the queue
+         * did): encoded here, at once, instead of queued behind an encoder's
+         * requests while the head idles (the scheduler reads a page whose
+         * rows are not here only when nothing else decodes) */
         e = pageimg_slot(pi);
         CHECK(e);
-        if (pi->enc.n > 0) {
-            if ((st = pageimg_request(pi, e, page, seg, path, err)) != PD_OK)
-                return st;
-        } else {
-            venc_out o;
-            pd_err why = {0};
-            st = venc_image(pi->v, path, false, &o, &why);
-            if (st == PD_ERR_NOMEM) {
-                *err = why;
-                return st;
-            }
-            *e = (pageimg_entry){.state = PE_READY, .page = page, .seg = seg, .failed = st != PD_OK,
-                                 .why = why, .out = st == PD_OK ? o : (venc_out){0}};
-            pi->encoded += st == PD_OK;
+        venc_out o;
+        pd_err why = {0};
+        double t0 = pd_now_s();
+        st = venc_image(pi->v, path, false, &o, &why);
+        pi->head_s += pd_now_s() - t0;
+        pi->head_n++;
+        if (st == PD_ERR_NOMEM) {
+            *err = why;
+            return st;
         }
+        *e = (pageimg_entry){.state = PE_READY, .page = page, .seg = seg, .failed = st != PD_OK,
+                             .why = why, .out = st == PD_OK ? o : (venc_out){0}};
+        pi->encoded += st == PD_OK;
     }
     while (e->state == PE_WAIT) {
         bool got;

@@ -11,7 +11,11 @@
  *     sends them the images of the pages to come, in manifest order, a few
  *     per encoder ahead (a bounded queue: memory stays flat), takes the rows
  *     back as they come, and waits only when the scheduler needs rows not yet
- *     encoded. Encoders work while the pipeline decodes.
+ *     encoded. Encoders work while the pipeline decodes. The head encodes
+ *     an image itself when the scheduler needs one no encoder was asked
+ *     for: the first page's (kept for it, so the first prefill does not
+ *     wait for an encoder's warm-up and first encode), or a page reached
+ *     before the queue ahead did.
  *
  * At load (pages_opts.image_rows) each image's rows are counted from its
  * header alone (mtmd's preprocessing of a placeholder of the same size, on
@@ -107,6 +111,11 @@ uint64_t pageimg_encoded(const pageimg *pi);
  * scheduler needed them and they had not come: nothing else to decode, or
  * the run's end), and how many times (*waits, may be NULL). 0 without. */
 double pageimg_wait_s(const pageimg *pi, uint64_t *waits);
+
+/* Wall seconds the head spent encoding images itself, and how many (*n,
+ * may be NULL): with encoder ranks the first page's and pages reached
+ * before the queue; without them, every image. */
+double pageimg_encoded_head(const pageimg *pi, uint64_t *n);
 
 /* Encoder ranks: each one's placement record (what pageimg_serve was
  * given: len bytes), received into all[k * len] for encoder k, in encoder

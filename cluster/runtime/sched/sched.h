@@ -191,6 +191,8 @@ typedef struct sched_progress {
     uint64_t images_counted;  /* ... row counts the head ran at load: distinct image sizes (pageimg_counted) */
     double images_wait_s;     /* ... with encoder ranks: the head waiting for rows (pageimg_wait_s) */
     uint64_t images_waits;
+    uint64_t images_head;     /* ... with encoder ranks: images the head encoded itself, in */
+    double images_head_s;     /* images_head_s seconds (pageimg_encoded_head) */
     uint64_t draft_rows, draft_proposals; /* --draft model: rows the draft model ran, streams it
                                * proposed for (filled by the head, spec/drafter.h) */
 } sched_progress;
