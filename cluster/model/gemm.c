@@ -1411,6 +1411,9 @@ typedef struct gemm_job {
     gemm_chunk_fn *chunk;
     gemm_qtile_fn *const *qtiles; /* int8 arithmetic, by mr - 1; NULL = none */
     gemm_qtile2_fn *const *qtiles2; /* the same two panels at once, or NULL */
+    gemm_qtile_fn *const *qtiles_unp; /* tiles reading blocks unpacked by unpack, or NULL */
+    gemm_unpack_fn *unpack;
+    uint32_t unp_tiles;           /* ... from this many tiles in a block on */
     bool qperm;                   /* ... taking gemm_qa's perm order */
     void (*quant)(const float *, uint32_t, bool, int8_t *, float *, int32_t *); /* gemm_q8_row or its SIMD twin */
     const struct gemm_preq *pre; /* int8: A quantized once by the caller (gemm_prequant), or NULL */
@@ -1603,6 +1606,7 @@ static void gemm_task_q8(const gemm_job *j, uint32_t p0, uint32_t p1, uint32_t m
     int8_t qbuf[GEMM_Q8_BLOCKS * GEMM_QS_BLOCK];
     float dbuf[GEMM_Q8_BLOCKS];
     int32_t sbuf[2 * GEMM_Q8_BLOCKS];
+    _Alignas(64) uint8_t ubuf[GEMM_UNP_BLOCKS * GEMM_UNP_BYTES];
     const gemm_w *w = j->w;
     const uint32_t nbk = w->k / GEMM_QS_BLOCK;
     for (uint32_t mb = m0; mb < mend; mb += GEMM_Q8_ROWS) {
@@ -1644,6 +1648,27 @@ static void gemm_task_q8(const gemm_job *j, uint32_t p0, uint32_t p1, uint32_t m
                     gemm_q8_tile_at(j, p0 + h + i, mb, &u);
                     j->qtiles2[rows - 1](&t, &u);
                 }
+            }
+            if (j->qtiles_unp && n_tiles >= j->unp_tiles) {
+                /* several tiles: each panel's blocks unpacked once, a
+                 * buffer's worth at a time, for all of them (a buffer
+                 * boundary only stores C and loads it back) */
+                for (uint32_t pnl = p0 + pairs; pnl < p0 + h; pnl++)
+                    for (uint32_t cb = 0; cb < nb; cb += GEMM_UNP_BLOCKS) {
+                        const uint32_t cn = nb - cb < GEMM_UNP_BLOCKS ? nb - cb : GEMM_UNP_BLOCKS;
+                        j->unpack((const uint8_t *)w->data + (size_t)pnl * w->panel_bytes, b0 + cb, cn, ubuf);
+                        gemm_qtile x = {.type = w->type, .b0 = b0 + cb, .nb = cn, .ldc = j->ldc,
+                                        .first = b0 + cb == 0, .unp = ubuf};
+                        for (uint32_t ti = 0, r = 0; ti < n_tiles; ti++, r += x.mr) {
+                            x.mr = base + (ti < taller ? 1u : 0u);
+                            x.qa = (gemm_qa){.q = q + ((size_t)r * nb + cb) * GEMM_QS_BLOCK,
+                                             .d = d + (size_t)r * nb + cb, .s = s + 2 * ((size_t)r * nb + cb),
+                                             .nb = nb};
+                            gemm_q8_tile_at(j, pnl, mb + r, &x);
+                            j->qtiles_unp[x.mr - 1](&x);
+                        }
+                    }
+                continue;
             }
             for (uint32_t pnl = p0 + pairs; pnl < p0 + h; pnl++)
                 for (uint32_t ti = 0, r = 0; ti < n_tiles; ti++, r += t.mr) {
@@ -1763,6 +1788,14 @@ static uint32_t gemm_job_init(gemm_job *job, const gemm_w *w, const float *a, si
         job->qtiles = vnni ? gemm_vnni_qtiles[w->type] : gemm_scalar_qtiles;
 #if defined(__x86_64__)
         job->qtiles2 = vnni ? gemm_vnni_qtiles2[w->type] : NULL;
+        job->qtiles_unp = vnni ? gemm_vnni_qtiles_unp[w->type] : NULL;
+        job->unpack = vnni ? gemm_vnni_unpack[w->type] : NULL;
+        /* measured one thread, hot weights, K 1280, in interleaved pairs:
+         * the 4- and 5-bit block types and Q6_K gain from 2 tiles on
+         * (M = 16: +12-18 %); Q8_0, Q4_K and Q5_K only at 4 (M = 32, 64:
+         * +4-15 %; at M = 16, 2 tiles, Q8_0 lost 9 % and Q5_K 5 %: their
+         * unpacking costs less than the buffer's stores and loads) */
+        job->unp_tiles = w->type == GEMM_W_Q8_0 || w->type == GEMM_W_Q4_K || w->type == GEMM_W_Q5_K ? 4 : 2;
 #endif
         job->qperm = vnni && gemm_wtype_is_qs(w->type);
 #if defined(__x86_64__)

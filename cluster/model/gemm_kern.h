@@ -338,6 +338,7 @@ typedef struct gemm_qtile {
     size_t ldc;
     uint32_t ncols;
     bool first;
+    const uint8_t *unp; /* gemm_vnni_qtiles_unp: blocks b0 .. b0 + nb of panel, unpacked */
 } gemm_qtile;
 
 typedef void gemm_qtile_fn(const gemm_qtile *t);
@@ -365,6 +366,18 @@ void gemm_q8_row(const float *a, uint32_t nb, bool perm, int8_t *q, float *d, in
 extern gemm_qtile_fn *const gemm_vnni_qtiles[GEMM_W_COUNT][GEMM_MR8];
 extern gemm_qtile2_fn *const gemm_vnni_qtiles2[GEMM_W_COUNT][GEMM_MR_PAIR];
 bool gemm_vnni_ok(void);
+/* A tall M block (more rows than one tile) runs several tiles over each
+ * panel, and each tile unpacked every block again (K-quants: the planes'
+ * shuffles cost about what 2-3 rows' products do). The panel's blocks are
+ * unpacked once instead, GEMM_UNP_BLOCKS at a time, into a buffer the
+ * tiles read: GEMM_UNP_BYTES a block (its 8 weight vectors, then s0, s1,
+ * nm), 64-byte aligned. The same vectors, so the same bits. */
+#define GEMM_UNP_BYTES (11u * 64u)
+#define GEMM_UNP_BLOCKS 32u
+typedef void gemm_unpack_fn(const uint8_t *panel, uint32_t b0, uint32_t nb, uint8_t *dst);
+extern gemm_unpack_fn *const gemm_vnni_unpack[GEMM_W_COUNT];
+/* by [type][mr - 1]: t->unp holds blocks t->b0 .. t->b0 + t->nb unpacked */
+extern gemm_qtile_fn *const gemm_vnni_qtiles_unp[GEMM_W_COUNT][GEMM_MR8];
 /* gemm_q8_row on AVX-512 (the same bytes; only where gemm_vnni_ok). */
 void gemm_vnni_q8_row(const float *a, uint32_t nb, bool perm, int8_t *q, float *d, int32_t *s);
 

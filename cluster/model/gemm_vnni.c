@@ -277,7 +277,8 @@ static inline __attribute__((always_inline)) void gemm_vnni_block(const uint8_t 
     if (two && mr > i)      \
         gemm_vnni_store(u->c + (i) * ldc, d##i, nc2);
 
-/* One tile (two false: u unused), or two tiles of the same rows and blocks
+/* One tile (two false: u unused; unp: its blocks' vectors from t->unp,
+ * gemm_vnni_unpack's, instead of unpacked here), or two tiles of the same rows and blocks
  * on two panels, block by block (two true): two streams of weights in
  * flight instead of one (one expert's matrix at M = 6 read 20.8 GB/s cold
  * on one thread against 38.8 in cache and a 33 GB/s probe: its compute and
@@ -286,7 +287,7 @@ static inline __attribute__((always_inline)) void gemm_vnni_block(const uint8_t 
  * have and the second tile of a single cost nothing. */
 static inline __attribute__((always_inline)) void gemm_vnni_qtile_impl(const gemm_qtile *t, const gemm_qtile *u,
                                                                        const uint32_t mr, const gemm_wtype type,
-                                                                       const bool two)
+                                                                       const bool two, const bool unp)
 {
     const size_t rs = t->qa.nb, ldc = t->ldc;
     const uint32_t nc = t->ncols, nc2 = two ? u->ncols : 0;
@@ -300,7 +301,17 @@ static inline __attribute__((always_inline)) void gemm_vnni_qtile_impl(const gem
         const uint32_t bi = t->b0 + b;
         __m512i v[8];
         __m512 s0, s1, nm;
-        gemm_vnni_block(t->panel, bi, GEMM_PREFETCH, type, v, &s0, &s1, &nm);
+        if (unp) {
+            const uint8_t *ub = t->unp + (size_t)b * GEMM_UNP_BYTES;
+#pragma GCC unroll 8
+            for (uint32_t g = 0; g < 8; g++)
+                v[g] = _mm512_load_si512(ub + 64 * g);
+            s0 = _mm512_load_ps(ub + 512);
+            s1 = _mm512_load_ps(ub + 576);
+            nm = _mm512_load_ps(ub + 640);
+        } else {
+            gemm_vnni_block(t->panel, bi, GEMM_PREFETCH, type, v, &s0, &s1, &nm);
+        }
         GEMM_VNNI_ROW(0) GEMM_VNNI_ROW(1) GEMM_VNNI_ROW(2) GEMM_VNNI_ROW(3)
         GEMM_VNNI_ROW(4) GEMM_VNNI_ROW(5) GEMM_VNNI_ROW(6) GEMM_VNNI_ROW(7)
         if (two) {
@@ -322,13 +333,30 @@ static inline __attribute__((always_inline)) void gemm_vnni_qtile_impl(const gem
 /* one kernel per type and height: mr a constant, so the rows a tile does
  * not have cost nothing */
 #define GEMM_VNNI_MR(tn, TYPE, n) \
-    static void gemm_vnni_##tn##_##n(const gemm_qtile *t) { gemm_vnni_qtile_impl(t, t, n, TYPE, false); }
+    static void gemm_vnni_##tn##_##n(const gemm_qtile *t) { gemm_vnni_qtile_impl(t, t, n, TYPE, false, false); } \
+    static void gemm_vnniu_##tn##_##n(const gemm_qtile *t) { gemm_vnni_qtile_impl(t, t, n, TYPE, false, true); }
 #define GEMM_VNNI_MR2(tn, TYPE, n)                                              \
     static void gemm_vnni2_##tn##_##n(const gemm_qtile *t, const gemm_qtile *u) \
     {                                                                           \
-        gemm_vnni_qtile_impl(t, u, n, TYPE, true);                              \
+        gemm_vnni_qtile_impl(t, u, n, TYPE, true, false);                       \
+    }
+/* gemm_unpack_fn: blocks b0 .. b0 + nb of panel, GEMM_UNP_BYTES each */
+#define GEMM_VNNI_UNPACK(tn, TYPE)                                                                 \
+    static void gemm_vnni_unpack_##tn(const uint8_t *panel, uint32_t b0, uint32_t nb, uint8_t *dst) \
+    {                                                                                              \
+        for (uint32_t b = 0; b < nb; b++, dst += GEMM_UNP_BYTES) {                                 \
+            __m512i v[8];                                                                          \
+            __m512 s0, s1, nm;                                                                     \
+            gemm_vnni_block(panel, b0 + b, GEMM_PREFETCH, TYPE, v, &s0, &s1, &nm);                 \
+            for (uint32_t g = 0; g < 8; g++)                                                       \
+                _mm512_store_si512(dst + 64 * g, v[g]);                                            \
+            _mm512_store_ps(dst + 512, s0);                                                        \
+            _mm512_store_ps(dst + 576, s1);                                                        \
+            _mm512_store_ps(dst + 640, nm);                                                        \
+        }                                                                                          \
     }
 #define GEMM_VNNI_DEF(tn, TYPE)                                                                        \
+    GEMM_VNNI_UNPACK(tn, TYPE)                                                                         \
     GEMM_VNNI_MR(tn, TYPE, 1) GEMM_VNNI_MR(tn, TYPE, 2) GEMM_VNNI_MR(tn, TYPE, 3) GEMM_VNNI_MR(tn, TYPE, 4) \
     GEMM_VNNI_MR(tn, TYPE, 5) GEMM_VNNI_MR(tn, TYPE, 6) GEMM_VNNI_MR(tn, TYPE, 7) GEMM_VNNI_MR(tn, TYPE, 8) \
     GEMM_VNNI_MR2(tn, TYPE, 1) GEMM_VNNI_MR2(tn, TYPE, 2) GEMM_VNNI_MR2(tn, TYPE, 3)                   \
@@ -353,6 +381,21 @@ gemm_qtile_fn *const gemm_vnni_qtiles[GEMM_W_COUNT][GEMM_MR8] = {
     [GEMM_W_Q5_1] = GEMM_VNNI_BY_MR(q5_1), [GEMM_W_Q4_K] = GEMM_VNNI_BY_MR(q4_K),
     [GEMM_W_Q5_K] = GEMM_VNNI_BY_MR(q5_K), [GEMM_W_Q6_K] = GEMM_VNNI_BY_MR(q6_K),
 };
+#define GEMM_VNNIU_BY_MR(tn)                                                                             \
+    {gemm_vnniu_##tn##_1, gemm_vnniu_##tn##_2, gemm_vnniu_##tn##_3, gemm_vnniu_##tn##_4, gemm_vnniu_##tn##_5, \
+     gemm_vnniu_##tn##_6, gemm_vnniu_##tn##_7, gemm_vnniu_##tn##_8}
+gemm_qtile_fn *const gemm_vnni_qtiles_unp[GEMM_W_COUNT][GEMM_MR8] = {
+    [GEMM_W_Q8_0] = GEMM_VNNIU_BY_MR(q8_0), [GEMM_W_Q4_0] = GEMM_VNNIU_BY_MR(q4_0),
+    [GEMM_W_Q4_1] = GEMM_VNNIU_BY_MR(q4_1), [GEMM_W_Q5_0] = GEMM_VNNIU_BY_MR(q5_0),
+    [GEMM_W_Q5_1] = GEMM_VNNIU_BY_MR(q5_1), [GEMM_W_Q4_K] = GEMM_VNNIU_BY_MR(q4_K),
+    [GEMM_W_Q5_K] = GEMM_VNNIU_BY_MR(q5_K), [GEMM_W_Q6_K] = GEMM_VNNIU_BY_MR(q6_K),
+};
+gemm_unpack_fn *const gemm_vnni_unpack[GEMM_W_COUNT] = {
+    [GEMM_W_Q8_0] = gemm_vnni_unpack_q8_0, [GEMM_W_Q4_0] = gemm_vnni_unpack_q4_0,
+    [GEMM_W_Q4_1] = gemm_vnni_unpack_q4_1, [GEMM_W_Q5_0] = gemm_vnni_unpack_q5_0,
+    [GEMM_W_Q5_1] = gemm_vnni_unpack_q5_1, [GEMM_W_Q4_K] = gemm_vnni_unpack_q4_K,
+    [GEMM_W_Q5_K] = gemm_vnni_unpack_q5_K, [GEMM_W_Q6_K] = gemm_vnni_unpack_q6_K,
+};
 #define GEMM_VNNI2_BY_MR(tn)                                                                              \
     {gemm_vnni2_##tn##_1, gemm_vnni2_##tn##_2, gemm_vnni2_##tn##_3, gemm_vnni2_##tn##_4, gemm_vnni2_##tn##_5, \
      gemm_vnni2_##tn##_6}
@@ -368,5 +411,7 @@ gemm_qtile2_fn *const gemm_vnni_qtiles2[GEMM_W_COUNT][GEMM_MR_PAIR] = {
 bool gemm_vnni_ok(void) { return false; }
 gemm_qtile_fn *const gemm_vnni_qtiles[GEMM_W_COUNT][GEMM_MR8];
 gemm_qtile2_fn *const gemm_vnni_qtiles2[GEMM_W_COUNT][GEMM_MR_PAIR];
+gemm_qtile_fn *const gemm_vnni_qtiles_unp[GEMM_W_COUNT][GEMM_MR8];
+gemm_unpack_fn *const gemm_vnni_unpack[GEMM_W_COUNT];
 
 #endif

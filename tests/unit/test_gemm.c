@@ -268,7 +268,8 @@ static const gemm_wtype q8_types[] = {GEMM_W_Q8_0, GEMM_W_Q4_0, GEMM_W_Q4_1, GEM
 START_TEST(gemm_int8_matches_its_arithmetic_for_every_type_isa_and_thread_count)
 {
     static const uint32_t ns[] = {1, 17, 40};
-    /* tile heights 1 .. 8 (15: 8 + 7; 70: two chunks of 32, then 6) */
+    /* tile heights 1 .. 8 (15: 8 + 7; 70: two chunks of 32, then 6); 9 and
+     * up run several tiles over blocks unpacked once */
     static const uint32_t ms[] = {1, 2, 3, 4, 5, 9, 15, 33, 70};
     pool *pools[2] = {NULL, NULL};
     for (uint32_t th = 0; th < 2; th++)
@@ -278,9 +279,11 @@ START_TEST(gemm_int8_matches_its_arithmetic_for_every_type_isa_and_thread_count)
         for (size_t ni = 0; ni < 3; ni++)
             for (uint32_t kb = 1; kb <= 2; kb++) {
                 const gemm_wtype type = q8_types[ti];
-                /* 2 super-blocks of 256 or 40 blocks of 32: the latter
-                 * chunks K once 26 or more rows are quantized together */
-                const uint32_t n = ns[ni], k = gemm_wtype_block(type) == 256 ? 256 * kb : kb == 1 ? 64 : 1280;
+                /* 5 super-blocks of 256 or 40 blocks of 32: 40 blocks of
+                 * 32 chunk K once 26 or more rows are quantized together,
+                 * and a tall block's panels are unpacked 32 blocks at a
+                 * time (GEMM_UNP_BLOCKS), so 32 + 8 */
+                const uint32_t n = ns[ni], k = gemm_wtype_block(type) == 256 ? (kb == 1 ? 256 : 1280) : kb == 1 ? 64 : 1280;
                 test_mat t = mat_make(type, n, k, 9100 + ti * 13 + ni * 3 + kb);
                 gemm_w *g = pack_or_die(&t, GEMM_BACKEND_INT8);
                 ck_assert_int_eq(gemm_get_backend(g), GEMM_BACKEND_INT8);
