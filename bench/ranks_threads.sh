@@ -21,12 +21,14 @@
 # ratio ranks / threads (goal >= 0.95, for the default) for each workload.
 #
 # usage: bench/ranks_threads.sh BUILD_DIR [--reps N] [--threads T] [--work DIR]
-#          [--workloads f32:8,f32:32,f32:64,q8_0:8] [--arch llama|deepseek2-ocr] [--quick]
+#          [--workloads f32:8,f32:32,f32:64,q8_0:8] [--arch llama|deepseek2-ocr] [--gemm G] [--quick]
+#   --gemm G:   pipedec's arithmetic in every configuration, invariant (the
+#               default) or int8 (`run --gemm int8`); the JSON says which
 #   --work DIR: keep models (m.f32.gguf, m.q8_0.gguf: anchor.sh's names, so
 #               one --work serves both scripts), pages and outputs in DIR
 #   --quick:    a small model and short pages, to check the script end to end
 set -euo pipefail
-usage="usage: bench/ranks_threads.sh BUILD_DIR [--reps N] [--threads T] [--work DIR] [--workloads LIST] [--arch A] [--quick]"
+usage="usage: bench/ranks_threads.sh BUILD_DIR [--reps N] [--threads T] [--work DIR] [--workloads LIST] [--arch A] [--gemm G] [--quick]"
 build="${1:?$usage}"
 shift
 reps=3
@@ -35,6 +37,7 @@ work=""
 workloads="f32:8,f32:32,f32:64,q8_0:8"
 quick=0
 arch=llama
+gemm=invariant
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) reps="${2:?$usage}"; shift ;;
@@ -43,10 +46,12 @@ while [ $# -gt 0 ]; do
     --workloads) workloads="${2:?$usage}"; shift ;;
     --quick) quick=1 ;;
     --arch) arch="${2:?$usage}"; shift ;;
+    --gemm) gemm="${2:?$usage}"; shift ;;
     *) echo "ranks_threads.sh: unknown argument '$1'; $usage" >&2; exit 2 ;;
   esac
   shift
 done
+case "$gemm" in invariant|int8) ;; *) echo "ranks_threads.sh: --gemm '$gemm': expected invariant or int8" >&2; exit 2 ;; esac
 bin="$build/pipedec"
 [ -x "$bin" ] || { echo "ranks_threads.sh: $bin is missing: build pipedec first (scripts/build.sh)" >&2; exit 2; }
 if [ -z "$work" ]; then
@@ -80,10 +85,10 @@ m0="$(ls "$work"/m.*.gguf | head -1)"
 [ -s "$work/rt-pages/pages.jsonl" ] || "$bin" mkpages --model "$m0" --count 64 --embed-rows 0 \
   --prompt-tokens $((prefill - 1)) --max-new "$new" --seed 17 --out "$work/rt-pages" >/dev/null
 
-python3 - "$bin" "$work" "$reps" "$threads" "$workloads" <<'PY'
+python3 - "$bin" "$work" "$reps" "$threads" "$workloads" "$gemm" <<'PY'
 import json, os, statistics, subprocess, sys
 
-bin_, work, reps, T, workloads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+bin_, work, reps, T, workloads, gemm = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
 loads = []
 for w in workloads.split(","):
     dt, n = w.split(":")
@@ -106,7 +111,7 @@ def run(load, cname, rep):
         os.remove(out)  # a rerun would skip pages already written
     cmd = ["mpirun", "-np", str(np_), "--bind-to", "none", bin_, "run", "--model", f"{work}/m.{dt}.gguf",
            "--pages", f"{work}/rt-pages/n{n}.jsonl", "--out", out, "--batch", str(n), "--threads", str(th),
-           "--digest", "--stats", stats] + extra
+           "--digest", "--stats", stats, "--gemm", gemm] + extra
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=open(f"{work}/{tag}.err", "w"))
     if r.returncode != 0:
         sys.exit(f"ranks_threads.sh: {' '.join(cmd)} failed (exit {r.returncode}); see {work}/{tag}.err")
@@ -128,7 +133,7 @@ for rep in range(reps):
             run(load, cname, rep)
 
 med = lambda xs: statistics.median(xs)
-res = {"bench": "ranks_threads", "threads": T, "reps": reps,
+res = {"bench": "ranks_threads", "threads": T, "reps": reps, "pipedec_gemm": gemm,
        "loadavg_1m_at_end": os.getloadavg()[0], "outputs_identical": True, "goal": 0.95, "workloads": {}}
 for load in loads:
     d = {}
