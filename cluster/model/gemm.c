@@ -548,6 +548,20 @@ void gemm_free(gemm_w *w)
     pd_free_bytes(&al, w, sizeof *w);
 }
 
+void gemm_prefetch_start(const gemm_w *w)
+{
+    if (!w || w->be == GEMM_BACKEND_OPENBLAS)
+        return;
+    /* the first two panels: the tiles of more than one row read two at
+     * once; into L2 (prefetcht1), so a matrix's worth of starts does not
+     * evict the L1 lines of the work in flight */
+    const uint8_t *d = w->data;
+    const size_t head = w->panel_bytes < GEMM_PREFETCH ? w->panel_bytes : GEMM_PREFETCH;
+    for (uint32_t pn = 0; pn < 2 && pn < w->n_panels; pn++)
+        for (size_t o = 0; o < head; o += 64)
+            __builtin_prefetch(d + (size_t)pn * w->panel_bytes + o, 0, 2);
+}
+
 uint32_t gemm_rows_n(const gemm_w *w) { return w->n; }
 uint32_t gemm_cols_k(const gemm_w *w) { return w->k; }
 gemm_wtype gemm_get_wtype(const gemm_w *w) { return w->type; }

@@ -186,6 +186,14 @@ void gemm_run_many(uint32_t n, const gemm_w *const *w, const float *a, uint32_t 
 void gemm_run_beside(const gemm_w *w, const float *a, uint32_t m, float *c, pool *p, uint32_t n_extra,
                      pool_fn fn, void *ctx);
 
+/* Asks for the bytes a GEMM on w reads first (its first panels' starts)
+ * to be brought toward this core's L2, without waiting: the kernels
+ * prefetch GEMM_PREFETCH bytes ahead as they stream, across panel ends,
+ * so a cold matrix's first lines are the only ones they wait for. A caller
+ * that knows which matrix comes next (a mixture of experts' next expert)
+ * calls this ahead of it. No effect on any result; w NULL is a no-op. */
+void gemm_prefetch_start(const gemm_w *w);
+
 uint32_t gemm_rows_n(const gemm_w *w);
 uint32_t gemm_cols_k(const gemm_w *w);
 gemm_wtype gemm_get_wtype(const gemm_w *w);

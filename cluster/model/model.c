@@ -1239,7 +1239,19 @@ typedef struct moe_ctx {
     const model_hparams *hp;
     model_scratch *s;
     pool *p; /* for the GEMMs when experts run one after the other, else NULL */
+    uint32_t n_act, ahead; /* experts handed out; threads claiming them (1 when serial) */
 } moe_ctx;
+
+/* The expert's gate and up matrices' first bytes on their way in (the
+ * kernels prefetch the rest as they stream, gemm_prefetch_start). */
+static void moe_prefetch_gate_up(const moe_ctx *c, uint32_t task)
+{
+    if (task < c->n_act) {
+        const uint32_t e = c->s->act[task];
+        gemm_prefetch_start(c->ly->egate[e]);
+        gemm_prefetch_start(c->ly->eup[e]);
+    }
+}
 
 static void moe_expert_task(void *ctxp, uint32_t task, uint32_t thread)
 {
@@ -1248,6 +1260,10 @@ static void moe_expert_task(void *ctxp, uint32_t task, uint32_t thread)
     const model_scratch *s = c->s;
     const uint32_t e = s->act[task], r0 = s->off[e], nr = s->off[e + 1] - r0;
     const uint64_t H = c->hp->hidden, F = c->hp->ffn_exp;
+    /* this expert's down projection, read after its gate and up, and the
+     * expert the next free thread claims (tasks are claimed in order) */
+    gemm_prefetch_start(c->ly->edown[e]);
+    moe_prefetch_gate_up(c, task + c->ahead);
     float *g = s->xg + r0 * F, *u = s->xu + r0 * F;
     gemm_run_many(2, (const gemm_w *const[]){c->ly->egate[e], c->ly->eup[e]}, s->xa + r0 * H, nr,
                   (float *const[]){g, u}, c->p);
@@ -1299,7 +1315,12 @@ static void ffn_moe(const model_layer *ly, const model_hparams *hp, const float 
      * that backend runs the experts one after the other, each GEMM on the
      * pool */
     int serial = gemm_get_backend(ly->router) == GEMM_BACKEND_OPENBLAS || pool_threads(p) == 1;
-    moe_ctx c = {.ly = ly, .hp = hp, .s = s, .p = serial ? p : NULL};
+    moe_ctx c = {.ly = ly, .hp = hp, .s = s, .p = serial ? p : NULL, .n_act = n_act,
+                 .ahead = serial ? 1 : pool_threads(p)};
+    /* the experts claimed first: each thread's first one (the caller's in
+     * its own cache, the others' at least on their way from memory) */
+    for (uint32_t t = 0; t < c.ahead; t++)
+        moe_prefetch_gate_up(&c, t);
     model_swiglu(s->g, s->u, (uint32_t)(n * FS), s->g);
     if (serial) {
         for (uint32_t t = 0; t < n_act; t++)

@@ -629,6 +629,33 @@ START_TEST(gemm_run_beside_equals_gemm_run_and_runs_every_extra_task_once)
 }
 END_TEST
 
+/* gemm_prefetch_start takes every backend, a matrix of one panel shorter
+ * than the prefetch distance and NULL, and changes no result. */
+START_TEST(gemm_prefetch_start_changes_nothing)
+{
+    static const gemm_backend bes[] = {GEMM_BACKEND_INVARIANT, GEMM_BACKEND_INT8, GEMM_BACKEND_OPENBLAS};
+    static const uint32_t ns[] = {5, 70};
+    const uint32_t k = 256, m = 3;
+    gemm_prefetch_start(NULL);
+    float *a = act_make(m, k, 77);
+    for (size_t bi = 0; bi < sizeof bes / sizeof bes[0]; bi++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+            test_mat mat = mat_make(GEMM_W_Q4_K, ns[ni], k, 78 + (uint32_t)ni);
+            gemm_w *w = pack_or_die(&mat, bes[bi]);
+            float *want = malloc(sizeof(float) * m * ns[ni]), *got = malloc(sizeof(float) * m * ns[ni]);
+            gemm_run(w, a, m, want, NULL);
+            gemm_prefetch_start(w);
+            gemm_run(w, a, m, got, NULL);
+            ASSERT_BITS_EQ(got, want, (size_t)m * ns[ni], "%s n %u", gemm_backend_name(bes[bi]), ns[ni]);
+            free(want);
+            free(got);
+            gemm_free(w);
+            mat_free(&mat);
+        }
+    free(a);
+}
+END_TEST
+
 /* Column j has the same bits whether W has 1, 15, 16, 17 ... or all n rows
  * (different panel counts and task splits), and whether C is written
  * through gemm_run_ld with wider strides. */
@@ -1121,6 +1148,7 @@ Suite *pd_test_suite(void)
     tcase_add_test(tc, gemm_bits_do_not_depend_on_n_split);
     tcase_add_loop_test(tc, gemm_run_many_equals_one_run_per_matrix, 0, 2); /* invariant, int8 */
     tcase_add_test(tc, gemm_run_beside_equals_gemm_run_and_runs_every_extra_task_once);
+    tcase_add_test(tc, gemm_prefetch_start_changes_nothing);
     tcase_add_test(tc, gemm_simd_equals_scalar_bit_for_bit);
     tcase_add_test(tc, gemm_quantized_equals_f32_of_dequantized);
     tcase_add_test(tc, gemm_qs_values_equal_ggml_on_edge_blocks);
