@@ -10,7 +10,15 @@
 #  overlap   P pages through 1 encoder rank + 1 decoding rank (run --mmproj
 #            --encoder-ranks 1, one thread each) against min(the encode rate
 #            of one rank, the decode rate of one rank), each measured alone
-#            (pipedec encode --threads 1; run --threads 1 on its manifest).
+#            (pipedec encode --threads 1 on the encoder rank's core; the
+#            decode with the overlapped run's own launch, mpirun -np 2
+#            --bind-to core --encoder-ranks 1, on the embeddings manifest
+#            encode wrote: the same rows on the same core, the encoder rank
+#            idle). Every run is placed as the overlapped run places it: on
+#            this VM one vCPU decoded at 1.48-1.50 pages/s while the other
+#            did 1.67-1.93 in the same minutes, so an unbound decode-alone
+#            run moved 20-30 % with where the kernel put it, and once ran
+#            slower than the overlapped run beside it.
 #            Goal >= 0.9: encoding hides behind decoding and vice versa.
 #            Also how long the head waited for an image's rows in the
 #            overlapped run (the decoding rank idles meanwhile), and the
@@ -24,7 +32,7 @@
 #            ones, so PAGES must be many batches: the overlapped run cannot
 #            hide the first page's encode nor the last batch's decode (about
 #            BATCH pages' worth of decode time), which costs 1 - PAGES /
-#            (PAGES + BATCH) of the ratio (0.08 at the defaults, 0.5 with
+#            (PAGES + BATCH) of the ratio (0.04 at the defaults, 0.5 with
 #            PAGES = BATCH, where the decode-alone run is one full batch).
 #            REPS rounds, each of the three runs once, in turn (encode
 #            alone, decode alone, both): a shared host moves a single run's
@@ -33,11 +41,11 @@
 #            figure); each round's own ratio is printed beside it.
 #
 # Prints one JSON object.
-# usage: bench/encode.sh BUILD_DIR [PAGES] [BATCH] [REPS] (defaults 48, 4 and 3)
+# usage: bench/encode.sh BUILD_DIR [PAGES] [BATCH] [REPS] (defaults 96, 4 and 3)
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: bench/encode.sh BUILD_DIR [PAGES] [BATCH] [REPS]" >&2; exit 2; }
 build="$(cd "$1" && pwd)"
-P="${2:-48}"
+P="${2:-96}"
 B="${3:-4}"
 R="${4:-3}"
 src="$(cd "$(dirname "$0")/.." && pwd)"
@@ -66,6 +74,11 @@ with open(f"{d}/many.jsonl", "w") as f:
                             "max_new_tokens": 300}) + "\n")
 PY
 
+# mpirun --bind-to core puts rank 1 (the encoder) on the second core: the
+# encode-alone run goes there too
+enc_cpus="$(lscpu -p=CPU,CORE | awk -F, '!/^#/ { if (!(($2) in seen)) { seen[$2] = n++ } if (seen[$2] == 1) { l = l (l ? "," : "") $1 } } END { print l }')"
+[ -n "$enc_cpus" ] || { echo "encode.sh: the overlap needs 2 cores (one rank each); lscpu shows one" >&2; exit 1; }
+
 # encoder: pipedec against llama-mtmd-cli, same images and threads
 declare -A pd_graph pd_all cli_ms
 for t in 1 2; do
@@ -91,13 +104,14 @@ done
 enc_ms=()
 for r in $(seq 1 "$R"); do
   rm -rf "$work/m"
-  "$pd" encode --mmproj "$work/mm.gguf" --model "$work/dec.gguf" --pages "$work/many.jsonl" --out "$work/m" \
-    --threads 1 2>"$work/m.err"
+  taskset -c "$enc_cpus" "$pd" encode --mmproj "$work/mm.gguf" --model "$work/dec.gguf" \
+    --pages "$work/many.jsonl" --out "$work/m" --threads 1 2>"$work/m.err"
   enc_ms+=("$(sed -n 's/.*, \([0-9.]*\) ms per image in all.*/\1/p' "$work/m.err")")
   rm -f "$work/dec.jsonl" "$work/both.jsonl"
-  "$pd" run --model "$work/dec.gguf" --pages "$work/m/pages.jsonl" --out "$work/dec.jsonl" --threads 1 \
-    --batch "$B" --stats "$work/dec$r.json" 2>/dev/null >/dev/null
-  mpirun --oversubscribe --bind-to none -np 2 "$pd" run --model "$work/dec.gguf" --mmproj "$work/mm.gguf" \
+  mpirun --oversubscribe --bind-to core -np 2 "$pd" run --model "$work/dec.gguf" --mmproj "$work/mm.gguf" \
+    --pages "$work/m/pages.jsonl" --out "$work/dec.jsonl" --threads 1 --encoder-threads 1 --encoder-ranks 1 \
+    --batch "$B" --stats "$work/dec$r.json" >/dev/null 2>&1
+  mpirun --oversubscribe --bind-to core -np 2 "$pd" run --model "$work/dec.gguf" --mmproj "$work/mm.gguf" \
     --pages "$work/many.jsonl" --out "$work/both.jsonl" --threads 1 --encoder-threads 1 --encoder-ranks 1 \
     --batch "$B" --stats "$work/both$r.json" >/dev/null 2>&1
   cmp -s "$work/dec.jsonl" "$work/both.jsonl" || { echo "encode.sh: round $r: the overlapped run's output differs" >&2; exit 1; }
