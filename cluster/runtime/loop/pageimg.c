@@ -54,7 +54,7 @@ struct pageimg {
     uint64_t clock, encoded, next_id;
     double wait_s;  /* the head waiting for an image's rows (pageimg_wait_s) */
     uint64_t waits;
-    double head_s;  /* encoder ranks: the head encoding images itself (pageimg_encoded_head) */
+    double head_s;  /* images the head encoded itself, with or without encoder ranks (pageimg_encoded_head) */
     uint64_t head_n;
     /* rows by image size (pageimg_count): open addressing, keys (width << 32 | height) + 1
      * (0 = empty), INV: n_sizes <= cap_sizes / 2, cap_sizes 0 or a power of two */
