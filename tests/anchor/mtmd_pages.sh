@@ -297,4 +297,23 @@ rc=0
 grep -q "makes rows 48 wide (mm.model.fc.weight), the model .* has hidden size 64" "$T/w.err" && [ "$rc" -ne 0 ] \
   && [ ! -s "$T/w.jsonl" ] && pass "an mmproj of width 48 for a decoder of 64: refused naming both" \
   || fail "width mismatch: exit $rc, $(cat "$T/w.err")"
+
+# an mmproj with no vision encoder (clip.has_vision_encoder false, as an
+# audio-only projector has it): refused at start-up, no page decoded
+python3 - "$T/mm.gguf" "$T/novis.gguf" <<'PY'
+import sys
+d = bytearray(open(sys.argv[1], "rb").read())
+key = b"clip.has_vision_encoder"
+at = d.find(key) + len(key)
+assert at > len(key) and d[at:at + 5] == bytes([7, 0, 0, 0, 1]), "no clip.has_vision_encoder = true"
+d[at + 4] = 0
+open(sys.argv[2], "wb").write(d)
+PY
+rc=0
+"$PIPEDEC" run --model "$DEC" --mmproj "$T/novis.gguf" --pages "$T/pages.jsonl" --out "$T/nv.jsonl" >/dev/null \
+  2>"$T/nv.err" || rc=$?
+grep -q "novis.gguf: .*Failed to load CLIP model\|novis.gguf: this mmproj has no vision encoder" "$T/nv.err" \
+  && [ "$rc" -ne 0 ] && [ ! -s "$T/nv.jsonl" ] \
+  && pass "an mmproj without a vision encoder: refused at start-up, naming the file" \
+  || fail "no vision encoder: exit $rc, $(cat "$T/nv.err")"
 finish
