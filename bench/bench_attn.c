@@ -180,13 +180,30 @@ static void bhead_make(bhead *h, uint32_t R, int q8)
                       .vcol = h->vcol, .segs = h->segs, .n_segs = 3};
 }
 
-
 static size_t bhead_bytes(uint32_t R, int q8)
 {
     const size_t rows = R + B_RING, hd = B_HEAD_DIM;
     if (!q8)
         return rows * hd * 4 * 2;
     return rows * hd * 2 + rows * (hd / B_K_GROUP) * 4 + rows * 4 + 2 * hd * 4;
+}
+
+/* Builds c's heads for c->n_layers layers in one huge-page region; the
+ * slack is the 64-byte rounding of a head's (at most 8) blocks. */
+static void bcase_make(bcase *c)
+{
+    const size_t heads = (size_t)c->n_layers * B_KV_HEADS;
+    c->heads = bench_alloc(heads * sizeof(bhead));
+    bpool_open(heads * (bhead_bytes(c->ref_rows, c->q8) + 8 * 64));
+    for (size_t i = 0; i < heads; i++)
+        bhead_make(&c->heads[i], c->ref_rows, c->q8);
+}
+
+static void bcase_free(bcase *c)
+{
+    bpool_close();
+    free(c->heads);
+    c->heads = NULL;
 }
 
 /* ---- one step: every KV head of one layer, one head a task of the
@@ -261,10 +278,7 @@ static int bench_one(int argc, char **argv)
         fprintf(stderr, "usage: bench_attn [ref_rows [f32|q8 [threads(1|2) [layers]]]]\n");
         return 2;
     }
-    c.heads = bench_alloc((size_t)c.n_layers * B_KV_HEADS * sizeof(bhead));
-    bpool_open((size_t)c.n_layers * B_KV_HEADS * (bhead_bytes(c.ref_rows, c.q8) + 8 * 64));
-    for (size_t i = 0; i < (size_t)c.n_layers * B_KV_HEADS; i++)
-        bhead_make(&c.heads[i], c.ref_rows, c.q8);
+    bcase_make(&c);
     float sink = 0.0f;
     double sps = 0.0;
     for (int rep = 0; rep < 10; rep++) {
@@ -277,8 +291,7 @@ static int bench_one(int argc, char **argv)
            "\"checksum\": %g}\n",
            c.ref_rows, c.q8 ? "q8" : "f32", threads, c.n_layers, sps, sps * (double)per_layer / 1e9,
            bw / 1e9, sps * (double)per_layer / bw, (double)sink);
-    bpool_close();
-    free(c.heads);
+    bcase_free(&c);
     return 0;
 }
 
@@ -307,10 +320,7 @@ int main(int argc, char **argv)
             size_t per_layer = B_KV_HEADS * bhead_bytes(refs[ri], q8);
             c.n_layers = (uint32_t)((B_MIN_WORKING_SET + per_layer - 1) / per_layer);
             c.bytes_per_step = per_layer;
-            c.heads = bench_alloc((size_t)c.n_layers * B_KV_HEADS * sizeof(bhead));
-            bpool_open((size_t)c.n_layers * B_KV_HEADS * (bhead_bytes(refs[ri], q8) + 8 * 64));
-            for (size_t i = 0; i < (size_t)c.n_layers * B_KV_HEADS; i++)
-                bhead_make(&c.heads[i], refs[ri], q8);
+            bcase_make(&c);
             for (int t = 1; t <= 2; t++)
                 results[ri][q8][t] = bcase_run(&c, t, &sink);
             /* the same steps on one layer only: cache-resident when it fits the
@@ -321,8 +331,7 @@ int main(int argc, char **argv)
             c.n_layers = all_layers;
             bytes[ri][q8] = per_layer;
             layers[ri][q8] = c.n_layers;
-            bpool_close();
-            free(c.heads);
+            bcase_free(&c);
         }
     /* probe again after the cases; keep the higher figure (the stricter ratio) */
     for (int t = 1; t <= 2; t++) {
